@@ -1,0 +1,31 @@
+# The two commands: `make demo` (end-to-end demo, writes a report) and `make test`.
+# Each bootstraps a virtual environment in .venv from a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.originlens-installed
+# torch is pinned to the CPU wheel this machine class carries; the package itself accepts a range.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: demo test venv clean bench
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/originlens demo --out runs/demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/stats.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,165 @@
+"""Benchmark: corpus statistics, our path vs a straightforward dense one-hot einsum implementation.
+
+Scenarios (each in its own subprocess so peak memory is measured per scenario):
+
+* ``dense``  — same corpus through both paths (|V|=500, T=64, N=1024 by default), checks agreement
+  and prints the speed ratio (target ≥ 50×).
+* ``paper``  — the paper's scale: |V|=3,000, T=200, N=65,536 windows (TinyStories word windows, tiled
+  to 65,536 when the subset is smaller; synthetic Zipf tokens when TinyStories is absent); target
+  ≤ 2 minutes and ≤ 4 GB peak memory for all six statistics.
+* ``big``    — top-20,000 tokens of a BPE vocabulary at T=128 (float32 outputs); target: no OOM.
+
+Usage: ``python benchmarks/stats.py [dense|paper|big|all] [--quick]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def dense_reference(tokens: np.ndarray, V: int):
+    """The straightforward implementation: dense one-hot tensors and einsums (spec §3.8), torch float64."""
+    import torch
+    t = torch.as_tensor(tokens.astype(np.int64))
+    N, T1 = t.shape
+    T = T1 - 1
+    eye = torch.eye(V, dtype=torch.float64)
+    X, Y = eye[t[:, :-1]], eye[t[:, 1:]]
+    R0 = Y - 1.0 / V
+    A0 = torch.tril(torch.ones(T, T, dtype=torch.float64)) / torch.arange(1, T + 1, dtype=torch.float64)[:, None]
+    B = torch.einsum("ntv,ntw->vw", X, R0) / (N * T)
+    Phi = torch.einsum("ntv,ntw->vw", R0, torch.einsum("ts,nsw->ntw", A0, X)) / (N * T)
+    Sig = B.T @ B
+    Vlt = Phi.T @ B.T
+    M = torch.einsum("ntv,vw,nkw->ntk", R0, Sig @ Phi, X)
+    J = torch.diag_embed(A0) - A0[:, :, None] * A0[:, None, :]      # (T, T, T) softmax Jacobians
+    Qn = torch.einsum("tij,ntj->nti", J, M)
+    Q = torch.einsum("ntv,ntj,njw->vw", X, Qn, X) / (N * T)
+    Qm = Qn.sum(0) / (N * T)
+    Delta = torch.stack([torch.diagonal(Qm, offset=-d).sum() for d in range(T)])
+    return {k: v.numpy() for k, v in dict(bigram=B, context=Phi, interchangeability=Sig, value_target=Vlt,
+                                          query_key=Q, positional=Delta).items()}
+
+
+def tinystories_windows(vocab_size: int, seq_len: int, tokenizer: str = "words") -> np.ndarray | None:
+    from originlens.data import build_corpus
+    from originlens.paths import tinystories_files
+    files = tinystories_files()
+    if not files:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        store = build_corpus(files, Path(d) / "c", tokenizer=tokenizer, vocab_size=vocab_size,
+                             seq_len=seq_len, windows="pack", oov="unk")
+        return np.array(store.tokens), store.vocab_size
+
+
+def zipf_windows(V: int, T: int, N: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, V + 1)
+    return rng.choice(V, size=(N, T + 1), p=p / p.sum()).astype(np.uint32 if V > 65535 else np.uint16)
+
+
+def scenario_dense(quick: bool) -> dict:
+    import torch
+    from originlens.stats import corpus_statistics
+    torch.set_num_threads(2)
+    V, T, N = (300, 48, 256) if quick else (500, 64, 1024)
+    got = tinystories_windows(V, T)
+    if got is None:
+        tokens, src = zipf_windows(V, T, N), "zipf"
+    else:
+        tokens, V = got[0][:N], got[1]
+        src = "tinystories-words"
+    corpus_statistics(tokens[:4], V)                     # compile kernels outside the timing
+    t0 = time.perf_counter()
+    ours = corpus_statistics(tokens, V)
+    t_ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ref = dense_reference(tokens, V)
+    t_dense = time.perf_counter() - t0
+    err = max(float(np.abs(getattr(ours, k) - ref[k]).max() / (np.abs(ref[k]).max() or 1)) for k in ref)
+    return {"scenario": "dense", "source": src, "V": V, "T": T, "N": int(tokens.shape[0]),
+            "ours_s": t_ours, "dense_s": t_dense, "speedup": t_dense / t_ours, "max_rel_err": err}
+
+
+def scenario_paper(quick: bool) -> dict:
+    from originlens.stats import corpus_statistics
+    V, T, N = 3000, 200, (8192 if quick else 65536)
+    got = tinystories_windows(V, T)
+    if got is None:
+        tokens, src = zipf_windows(V, T, N), "zipf"
+    else:
+        base, V = got
+        reps = -(-N // len(base))
+        tokens, src = np.concatenate([base] * reps)[:N], f"tinystories-words ({len(base)} windows tiled)"
+    corpus_statistics(tokens[:4], V)
+    t0 = time.perf_counter()
+    st = corpus_statistics(tokens, V)
+    secs = time.perf_counter() - t0
+    return {"scenario": "paper", "source": src, "V": V, "T": T, "N": int(tokens.shape[0]), "ours_s": secs,
+            "n_pairs": st.n_pairs}
+
+
+def scenario_big(quick: bool) -> dict:
+    from originlens.stats import corpus_statistics
+    T, K = 128, 20000
+    got = None if quick else tinystories_windows(32000, T, tokenizer="bpe")
+    if got is None:
+        V = 50304
+        tokens, src = zipf_windows(V, T, 4096 if quick else 16384), "zipf over 50,304 ids"
+    else:
+        tokens, V = got
+        src = f"tinystories-bpe (|V|={V})"
+    K = min(K, V)
+    corpus_statistics(tokens[:4], V, top_k=8, dtype=np.float32)
+    t0 = time.perf_counter()
+    st = corpus_statistics(tokens, V, top_k=K, dtype=np.float32)
+    secs = time.perf_counter() - t0
+    return {"scenario": "big", "source": src, "V": V, "K": st.size, "T": T, "N": int(tokens.shape[0]),
+            "ours_s": secs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("which", nargs="?", default="all", choices=["dense", "paper", "big", "all"])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        fn = {"dense": scenario_dense, "paper": scenario_paper, "big": scenario_big}[a.which]
+        res = fn(a.quick)
+        res["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+        print(json.dumps(res))
+        return
+    names = ["dense", "paper", "big"] if a.which == "all" else [a.which]
+    print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
+    for n in names:
+        cmd = [sys.executable, __file__, n, "--child"] + (["--quick"] if a.quick else [])
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CI": "1"})
+        if out.returncode != 0:
+            print(f"{n}: FAILED\n{out.stderr[-2000:]}")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        if n == "dense":
+            print(f"dense  V={r['V']} T={r['T']} N={r['N']} ({r['source']}): ours {r['ours_s']:.3f} s, "
+                  f"dense einsum {r['dense_s']:.2f} s, ratio {r['speedup']:.0f}x, max rel err "
+                  f"{r['max_rel_err']:.1e}, peak {r['peak_rss_gb']:.2f} GB")
+        elif n == "paper":
+            print(f"paper  V={r['V']} T={r['T']} N={r['N']} ({r['source']}): all six statistics in "
+                  f"{r['ours_s']:.1f} s, peak {r['peak_rss_gb']:.2f} GB")
+        else:
+            print(f"big    top-{r['K']} of V={r['V']} T={r['T']} N={r['N']} ({r['source']}), float32: "
+                  f"{r['ours_s']:.1f} s, peak {r['peak_rss_gb']:.2f} GB")
+
+
+if __name__ == "__main__":
+    main()

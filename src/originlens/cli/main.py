@@ -1,0 +1,65 @@
+"""Entry point of the ``originlens`` command.
+
+Each concept package contributes its subcommands through a module listed in :data:`COMMAND_MODULES`;
+such a module defines ``register(subparsers)`` which adds parsers whose ``func`` attribute is called
+with the parsed arguments.  User errors (:class:`~originlens.errors.OriginlensError`) are printed as one
+line and exit with status 2; anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..errors import OriginlensError
+from ..progress import set_verbosity
+
+# One module per concept; each has register(subparsers).
+COMMAND_MODULES = [
+    "originlens.cli.corpus_cmd",
+    "originlens.cli.stats_cmd",
+    "originlens.cli.assoc_cmd",
+    "originlens.cli.demo_cmd",
+    "originlens.cli.lm_cmd",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="originlens",
+        description="Where do transformer features come from? Corpus statistics and leading terms "
+                    "(arXiv 2601.19208) and gradient pathways (arXiv 2603.14087).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress bars or status lines")
+    g.add_argument("-v", "--verbose", action="store_true", help="progress bars even when not a terminal")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.quiet:
+        set_verbosity(0)
+    elif args.verbose:
+        set_verbosity(2)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    try:
+        rc = args.func(args)
+    except OriginlensError as exc:
+        print(f"originlens: error: {exc.one_line()}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("originlens: interrupted (partial outputs were not published)", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

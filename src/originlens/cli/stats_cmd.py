@@ -1,0 +1,71 @@
+"""``originlens stats``: compute the six corpus statistics and write ``DIR/statistics.safetensors``."""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..progress import log
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "stats", help="compute corpus statistics (bigram, interchangeability, context, value_target, "
+                      "query_key, positional)",
+        description="Compute the exact corpus statistics of arXiv 2601.19208 §3 from a corpus directory "
+                    "(originlens corpus build) or an (N, T+1) .npy token file, and write "
+                    "DIR/statistics.safetensors with exactly the six keys (plus vocab.json and "
+                    "manifest.json when built from a corpus directory).")
+    p.add_argument("corpus", nargs="?", help="corpus directory written by `originlens corpus build`")
+    p.add_argument("--tokens", help="an (N, T+1) integer .npy file instead of a corpus directory")
+    p.add_argument("--vocab-size", type=int, help="|V| (required with --tokens; default: the corpus's)")
+    p.add_argument("--top-k", type=int, help="restrict to the K most frequent tokens (matrices K×K)")
+    p.add_argument("--centering", type=float,
+                   help="centring constant c of the targets (default 1/|V|, the model softmax at init)")
+    p.add_argument("--pad-id", type=int, help="token id whose pairs are not counted (padding)")
+    p.add_argument("--max-windows", type=int, help="use only the first N windows (e.g. the first batch)")
+    p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                   help="output precision (float32 halves memory for big vocabularies)")
+    p.add_argument("--chunk-size", type=int, default=1024, help="windows per processing chunk")
+    p.add_argument("--out", required=True, help="output directory (written atomically)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..data import load_token_array
+    from ..stats import corpus_statistics, save_statistics
+    from ..storage import sha256_file
+    if bool(args.corpus) == bool(args.tokens):
+        raise InputError("give either a corpus directory or --tokens FILE.npy (exactly one)",
+                         "e.g. `originlens stats runs/corpus --out runs/stats`")
+    if args.tokens and args.vocab_size is None:
+        raise InputError("--tokens needs --vocab-size", "pass --vocab-size V (ids must be < V)")
+    src = Path(args.corpus or args.tokens)
+    tokens, vocab, manifest = load_token_array(src, args.vocab_size)
+    V = int(args.vocab_size if args.vocab_size is not None else len(vocab))
+    if args.max_windows is not None:
+        if args.max_windows < 1:
+            raise InputError(f"--max-windows must be ≥ 1 (got {args.max_windows})", "pass a positive number")
+        tokens = tokens[: args.max_windows]
+    log(f"statistics of {tokens.shape[0]} windows × T={tokens.shape[1] - 1}, |V|={V}"
+        + (f", top-{args.top_k}" if args.top_k else ""))
+    t0 = time.perf_counter()
+    st = corpus_statistics(tokens, V, top_k=args.top_k, centering=args.centering, pad_id=args.pad_id,
+                           dtype=np.dtype(args.dtype), chunk_size=args.chunk_size, vocab=vocab)
+    secs = time.perf_counter() - t0
+    st.meta.update({"source": str(src), "windows": int(tokens.shape[0]), "seconds": round(secs, 3),
+                    "top_k": args.top_k})
+    out_manifest = {"statistics": {"source": str(src), "windows": int(tokens.shape[0]),
+                                   "seq_len": st.seq_len, "vocab_size": V, "size": st.size,
+                                   "centering": st.centering, "n_pairs": st.n_pairs, "top_k": args.top_k,
+                                   "pad_id": args.pad_id, "dtype": args.dtype, "seconds": secs},
+                    "corpus": manifest}
+    if manifest is None:
+        out_manifest["corpus"] = {"tokens_file": str(src), "sha256": sha256_file(src)}
+    save_statistics(st, args.out, manifest=out_manifest)
+    print(f"wrote {Path(args.out) / 'statistics.safetensors'} ({st.size}×{st.size}, T={st.seq_len}, "
+          f"{st.n_pairs} pairs, {secs:.1f} s)")
+    return 0

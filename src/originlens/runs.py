@@ -1,0 +1,120 @@
+"""Run directories: every command that trains or analyses writes one.
+
+Layout (created by :class:`RunDir`)::
+
+    RUN/
+      config.json       the full configuration (dataclass as JSON)
+      environment.json  package versions, python, platform, git commit of originlens, seeds, data hashes
+      metrics.jsonl     one JSON object per logged event (appended, flushed)
+      checkpoints/      safetensors (written atomically)
+      report.md/.html   human-readable report
+      figures/          PNG plots
+
+The run directory is created in place (not atomically) so a killed run can resume; individual files
+are written atomically.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from .storage import _json_default, atomic_write_json
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the packages that influence results."""
+    from importlib import metadata
+    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for name in ("originlens", "numpy", "scipy", "torch", "safetensors", "tokenizers", "transformers",
+                 "datasets", "matplotlib"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_commit() -> str | None:
+    """Commit of the originlens checkout, if installed from a git checkout."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+        if out.returncode == 0:
+            return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+def to_jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+class RunDir:
+    """A run directory with config, environment, metrics and figures."""
+
+    def __init__(self, path: str | os.PathLike, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if create:
+            from .storage import _io_error
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                (self.path / "checkpoints").mkdir(exist_ok=True)
+                (self.path / "figures").mkdir(exist_ok=True)
+            except OSError as exc:
+                raise _io_error(self.path, exc, "creating") from None
+
+    def file(self, *parts: str) -> Path:
+        return self.path.joinpath(*parts)
+
+    def write_config(self, config: Any) -> None:
+        atomic_write_json(self.file("config.json"), to_jsonable(config))
+
+    def write_environment(self, *, seeds: Mapping[str, Any] | None = None,
+                          data_hashes: Mapping[str, str] | None = None, extra: Mapping[str, Any] | None = None) -> None:
+        env = {"versions": package_versions(), "git_commit": git_commit(), "argv": sys.argv,
+               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seeds": dict(seeds or {}),
+               "data_hashes": dict(data_hashes or {})}
+        env.update(extra or {})
+        atomic_write_json(self.file("environment.json"), to_jsonable(env))
+
+    def log_metrics(self, record: Mapping[str, Any], name: str = "metrics.jsonl") -> None:
+        with open(self.file(name), "a", encoding="utf-8") as f:
+            f.write(json.dumps(to_jsonable(record), default=_json_default) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_metrics(self, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
+        p = self.file(name)
+        if not p.exists():
+            return []
+        out = []
+        for line in p.read_text(encoding="utf-8").splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a torn last line from a kill: ignore it
+        return out

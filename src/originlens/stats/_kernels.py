@@ -1,0 +1,117 @@
+"""Compiled (numba) kernels for the O(N·T²) parts of the corpus statistics.
+
+Both kernels walk every (target position t, prefix position j ≤ t) pair of every sequence once, but
+organise the work so that the V×V accumulator row being written (and the row of G being read) stays in
+cache: the row index is fixed by t, only the column varies with j.  Work is split into a fixed number of
+*partitions* by the accumulator row (``row % n_parts``), so each partition writes disjoint rows and
+results are bit-identical whatever the number of threads.
+
+Token arrays are already remapped to the kept token set (``-1`` = outside the set) and ``valid`` marks
+the counted (input position, target) pairs.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+N_PARTS = 8  # fixed partition count: results do not depend on the thread count
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def context_kernel(x, y, valid, w, context_raw, prefix_raw_parts):  # pragma: no cover - compiled
+    """Accumulate F[a, b] += w_t [y_t = a] #{m ≤ t : x_m = b} and prefix[b] += w_t #{m ≤ t: x_m = b}.
+
+    x, y: (n, T) int32 remapped inputs / targets; valid: (n, T) bool; w: (T,) float64 = 1/(t+1);
+    context_raw: (K, K) float64 (in/out); prefix_raw_parts: (N_PARTS, K) float64 (in/out).
+    """
+    n, T = x.shape
+    for part in numba.prange(N_PARTS):
+        pre = prefix_raw_parts[part]
+        for s in range(n):
+            for t in range(T):
+                if not valid[s, t]:
+                    continue
+                a = y[s, t]
+                owner = a % N_PARTS if a >= 0 else s % N_PARTS
+                if owner != part:
+                    continue
+                wt = w[t]
+                if a >= 0:
+                    row = context_raw[a]
+                    for m in range(t + 1):
+                        b = x[s, m]
+                        if b >= 0:
+                            row[b] += wt
+                            pre[b] += wt
+                else:
+                    for m in range(t + 1):
+                        b = x[s, m]
+                        if b >= 0:
+                            pre[b] += wt
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def query_key_kernel(x, y, valid, w, G, g_sub, qk_raw, delta_parts):  # pragma: no cover - compiled
+    """Accumulate Q̄_raw[x_t, x_j] += Q_n[t, j] and Δ_raw[t − j] += Q_n[t, j] (spec §3.6–3.7).
+
+    M[t, j] = G[y_t, x_j]·[y_t kept] − g_sub[x_j] for kept x_j, else 0;
+    Q_n[t, j] = M[t, j]/(t+1) − (Σ_{m≤t} M[t, m])/(t+1)²  for j ≤ t.
+    G: (K, K) float (next token × prefix token); g_sub: (K,) = c·Σ_a G[a, :];
+    qk_raw: (K, K) float64 (in/out); delta_parts: (N_PARTS, T) float64 (in/out).
+    """
+    n, T = x.shape
+    for part in numba.prange(N_PARTS):
+        dl = delta_parts[part]
+        for s in range(n):
+            for t in range(T):
+                if not valid[s, t]:
+                    continue
+                q = x[s, t]
+                owner = q % N_PARTS if q >= 0 else s % N_PARTS
+                if owner != part:
+                    continue
+                a = y[s, t]
+                wt = w[t]
+                # pass 1: row sum r_t of M over the prefix
+                r = 0.0
+                if a >= 0:
+                    grow = G[a]
+                    for j in range(t + 1):
+                        b = x[s, j]
+                        if b >= 0:
+                            r += grow[b] - g_sub[b]
+                else:
+                    for j in range(t + 1):
+                        b = x[s, j]
+                        if b >= 0:
+                            r -= g_sub[b]
+                corr = r * wt * wt
+                # pass 2: centred, normalised entries
+                if q >= 0:
+                    qrow = qk_raw[q]
+                    for j in range(t + 1):
+                        b = x[s, j]
+                        if b >= 0:
+                            m = (G[a, b] if a >= 0 else 0.0) - g_sub[b]
+                            v = m * wt - corr
+                            qrow[b] += v
+                        else:
+                            v = -corr
+                        dl[t - j] += v
+                else:
+                    for j in range(t + 1):
+                        b = x[s, j]
+                        if b >= 0:
+                            m = (G[a, b] if a >= 0 else 0.0) - g_sub[b]
+                            v = m * wt - corr
+                        else:
+                            v = -corr
+                        dl[t - j] += v
+
+
+def partitions() -> int:
+    return N_PARTS
+
+
+def empty_parts(width: int) -> np.ndarray:
+    return np.zeros((N_PARTS, width), dtype=np.float64)

@@ -1,0 +1,76 @@
+"""Saving and loading statistics: ``DIR/statistics.safetensors`` with exactly the six keys.
+
+Everything else travels in the safetensors metadata (n_pairs, vocab size, T, centring, kept token ids,
+vocabulary hash, format version) and, when known, ``DIR/vocab.json`` (kept tokens in row order) and
+``DIR/manifest.json`` (corpus provenance).  Loading checks the format version and, if asked, the
+vocabulary hash, so statistics are never silently applied to another vocabulary.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..storage import atomic_directory, atomic_write_json, load_tensors, read_json, save_tensors, vocab_hash
+from .corpus import STAT_KEYS, CorpusStatistics
+
+FILENAME = "statistics.safetensors"
+
+
+def statistics_vocab_hash(stats: CorpusStatistics) -> str:
+    return vocab_hash(stats.vocab, stats.size) if stats.vocab is not None else vocab_hash(
+        None, stats.vocab_size)
+
+
+def save_statistics(stats: CorpusStatistics, out: str | Path, *, manifest: dict[str, Any] | None = None,
+                    extra_files: dict[str, Any] | None = None) -> Path:
+    """Write ``out/statistics.safetensors`` (+ vocab.json, manifest.json) atomically; returns ``out``."""
+    out = Path(out)
+    meta = {"n_pairs": stats.n_pairs, "vocab_size": stats.vocab_size, "seq_len": stats.seq_len,
+            "centering": stats.centering, "size": stats.size,
+            "token_ids": None if stats.token_ids is None else [int(i) for i in stats.token_ids],
+            "unigram": None if stats.unigram is None else [float(u) for u in stats.unigram],
+            "vocab_hash": statistics_vocab_hash(stats), "meta": stats.meta}
+    with atomic_directory(out) as tmp:
+        save_tensors(tmp / FILENAME, stats.as_dict(), kind="corpus-statistics", metadata=meta)
+        if stats.vocab is not None:
+            atomic_write_json(tmp / "vocab.json", stats.vocab)
+        if manifest is not None:
+            atomic_write_json(tmp / "manifest.json", manifest)
+        for name, obj in (extra_files or {}).items():
+            atomic_write_json(tmp / name, obj)
+    return out
+
+
+def _decode(v: str) -> Any:
+    try:
+        return json.loads(v)
+    except json.JSONDecodeError:
+        return v
+
+
+def load_statistics(path: str | Path, *, expect_vocab_hash: str | None = None) -> CorpusStatistics:
+    """Load statistics from a directory written by :func:`save_statistics` (or the file itself)."""
+    path = Path(path)
+    file = path / FILENAME if path.is_dir() else path
+    if not file.exists():
+        raise InputError(f"no statistics at {path} (expected {FILENAME})",
+                         "run `originlens stats ... --out DIR` first and pass DIR")
+    arrays, meta = load_tensors(file, kind="corpus-statistics", expect_vocab_hash=expect_vocab_hash)
+    missing = [k for k in STAT_KEYS if k not in arrays]
+    if missing:
+        raise InputError(f"{file} lacks {', '.join(missing)}", "recompute the statistics")
+    m = {k: _decode(v) for k, v in meta.items() if k not in ("format_version", "kind")}
+    vocab_file = file.parent / "vocab.json"
+    vocab = read_json(vocab_file) if vocab_file.exists() else None
+    tok = m.get("token_ids")
+    uni = m.get("unigram")
+    return CorpusStatistics(**{k: arrays[k] for k in STAT_KEYS}, n_pairs=int(m["n_pairs"]),
+                            vocab_size=int(m["vocab_size"]), seq_len=int(m["seq_len"]),
+                            centering=float(m["centering"]),
+                            unigram=None if uni is None else np.asarray(uni),
+                            token_ids=None if tok is None else np.asarray(tok, dtype=np.int64),
+                            vocab=vocab, meta=m.get("meta") or {})

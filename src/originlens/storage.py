@@ -1,0 +1,221 @@
+"""Crash-safe, code-free artefact I/O.
+
+* :func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`atomic_write_json`: temporary file in
+  the same directory, fsync, rename; a crash never leaves a half-written file under the final name.
+* :func:`atomic_directory`: build a whole output directory under a temporary sibling name and rename
+  it into place only when everything succeeded, so an interrupted build never looks complete.
+* :func:`save_tensors` / :func:`load_tensors`: safetensors only (never pickle), with string metadata
+  that always carries ``format_version`` and ``kind``; loaders check both and the vocabulary hash.
+
+Caveat: renaming over an existing *directory* is not atomic on POSIX; :func:`atomic_directory` moves
+the old one aside first and deletes it only after the new one is in place.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from .errors import CompatibilityError, InputError, OriginlensError
+
+FORMAT_VERSION = "1"
+
+
+def _io_error(path: Path, exc: OSError, action: str) -> OriginlensError:
+    if exc.errno == errno.ENOSPC:
+        return OriginlensError(f"no space left on device while {action} {path}",
+                               "free disk space or choose another --out; earlier files are intact")
+    if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+        return OriginlensError(f"cannot write {path}: {exc.strerror}",
+                               "choose a writable --out directory")
+    return OriginlensError(f"I/O error while {action} {path}: {exc.strerror or exc}",
+                           "check the path and the disk")
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (tmp file + fsync + rename)."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _io_error(path, exc, "creating") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _io_error(path, exc, "writing") from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Parse a JSON file; errors name the file."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path} not found", "check the path") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path} is not valid JSON ({exc})", "regenerate the file") from None
+
+
+def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
+    """Save a plain (non-object) array as .npy atomically."""
+    import io
+    if array.dtype == object:
+        raise TypeError("object arrays are not allowed (they would need pickle)")
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a temporary directory that becomes ``path`` only if the block succeeds.
+
+    On error (or Ctrl-C / kill) the temporary directory is removed (or, after SIGKILL, left under a
+    hidden ``.NAME.partial-*`` name that never looks like a finished output).
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and not overwrite:
+            raise OriginlensError(f"{path} already exists", "pass --overwrite or choose another --out")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+    except OSError as exc:
+        raise _io_error(path, exc, "creating") from None
+    try:
+        yield tmp
+        _fsync_dir(tmp)
+        old = None
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{os.getpid()}"
+            os.replace(path, old)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _io_error(path, exc, "writing") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def vocab_hash(vocab: list[str] | None, vocab_size: int) -> str:
+    """Stable short hash identifying a vocabulary (token strings, or just its size if unnamed)."""
+    payload = json.dumps(vocab if vocab is not None else {"size": int(vocab_size)}, ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def save_tensors(path: str | os.PathLike, tensors: Mapping[str, Any], *, kind: str,
+                 metadata: Mapping[str, Any] | None = None) -> Path:
+    """Write numpy arrays / torch tensors to a safetensors file atomically.
+
+    ``metadata`` values are JSON-encoded into the safetensors string metadata; ``kind`` and
+    ``format_version`` are always added.
+    """
+    from safetensors.numpy import save as np_save
+    arrays = {}
+    for k, v in tensors.items():
+        if hasattr(v, "detach"):
+            v = v.detach().cpu().contiguous().numpy()
+        arrays[k] = np.ascontiguousarray(v)
+    meta = {"format_version": FORMAT_VERSION, "kind": kind}
+    for k, v in (metadata or {}).items():
+        meta[k] = v if isinstance(v, str) else json.dumps(v, default=_json_default)
+    return atomic_write_bytes(path, np_save(arrays, metadata=meta))
+
+
+def load_tensors(path: str | os.PathLike, *, kind: str | None = None,
+                 expect_vocab_hash: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Read a safetensors file written by :func:`save_tensors` (no code execution possible).
+
+    Checks ``kind``, ``format_version`` and (optionally) the vocabulary hash, with clear errors.
+    """
+    from safetensors import safe_open
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path} not found", "check the path (expected a .safetensors file)")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = dict(f.metadata() or {})
+            arrays = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # safetensors raises its own error types
+        raise InputError(f"{path} is not a readable safetensors file ({exc})",
+                         "originlens only reads safetensors; re-create the file with originlens") from None
+    if kind is not None and meta.get("kind") not in (None, kind):
+        raise CompatibilityError(f"{path} holds '{meta.get('kind')}', expected '{kind}'",
+                                 "pass the right file")
+    fv = meta.get("format_version")
+    if fv is not None and fv != FORMAT_VERSION:
+        raise CompatibilityError(f"{path} has format version {fv}; this originlens reads {FORMAT_VERSION}",
+                                 "re-create the file with this version of originlens")
+    if expect_vocab_hash is not None and meta.get("vocab_hash") not in (None, expect_vocab_hash):
+        raise CompatibilityError(
+            f"{path} was computed for another vocabulary (hash {meta.get('vocab_hash')}, expected {expect_vocab_hash})",
+            "recompute it from this corpus / tokenizer")
+    return arrays, meta
