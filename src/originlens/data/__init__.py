@@ -1,0 +1,19 @@
+"""Corpus pipeline: read text, tokenise, cut windows of T+1 tokens, store them with a manifest.
+
+* :mod:`.readers`: streaming documents from text / JSON / JSONL / Parquet / directories / ``hf:NAME``;
+* :mod:`.tokenizers`: the papers' word tokenizer, corpus-trained BPE, pretrained ``tokenizer.json``;
+* :mod:`.build` and :mod:`.store`: :func:`build_corpus` writes a corpus directory, :class:`TokenStore`
+  and :func:`load_token_array` read and validate one;
+* :mod:`.storyworld`: generated stories with planted statistics (the default corpus).
+"""
+from .build import DEFAULT_STORIES, build_corpus, storyworld_store
+from .readers import iter_documents, source_fingerprint
+from .store import TokenStore, is_corpus_dir, load_token_array, smallest_uint
+from .storyworld import PLANTED, Planted, generate_stories, storyworld_corpus
+from .tokenizers import (BPETokenizer, PretrainedTokenizer, Tokenizer, WordTokenizer, load_saved,
+                         load_tokenizer, pre_tokenize)
+
+__all__ = ["build_corpus", "storyworld_store", "DEFAULT_STORIES", "iter_documents", "source_fingerprint",
+           "TokenStore", "is_corpus_dir", "load_token_array", "smallest_uint", "PLANTED", "Planted",
+           "generate_stories", "storyworld_corpus", "Tokenizer", "WordTokenizer", "BPETokenizer",
+           "PretrainedTokenizer", "load_tokenizer", "load_saved", "pre_tokenize"]

@@ -1,0 +1,181 @@
+"""Token store: a corpus directory of fixed-length windows, and validated loading of token arrays.
+
+Layout of a corpus directory (written by :func:`originlens.data.build.build_corpus`)::
+
+    DIR/
+      tokens.npy     (N, T+1) unsigned ints (uint8/uint16/uint32, the smallest holding |V|-1)
+      vocab.json     token string per id (list, index = id)
+      tokenizer/     the saved tokenizer (rebuild with TokenStore.tokenizer())
+      manifest.json  format_version, kind, sources (path, bytes, sha256), tokenizer settings,
+                     vocab_size, seq_len, windows, oov, counts, vocab_hash, dtype, shape, tokens_sha256
+
+Row n of ``tokens`` is one sequence x_0..x_T: inputs x_0..x_{T-1}, targets x_1..x_T (spec §1).
+Arrays are opened memory-mapped and read-only (``np.load(mmap_mode="r", allow_pickle=False)``).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import CompatibilityError, InputError
+from ..storage import FORMAT_VERSION, read_json, vocab_hash
+
+CORPUS_KIND = "originlens.corpus"
+TOKENS = "tokens.npy"
+VOCAB = "vocab.json"
+MANIFEST = "manifest.json"
+TOKENIZER_DIR = "tokenizer"
+
+
+def smallest_uint(vocab_size: int) -> np.dtype:
+    """Smallest unsigned dtype holding ids 0..vocab_size-1."""
+    for dt in (np.uint8, np.uint16, np.uint32):
+        if vocab_size - 1 <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    return np.dtype(np.uint64)
+
+
+def is_corpus_dir(path: str | Path) -> bool:
+    """True when ``path`` is a directory with an originlens corpus manifest (not fully validated)."""
+    m = Path(path) / MANIFEST
+    if not m.is_file():
+        return False
+    try:
+        return json.loads(m.read_text(encoding="utf-8")).get("kind") == CORPUS_KIND
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:  # object arrays need pickle
+        raise InputError(f"{path} cannot be read without pickle ({exc})",
+                         "save token ids as a plain integer array (np.save of a uint16/int64 array)") from None
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{path} is not a readable .npy file ({exc})", "check or re-create the file") from None
+
+
+class TokenStore:
+    """A validated corpus directory. Attributes: ``path``, ``tokens`` (N, T+1) memmap, ``vocab``,
+    ``vocab_size``, ``seq_len`` (T), ``manifest``, ``vocab_hash``."""
+
+    def __init__(self, path: Path, tokens: np.ndarray, vocab: list[str], manifest: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.tokens = tokens
+        self.vocab = vocab
+        self.manifest = manifest
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["vocab_size"])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.tokens.shape[1]) - 1
+
+    @property
+    def vocab_hash(self) -> str:
+        return str(self.manifest["vocab_hash"])
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def __repr__(self) -> str:
+        return f"TokenStore({str(self.path)!r}, windows={len(self)}, T={self.seq_len}, |V|={self.vocab_size})"
+
+    def tokenizer(self):
+        """The tokenizer that produced the ids (from ``tokenizer/``)."""
+        from .tokenizers import load_saved
+        return load_saved(self.path / TOKENIZER_DIR)
+
+    @classmethod
+    def open(cls, directory: str | Path) -> "TokenStore":
+        d = Path(directory)
+        fix = "build one with `originlens corpus build ... --out DIR`"
+        if not d.is_dir():
+            raise InputError(f"corpus directory {d} does not exist" if not d.exists()
+                             else f"{d} is a file, not a corpus directory", fix)
+        if not (d / MANIFEST).is_file():
+            raise InputError(f"{d} is not a corpus directory (no {MANIFEST})", fix)
+        m = read_json(d / MANIFEST)
+        if not isinstance(m, dict) or m.get("kind") != CORPUS_KIND:
+            raise InputError(f"{d / MANIFEST} is not an originlens corpus manifest", fix)
+        if str(m.get("format_version")) != FORMAT_VERSION:
+            raise CompatibilityError(f"{d} has corpus format version {m.get('format_version')}; this "
+                                     f"originlens reads {FORMAT_VERSION}", "rebuild the corpus")
+        for f in (TOKENS, VOCAB):
+            if not (d / f).is_file():
+                raise InputError(f"corpus directory {d} lacks {f}", "rebuild the corpus")
+        tokens = _load_npy(d / TOKENS)
+        vocab = read_json(d / VOCAB)
+        if not isinstance(vocab, list) or not all(isinstance(t, str) for t in vocab):
+            raise InputError(f"{d / VOCAB} is not a list of token strings", "rebuild the corpus")
+        shape = tuple(m.get("shape", ()))
+        if tokens.shape != shape or str(tokens.dtype) != m.get("dtype"):
+            raise InputError(f"{d / TOKENS} has shape {tokens.shape} / dtype {tokens.dtype}, manifest says "
+                             f"{shape} / {m.get('dtype')}", "the directory was modified; rebuild the corpus")
+        if len(vocab) != m.get("vocab_size") or vocab_hash(vocab, len(vocab)) != m.get("vocab_hash"):
+            raise InputError(f"{d / VOCAB} does not match the manifest (size or hash)",
+                             "the directory was modified; rebuild the corpus")
+        _check_tokens(tokens, d / TOKENS, len(vocab), scan=False)
+        return cls(d, tokens, vocab, m)
+
+
+def _check_tokens(tokens: np.ndarray, where: Path | str, vocab_size: int | None, *, scan: bool = True) -> int:
+    """Validate a token array; returns the vocabulary size (given, or max id + 1)."""
+    if tokens.ndim != 2:
+        raise InputError(f"{where} holds a {tokens.ndim}-D array of shape {tokens.shape}; expected 2-D (N, T+1)",
+                         "save windows as an (N, T+1) array, one row per sequence")
+    if not (np.issubdtype(tokens.dtype, np.integer) and tokens.dtype != np.bool_):
+        raise InputError(f"{where} has dtype {tokens.dtype}; token ids must be integers",
+                         "save the ids as an integer array (e.g. tokens.astype(np.uint16))")
+    n, t1 = tokens.shape
+    if t1 < 2:
+        raise InputError(f"{where} has windows of {t1} token(s); at least 2 are needed (T+1 >= 2)",
+                         "rebuild with --seq-len >= 1")
+    if n == 0:
+        raise InputError(f"{where} holds no windows (shape {tokens.shape})",
+                         "rebuild the corpus with a smaller --seq-len or more text")
+    if vocab_size is not None and vocab_size < 1:
+        raise InputError(f"vocab_size must be >= 1, got {vocab_size}", "pass a positive --vocab-size")
+    if not scan:
+        return int(vocab_size)  # type: ignore[arg-type]
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0:
+        raise InputError(f"{where} contains negative token id {lo}", "token ids must be in 0..|V|-1")
+    if vocab_size is None:
+        return hi + 1
+    if hi >= vocab_size:
+        raise InputError(f"{where} contains token id {hi} but vocab_size is {vocab_size}",
+                         f"pass a vocab size >= {hi + 1}, or rebuild the corpus with this vocabulary")
+    return int(vocab_size)
+
+
+def load_token_array(path_or_dir: str | Path, vocab_size: int | None = None
+                     ) -> tuple[np.ndarray, list[str] | None, dict[str, Any] | None]:
+    """Token windows from a corpus directory or a bare ``.npy`` file, validated.
+
+    Returns ``(tokens, vocab, manifest)``: ``tokens`` is a read-only (N, T+1) integer array (memmap);
+    ``vocab`` and ``manifest`` are ``None`` for a bare ``.npy``. Checks: 2-D integer array, T+1 >= 2,
+    N >= 1, 0 <= ids < vocab_size (default: the corpus's |V|, or max id + 1 for a bare array).
+    Caveat: the id check reads the whole array once.
+    """
+    p = Path(path_or_dir)
+    if p.is_dir():
+        store = TokenStore.open(p)
+        vs = store.vocab_size if vocab_size is None else int(vocab_size)
+        _check_tokens(store.tokens, store.path / TOKENS, vs)
+        return store.tokens, store.vocab, store.manifest
+    if not p.exists():
+        raise InputError(f"token file or corpus directory {p} does not exist",
+                         "pass a corpus directory (originlens corpus build) or an .npy file of token ids")
+    if p.suffix.lower() != ".npy":
+        raise InputError(f"{p} is neither a corpus directory nor an .npy file",
+                         "pass a corpus directory (originlens corpus build) or an .npy file of token ids")
+    tokens = _load_npy(p)
+    _check_tokens(tokens, p, None if vocab_size is None else int(vocab_size))
+    return tokens, None, None

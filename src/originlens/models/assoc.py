@@ -1,0 +1,393 @@
+"""The one-hot attention-only transformer of arXiv 2601.19208, Definition 3.1 (spec §2).
+
+Parameters (paper numbering, layers l = 1..L)::
+
+    W_O          |V|×|V|   unembedding, applied once at the end
+    W[l]         |V|×|V|   tied query-key bilinear form
+    V[l]         |V|×|V|   value matrix (no output projection)
+    P[l]         length T  relative-position bias, DM(p)[t, t−d] = p[d] (d = 0: self)
+
+Forward for one sequence (h0 = X one-hot, rows = positions, matrices act on the right)::
+
+    S   = h W[l] hᵀ + DM(P[l]);  A = softmax(causal_mask(S))  (diagonal kept)
+    h  <- h + A h V[l]
+    logits = h W_O
+
+No 1/√d scaling, LayerNorm, MLP, biases or heads.  Loss: mean cross-entropy over all N·T positions.
+
+Three implementations of the same function (``impl``):
+
+* ``"paths"`` — path expansion.  Because h0 = X is one-hot, the residual stream is exactly
+  ``h_l = Σ_{S ⊆ {1..l}} A_S X V_S`` with ``A_S = A_{s_k}…A_{s_1}`` (T×T, per sequence) and
+  ``V_S = V_{s_1}…V_{s_k}`` (|V|×|V|, batch independent).  Hence scores are
+  ``Σ_{S,S'} A_S (V_S W V_{S'}ᵀ)[x, x] A_{S'}ᵀ`` (gathers of |V|×|V| matrices at token pairs) and logits
+  ``Σ_S A_S (V_S W_O)[x]`` (row gathers).  Nothing of size B·T·|V|² is computed; the per-batch cost is
+  ≈ 2^L·B·T²·|V| plus O(4^L)·|V|³ batch-independent matrix products.  Best when B·T ≫ |V| and L is
+  small (the paper's L = 3).
+* ``"gather"`` — first layer by gathers (``W[x_t, x_j]``, ``V[x_j]``), deeper layers dense matmuls on
+  the (B, T, |V|) residual stream.  Per-batch cost ≈ (2L − 1)·B·T·|V|².
+* ``"dense"`` — the straightforward one-hot implementation (reference for tests and benchmarks),
+  ≈ (2L + 1)·B·T·|V|².
+
+``"auto"`` (default) picks between ``"paths"`` and ``"gather"`` with a flop estimate.  All three agree to
+round-off (they sum the same terms in a different order; float64 agreement ≈ 1e-13 relative).
+
+Saved weights use the paper's 1-based layer numbers: keys ``W_O``, ``W.1``…``W.L``, ``V.l``, ``P.l``
+(:meth:`AssocModel.weights` / :meth:`AssocModel.load_weights`); the torch ``state_dict`` keeps
+``nn.ParameterList``'s 0-based keys and is not the on-disk format.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import CompatibilityError, ConfigError, InputError
+
+IMPLS = ("auto", "paths", "gather", "dense")
+MODEL_KIND = "assoc-model"
+CHECKPOINT_KIND = "assoc-checkpoint"
+
+
+@dataclass
+class AssocConfig:
+    """Shape and initialisation of an :class:`AssocModel`.
+
+    ``init``: ``"zero"`` (paper experiments, Thm D.9) or ``"gaussian"`` (i.i.d. N(0, init_std²) on every
+    parameter, Thm D.12 uses std = v/|V|^{1+ξ}).  ``seed`` seeds the Gaussian draw.
+    """
+
+    vocab_size: int
+    seq_len: int
+    n_layers: int = 3
+    init: str = "zero"
+    init_std: float = 0.0
+    dtype: str = "float32"
+    seed: int = 0
+    impl: str = "auto"
+
+    def validate(self) -> None:
+        if int(self.vocab_size) < 1:
+            raise ConfigError(f"vocab_size must be ≥ 1 (got {self.vocab_size})", "pass a positive vocabulary size")
+        if int(self.seq_len) < 1:
+            raise ConfigError(f"seq_len must be ≥ 1 (got {self.seq_len})", "pass T ≥ 1")
+        if int(self.n_layers) < 1:
+            raise ConfigError(f"n_layers must be ≥ 1 (got {self.n_layers})", "pass L ≥ 1")
+        if self.init not in ("zero", "gaussian"):
+            raise ConfigError(f"unknown init '{self.init}'", "use init='zero' or init='gaussian'")
+        if self.init == "gaussian" and not (self.init_std > 0 and math.isfinite(self.init_std)):
+            raise ConfigError(f"gaussian init needs init_std > 0 (got {self.init_std})", "pass init_std")
+        if self.dtype not in ("float32", "float64"):
+            raise ConfigError(f"dtype must be float32 or float64 (got {self.dtype})", "pick one of the two")
+        if self.impl not in IMPLS:
+            raise ConfigError(f"unknown impl '{self.impl}'", f"use one of {', '.join(IMPLS)}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.float64 if self.dtype == "float64" else torch.float32
+
+
+def weight_names(n_layers: int) -> list[str]:
+    """On-disk names in a fixed order: ``W_O``, then ``W.l``, ``V.l``, ``P.l`` for l = 1..L."""
+    names = ["W_O"]
+    for l in range(1, n_layers + 1):
+        names += [f"W.{l}", f"V.{l}", f"P.{l}"]
+    return names
+
+
+def _subsets(n: int) -> list[int]:
+    return list(range(1 << n))
+
+
+def path_cost(batch: int, seq_len: int, vocab: int, n_layers: int) -> dict[str, float]:
+    """Forward multiply-add estimates of the three implementations (see module docstring)."""
+    B, T, V, L = batch, seq_len, vocab, n_layers
+    n_prod = (2 ** L - L - 1) + (2 ** L - 1)  # products V_S (|S| ≥ 2) and V_S W_O
+    mix = 0.0
+    for l in range(1, L + 1):
+        k = 2 ** (l - 1)
+        n_prod += (k - 1) + k * (k - 1)  # V_S W and (V_S W) V_S'^T
+        mix += k * k * (B * T * T + 2 * B * T ** 3) + k * B * T ** 3
+    paths = n_prod * V ** 3 + 2 ** L * B * T * T * V + mix
+    gather = B * T * T * V + (L - 1) * (2 * B * T * V * V + 2 * B * T * T * V) + B * T * V * V
+    dense = L * (2 * B * T * V * V + 2 * B * T * T * V) + B * T * V * V
+    return {"paths": float(paths), "gather": float(gather), "dense": float(dense)}
+
+
+def diag_matrix(p: torch.Tensor, T: int) -> torch.Tensor:
+    """DM(p) restricted to T positions: (T, T) with DM[t, t−d] = p[d] for t ≥ d, 0 above the diagonal."""
+    t = torch.arange(T, device=p.device)
+    off = t[:, None] - t[None, :]
+    return torch.where(off >= 0, p[off.clamp(min=0)], torch.zeros((), dtype=p.dtype, device=p.device))
+
+
+def _causal_softmax(scores: torch.Tensor) -> torch.Tensor:
+    T = scores.shape[-1]
+    mask = torch.ones(T, T, dtype=torch.bool, device=scores.device).triu(1)
+    return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+
+
+def _chunk_bounds(T: int, n_chunks: int) -> list[int]:
+    n = max(1, min(n_chunks, T))
+    return sorted({-(-(q + 1) * T // n) for q in range(n)})
+
+
+class _CausalBlockMix(torch.autograd.Function):
+    """out[b, t] = Σ_{j ≤ t, k < m} coef[b, t, j·m + k] rows[b, j·m + k]: a batched matmul that skips the
+    (structurally zero) blocks j > t by splitting positions into chunks; the gradient for coef is
+    returned on the causal part only (entries j > t get 0, which is exact for parameters upstream
+    because every A_S is lower triangular and the masked softmax kills upper-triangle gradients)."""
+
+    @staticmethod
+    def forward(ctx, coef: torch.Tensor, rows: torch.Tensor, m: int, n_chunks: int) -> torch.Tensor:
+        B, T, _ = coef.shape
+        out = coef.new_empty(B, T, rows.shape[-1])
+        r0 = 0
+        bounds = _chunk_bounds(T, n_chunks)
+        for r1 in bounds:
+            torch.bmm(coef[:, r0:r1, : r1 * m], rows[:, : r1 * m], out=out[:, r0:r1])
+            r0 = r1
+        ctx.save_for_backward(coef, rows)
+        ctx.m, ctx.bounds = m, bounds
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        coef, rows = ctx.saved_tensors
+        m = ctx.m
+        g = g.contiguous()
+        gc = torch.zeros_like(coef) if ctx.needs_input_grad[0] else None
+        gr = torch.zeros_like(rows) if ctx.needs_input_grad[1] else None
+        r0 = 0
+        for r1 in ctx.bounds:
+            if gc is not None:
+                torch.bmm(g[:, r0:r1], rows[:, : r1 * m].transpose(1, 2), out=gc[:, r0:r1, : r1 * m])
+            if gr is not None:
+                gr[:, : r1 * m].baddbmm_(coef[:, r0:r1, : r1 * m].transpose(1, 2), g[:, r0:r1])
+            r0 = r1
+        return gc, gr, None, None
+
+
+def causal_block_mix(coef: torch.Tensor, rows: torch.Tensor, m: int, n_chunks: int = 8) -> torch.Tensor:
+    """coef (B, T, T·m) causal in its position blocks, rows (B, T·m, |V|) → (B, T, |V|)."""
+    return _CausalBlockMix.apply(coef, rows, m, n_chunks)
+
+
+class AssocModel(nn.Module):
+    """Attention-only transformer on one-hot tokens (Def. 3.1), fast one-hot forward.
+
+    ``forward(inputs)``: inputs (B, T') int64 with T' ≤ T → logits (B, T', |V|).
+    ``loss(tokens)``: tokens (B, T'+1) → mean cross-entropy over all B·T' positions.
+    """
+
+    def __init__(self, cfg: AssocConfig) -> None:
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        V, T, L = int(cfg.vocab_size), int(cfg.seq_len), int(cfg.n_layers)
+        dt = cfg.torch_dtype
+        self.W_O = nn.Parameter(torch.zeros(V, V, dtype=dt))
+        self.W = nn.ParameterList([nn.Parameter(torch.zeros(V, V, dtype=dt)) for _ in range(L)])
+        self.V = nn.ParameterList([nn.Parameter(torch.zeros(V, V, dtype=dt)) for _ in range(L)])
+        self.P = nn.ParameterList([nn.Parameter(torch.zeros(T, dtype=dt)) for _ in range(L)])
+        if cfg.init == "gaussian":
+            g = torch.Generator().manual_seed(int(cfg.seed))
+            with torch.no_grad():
+                for name in weight_names(L):  # fixed draw order
+                    p = self.param(name)
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64).to(dt) * cfg.init_std)
+
+    # ------------------------------------------------------------------ parameters by paper name
+    @property
+    def vocab_size(self) -> int:
+        return int(self.cfg.vocab_size)
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.cfg.seq_len)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.cfg.n_layers)
+
+    def param(self, name: str) -> nn.Parameter:
+        """Parameter by on-disk name (``W_O``, ``W.l``, ``V.l``, ``P.l`` with 1-based l)."""
+        if name == "W_O":
+            return self.W_O
+        kind, _, l = name.partition(".")
+        if kind in ("W", "V", "P") and l.isdigit() and 1 <= int(l) <= self.n_layers:
+            return getattr(self, kind)[int(l) - 1]
+        raise KeyError(name)
+
+    def named_weights(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, self.param(n)) for n in weight_names(self.n_layers)]
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Detached copies keyed ``W_O``, ``W.l``, ``V.l``, ``P.l`` (l = 1..L)."""
+        return {n: p.detach().clone() for n, p in self.named_weights()}
+
+    @torch.no_grad()
+    def load_weights(self, tensors: Mapping[str, object], *, strict: bool = True) -> None:
+        """Copy weights from a mapping with the on-disk keys (numpy or torch values).
+
+        Extra keys (e.g. trainer state in a checkpoint) are ignored; missing or mis-shaped keys raise
+        :class:`~originlens.errors.CompatibilityError`.
+        """
+        for name, p in self.named_weights():
+            if name not in tensors:
+                if strict:
+                    raise CompatibilityError(f"weights lack '{name}'",
+                                             f"load a file saved for an L={self.n_layers} AssocModel")
+                continue
+            v = torch.as_tensor(np.asarray(tensors[name]) if not torch.is_tensor(tensors[name]) else tensors[name])
+            if tuple(v.shape) != tuple(p.shape):
+                raise CompatibilityError(f"'{name}' has shape {tuple(v.shape)}, model expects {tuple(p.shape)}",
+                                         "load weights saved for the same |V|, T and L")
+            p.copy_(v.to(p.dtype))
+
+    # ------------------------------------------------------------------ forward
+    def _check_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        x = torch.as_tensor(inputs)
+        if x.dim() != 2 or x.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise InputError(f"inputs must be a (B, T) integer tensor, got {x.dtype} {tuple(x.shape)}",
+                             "pass token ids")
+        if x.shape[1] > self.seq_len or x.shape[1] < 1:
+            raise InputError(f"sequence length {x.shape[1]} outside 1..{self.seq_len}",
+                             f"this model has T = {self.seq_len} positions")
+        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.vocab_size):
+            raise InputError(f"token ids must lie in 0..{self.vocab_size - 1}", "check the vocabulary")
+        return x.long()
+
+    def choose_impl(self, batch: int, seq_len: int) -> str:
+        impl = self.cfg.impl
+        if impl != "auto":
+            return impl
+        c = path_cost(batch, seq_len, self.vocab_size, self.n_layers)
+        return "paths" if c["paths"] <= c["gather"] else "gather"
+
+    def forward(self, inputs: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
+        """Logits (B, T', |V|) for inputs (B, T') of token ids."""
+        x = self._check_inputs(inputs)
+        impl = impl or self.choose_impl(x.shape[0], x.shape[1])
+        if impl == "auto":
+            impl = self.choose_impl(x.shape[0], x.shape[1])
+        if impl == "paths":
+            return self._forward_paths(x)
+        if impl == "gather":
+            return self._forward_gather(x)
+        if impl == "dense":
+            return self._forward_dense(x)
+        raise ConfigError(f"unknown impl '{impl}'", f"use one of {', '.join(IMPLS)}")
+
+    def loss(self, tokens: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
+        """Mean cross-entropy over all B·T' positions; tokens (B, T'+1): inputs x_0..x_{T'-1}, targets x_1..x_T'."""
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() != 2 or tokens.shape[1] < 2:
+            raise InputError(f"tokens must be (B, T+1) with T ≥ 1, got {tuple(tokens.shape)}", "pass token windows")
+        logits = self(tokens[:, :-1], impl=impl)
+        tgt = tokens[:, 1:].long()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+
+    def _dm(self, l: int, T: int) -> torch.Tensor:
+        return diag_matrix(self.P[l][:T], T)
+
+    def _forward_dense(self, x: torch.Tensor) -> torch.Tensor:
+        """Straightforward one-hot implementation (the reference)."""
+        T = x.shape[1]
+        h = F.one_hot(x, self.vocab_size).to(self.W_O.dtype)
+        for l in range(self.n_layers):
+            s = (h @ self.W[l]) @ h.transpose(1, 2) + self._dm(l, T)
+            a = _causal_softmax(s)
+            h = h + a @ (h @ self.V[l])
+        return h @ self.W_O
+
+    def _forward_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Layer 1 by gathers, deeper layers dense."""
+        T = x.shape[1]
+        W0 = self.W[0]
+        s = W0[x[:, :, None], x[:, None, :]] + self._dm(0, T)
+        a = _causal_softmax(s)
+        h = a @ F.embedding(x, self.V[0])
+        h = h + F.one_hot(x, self.vocab_size).to(h.dtype)
+        for l in range(1, self.n_layers):
+            s = (h @ self.W[l]) @ h.transpose(1, 2) + self._dm(l, T)
+            a = _causal_softmax(s)
+            h = h + a @ (h @ self.V[l])
+        return h @ self.W_O
+
+    def _forward_paths(self, x: torch.Tensor) -> torch.Tensor:
+        """Path expansion h_l = Σ_S A_S X V_S (see module docstring); subsets S are bitmasks over layers.
+
+        Per layer, all |V|×|V| pair matrices K_{S,S'} = V_S W V_{S'}ᵀ are stacked and gathered at the token
+        pairs in one ``index_select``; the logits use one stacked row gather and one batched matmul
+        ``[A_S]_S @ [(V_S W_O)[x]]_S``.
+        """
+        B, T = x.shape
+        Vn = self.vocab_size
+        pair_idx = (x[:, :, None] * Vn + x[:, None, :]).reshape(-1)      # flat index of K[x_i, x_j]
+        A: dict[int, torch.Tensor | None] = {0: None}      # A_S (B, T, T); None = identity
+        Vp: dict[int, torch.Tensor | None] = {0: None}     # V_S (|V|, |V|); None = identity
+        for l in range(self.n_layers):
+            Wl = self.W[l]
+            keys = list(A.keys())
+            Ks = []
+            for S in keys:
+                left = Wl if Vp[S] is None else Vp[S] @ Wl
+                Ks += [left if Vp[S2] is None else left @ Vp[S2].T for S2 in keys]
+            n = len(Ks)
+            K = torch.stack(Ks).reshape(n, Vn * Vn)
+            G = K.index_select(1, pair_idx).reshape(n, B, T, T).unbind(0)  # G[k][b,i,j] = K_k[x_i, x_j]
+            s = self._dm(l, T).expand(B, T, T)
+            k = 0
+            for S in keys:
+                inner = None
+                for S2 in keys:
+                    term = G[k] if A[S2] is None else G[k] @ A[S2].transpose(1, 2)
+                    inner = term if inner is None else inner + term
+                    k += 1
+                s = s + (inner if A[S] is None else A[S] @ inner)
+            a = _causal_softmax(s)
+            bit = 1 << l
+            for S in keys:
+                A[S | bit] = a if A[S] is None else a @ A[S]
+                Vp[S | bit] = self.V[l] if Vp[S] is None else Vp[S] @ self.V[l]
+        keys = [S for S in A if S]                                        # non-empty paths
+        Z = torch.cat([Vp[S] @ self.W_O for S in keys])                   # (m |V|, |V|), m = 2^L − 1
+        offs = torch.arange(len(keys), device=x.device) * Vn
+        rows = F.embedding((x[:, :, None] + offs).reshape(B, -1), Z)      # (B, T·m, |V|), row (j, S)
+        coef = torch.stack([A[S] for S in keys], dim=3).reshape(B, T, -1)  # (B, T, T·m), column (j, S)
+        return F.embedding(x, self.W_O) + causal_block_mix(coef, rows, len(keys))
+
+
+def dense_logits(model: AssocModel, inputs: torch.Tensor) -> torch.Tensor:
+    """Logits of the straightforward one-hot implementation (reference; same parameters)."""
+    return model(inputs, impl="dense")
+
+
+def load_assoc(path: str | os.PathLike, *, impl: str = "auto") -> tuple[AssocModel, dict[str, str]]:
+    """Load an :class:`AssocModel` from ``model.safetensors`` or a trainer checkpoint.
+
+    The shape (|V|, T, L) and dtype are read from the tensors; returns (model, metadata).
+    """
+    from ..storage import load_tensors
+    arrays, meta = load_tensors(path)
+    if meta.get("kind") not in (MODEL_KIND, CHECKPOINT_KIND):
+        raise CompatibilityError(f"{path} holds '{meta.get('kind')}', not an AssocModel",
+                                 "pass a model.safetensors or checkpoint written by train_assoc")
+    if "W_O" not in arrays:
+        raise CompatibilityError(f"{path} has no W_O tensor", "pass an AssocModel file")
+    L = 0
+    while f"W.{L + 1}" in arrays:
+        L += 1
+    V = arrays["W_O"].shape[0]
+    T = arrays["P.1"].shape[0] if L else 1
+    dtype = "float64" if arrays["W_O"].dtype == np.float64 else "float32"
+    model = AssocModel(AssocConfig(vocab_size=V, seq_len=T, n_layers=max(L, 1), dtype=dtype, impl=impl))
+    model.load_weights(arrays)
+    return model, meta
