@@ -135,7 +135,8 @@ def test_config_validation(kw, needle):
 def test_config_roundtrip_and_ranges():
     cfg = GPTConfig(vocab_size=V, seq_len=T, n_layer=1, d_model=8, n_head=2, regime="untied",
                     untie_at=[2, 4], dtype=torch.float64, n_positions=T + 1)
-    assert cfg.dtype == "float64"
+    assert cfg.dtype == "float64" and cfg.untied and not cfg.myopic
+    assert set(REGIMES) == {"standard", "myopic", "untied", "myopic+untied"}
     assert cfg.ranges() == [(0, 2), (2, 4), (4, T + 1)]
     assert GPTConfig.from_dict(cfg.to_dict()) == cfg
     all_cfg = GPTConfig(vocab_size=V, seq_len=T, n_layer=1, d_model=8, n_head=2, regime="untied", untie_at="all")
@@ -242,6 +243,27 @@ def test_gradcheck_standard():
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, fast_mode=True)
     m.attn_impl = "sdpa"
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, fast_mode=True)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_forward_mode_jvp_matches_vjp(impl):
+    """⟨u, J Δ⟩ = ⟨Jᵀ u, Δ⟩ for θ ↦ r^1 (spec §5(c) computes influences with JVPs)."""
+    m = make(attn_impl=impl)
+    x = tokens()
+    params = {n: p.detach() for n, p in m.named_parameters()}
+    g = torch.Generator().manual_seed(7)
+    delta = {n: torch.randn(p.shape, generator=g, dtype=p.dtype) for n, p in params.items()}
+
+    def site(p):
+        return torch.func.functional_call(m, p, (x,), {"return_residuals": True})[1][1]
+
+    _, jv = torch.func.jvp(site, (params,), (delta,))
+    u = torch.randn(jv.shape, generator=g, dtype=jv.dtype)
+    _, res = m(x, return_residuals=True)
+    names, ps = zip(*m.named_parameters())
+    vjp = torch.autograd.grad(res[1], ps, u, allow_unused=True)
+    rhs = sum((gv * delta[n]).sum() for n, gv in zip(names, vjp) if gv is not None)
+    assert torch.isclose((u * jv).sum(), rhs, rtol=1e-11)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -483,7 +505,7 @@ def test_position_losses_against_definition():
     assert torch.isclose(out.sum(), F.cross_entropy(logits[:, :-1].reshape(-1, V), x[:, 1:].reshape(-1)))
     w = torch.rand(B, T - 1, generator=g, dtype=torch.float64)
     assert torch.allclose(position_losses(logits, x, w), out * w * B * (T - 1))
-    assert torch.allclose(reference_weights(B, T, dtype=torch.float64).sum(), torch.tensor(1.0, dtype=torch.float64))
+    assert torch.isclose(reference_weights(B, T, dtype=torch.float64).sum(), torch.ones((), dtype=torch.float64))
     tg = torch.zeros(B, T - 1, dtype=torch.long)
     assert torch.allclose(position_losses(logits, x, targets=tg)[:, 0] * B * (T - 1),
                           -torch.log_softmax(logits[:, 0], -1)[:, 0])
@@ -529,4 +551,3 @@ def test_dropout_only_in_training():
     assert torch.equal(m(x), ref(x))
     m.train()
     assert not torch.allclose(m(x), ref(x))
-    assert set(REGIMES) == {"standard", "myopic", "untied", "myopic+untied"}

@@ -106,8 +106,8 @@ def run_demo(cfg: DemoConfig) -> Path:
         for ax, (w, lst) in zip(axes[0], ctx.items()):
             names, vals = [t for t, _ in lst][::-1], [v for _, v in lst][::-1]
             ax.barh(names, vals, color="#0072B2")
-            ax.set_title(f"context Φ̄: '{w}'")
-            ax.set_xlabel("Φ̄ entry")
+            ax.set_title(f"context map: '{w}'")
+            ax.set_xlabel("context-map entry")
         rep.figure(fig, "Strongest context associations: the prefix tokens that most raise each word's "
                         "probability as a target (rows of Φ̄).", "context-top.png")
     # figure 2: positional Δ

@@ -29,6 +29,15 @@ from .errors import CompatibilityError, InputError, OriginlensError
 FORMAT_VERSION = "1"
 
 
+def _current_umask() -> int:
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+_UMASK = _current_umask()  # mkstemp/mkdtemp create 0600/0700; published files get normal modes
+
+
 def _io_error(path: Path, exc: OSError, action: str) -> OriginlensError:
     if exc.errno == errno.ENOSPC:
         return OriginlensError(f"no space left on device while {action} {path}",
@@ -58,6 +67,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     except OSError as exc:
         raise _io_error(path, exc, "creating") from None
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -129,6 +139,7 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = True) -> Iterato
         if path.exists() and not overwrite:
             raise OriginlensError(f"{path} already exists", "pass --overwrite or choose another --out")
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+        os.chmod(tmp, 0o777 & ~_UMASK)
     except OSError as exc:
         raise _io_error(path, exc, "creating") from None
     try:

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "originlens.cli.assoc_cmd",
     "originlens.cli.demo_cmd",
     "originlens.cli.lm_cmd",
+    "originlens.cli.ntp_cmd",
 ]
 
 

@@ -101,12 +101,11 @@ def weight_names(n_layers: int) -> list[str]:
     return names
 
 
-def _subsets(n: int) -> list[int]:
-    return list(range(1 << n))
+BMM_PENALTY = 3.0  # small batched matmuls / gathers run ~3× slower per multiply-add than large GEMMs
 
 
 def path_cost(batch: int, seq_len: int, vocab: int, n_layers: int) -> dict[str, float]:
-    """Forward multiply-add estimates of the three implementations (see module docstring)."""
+    """Forward cost estimates (multiply-adds; batched T-sized products weighted by ``BMM_PENALTY``)."""
     B, T, V, L = batch, seq_len, vocab, n_layers
     n_prod = (2 ** L - L - 1) + (2 ** L - 1)  # products V_S (|S| ≥ 2) and V_S W_O
     mix = 0.0
@@ -114,9 +113,9 @@ def path_cost(batch: int, seq_len: int, vocab: int, n_layers: int) -> dict[str, 
         k = 2 ** (l - 1)
         n_prod += (k - 1) + k * (k - 1)  # V_S W and (V_S W) V_S'^T
         mix += k * k * (B * T * T + 2 * B * T ** 3) + k * B * T ** 3
-    paths = n_prod * V ** 3 + 2 ** L * B * T * T * V + mix
-    gather = B * T * T * V + (L - 1) * (2 * B * T * V * V + 2 * B * T * T * V) + B * T * V * V
-    dense = L * (2 * B * T * V * V + 2 * B * T * T * V) + B * T * V * V
+    paths = n_prod * V ** 3 + BMM_PENALTY * ((2 ** L - 1) * B * T * T * V + mix)
+    gather = (2 * L - 1) * B * T * V * V + BMM_PENALTY * (2 * L - 1) * B * T * T * V
+    dense = (2 * L + 1) * B * T * V * V + BMM_PENALTY * 2 * L * B * T * T * V
     return {"paths": float(paths), "gather": float(gather), "dense": float(dense)}
 
 
@@ -131,52 +130,6 @@ def _causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     T = scores.shape[-1]
     mask = torch.ones(T, T, dtype=torch.bool, device=scores.device).triu(1)
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-
-
-def _chunk_bounds(T: int, n_chunks: int) -> list[int]:
-    n = max(1, min(n_chunks, T))
-    return sorted({-(-(q + 1) * T // n) for q in range(n)})
-
-
-class _CausalBlockMix(torch.autograd.Function):
-    """out[b, t] = Σ_{j ≤ t, k < m} coef[b, t, j·m + k] rows[b, j·m + k]: a batched matmul that skips the
-    (structurally zero) blocks j > t by splitting positions into chunks; the gradient for coef is
-    returned on the causal part only (entries j > t get 0, which is exact for parameters upstream
-    because every A_S is lower triangular and the masked softmax kills upper-triangle gradients)."""
-
-    @staticmethod
-    def forward(ctx, coef: torch.Tensor, rows: torch.Tensor, m: int, n_chunks: int) -> torch.Tensor:
-        B, T, _ = coef.shape
-        out = coef.new_empty(B, T, rows.shape[-1])
-        r0 = 0
-        bounds = _chunk_bounds(T, n_chunks)
-        for r1 in bounds:
-            torch.bmm(coef[:, r0:r1, : r1 * m], rows[:, : r1 * m], out=out[:, r0:r1])
-            r0 = r1
-        ctx.save_for_backward(coef, rows)
-        ctx.m, ctx.bounds = m, bounds
-        return out
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):
-        coef, rows = ctx.saved_tensors
-        m = ctx.m
-        g = g.contiguous()
-        gc = torch.zeros_like(coef) if ctx.needs_input_grad[0] else None
-        gr = torch.zeros_like(rows) if ctx.needs_input_grad[1] else None
-        r0 = 0
-        for r1 in ctx.bounds:
-            if gc is not None:
-                torch.bmm(g[:, r0:r1], rows[:, : r1 * m].transpose(1, 2), out=gc[:, r0:r1, : r1 * m])
-            if gr is not None:
-                gr[:, : r1 * m].baddbmm_(coef[:, r0:r1, : r1 * m].transpose(1, 2), g[:, r0:r1])
-            r0 = r1
-        return gc, gr, None, None
-
-
-def causal_block_mix(coef: torch.Tensor, rows: torch.Tensor, m: int, n_chunks: int = 8) -> torch.Tensor:
-    """coef (B, T, T·m) causal in its position blocks, rows (B, T·m, |V|) → (B, T, |V|)."""
-    return _CausalBlockMix.apply(coef, rows, m, n_chunks)
 
 
 class AssocModel(nn.Module):
@@ -265,6 +218,7 @@ class AssocModel(nn.Module):
         return x.long()
 
     def choose_impl(self, batch: int, seq_len: int) -> str:
+        """The implementation ``auto`` resolves to for a (batch, seq_len) input (flop estimate)."""
         impl = self.cfg.impl
         if impl != "auto":
             return impl
@@ -274,8 +228,7 @@ class AssocModel(nn.Module):
     def forward(self, inputs: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
         """Logits (B, T', |V|) for inputs (B, T') of token ids."""
         x = self._check_inputs(inputs)
-        impl = impl or self.choose_impl(x.shape[0], x.shape[1])
-        if impl == "auto":
+        if impl is None or impl == "auto":
             impl = self.choose_impl(x.shape[0], x.shape[1])
         if impl == "paths":
             return self._forward_paths(x)
@@ -321,28 +274,47 @@ class AssocModel(nn.Module):
             h = h + a @ (h @ self.V[l])
         return h @ self.W_O
 
-    def _forward_paths(self, x: torch.Tensor) -> torch.Tensor:
-        """Path expansion h_l = Σ_S A_S X V_S (see module docstring); subsets S are bitmasks over layers.
+    def path_products(self) -> list[torch.Tensor]:
+        """The batch-independent |V|×|V| products of the path expansion (with autograd graph).
 
-        Per layer, all |V|×|V| pair matrices K_{S,S'} = V_S W V_{S'}ᵀ are stacked and gathered at the token
-        pairs in one ``index_select``; the logits use one stacked row gather and one batched matmul
-        ``[A_S]_S @ [(V_S W_O)[x]]_S``.
+        Element l−1 (l = 1..L) stacks K_{S,S'} = V_S W^(l) V_{S'}ᵀ for S, S' ⊆ {1..l−1} as
+        (4^{l−1}, |V|·|V|); the last element stacks Z_S = V_S W_O for non-empty S ⊆ {1..L} as
+        ((2^L − 1)·|V|, |V|).  Subsets are bitmasks in increasing order.  Passing (detached copies of)
+        these to :meth:`forward` lets several batches share them (see :meth:`accumulate_gradients`).
         """
-        B, T = x.shape
         Vn = self.vocab_size
-        pair_idx = (x[:, :, None] * Vn + x[:, None, :]).reshape(-1)      # flat index of K[x_i, x_j]
-        A: dict[int, torch.Tensor | None] = {0: None}      # A_S (B, T, T); None = identity
         Vp: dict[int, torch.Tensor | None] = {0: None}     # V_S (|V|, |V|); None = identity
+        out = []
         for l in range(self.n_layers):
             Wl = self.W[l]
-            keys = list(A.keys())
+            keys = list(Vp.keys())
             Ks = []
             for S in keys:
                 left = Wl if Vp[S] is None else Vp[S] @ Wl
                 Ks += [left if Vp[S2] is None else left @ Vp[S2].T for S2 in keys]
-            n = len(Ks)
-            K = torch.stack(Ks).reshape(n, Vn * Vn)
-            G = K.index_select(1, pair_idx).reshape(n, B, T, T).unbind(0)  # G[k][b,i,j] = K_k[x_i, x_j]
+            out.append(torch.stack(Ks).reshape(len(Ks), Vn * Vn))
+            bit = 1 << l
+            for S in keys:
+                Vp[S | bit] = self.V[l] if Vp[S] is None else Vp[S] @ self.V[l]
+        out.append(torch.cat([Vp[S] @ self.W_O for S in Vp if S]))
+        return out
+
+    def _forward_paths(self, x: torch.Tensor, products: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Path expansion h_l = Σ_S A_S X V_S (see module docstring); subsets S are bitmasks over layers.
+
+        Scores gather all pair matrices K_{S,S'} at the token pairs in one ``index_select`` per layer; the
+        logits use one stacked row gather and one batched matmul ``[A_S]_S @ [(V_S W_O)[x]]_S``.
+        """
+        if products is None:
+            products = self.path_products()
+        B, T = x.shape
+        Vn = self.vocab_size
+        pair_idx = (x[:, :, None] * Vn + x[:, None, :]).reshape(-1)      # flat index of K[x_i, x_j]
+        A: dict[int, torch.Tensor | None] = {0: None}      # A_S (B, T, T); None = identity
+        for l in range(self.n_layers):
+            keys = list(A.keys())
+            K = products[l]
+            G = K.index_select(1, pair_idx).reshape(K.shape[0], B, T, T).unbind(0)  # G[k][b,i,j] = K_k[x_i, x_j]
             s = self._dm(l, T).expand(B, T, T)
             k = 0
             for S in keys:
@@ -356,13 +328,46 @@ class AssocModel(nn.Module):
             bit = 1 << l
             for S in keys:
                 A[S | bit] = a if A[S] is None else a @ A[S]
-                Vp[S | bit] = self.V[l] if Vp[S] is None else Vp[S] @ self.V[l]
-        keys = [S for S in A if S]                                        # non-empty paths
-        Z = torch.cat([Vp[S] @ self.W_O for S in keys])                   # (m |V|, |V|), m = 2^L − 1
+        keys = [S for S in A if S]                                        # non-empty paths, increasing
         offs = torch.arange(len(keys), device=x.device) * Vn
-        rows = F.embedding((x[:, :, None] + offs).reshape(B, -1), Z)      # (B, T·m, |V|), row (j, S)
-        coef = torch.stack([A[S] for S in keys], dim=3).reshape(B, T, -1)  # (B, T, T·m), column (j, S)
-        return F.embedding(x, self.W_O) + causal_block_mix(coef, rows, len(keys))
+        rows = F.embedding((x[:, :, None] + offs).reshape(B, -1), products[-1])  # (B, T·m, |V|), row (j, S)
+        coef = torch.stack([A[S] for S in keys], dim=3).reshape(B, T, -1)        # (B, T, T·m), column (j, S)
+        return F.embedding(x, self.W_O) + coef @ rows
+
+    def accumulate_gradients(self, tokens: torch.Tensor, *, chunk: int | None = None,
+                             impl: str | None = None) -> float:
+        """Add ∇ of the mean cross-entropy over all positions of ``tokens`` (B, T'+1) to ``.grad``.
+
+        The batch is processed in chunks of ``chunk`` sequences (None = all at once), each weighted by
+        its share of the batch, so the result equals the unchunked gradient up to round-off.  With the
+        path implementation the batch-independent products are computed once per call and their
+        gradients back-propagated once.  Returns the batch loss (a float; NaN/Inf are returned, not
+        raised).  ``impl`` is resolved for the whole batch size.
+        """
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() != 2 or tokens.shape[1] < 2:
+            raise InputError(f"tokens must be (B, T+1) with T ≥ 1, got {tuple(tokens.shape)}", "pass token windows")
+        n = tokens.shape[0]
+        chunk = n if chunk is None else max(1, int(chunk))
+        if impl is None or impl == "auto":
+            impl = self.choose_impl(n, tokens.shape[1] - 1)
+        prods = leaves = None
+        if impl == "paths":
+            prods = self.path_products()
+            leaves = [p.detach().requires_grad_() for p in prods]
+        total = 0.0
+        for i in range(0, n, chunk):
+            c = tokens[i:i + chunk]
+            x = self._check_inputs(c[:, :-1])
+            logits = self._forward_paths(x, leaves) if impl == "paths" else self(x, impl=impl)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), c[:, 1:].long().reshape(-1))
+            w = c.shape[0] / n
+            (loss * w if w != 1.0 else loss).backward()
+            total += loss.item() * w
+        if prods is not None:
+            torch.autograd.backward(prods, [lf.grad if lf.grad is not None else torch.zeros_like(lf)
+                                            for lf in leaves])
+        return total
 
 
 def dense_logits(model: AssocModel, inputs: torch.Tensor) -> torch.Tensor:

@@ -221,7 +221,8 @@ def causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
                           future: torch.Tensor | None = None) -> torch.Tensor:
     """Causal multi-head attention ``(B, H, T, hd) × 3 -> (B, H, T, hd)``.
 
-    ``myopic=False, impl="sdpa"``: fused kernel.  ``impl="eager"``: ``softmax(mask(QKᵀ·scale)) @ V``.
+    ``myopic=False, impl="sdpa"``: fused kernel (falls back to eager where the kernel lacks support,
+    e.g. forward-mode AD on CPU).  ``impl="eager"``: ``softmax(mask(QKᵀ·scale)) @ V``.
     ``myopic=True`` (spec §3.1, always eager): ``S = where(I, QKᵀ, Q sg(K)ᵀ)·scale``, causal mask,
     softmax, ``O = A @ sg(V) + diag(A)[..., None] * (V − sg(V))``.  The live diagonal of S is added as
     ``diag(sg(Q)·K − sg(sg(Q)·K))`` (value exactly 0, gradient ``q_t`` into ``k_t``) so that the values
@@ -230,7 +231,10 @@ def causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     """
     T, hd = q.shape[-2], q.shape[-1]
     if not myopic and impl == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        try:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        except NotImplementedError:  # e.g. forward-mode AD (torch.func.jvp) on the CPU kernel: go eager
+            pass
     if future is None:
         future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
     scale = 1.0 / math.sqrt(hd)
@@ -294,14 +298,15 @@ class Block(nn.Module):
                 attention: Callable[..., torch.Tensor]) -> torch.Tensor:
         """x (B, T, d) -> (B, T, d).  ``spans`` = [(copy, start, stop)] covering 0..T."""
         B, T, d = x.shape
-        qkv = _cat([self.copies[r].attn_qkv(self.copies[r].ln_1(x[:, a:b])) for r, a, b in spans])
+        xs = _split(x, spans)
+        qkv = _cat([self.copies[r].attn_qkv(self.copies[r].ln_1(xr)) for (r, _, _), xr in zip(spans, xs)])
         q, k, v = (t.view(B, T, self.n_head, d // self.n_head).transpose(1, 2) for t in qkv.split(d, dim=2))
         y = attention(q, k, v).transpose(1, 2).reshape(B, T, d)
         p = self.dropout if self.training else 0.0
         out = []
-        for r, a, b in spans:
+        for (r, _, _), xr, yr in zip(spans, xs, _split(y, spans)):
             c = self.copies[r]
-            h = x[:, a:b] + _drop(c.attn_out(y[:, a:b]), p)
+            h = xr + _drop(c.attn_out(yr), p)
             h = h + _drop(c.mlp_out(F.gelu(c.mlp_in(c.ln_2(h)), approximate="tanh")), p)
             out.append(h)
         return _cat(out)
@@ -319,6 +324,11 @@ class HeadCopy(nn.Module):
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _split(x: torch.Tensor, spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+    """Views of x (B, T, ...) per span along T (one split op: its backward is a single cat)."""
+    return [x] if len(spans) == 1 else list(x.split([b - a for _, a, b in spans], dim=1))
 
 
 def _drop(x: torch.Tensor, p: float) -> torch.Tensor:
@@ -529,7 +539,7 @@ class GPT(nn.Module):
         for k, block in enumerate(self.blocks, start=1):
             x = self._site(k, block(x, spans, attention), hook_map)
             residuals.append(x)
-        logits = _cat([self._logits(e, x[:, a:b]) for e, a, b in outer])
+        logits = _cat([self._logits(e, xe) for (e, _, _), xe in zip(outer, _split(x, outer))])
         return (logits, residuals) if return_residuals else logits
 
     def _logits(self, e: int, h: torch.Tensor) -> torch.Tensor:

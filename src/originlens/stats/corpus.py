@@ -268,20 +268,30 @@ class FirstOrderSums:
             context -= (c * prefix[None, :]).astype(out)
         # Σ = B̄ᵀB̄ = (J/P)ᵀ(J/P) − c (J/P)ᵀα 1ᵀ − c 1 αᵀ(J/P) + c²(αᵀα) 1 1ᵀ
         ja = (JP.T @ alpha).astype(out)
-        sigma = (JPo.T @ JPo).toarray()
+        sigma = _gram_dense(JPo)
         sigma -= c * ja[:, None]
         sigma -= c * ja[None, :]
         sigma += out.type(c * c * float(alpha @ alpha))
         # B̄Φ̄ = (J/P)Φ̄ − c α (1ᵀΦ̄);  value target Φ̄ᵀB̄ᵀ = (B̄Φ̄)ᵀ;  G = ΣΦ̄ = B̄ᵀ(B̄Φ̄)
         colsum = context.sum(axis=0, dtype=np.float64)
         bphi = np.asarray(JPo @ context)
-        bphi -= (c * np.outer(alpha, colsum)).astype(out)
+        bphi -= np.outer((c * alpha).astype(out), colsum.astype(out))
         G = np.asarray(JPo.T @ bphi)
         G -= (c * (alpha @ bphi)).astype(out)[None, :]
         value_target = np.ascontiguousarray(bphi.T)
         del bphi
         return FirstOrder(bigram=bigram, context=context, interchangeability=sigma,
                           value_target=value_target, composed=G, unigram=alpha, sums=self)
+
+
+def _gram_dense(A: sp.csr_matrix, block: int = 2048) -> np.ndarray:
+    """Dense AᵀA of a sparse matrix, in row blocks so the sparse intermediate stays small."""
+    K = A.shape[1]
+    out = np.empty((K, K), dtype=A.dtype)
+    At = A.T.tocsr()
+    for s in range(0, K, block):
+        out[s:s + block] = (At[s:s + block] @ A).toarray()
+    return out
 
 
 @dataclass

@@ -1,0 +1,22 @@
+"""Exact gradient-pathway attribution (spec ``gradient-pathways.md`` §2, §4.2–4.3, §5).
+
+* :mod:`.stopgrad` — ``stop_gradient(model, layer=k, position=i)``: value-preserving gradient block at r^k_i.
+* :mod:`.decompose` — ``decompose(model, tokens, sites)``: ∇L = G_dir + G_pre + G_sh at every site
+  (``method="fast"``: 2 backwards + batched VJPs; ``"brute"``: the stop-gradient definition).
+* :mod:`.steps` — optimizer-aware component steps Δ_c: ``sgd_steps``, ``AdamAttributor`` (checked
+  against the real Adam/AdamW update at every step).
+* :mod:`.influence` — mismatch R and influences I_c = ⟨Δ_c, ∇R⟩ via forward-mode JVPs.
+
+Not here: replay over a saved training run and the influence report/CLI.
+"""
+from .decompose import (COMPONENTS, Adjoints, PathwayGradients, attention_impl, decompose, pathway_adjoints,
+                        trainable_parameters)
+from .influence import (Influence, Probe, influences, mismatch, projections, reference_projections,
+                        site_jvp)
+from .steps import AdamAttributor, sgd_steps, step_sum
+from .stopgrad import stop_gradient, stop_gradient_hooks
+
+__all__ = ["COMPONENTS", "AdamAttributor", "Adjoints", "Influence", "PathwayGradients", "Probe",
+           "attention_impl", "decompose", "influences", "mismatch", "pathway_adjoints", "projections",
+           "reference_projections", "sgd_steps", "site_jvp", "step_sum", "stop_gradient",
+           "stop_gradient_hooks", "trainable_parameters"]

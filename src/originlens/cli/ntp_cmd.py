@@ -1,0 +1,158 @@
+"""``originlens ntp ...``: next-token-prediction training on the gradient-pathways tasks and the regime grid.
+
+* ``originlens ntp train --task majority|cond-majority|othello|language --regime standard|myopic|untied|
+  myopic+untied --seed S --out RUN [--resume | --overwrite] [overrides]`` trains one run
+  (:mod:`originlens.train.ntp`).
+* ``originlens ntp grid --task cond-majority --regimes standard,myopic,untied,myopic+untied --seeds 0,1,2
+  --out DIR [overrides]`` trains regimes × seeds (finished runs are skipped) and writes ``DIR/grid.json``
+  and ``DIR/report.html`` (:mod:`originlens.train.grid`).
+
+Every :class:`~originlens.train.ntp.NTPConfig` field has a flag; unset flags keep the paper's per-task
+defaults (spec §7).  ``--threads N`` sets torch's CPU thread count (process-wide, not recorded in the
+config).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import ConfigError
+
+def _int_list(s: str) -> list[int]:
+    try:
+        return [int(v) for v in s.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def _untie_at(s: str) -> Any:
+    return "all" if s == "all" else _int_list(s)
+
+
+def _probe_positions(s: str) -> Any:
+    return s if s in ("all", "tracked") else _int_list(s)
+
+
+def _betas(s: str) -> tuple[float, float]:
+    try:
+        a, b = (float(v) for v in s.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two comma-separated numbers, got {s!r}") from None
+    return a, b
+
+
+# (flag, NTPConfig field, parser, help)
+OVERRIDES: list[tuple[str, str, Any, str]] = [
+    ("--steps", "steps", int, "optimiser steps (default per task: 3000 / 5000 Othello / 1000 language)"),
+    ("--batch-size", "batch_size", int, "sequences per step (256; Othello 1024)"),
+    ("--lr", "lr", float, "Adam learning rate (1e-3)"),
+    ("--betas", "betas", _betas, "Adam betas as B1,B2 (0.9,0.999)"),
+    ("--eps", "eps", float, "Adam epsilon (1e-8)"),
+    ("--d-model", "d_model", int, "residual width (128; Othello 256)"),
+    ("--layers", "n_layer", int, "transformer blocks (2; Othello 6; language 4)"),
+    ("--heads", "n_head", int, "attention heads (4)"),
+    ("--untie-at", "untie_at", _untie_at, "untied regimes: boundaries M1,M2,... | all (default 10 on the "
+                                          "majority tasks)"),
+    ("--untie-scope", "untie_scope", str, "untied copies of: blocks | everything"),
+    ("--log-every", "log_every", int, "train-loss log interval (10)"),
+    ("--eval-every", "eval_every", int, "eval interval in steps (500; 0 = only at the end)"),
+    ("--probe-every", "probe_every", int, "probe interval in steps (500; Othello 1000; 0 = only at the end)"),
+    ("--eval-size", "eval_size", int, "eval sequences (10240; Othello 20480)"),
+    ("--probe-size", "probe_size", int, "eval sequences used for probes (default: all)"),
+    ("--probe-positions", "probe_positions", _probe_positions, "all | tracked | I,J,... (default: all; "
+                                                                "Othello tracked)"),
+    ("--probe-alpha", "probe_alpha", float, "ridge penalty (1.0)"),
+    ("--checkpoint-every", "checkpoint_every", int, "checkpoint interval (500; 0 = only at the end)"),
+    ("--keep-checkpoints", "keep_checkpoints", int, "keep the last N checkpoints (0 = all)"),
+    ("--dtype", "dtype", str, "float32 | float64"),
+    ("--device", "device", str, "cpu | cuda"),
+    ("--attn-impl", "attn_impl", str, "standard-regime attention kernel: sdpa | eager"),
+    ("--othello-pool", "othello_pool", int, "Othello games generated once per run (500000; 0 = fresh "
+                                            "games every step)"),
+    ("--eval-seed", "eval_seed", int, "seed of the eval set (default: --seed)"),
+    ("--corpus", "corpus", str, "token store directory for --task language"),
+]
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("overrides of the paper's defaults")
+    for flag, dest, typ, help_ in OVERRIDES:
+        g.add_argument(flag, dest=f"ov_{dest}", type=typ, default=None, help=help_,
+                       metavar=flag.lstrip("-").upper().replace("-", "_"))
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--overwrite", action="store_true", help="replace runs with a different configuration")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out = {}
+    for _, dest, _, _ in OVERRIDES:
+        v = getattr(args, f"ov_{dest}")
+        if v is not None:
+            out[dest] = v
+    return out
+
+
+def _threads(args: argparse.Namespace) -> None:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be ≥ 1, got {args.threads}", "e.g. --threads 1")
+        import torch
+        torch.set_num_threads(args.threads)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from ..train.ntp import NTPConfig, Trainer
+    _threads(args)
+    cfg = NTPConfig(task=args.task, regime=args.regime, seed=args.seed, **_overrides(args))
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other", "pass one of them")
+    res = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite).run()
+    if res.skipped:
+        print(f"{args.out}: already finished at step {res.step}")
+    ev = ", ".join(f"{k} {v:.4f}" for k, v in res.final_eval.items())
+    pr = ", ".join(f"{k} {v:.3f}" for k, v in res.probe_summary.items() if k.startswith("tracked/"))
+    print(f"{args.out}: step {res.step} in {res.seconds:.1f} s; eval: {ev or 'none'}; probes: {pr or 'none'}")
+    return 0
+
+
+def _cmd_grid(args: argparse.Namespace) -> int:
+    from ..models.gpt import REGIMES
+    from ..train.grid import GridConfig, format_grid_table, run_grid
+    _threads(args)
+    regimes = [r.strip() for r in args.regimes.split(",") if r.strip()] if args.regimes else list(REGIMES)
+    cfg = GridConfig(task=args.task, regimes=regimes, seeds=args.seeds, overrides=_overrides(args),
+                     confidence=args.confidence)
+    res = run_grid(cfg, args.out, overwrite=args.overwrite, report_only=args.report_only)
+    print(format_grid_table(res.summary))
+    print(f"trained {len(res.trained)}, skipped {len(res.skipped)} (finished) in "
+          f"{res.summary['wall_seconds']:.1f} s; {args.out}/grid.json, {args.out}/report.html")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    ntp = subparsers.add_parser("ntp", help="next-token-prediction training and the regime grid (gradient "
+                                            "pathways)")
+    sub = ntp.add_subparsers(dest="ntp_command", metavar="NTP_COMMAND")
+    t = sub.add_parser("train", help="train one model in one regime",
+                       description="Train a GPT on a synthetic task (or a token store) in one regime, with "
+                                   "eval metrics, probes and resumable checkpoints in RUN.")
+    t.add_argument("--task", required=True, help="majority | cond-majority | othello | language")
+    t.add_argument("--regime", default="standard", help="standard | myopic | untied | myopic+untied")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--out", required=True, help="run directory")
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in RUN")
+    _add_overrides(t)
+    t.set_defaults(func=_cmd_train)
+
+    g = sub.add_parser("grid", help="regimes × seeds; probe quality of the NTP-useless feature with CIs",
+                       description="Train every regime × seed under DIR (finished runs are skipped, "
+                                   "interrupted ones resumed) and report the probe quality of the "
+                                   "NTP-useless feature per regime with t-intervals over seeds.")
+    g.add_argument("--task", default="cond-majority", help="majority | cond-majority | othello")
+    g.add_argument("--regimes", default=None, help="comma-separated (default: all four)")
+    g.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
+    g.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
+    g.add_argument("--out", required=True, help="grid directory")
+    g.add_argument("--report-only", action="store_true", help="aggregate finished runs without training")
+    _add_overrides(g)
+    g.set_defaults(func=_cmd_grid)

@@ -1,0 +1,511 @@
+"""Training the Def. 3.1 attention-only model (spec §2, §5.1.2): full-batch GD or plain minibatch SGD.
+
+``train_assoc(tokens, vocab_size, cfg)`` trains an :class:`~originlens.models.assoc.AssocModel` on an
+(N, T+1) token array and writes a run directory (``originlens.runs.RunDir``)::
+
+    RUN/config.json                              configuration, data hash and run id
+    RUN/environment.json                         versions, seeds, data hash, resolved settings
+    RUN/metrics.jsonl                            {"event": "step", "step", "epoch", "loss"} per logged step;
+                                                 {"event": "checkpoint", "step", "path", "theory", ...}
+    RUN/checkpoints/step-NNNNNN.safetensors      weights + data-order RNG state (exact resume)
+    RUN/model.safetensors                        final weights (kind "assoc-model")
+
+Optimiser: ``batch_size=None`` is full-batch gradient descent Θ(s) = Θ(s−1) − η∇L(Θ(s−1)) (the theory);
+otherwise plain SGD (no momentum, weight decay or schedule) on minibatches drawn from a permutation of
+the N sequences that is redrawn every epoch from a ``torch.Generator`` seeded with ``data_seed`` (42 as
+in the paper); a last partial batch is kept.  Neither has optimiser state; checkpoints record this.
+The loss at step s (logged as ``loss``) is the batch loss at Θ(s−1), i.e. before the s-th update.
+
+Large batches are processed in chunks of ``grad_chunk`` sequences whose gradients are accumulated with
+weights n_chunk/n_batch (equal to the unchunked gradient up to round-off; the chunking is part of the
+run's identity so resumed runs stay bit-identical).
+
+Statistics for the per-checkpoint theory comparison come from ``stats=`` or are computed with
+:func:`originlens.stats.corpus_statistics` on the first shuffled batch (paper) or the full corpus
+(``stats_source``); they are recorded with every comparison.
+
+Resume: ``resume=True`` continues from the last checkpoint (weights, step, data-order RNG state), drops
+metrics logged after it, and on CPU ends with bit-identical weights to an uninterrupted run.  A run
+directory holding a run with another configuration or other data is never overwritten unless
+``overwrite=True``.  Non-finite losses, gradients or weights raise
+:class:`~originlens.errors.NumericalError` naming the step, the tensor and the last good checkpoint.
+
+Callbacks (minGPT style): objects with any of ``on_step_end(trainer)``, ``on_checkpoint(trainer, path)``,
+``on_train_end(trainer)``; ``trainer.request_stop()`` ends training cleanly after the current step
+(a checkpoint is written so the run can be resumed).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import torch
+
+from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
+from ..models.assoc import CHECKPOINT_KIND, MODEL_KIND, AssocConfig, AssocModel
+from ..progress import log, progress
+from ..runs import RunDir, to_jsonable
+from ..storage import atomic_write_text, load_tensors, read_json, save_tensors, vocab_hash
+
+RNG_KEY = "trainer.data_rng_state"
+_CKPT_RE = re.compile(r"^step-(\d{6,})\.safetensors$")
+# fields that may change when a run is resumed/extended (they do not change the trajectory)
+_EXTENDABLE = ("steps", "epochs", "checkpoint_every", "checkpoint_every_epochs", "checkpoint_at",
+               "keep_checkpoints", "log_every", "out", "stats_source")
+GRAD_CHUNK_BUDGET_BYTES = 2 * 1024 ** 3
+
+
+@dataclass
+class AssocTrainConfig:
+    """Everything that defines a training run of the Def. 3.1 model.
+
+    * ``steps`` or ``epochs`` (exactly one): length of training; an epoch is ⌈N / batch_size⌉ steps
+      (1 step for full-batch GD).
+    * ``batch_size``: None = full-batch GD (theory); an integer = minibatch SGD (paper: 2048).
+    * ``init``: "zero" (paper) or "gaussian" with ``init_std``; ``seed`` seeds the init draw,
+      ``data_seed`` the data order (paper: 42).
+    * ``checkpoint_every`` (steps) / ``checkpoint_every_epochs`` / ``checkpoint_at`` (explicit steps):
+      checkpoint schedule; the final step is always checkpointed.  ``keep_checkpoints``: keep only the
+      newest k checkpoint files (metrics of all checkpoints are kept).
+    * ``stats_source``: "first_batch" (paper), "full" or "none" — statistics for the per-checkpoint
+      theory comparison when ``train_assoc`` is not given ``stats``.
+    * ``grad_chunk``: sequences per forward pass (gradients accumulated); None = automatic from a
+      2 GiB activation estimate.
+    * ``impl``: forward implementation of :class:`AssocModel` ("auto", "paths", "gather", "dense").
+    """
+
+    n_layers: int = 3
+    lr: float = 0.005
+    steps: int | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    init: str = "zero"
+    init_std: float = 0.0
+    dtype: str = "float32"
+    seed: int = 0
+    data_seed: int = 42
+    checkpoint_every: int = 0
+    checkpoint_every_epochs: float | None = None
+    checkpoint_at: tuple[int, ...] = ()
+    keep_checkpoints: int | None = None
+    log_every: int = 1
+    stats_source: str = "first_batch"
+    grad_chunk: int | None = None
+    impl: str = "auto"
+    out: str | None = None
+
+    @property
+    def optimizer(self) -> str:
+        """"gd" (full batch) or "sgd" (minibatches)."""
+        return "gd" if self.batch_size is None else "sgd"
+
+    def validate(self) -> None:
+        if (self.steps is None) == (self.epochs is None):
+            raise ConfigError("give exactly one of steps and epochs", "set steps=S or epochs=E")
+        for name in ("steps", "epochs"):
+            v = getattr(self, name)
+            if v is not None and (int(v) != v or v < 1):
+                raise ConfigError(f"{name} must be a positive integer (got {v})", f"pass {name} ≥ 1")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"learning rate must be a positive number (got {self.lr})", "pass lr > 0")
+        if self.batch_size is not None and int(self.batch_size) < 1:
+            raise ConfigError(f"batch_size must be ≥ 1 or None (got {self.batch_size})",
+                              "pass a positive batch size, or None for full-batch GD")
+        if self.grad_chunk is not None and int(self.grad_chunk) < 1:
+            raise ConfigError(f"grad_chunk must be ≥ 1 or None (got {self.grad_chunk})", "pass a positive chunk")
+        if self.stats_source not in ("first_batch", "full", "none"):
+            raise ConfigError(f"unknown stats_source '{self.stats_source}'", "use first_batch, full or none")
+        if self.checkpoint_every < 0 or self.log_every < 1:
+            raise ConfigError("checkpoint_every must be ≥ 0 and log_every ≥ 1", "fix the schedule")
+        if self.checkpoint_every_epochs is not None and not self.checkpoint_every_epochs > 0:
+            raise ConfigError("checkpoint_every_epochs must be > 0", "pass e.g. 2 (every two epochs)")
+        if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
+            raise ConfigError("keep_checkpoints must be ≥ 1 or None", "pass None to keep all")
+        if any(int(s) < 1 for s in self.checkpoint_at):
+            raise ConfigError("checkpoint_at steps must be ≥ 1", "list positive step numbers")
+        self.model_config(2, 1).validate()
+
+    def model_config(self, vocab_size: int, seq_len: int) -> AssocConfig:
+        return AssocConfig(vocab_size=vocab_size, seq_len=seq_len, n_layers=self.n_layers, init=self.init,
+                           init_std=self.init_std, dtype=self.dtype, seed=self.seed, impl=self.impl)
+
+
+@dataclass
+class AssocRun:
+    """Result of :func:`train_assoc`."""
+
+    path: Path | None
+    model: AssocModel
+    config: AssocTrainConfig
+    step: int
+    total_steps: int
+    optimizer: str
+    losses: dict[int, float] = field(default_factory=dict)       # step -> loss at Θ(step−1), this call
+    checkpoints: list[Path] = field(default_factory=list)        # written by this call
+    comparisons: dict[int, dict] = field(default_factory=dict)   # step -> compare_to_theory(...)
+    stats: Any = None
+    resumed_from: int | None = None
+    stopped_early: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.total_steps
+
+
+def steps_per_epoch(n_sequences: int, batch_size: int | None) -> int:
+    """Optimiser steps per epoch: ⌈N / batch_size⌉ (1 for full-batch GD)."""
+    return 1 if batch_size is None else -(-int(n_sequences) // int(batch_size))
+
+
+def _check_tokens(tokens: Any, vocab_size: int) -> np.ndarray:
+    if int(vocab_size) < 1:
+        raise ConfigError(f"vocab_size must be ≥ 1 (got {vocab_size})", "pass the vocabulary size")
+    arr = tokens.detach().cpu().numpy() if torch.is_tensor(tokens) else np.asarray(tokens)
+    if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 2:
+        raise InputError(f"tokens must be an (N, T+1) array with N ≥ 1, T ≥ 1; got shape {arr.shape}",
+                         "pass token windows x_0..x_T, one per row")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise InputError(f"tokens must be integers, got {arr.dtype}", "pass token ids")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab_size:
+        raise InputError(f"token ids span {lo}..{hi}, outside 0..{vocab_size - 1}",
+                         "pass the right vocab_size or remap the ids")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _data_hash(arr: np.ndarray) -> str:
+    h = hashlib.sha256(f"{arr.shape}".encode())
+    h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def _nan_to_none(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Mapping):
+        return {k: _nan_to_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_nan_to_none(v) for v in obj]
+    return obj
+
+
+class AssocTrainer:
+    """The training loop; callbacks see this object (``step``, ``epoch``, ``loss``, ``model``, ``cfg``,
+    ``stats``, ``run_dir``, ``last_checkpoint``, ``total_steps``)."""
+
+    def __init__(self, tokens: Any, vocab_size: int, cfg: AssocTrainConfig,
+                 callbacks: Iterable[Any] = (), *, stats: Any = None) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.tokens = _check_tokens(tokens, vocab_size)
+        self.vocab_size = int(vocab_size)
+        self.n_sequences, self.seq_len = self.tokens.shape[0], self.tokens.shape[1] - 1
+        self.callbacks = list(callbacks)
+        self.stats = stats
+        self.stats_source = "given" if stats is not None else cfg.stats_source
+        self.spe = steps_per_epoch(self.n_sequences, cfg.batch_size)
+        self.total_steps = int(cfg.steps) if cfg.steps is not None else int(cfg.epochs) * self.spe
+        self.batch = self.n_sequences if cfg.batch_size is None else min(int(cfg.batch_size), self.n_sequences)
+        self.grad_chunk = int(cfg.grad_chunk) if cfg.grad_chunk is not None else self._auto_chunk()
+        self.data_hash = _data_hash(self.tokens)
+        self.model = AssocModel(cfg.model_config(self.vocab_size, self.seq_len))
+        self.step = 0
+        self.loss: float | None = None
+        self.run_dir: RunDir | None = None
+        self.last_checkpoint: Path | None = None
+        self._stop = False
+        self._gen = torch.Generator().manual_seed(int(cfg.data_seed))
+        self._perm: torch.Tensor | None = None
+        self._epoch_state: torch.Tensor = self._gen.get_state()
+        self._tokens_t = torch.from_numpy(self.tokens)
+
+    # ------------------------------------------------------------------ identity and schedule
+    def _auto_chunk(self) -> int:
+        bytes_per = 8 if self.cfg.dtype == "float64" else 4
+        per_seq = self.seq_len * self.vocab_size * (2 ** self.cfg.n_layers + 2) * bytes_per
+        return max(1, min(self.batch, GRAD_CHUNK_BUDGET_BYTES // max(per_seq, 1)))
+
+    @property
+    def epoch(self) -> float:
+        """Completed epochs (fractional)."""
+        return self.step / self.spe
+
+    def identity(self) -> dict[str, Any]:
+        cfg = {k: v for k, v in to_jsonable(self.cfg).items() if k not in _EXTENDABLE}
+        cfg["grad_chunk"] = self.grad_chunk
+        return {"train": cfg, "vocab_size": self.vocab_size, "n_sequences": self.n_sequences,
+                "seq_len": self.seq_len, "data_sha256": self.data_hash}
+
+    def run_id(self) -> str:
+        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def _is_checkpoint_step(self, s: int) -> bool:
+        c = self.cfg
+        if s == self.total_steps or s in {int(v) for v in c.checkpoint_at}:
+            return True
+        if c.checkpoint_every and s % int(c.checkpoint_every) == 0:
+            return True
+        if c.checkpoint_every_epochs:
+            every = max(1, int(round(c.checkpoint_every_epochs * self.spe)))
+            return s % every == 0
+        return False
+
+    def request_stop(self) -> None:
+        """Stop after the current step (a checkpoint is written)."""
+        self._stop = True
+
+    # ------------------------------------------------------------------ run directory
+    def _prepare_dir(self, resume: bool, overwrite: bool) -> int:
+        """Create / validate the run directory; returns the step to start from (loads a checkpoint)."""
+        path = Path(self.cfg.out)
+        cfg_file = path / "config.json"
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{path} exists and is not a directory", "choose another out directory")
+        if path.is_dir() and not cfg_file.exists() and any(path.iterdir()):
+            raise ConfigError(f"{path} is not empty and holds no originlens run",
+                              "choose a new or empty out directory")
+        start = 0
+        if cfg_file.exists():
+            old = read_json(cfg_file)
+            same = old.get("run_id") == self.run_id()
+            if overwrite:
+                self._wipe(path)
+            elif not same:
+                diff = sorted(k for k in set(old.get("identity", {}).get("train", {})) | set(self.identity()["train"])
+                              if old.get("identity", {}).get("train", {}).get(k) != self.identity()["train"].get(k))
+                if old.get("identity", {}).get("data_sha256") != self.data_hash:
+                    diff.append("data")
+                raise ConfigError(f"{path} holds another run (differs in: {', '.join(diff) or 'identity'})",
+                                  "choose another out directory, or pass overwrite=True to replace it")
+            elif not resume:
+                raise ConfigError(f"{path} already holds this run",
+                                  "pass resume=True to continue it, or overwrite=True to start over")
+            else:
+                start = self._load_latest(path)
+        self.run_dir = RunDir(path)
+        self.run_dir.write_config({"run_id": self.run_id(), "identity": self.identity(),
+                                   "config": to_jsonable(self.cfg), "optimizer": self.cfg.optimizer,
+                                   "steps_per_epoch": self.spe, "total_steps": self.total_steps})
+        if start == 0:
+            self.run_dir.write_environment(
+                seeds={"init": self.cfg.seed, "data_order": self.cfg.data_seed},
+                data_hashes={"tokens": self.data_hash},
+                extra={"optimizer": self.cfg.optimizer, "optimizer_state": "none (plain GD/SGD)",
+                       "grad_chunk": self.grad_chunk, "torch_threads": torch.get_num_threads(),
+                       "stats_source": self.stats_source})
+        return start
+
+    @staticmethod
+    def _wipe(path: Path) -> None:
+        for name in ("config.json", "environment.json", "metrics.jsonl", "model.safetensors"):
+            (path / name).unlink(missing_ok=True)
+        shutil.rmtree(path / "checkpoints", ignore_errors=True)
+
+    def _checkpoint_files(self, path: Path) -> list[tuple[int, Path]]:
+        d = path / "checkpoints"
+        found = []
+        if d.is_dir():
+            for f in d.iterdir():
+                m = _CKPT_RE.match(f.name)
+                if m:
+                    found.append((int(m.group(1)), f))
+        return sorted(found)
+
+    def _load_latest(self, path: Path) -> int:
+        ckpts = self._checkpoint_files(path)
+        if not ckpts:
+            log(f"resume: no checkpoint in {path}, starting from step 0")
+            self._truncate_metrics(path, 0)
+            return 0
+        step, f = ckpts[-1]
+        if step > self.total_steps:
+            raise ConfigError(f"{path} has a checkpoint at step {step}, beyond the requested {self.total_steps} steps",
+                              "ask for at least as many steps as already trained")
+        arrays, meta = load_tensors(f, kind=CHECKPOINT_KIND)
+        if meta.get("run_id") != self.run_id():
+            raise CompatibilityError(f"{f} belongs to another run", "remove it or pass overwrite=True")
+        self.model.load_weights(arrays)
+        self._gen.set_state(torch.from_numpy(np.array(arrays[RNG_KEY], dtype=np.uint8)))
+        self._epoch_state = self._gen.get_state()
+        self._perm = None
+        self.step = step
+        self.last_checkpoint = f
+        self._truncate_metrics(path, step)
+        log(f"resume: continuing {path} from step {step}")
+        return step
+
+    @staticmethod
+    def _truncate_metrics(path: Path, step: int) -> None:
+        f = path / "metrics.jsonl"
+        if not f.exists():
+            return
+        keep = []
+        for line in f.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if int(rec.get("step", 0)) <= step:
+                keep.append(line)
+        atomic_write_text(f, "".join(k + "\n" for k in keep))
+
+    # ------------------------------------------------------------------ statistics
+    def _ensure_stats(self) -> None:
+        if self.stats is not None or self.cfg.stats_source == "none":
+            return
+        from ..stats import corpus_statistics
+        if self.cfg.stats_source == "full" or self.cfg.optimizer == "gd":
+            sel = self.tokens
+        else:
+            g = torch.Generator().manual_seed(int(self.cfg.data_seed))
+            idx = torch.randperm(self.n_sequences, generator=g)[: self.batch].numpy()
+            sel = self.tokens[idx]
+        self.stats = corpus_statistics(sel, self.vocab_size, dtype=np.float64)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self) -> Path:
+        assert self.run_dir is not None
+        tensors = dict(self.model.weights())
+        # state at the start of the epoch that contains step+1: after the last step of an epoch the next
+        # permutation has not been drawn yet, so that is the generator's current state
+        state = self._gen.get_state() if self.step % self.spe == 0 else self._epoch_state
+        tensors[RNG_KEY] = state.numpy().copy()
+        meta = {"step": self.step, "epoch": self.epoch, "optimizer": self.cfg.optimizer,
+                "optimizer_state": "none (plain GD/SGD has no state)", "lr": self.cfg.lr,
+                "run_id": self.run_id(), "vocab_hash": vocab_hash(None, self.vocab_size),
+                "rng": "torch.Generator state at the start of the epoch containing step+1"}
+        f = self.run_dir.file("checkpoints", f"step-{self.step:06d}.safetensors")
+        save_tensors(f, tensors, kind=CHECKPOINT_KIND, metadata=meta)
+        self.last_checkpoint = f
+        if self.cfg.keep_checkpoints is not None:
+            for _, old in self._checkpoint_files(self.run_dir.path)[: -int(self.cfg.keep_checkpoints)]:
+                old.unlink(missing_ok=True)
+        return f
+
+    def _save_final(self) -> Path:
+        assert self.run_dir is not None
+        meta = {"step": self.step, "optimizer": self.cfg.optimizer, "lr": self.cfg.lr, "run_id": self.run_id(),
+                "n_layers": self.cfg.n_layers, "vocab_hash": vocab_hash(None, self.vocab_size)}
+        return save_tensors(self.run_dir.file("model.safetensors"), self.model.weights(), kind=MODEL_KIND,
+                            metadata=meta)
+
+    # ------------------------------------------------------------------ one step
+    def _next_batch(self) -> torch.Tensor:
+        if self.cfg.optimizer == "gd":
+            return self._tokens_t
+        pos = self.step % self.spe
+        if self._perm is None or pos == 0:
+            self._epoch_state = self._gen.get_state()
+            self._perm = torch.randperm(self.n_sequences, generator=self._gen)
+        idx = self._perm[pos * self.batch:(pos + 1) * self.batch]
+        return self._tokens_t.index_select(0, idx)
+
+    def _fail(self, what: str, s: int) -> NumericalError:
+        ck = str(self.last_checkpoint) if self.last_checkpoint else "none yet"
+        return NumericalError(f"non-finite {what} at step {s} (lr={self.cfg.lr}, dtype={self.cfg.dtype})",
+                              f"lower the learning rate or use dtype='float64'; last good checkpoint: {ck}")
+
+    def _train_step(self, batch: torch.Tensor) -> float:
+        s = self.step + 1
+        model = self.model
+        for p in model.parameters():
+            p.grad = None
+        total = model.accumulate_gradients(batch, chunk=self.grad_chunk)
+        if not math.isfinite(total):
+            raise self._fail("loss", s)
+        for name, p in model.named_weights():
+            if not torch.isfinite(p.grad).all():
+                raise self._fail(f"gradient of {name}", s)
+        with torch.no_grad():
+            for name, p in model.named_weights():
+                p.add_(p.grad, alpha=-float(self.cfg.lr))
+                if not torch.isfinite(p).all():
+                    raise self._fail(f"weight {name} (after the update)", s)
+        for p in model.parameters():
+            p.grad = None
+        return total
+
+    def _compare(self) -> dict | None:
+        if self.stats is None:
+            return None
+        from ..theory.leading_terms import compare_to_theory, min_cosines
+        cmp = compare_to_theory(self.model, self.stats, self.step, self.cfg.lr)
+        return {"theory": cmp, "min_cos": min_cosines(cmp)}
+
+    def _call(self, event: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            fn = getattr(cb, event, None)
+            if fn is not None:
+                fn(self, *args)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, *, resume: bool = False, overwrite: bool = False) -> AssocRun:
+        start = 0
+        if self.cfg.out is not None:
+            start = self._prepare_dir(resume, overwrite)
+        result = AssocRun(path=self.run_dir.path if self.run_dir else None, model=self.model, config=self.cfg,
+                          step=start, total_steps=self.total_steps, optimizer=self.cfg.optimizer,
+                          resumed_from=start if start else None)
+        self._ensure_stats()
+        result.stats = self.stats
+        if self.run_dir is not None and start:
+            self.run_dir.log_metrics({"event": "resume", "step": start, "from": str(self.last_checkpoint)})
+        bar = progress(total=self.total_steps, desc=f"assoc {self.cfg.optimizer}", unit="step")
+        bar.update(start)
+        try:
+            while self.step < self.total_steps:
+                batch = self._next_batch()
+                self.loss = self._train_step(batch)
+                self.step += 1
+                s = self.step
+                result.losses[s] = self.loss
+                if self.run_dir is not None and (s % self.cfg.log_every == 0 or s == self.total_steps):
+                    self.run_dir.log_metrics({"event": "step", "step": s, "epoch": self.epoch, "loss": self.loss})
+                bar.update(1)
+                if s % 10 == 0 or s == self.total_steps:
+                    bar.set_postfix(loss=f"{self.loss:.4f}")
+                self._call("on_step_end")
+                if self._is_checkpoint_step(s) or self._stop:
+                    cmp = self._compare()
+                    if cmp is not None:
+                        result.comparisons[s] = cmp["theory"]
+                    path = None
+                    if self.run_dir is not None:
+                        path = self._save_checkpoint()
+                        result.checkpoints.append(path)
+                        rec = {"event": "checkpoint", "step": s, "epoch": self.epoch,
+                               "path": str(path.relative_to(self.run_dir.path)),
+                               "stats_source": self.stats_source, "optimizer": self.cfg.optimizer}
+                        if cmp is not None:
+                            rec.update(_nan_to_none(cmp))
+                        self.run_dir.log_metrics(rec)
+                    self._call("on_checkpoint", path)
+                if self._stop and self.step < self.total_steps:
+                    result.stopped_early = True
+                    break
+        finally:
+            bar.close()
+        result.step = self.step
+        if self.run_dir is not None and self.step >= self.total_steps:
+            self._save_final()
+        self._call("on_train_end")
+        return result
+
+
+def train_assoc(tokens: Any, vocab_size: int, cfg: AssocTrainConfig, callbacks: Iterable[Any] = (), *,
+                stats: Any = None, resume: bool = False, overwrite: bool = False) -> AssocRun:
+    """Train the Def. 3.1 model on ``tokens`` (N, T+1) int ids < ``vocab_size``.
+
+    ``stats``: precomputed statistics for the per-checkpoint comparison with the theory (else computed
+    per ``cfg.stats_source``).  ``cfg.out=None`` trains in memory (no files).  See the module docstring
+    for the run directory, resume and overwrite rules.
+    """
+    return AssocTrainer(tokens, vocab_size, cfg, callbacks, stats=stats).run(resume=resume, overwrite=overwrite)

@@ -1,0 +1,82 @@
+"""Atomic artefact writes: failures leave previous files intact and no half-written outputs."""
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from originlens.errors import OriginlensError
+from originlens.storage import atomic_directory, atomic_write_bytes, atomic_write_json, load_tensors, save_tensors
+
+
+def test_failed_write_keeps_previous_file(tmp_path, monkeypatch):
+    target = tmp_path / "ckpt.safetensors"
+    save_tensors(target, {"w": np.arange(3.0)}, kind="test")
+    real_fsync = os.fsync
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OriginlensError, match="no space left"):
+        save_tensors(target, {"w": np.zeros(3)}, kind="test")
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    arrays, _ = load_tensors(target)
+    np.testing.assert_array_equal(arrays["w"], np.arange(3.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.safetensors"]   # no temp litter
+
+
+def _make_read_only(d):
+    """chmod for normal users; root ignores modes, so use the immutable attribute when available."""
+    d.chmod(0o500)
+    if os.geteuid() == 0:
+        import shutil
+        import subprocess
+        if not shutil.which("chattr") or subprocess.run(["chattr", "+i", str(d)]).returncode != 0:
+            pytest.skip("root without chattr: cannot make a directory read-only")
+        return lambda: subprocess.run(["chattr", "-i", str(d)])
+    return lambda: d.chmod(0o700)
+
+
+def test_read_only_directory_gives_clear_error_and_keeps_checkpoint(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    save_tensors(ro / "step-000001.safetensors", {"w": np.ones(2)}, kind="test")
+    undo = _make_read_only(ro)
+    try:
+        with pytest.raises(OriginlensError, match="cannot write"):
+            atomic_write_json(ro / "x.json", {})
+        with pytest.raises(OriginlensError, match="cannot write"):
+            save_tensors(ro / "step-000001.safetensors", {"w": np.zeros(2)}, kind="test")
+    finally:
+        undo()
+    arrays, _ = load_tensors(ro / "step-000001.safetensors")
+    np.testing.assert_array_equal(arrays["w"], np.ones(2))
+
+
+def test_read_only_path_gives_clear_error(tmp_path):
+    # a file where a directory is expected fails for root too
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OriginlensError):
+        atomic_write_bytes(tmp_path / "file" / "x.bin", b"1")
+
+
+def test_atomic_directory_publishes_only_on_success(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with atomic_directory(out) as d:
+            (d / "half.txt").write_text("x")
+            raise RuntimeError("boom")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    with atomic_directory(out) as d:
+        (d / "a.txt").write_text("1")
+    with pytest.raises(RuntimeError):
+        with atomic_directory(out) as d:
+            (d / "a.txt").write_text("2")
+            raise RuntimeError("boom")
+    assert (out / "a.txt").read_text() == "1"       # the previous complete output survives
+    with atomic_directory(out) as d:
+        (d / "a.txt").write_text("3")
+    assert (out / "a.txt").read_text() == "3"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -1,0 +1,263 @@
+"""The Def. 3.1 model: fast implementations vs a brute-force numpy forward, Lemma D.7 gradients,
+finite differences, weight naming and I/O."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from originlens.errors import CompatibilityError, ConfigError, InputError
+from originlens.models.assoc import (CHECKPOINT_KIND, MODEL_KIND, AssocConfig, AssocModel, dense_logits,
+                                     diag_matrix, load_assoc, path_cost, weight_names)
+from originlens.storage import save_tensors
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make(V=9, T=6, L=2, std=0.7, seed=0, dtype="float64", impl="auto") -> AssocModel:
+    return AssocModel(AssocConfig(vocab_size=V, seq_len=T, n_layers=L, init="gaussian", init_std=std,
+                                  seed=seed, dtype=dtype, impl=impl))
+
+
+def np_weights(m: AssocModel) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in m.weights().items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# TEST HELPER: brute-force forward and the exact gradients of Lemma D.7 (spec §4.3), numpy float64
+
+
+def np_forward(w, x, L):
+    V = w["W_O"].shape[0]
+    T = len(x)
+    X = np.eye(V)[x]
+    hs, As = [X], []
+    h = X
+    for l in range(1, L + 1):
+        DM = np.zeros((T, T))
+        for t in range(T):
+            for d in range(t + 1):
+                DM[t, t - d] = w[f"P.{l}"][d]
+        S = h @ w[f"W.{l}"] @ h.T + DM
+        S[np.triu_indices(T, 1)] = -np.inf
+        A = np.exp(S - S.max(1, keepdims=True))
+        A /= A.sum(1, keepdims=True)
+        h = h + A @ h @ w[f"V.{l}"]
+        hs.append(h)
+        As.append(A)
+    return h @ w["W_O"], hs, As
+
+
+def np_neg_grads(w, tokens, L):
+    """−∂L/∂θ by Lemma D.7: G^(L) = R W_Oᵀ, G^(l−1) = G + AᵀGVᵀ + S h Wᵀ + Sᵀ h W."""
+    V = w["W_O"].shape[0]
+    N, T = tokens.shape[0], tokens.shape[1] - 1
+    g = {k: np.zeros_like(v) for k, v in w.items()}
+    for seq in tokens:
+        x, y = seq[:-1], seq[1:]
+        logits, hs, As = np_forward(w, x, L)
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        R = np.eye(V)[y] - p
+        g["W_O"] += hs[L].T @ R
+        G = R @ w["W_O"].T
+        for l in range(L, 0, -1):
+            h, A, Wl, Vl = hs[l - 1], As[l - 1], w[f"W.{l}"], w[f"V.{l}"]
+            g[f"V.{l}"] += h.T @ A.T @ G
+            dA = G @ Vl.T @ h.T
+            S = np.zeros((T, T))
+            for t in range(T):
+                a = A[t]
+                J = np.diag(a) - np.outer(a, a)
+                S[t] = J @ dA[t]
+            g[f"W.{l}"] += h.T @ S @ h
+            for d in range(T):
+                g[f"P.{l}"][d] += np.trace(S, offset=-d)
+            G = G + A.T @ G @ Vl.T + S @ h @ Wl.T + S.T @ h @ Wl
+    return {k: v / (N * T) for k, v in g.items()}
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def test_zero_init_loss_is_log_vocab():
+    for dtype, tol in (("float64", 1e-12), ("float32", 1e-5)):
+        m = AssocModel(AssocConfig(vocab_size=37, seq_len=8, n_layers=3, dtype=dtype))
+        toks = torch.randint(0, 37, (5, 9), generator=torch.Generator().manual_seed(0))
+        for impl in ("paths", "gather", "dense"):
+            assert abs(m.loss(toks, impl=impl).item() - math.log(37)) <= tol
+            assert not m(toks[:, :-1], impl=impl).any()
+
+
+@pytest.mark.parametrize("L", [1, 2, 3])
+def test_logits_match_numpy_forward(L):
+    m = make(V=11, T=7, L=L, seed=L)
+    w = np_weights(m)
+    rng = np.random.default_rng(L)
+    x = rng.integers(0, 11, (4, 5))                     # T' = 5 < T = 7 also exercised
+    ref = np.stack([np_forward(w, row, L)[0] for row in x])
+    for impl in ("paths", "gather", "dense"):
+        out = m(torch.from_numpy(x), impl=impl).detach().numpy()
+        np.testing.assert_allclose(out, ref, rtol=1e-11, atol=1e-12, err_msg=impl)
+
+
+@pytest.mark.parametrize("L", [1, 2, 3])
+def test_gradients_match_lemma_D7(L):
+    m = make(V=8, T=6, L=L, std=0.5, seed=10 + L)
+    w = np_weights(m)
+    toks = np.random.default_rng(L).integers(0, 8, (5, 7))
+    ref = np_neg_grads(w, toks, L)
+    for impl in ("paths", "gather", "dense"):
+        m.zero_grad()
+        m.loss(torch.from_numpy(toks), impl=impl).backward()
+        for name, p in m.named_weights():
+            np.testing.assert_allclose(-p.grad.numpy(), ref[name], rtol=1e-9, atol=1e-13,
+                                       err_msg=f"{impl} {name}")
+
+
+def test_gradcheck_finite_differences():
+    m = make(V=5, T=4, L=2, std=0.6, seed=3)
+    toks = torch.randint(0, 5, (3, 5), generator=torch.Generator().manual_seed(1))
+    names = [n for n, _ in m.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_() for _, p in m.named_parameters())
+    for impl in ("paths", "gather"):
+        def f(*ps):
+            return torch.func.functional_call(m, dict(zip(names, ps)), (toks[:, :-1],), {"impl": impl})
+        assert torch.autograd.gradcheck(f, params, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_fast_equals_dense_reference_logits_and_grads():
+    m = make(V=40, T=16, L=3, std=0.3, seed=5)
+    toks = torch.randint(0, 40, (6, 17), generator=torch.Generator().manual_seed(2))
+    res = {}
+    for impl in ("dense", "gather", "paths"):
+        m.zero_grad()
+        loss = m.loss(toks, impl=impl)
+        loss.backward()
+        res[impl] = (m(toks[:, :-1], impl=impl).detach(), loss.item(), {n: p.grad.clone() for n, p in m.named_weights()})
+    assert torch.equal(res["dense"][0], dense_logits(m, toks[:, :-1]).detach())
+    for impl in ("gather", "paths"):
+        torch.testing.assert_close(res[impl][0], res["dense"][0], rtol=1e-12, atol=1e-12)
+        assert res[impl][1] == pytest.approx(res["dense"][1], rel=1e-13)
+        for n, g in res[impl][2].items():
+            torch.testing.assert_close(g, res["dense"][2][n], rtol=1e-10, atol=1e-14, msg=f"{impl} {n}")
+
+
+def test_float32_agrees_with_float64():
+    m64 = make(V=30, T=10, L=3, std=0.2, seed=7)
+    m32 = make(V=30, T=10, L=3, std=0.2, seed=7, dtype="float32")
+    x = torch.randint(0, 30, (4, 10), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(m32(x).double(), m64(x).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_accumulate_gradients_chunked():
+    m = make(V=20, T=8, L=2, std=0.4, seed=9)
+    toks = torch.randint(0, 20, (11, 9), generator=torch.Generator().manual_seed(3))
+    m.zero_grad()
+    ref_loss = m.loss(toks, impl="dense")
+    ref_loss.backward()
+    ref = {n: p.grad.clone() for n, p in m.named_weights()}
+    for impl in ("paths", "gather"):
+        for chunk in (None, 4, 1):
+            m.zero_grad()
+            loss = m.accumulate_gradients(toks, chunk=chunk, impl=impl)
+            assert loss == pytest.approx(ref_loss.item(), rel=1e-13)
+            for n, p in m.named_weights():
+                torch.testing.assert_close(p.grad, ref[n], rtol=1e-11, atol=1e-15, msg=f"{impl} {chunk} {n}")
+
+
+def test_diag_matrix_convention():
+    p = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    D = diag_matrix(p, 4)
+    for t in range(4):
+        for j in range(4):
+            assert D[t, j] == (p[t - j] if j <= t else 0.0)
+    assert torch.equal(diag_matrix(p[:3], 3), D[:3, :3])
+
+
+def test_position_bias_favours_offset():
+    # only P[1][d] non-zero: attention of layer 1 leans towards the token d positions back
+    m = AssocModel(AssocConfig(vocab_size=4, seq_len=6, n_layers=1, dtype="float64"))
+    with torch.no_grad():
+        m.P[0][2] = 5.0
+        m.V[0].copy_(torch.eye(4, dtype=torch.float64))
+        m.W_O.copy_(torch.eye(4, dtype=torch.float64))
+    x = torch.tensor([[0, 1, 2, 3, 0, 1]])
+    logits = m(x)[0]
+    for t in range(2, 6):
+        assert int(torch.argmax(logits[t] - torch.nn.functional.one_hot(x[0, t], 4))) == int(x[0, t - 2])
+
+
+def test_weight_names_and_roundtrip(tmp_path):
+    m = make(V=6, T=5, L=3, seed=1)
+    w = m.weights()
+    assert list(w) == weight_names(3) == ["W_O", "W.1", "V.1", "P.1", "W.2", "V.2", "P.2", "W.3", "V.3", "P.3"]
+    assert torch.equal(w["W.2"], m.W[1]) and w["P.3"].shape == (5,)
+    m2 = AssocModel(AssocConfig(vocab_size=6, seq_len=5, n_layers=3, dtype="float64"))
+    m2.load_weights({k: v.numpy() for k, v in w.items()} | {"trainer.extra": np.zeros(3)})
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters()))
+    with pytest.raises(CompatibilityError):
+        m2.load_weights({k: v for k, v in w.items() if k != "V.3"})
+    with pytest.raises(CompatibilityError):
+        m2.load_weights(w | {"W_O": torch.zeros(5, 5)})
+    f = save_tensors(tmp_path / "m.safetensors", w, kind=MODEL_KIND)
+    m3, meta = load_assoc(f)
+    assert meta["kind"] == MODEL_KIND and m3.n_layers == 3 and m3.seq_len == 5 and m3.cfg.dtype == "float64"
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m3.parameters()))
+    save_tensors(tmp_path / "c.safetensors", w, kind=CHECKPOINT_KIND)
+    assert load_assoc(tmp_path / "c.safetensors")[0].vocab_size == 6
+    save_tensors(tmp_path / "other.safetensors", w, kind="gpt")
+    with pytest.raises(CompatibilityError):
+        load_assoc(tmp_path / "other.safetensors")
+
+
+def test_input_and_config_validation():
+    m = make(V=6, T=5, L=1)
+    with pytest.raises(InputError):
+        m(torch.tensor([[0, 6]]))
+    with pytest.raises(InputError):
+        m(torch.zeros(2, 6, dtype=torch.long))          # longer than T
+    with pytest.raises(InputError):
+        m(torch.zeros(2, 3))                             # floats
+    with pytest.raises(InputError):
+        m.loss(torch.zeros(2, 1, dtype=torch.long))
+    for bad in (dict(init="ones"), dict(init="gaussian", init_std=0.0), dict(dtype="float16"),
+                dict(n_layers=0), dict(impl="magic")):
+        with pytest.raises(ConfigError):
+            AssocModel(AssocConfig(vocab_size=4, seq_len=3, **bad))
+
+
+def test_gaussian_init_is_seeded():
+    a, b, c = make(seed=4, std=0.1), make(seed=4, std=0.1), make(seed=5, std=0.1)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.W_O, c.W_O)
+    big = make(V=200, T=5, L=1, std=0.1)
+    assert big.W_O.std().item() == pytest.approx(0.1, rel=0.02)
+
+
+def test_auto_impl_choice():
+    m = AssocModel(AssocConfig(vocab_size=1000, seq_len=64, n_layers=3))
+    assert m.choose_impl(512, 64) == "paths"           # benchmark setting: batch-independent products amortised
+    assert m.choose_impl(1, 64) == "gather"            # one sequence: |V|³ products do not pay off
+    c = path_cost(512, 64, 1000, 3)
+    assert c["paths"] < c["gather"] < c["dense"]
+    assert AssocModel(AssocConfig(vocab_size=10, seq_len=4, impl="dense")).choose_impl(512, 4) == "dense"
+
+
+def test_path_products_shapes():
+    m = make(V=5, T=4, L=3)
+    prods = m.path_products()
+    assert [tuple(p.shape) for p in prods] == [(1, 25), (4, 25), (16, 25), (35, 5)]
+    torch.testing.assert_close(prods[0][0].reshape(5, 5), m.W[0])
+    # K_{S={1}, S'={2}} at layer 3 is V1 W3 V2ᵀ (bitmask order 0, 1, 2, 3 → row 1*4 + 2)
+    torch.testing.assert_close(prods[2][1 * 4 + 2].reshape(5, 5), m.V[0] @ m.W[2] @ m.V[1].T)
+    # Z for S = {1, 2} (bitmask 3, third non-empty subset) is V1 V2 W_O
+    torch.testing.assert_close(prods[3][10:15], m.V[0] @ m.V[1] @ m.W_O)

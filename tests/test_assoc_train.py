@@ -1,0 +1,266 @@
+"""Trainer of the Def. 3.1 model: GD/SGD updates against hand-written loops, data order, checkpoints,
+exact resume, run-directory safety, NaN detection, callbacks."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from originlens.errors import ConfigError, InputError, NumericalError
+from originlens.models.assoc import CHECKPOINT_KIND, AssocConfig, AssocModel, load_assoc
+from originlens.storage import load_tensors
+from originlens.train import AssocTrainConfig, steps_per_epoch, train_assoc
+
+V, T = 13, 6
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    rng = np.random.default_rng(0)
+    # a noisy cycle so that training has something to learn
+    start = rng.integers(0, V, 12)
+    toks = (start[:, None] + np.arange(T + 1)[None, :]) % V
+    noise = rng.random(toks.shape) < 0.3
+    toks[noise] = rng.integers(0, V, noise.sum())
+    return toks
+
+
+def cfg(**kw) -> AssocTrainConfig:
+    base = dict(n_layers=2, lr=0.5, steps=7, batch_size=5, dtype="float64", stats_source="none")
+    base.update(kw)
+    return AssocTrainConfig(**base)
+
+
+def params_equal(a: AssocModel, b: AssocModel) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def manual_sgd(tokens, c: AssocTrainConfig) -> AssocModel:
+    """TEST HELPER: plain SGD loop written from the definition (torch.Generator(data_seed) permutation
+    per epoch, batches in order, last partial batch kept, θ ← θ − η∇L)."""
+    m = AssocModel(AssocConfig(vocab_size=V, seq_len=T, n_layers=c.n_layers, dtype=c.dtype))
+    t = torch.from_numpy(tokens)
+    N = t.shape[0]
+    g = torch.Generator().manual_seed(c.data_seed)
+    step = 0
+    while step < c.steps:
+        perm = torch.randperm(N, generator=g) if c.batch_size else torch.arange(N)
+        bs = c.batch_size or N
+        for i in range(0, N, bs):
+            if step == c.steps:
+                break
+            batch = t if c.batch_size is None else t[perm[i:i + bs]]
+            m.zero_grad()
+            m.loss(batch).backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= c.lr * p.grad
+            step += 1
+    return m
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def test_steps_per_epoch():
+    assert steps_per_epoch(65536, 2048) == 32
+    assert steps_per_epoch(12, 5) == 3
+    assert steps_per_epoch(12, None) == 1
+
+
+def test_gd_and_sgd_match_hand_written_loops(tokens):
+    for c in (cfg(batch_size=None, steps=4), cfg(steps=7), cfg(steps=5, batch_size=12)):
+        run = train_assoc(tokens, V, c)
+        ref = manual_sgd(tokens, c)
+        for a, b in zip(run.model.parameters(), ref.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+        assert run.optimizer == ("gd" if c.batch_size is None else "sgd")
+        assert run.finished and run.step == c.steps
+
+
+def test_loss_decreases_and_first_loss_is_log_vocab(tokens):
+    run = train_assoc(tokens, V, cfg(batch_size=None, steps=30, lr=2.0))
+    assert run.losses[1] == pytest.approx(math.log(V), abs=1e-12)
+    assert run.losses[30] < run.losses[1] - 0.1
+
+
+def test_epochs_reshuffle(tokens):
+    seen = []
+
+    class Rec:
+        def on_step_end(self, tr):
+            seen.append(tr._perm.clone())
+
+    train_assoc(tokens, V, cfg(epochs=2, steps=None), callbacks=[Rec()])
+    assert len(seen) == 6                                           # 2 epochs × ⌈12/5⌉ steps
+    assert torch.equal(seen[0], seen[2]) and not torch.equal(seen[0], seen[3])
+    g = torch.Generator().manual_seed(42)
+    assert torch.equal(seen[0], torch.randperm(12, generator=g))
+    assert torch.equal(seen[3], torch.randperm(12, generator=g))
+
+
+def test_grad_chunk_matches(tokens):
+    a = train_assoc(tokens, V, cfg(steps=4, grad_chunk=2))
+    b = train_assoc(tokens, V, cfg(steps=4, grad_chunk=None))
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-15)
+
+
+def test_run_directory_contents(tokens, tmp_path):
+    out = tmp_path / "run"
+    c = cfg(out=str(out), checkpoint_every=3, checkpoint_at=(1,), log_every=2)
+    called = {"step": 0, "ckpt": []}
+
+    class CB:
+        def on_step_end(self, tr):
+            called["step"] += 1
+            assert tr.loss is not None and tr.cfg is c
+
+        def on_checkpoint(self, tr, path):
+            called["ckpt"].append(path.name)
+
+    run = train_assoc(tokens, V, c, callbacks=[CB()])
+    assert called["step"] == 7
+    assert called["ckpt"] == ["step-000001.safetensors", "step-000003.safetensors", "step-000006.safetensors",
+                              "step-000007.safetensors"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == called["ckpt"]
+    arrays, meta = load_tensors(out / "checkpoints" / "step-000003.safetensors", kind=CHECKPOINT_KIND)
+    assert {"W_O", "W.1", "V.2", "P.2", "trainer.data_rng_state"} <= set(arrays)
+    assert json.loads(meta["step"]) == 3 and meta["optimizer"] == "sgd" and "none" in meta["optimizer_state"]
+    final, fmeta = load_assoc(out / "model.safetensors")
+    assert params_equal(final, run.model) and json.loads(fmeta["step"]) == 7
+    config = json.loads((out / "config.json").read_text())
+    assert config["optimizer"] == "sgd" and config["identity"]["train"]["lr"] == 0.5
+    env = json.loads((out / "environment.json").read_text())
+    assert env["seeds"] == {"init": 0, "data_order": 42} and env["data_hashes"]["tokens"]
+    recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in recs if r["event"] == "step"]
+    assert steps == [2, 4, 6, 7]
+    assert all(r["loss"] == pytest.approx(run.losses[r["step"]]) for r in recs if r["event"] == "step")
+    assert [r["step"] for r in recs if r["event"] == "checkpoint"] == [1, 3, 6, 7]
+
+
+def test_checkpoint_metrics_hold_theory_comparison(tokens, tmp_path):
+    pytest.importorskip("originlens.stats")
+    c = cfg(out=str(tmp_path / "r"), batch_size=None, steps=4, lr=0.05, checkpoint_every=1, stats_source="full")
+    run = train_assoc(tokens, V, c)
+    recs = [json.loads(l) for l in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    ck = [r for r in recs if r["event"] == "checkpoint"]
+    assert [r["step"] for r in ck] == [1, 2, 3, 4]
+    assert ck[0]["theory"]["W_O"]["cos"] == pytest.approx(1.0, abs=1e-12)
+    assert ck[0]["theory"]["V.1"]["cos"] is None                   # NaN at s = 1 is stored as null
+    assert ck[-1]["min_cos"]["W"] > 0.9 and ck[-1]["stats_source"] == "full"
+    assert set(run.comparisons) == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("kill_at", [5, 7])          # resume mid-epoch (from 4) and at an epoch boundary (from 6)
+def test_resume_is_bit_identical(tokens, tmp_path, kill_at):
+    c_full = cfg(steps=9, out=str(tmp_path / "full"), checkpoint_every=2)
+    full = train_assoc(tokens, V, c_full)
+
+    class Kill(Exception):
+        pass
+
+    class Killer:
+        def on_step_end(self, tr):
+            if tr.step == kill_at:
+                raise Kill
+
+    c = dataclasses.replace(c_full, out=str(tmp_path / "killed"))
+    with pytest.raises(Kill):
+        train_assoc(tokens, V, c, callbacks=[Killer()])
+    assert not (tmp_path / "killed" / "model.safetensors").exists()
+    resumed = train_assoc(tokens, V, c, resume=True)
+    assert resumed.resumed_from == kill_at - 1
+    assert params_equal(resumed.model, full.model)
+    a = (tmp_path / "full" / "model.safetensors").read_bytes()
+    b = (tmp_path / "killed" / "model.safetensors").read_bytes()
+    assert load_tensors(tmp_path / "full" / "model.safetensors")[0]["W_O"].tobytes() == \
+        load_tensors(tmp_path / "killed" / "model.safetensors")[0]["W_O"].tobytes() and len(a) == len(b)
+    losses = lambda p: [(r["step"], r["loss"]) for r in map(json.loads, (p / "metrics.jsonl").read_text().splitlines())
+                        if r["event"] == "step"]
+    assert losses(tmp_path / "killed") == losses(tmp_path / "full")
+
+
+def test_request_stop_then_resume_and_extend(tokens, tmp_path):
+    full = train_assoc(tokens, V, cfg(steps=8))
+
+    class Stop:
+        def on_step_end(self, tr):
+            if tr.step == 3:
+                tr.request_stop()
+
+    c = cfg(steps=5, out=str(tmp_path / "r"))
+    r1 = train_assoc(tokens, V, c, callbacks=[Stop()])
+    assert r1.stopped_early and r1.step == 3 and (tmp_path / "r" / "checkpoints" / "step-000003.safetensors").exists()
+    r2 = train_assoc(tokens, V, c, resume=True)
+    assert r2.finished and r2.step == 5
+    r3 = train_assoc(tokens, V, dataclasses.replace(c, steps=8), resume=True)   # extend a finished run
+    assert r3.resumed_from == 5 and params_equal(r3.model, full.model)
+    r4 = train_assoc(tokens, V, dataclasses.replace(c, steps=8), resume=True)   # nothing left to do
+    assert r4.losses == {} and params_equal(r4.model, full.model)
+
+
+def test_run_directory_safety(tokens, tmp_path):
+    out = tmp_path / "r"
+    train_assoc(tokens, V, cfg(steps=2, out=str(out)))
+    with pytest.raises(ConfigError, match="already holds this run"):
+        train_assoc(tokens, V, cfg(steps=2, out=str(out)))
+    with pytest.raises(ConfigError, match="another run.*lr"):
+        train_assoc(tokens, V, cfg(steps=2, lr=0.1, out=str(out)), resume=True)
+    with pytest.raises(ConfigError, match="data"):
+        train_assoc(tokens[::-1].copy(), V, cfg(steps=2, out=str(out)), resume=True)
+    run = train_assoc(tokens, V, cfg(steps=2, lr=0.1, out=str(out)), overwrite=True)
+    assert json.loads((out / "config.json").read_text())["identity"]["train"]["lr"] == 0.1 and run.step == 2
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds no originlens run"):
+        train_assoc(tokens, V, cfg(steps=1, out=str(foreign)), overwrite=True)
+    assert (foreign / "notes.txt").read_text() == "mine"
+    with pytest.raises(ConfigError, match="beyond"):
+        train_assoc(tokens, V, cfg(steps=1, lr=0.1, out=str(out)), resume=True)
+
+
+def test_keep_checkpoints(tokens, tmp_path):
+    train_assoc(tokens, V, cfg(steps=6, out=str(tmp_path / "r"), checkpoint_every=1, keep_checkpoints=2))
+    assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir()) == \
+        ["step-000005.safetensors", "step-000006.safetensors"]
+
+
+def test_nan_detection_names_step_tensor_and_checkpoint(tokens, tmp_path):
+    c = cfg(batch_size=None, steps=60, lr=1e12, out=str(tmp_path / "r"), checkpoint_at=(1,))
+    with pytest.raises(NumericalError) as ei:
+        train_assoc(tokens, V, c)
+    msg = str(ei.value)
+    assert "non-finite" in msg and "at step" in msg and "step-000001.safetensors" in msg
+    step = int(msg.split("at step ")[1].split()[0])
+    assert step > 1
+    assert any(k in msg for k in ("loss", "gradient of", "weight "))
+
+
+def test_validation(tokens):
+    with pytest.raises(ConfigError):
+        train_assoc(tokens, V, cfg(epochs=2))                          # steps and epochs
+    with pytest.raises(ConfigError):
+        train_assoc(tokens, V, cfg(lr=-1.0))
+    with pytest.raises(ConfigError):
+        train_assoc(tokens, V, cfg(stats_source="elsewhere"))
+    with pytest.raises(InputError):
+        train_assoc(tokens, V - 1, cfg())                              # ids ≥ vocab size
+    with pytest.raises(InputError):
+        train_assoc(tokens[:, :1], V, cfg())
+    with pytest.raises(InputError):
+        train_assoc(tokens.astype(float), V, cfg())

@@ -1,0 +1,312 @@
+"""Tests for originlens.train.ntp: defaults, data order, loss and Adam step against hand-written
+references, exact resume, checkpoints, run-dir safety, NaN detection, probes, callbacks, CLI."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from originlens.cli.main import main as cli_main
+from originlens.errors import CompatibilityError, ConfigError, NumericalError
+from originlens.models import GPT
+from originlens.probes import ProbeSet
+from originlens.storage import load_tensors, save_tensors
+from originlens.tasks import get_task
+from originlens.train.ntp import (CHECKPOINT_KIND, NTPConfig, Trainer, list_checkpoints, load_probe_metrics,
+                                  othello_pool)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # the CI/dev machines are small and shared: oversubscribed OpenMP threads are ~100x slower
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def tiny(**kw) -> NTPConfig:
+    base = dict(task="cond-majority", d_model=16, n_head=2, batch_size=16, steps=12, eval_size=64,
+                log_every=1, eval_every=0, probe_every=0, checkpoint_every=5)
+    base.update(kw)
+    return NTPConfig(**base)
+
+
+def params(model: GPT) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+# ------------------------------------------------------------------------------------------ config
+
+def test_defaults_follow_the_spec_table():
+    # spec §7: layers, d, heads, T, batch, lr, steps, eval size, probe interval
+    table = {"majority": (2, 128, 4, 21, 256, 3000, 10240, 500),
+             "cond-majority": (2, 128, 4, 21, 256, 3000, 10240, 500),
+             "othello": (6, 256, 4, 61, 1024, 5000, 20480, 1000)}
+    for task, (L, d, h, T, B, steps, n_eval, every) in table.items():
+        c = NTPConfig(task=task)
+        assert (c.n_layer, c.d_model, c.n_head, c.batch_size, c.steps, c.eval_size, c.probe_every) == \
+            (L, d, h, B, steps, n_eval, every)
+        assert c.lr == 1e-3 and c.betas == (0.9, 0.999) and c.eps == 1e-8 and c.probe_alpha == 1.0
+        assert c.gpt_config(get_task(task).vocab_size, T).n_positions == T + 1
+    assert NTPConfig(task="majority", regime="untied").untie_at == [10]
+    assert NTPConfig(task="cond-majority", regime="myopic+untied").untie_at == [10]
+    assert NTPConfig(task="majority", regime="myopic").untie_at is None
+    assert NTPConfig(task="majority", batch_size=8).batch_size == 8
+
+
+def test_bad_names_are_config_errors_listing_valid_ones():
+    with pytest.raises(ConfigError, match="cond-majority"):
+        NTPConfig(task="parity")
+    with pytest.raises(ConfigError, match="myopic\\+untied"):
+        NTPConfig(task="majority", regime="split-brain")
+    with pytest.raises(ConfigError, match="untie_at"):        # GPTConfig's own validation
+        NTPConfig(task="othello", regime="untied")
+    with pytest.raises(ConfigError, match="divisible"):
+        NTPConfig(task="majority", d_model=30, n_head=4)
+    with pytest.raises(ConfigError, match="corpus"):
+        NTPConfig(task="language")
+    with pytest.raises(ConfigError, match="float32"):
+        NTPConfig(task="majority", dtype="bfloat16")
+
+
+def test_cli_bad_names_exit_2(tmp_path, capsys):
+    assert cli_main(["ntp", "train", "--task", "parity", "--out", str(tmp_path / "r")]) == 2
+    assert "unknown task 'parity'" in capsys.readouterr().err
+    assert cli_main(["ntp", "train", "--task", "majority", "--regime", "x", "--out", str(tmp_path / "r")]) == 2
+    assert "standard, myopic, untied, myopic+untied" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ data order, loss, Adam
+
+def test_first_update_matches_hand_written_loss_and_adam(tmp_path):
+    """Batch 0 comes from default_rng([seed, 7, 0]); the logged loss is the mean CE over T−1 positions;
+    one Adam step from zero moments moves every weight by lr·g/(|g| + ε) (bias-corrected)."""
+    cfg = tiny(steps=1, seed=3, checkpoint_every=0)
+    tr = Trainer(cfg, tmp_path / "r")
+    torch.manual_seed(3)
+    ref = GPT(tr.gpt_config)
+    p0 = params(ref)
+    toks = torch.from_numpy(get_task("cond-majority").sample(16, np.random.default_rng([3, 7, 0])).tokens)
+    with torch.no_grad():
+        logits = ref(toks).double()
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)
+    ce = -logp.gather(-1, toks[:, 1:, None]).squeeze(-1)          # (B, T−1)
+    loss_ref = ce.mean()
+    ref.zero_grad()
+    ref(toks).log_softmax(-1)[:, :-1].gather(-1, toks[:, 1:, None]).mean().neg().backward()
+    tr.run()
+    rec = [r for r in tr.rundir.read_metrics() if r["event"] == "train"]
+    assert rec[0]["step"] == 1
+    assert math.isclose(rec[0]["loss"], float(loss_ref), rel_tol=1e-5)
+    for name, p in tr.model.named_parameters():
+        g = dict(ref.named_parameters())[name].grad.double()
+        expected = p0[name].double() - 1e-3 * g / (g.abs() + 1e-8)
+        torch.testing.assert_close(p.detach().double(), expected, rtol=1e-5, atol=1e-7)
+
+
+# --------------------------------------------------------------------------------- exact resume
+
+def _strip_adam(path):
+    arrays, meta = load_tensors(path)
+    kept = {k: v for k, v in arrays.items() if not k.startswith("adam.")}
+    save_tensors(path, kept, kind=CHECKPOINT_KIND, metadata={k: json.loads(v) if k in ("step",) else v
+                                                              for k, v in meta.items()
+                                                              if k not in ("kind", "format_version")})
+
+
+@pytest.mark.parametrize("regime", ["standard", "myopic"])
+def test_resume_is_bit_exact(tmp_path, regime):
+    cfg = tiny(regime=regime)
+    full = Trainer(cfg, tmp_path / "full")
+    full.run()
+    Trainer(cfg.replace(steps=7), tmp_path / "cut").run()        # "killed" after update 7 (checkpoints 5, 7)
+    resumed = Trainer(cfg, tmp_path / "cut", resume=True)
+    resumed.run()
+    assert resumed.last_checkpoint.name == "step-000012.safetensors"
+    a, b = params(full.model), params(resumed.model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    steps = [r["step"] for r in resumed.rundir.read_metrics() if r["event"] == "train"]
+    assert steps == list(range(1, 13))                           # no duplicates after the resume
+    # control: without the Adam state the same resume does not reproduce the run
+    Trainer(cfg.replace(steps=7), tmp_path / "ctl").run()
+    _strip_adam(list_checkpoints(tmp_path / "ctl")[-1][1])
+    ctl = Trainer(cfg, tmp_path / "ctl", resume=True)
+    ctl.run()
+    c = params(ctl.model)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_resume_of_a_finished_run_is_a_no_op(tmp_path):
+    cfg = tiny(steps=3)
+    Trainer(cfg, tmp_path / "r").run()
+    res = Trainer(cfg, tmp_path / "r", resume=True).run()
+    assert res.skipped and res.step == 3
+    longer = Trainer(cfg.replace(steps=5), tmp_path / "r", resume=True)   # extending is allowed
+    assert longer.run().step == 5
+    with pytest.raises(ConfigError, match="already at step 5"):
+        Trainer(cfg.replace(steps=4), tmp_path / "r", resume=True).run()
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["step"] == 5   # left intact
+
+
+# --------------------------------------------------------------------------------- checkpoints
+
+def test_checkpoint_holds_weights_adam_state_and_rng(tmp_path):
+    cfg = tiny(steps=6, checkpoint_every=3)
+    tr = Trainer(cfg, tmp_path / "r")
+    tr.run()
+    assert [s for s, _ in list_checkpoints(tmp_path / "r")] == [3, 6]
+    arrays, meta = load_tensors(tmp_path / "r" / "checkpoints" / "step-000006.safetensors", kind=CHECKPOINT_KIND)
+    assert json.loads(meta["step"]) == 6
+    assert json.loads(meta["ntp_config"])["seed"] == cfg.seed
+    for name, p in tr.model.named_parameters():
+        np.testing.assert_array_equal(arrays[f"model.{name}"], p.detach().numpy())
+        st = tr.optimizer.state[p]
+        np.testing.assert_array_equal(arrays[f"adam.{name}.exp_avg"], st["exp_avg"].numpy())
+        np.testing.assert_array_equal(arrays[f"adam.{name}.exp_avg_sq"], st["exp_avg_sq"].numpy())
+        assert arrays[f"adam.{name}.step"].reshape(-1).tolist() == [6.0]
+    assert arrays["rng.torch"].dtype == np.uint8 and arrays["rng.numpy"].dtype == np.uint8
+    # final weights load as a GPT and reproduce the trainer's logits
+    m = GPT.load(tmp_path / "r" / "model.safetensors")
+    x = torch.from_numpy(tr.eval_data.tokens[:4])
+    assert torch.equal(m(x), tr.model(x))
+
+
+# ----------------------------------------------------------------------------- run-dir safety
+
+def test_wrong_run_dir_is_refused(tmp_path):
+    run = tmp_path / "r"
+    Trainer(tiny(steps=2), run).run()
+    with pytest.raises(CompatibilityError, match=r"regime.*'standard'.*'myopic'"):
+        Trainer(tiny(steps=2, regime="myopic"), run)
+    with pytest.raises(CompatibilityError, match=r"task=cond-majority.*task=majority"):
+        Trainer(tiny(steps=2, task="majority"), run)
+    with pytest.raises(CompatibilityError, match="--resume"):     # same config, not resuming
+        Trainer(tiny(steps=2), run)
+    tr = Trainer(tiny(steps=2, regime="myopic"), run, overwrite=True)
+    tr.run()
+    assert json.loads((run / "config.json").read_text())["regime"] == "myopic"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(Exception, match="is a file"):
+        Trainer(tiny(), tmp_path / "file")
+
+
+# ------------------------------------------------------------------------------ NaN detection
+
+def test_injected_nan_names_step_and_last_checkpoint(tmp_path):
+    tr = Trainer(tiny(steps=10, checkpoint_every=2), tmp_path / "r")
+
+    def poison(t: Trainer) -> None:
+        if t.step == 3:
+            with torch.no_grad():
+                next(t.model.parameters()).fill_(float("nan"))
+
+    tr.add_callback("on_step_end", poison)
+    with pytest.raises(NumericalError, match=r"update 4 .*step-000002\.safetensors"):
+        tr.run()
+
+
+def test_huge_learning_rate_is_detected(tmp_path):
+    with pytest.raises(NumericalError, match="training loss is (nan|inf)"):
+        Trainer(tiny(steps=30, lr=1e30, checkpoint_every=0), tmp_path / "r").run()
+
+
+# ------------------------------------------------------------------------- metrics and probes
+
+def test_metrics_probes_and_callbacks(tmp_path):
+    cfg = tiny(steps=6, log_every=2, eval_every=3, probe_every=3, eval_size=80, checkpoint_every=3)
+    tr = Trainer(cfg, tmp_path / "r")
+    seen = {e: [] for e in ("on_step_end", "on_eval", "on_probe", "on_checkpoint")}
+    for e in seen:
+        tr.add_callback(e, lambda t, e=e: seen[e].append(t.step))
+    with pytest.raises(ConfigError):
+        tr.add_callback("on_epoch", lambda t: None)
+    tr.run()
+    assert seen == {"on_step_end": [1, 2, 3, 4, 5, 6], "on_eval": [3, 6], "on_probe": [3, 6],
+                    "on_checkpoint": [3, 6]}
+    recs = tr.rundir.read_metrics()
+    assert [r["step"] for r in recs if r["event"] == "train"] == [2, 4, 6]
+    evals = [r for r in recs if r["event"] == "eval"]
+    assert [r["step"] for r in evals] == [3, 6]
+    assert {"eval_loss", "legal_acc", "legal_output_acc", "first_output_token_acc"} <= set(evals[-1])
+    probes = [r for r in recs if r["event"] == "probe"]
+    assert "prev_is_<0>/pearson_type1" in probes[-1]
+
+    # brute force: eval loss and one probe refitted by hand from the final model
+    batch = tr.eval_data.batch
+    x = torch.from_numpy(batch.tokens)
+    with torch.no_grad():
+        logits, res = tr.model(x, return_residuals=True)
+    lp = torch.log_softmax(logits.double()[:, :-1], -1).gather(-1, x[:, 1:, None])
+    assert math.isclose(evals[-1]["eval_loss"], float(-lp.mean()), rel_tol=1e-9)
+    pm = load_probe_metrics(tmp_path / "r" / "probe_metrics.npz")
+    ps = ProbeSet.load(tmp_path / "r" / "probes.safetensors")
+    assert pm.layers == [0, 1, 2] and pm.positions == list(range(1, 21)) and ps.positions == pm.positions
+    k, i, f = 2, 7, 0                                               # layer 2, position 7, prev_is_<0>
+    X = res[k][:, i].double().numpy()
+    y = batch.features[:, i, f].astype(np.float64)
+    n_tr = 56                                                      # 70 % of 80
+    A = np.hstack([X[:n_tr], np.ones((n_tr, 1))])
+    reg = np.hstack([np.eye(16), np.zeros((16, 1))])                # alpha = 1
+    sol = np.linalg.lstsq(np.vstack([A, reg]), np.concatenate([y[:n_tr], np.zeros(16)]), rcond=None)[0]
+    pred = X[n_tr:] @ sol[:16] + sol[16]
+    r = np.corrcoef(pred, y[n_tr:])[0, 1]
+    assert math.isclose(pm.pearson[k, pm.positions.index(i), f], r, rel_tol=1e-6)
+    np.testing.assert_allclose(ps.direction(k, i, "prev_is_<0>"), sol[:16], rtol=1e-6, atol=1e-9)
+    # the logged summary is the mean over tracked layers 1-2 and positions 2..19
+    tracked = pm.pearson[1:3][:, [pm.positions.index(p) for p in range(2, 20)], 0]
+    assert math.isclose(probes[-1]["tracked/pearson"], float(np.nanmean(tracked)), rel_tol=1e-9)
+
+
+@pytest.mark.slow
+def test_short_cond_majority_run_learns(tmp_path):
+    cfg = tiny(d_model=32, batch_size=32, steps=300, log_every=10, eval_size=512, eval_every=0,
+               checkpoint_every=0)
+    tr = Trainer(cfg, tmp_path / "r")
+    res = tr.run()
+    first = [r for r in tr.rundir.read_metrics() if r["event"] == "train"][0]["loss"]
+    assert first > 1.3                                              # ≈ ln 5 at initialisation
+    assert res.final_eval["eval_loss"] < 0.85                       # inputs ≈ ln 3 / 2, outputs learned
+    assert res.final_eval["legal_output_acc"] > 0.9
+
+
+# ----------------------------------------------------------------------------- other data paths
+
+def test_othello_pool_is_cached_and_indexed_by_the_rule(tmp_path):
+    cfg = tiny(task="othello", n_layer=1, batch_size=4, steps=2, eval_size=24, othello_pool=50,
+               checkpoint_every=1)
+    tr = Trainer(cfg, tmp_path / "r")
+    tr.run()
+    pool = np.load(tmp_path / "r" / "data" / "othello-pool.npy", allow_pickle=False)
+    np.testing.assert_array_equal(pool, othello_pool(50, cfg.seed))
+    idx = np.sort(np.random.default_rng([cfg.seed, 7, 1]).integers(0, 50, 4))
+    np.testing.assert_array_equal(tr.data.batch(1), pool[idx].astype(np.int64))
+    env = json.loads((tmp_path / "r" / "environment.json").read_text())
+    assert "othello_pool_sha256" in env["data_hashes"] and "pool" in env["data_order"]
+    assert (tmp_path / "r" / "probe_metrics.npz").is_file()
+
+
+def test_language_task_from_a_token_array(tmp_path):
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "tok.npy", rng.integers(0, 30, size=(60, 9)).astype(np.uint16))
+    cfg = tiny(task="language", corpus=str(tmp_path / "tok.npy"), n_layer=1, eval_size=20, steps=3,
+               eval_every=0)
+    res = Trainer(cfg, tmp_path / "r").run()
+    assert res.step == 3 and math.isfinite(res.final_eval["eval_loss"]) and res.probe_summary == {}
+    with pytest.raises(ConfigError, match="eval_size"):
+        Trainer(cfg.replace(eval_size=60), tmp_path / "r2")
+
+
+def test_cli_train_and_resume(tmp_path, capsys):
+    args = ["ntp", "train", "--task", "majority", "--regime", "untied", "--out", str(tmp_path / "r"),
+            "--steps", "3", "--d-model", "16", "--heads", "2", "--batch-size", "8", "--eval-size", "32",
+            "--checkpoint-every", "2", "--threads", "1"]
+    assert cli_main(args) == 0
+    assert "step 3" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["untie_at"] == [10]
+    assert cli_main(args) == 2                                      # exists, neither --resume nor --overwrite
+    assert cli_main(args + ["--resume"]) == 0
+    assert "already finished" in capsys.readouterr().out
