@@ -9,9 +9,11 @@ batch 64 by default) on one random batch, times:
 * ``ref45`` — the spec §4.5 reference loop written here (per site: sg forward, ∇L^{sg}, ∇λ_i and
   ∇λ_i^{sg}: 3 backwards; G_pre by difference), the cheapest straightforward implementation;
 
-and prints the ratios plus the worst relative disagreement of the components (fast vs each).  Then, for
-the tracked Majority sites (layers 1–2, positions 2–19) with 3 probes each: influences by forward-mode
-JVP (``influences``) vs one explicit ∇R backward per probe and component dot products.
+and prints the ratios plus the worst relative disagreement of the components (fast vs each; ref45's
+G_pre is a difference of large vectors, so in float32 it carries cancellation error ~1e-7‖∇L‖).  Then,
+on a few tracked Majority sites (layers 1–2, positions 2–19): influences by forward-mode JVP
+(``influences``: 3 JVPs per site) vs one explicit ∇R backward per probe and type subset, for 3 probes
+per site without types (Majority) and 16 probes × (all + 3 types) (Othello-like).
 
 Usage: ``.venv/bin/python benchmarks/attribution.py [--batch 64] [--threads 1] [--brute-sites N]``
 (``--brute-sites N`` times brute/ref45 on N evenly spread sites and extrapolates linearly; marked).
@@ -57,14 +59,16 @@ def ref45(model, tokens, sites):
     return out
 
 
-def worst_rel(fast, other, scale: float) -> float:
-    w = 0.0
+def worst_rel(fast, other, scale: float) -> str:
+    """Worst ‖x − y‖/‖y‖ over sites and components (‖y‖ floored at 1e-6‖∇L‖), and worst ‖x − y‖/‖∇L‖."""
+    w, w_full = 0.0, 0.0
     for s, comps in other.items():
         for c in COMPONENTS:
             y = flat(comps[c] if isinstance(comps, dict) else getattr(comps, c))
             x = flat(getattr(fast[s], c))
             w = max(w, float((x - y).norm()) / max(float(y.norm()), 1e-6 * scale))
-    return w
+            w_full = max(w_full, float((x - y).norm()) / scale)
+    return f"{w:.1e} (per component), {w_full:.1e} (of ‖∇L‖)"
 
 
 def timed(fn):
@@ -79,7 +83,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--brute-sites", type=int, default=0, help="0 = all sites")
     ap.add_argument("--float64", action="store_true")
-    ap.add_argument("--chunk-size", type=int, default=32)
+    ap.add_argument("--chunk-size", type=int, default=None, help="default: auto")
+    ap.add_argument("--influence-sites", type=int, default=4)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -107,35 +112,48 @@ def main() -> None:
     print(f"fast  (spec §5, adjoints + batched VJPs): {t_fast:8.2f} s")
     print(f"brute (spec §2 definition, per position): {t_brute:8.2f} s{note}  ratio brute/fast = {t_brute / t_fast:6.1f}×")
     print(f"ref45 (spec §4.5 loop, 3 backwards/site): {t_ref:8.2f} s{note}  ratio ref45/fast = {t_ref / t_fast:6.1f}×")
-    print(f"worst relative component difference: fast vs brute {worst_rel(fast, brute, scale):.2e}, "
-          f"fast vs ref45 {worst_rel(fast, ref, scale):.2e}")
+    print(f"worst relative difference: fast vs brute {worst_rel(fast, brute, scale)}; "
+          f"fast vs ref45 {worst_rel(fast, ref, scale)}")
 
-    # influences: JVP vs explicit ∇R per probe (tracked Majority sites, 3 probes each)
+    for n_probes, n_types in ((3, 0), (16, 3)):
+        bench_influences(model, tokens, fast, n_probes, n_types, args.influence_sites)
+
+
+def bench_influences(model, tokens, fast, n_probes: int, n_types: int, n_sites: int) -> None:
+    """JVP influences vs one explicit ∇R backward per probe and type subset, on ``n_sites`` sites."""
+    cfg = model.config
     tracked = [(k, i) for k in (1, 2) for i in range(2, 20)]
+    tracked = tracked[::max(1, len(tracked) // n_sites)][:n_sites]
     gen = torch.Generator().manual_seed(1)
-    probes = [Probe(f"f{j}@{k},{i}", k, i, torch.randn(cfg.d_model, generator=gen).to(model.config.torch_dtype))
-              for k, i in tracked for j in range(3)]
-    final = GPT(cfg)
-    refs = reference_projections(final, tokens, probes)
+    probes = [Probe(f"f{j}@{k},{i}", k, i, torch.randn(cfg.d_model, generator=gen).to(cfg.torch_dtype))
+              for k, i in tracked for j in range(n_probes)]
+    types = {p.name: torch.randint(0, n_types, (tokens.shape[0],), generator=gen) for p in probes} if n_types else None
+    refs = reference_projections(GPT(cfg), tokens, probes)
     steps = sgd_steps({s: fast[s] for s in tracked}, lr=1e-3)
-    recs, t_jvp = timed(lambda: influences(model, tokens, steps, probes, refs))
+    influences(model, tokens, steps, probes[:1], refs)                  # warm-up (forward-AD setup)
+    recs, t_jvp = timed(lambda: influences(model, tokens, steps, probes, refs, types=types))
 
     def explicit():
         params = list(model.parameters())
         names = [n for n, _ in model.named_parameters()]
         out = {}
         _, res = model(tokens, return_residuals=True, myopic=False)     # one shared forward
-        for p in probes:                                                # one ∇R backward per probe
-            R = 0.5 * ((res[p.layer][:, p.position] @ p.direction - refs[p.name]) ** 2).mean()
-            g = dict(zip(names, torch.autograd.grad(R, params, retain_graph=True, allow_unused=True)))
-            for c in COMPONENTS:
-                out[(p.name, c)] = sum(float((steps[p.site][c][n] * g[n]).sum()) for n in names if g[n] is not None)
+        for p in probes:                                                # one ∇R backward per risk
+            subsets = [(None, slice(None))] + [(t, types[p.name] == t) for t in range(n_types)]
+            for tau, rows in subsets:
+                diff = (res[p.layer][:, p.position] @ p.direction - refs[p.name])[rows]
+                R = 0.5 * (diff ** 2).mean()
+                g = dict(zip(names, torch.autograd.grad(R, params, retain_graph=True, allow_unused=True)))
+                for c in COMPONENTS:
+                    out[(p.name, tau, c)] = sum(float((steps[p.site][c][n] * g[n]).sum())
+                                                for n in names if g[n] is not None)
         return out
     want, t_exp = timed(explicit)
-    got = {(r.probe, r.component): r.value for r in recs if r.feature_type is None and r.component != "full"}
+    got = {(r.probe, r.feature_type, r.component): r.value for r in recs if r.component != "full"}
     err = max(abs(got[key] - v) / max(abs(v), 1e-12) for key, v in want.items())
-    print(f"influences, {len(probes)} probes at {len(tracked)} sites: JVP {t_jvp:.2f} s vs explicit ∇R per probe "
-          f"{t_exp:.2f} s, ratio {t_exp / t_jvp:.1f}×; worst relative difference {err:.1e}")
+    print(f"influences, {len(tracked)} sites × {n_probes} probes × {1 + n_types} row subsets: "
+          f"JVP {t_jvp:.2f} s vs explicit ∇R per risk {t_exp:.2f} s, ratio explicit/JVP = {t_exp / t_jvp:.1f}×; "
+          f"worst relative difference {err:.1e}")
 
 
 if __name__ == "__main__":

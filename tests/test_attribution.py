@@ -8,11 +8,9 @@ decomposition's fast path is checked against ``method="brute"`` (the spec §2 st
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from originlens.attribution import (COMPONENTS, AdamAttributor, Probe, decompose, influences,
                                     pathway_adjoints, reference_projections, sgd_steps, site_jvp,
@@ -120,6 +118,18 @@ def test_stop_gradient_list_form_context_exit_and_loss():
     assert torch.equal(torch.cat([t.reshape(-1) for t in g2]), flat(g_sg))
 
 
+def test_stop_gradient_hook_shifts_absolute_positions():
+    """With a KV cache / chunked forward the tensor covers positions a..b−1: mask i − a, skip outside."""
+    from originlens.models.gpt import ResidSite
+    hook = stop_gradient_hooks(make(), [(1, 4), (1, 1)])["resid.1"]
+    h = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    out = hook(h, ResidSite("resid.1", 1, slice(3, 6)))          # covers positions 3, 4, 5
+    assert torch.equal(out, h)
+    (g,) = torch.autograd.grad(out.sum(), h)
+    assert torch.equal(g[:, 1], torch.zeros_like(g[:, 1])) and torch.equal(g[:, [0, 2]], torch.ones_like(g[:, [0, 2]]))
+    assert hook(h, ResidSite("resid.1", 1, slice(5, 8))) is None   # neither 1 nor 4 in this chunk
+
+
 def test_stop_gradient_rejects_bad_sites():
     model = make()
     with pytest.raises(ConfigError):
@@ -172,11 +182,11 @@ def _custom_weights() -> torch.Tensor:
     return mask / mask.sum()
 
 
-@pytest.mark.parametrize("case", list(REGIMES) + ["standard-weights", "standard-sdpa-untied-head"])
+@pytest.mark.parametrize("case", list(REGIMES) + ["standard-weights", "standard-untied-head"])
 def test_fast_equals_brute_all_sites(case):
     kw = dict(REGIMES.get(case, {}))
     weights = _custom_weights() if case == "standard-weights" else None
-    if case == "standard-sdpa-untied-head":
+    if case == "standard-untied-head":
         kw.update(tie_embeddings=False)
     model, x = make(seed=3, **kw), toks(seed=4)
     fast = decompose(model, x, "all", weights=weights, chunk_size=5)
@@ -206,6 +216,27 @@ def test_subset_of_sites_equals_all():
     for s, pg in some.items():
         for c in COMPONENTS:
             torch.testing.assert_close(flat(getattr(pg, c)), flat(getattr(every[s], c)), rtol=1e-13, atol=1e-17)
+
+
+@pytest.mark.parametrize("regime", ["standard", "untied"])
+def test_causal_prefix_vjps_equal_full_graph_vjps(regime):
+    model, x = make(**REGIMES[regime]), toks()
+    a = decompose(model, x, "all", causal_prefix=True)
+    b = decompose(model, x, "all", causal_prefix=False, chunk_size=7)
+    scale = float(flat(a[(0, 0)].full).norm())
+    for s in a:
+        for c in COMPONENTS:
+            assert rel(flat(getattr(a[s], c)), flat(getattr(b[s], c)), scale) < 1e-12
+
+
+def test_sdpa_training_graph_agrees_to_rounding():
+    model, x = make(), toks()                            # attn_impl "sdpa" by default
+    eager = decompose(model, x, "all")
+    sdpa = decompose(model, x, "all", attn_impl=None)
+    scale = float(flat(eager[(0, 0)].full).norm())
+    for s in eager:
+        for c in COMPONENTS:
+            assert float((flat(getattr(sdpa[s], c)) - flat(getattr(eager[s], c))).norm()) < 1e-13 * scale
 
 
 @pytest.mark.parametrize("regime", ["myopic", "myopic+untied"])
@@ -351,6 +382,15 @@ def test_adam_attribution_sums_to_real_update(kind):
     att2 = AdamAttributor(opt_cls(fresh.parameters(), lr=lr), fresh)
     att2.load_state_dict(att.state_dict())
     assert att2.num_steps == 4 and set(att2.moments) == set(sites)
+
+
+def test_adam_attribution_float32_within_default_tolerance():
+    model = make(seed=12, dtype="float32")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    att = AdamAttributor(opt, model)                     # default tol 1e-6, float64 moments
+    for step in range(3):
+        att.step(decompose(model, toks(seed=200 + step), "all"))
+        assert att.last_check < 1e-6
 
 
 def test_adam_attributor_refuses_and_detects():

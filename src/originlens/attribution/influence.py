@@ -11,9 +11,11 @@ feature toward its final value**.  f = 1 is the reference code's convention (val
 Fast path: ``∇R = J_{k,i}ᵀ u`` with ``u_b = f·(2/n)(⟨w, r_b⟩ − ⟨w, r*_b⟩) w``, hence
 ``I_c = ⟨u, J_{k,i} Δ_c⟩``: one forward-mode JVP of θ ↦ r^k_i(θ) along each Δ_c (``torch.func.jvp`` with
 ``functional_call``, batched over components with ``vmap``; by causality only positions ≤ i and blocks
-≤ k are computed) serves every probe and every feature-type
-subset at that site as a dot product and a masked mean.  If forward-mode AD fails for an op, the JVP is
-emulated by two reverse passes (``jvp="double_backward"``; ``"auto"`` falls back by itself).
+≤ k are computed, the forward being stopped by a hook at resid.k) serves every probe and every
+feature-type subset at that site as a dot product and a masked mean.  If forward-mode AD fails for an
+op, the JVP is emulated by two reverse passes (``jvp="double_backward"``; ``"auto"`` falls back by
+itself).  Cost: ~1.5 forwards per component; it pays off over one ∇R backward per risk from about 3
+risks per site (measured: 1.7× at 3 probes, 28× at 16 probes × 4 type subsets, Majority-sized model).
 
 Always through the **non-myopic** graph (∇R is the true derivative of the representation, also for
 myopically trained models), with eager attention (SDPA has no forward-mode AD; values differ by rounding).

@@ -132,6 +132,60 @@ def _causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
+ROW_BLOCK_BYTES = 24 * 1024 ** 2
+
+
+class _GatheredBmm(torch.autograd.Function):
+    """out[b] = coef[b] @ Z[idx[b]] without keeping the gathered (B, K, |V|) rows alive.
+
+    Rows are gathered block by block (over the batch) into one reused buffer of ≈ ROW_BLOCK_BYTES, and
+    gathered again in the backward pass; this halves memory and avoids repeatedly faulting in fresh
+    gigabyte-sized allocations, which dominated the cost of the naive ``coef @ F.embedding(idx, Z)``.
+    """
+
+    @staticmethod
+    def forward(ctx, coef: torch.Tensor, Z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        B, T, K = coef.shape
+        V = Z.shape[1]
+        blk = max(1, min(B, ROW_BLOCK_BYTES // max(1, K * V * Z.element_size())))
+        out = coef.new_empty(B, T, V)
+        buf = Z.new_empty(blk * K, V)
+        for b0 in range(0, B, blk):
+            b1 = min(B, b0 + blk)
+            rows = torch.index_select(Z, 0, idx[b0:b1].reshape(-1), out=buf[: (b1 - b0) * K])
+            torch.bmm(coef[b0:b1], rows.view(b1 - b0, K, V), out=out[b0:b1])
+        ctx.save_for_backward(coef, Z, idx)
+        ctx.blk = blk
+        return out
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        coef, Z, idx = ctx.saved_tensors
+        B, T, K = coef.shape
+        V = Z.shape[1]
+        blk = ctx.blk
+        g = g.contiguous()
+        gcoef = torch.empty_like(coef) if ctx.needs_input_grad[0] else None
+        gZ = torch.zeros_like(Z) if ctx.needs_input_grad[1] else None
+        buf = Z.new_empty(blk * K, V)
+        gbuf = Z.new_empty(blk, K, V) if gZ is not None else None
+        for b0 in range(0, B, blk):
+            b1 = min(B, b0 + blk)
+            nb = b1 - b0
+            if gcoef is not None:
+                rows = torch.index_select(Z, 0, idx[b0:b1].reshape(-1), out=buf[: nb * K])
+                torch.bmm(g[b0:b1], rows.view(nb, K, V).transpose(1, 2), out=gcoef[b0:b1])
+            if gZ is not None:
+                gr = torch.bmm(coef[b0:b1].transpose(1, 2), g[b0:b1], out=gbuf[:nb])
+                gZ.index_add_(0, idx[b0:b1].reshape(-1), gr.view(nb * K, V))
+        return gcoef, gZ, None
+
+
+def gathered_bmm(coef: torch.Tensor, Z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """coef (B, T, K) @ Z[idx] with idx (B, K) row indices into Z (R, |V|) → (B, T, |V|)."""
+    return _GatheredBmm.apply(coef, Z, idx)
+
+
 class AssocModel(nn.Module):
     """Attention-only transformer on one-hot tokens (Def. 3.1), fast one-hot forward.
 
@@ -302,37 +356,38 @@ class AssocModel(nn.Module):
     def _forward_paths(self, x: torch.Tensor, products: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Path expansion h_l = Σ_S A_S X V_S (see module docstring); subsets S are bitmasks over layers.
 
-        Scores gather all pair matrices K_{S,S'} at the token pairs in one ``index_select`` per layer; the
-        logits use one stacked row gather and one batched matmul ``[A_S]_S @ [(V_S W_O)[x]]_S``.
+        With ``Acat = [A_S]_S`` (B, T, n·T) over the n subsets S ⊆ {1..l−1} (A_∅ = I) and the gathered
+        pair matrices ``Gbig[(S,i), (S',j)] = K_{S,S'}[x_i, x_j]`` (B, n·T, n·T), the scores of layer l are
+        ``Acat Gbig Acatᵀ + DM(P)``: a few large batched matmuls instead of 4^{l−1} small ones.  Logits are
+        ``W_O[x] + [A_S]_{S≠∅} [(V_S W_O)[x]]_{S≠∅}`` (one row gather, one batched matmul).
         """
         if products is None:
             products = self.path_products()
         B, T = x.shape
         Vn = self.vocab_size
         pair_idx = (x[:, :, None] * Vn + x[:, None, :]).reshape(-1)      # flat index of K[x_i, x_j]
-        A: dict[int, torch.Tensor | None] = {0: None}      # A_S (B, T, T); None = identity
+        acat: torch.Tensor | None = None                   # (B, T, n·T) = [A_S]_S, S in bitmask order
+        n = 1
         for l in range(self.n_layers):
-            keys = list(A.keys())
-            K = products[l]
-            G = K.index_select(1, pair_idx).reshape(K.shape[0], B, T, T).unbind(0)  # G[k][b,i,j] = K_k[x_i, x_j]
-            s = self._dm(l, T).expand(B, T, T)
-            k = 0
-            for S in keys:
-                inner = None
-                for S2 in keys:
-                    term = G[k] if A[S2] is None else G[k] @ A[S2].transpose(1, 2)
-                    inner = term if inner is None else inner + term
-                    k += 1
-                s = s + (inner if A[S] is None else A[S] @ inner)
+            K = products[l]                                               # (n², |V|²), rows (S, S')
+            G = K.index_select(1, pair_idx).reshape(n, n, B, T, T)        # G[S,S',b,i,j] = K_{S,S'}[x_i, x_j]
+            if acat is None:
+                s = G[0, 0] + self._dm(l, T)
+            else:
+                gbig = G.permute(2, 0, 3, 1, 4).reshape(B, n * T, n * T)
+                s = (acat @ gbig) @ acat.transpose(1, 2) + self._dm(l, T)
             a = _causal_softmax(s)
-            bit = 1 << l
-            for S in keys:
-                A[S | bit] = a if A[S] is None else a @ A[S]
-        keys = [S for S in A if S]                                        # non-empty paths, increasing
-        offs = torch.arange(len(keys), device=x.device) * Vn
-        rows = F.embedding((x[:, :, None] + offs).reshape(B, -1), products[-1])  # (B, T·m, |V|), row (j, S)
-        coef = torch.stack([A[S] for S in keys], dim=3).reshape(B, T, -1)        # (B, T, T·m), column (j, S)
-        return F.embedding(x, self.W_O) + coef @ rows
+            if acat is None:
+                eye = torch.eye(T, dtype=a.dtype, device=a.device).expand(B, T, T)
+                acat = torch.cat([eye, a], dim=2)
+            else:
+                acat = torch.cat([acat, a @ acat], dim=2)
+            n *= 2
+        m = n - 1                                                         # non-empty paths
+        offs = torch.arange(1, n, device=x.device)[:, None] * Vn - Vn     # Z rows of path k start at (k−1)|V|
+        idx = (offs[None] + x[:, None, :]).reshape(B, m * T)                # rows of Z: (k, j) ↦ Z_k[x_j]
+        return F.embedding(x, self.W_O) + gathered_bmm(acat[:, :, T:].contiguous(), products[-1], idx)
+
 
     def accumulate_gradients(self, tokens: torch.Tensor, *, chunk: int | None = None,
                              impl: str | None = None) -> float:
