@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from originlens.errors import ConfigError, InputError, NumericalError
+from originlens.errors import CompatibilityError, ConfigError, InputError, NumericalError
 from originlens.models.assoc import CHECKPOINT_KIND, AssocConfig, AssocModel, load_assoc
 from originlens.storage import load_tensors
 from originlens.train import AssocTrainConfig, steps_per_epoch, train_assoc
@@ -264,3 +264,7 @@ def test_validation(tokens):
         train_assoc(tokens[:, :1], V, cfg())
     with pytest.raises(InputError):
         train_assoc(tokens.astype(float), V, cfg())
+    wrong = {"bigram": np.zeros((V - 1, V - 1)), "value_target": np.zeros((V - 1, V - 1)),
+             "query_key": np.zeros((V - 1, V - 1)), "positional": np.zeros(T)}
+    with pytest.raises(CompatibilityError):
+        train_assoc(tokens, V, cfg(), stats=wrong)

@@ -15,8 +15,8 @@ from originlens.models import GPT
 from originlens.probes import ProbeSet
 from originlens.storage import load_tensors, save_tensors
 from originlens.tasks import get_task
-from originlens.train.ntp import (CHECKPOINT_KIND, NTPConfig, Trainer, list_checkpoints, load_probe_metrics,
-                                  othello_pool)
+from originlens.train.ntp import (CHECKPOINT_KIND, NTPConfig, Trainer, checkpoint_metadata, list_checkpoints,
+                                  load_probe_metrics, othello_pool)
 
 
 @pytest.fixture(autouse=True)
@@ -131,6 +131,9 @@ def test_resume_is_bit_exact(tmp_path, regime):
     assert all(torch.equal(a[k], b[k]) for k in a)
     steps = [r["step"] for r in resumed.rundir.read_metrics() if r["event"] == "train"]
     assert steps == list(range(1, 13))                           # no duplicates after the resume
+    before = float(checkpoint_metadata(tmp_path / "cut" / "checkpoints" / "step-000007.safetensors")["train_seconds"])
+    summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    assert 0 < before < summary["seconds"]                       # wall time accumulates over sessions
     # control: without the Adam state the same resume does not reproduce the run
     Trainer(cfg.replace(steps=7), tmp_path / "ctl").run()
     _strip_adam(list_checkpoints(tmp_path / "ctl")[-1][1])

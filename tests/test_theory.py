@@ -372,9 +372,9 @@ def test_leading_term_model_logits(corpus, ref, stats):
         lt.logits(np.zeros((2, T0 + 1), dtype=np.int64))
 
 
-def test_leading_term_model_tracks_training_loss(corpus, stats):
+def test_leading_term_model_tracks_training_loss(corpus, stats, snaps):
     s, eta = 20, ETA
-    trained = train_gd(corpus, V0, L0, eta, s, {s})[s]
+    trained = snaps[s]
     m = AssocModel(AssocConfig(vocab_size=V0, seq_len=T0, n_layers=L0, dtype="float64"))
     m.load_weights(trained)
     loss_trained = m.loss(torch.from_numpy(corpus)).item()

@@ -18,17 +18,48 @@ _API = {
     "build_corpus": "originlens.data",
     "TokenStore": "originlens.data",
     "load_token_array": "originlens.data",
+    "iter_documents": "originlens.data",
     "WordTokenizer": "originlens.data",
     "generate_stories": "originlens.data",
+    "PLANTED": "originlens.data",
     # statistics
     "corpus_statistics": "originlens.stats",
     "CorpusStatistics": "originlens.stats",
     "top_associations": "originlens.stats",
     "save_statistics": "originlens.stats",
     "load_statistics": "originlens.stats",
+    # theory (leading terms)
+    "predicted_weights": "originlens.theory",
+    "compare_to_theory": "originlens.theory",
+    "validity_window": "originlens.theory",
+    "LeadingTermModel": "originlens.theory",
+    "cosine": "originlens.theory",
     # models
     "GPT": "originlens.models",
     "GPTConfig": "originlens.models",
+    "AssocModel": "originlens.models",
+    "AssocConfig": "originlens.models",
+    "load_assoc": "originlens.models",
+    # training
+    "train_assoc": "originlens.train",
+    "AssocTrainConfig": "originlens.train",
+    # tasks
+    "get_task": "originlens.tasks",
+    "generate_games": "originlens.tasks",
+    "replay": "originlens.tasks",
+    # probes
+    "fit_probes": "originlens.probes",
+    "ProbeSet": "originlens.probes",
+    # attribution (gradient pathways)
+    "stop_gradient": "originlens.attribution",
+    "decompose": "originlens.attribution",
+    "PathwayGradients": "originlens.attribution",
+    "AdamAttributor": "originlens.attribution",
+    "influences": "originlens.attribution",
+    # pretrained LMs
+    "load_llama2c": "originlens.lm",
+    "Llama2cTokenizer": "originlens.lm",
+    "generate": "originlens.lm",
     # reports
     "Report": "originlens.report",
 }

@@ -336,7 +336,8 @@ class LeadingTermModel:
         for i in range(0, t.shape[0], batch_size):
             b = t[i:i + batch_size].long()
             lg = fn(b[:, :-1])
-            total += float(F.cross_entropy(lg.reshape(-1, lg.shape[-1]), b[:, 1:].reshape(-1), reduction="sum"))
+            ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), b[:, 1:].reshape(-1), reduction="sum")
+            total += float(ce)
             count += b[:, 1:].numel()
         return total / count
 

@@ -36,7 +36,6 @@ Callbacks (minGPT style): objects with any of ``on_step_end(trainer)``, ``on_che
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -211,6 +210,8 @@ class AssocTrainer:
         self.callbacks = list(callbacks)
         self.stats = stats
         self.stats_source = "given" if stats is not None else cfg.stats_source
+        if stats is not None:
+            self._check_stats(stats)
         self.spe = steps_per_epoch(self.n_sequences, cfg.batch_size)
         self.total_steps = int(cfg.steps) if cfg.steps is not None else int(cfg.epochs) * self.spe
         self.batch = self.n_sequences if cfg.batch_size is None else min(int(cfg.batch_size), self.n_sequences)
@@ -226,6 +227,15 @@ class AssocTrainer:
         self._perm: torch.Tensor | None = None
         self._epoch_state: torch.Tensor = self._gen.get_state()
         self._tokens_t = torch.from_numpy(self.tokens)
+
+    def _check_stats(self, stats: Any) -> None:
+        from ..theory.leading_terms import _stat
+        B, D = _stat(stats, "bigram"), _stat(stats, "positional")
+        if B.shape != (self.vocab_size, self.vocab_size) or D.shape != (self.seq_len,):
+            raise CompatibilityError(
+                f"statistics are {B.shape[0]}×{B.shape[1]} with T = {D.shape[0]}; the model needs "
+                f"{self.vocab_size}×{self.vocab_size} with T = {self.seq_len}",
+                "compute the statistics on this corpus without a restricted token set")
 
     # ------------------------------------------------------------------ identity and schedule
     def _auto_chunk(self) -> int:

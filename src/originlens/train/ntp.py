@@ -19,9 +19,10 @@ Run directory (``originlens.runs.RunDir``)::
 
 Data-order rule (exact resume): the batch of update s (1-based; b = s − 1) is drawn from
 ``numpy.random.default_rng([seed, 7, b])`` — ``task.sample(B, rng)`` for the counting tasks (and for
-Othello with ``othello_pool=0``), else ``rng.integers(0, N, B)`` rows of a pool: Othello games
+Othello with ``othello_pool=0``), else the rows ``sort(rng.integers(0, N, B))`` of a pool: Othello games
 pre-generated once per run from ``default_rng([seed, 11, c])`` per chunk c of 16384 games (cached in
-``RUN/data/othello-pool.npy``), or the training windows of the token store.  The eval set is
+``RUN/data/othello-pool.npy``), or the first N windows of the token store (``corpus``: a corpus
+directory or an ``.npy`` of windows).  The eval set is
 ``task.sample(eval_size, default_rng([eval_seed, 13]))`` (``eval_seed`` defaults to ``seed``); for the
 language task it is the last ``eval_size`` windows of the store.  Model init: ``torch.manual_seed(seed)``
 then ``GPT(config)``.  Numbering: records with ``"step": s`` come after update s; the train loss at
@@ -30,7 +31,9 @@ update.
 
 Resume (``resume=True``) loads the latest checkpoint (weights, Adam moments and step counts, torch and
 numpy RNG states) and continues; on CPU the final weights are bit-identical to an uninterrupted run
-(tested).  Probes (spec §4.1): ridge (alpha 1.0, intercept) per (layer, position) on the first 70 % of
+(tested; not verified on CUDA, where kernels may be non-deterministic).  ``steps`` may be raised on
+resume (the run is extended with the same data order); a run directory holding another configuration
+is refused unless ``overwrite=True``.  Probes (spec §4.1): ridge (alpha 1.0, intercept) per (layer, position) on the first 70 % of
 the eval sequences, Pearson r on the rest, position 0 skipped; one fit per layer to bound memory.
 
 Caveats: the language task has no per-token features (spaCy tags are not available), so it trains
@@ -370,6 +373,16 @@ def load_checkpoint(path: str | Path, model: GPT, optimizer: torch.optim.Optimiz
     return int(json.loads(meta["step"]))
 
 
+def checkpoint_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata of a checkpoint (without reading its tensors)."""
+    from safetensors import safe_open
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return dict(f.metadata() or {})
+    except Exception as exc:  # safetensors raises its own error types
+        raise InputError(f"{path} is not a readable safetensors file ({exc})", "remove the broken checkpoint") from None
+
+
 def checkpoint_path(run: RunDir, step: int) -> Path:
     return run.file("checkpoints", f"step-{step:06d}.safetensors")
 
@@ -453,7 +466,8 @@ def probe_summary(metrics: ProbeMetrics, tracked: Any) -> dict[str, float]:
 
 @dataclass
 class TrainResult:
-    """What :meth:`Trainer.run` returns (also in ``RUN/summary.json``)."""
+    """What :meth:`Trainer.run` returns (also in ``RUN/summary.json``); ``seconds`` is the wall time of
+    the whole run (earlier sessions counted up to their last checkpoint), evals and probes included."""
 
     run_dir: Path
     step: int
@@ -498,6 +512,8 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self.probes: ProbeSet | None = None
         self.probe_metrics: ProbeMetrics | None = None
+        self._seconds_before = 0.0
+        self._t_start = time.time()
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device cuda requested but torch sees no GPU", "use --device cpu")
@@ -530,7 +546,7 @@ class Trainer:
     def run(self) -> TrainResult:
         """Train to ``config.steps`` (resuming if asked), evaluate, probe, save; returns the result."""
         cfg = self.config
-        t_start = time.time()
+        self._t_start = t_start = time.time()
         if self.resume and is_finished(self.run_path, cfg):
             s = read_json(self.rundir.file("summary.json"))
             log(f"{self.run_path}: already finished at step {s['step']}; skipping", level=2)
@@ -565,7 +581,7 @@ class Trainer:
                 bar.update(1)
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                     self.rundir.log_metrics({"event": "train", "step": self.step, "loss": float(np.mean(window)),
-                                          "last_loss": value, "time": time.time() - t_start})
+                                             "last_loss": value, "time": self._elapsed()})
                     bar.set_postfix(loss=f"{np.mean(window):.4f}")
                     window = []
                 self._fire("on_step_end")
@@ -583,7 +599,7 @@ class Trainer:
         cks = list_checkpoints(self.run_path)
         if not cks or cks[-1][0] != cfg.steps:
             self._checkpoint()
-        return self._finish(time.time() - t_start)
+        return self._finish(self._elapsed())
 
     # -- setup ---------------------------------------------------------------------------------------
     def _check_run_dir(self) -> None:
@@ -721,10 +737,15 @@ class Trainer:
         self.rundir.file("summary.json").unlink(missing_ok=True)
         self.last_checkpoint = path
         self.step = step
+        self._seconds_before = float(json.loads(checkpoint_metadata(path).get("train_seconds", "0")))
         log(f"resuming {self.run_path} from step {step}", level=2)
         return step
 
     # -- periodic actions ----------------------------------------------------------------------------
+    def _elapsed(self) -> float:
+        """Wall seconds of this run so far, including earlier sessions up to their last checkpoint."""
+        return self._seconds_before + time.time() - self._t_start
+
     def _fire(self, event: str) -> None:
         for fn in self.callbacks[event]:
             fn(self)
@@ -834,7 +855,7 @@ class Trainer:
     def _checkpoint(self) -> None:
         path = checkpoint_path(self.rundir, self.step)
         save_checkpoint(path, self.model, self.optimizer, self.step, self.config,
-                        extra={"data_order": self.data.describe()})
+                        extra={"data_order": self.data.describe(), "train_seconds": self._elapsed()})
         self.last_checkpoint = path
         keep = self.config.keep_checkpoints
         if keep:

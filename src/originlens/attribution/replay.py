@@ -1,0 +1,584 @@
+"""Optimizer-aware attribution and influence over a saved training run: replay, not retrain (spec §4.3–4.4).
+
+``attribute_run(RUN, sites=[(k, i), ...], features=[...], segment=(start, end))`` reconstructs the
+trajectory of an ``originlens ntp train`` run from its checkpoints and its recorded data order and, for
+every update s = start+1 .. end (observables at θ_{s−1} on batch b = s−1, before the update):
+
+1. decomposes ∇L at the requested sites (:func:`~.decompose.decompose`, fast path);
+2. re-runs the trainer's own step (``model.loss`` → ``backward`` → ``Adam.step``, same kernels, same
+   batch) — so the trajectory is the training run's, bit for bit on CPU;
+3. attributes the step to the components: ``"adam"`` — :class:`~.steps.AdamAttributor` (per-component
+   first moments, the optimizer's real second moment; Σ_c Δ_c equals the real Adam update, asserted
+   every step), ``"sgd"`` — Δ_c = lr · G_c (the SGD variant of §4.3; not the step actually taken);
+4. computes the influences I_c = ⟨Δ_c, ∇R⟩ of every component on every probed feature (probes of
+   ``RUN/probes.safetensors``, references ⟨w, r(θ*)⟩ from a no-grad forward of ``RUN/model.safetensors``
+   on the batch), for all rows and per feature type, and appends them to the observable store
+   (:mod:`.store`).
+
+Exactness checks (spec pitfall 6): the replayed loss of every update that has a ``last_loss`` record in
+``metrics.jsonl`` must equal it, and the replayed weights and Adam state at every checkpoint inside the
+segment — and, with ``verify="next"`` (default), at the first checkpoint after it, by replaying on
+without attribution — must equal the saved checkpoint (bit-exact by default; ``replay_rtol`` relaxes
+both for GPUs).  Trajectory steps use the training kernel (e.g. SDPA); the decomposition uses eager
+attention (as required for the myopic graph and forward-mode AD), so G_sh is taken as
+∇L_train − G_dir − G_pre, making Σ_c G_c the gradient actually applied; the eager/training gradient
+difference (rounding) is reported as ``checks.max_grad_rel_diff``.
+
+Segments and the Adam dependency:
+
+* Segments (start, end] are replayed independently from the latest checkpoint ≤ start (or from the
+  deterministic initialisation ``torch.manual_seed(seed); GPT(config)``), so **SGD segments are
+  independent** and may run in parallel; ``steps`` may subsample them (influences at those updates only).
+* **Adam segments are not independent**: the component moments m_c accumulate from update 1.  A segment
+  starting at start > 0 needs the moment state after update ``start``, which the segment ending at
+  ``start`` persists as ``moments-{start:06d}.safetensors`` (float64, one parameter-sized buffer per site
+  and component).  Without it, ``warm=True`` recomputes the moments from the nearest earlier state (or
+  update 1) — a decomposition at every earlier step, no influences — otherwise ``ConfigError``.  With
+  Adam, the decomposition runs at every update; ``steps`` only selects which updates record influences.
+
+Caveats: the run must be finished (final model and probes define θ* and w); the language task has no
+features; bit-exact replay needs the torch version, device and thread count of training (see
+``environment.json``).  Dependencies on the trainer: this module builds the trainer's own model,
+optimizer and data source (``Trainer(config, RUN, resume=True)``, ``Trainer._train_data()``) so the data
+order cannot drift from the trainer's rule.  ``check_identity=True`` also evaluates
+R(θ_{s−1} − Σ_c Δ_c) on the same batch (column ``mismatch_after``): Σ_c I_c ≈ R before − R after up to
+O(‖Δ‖²) (spec §4.4 sanity check).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
+from ..models.gpt import GPT
+from ..probes import ProbeSet
+from ..progress import log, progress
+from ..runs import RunDir
+from ..storage import load_tensors, read_json, save_tensors, sha256_file
+from . import store as ostore
+from .decompose import PathwayGradients, decompose, trainable_parameters
+from .influence import Probe, influences, projections, reference_projections
+from .steps import AdamAttributor, sgd_steps, step_sum
+from .stopgrad import Site
+
+OPTIMIZERS = ("adam", "sgd")
+VERIFY = ("next", "segment", "none")
+MOMENTS_KIND = "attribution-moments"
+
+
+# ----------------------------------------------------------------------------------------------------
+# the run
+
+
+def _feature_types_fn(task_name: str, task: Any):
+    """tokens (B, T) int → feature types (B, T, F) uint8 for the task's features."""
+    if task_name == "othello":
+        from ..tasks.othello import replay as othello_replay, tokens_to_moves
+
+        def othello_types(tokens: np.ndarray) -> np.ndarray:
+            games = othello_replay(tokens_to_moves(tokens[:, 1:]), feature_types=True)
+            out = np.zeros((tokens.shape[0], tokens.shape[1], 64), dtype=np.uint8)
+            out[:, 1:] = games.feature_types
+            return out
+        return othello_types
+    # counting tasks: types depend on the position only (spec §6.1/6.2)
+    row = task.sample(1, np.random.default_rng(0)).feature_types[0]
+
+    def positional_types(tokens: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(row[None], (tokens.shape[0], *row.shape)).copy()
+    return positional_types
+
+
+class RunReplay:
+    """A finished ``originlens ntp train`` run opened for exact replay (model, optimizer, data, θ*, probes)."""
+
+    def __init__(self, run_dir: str | Path, *, device: str | None = None) -> None:
+        from ..tasks import get_task
+        from ..train.ntp import LANGUAGE, NTPConfig, Trainer, checkpoint_metadata, list_checkpoints
+        p = Path(run_dir)
+        if not p.is_dir():
+            raise InputError(f"run directory {p} not found", "pass the --out directory of `originlens ntp train`")
+        if not (p / "config.json").is_file():
+            raise InputError(f"{p} is not a run directory (no config.json)",
+                             "pass the --out directory of `originlens ntp train`")
+        raw = read_json(p / "config.json")
+        try:
+            cfg = NTPConfig.from_dict(raw)
+        except (ConfigError, TypeError) as exc:
+            what = getattr(exc, "what", str(exc))
+            raise CompatibilityError(f"{p} does not hold a next-token-prediction run ({what})",
+                                     "attribute a run written by `originlens ntp train`") from None
+        if cfg.task == LANGUAGE:
+            raise ConfigError(f"{p} is a language-task run: it has no per-token features or probes to attribute",
+                              "attribute a majority, cond-majority or othello run")
+        for name, what in (("model.safetensors", "final model (θ*)"), ("probes.safetensors", "final probes")):
+            if not (p / name).is_file():
+                raise InputError(f"{p} has no {what} ({name}): the run is unfinished",
+                                 "finish it with `originlens ntp train ... --resume`")
+        if device is not None:
+            cfg = cfg.replace(device=device)
+        self.path, self.config = p, cfg
+        self.final_step = int(json.loads(checkpoint_metadata(p / "model.safetensors").get("step", str(cfg.steps))))
+        self.checkpoints = {s: path for s, path in list_checkpoints(p)}
+        if not self.checkpoints:
+            raise InputError(f"{p} has no checkpoints: the replay could not be verified against the training run",
+                             "retrain with checkpoints (`ntp train --checkpoint-every N`; the last one is always kept)")
+        rng_state = torch.get_rng_state()
+        try:
+            self.trainer = Trainer(cfg, p, resume=True)        # the trainer's own init, optimizer, data rule
+        finally:
+            torch.set_rng_state(rng_state)
+        self.model, self.optimizer = self.trainer.model, self.trainer.optimizer
+        self.device = self.trainer.device
+        self.data = self.trainer._train_data()
+        self._check_pool()
+        self.task = get_task(cfg.task)
+        self.feature_names = list(self.task.feature_names)
+        self._types = _feature_types_fn(cfg.task, self.task)
+        self.probes = ProbeSet.load(p / "probes.safetensors")
+        self.final_model = GPT.load(p / "model.safetensors").to(self.device).eval()
+        if self.final_model.config.to_dict() != self.model.config.to_dict():
+            raise CompatibilityError(f"{p}/model.safetensors has another architecture than config.json",
+                                     "re-train the run (its files do not belong together)")
+        self.logged_loss: dict[int, float] = {}
+        for r in RunDir(p, create=False).read_metrics():
+            if r.get("event") == "train" and "last_loss" in r:
+                self.logged_loss[int(r["step"])] = float(r["last_loss"])
+
+    def _check_pool(self) -> None:
+        env_file = self.path / "environment.json"
+        pool = self.path / "data" / "othello-pool.npy"
+        if env_file.is_file() and pool.is_file():
+            want = read_json(env_file).get("data_hashes", {}).get("othello_pool_sha256")
+            if want and sha256_file(pool) != want:
+                raise CompatibilityError(f"{pool} differs from the pool the run was trained on (sha256)",
+                                         "delete it: it is regenerated deterministically from the seed")
+
+    # -- pieces ----------------------------------------------------------------------------------------
+    def batch(self, b: int) -> torch.Tensor:
+        """Tokens (B, T) of training batch b (update b + 1), by the trainer's data-order rule."""
+        return torch.from_numpy(self.data.batch(b)).to(self.device)
+
+    def feature_types(self, tokens: torch.Tensor) -> np.ndarray:
+        """(B, T, F) uint8 feature types of the batch (0 none/empty, 1 NTP-useless, 2 NTP-useful)."""
+        return self._types(tokens.cpu().numpy())
+
+    def restore(self, at_most: int) -> int:
+        """Put model and optimizer at the latest checkpoint ≤ ``at_most`` (or the initialisation); returns its step."""
+        from ..train.ntp import load_checkpoint
+        usable = [s for s in self.checkpoints if s <= at_most]
+        if not usable:
+            return 0
+        s = max(usable)
+        got = load_checkpoint(self.checkpoints[s], self.model, self.optimizer, restore_rng=False)
+        if got != s:
+            raise CompatibilityError(f"{self.checkpoints[s]} says step {got}", "the checkpoint was renamed; remove it")
+        return s
+
+    def verify_checkpoint(self, step: int, rtol: float = 0.0) -> None:
+        """Replayed weights and Adam state == the saved checkpoint at ``step`` (``NumericalError`` if not)."""
+        from ..train.ntp import CHECKPOINT_KIND
+        arrays, _ = load_tensors(self.checkpoints[step], kind=CHECKPOINT_KIND)
+        pairs = [(f"model.{k}", v) for k, v in self.model.state_dict().items()]
+        for name, p in self.model.named_parameters():
+            st = self.optimizer.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                pairs.append((f"adam.{name}.{key}", st.get(key)))
+            pairs.append((f"adam.{name}.step", st.get("step")))
+        bad, worst = [], 0.0
+        for key, mine in pairs:
+            saved = arrays.get(key)
+            if saved is None or mine is None:
+                bad.append(key)
+                continue
+            a = torch.as_tensor(mine).detach().cpu().double().reshape(-1)
+            b = torch.from_numpy(np.array(saved, dtype=np.float64).reshape(-1))
+            if a.shape != b.shape:
+                bad.append(key)
+                continue
+            diff = float((a - b).abs().max()) if a.numel() else 0.0
+            scale = float(b.abs().max()) if b.numel() else 0.0
+            if diff > rtol * scale:
+                bad.append(key)
+                worst = max(worst, diff)
+        if bad:
+            raise NumericalError(
+                f"replay diverged from checkpoint step {step} of {self.path}: {len(bad)} tensors differ "
+                f"(first {bad[0]}, max |Δ| {worst:.3g})",
+                "replay with the torch version, device and thread count of training (environment.json); "
+                "bit-exact replay is guaranteed on CPU only (pass replay_rtol / --replay-rtol on GPUs)")
+
+    def check_loss(self, step: int, value: float, rtol: float = 0.0) -> bool:
+        """Replayed loss == the logged ``last_loss`` of ``step`` (if logged); returns whether it was checked."""
+        logged = self.logged_loss.get(step)
+        if logged is None:
+            return False
+        if not abs(value - logged) <= rtol * abs(logged):
+            raise NumericalError(f"replayed loss {value!r} differs from the logged loss {logged!r} at update {step} "
+                                 f"of {self.path}",
+                                 "replay with the torch version, device and thread count of training "
+                                 "(environment.json); check that the data files were not changed")
+        return True
+
+    def make_probes(self, sites: Sequence[Site], features: Sequence[str]) -> list[Probe]:
+        dtype = next(self.model.parameters()).dtype
+        out = []
+        for k, i in sites:
+            for f in features:
+                w = torch.as_tensor(np.asarray(self.probes.direction(k, i, f)), dtype=dtype, device=self.device)
+                out.append(Probe(f"L{k}.P{i}.{f}", k, i, w))
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# argument resolution
+
+
+def parse_sites(sites: Any) -> list[Site]:
+    """``"1:4,2:8"`` or [(k, i), ...] → [(k, i), ...] (duplicates dropped, order kept)."""
+    if isinstance(sites, str):
+        try:
+            pairs = [tuple(int(v) for v in s.split(":")) for s in sites.split(",") if s.strip()]
+        except ValueError:
+            raise ConfigError(f"sites {sites!r} are not understood", "write LAYER:POSITION pairs, e.g. 1:4,2:8") from None
+    else:
+        pairs = [tuple(int(v) for v in s) for s in (sites or [])]
+    if not pairs or any(len(s) != 2 for s in pairs):
+        raise ConfigError(f"sites {sites!r} are not (layer, position) pairs", "e.g. sites=[(1, 4), (2, 8)]")
+    return list(dict.fromkeys((int(k), int(i)) for k, i in pairs))
+
+
+def resolve_features(run: RunReplay, features: Any) -> list[str]:
+    """``"all"`` (every probed feature), ``"tracked"`` (the task's tracked ones), names or a comma list."""
+    names = list(run.probes.feature_names)
+    if isinstance(features, str):
+        if features == "all":
+            return names
+        if features == "tracked":
+            return [f for f in run.task.tracked.features if f in names]
+        features = [f.strip() for f in features.split(",") if f.strip()]
+    feats = list(dict.fromkeys(str(f) for f in (features or [])))
+    if not feats:
+        raise ConfigError("no features to attribute", "pass features='all', 'tracked' or feature names")
+    unknown = [f for f in feats if f not in names]
+    if unknown:
+        raise ConfigError(f"unknown feature name(s) {unknown} for task {run.config.task}",
+                          f"valid: all, tracked, or names such as {', '.join(names[:6])}"
+                          + (", ..." if len(names) > 6 else ""))
+    return feats
+
+
+def _check_sites(run: RunReplay, sites: Sequence[Site]) -> None:
+    L = run.model.config.n_layer
+    for k, i in sites:
+        if not 0 <= k <= L:
+            raise ConfigError(f"site layer {k} outside 0..{L}", "k counts blocks applied (0 = embeddings)")
+        if k not in run.probes.layers or i not in run.probes.positions:
+            ps = run.probes.positions
+            raise InputError(f"the run has no probe at layer {k}, position {i} (probed positions "
+                             f"{ps[:8]}{' ...' if len(ps) > 8 else ''})",
+                             "choose probed sites, or retrain with --probe-positions covering them")
+
+
+def _resolve_steps(steps: Iterable[int] | None, start: int, end: int) -> list[int]:
+    if steps is None:
+        return list(range(start + 1, end + 1))
+    chosen = sorted({int(s) for s in steps})
+    bad = [s for s in chosen if not start < s <= end]
+    if bad:
+        raise ConfigError(f"steps {bad[:5]} lie outside the segment's updates {start + 1}..{end}",
+                          "choose steps inside the segment (updates are 1-based)")
+    if not chosen:
+        raise ConfigError("no steps selected", "select at least one update")
+    return chosen
+
+
+# ----------------------------------------------------------------------------------------------------
+# replay
+
+
+@dataclass
+class SegmentResult:
+    """What :func:`attribute_run` wrote: the segment's table and info (checks, timings)."""
+
+    path: Path
+    table: pa.Table
+    info: dict[str, Any]
+    moments_path: Path | None = None
+    store: Path = field(default_factory=Path)
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.total: dict[str, float] = {}
+
+    def add(self, key: str, t0: float) -> float:
+        now = time.perf_counter()
+        self.total[key] = self.total.get(key, 0.0) + now - t0
+        return now
+
+
+def _copy_params(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for a, b in zip(dst.parameters(), src.parameters()):
+            a.copy_(b)
+
+
+def _influence_rows(rows: dict[str, list], step: int, infl, feature_of: dict[str, str], optimizer: str,
+                    half: bool, after: dict[tuple[str, int | None], float] | None) -> None:
+    for r in infl:
+        rows["step"].append(step)
+        rows["site_layer"].append(r.layer)
+        rows["site_position"].append(r.position)
+        rows["feature"].append(feature_of[r.probe])
+        rows["type"].append(r.feature_type)
+        rows["component"].append(r.component)
+        rows["influence"].append(r.value)
+        rows["mismatch"].append(r.risk)
+        rows["mismatch_after"].append(None if after is None else after.get((r.probe, r.feature_type)))
+        rows["n_rows"].append(r.n_rows)
+        rows["optimizer"].append(optimizer)
+        rows["half"].append(bool(half))
+
+
+def _risks_after(shadow: GPT, tokens: torch.Tensor, probes: Sequence[Probe], refs: dict[str, torch.Tensor],
+                 types: dict[str, torch.Tensor] | None, half: bool) -> dict[tuple[str, int | None], float]:
+    """R on every probe/type subset at the shadow model's parameters (no grad)."""
+    cur = projections(shadow, tokens, probes)
+    f = 0.5 if half else 1.0
+    out: dict[tuple[str, int | None], float] = {}
+    for p in probes:
+        d = (cur[p.name] - refs[p.name].to(cur[p.name].dtype)).double()
+        out[(p.name, None)] = float(f * d.pow(2).mean())
+        if types is not None:
+            ty = types[p.name].to(d.device)
+            for tau in torch.unique(ty).tolist():
+                out[(p.name, int(tau))] = float(f * d[ty == tau].pow(2).mean())
+    return out
+
+
+def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: str = "adam",
+                  steps: Iterable[int] | None = None, segment: tuple[int, int] | None = None,
+                  types: bool = True, half: bool = True, check_identity: bool = False,
+                  out: str | Path | None = None, warm: bool = False, verify: str = "next",
+                  device: str | None = None, overwrite: bool = False, replay_rtol: float = 0.0,
+                  chunk_size: int | None = None) -> SegmentResult:
+    """Attribute the updates ``segment = (start, end)`` (updates start+1..end) of a finished run.
+
+    ``sites``: [(k, i), ...] or ``"1:4,2:8"`` (probed sites of the run); ``features``: ``"all"``,
+    ``"tracked"`` or names; ``optimizer``: ``"adam"`` (the paper's variant) or ``"sgd"``; ``steps``:
+    updates whose influences are recorded (default: all of the segment; with SGD the decomposition is
+    skipped elsewhere); ``segment`` default (0, final step); ``types``: per-feature-type influences as
+    well; ``half``: the ½ of the spec's mismatch (False: reference-code factor 1); ``check_identity``:
+    also R after the attributed step (column ``mismatch_after``); ``out``: store directory (default
+    ``RUN/attribution``); ``warm``: Adam only, recompute missing component moments from an earlier
+    state; ``verify``: checkpoints to compare bit-exactly (``"next"``: inside the segment and the first
+    after it, ``"segment"``: inside only, ``"none"``); ``replay_rtol``: relative tolerance of the loss
+    and checkpoint checks (0 = exact).  Writes ``segment-{start:06d}-{end:06d}.parquet`` (and, for Adam,
+    ``moments-{end:06d}.safetensors``) and updates ``meta.json``.
+    """
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer variant {optimizer!r}", "use 'adam' or 'sgd'")
+    if verify not in VERIFY:
+        raise ConfigError(f"unknown verify mode {verify!r}", f"use one of: {', '.join(VERIFY)}")
+    if not replay_rtol >= 0:
+        raise ConfigError(f"replay_rtol={replay_rtol!r} must be ≥ 0", "use 0 (bit-exact) on CPU")
+    run = RunReplay(run_dir, device=device)
+    site_list = parse_sites(sites)
+    _check_sites(run, site_list)
+    feats = resolve_features(run, features)
+    start, end = (0, run.final_step) if segment is None else (int(segment[0]), int(segment[1]))
+    if not 0 <= start < end <= run.final_step:
+        raise ConfigError(f"segment {start}:{end} is not inside the run's updates 0:{run.final_step}",
+                          f"use 0 ≤ START < END ≤ {run.final_step}")
+    recorded = _resolve_steps(steps, start, end)
+    store = Path(out) if out is not None else run.path / "attribution"
+    store.mkdir(parents=True, exist_ok=True)
+    settings = {"run": str(run.path), "run_config": run.config.identity(), "sites": [list(s) for s in site_list],
+                "features": feats, "optimizer": optimizer, "types": bool(types), "half": bool(half)}
+    for info in ostore.read_segment_infos(store):
+        ostore.check_settings(info, settings, str(store))
+    seg_file = ostore.segment_path(store, start, end)
+    if seg_file.exists() and not overwrite:
+        raise CompatibilityError(f"{seg_file} already exists", "pass overwrite=True (--overwrite) to recompute it")
+
+    # -- where the replay starts ----------------------------------------------------------------------
+    attributor = None
+    moments_from = start
+    if optimizer == "adam":
+        attributor = AdamAttributor(run.optimizer, run.model)       # before any optimizer state is loaded
+        if start > 0:
+            have = [s for s, _ in ostore.list_moments(store) if s <= start]
+            if start in have:
+                moments_from = start
+            elif warm:
+                moments_from = max(have) if have else 0
+            else:
+                raise ConfigError(
+                    f"Adam attribution of segment {start}:{end} needs the per-component moments after update "
+                    f"{start} ({ostore.moments_path(store, start).name}), written by the segment that ends at {start}",
+                    f"run segment ?:{start} first, or pass warm=True (--warm) to recompute them from an earlier "
+                    f"state (a decomposition at every earlier update)")
+    replay_from = checkpoint_from = run.restore(moments_from)
+    if attributor is not None and moments_from > 0:
+        _plain_steps(run, replay_from, moments_from, replay_rtol, verify != "none")
+        replay_from = moments_from
+        _load_moments(attributor, ostore.moments_path(store, moments_from), moments_from, settings)
+    names, _ = trainable_parameters(run.model)
+    probes = run.make_probes(site_list, feats)
+    feature_of = {p.name: f for p, f in zip(probes, [f for _ in site_list for f in feats])}
+    shadow = copy.deepcopy(run.model)                        # θ_{s−1} for the influences (Adam's Δ_c needs v')
+    lr = float(run.optimizer.param_groups[0]["lr"])
+    record_set = set(recorded)
+    rows: dict[str, list] = {f.name: [] for f in ostore.SCHEMA}
+    timer = _Timer()
+    checks = {"losses_checked": 0, "checkpoints_verified": [], "max_grad_rel_diff": 0.0, "adam_sum_max_rel_err": 0.0}
+    n_attributed = 0
+    run.model.train()
+    log(f"attributing {run.path} updates {start + 1}..{end} ({len(recorded)} recorded, {len(site_list)} sites × "
+        f"{len(feats)} features, {optimizer}); replay from step {replay_from}", level=2)
+    bar = progress(total=end - replay_from, desc=f"attribute {start}:{end}", unit="step")
+    t_seg = time.perf_counter()
+    try:
+        for b in range(replay_from, end):
+            s = b + 1
+            recording = s > start and s in record_set
+            need_dec = (optimizer == "adam" and s > moments_from) or (optimizer == "sgd" and recording)
+            t_iter = t0 = time.perf_counter()
+            x = run.batch(b)
+            pathways = None
+            if need_dec:
+                if recording:
+                    _copy_params(shadow, run.model)
+                pathways = decompose(run.model, x, site_list, chunk_size=chunk_size)
+                t0 = timer.add("decompose", t0)
+            loss = run.model.loss(x)                              # the trainer's step, verbatim
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise NumericalError(f"replayed loss is {value} at update {s}", "the run itself diverged there")
+            run.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if pathways is not None:
+                real = {n: p.grad.detach() for n, p in zip(names, trainable_parameters(run.model)[1])}
+                pathways, diff = _with_training_gradient(pathways, real)
+                checks["max_grad_rel_diff"] = max(checks["max_grad_rel_diff"], diff)
+            run.optimizer.step()
+            t0 = timer.add("train_step", t0)
+            if run.check_loss(s, value, replay_rtol):
+                checks["losses_checked"] += 1
+            if verify != "none" and s in run.checkpoints:
+                run.verify_checkpoint(s, replay_rtol)
+                checks["checkpoints_verified"].append(s)
+            if pathways is not None:
+                if attributor is not None:
+                    site_steps = attributor.attribute(pathways)
+                    checks["adam_sum_max_rel_err"] = max(checks["adam_sum_max_rel_err"], attributor.last_check)
+                else:
+                    site_steps = sgd_steps(pathways, lr)
+                t0 = timer.add("attribute", t0)
+            if recording:
+                refs = reference_projections(run.final_model, x, probes)
+                type_map = None
+                if types:
+                    ft = run.feature_types(x)
+                    fidx = {f: run.feature_names.index(f) for f in feats}
+                    type_map = {p.name: torch.from_numpy(ft[:, p.position, fidx[feature_of[p.name]]].astype(np.int64))
+                                for p in probes}
+                infl = influences(shadow, x, site_steps, probes, refs, types=type_map, half=half)
+                after = None
+                if check_identity:
+                    total = step_sum(site_steps[site_list[0]])
+                    with torch.no_grad():
+                        for n, p in zip(names, trainable_parameters(shadow)[1]):
+                            p.sub_(total[n].to(p.dtype))
+                    after = _risks_after(shadow, x, probes, refs, type_map, half)
+                _influence_rows(rows, s, infl, feature_of, optimizer, half, after)
+                n_attributed += 1
+                timer.add("influence", t0)
+            timer.add("recorded_steps" if recording else "warm_steps" if need_dec else "plain_steps", t_iter)
+            bar.update(1)
+    finally:
+        bar.close()
+    seg_seconds = time.perf_counter() - t_seg
+    moments_file = None
+    moments_state = attributor.state_dict() if attributor is not None else None
+    if verify == "next" and end not in run.checkpoints:
+        later = [c for c in run.checkpoints if c > end]
+        if later:
+            _plain_steps(run, end, min(later), replay_rtol, True)
+            checks["checkpoints_verified"].append(min(later))
+    table = ostore.observables_table(rows)
+    info = {**settings, "replay_from_checkpoint": checkpoint_from, "moments_from": moments_from if attributor else None,
+            "n_recorded_steps": len(recorded), "recorded_steps": _compact(recorded), "rows": table.num_rows,
+            "seconds": seg_seconds,
+            "seconds_per_attributed_step": timer.total.get("recorded_steps", 0.0) / max(1, n_attributed),
+            "seconds_breakdown": timer.total, "checks": checks, "check_identity": bool(check_identity),
+            "lr": lr, "device": str(run.device), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "sign": ostore.SIGN_CONVENTION, "mismatch": ostore.mismatch_factor_text(half),
+            "task": run.config.task, "regime": run.config.regime, "final_step": run.final_step}
+    if moments_state is not None:
+        moments_file = save_tensors(ostore.moments_path(store, end), moments_state, kind=MOMENTS_KIND,
+                                    metadata={"step": end, "sites": settings["sites"],
+                                              "run_config": settings["run_config"]})
+    path = ostore.write_segment(store, table, start=start, end=end, info=info, overwrite=overwrite)
+    ostore.update_meta(store, settings, {**info, "file": path.name, "start": start, "end": end})
+    return SegmentResult(path=path, table=table, info=info, moments_path=moments_file, store=store)
+
+
+def _compact(steps: list[int]) -> Any:
+    if len(steps) > 1 and all(b - a == steps[1] - steps[0] for a, b in zip(steps, steps[1:])):
+        return {"first": steps[0], "last": steps[-1], "stride": steps[1] - steps[0]}
+    return steps
+
+
+def _with_training_gradient(pathways: dict[Site, PathwayGradients], real: dict[str, torch.Tensor]
+                            ) -> tuple[dict[Site, PathwayGradients], float]:
+    """Components with full = the training kernel's ∇L and G_sh = full − G_dir − G_pre; also
+    ‖∇L_eager − ∇L_train‖ / ‖∇L_train‖."""
+    first = next(iter(pathways.values())).full
+    num = sum(float((first[n].double() - real[n].double()).pow(2).sum()) for n in real)
+    den = sum(float(real[n].double().pow(2).sum()) for n in real)
+    out = {}
+    for s, pg in pathways.items():
+        shared = {n: real[n] - pg.direct[n] - pg.precached[n] for n in real}
+        out[s] = PathwayGradients(direct=pg.direct, precached=pg.precached, shared=shared, full=real)
+    return out, math.sqrt(num / den) if den > 0 else 0.0
+
+
+def _plain_steps(run: RunReplay, first: int, last: int, rtol: float, verify: bool) -> None:
+    """Replay updates first+1..last exactly like the trainer, without attribution (checks as usual)."""
+    run.model.train()
+    for b in range(first, last):
+        s = b + 1
+        x = run.batch(b)
+        loss = run.model.loss(x)
+        value = float(loss.detach())
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        run.optimizer.step()
+        run.check_loss(s, value, rtol)
+        if verify and s in run.checkpoints:
+            run.verify_checkpoint(s, rtol)
+
+
+def _load_moments(attributor: AdamAttributor, path: Path, step: int, settings: dict[str, Any]) -> None:
+    arrays, meta = load_tensors(path, kind=MOMENTS_KIND)
+    if int(json.loads(meta.get("step", "-1"))) != step:
+        raise CompatibilityError(f"{path} does not hold the moments after update {step}", "delete it and recompute")
+    if json.loads(meta.get("sites", "null")) != settings["sites"] or \
+            json.loads(meta.get("run_config", "null")) != json.loads(json.dumps(settings["run_config"])):
+        raise CompatibilityError(f"{path} was written for other sites or another run",
+                                 "use the same --sites as the earlier segments, or another --out")
+    dev = attributor.params[0].device
+    attributor.load_state_dict({k: torch.from_numpy(np.array(v)).to(dev) for k, v in arrays.items()})
+    if attributor.num_steps != step:
+        raise CompatibilityError(f"{path} has {attributor.num_steps} steps, expected {step}", "delete it and recompute")

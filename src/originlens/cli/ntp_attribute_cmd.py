@@ -1,0 +1,144 @@
+"""``originlens attribute RUN ...``: optimizer-aware attribution of a finished ``ntp train`` run.
+
+* ``originlens attribute RUN --sites 1:4,2:8 | --layers 1-2 --positions 8,12 --features tracked|all|NAME,...
+  --optimizer adam|sgd [--segment START:END] [--steps FIRST:LAST[:STRIDE]] [--out DIR]`` replays the
+  updates START+1..END from the run's checkpoints and writes one Parquet segment of per-update
+  influences to DIR (default ``RUN/attribution``), see :mod:`originlens.attribution.replay`.
+* ``originlens attribute RUN --report`` (alone or after a computation) builds ``DIR/report.html``:
+  integrated influence per component × feature type with CIs, the paper-style bar plot, the spec §8
+  sign pattern and the replay checks (:func:`originlens.attribution.store.write_report`).
+
+Registered as a top-level command; :func:`add_arguments` and :func:`cmd_attribute` let the ``ntp``
+group mount the same command as ``ntp attribute``.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def _int_spec(s: str) -> list[int]:
+    """``"1,3"``, ``"1-6"`` or ``"4-56:4"`` (inclusive ranges) → integers."""
+    out: list[int] = []
+    try:
+        for part in s.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            step = 1
+            if ":" in part:
+                part, st = part.split(":")
+                step = int(st)
+            if "-" in part:
+                a, b = (int(v) for v in part.split("-"))
+                out += list(range(a, b + 1, step))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,3 or 1-6 or 4-56:4, got {s!r}") from None
+    return out
+
+
+def _pair(s: str) -> tuple[int, int]:
+    try:
+        a, b = (int(v) for v in s.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:END, got {s!r}") from None
+    return a, b
+
+
+def _steps(s: str) -> range:
+    try:
+        parts = [int(v) for v in s.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (2, 3):
+        raise argparse.ArgumentTypeError(f"expected FIRST:LAST[:STRIDE] (1-based updates), got {s!r}")
+    return range(parts[0], parts[1] + 1, parts[2] if len(parts) == 3 else 1)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``attribute`` (shared by the top-level alias and ``ntp attribute``)."""
+    p.add_argument("run", metavar="RUN", help="run directory of `originlens ntp train`")
+    g = p.add_argument_group("sites and features")
+    g.add_argument("--sites", default=None, help="LAYER:POSITION pairs, e.g. 1:4,2:8")
+    g.add_argument("--layers", type=_int_spec, default=None, help="layers k (with --positions), e.g. 1-2")
+    g.add_argument("--positions", type=_int_spec, default=None, help="positions i, e.g. 8,12 or 8-20:4")
+    g.add_argument("--features", default="tracked", help="tracked (default) | all | NAME,NAME,...")
+    a = p.add_argument_group("attribution")
+    a.add_argument("--optimizer", default="adam", choices=["adam", "sgd"],
+                   help="adam: per-component Adam moments (paper); sgd: Δ_c = lr·G_c")
+    a.add_argument("--segment", type=_pair, default=None, help="updates START+1..END (default: the whole run)")
+    a.add_argument("--steps", type=_steps, default=None,
+                   help="record influences only at FIRST:LAST[:STRIDE] (SGD also skips the decomposition elsewhere)")
+    a.add_argument("--no-types", dest="types", action="store_false", help="skip per-feature-type influences")
+    a.add_argument("--no-half", dest="half", action="store_false",
+                   help="mismatch without the ½ (reference-code convention, values 2×)")
+    a.add_argument("--check-identity", action="store_true",
+                   help="also store R after the attributed step (Σ_c I_c ≈ R before − R after)")
+    a.add_argument("--warm", action="store_true",
+                   help="Adam: recompute missing component moments from an earlier segment or update 1")
+    a.add_argument("--verify", default="next", choices=["next", "segment", "none"],
+                   help="checkpoints compared bit-exactly: inside the segment and the next one (default)")
+    a.add_argument("--replay-rtol", type=float, default=0.0, help="tolerance of the replay checks (0 = exact)")
+    a.add_argument("--device", default=None, help="cpu | cuda (default: the run's)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default=None, help="store directory (default RUN/attribution)")
+    o.add_argument("--overwrite", action="store_true", help="recompute an existing segment")
+    o.add_argument("--report", action="store_true", help="build report.html from the stored segments")
+    o.add_argument("--ci", default="t", choices=["t", "bootstrap"], help="interval over items (default t)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (use training's for bit-exact replay)")
+
+
+def _sites(args: argparse.Namespace) -> Any:
+    if args.sites and (args.layers or args.positions):
+        raise ConfigError("--sites excludes --layers/--positions", "pass one of the two spellings")
+    if args.sites:
+        return args.sites
+    if args.layers or args.positions:
+        if not (args.layers and args.positions):
+            raise ConfigError("--layers and --positions go together", "e.g. --layers 1-2 --positions 8,12")
+        return [(k, i) for k in args.layers for i in args.positions]
+    return None
+
+
+def cmd_attribute(args: argparse.Namespace) -> int:
+    from ..attribution.replay import attribute_run
+    from ..attribution.store import write_report
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be ≥ 1, got {args.threads}", "e.g. --threads 1")
+        import torch
+        torch.set_num_threads(args.threads)
+    sites = _sites(args)
+    if sites is None and not args.report:
+        raise ConfigError("nothing to do", "pass --sites (or --layers/--positions) to attribute, and/or --report")
+    store = args.out
+    if sites is not None:
+        res = attribute_run(args.run, sites=sites, features=args.features, optimizer=args.optimizer,
+                            steps=args.steps, segment=args.segment, types=args.types, half=args.half,
+                            check_identity=args.check_identity, out=args.out, warm=args.warm, verify=args.verify,
+                            device=args.device, overwrite=args.overwrite, replay_rtol=args.replay_rtol)
+        c = res.info["checks"]
+        print(f"{res.path}: {res.table.num_rows} rows, {res.info['n_recorded_steps']} updates, "
+              f"{res.info['seconds_per_attributed_step']:.3f} s per attributed update; replay: "
+              f"{c['losses_checked']} losses equal to the log, checkpoints "
+              f"{c['checkpoints_verified'] or 'none'} bit-identical")
+        store = res.store
+    if args.report:
+        from pathlib import Path
+        html = write_report(store if store is not None else Path(args.run), ci=args.ci)
+        print(f"report: {html}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "attribute", help="attribute a training run's updates to gradient pathways (influence on probed features)",
+        description="Replay a finished `ntp train` run from its checkpoints and data order, decompose every "
+                    "update into direct / pre-cached / shared pathways at residual sites, and store the "
+                    "influence of each on the probed features (positive = toward the final value).")
+    add_arguments(p)
+    p.set_defaults(func=cmd_attribute)
