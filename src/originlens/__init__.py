@@ -43,6 +43,9 @@ _API = {
     # training
     "train_assoc": "originlens.train",
     "AssocTrainConfig": "originlens.train",
+    "NTPConfig": "originlens.train",
+    "Trainer": "originlens.train",
+    "run_grid": "originlens.train",
     # tasks
     "get_task": "originlens.tasks",
     "generate_games": "originlens.tasks",

@@ -20,3 +20,10 @@ __all__ = ["COMPONENTS", "AdamAttributor", "Adjoints", "Influence", "PathwayGrad
            "attention_impl", "decompose", "influences", "mismatch", "pathway_adjoints", "projections",
            "reference_projections", "sgd_steps", "site_jvp", "step_sum", "stop_gradient",
            "stop_gradient_hooks", "trainable_parameters"]
+
+# Replay of a saved training run and the observable store (attribution/replay.py, attribution/store.py).
+from .replay import RunReplay, SegmentResult, attribute_run  # noqa: E402
+from .store import integrate, load_observables, summarize, write_report  # noqa: E402
+
+__all__ += ["RunReplay", "SegmentResult", "attribute_run", "integrate", "load_observables", "summarize",
+            "write_report"]

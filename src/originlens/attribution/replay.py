@@ -140,7 +140,7 @@ class RunReplay:
         self.model, self.optimizer = self.trainer.model, self.trainer.optimizer
         self.device = self.trainer.device
         self.data = self.trainer._train_data()
-        self._check_pool()
+        self._check_environment()
         self.task = get_task(cfg.task)
         self.feature_names = list(self.task.feature_names)
         self._types = _feature_types_fn(cfg.task, self.task)
@@ -153,6 +153,15 @@ class RunReplay:
         for r in RunDir(p, create=False).read_metrics():
             if r.get("event") == "train" and "last_loss" in r:
                 self.logged_loss[int(r["step"])] = float(r["last_loss"])
+
+    def _check_environment(self) -> None:
+        env_file = self.path / "environment.json"
+        env = read_json(env_file) if env_file.is_file() else {}
+        threads = env.get("torch_threads")
+        if threads is not None and int(threads) != torch.get_num_threads() and self.device.type == "cpu":
+            log(f"note: {self.path} was trained with {threads} torch threads, replaying with "
+                f"{torch.get_num_threads()}; if the replay checks fail, pass --threads {threads}", level=1)
+        self._check_pool()
 
     def _check_pool(self) -> None:
         env_file = self.path / "environment.json"
@@ -405,8 +414,12 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
     store.mkdir(parents=True, exist_ok=True)
     settings = {"run": str(run.path), "run_config": run.config.identity(), "sites": [list(s) for s in site_list],
                 "features": feats, "optimizer": optimizer, "types": bool(types), "half": bool(half)}
+    seg_name = ostore.segment_path(store, start, end).name
     for info in ostore.read_segment_infos(store):
         ostore.check_settings(info, settings, str(store))
+        if info["file"] != seg_name and int(info["start"]) < end and start < int(info["end"]):
+            raise CompatibilityError(f"segment {start}:{end} overlaps the stored segment {info['start']}:{info['end']}",
+                                     "choose non-overlapping segments, or another --out")
     seg_file = ostore.segment_path(store, start, end)
     if seg_file.exists() and not overwrite:
         raise CompatibilityError(f"{seg_file} already exists", "pass overwrite=True (--overwrite) to recompute it")

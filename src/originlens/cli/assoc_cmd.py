@@ -1,16 +1,48 @@
-"""``originlens assoc ...``: token associations under the basis maps (and, later, the leading-term model)."""
+"""``originlens assoc ...``: the one-hot attention model of arXiv 2601.19208 and its leading terms.
+
+* ``assoc top``: top associations of a word under a basis map of saved statistics.
+* ``assoc train``: train the Def. 3.1 model (:func:`originlens.train.train_assoc`) on a corpus directory or
+  an (N, T+1) .npy file.  Besides the trainer's run directory it writes ``RUN/statistics/`` (the statistics
+  used as targets, with the window selection in ``manifest.json``) and ``RUN/data/`` (``train.npy``,
+  ``heldout.npy`` — the last ``--holdout`` windows, never trained on — ``vocab.json``, ``source.json``), so
+  that ``assoc report`` needs nothing else.
+* ``assoc report RUN``: tracking over checkpoints, null baselines, causal intervention, leading-term model
+  (:mod:`originlens.theory.tracking`); writes ``RUN/report.html`` / ``report.md`` / ``report.json``;
+  ``--json`` prints the numbers.
+
+Heavy modules are imported inside the command functions so that ``originlens --help`` stays fast.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
 
+from ..errors import CompatibilityError, ConfigError, InputError
 from ..stats.assoc import BASES
+
+STATS_CHOICES = ("first-batch", "full", "none")
+_OWN_OUTPUTS = ("statistics", "data", "report.html", "report.md", "report.json")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("assoc", help="token associations and the one-hot attention model (leading terms)",
                        description="Leading-term tools of arXiv 2601.19208.")
     asub = p.add_subparsers(dest="assoc_command", metavar="ASSOC_COMMAND")
+    _register_top(asub)
+    _register_train(asub)
+    _register_report(asub)
+    p.set_defaults(func=lambda a: (p.print_help(), 0)[1])
+
+
+# ------------------------------------------------------------------------------------------------ top
+
+
+def _register_top(asub) -> None:
     t = asub.add_parser("top", help="top associations of a word under a basis map",
                         description="Print the k strongest entries of a token's row (what it maps to) and "
                                     "column (what maps to it) in a basis matrix of saved statistics.")
@@ -23,7 +55,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--include-self", action="store_true", help="keep the token itself in its list")
     t.add_argument("--json", action="store_true", help="print JSON instead of text")
     t.set_defaults(func=run_top)
-    p.set_defaults(func=lambda a: (p.print_help(), 0)[1])
 
 
 def _token(w: str) -> str | int:
@@ -46,4 +77,276 @@ def run_top(args: argparse.Namespace) -> int:
     for w, r in result.items():
         for d, lst in r.items():
             print(f"{args.basis} {w} {arrow[d]} " + ", ".join(f"{t} ({v:.3g})" for t, v in lst))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ train
+
+TRAIN_EPILOG = """\
+examples:
+  originlens corpus build ../shared/data/tinystories --vocab-size 1000 --seq-len 64 --oov unk --out corpora/ts
+  originlens assoc train corpora/ts --layers 3 --lr 0.005 --epochs 2 --batch-size 512 --out runs/lt
+  originlens assoc report runs/lt --null-corpus storyworld
+  paper (§5.1.2): --vocab 3000, T 200, --max-windows 65536 --epochs 100 --batch-size 2048 \\
+                  --checkpoint-every-epochs 2 --stats first-batch --lr 0.005 (or 0.05)
+"""
+
+
+def _register_train(asub) -> None:
+    t = asub.add_parser(
+        "train", help="train the attention-only model (Def. 3.1) with GD or SGD from zero init",
+        description="Train the one-hot attention-only transformer of arXiv 2601.19208 and compare every "
+                    "checkpoint with the leading terms. Writes RUN/ (config, metrics, checkpoints, "
+                    "model.safetensors, statistics/, data/).",
+        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("corpus", nargs="?", help="corpus directory written by `originlens corpus build`")
+    t.add_argument("--tokens", help="an (N, T+1) integer .npy file instead of a corpus directory")
+    t.add_argument("--vocab-size", type=int, help="|V| (required with --tokens; default: the corpus's)")
+    t.add_argument("--out", required=True, help="run directory RUN")
+    t.add_argument("--layers", type=int, default=3, help="number of layers L (default 3, the paper)")
+    t.add_argument("--lr", type=float, default=0.005, help="learning rate η of plain GD/SGD (default 0.005)")
+    g = t.add_mutually_exclusive_group(required=True)
+    g.add_argument("--steps", type=int, help="optimiser steps")
+    g.add_argument("--epochs", type=int, help="epochs (an epoch is ⌈N/batch⌉ steps; 1 step for --full-batch)")
+    b = t.add_mutually_exclusive_group()
+    b.add_argument("--batch-size", type=int, default=2048, help="SGD minibatch (default 2048, the paper)")
+    b.add_argument("--full-batch", action="store_true", help="full-batch gradient descent (the theory)")
+    t.add_argument("--init", choices=("zero", "gaussian"), default="zero", help="initialisation (default zero)")
+    t.add_argument("--init-std", type=float, default=0.0, help="std of the Gaussian init")
+    t.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    t.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps (0: only the "
+                   "final step unless --checkpoint-every-epochs)")
+    t.add_argument("--checkpoint-every-epochs", type=float, help="checkpoint every E epochs (paper: 2)")
+    t.add_argument("--keep-checkpoints", type=int, help="keep only the newest K checkpoint files")
+    t.add_argument("--stats", default="first-batch", metavar="first-batch|full|none|DIR",
+                   help="target statistics: from the first shuffled batch (paper, default), the full training "
+                        "set, none, or a statistics directory of the same corpus")
+    t.add_argument("--max-windows", type=int, help="use only the first N windows of the corpus")
+    t.add_argument("--holdout", type=int, default=0,
+                   help="hold out the last N windows (never trained on) for the report's held-out losses")
+    t.add_argument("--seed", type=int, default=0, help="seed of the Gaussian init")
+    t.add_argument("--data-seed", type=int, default=42, help="seed of the batch order (paper: 42)")
+    t.add_argument("--log-every", type=int, default=1, help="log the loss every N steps")
+    t.add_argument("--grad-chunk", type=int, help="sequences per forward pass (default: automatic)")
+    t.add_argument("--impl", choices=("auto", "paths", "gather", "dense"), default="auto",
+                   help="forward implementation (default auto)")
+    t.add_argument("--threads", type=int, help="torch CPU threads")
+    t.add_argument("--resume", action="store_true", help="continue RUN from its last checkpoint")
+    t.add_argument("--overwrite", action="store_true", help="replace the run in RUN")
+    t.set_defaults(func=run_train)
+
+
+def _load_windows(args: argparse.Namespace):
+    from ..data import load_token_array
+    if bool(args.corpus) == bool(args.tokens):
+        raise InputError("give either a corpus directory or --tokens FILE.npy (exactly one)",
+                         "e.g. `originlens assoc train corpora/ts --epochs 2 --out runs/lt`")
+    if args.tokens and args.vocab_size is None:
+        raise InputError("--tokens needs --vocab-size", "pass --vocab-size V (ids must be < V)")
+    src = Path(args.corpus or args.tokens)
+    tokens, vocab, manifest = load_token_array(src, args.vocab_size)
+    if vocab is not None and args.vocab_size is not None and args.vocab_size != len(vocab):
+        raise CompatibilityError(f"--vocab-size {args.vocab_size} differs from the corpus vocabulary ({len(vocab)})",
+                                 "drop --vocab-size when training on a corpus directory")
+    V = int(args.vocab_size if args.vocab_size is not None else len(vocab))
+    return src, tokens, vocab, manifest, V
+
+
+def _split(tokens, max_windows, holdout):
+    import numpy as np
+    if max_windows is not None:
+        if max_windows < 1:
+            raise ConfigError(f"--max-windows must be ≥ 1 (got {max_windows})", "pass a positive number")
+        tokens = tokens[:max_windows]
+    tokens = np.asarray(tokens)
+    if holdout < 0 or holdout >= tokens.shape[0]:
+        raise ConfigError(f"--holdout {holdout} must lie in 0..{tokens.shape[0] - 1} (there are "
+                          f"{tokens.shape[0]} windows)", "hold out fewer windows")
+    n = tokens.shape[0] - holdout
+    return tokens[:n], tokens[n:]
+
+
+def _given_statistics(spec: str, vocab, V: int, T: int):
+    """Load ``--stats DIR`` and check it belongs to this corpus (size, length, vocabulary)."""
+    from ..stats import load_statistics
+    st = load_statistics(spec)
+    if st.size != V or st.vocab_size != V or st.seq_len != T or st.token_ids is not None:
+        raise CompatibilityError(
+            f"statistics in {spec} are for |V| = {st.vocab_size} ({st.size} kept tokens), T = {st.seq_len}; the "
+            f"model has |V| = {V}, T = {T}",
+            "compute them on this corpus without --top-k (`originlens stats CORPUS --out DIR`) or use "
+            "--stats first-batch")
+    if vocab is not None and st.vocab is not None and list(st.vocab) != list(vocab):
+        raise CompatibilityError(f"statistics in {spec} were computed with another vocabulary",
+                                 "compute them on this corpus, or use --stats first-batch")
+    return st
+
+
+class _SaveInputs:
+    """Callback: once the run directory exists, write RUN/data/ and RUN/statistics/ (after the first step)."""
+
+    def __init__(self, train, heldout, vocab, source: dict, stats_windows) -> None:
+        self.train, self.heldout, self.vocab, self.source = train, heldout, vocab, source
+        self.stats_windows = stats_windows
+        self.done = False
+
+    def on_step_end(self, trainer) -> None:
+        if self.done or trainer.run_dir is None:
+            return
+        from ..stats import save_statistics
+        from ..storage import atomic_save_npy, atomic_write_json
+        d = trainer.run_dir.path
+        data = d / "data"
+        if not (data / "train.npy").exists():
+            atomic_save_npy(data / "train.npy", self.train)
+            atomic_save_npy(data / "heldout.npy", self.heldout)
+            if self.vocab is not None:
+                atomic_write_json(data / "vocab.json", list(self.vocab))
+            atomic_write_json(data / "source.json", self.source)
+        st = trainer.stats
+        if st is not None and not (d / "statistics" / "statistics.safetensors").exists():
+            if self.vocab is not None and getattr(st, "vocab", None) is None and st.size == len(self.vocab):
+                st.vocab = list(self.vocab)
+            windows = self.stats_windows(trainer)
+            st.meta.update({"source": trainer.stats_source, "n_windows": int(len(windows)) if windows is not None
+                            else None})
+            save_statistics(st, d / "statistics", manifest={
+                "source": trainer.stats_source, "data_seed": trainer.cfg.data_seed,
+                "n_windows": None if windows is None else int(len(windows)),
+                "windows": ("given" if trainer.stats_source == "given" else "all")
+                if windows is None or len(windows) == trainer.n_sequences else [int(i) for i in windows],
+                "note": "indices into RUN/data/train.npy; first-batch = torch.randperm(N, Generator(data_seed))[:B]"})
+        self.done = True
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+    from ..progress import log
+    from ..storage import vocab_hash
+    from ..train import AssocTrainConfig, train_assoc
+    if args.threads:
+        torch.set_num_threads(int(args.threads))
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other", "pass one of them")
+    src, tokens, vocab, manifest, V = _load_windows(args)
+    train, heldout = _split(tokens, args.max_windows, args.holdout)
+    T = train.shape[1] - 1
+    given = None
+    stats_source = {"first-batch": "first_batch", "full": "full", "none": "none"}.get(args.stats)
+    if stats_source is None:
+        if not Path(args.stats).exists():
+            raise InputError(f"--stats {args.stats} is neither first-batch, full, none nor an existing directory",
+                             "pass one of those, or compute statistics with `originlens stats`")
+        given = _given_statistics(args.stats, vocab, V, T)
+        stats_source = "none"
+    batch = None if args.full_batch else int(args.batch_size)
+    cfg = AssocTrainConfig(
+        n_layers=args.layers, lr=args.lr, steps=args.steps, epochs=args.epochs, batch_size=batch,
+        init=args.init, init_std=args.init_std, dtype=args.dtype, seed=args.seed, data_seed=args.data_seed,
+        checkpoint_every=args.checkpoint_every, checkpoint_every_epochs=args.checkpoint_every_epochs,
+        keep_checkpoints=args.keep_checkpoints, log_every=args.log_every, stats_source=stats_source,
+        grad_chunk=args.grad_chunk, impl=args.impl, out=str(args.out))
+    cfg.validate()
+    out = Path(args.out)
+    if args.overwrite and (out / "config.json").is_file():
+        for name in _OWN_OUTPUTS:   # the trainer wipes its own files; these are ours
+            f = out / name
+            shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
+
+    def stats_windows(trainer):
+        if given is not None or trainer.cfg.stats_source == "full" or trainer.cfg.optimizer == "gd":
+            return None
+        g = torch.Generator().manual_seed(int(trainer.cfg.data_seed))
+        return torch.randperm(trainer.n_sequences, generator=g)[: trainer.batch].numpy()
+
+    source = {"source": str(src), "vocab_size": V, "seq_len": T, "max_windows": args.max_windows,
+              "holdout": args.holdout, "train_windows": int(train.shape[0]), "heldout_windows": int(heldout.shape[0]),
+              "vocab_hash": vocab_hash(vocab, V) if vocab is not None else None,
+              "corpus_manifest_tokens_sha256": (manifest or {}).get("tokens_sha256"),
+              "stats": str(args.stats)}
+    saver = _SaveInputs(train, heldout, vocab, source, stats_windows)
+    log(f"assoc train: {train.shape[0]} windows × T={T}, |V|={V}, L={args.layers}, η={args.lr}, "
+        + ("full-batch GD" if batch is None else f"SGD batch {batch}") + f", statistics: {args.stats}")
+    t0 = time.perf_counter()
+    run = train_assoc(train, V, cfg, [saver], stats=given, resume=args.resume, overwrite=args.overwrite)
+    secs = time.perf_counter() - t0
+    first = run.losses[min(run.losses)] if run.losses else float("nan")
+    last = run.losses[max(run.losses)] if run.losses else float("nan")
+    msg = (f"trained {out}: step {run.step}/{run.total_steps} ({run.optimizer}), loss {first:.4f} → {last:.4f} "
+           f"(ln|V| = {math.log(V):.4f}), {secs:.1f} s")
+    if run.comparisons:
+        from ..theory import min_cosines
+        mc = min_cosines(run.comparisons[max(run.comparisons)])
+        msg += "; final cosines (min over layers) " + ", ".join(f"{k} {v:.4f}" for k, v in mc.items())
+    print(msg)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def _register_report(asub) -> None:
+    r = asub.add_parser(
+        "report", help="leading-term analysis of a training run: tracking, null baselines, intervention",
+        description="Compare every checkpoint of RUN with the leading terms (cosine, norm ratio, Frobenius "
+                    "error), compute null baselines (unrelated corpus, disjoint windows, PMI, random), the "
+                    "causal intervention of Table 3 and the leading-term model's loss; write RUN/report.html, "
+                    "report.md and report.json.")
+    r.add_argument("run", help="run directory written by `originlens assoc train`")
+    r.add_argument("--json", action="store_true", help="print all numbers as JSON on stdout")
+    r.add_argument("--null-corpus", metavar="storyworld|DIR|STATS",
+                   help="statistics of an unrelated corpus (aligned with the run by token string): "
+                        "'storyworld', a corpus directory or a statistics directory")
+    r.add_argument("--examples", default=None,
+                   help="comma-separated example words (default: the paper's red,to,they,happy,wanted,fish,"
+                        "flower,birds)")
+    r.add_argument("-k", type=int, default=10, help="associations per example word (default 10)")
+    r.add_argument("--stats", help="target statistics (default RUN/statistics)")
+    r.add_argument("--data", help="corpus directory or .npy with the training windows (default RUN/data)")
+    r.add_argument("--eval-windows", type=int, default=2048,
+                   help="training windows for the intervention (first N, unshuffled; 0 = all as in the paper; "
+                        "default 2048)")
+    r.add_argument("--null-windows", type=int, default=2048, help="windows for null statistics (default 2048)")
+    r.add_argument("--no-intervention", action="store_true", help="skip the causal intervention")
+    r.add_argument("--no-heldout", action="store_true", help="skip the held-out losses")
+    r.add_argument("--batch-size", type=int, default=256, help="windows per evaluation batch")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random baseline / storyworld")
+    r.add_argument("--threads", type=int, help="torch CPU threads")
+    r.add_argument("--out", help="where to write the report (default RUN)")
+    r.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    import torch
+    from ..progress import log
+    from ..theory.tracking import (EXAMPLE_WORDS, AnalysisConfig, analyse_run, load_run,
+                                   resolve_null_statistics, write_report)
+    if args.threads:
+        torch.set_num_threads(int(args.threads))
+    if args.eval_windows < 0 or args.null_windows < 1 or args.batch_size < 1 or args.k < 1:
+        raise ConfigError("--eval-windows must be ≥ 0, --null-windows, --batch-size and -k ≥ 1", "fix the flag")
+    run = load_run(args.run, stats=args.stats, data=args.data)
+    null = None
+    if args.null_corpus:
+        log(f"assoc report: null statistics from {args.null_corpus}")
+        null = resolve_null_statistics(args.null_corpus, run.seq_len, windows=args.null_windows, seed=args.seed)
+    words = tuple(w.strip() for w in args.examples.split(",") if w.strip()) if args.examples else EXAMPLE_WORDS
+    cfg = AnalysisConfig(eval_windows=args.eval_windows, null_windows=args.null_windows, examples=words,
+                         top_k=args.k, seed=args.seed, intervention=not args.no_intervention,
+                         heldout=not args.no_heldout, batch_size=args.batch_size)
+    results = analyse_run(run, cfg, null=null)
+    path = write_report(results, args.out or args.run)
+    if args.json:
+        json.dump(results, sys.stdout, ensure_ascii=False, indent=1)
+        print()
+        return 0
+    m = results["min_cosine_over_training"]
+    line = (f"wrote {path}; min cosine over training: "
+            + ", ".join(f"{k} {v:.4f}" if v is not None else f"{k} —" for k, v in m.items()))
+    it = results.get("intervention")
+    if it:
+        worst = max(it["losses"].items(), key=lambda kv: kv[1]["loss"])
+        line += f"; intervention: original {it['original']:.4f}, worst {worst[0]} {worst[1]['loss']:.4f}"
+    print(line)
     return 0

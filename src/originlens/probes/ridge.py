@@ -146,15 +146,16 @@ def fit_probes(residuals: np.ndarray, features: np.ndarray, *, feature_names: Se
     ym = Ytr.mean(0)                                                # (P, F)
     Xc = Xtr - xm
     Yc = Ytr - ym
-    gram = np.einsum("nkpd,nkpe->kpde", Xc, Xc) + alpha * np.eye(d)
-    rhs = np.einsum("nkpd,npf->kpdf", Xc, Yc)
+    Xs = np.ascontiguousarray(np.moveaxis(Xc, 0, 2))                 # (K', P, n, d): batched BLAS
+    gram = Xs.transpose(0, 1, 3, 2) @ Xs + alpha * np.eye(d)
+    rhs = Xs.transpose(0, 1, 3, 2) @ np.moveaxis(Yc, 0, 1)[None]     # (K', P, d, F)
     W = np.linalg.solve(gram, rhs)                                  # (K', P, d, F)
     weights = np.ascontiguousarray(np.moveaxis(W, -1, -2))          # (K', P, F, d)
     intercepts = ym[None] - np.einsum("kpd,kpfd->kpf", xm, weights)
     probes = ProbeSet(weights=weights, intercepts=intercepts, layers=layers, positions=positions,
                       feature_names=names, alpha=float(alpha))
 
-    pred = np.einsum("nkpd,kpfd->nkpf", Xte, weights) + intercepts[None]
+    pred = np.moveaxis(np.moveaxis(Xte, 0, 2) @ np.swapaxes(weights, -1, -2), 2, 0) + intercepts[None]
     yt = np.broadcast_to(Yte[:, None], pred.shape)
     mse = ((pred - yt) ** 2).mean(0)
     var = yt.var(0)
