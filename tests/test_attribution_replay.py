@@ -210,7 +210,7 @@ def test_adam_and_sgd_influences_equal_bruteforce(maj, tmp_path):
             # the real step θ_{s−1} − θ_s is what the components sum to
             step = [a.detach() - b.detach() for a, b in zip(model.parameters(), params_at(maj, s).parameters())]
             assert close(row["influence"], dot(step, gR), scale=1e-3, rtol=1e-6)
-            # mismatch columns: R(θ_{s−1}) and R(θ_{s−1} − Σ_c Δ_c) = R(θ_s) on the same batch (spec §4.4 check)
+            # mismatch columns: R(θ_{s−1}) and R(θ_{s−1} − Σ_c Δ_c) = R(θ_s) on the same batch (§4.4 check)
             assert close(row["mismatch"], mismatch_value(model, final, x, k, i, w), scale=1e-12, rtol=1e-9)
             assert close(row["mismatch_after"], mismatch_value(params_at(maj, s), final, x, k, i, w), scale=1e-12,
                          rtol=1e-6)
@@ -382,10 +382,10 @@ def test_sign_pattern_reads_the_spec_table():
 
 def test_cli_attribute_and_report(maj, tmp_path, capsys):
     out = tmp_path / "store"
-    assert cli_main(["attribute", str(maj), "--layers", "1-2", "--positions", "3,10", "--features", "all",
+    assert cli_main(["ntp", "attribute", str(maj), "--layers", "1-2", "--positions", "3,10", "--features", "all",
                      "--segment", "0:2", "--out", str(out), "--threads", "1"]) == 0
     assert "2 updates" in capsys.readouterr().out
-    assert cli_main(["attribute", str(maj), "--sites", "1:3,1:10,2:3,2:10", "--features", "all", "--segment", "2:4",
+    assert cli_main(["ntp", "attribute", str(maj), "--sites", "1:3,1:10,2:3,2:10", "--features", "all", "--segment", "2:4",
                      "--out", str(out), "--report"]) == 0
     html = (out / "report.html").read_text()
     assert "factor ½" in html and "toward its final value" in html and "pre-cached" in html
@@ -394,8 +394,8 @@ def test_cli_attribute_and_report(maj, tmp_path, capsys):
     assert {s["component"] for s in summary["summaries"]} == set(ostore.COMPONENT_ORDER)
     meta = json.loads((out / "meta.json").read_text())
     assert [s["file"] for s in meta["segments"]] == ["segment-000000-000002.parquet", "segment-000002-000004.parquet"]
-    assert cli_main(["attribute", str(maj)]) == 2                                     # nothing to do
-    assert cli_main(["attribute", str(maj), "--sites", "1:3", "--features", "nope", "--out", str(out)]) == 2
+    assert cli_main(["ntp", "attribute", str(maj)]) == 2                                     # nothing to do
+    assert cli_main(["ntp", "attribute", str(maj), "--sites", "1:3", "--features", "nope", "--out", str(out)]) == 2
     assert "unknown feature" in capsys.readouterr().err
 
 

@@ -59,6 +59,7 @@ _API = {
     "PathwayGradients": "originlens.attribution",
     "AdamAttributor": "originlens.attribution",
     "influences": "originlens.attribution",
+    "attribute_run": "originlens.attribution",
     # pretrained LMs
     "load_llama2c": "originlens.lm",
     "Llama2cTokenizer": "originlens.lm",

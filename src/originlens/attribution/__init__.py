@@ -7,7 +7,9 @@
   against the real Adam/AdamW update at every step).
 * :mod:`.influence` — mismatch R and influences I_c = ⟨Δ_c, ∇R⟩ via forward-mode JVPs.
 
-Not here: replay over a saved training run and the influence report/CLI.
+* :mod:`.replay` — ``attribute_run(RUN, ...)``: influences over a finished training run, replayed from its
+  checkpoints and data order (segments; bit-exact checks); :mod:`.store` — Parquet observables,
+  integrated influence with CIs, report.
 """
 from .decompose import (COMPONENTS, Adjoints, PathwayGradients, attention_impl, decompose, pathway_adjoints,
                         trainable_parameters)

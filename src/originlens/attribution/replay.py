@@ -182,7 +182,7 @@ class RunReplay:
         return self._types(tokens.cpu().numpy())
 
     def restore(self, at_most: int) -> int:
-        """Put model and optimizer at the latest checkpoint ≤ ``at_most`` (or the initialisation); returns its step."""
+        """Model and optimizer at the latest checkpoint ≤ ``at_most`` (or the initialisation); returns its step."""
         from ..train.ntp import load_checkpoint
         usable = [s for s in self.checkpoints if s <= at_most]
         if not usable:
@@ -258,7 +258,8 @@ def parse_sites(sites: Any) -> list[Site]:
         try:
             pairs = [tuple(int(v) for v in s.split(":")) for s in sites.split(",") if s.strip()]
         except ValueError:
-            raise ConfigError(f"sites {sites!r} are not understood", "write LAYER:POSITION pairs, e.g. 1:4,2:8") from None
+            raise ConfigError(f"sites {sites!r} are not understood",
+                              "write LAYER:POSITION pairs, e.g. 1:4,2:8") from None
     else:
         pairs = [tuple(int(v) for v in s) for s in (sites or [])]
     if not pairs or any(len(s) != 2 for s in pairs):

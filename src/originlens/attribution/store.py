@@ -191,7 +191,8 @@ def read_segment_infos(directory: str | Path) -> list[dict[str, Any]]:
 
 def check_settings(stored: Mapping[str, Any], new: Mapping[str, Any], where: str) -> None:
     """Raise ``CompatibilityError`` if ``new`` differs from ``stored`` in a :data:`SETTING_KEYS` field."""
-    diff = [k for k in SETTING_KEYS if json.dumps(stored.get(k), default=_json) != json.dumps(new.get(k), default=_json)]
+    diff = [k for k in SETTING_KEYS
+            if json.dumps(stored.get(k), default=_json) != json.dumps(new.get(k), default=_json)]
     if diff:
         parts = "; ".join(f"{k}: {stored.get(k)!r} there vs {new.get(k)!r}" for k in diff if k != "run_config")
         if "run_config" in diff:
@@ -212,7 +213,7 @@ def load_observables(path: str | Path) -> pa.Table:
     files = sorted(d.glob("segment-*.parquet"))
     if not files:
         raise InputError(f"no attribution segments under {d}",
-                         "run `originlens attribute RUN --sites ... --features ...` first")
+                         "run `originlens ntp attribute RUN --sites ... --features ...` first")
     tables, infos = [], []
     for f in files:
         t, info = read_segment(f)
@@ -408,8 +409,9 @@ def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Pat
     method = "Student-t interval" if ci == "t" else "percentile bootstrap"
     steps = sorted(set(table.column("step").to_pylist()))
     rep = Report(f"Gradient-pathway attribution — {first.get('task')} / {first.get('regime')}")
-    rep.text(f"Run: {first.get('run')}.  Optimizer variant: {first.get('optimizer')} "
-             f"({'per-component Adam moments, Σ_c Δ_c = real Adam update' if first.get('optimizer') == 'adam' else 'Δ_c = lr·G_c'}).  "
+    variant = ("per-component Adam moments, Σ_c Δ_c = real Adam update" if first.get("optimizer") == "adam"
+               else "Δ_c = lr·G_c")
+    rep.text(f"Run: {first.get('run')}.  Optimizer variant: {first.get('optimizer')} ({variant}).  "
              f"Updates recorded: {len(steps)} ({steps[0]}..{steps[-1]}) of {first.get('final_step')}; sites "
              f"{first.get('sites')}; {len(first.get('features', []))} features.")
     rep.text(f"Mismatch: {mismatch_factor_text(half)}.  Sign convention: {SIGN_CONVENTION}.  "

@@ -346,7 +346,9 @@ def run_report(args: argparse.Namespace) -> int:
             + ", ".join(f"{k} {v:.4f}" if v is not None else f"{k} —" for k, v in m.items()))
     it = results.get("intervention")
     if it:
-        worst = max(it["losses"].items(), key=lambda kv: kv[1]["loss"])
-        line += f"; intervention: original {it['original']:.4f}, worst {worst[0]} {worst[1]['loss']:.4f}"
+        fin = [(n, v["loss"]) for n, v in it["losses"].items() if v["loss"] is not None]
+        if fin and it["original"] is not None:
+            worst = max(fin, key=lambda kv: kv[1])
+            line += f"; intervention: original {it['original']:.4f}, worst {worst[0]} {worst[1]:.4f}"
     print(line)
     return 0

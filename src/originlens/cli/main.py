@@ -22,7 +22,6 @@ COMMAND_MODULES = [
     "originlens.cli.demo_cmd",
     "originlens.cli.lm_cmd",
     "originlens.cli.ntp_cmd",
-    "originlens.cli.ntp_attribute_cmd",
 ]
 
 

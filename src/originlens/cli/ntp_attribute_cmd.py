@@ -1,10 +1,10 @@
-"""``originlens attribute RUN ...``: optimizer-aware attribution of a finished ``ntp train`` run.
+"""``originlens ntp attribute RUN ...``: optimizer-aware attribution of a finished ``ntp train`` run.
 
-* ``originlens attribute RUN --sites 1:4,2:8 | --layers 1-2 --positions 8,12 --features tracked|all|NAME,...
+* ``originlens ntp attribute RUN --sites 1:4,2:8 | --layers 1-2 --positions 8,12 --features tracked|all|NAME,...
   --optimizer adam|sgd [--segment START:END] [--steps FIRST:LAST[:STRIDE]] [--out DIR]`` replays the
   updates START+1..END from the run's checkpoints and writes one Parquet segment of per-update
   influences to DIR (default ``RUN/attribution``), see :mod:`originlens.attribution.replay`.
-* ``originlens attribute RUN --report`` (alone or after a computation) builds ``DIR/report.html``:
+* ``originlens ntp attribute RUN --report`` (alone or after a computation) builds ``DIR/report.html``:
   integrated influence per component × feature type with CIs, the paper-style bar plot, the spec §8
   sign pattern and the replay checks (:func:`originlens.attribution.store.write_report`).
 

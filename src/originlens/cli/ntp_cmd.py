@@ -156,3 +156,6 @@ def register(subparsers: Any) -> None:
     g.add_argument("--report-only", action="store_true", help="aggregate finished runs without training")
     _add_overrides(g)
     g.set_defaults(func=_cmd_grid)
+
+    from . import ntp_attribute_cmd  # `ntp attribute RUN ...`: pathway attribution by replay
+    ntp_attribute_cmd.register(sub)

@@ -815,12 +815,15 @@ def extra_figure(results: Mapping[str, Any], plt: Any):
     a1.set_xlabel("epoch" if sgd else "step")
     a1.set_ylabel("cosine")
     a1.legend(loc="lower left")
+    spread = []
     for kind in ("W", "V", "W_O", "P"):
         lo, hi = _band(recs, kind, "norm_ratio")
         a2.fill_between(x, lo, hi, color=KIND_COLOR[kind], alpha=0.3, lw=0)
         a2.plot(x, lo, color=KIND_COLOR[kind], label=KIND_LABEL[kind])
+        spread += [v for v in np.concatenate([lo, hi]) if np.isfinite(v) and v > 0]
     a2.axhline(1.0, color="k", lw=0.6)
-    a2.set_yscale("log")
+    if spread and max(spread) / min(spread) > 10:
+        a2.set_yscale("log")
     a2.set_xlabel("epoch" if sgd else "step")
     a2.set_ylabel("‖M‖ / ‖scaled leading term‖")
     a2.legend(loc="best", fontsize=7)
