@@ -167,7 +167,7 @@ def read_segment(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
         raise InputError(f"{path} is not a readable Parquet segment ({exc})", "recompute that segment") from None
     raw = (table.schema.metadata or {}).get(META_KEY)
     if raw is None:
-        raise CompatibilityError(f"{path} has no originlens metadata", "recompute it with originlens attribute")
+        raise CompatibilityError(f"{path} has no originlens metadata", "recompute it with originlens ntp attribute")
     info = json.loads(raw.decode("utf-8"))
     if info.get("format") != STORE_FORMAT or int(info.get("version", -1)) != STORE_VERSION:
         raise CompatibilityError(f"{path} is format {info.get('format')} v{info.get('version')}, expected "
