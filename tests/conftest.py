@@ -10,6 +10,17 @@ import os
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """One torch thread per test process: tiny models are far faster that way on a shared 2-core
+    machine (pytest-xdist already runs two processes)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("ORIGINLENS_REQUIRE_DATA"):
         from originlens.paths import data_root, tinystories_files

@@ -14,13 +14,6 @@ from originlens.models.assoc import (CHECKPOINT_KIND, MODEL_KIND, AssocConfig, A
 from originlens.storage import save_tensors
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def make(V=9, T=6, L=2, std=0.7, seed=0, dtype="float64", impl="auto") -> AssocModel:
     return AssocModel(AssocConfig(vocab_size=V, seq_len=T, n_layers=L, init="gaussian", init_std=std,

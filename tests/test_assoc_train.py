@@ -18,13 +18,6 @@ from originlens.train import AssocTrainConfig, steps_per_epoch, train_assoc
 V, T = 13, 6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture(scope="module")
 def tokens():
