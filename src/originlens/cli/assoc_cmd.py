@@ -87,8 +87,9 @@ examples:
   originlens corpus build ../shared/data/tinystories --vocab-size 1000 --seq-len 64 --oov unk --out corpora/ts
   originlens assoc train corpora/ts --layers 3 --lr 0.005 --epochs 2 --batch-size 512 --out runs/lt
   originlens assoc report runs/lt --null-corpus storyworld
-  paper (§5.1.2): --vocab 3000, T 200, --max-windows 65536 --epochs 100 --batch-size 2048 \\
-                  --checkpoint-every-epochs 2 --stats first-batch --lr 0.005 (or 0.05)
+  paper (§5.1): corpus build --vocab-size 3000 --seq-len 200 --oov drop --max-windows 65536, then
+    assoc train CORPUS --epochs 100 --batch-size 2048 --checkpoint-every-epochs 2 --lr 0.005 (or 0.05)
+  (examples/reproduce_leading_terms.py runs the whole pipeline; --paper-scale for these settings)
 """
 
 

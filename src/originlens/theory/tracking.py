@@ -150,7 +150,8 @@ def weight_hash(weights: Mapping[str, np.ndarray]) -> str:
 
 def track_checkpoints(checkpoints: Iterable[tuple[int, Mapping[str, Any]]], stats: Any, lr: float, *,
                       steps_per_epoch: int = 1, variant: str | None = None, seq_len: int | None = None,
-                      vocab_size: int | None = None) -> list[dict[str, Any]]:
+                      vocab_size: int | None = None, other_stats: Mapping[str, Any] | None = None
+                      ) -> list[dict[str, Any]]:
     """Compare every checkpoint with the leading terms.
 
     ``checkpoints``: ``(step s, weights)`` pairs (weights keyed ``W_O``, ``W.l``, ``V.l``, ``P.l``; numpy or
@@ -158,7 +159,10 @@ def track_checkpoints(checkpoints: Iterable[tuple[int, Mapping[str, Any]]], stat
     ``theory`` = :func:`~originlens.theory.leading_terms.compare_to_theory` (per weight: ``cos``,
     ``norm_ratio``, ``frob_err``, ``rel_err``, ``bound``), ``min_cos`` / ``max_cos`` over layers per kind,
     ``in_window`` (the theorem's conditions hold and s ≤ s_max) and ``hash`` (duplicate detection).
+    ``other_stats`` (label → statistics, e.g. the full training set when the targets come from the first
+    batch) adds ``cos_vs[label][name]`` and ``min_cos_vs[label][kind]``.
     """
+    others = {lab: leading_terms(st) for lab, st in (other_stats or {}).items()}
     out = []
     for s, w in checkpoints:
         w = {k: (v.detach().cpu().numpy() if torch.is_tensor(v) else np.asarray(v)) for k, v in w.items()}
@@ -171,18 +175,24 @@ def track_checkpoints(checkpoints: Iterable[tuple[int, Mapping[str, Any]]], stat
         T = seq_len or w["P.1"].shape[0]
         Vs = vocab_size or w["W_O"].shape[0]
         win = validity_window(T, _n_layers(w), lr, Vs, variant=variant)
-        out.append({"step": int(s), "epoch": int(s) / max(1, int(steps_per_epoch)), "theory": cmp,
-                    "min_cos": min_cosines(cmp), "max_cos": mx, "in_window": bool(win.covers(int(s))),
-                    "hash": weight_hash(w)})
+        rec = {"step": int(s), "epoch": int(s) / max(1, int(steps_per_epoch)), "theory": cmp,
+               "min_cos": min_cosines(cmp), "max_cos": mx, "in_window": bool(win.covers(int(s))),
+               "hash": weight_hash(w)}
+        if others:
+            rec["cos_vs"] = {lab: {n: cosine(w[n], lt[_kind(n)]) for n in cmp} for lab, lt in others.items()}
+            rec["min_cos_vs"] = {lab: min_cosines({n: {"cos": c} for n, c in cv.items()})
+                                 for lab, cv in rec["cos_vs"].items()}
+        out.append(rec)
     return out
 
 
-def min_over_training(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def min_over_training(records: Sequence[Mapping[str, Any]], other: str | None = None) -> dict[str, float]:
     """Table 1: minimum cosine over checkpoints and layers per kind (NaN entries — a weight still exactly
-    zero at the first steps — are skipped; NaN if never defined)."""
+    zero at the first steps — are skipped; NaN if never defined).  ``other``: use ``min_cos_vs[other]``."""
     out: dict[str, float] = {}
     for kind in LEADING_TERM:
-        vals = [r["min_cos"].get(kind, float("nan")) for r in records]
+        vals = [(r["min_cos"] if other is None else r["min_cos_vs"][other]).get(kind, float("nan"))
+                for r in records]
         vals = [v for v in vals if v is not None and math.isfinite(v)]
         out[kind] = min(vals) if vals else float("nan")
     return out
@@ -458,6 +468,8 @@ class AnalysisConfig:
     * ``null_windows``: cap on windows used for null / same-corpus statistics.
     * ``examples``: words whose top associations are listed; ``top_k`` how many.
     * ``intervention`` / ``heldout``: switch those parts off (they run the model over many windows).
+    * ``full_stats``: when the targets come from a sample (first batch), also track the cosines with the
+      leading terms of all training windows (what SGD over every batch follows).
     """
 
     eval_windows: int = 2048
@@ -468,6 +480,7 @@ class AnalysisConfig:
     intervention: bool = True
     heldout: bool = True
     batch_size: int = 256
+    full_stats: bool = True
 
 
 @dataclass
@@ -528,15 +541,16 @@ def load_run(run_dir: str | Path, *, stats: Any = None, data: str | Path | None 
         raise InputError(f"{p / 'config.json'} is not an assoc training config", "pass an assoc run directory")
     metrics = RunDir(p, create=False).read_metrics()
     manifest: dict[str, Any] = {}
-    if stats is None:
-        if not (p / "statistics").is_dir():
-            raise InputError(f"{p} has no statistics/ (trained with --stats none or from Python)",
-                             "pass --stats DIR with statistics of this run's corpus")
+    if stats is None and (p / "statistics").is_dir():
         stats = load_statistics(p / "statistics")
         if (p / "statistics" / "manifest.json").is_file():
             manifest = read_json(p / "statistics" / "manifest.json")
+    elif stats is None and not (p / "data" / "train.npy").is_file() and data is None:
+        raise InputError(f"{p} has no statistics/ and no data/ (trained with --stats none or from Python)",
+                         "pass --stats DIR with statistics of this run's corpus, or --data CORPUS")
     elif isinstance(stats, (str, Path)):
         stats = load_statistics(stats)
+        manifest = {"source": "given (report --stats)", "windows": "given"}
     train = held = vocab = None
     note = ""
     if data is not None:
@@ -552,6 +566,13 @@ def load_run(run_dir: str | Path, *, stats: Any = None, data: str | Path | None 
         if (p / "data" / "vocab.json").is_file():
             vocab = read_json(p / "data" / "vocab.json")
         note = "windows saved by `originlens assoc train` (RUN/data)"
+    if stats is None:        # --stats none at training time: full statistics of the training windows
+        from ..stats import corpus_statistics
+        if train is None:
+            raise InputError(f"{p} has no statistics/", "pass --stats DIR or --data CORPUS")
+        stats = corpus_statistics(train, int(cfg["identity"]["vocab_size"]), vocab=vocab)
+        manifest = {"source": "full (computed by the report: the run has no statistics/)", "windows": "all",
+                    "n_windows": int(train.shape[0])}
     if vocab is None and getattr(stats, "vocab", None) is not None and stats.size == stats.vocab_size:
         vocab = list(stats.vocab)
     if train is not None:
@@ -689,8 +710,13 @@ def analyse_run(run: RunData, cfg: AnalysisConfig | None = None, *, null: tuple[
         for s, f in ck:
             yield s, load_weights(f)
 
+    other = None
+    used = _stats_windows(run)
+    if cfg.full_stats and run.train_tokens is not None and used is not None and \
+            len(used) < run.train_tokens.shape[0]:
+        other = {"full_train": corpus_statistics(run.train_tokens, run.vocab_size)}
     records = track_checkpoints(gen(), run.stats, run.lr, steps_per_epoch=run.steps_per_epoch,
-                                seq_len=run.seq_len, vocab_size=run.vocab_size)
+                                seq_len=run.seq_len, vocab_size=run.vocab_size, other_stats=other)
     dups = [[a["step"], b["step"]] for a, b in zip(records, records[1:]) if a["hash"] == b["hash"]]
     if dups:
         warnings.append(f"consecutive checkpoints with identical weights: {dups} (mislabelled or duplicated?)")
@@ -762,6 +788,7 @@ def analyse_run(run: RunData, cfg: AnalysisConfig | None = None, *, null: tuple[
     return _finite_or_none({
         "run": info, "validity_window": window, "loss_curve": losses, "checkpoints": records,
         "min_cosine_over_training": min_over_training(records),
+        "min_cosine_over_training_full_train": min_over_training(records, "full_train") if other else None,
         "final": {"step": s_final, "path": str(final_path), "theory": records[-1]["theory"]
                   if records[-1]["step"] == s_final else compare_to_theory(w_final, run.stats, s_final, run.lr)},
         "baselines": {"step": s_final, "per_weight": baselines, "notes": base_notes},
@@ -795,7 +822,8 @@ def cosine_figure(results: Mapping[str, Any], plt: Any):
         ax.fill_between(x, lo, hi, color=col, alpha=0.3, lw=0)
         ax.plot(x, lo, color=col, lw=1.2, label=f"{KIND_LABEL[kind]} vs {TARGET_LABEL[kind]}")
         ax.plot(x, hi, color=col, lw=0.8)
-    ax.set_ylim(0, 1.02)
+    lows = [v for kind in ("W", "V", "W_O") for v in _band(recs, kind)[0] if np.isfinite(v)]
+    ax.set_ylim(min(0.0, min(lows, default=0.0) - 0.05), 1.02)   # 0–1 as in the paper unless a cosine is < 0
     ax.set_xlabel("epoch" if sgd else "step")
     ax.set_ylabel("cosine similarity")
     ax.legend(loc="lower left")
@@ -847,6 +875,10 @@ def _f(v: Any, nd: int = 6) -> Any:
     return "—" if v is None else (round(v, nd) if isinstance(v, float) else v)
 
 
+def _s(v: Any, fmt: str = ".6f") -> str:
+    return "—" if v is None else format(v, fmt)
+
+
 def build_report(results: Mapping[str, Any]):
     """A :class:`~originlens.report.Report` of :func:`analyse_run`'s results."""
     from ..report import Report, setup_matplotlib
@@ -866,15 +898,19 @@ def build_report(results: Mapping[str, Any]):
     rep.figure(cosine_figure(results, plt), "Cosine of each learned matrix with its leading term; bands span "
                "the layers (attention W vs Q̄ red, value V vs Φ̄ᵀB̄ᵀ blue, output W_O vs B̄ green).", "cosines.png")
     m = results["min_cosine_over_training"]
-    rep.table(["weight", "min cosine over checkpoints and layers"],
-              [[KIND_LABEL[k], _f(m.get(k))] for k in ("W", "V", "W_O", "P")],
-              caption="Table 1 analogue (paper, η = 0.005, 100 epochs: W 0.999496, V 0.999169, W_O 0.998486).")
+    mf = results.get("min_cosine_over_training_full_train")
+    rows = [[KIND_LABEL[k], _s(m.get(k))] + ([_s(mf.get(k))] if mf else []) for k in ("W", "V", "W_O", "P")]
+    rep.table(["weight", f"min cosine, targets: {r['stats_source']}"]
+              + (["min cosine, targets: all training windows"] if mf else []), rows,
+              caption="Table 1 analogue: minimum over checkpoints and layers (paper, η = 0.005, 100 epochs, "
+              "first-batch targets: W 0.999496, V 0.999169, W_O 0.998486).")
     rep.figure(extra_figure(results, plt), "Left: positional bias P vs Δ. Right: norm of each weight over the "
                "norm of its scaled leading term (1 = the theorem's scale).", "position-and-norms.png")
     rep.section("Loss")
     rep.figure(loss_figure(results, plt), "Training loss (batch loss before each step) with ln|V|.", "loss.png")
     fin = results["final"]
-    rows = [[n, _f(v["cos"]), _f(v["norm_ratio"], 4), _f(v["frob_err"], 6), _f(v["rel_err"], 4), _f(v["bound"], 4)]
+    rows = [[n, _s(v["cos"]), _s(v["norm_ratio"], ".4f"), _s(v["frob_err"], ".3e"), _s(v["rel_err"], ".4f"),
+             _s(v["bound"], ".3e")]
             for n, v in fin["theory"].items()]
     rep.section(f"Final weights (step {fin['step']})")
     rep.table(["weight", "cosine", "norm ratio", "‖M − predicted‖", "relative error", "theorem bound"], rows,
@@ -884,14 +920,14 @@ def build_report(results: Mapping[str, Any]):
     rep.section("Null baselines (final weights)")
     rep.table(["weight", "leading term", "leading term (shared tokens)", "unrelated corpus (shared tokens)",
                "same corpus, disjoint windows", "raw PMI", "random Gaussian"],
-              [[n] + [_f(v.get(cn), 4) for cn in cols] for n, v in b["per_weight"].items()],
+              [[n] + [_s(v.get(cn), ".4f") for cn in cols] for n, v in b["per_weight"].items()],
               caption="; ".join(b["notes"]) + ". PMI: W_O vs PMI(x_t, x_{t+1}); V vs PMI(prefix x_m, target "
               "x_{t+1}); W vs PMI(query x_t, key x_m).")
     it = results.get("intervention")
     if it:
         rep.section("Causal intervention (paper Table 3)")
-        rows = [["original", _f(it["original"], 4), "", "", ""]]
-        rows += [[n, _f(v["loss"], 4), _f(v["delta"], 4), _f(v["coef"], 4), _f(v["residual_cos"], 2)]
+        rows = [["original", _s(it["original"]), "", "", ""]]
+        rows += [[n, _s(v["loss"]), _s(v["delta"], "+.3e"), _s(v["coef"], ".4g"), _s(v["residual_cos"], ".1e")]
                  for n, v in it["losses"].items()]
         rep.table(["weights", "loss", "Δ loss", "removed ⟨M,T⟩/‖T‖²", "cos(M', T) after"], rows,
                   caption=f"Projection onto the leading term removed, one weight at a time; loss on {it['source']}. "
@@ -900,7 +936,7 @@ def build_report(results: Mapping[str, Any]):
     if h:
         rep.section("Leading-term model (Eq. 12) vs baselines")
         rep.table(["model", "mean cross-entropy"],
-                  [[k, _f(h[k], 4)] for k in ("trained", "leading_term_eq12", "leading_term_full", "bigram_path",
+                  [[k, _s(h[k])] for k in ("trained", "leading_term_eq12", "leading_term_full", "bigram_path",
                                                "conditional_bigram", "uniform")],
                   caption=f"On {h['source']}; leading-term scalars at step {h['step']}. eq12: Eq. 12 as printed "
                   "(one attention term); full: predicted weights in the L-layer model; bigram_path: c_O X B̄; "
