@@ -11,8 +11,13 @@ from .llama2c import (
     load_llama2c,
     read_llama2c_header,
 )
+from .loading import MODEL_FORMATS, ModelFormat, detect_format, load_model
 
 __all__ = [
+    "MODEL_FORMATS",
+    "ModelFormat",
+    "detect_format",
+    "load_model",
     "BOS_ID",
     "EOS_ID",
     "KVCache",

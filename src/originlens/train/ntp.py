@@ -546,7 +546,7 @@ class Trainer:
     def run(self) -> TrainResult:
         """Train to ``config.steps`` (resuming if asked), evaluate, probe, save; returns the result."""
         cfg = self.config
-        self._t_start = t_start = time.time()
+        self._t_start = time.time()
         if self.resume and is_finished(self.run_path, cfg):
             s = read_json(self.rundir.file("summary.json"))
             log(f"{self.run_path}: already finished at step {s['step']}; skipping", level=2)
