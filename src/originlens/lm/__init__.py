@@ -1,4 +1,6 @@
-"""Pretrained language models: llama2.c checkpoints (model, tokenizer, generation)."""
+"""Language models under analysis: the adapter protocol, llama2.c checkpoints (model, tokenizer,
+generation) and adapters for our own GPT."""
+from .adapter import LMAdapter, TokenStates, hook_name_from_site, parse_site, site_from_hook_name
 from .llama2c import (
     BOS_ID,
     EOS_ID,
@@ -11,9 +13,17 @@ from .llama2c import (
     load_llama2c,
     read_llama2c_header,
 )
+from .native import GPTAdapter, Llama2cAdapter
 from .loading import MODEL_FORMATS, ModelFormat, detect_format, load_model
 
 __all__ = [
+    "LMAdapter",
+    "TokenStates",
+    "GPTAdapter",
+    "Llama2cAdapter",
+    "hook_name_from_site",
+    "parse_site",
+    "site_from_hook_name",
     "MODEL_FORMATS",
     "ModelFormat",
     "detect_format",

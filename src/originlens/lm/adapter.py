@@ -1,0 +1,175 @@
+"""One small protocol for every language model the ``lm`` tools analyse: :class:`LMAdapter`.
+
+The leading-term comparison (``leading-terms.md`` §5.2), SAE training, Q(w) (``gradient-pathways.md``
+§9), steering and look-ahead only need a handful of things from a model; each supported family
+(our GPT, llama2.c checkpoints, Hugging Face causal LMs, optionally TransformerLens) implements them
+once in a subclass of :class:`LMAdapter`:
+
+* sizes: ``n_layers``, ``d_model``, ``n_heads``, ``vocab_size``, ``max_seq_len``, ``bos_id``;
+* ``run(tokens, hooks=..., return_residuals=...)``: logits ``(B, T, V)``, optionally the L+1 residual
+  streams, with hooks at residual sites;
+* ``single_token_states(token_ids)``: each token fed **alone** (length-1 sequence, no BOS) and the
+  per-layer ``E_pre`` / ``E_attn`` / ``E_post`` representations of the Pythia protocol;
+* ``qk_weights(layer)``: the per-head query and key matrices (key heads expanded to query heads);
+* ``unembed(h)``: final normalisation and unembedding of a residual vector.
+
+Residual sites use one naming for every family (TransformerLens spirit): ``"resid.{k}"``, k = 0..L, is
+the residual stream after k blocks (k = 0: the embedding output, the input of block 1; k = L: the last
+block's output **before** the final normalisation).  A hook is ``fn(x, k) -> Tensor | None`` where
+``x`` is ``(B, T, d)``; returning a tensor of the same shape replaces the stream from there on.
+TransformerLens' ``blocks.{l}.hook_resid_post`` is ``resid.{l+1}`` and ``hook_resid_pre`` is
+``resid.{l}`` (see :func:`site_from_hook_name`).
+
+Caveats: adapters run on whatever device and dtype the wrapped model has; the protocol has no KV cache
+(generation in :mod:`originlens.lm.steering` re-runs the prefix, fine for short samples).
+"""
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+
+ResidHook = Callable[[Tensor, int], "Tensor | None"]
+
+
+@dataclass
+class TokenStates:
+    """Per-layer representations of tokens fed alone (leading-terms §5.2.2), each ``(L, n, d)``.
+
+    ``pre[l]`` is the input of block l+1 (resid_pre), ``attn[l] = pre[l] + attn_out`` ("no MLP"),
+    ``post[l]`` the block output (resid_post, MLP included).  No normalisation, no unembedding.
+    """
+
+    pre: Tensor
+    attn: Tensor
+    post: Tensor
+
+
+def site_name(k: int) -> str:
+    """``"resid.{k}"``."""
+    return f"resid.{k}"
+
+
+def parse_site(name: str, n_layers: int) -> int:
+    """Residual index k of ``"resid.k"`` or a TransformerLens name ``blocks.l.hook_resid_{pre,post}``."""
+    m = re.fullmatch(r"resid\.(\d+)", name)
+    if m:
+        k = int(m.group(1))
+    else:
+        k = site_from_hook_name(name)
+    if not 0 <= k <= n_layers:
+        raise ConfigError(f"residual site {name!r} is out of range for a {n_layers}-layer model",
+                          f"use resid.0 .. resid.{n_layers}")
+    return k
+
+
+def site_from_hook_name(name: str) -> int:
+    """``blocks.{l}.hook_resid_pre`` → l, ``blocks.{l}.hook_resid_post`` → l+1 (SAELens hook names)."""
+    m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_(pre|post)", name)
+    if not m:
+        raise ConfigError(f"unknown residual site {name!r}",
+                          "use resid.K (K = 0..L) or blocks.L.hook_resid_pre / blocks.L.hook_resid_post")
+    return int(m.group(1)) + (1 if m.group(2) == "post" else 0)
+
+
+def hook_name_from_site(k: int) -> str:
+    """Inverse of :func:`site_from_hook_name` (``resid.0`` → ``blocks.0.hook_resid_pre``)."""
+    return "blocks.0.hook_resid_pre" if k == 0 else f"blocks.{k - 1}.hook_resid_post"
+
+
+class LMAdapter(ABC):
+    """A causal language model seen through the protocol of this module (see the module docstring)."""
+
+    family: str = "abstract"
+    n_layers: int
+    d_model: int
+    n_heads: int
+    vocab_size: int
+    max_seq_len: int | None
+    bos_id: int | None
+
+    @abstractmethod
+    def run(self, tokens: Tensor, *, hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
+            return_residuals: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """tokens ``(B, T)`` int64 → logits ``(B, T, V)`` [, residuals: L+1 tensors ``(B, T, d)``].
+
+        ``hooks`` maps residual index k (0..L) to a hook or a list of hooks.  Returned residuals are the
+        tensors the model consumed after any replacement.
+        """
+
+    @abstractmethod
+    def single_token_states(self, token_ids: Tensor) -> TokenStates:
+        """token_ids ``(n,)`` → :class:`TokenStates` with tensors ``(L, n, d)`` (each token alone)."""
+
+    @abstractmethod
+    def qk_weights(self, layer: int) -> tuple[Tensor, Tensor]:
+        """``(W_Q, W_K)`` of 0-based ``layer``, each ``(n_heads, head_dim, d)``; q_h = W_Q[h] x.
+
+        Key heads are repeated for grouped-query attention, so index h pairs query and key heads.
+        """
+
+    @abstractmethod
+    def unembed(self, h: Tensor) -> Tensor:
+        """Final normalisation + unembedding: ``(..., d)`` → logits ``(..., V)``."""
+
+    # ---- conveniences built on the abstract methods -------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.parameters())).device
+
+    def parameters(self):  # pragma: no cover - overridden by every adapter
+        raise NotImplementedError
+
+    def named_tensors(self) -> Mapping[str, Tensor]:
+        """Every weight by name (used for checkpoint hashing); adapters override when cheaper."""
+        return dict(self.module.state_dict())  # type: ignore[attr-defined]
+
+    def residuals(self, tokens: Tensor) -> list[Tensor]:
+        """The L+1 residual streams ``(B, T, d)`` of a clean run."""
+        with torch.no_grad():
+            return self.run(tokens, return_residuals=True)[1]  # type: ignore[index]
+
+    def logits(self, tokens: Tensor, hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None
+               ) -> Tensor:
+        """Logits ``(B, T, V)``, with optional residual hooks."""
+        return self.run(tokens, hooks=hooks)  # type: ignore[return-value]
+
+    def check_site(self, k: int | str) -> int:
+        """A residual index from an int or a site name, validated against this model."""
+        if isinstance(k, str):
+            return parse_site(k, self.n_layers)
+        if not 0 <= int(k) <= self.n_layers:
+            raise ConfigError(f"residual site {k} is out of range for a {self.n_layers}-layer model",
+                              f"use 0..{self.n_layers}")
+        return int(k)
+
+
+def normalise_hooks(hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None, n_layers: int
+                    ) -> dict[int, list[ResidHook]]:
+    """``{k: [fn, ...]}`` with keys validated (ints or site names)."""
+    out: dict[int, list[ResidHook]] = {}
+    for key, fns in (hooks or {}).items():
+        k = parse_site(key, n_layers) if isinstance(key, str) else int(key)
+        if not 0 <= k <= n_layers:
+            raise ConfigError(f"hook at residual site {k} is out of range", f"use 0..{n_layers}")
+        out.setdefault(k, []).extend([fns] if callable(fns) else list(fns))
+    return out
+
+
+def apply_hooks(k: int, x: Tensor, hooks: dict[int, list[ResidHook]]) -> Tensor:
+    """Run the hooks of site k on ``x``; each may return a same-shape replacement."""
+    for fn in hooks.get(k, ()):
+        new = fn(x, k)
+        if new is not None:
+            if not isinstance(new, Tensor) or new.shape != x.shape:
+                raise ConfigError(f"hook at resid.{k} returned {getattr(new, 'shape', type(new))}, "
+                                  f"expected shape {tuple(x.shape)}", "return None or a same-shape tensor")
+            x = new
+    return x
