@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "originlens.cli.demo_cmd",
     "originlens.cli.lm_cmd",
     "originlens.cli.ntp_cmd",
+    "originlens.cli.report_cmd",
 ]
 
 

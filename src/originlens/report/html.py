@@ -1,19 +1,27 @@
 """A tiny report builder: sections, paragraphs, tables and matplotlib figures.
 
 ``Report.write(dir)`` writes ``report.html`` (self-contained: PNGs embedded as data URIs, no scripts,
-no external resources) and ``report.md`` (figures saved under ``figures/``), atomically.  Every figure
-takes a one-sentence caption saying what it shows.  Figures use a colour-blind-safe palette (Okabe–Ito)
-and the non-interactive Agg backend, so reports build on headless machines.
+no external resources), ``report.md`` (figures saved under ``figures/``) and ``report.json`` (the blocks,
+figures by file name) atomically, so a report can be rebuilt or combined later without re-running
+anything (:func:`load_report`, :mod:`originlens.report.combine`).  When the directory is a run directory
+(``config.json`` / ``environment.json`` present), a "Run record" section with the configuration, package
+versions, seeds, data hashes and git commit is appended.  Every figure takes a one-sentence caption
+saying what it shows.  Figures use a colour-blind-safe palette (Okabe–Ito) and the non-interactive Agg
+backend, so reports build on headless machines.
 """
 from __future__ import annotations
 
 import base64
 import html
 import io
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..storage import atomic_write_bytes, atomic_write_text
+from ..errors import InputError
+from ..storage import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+REPORT_FORMAT = 1
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
 
@@ -74,8 +82,13 @@ class Report:
         self.blocks.append(("fig", (png, caption, name or f"figure-{self._n_fig:02d}.png")))
         return self
 
+    def figure_row(self, items: Sequence[tuple[bytes, str, str]], caption: str) -> "Report":
+        """Several figures side by side: ``items`` = [(png, label, file name)], one caption for the row."""
+        self.blocks.append(("figrow", ([(png, label, name) for png, label, name in items], caption)))
+        return self
+
     # -- rendering ----------------------------------------------------------------------------
-    def to_html(self) -> str:
+    def to_html(self, extra: Sequence[tuple[str, Any]] = ()) -> str:
         e = html.escape
         parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{e(self.title)}</title>",
                  "<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;"
@@ -83,9 +96,11 @@ class Report:
                  "padding:2px 8px;text-align:left}th{background:#eee}figure{margin:1em 0}figcaption{color:#333;"
                  "font-size:.9em}img{max-width:100%}pre{background:#f4f4f4;padding:.5em;overflow-x:auto}</style>"
                  "</head><body>", f"<h1>{e(self.title)}</h1>"]
-        for kind, val in self.blocks:
+        for kind, val in [*self.blocks, *extra]:
             if kind == "h2":
                 parts.append(f"<h2>{e(val)}</h2>")
+            elif kind == "h3":
+                parts.append(f"<h3>{e(val)}</h3>")
             elif kind == "p":
                 parts.append(f"<p>{e(val)}</p>")
             elif kind == "pre":
@@ -105,14 +120,25 @@ class Report:
                 b64 = base64.b64encode(png).decode("ascii")
                 parts.append(f"<figure><img alt='{e(caption)}' src='data:image/png;base64,{b64}'>"
                              f"<figcaption>{e(caption)}</figcaption></figure>")
+            elif kind == "figrow":
+                items, caption = val
+                cells = "".join(
+                    f"<div style='flex:1;min-width:0'><img alt='{e(label)}' "
+                    f"src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>"
+                    f"<div style='font-size:.85em;text-align:center'>{e(label)}</div></div>"
+                    for png, label, _ in items)
+                parts.append(f"<figure><div style='display:flex;gap:.5em'>{cells}</div>"
+                             f"<figcaption>{e(caption)}</figcaption></figure>")
         parts.append("</body></html>")
         return "\n".join(parts)
 
-    def to_markdown(self) -> str:
+    def to_markdown(self, extra: Sequence[tuple[str, Any]] = ()) -> str:
         out = [f"# {self.title}", ""]
-        for kind, val in self.blocks:
+        for kind, val in [*self.blocks, *extra]:
             if kind == "h2":
                 out += [f"## {val}", ""]
+            elif kind == "h3":
+                out += [f"### {val}", ""]
             elif kind == "p":
                 out += [val, ""]
             elif kind == "pre":
@@ -129,14 +155,133 @@ class Report:
             elif kind == "fig":
                 _, caption, name = val
                 out += [f"![{caption}](figures/{name})", "", f"*{caption}*", ""]
+            elif kind == "figrow":
+                items, caption = val
+                out += [" ".join(f"![{label}](figures/{name})" for _, label, name in items), "",
+                        f"*{caption}*", ""]
         return "\n".join(out)
 
-    def write(self, directory: str | Path) -> Path:
-        """Write report.html, report.md and figures/; returns the HTML path."""
+    def to_json(self) -> dict[str, Any]:
+        """The blocks as JSON (figures by file name under ``figures/``)."""
+        blocks: list[dict[str, Any]] = []
+        for kind, val in self.blocks:
+            if kind == "fig":
+                _, caption, name = val
+                blocks.append({"kind": kind, "caption": caption, "name": name})
+            elif kind == "figrow":
+                items, caption = val
+                blocks.append({"kind": kind, "caption": caption,
+                               "items": [{"label": label, "name": name} for _, label, name in items]})
+            elif kind == "table":
+                header, rows, caption = val
+                blocks.append({"kind": kind, "header": header, "rows": [[_jsonable(c) for c in r] for r in rows],
+                               "caption": caption})
+            else:
+                blocks.append({"kind": kind, "value": val})
+        return {"format": REPORT_FORMAT, "title": self.title, "blocks": blocks}
+
+    def write(self, directory: str | Path, *, run_record: bool = True) -> Path:
+        """Write report.html, report.md, report.json and figures/; returns the HTML path.
+
+        With ``run_record`` and a run directory (config.json / environment.json), the run record is
+        appended to the rendered report (not to ``report.json``, so rebuilding does not duplicate it).
+        """
         d = Path(directory)
         for kind, val in self.blocks:
             if kind == "fig":
                 png, _, name = val
                 atomic_write_bytes(d / "figures" / name, png)
-        atomic_write_text(d / "report.md", self.to_markdown())
-        return atomic_write_text(d / "report.html", self.to_html())
+            elif kind == "figrow":
+                for png, _, name in val[0]:
+                    atomic_write_bytes(d / "figures" / name, png)
+        extra = run_record_blocks(d) if run_record else []
+        atomic_write_json(d / "report.json", self.to_json())
+        atomic_write_text(d / "report.md", self.to_markdown(extra))
+        return atomic_write_text(d / "report.html", self.to_html(extra))
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    try:
+        import numpy as np
+        if isinstance(v, np.generic):
+            return v.item()
+    except ImportError:  # pragma: no cover
+        pass
+    return str(v)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+def run_record_blocks(directory: str | Path) -> list[tuple[str, Any]]:
+    """Blocks describing the run in ``directory``: config, versions, seeds, data hashes, git commit."""
+    d = Path(directory)
+    config, env = _read_json(d / "config.json"), _read_json(d / "environment.json")
+    if config is None and env is None:
+        return []
+    blocks: list[tuple[str, Any]] = [("h2", "Run record")]
+    if isinstance(config, dict):
+        rows = [[k, json.dumps(v) if isinstance(v, (list, dict)) else _jsonable(v)]
+                for k, v in _flatten(config).items()]
+        blocks.append(("table", (["config key", "value"], rows, "Configuration of this run (config.json).")))
+    if isinstance(env, dict):
+        versions = env.get("versions") or {}
+        blocks.append(("table", (["package", "version"], [[k, v] for k, v in versions.items()],
+                                 "Package versions (environment.json).")))
+        facts = [["git commit", env.get("git_commit") or "unknown"], ["started", env.get("time", "")],
+                 ["command", " ".join(map(str, env.get("argv") or []))]]
+        facts += [[f"seed: {k}", v] for k, v in (env.get("seeds") or {}).items()]
+        facts += [[f"data: {k}", v] for k, v in (env.get("data_hashes") or {}).items()]
+        blocks.append(("table", (["fact", "value"], facts, "Provenance: commit, command, seeds and sha256 "
+                                                           "of every input file.")))
+    return blocks
+
+
+def load_report(directory: str | Path) -> Report:
+    """Rebuild the :class:`Report` saved in ``directory`` (``report.json`` + ``figures/``)."""
+    d = Path(directory)
+    data = _read_json(d / "report.json")
+    if not isinstance(data, dict) or "blocks" not in data:
+        raise InputError(f"{d} has no readable report.json",
+                         "pass a run directory written by originlens (re-run the command that made it)")
+    if data.get("format", 0) > REPORT_FORMAT:
+        raise InputError(f"{d}/report.json has format {data.get('format')}, newer than this originlens "
+                         f"({REPORT_FORMAT})", "upgrade originlens")
+
+    def png(name: str) -> bytes:
+        p = d / "figures" / name
+        try:
+            return p.read_bytes()
+        except OSError:
+            raise InputError(f"figure {p} of the report is missing", "re-run the command that made the run") from None
+
+    rep = Report(str(data.get("title", d.name)))
+    for b in data["blocks"]:
+        kind = b.get("kind")
+        if kind == "fig":
+            rep.blocks.append(("fig", (png(b["name"]), b["caption"], b["name"])))
+        elif kind == "figrow":
+            rep.blocks.append(("figrow", ([(png(i["name"]), i["label"], i["name"]) for i in b["items"]],
+                                          b["caption"])))
+        elif kind == "table":
+            rep.blocks.append(("table", (b["header"], b["rows"], b.get("caption", ""))))
+        elif kind in ("h2", "h3", "p", "pre"):
+            rep.blocks.append((kind, b["value"]))
+    rep._n_fig = sum(1 for k, _ in rep.blocks if k == "fig")
+    return rep
