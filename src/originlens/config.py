@@ -45,6 +45,15 @@ def _type_name(v: Any) -> str:
             dict: "mapping"}.get(type(v), type(v).__name__)
 
 
+def _describe(v: Any) -> str:
+    """``integer 3``, ``string 'abc'`` (shortened), ``list`` / ``mapping`` for containers."""
+    if isinstance(v, (list, tuple, dict)):
+        return _type_name(v)
+    if isinstance(v, str) and len(v) > 40:
+        v = v[:40] + "…"
+    return f"{_type_name(v)} {v!r}" if v is not None else "null"
+
+
 def _hint_name(h: Any) -> str:
     if h is type(None):
         return "null"
@@ -142,7 +151,7 @@ def _convert(value: Any, hint: Any, path: str, where: str) -> Any:
                 raise _Mismatch(path, _hint_name(hint), value)
             return tuple(_convert(v, a, f"{path}[{i}]", where) for i, (v, a) in enumerate(zip(value, args)))
         items = [_convert(v, args[0], f"{path}[{i}]", where) for i, v in enumerate(value)] if args else list(value)
-        return items if origin is not tuple and not isinstance(value, tuple) else type(value)(items)
+        return tuple(items) if isinstance(value, tuple) and origin is not list else items
     if origin in (dict, cabc.Mapping, cabc.MutableMapping) or hint is dict:
         if not isinstance(value, Mapping):
             raise _Mismatch(path, "mapping", value)
@@ -213,12 +222,7 @@ def from_mapping(cls: type[T], d: Any, *, where: str = "config") -> T:
         try:
             kwargs[k] = _convert(v, hints.get(k, Any), k, where)
         except _Mismatch as exc:
-            got = exc.got if isinstance(exc.got, (bool, int, float, type(None))) else \
-                (exc.got[:40] + "…" if isinstance(exc.got, str) and len(exc.got) > 40 else exc.got)
-            shown = repr(got) if not isinstance(got, (list, tuple, dict)) else _type_name(got)
-            raise ConfigError(f"{where}: key {exc.path!r} must be {exc.expected}, got {_type_name(exc.got)} "
-                              f"{shown}" if shown != _type_name(exc.got) else
-                              f"{where}: key {exc.path!r} must be {exc.expected}, got {shown}",
+            raise ConfigError(f"{where}: key {exc.path!r} expects {exc.expected}, got {_describe(exc.got)}",
                               f"fix the value of {k!r}") from None
     try:
         return cls(**kwargs)

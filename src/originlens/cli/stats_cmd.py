@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Compute the exact corpus statistics of arXiv 2601.19208 §3 from a corpus directory "
                     "(originlens corpus build) or an (N, T+1) .npy token file, and write "
                     "DIR/statistics.safetensors with exactly the six keys (plus vocab.json and "
-                    "manifest.json when built from a corpus directory).")
+                    "manifest.json when built from a corpus directory). Under `torchrun --nproc_per_node N -m "
+                    "originlens stats ...` each process takes a shard and the sums are all-gathered.")
     p.add_argument("corpus", nargs="?", help="corpus directory written by `originlens corpus build`")
     p.add_argument("--tokens", help="an (N, T+1) integer .npy file instead of a corpus directory")
     p.add_argument("--vocab-size", type=int, help="|V| (required with --tokens; default: the corpus's)")
@@ -36,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..data import load_token_array
+    from ..distributed import distributed_corpus_statistics, init
     from ..stats import corpus_statistics, save_statistics
     from ..storage import sha256_file
     if bool(args.corpus) == bool(args.tokens):
@@ -53,12 +55,20 @@ def run(args: argparse.Namespace) -> int:
     log(f"statistics of {tokens.shape[0]} windows × T={tokens.shape[1] - 1}, |V|={V}"
         + (f", top-{args.top_k}" if args.top_k else ""))
     t0 = time.perf_counter()
-    st = corpus_statistics(tokens, V, top_k=args.top_k, centering=args.centering, pad_id=args.pad_id,
-                           dtype=np.dtype(args.dtype), chunk_size=args.chunk_size, vocab=vocab)
+    rank, world_size = init()           # under torchrun: each rank takes a shard, sums are all-gathered
+    kwargs = dict(top_k=args.top_k, centering=args.centering, pad_id=args.pad_id,
+                  dtype=np.dtype(args.dtype), chunk_size=args.chunk_size, vocab=vocab)
+    if world_size > 1:
+        st = distributed_corpus_statistics(tokens, V, **kwargs)
+    else:
+        st = corpus_statistics(tokens, V, **kwargs)
     secs = time.perf_counter() - t0
+    if rank != 0:                       # every rank holds the same result; rank 0 writes it
+        return 0
     st.meta.update({"source": str(src), "windows": int(tokens.shape[0]), "seconds": round(secs, 3),
                     "top_k": args.top_k})
     out_manifest = {"statistics": {"source": str(src), "windows": int(tokens.shape[0]),
+                                   "processes": world_size,
                                    "seq_len": st.seq_len, "vocab_size": V, "size": st.size,
                                    "centering": st.centering, "n_pairs": st.n_pairs, "top_k": args.top_k,
                                    "pad_id": args.pad_id, "dtype": args.dtype, "seconds": secs},

@@ -195,12 +195,10 @@ class GPTConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "GPTConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown GPTConfig fields {unknown}", f"valid fields: {', '.join(sorted(known))}")
-        return cls(**d)
+    def from_dict(cls, d: Mapping[str, Any], *, where: str = "GPTConfig") -> "GPTConfig":
+        """Build from a mapping (unknown keys, wrong types: ConfigError; see ``originlens.config``)."""
+        from ..config import from_mapping
+        return from_mapping(cls, d, where=where)
 
 
 @dataclass(frozen=True)

@@ -228,12 +228,10 @@ class NTPConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "NTPConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown NTPConfig fields {unknown}", f"valid fields: {', '.join(sorted(known))}")
-        return cls(**d)
+    def from_dict(cls, d: dict[str, Any], *, where: str = "NTPConfig") -> "NTPConfig":
+        """Build from a mapping (unknown keys, wrong types: ConfigError; see ``originlens.config``)."""
+        from ..config import from_mapping
+        return from_mapping(cls, d, where=where)
 
     def replace(self, **changes: Any) -> "NTPConfig":
         return NTPConfig.from_dict({**self.to_dict(), **changes})
@@ -574,6 +572,7 @@ class Trainer:
                         "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume")
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                _check_finite(self.model.named_parameters(), "gradient", b + 1, cfg, self.last_checkpoint)
                 self.optimizer.step()
                 self.step = b + 1
                 self.last_loss = value
@@ -875,6 +874,18 @@ class Trainer:
                    "seconds": seconds, "num_params": self.model.num_params()}
         atomic_write_json(self.rundir.file("summary.json"), summary)
         return TrainResult(self.run_path, self.step, dict(self.last_eval), dict(self.last_probe), seconds)
+
+
+def _check_finite(named: Any, what: str, update: int, cfg: NTPConfig, last: Path | None) -> None:
+    """Raise NumericalError naming the first parameter whose ``what`` ("gradient") is NaN/Inf (one sync)."""
+    items = [(n, p.grad) for n, p in named if p.grad is not None]
+    if not items or bool(torch.stack([torch.isfinite(g).all() for _, g in items]).all()):
+        return
+    name = next(n for n, g in items if not bool(torch.isfinite(g).all()))
+    raise NumericalError(
+        f"non-finite {what} of parameter {name!r} at update {update} ({cfg.task}/{cfg.regime}, seed {cfg.seed}); "
+        f"last good checkpoint: {last if last else 'none (no checkpoint yet)'}",
+        "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume")
 
 
 def _due(step: int, every: int) -> bool:
