@@ -23,7 +23,8 @@ Othello with ``othello_pool=0``), else the rows ``sort(rng.integers(0, N, B))`` 
 pre-generated once per run from ``default_rng([seed, 11, c])`` per chunk c of 16384 games (cached in
 ``RUN/data/othello-pool.npy``), or the first N windows of the token store (``corpus``: a corpus
 directory or an ``.npy`` of windows).  The eval set is
-``task.sample(eval_size, default_rng([eval_seed, 13]))`` (``eval_seed`` defaults to ``seed``); for the
+``task.sample(eval_size, default_rng([eval_seed, 13]))`` (``eval_seed`` defaults to ``seed``; a task with a
+held-out split, ``tinystories``, draws it with ``task.sample_eval`` instead); for the
 language task it is the last ``eval_size`` windows of the store.  Model init: ``torch.manual_seed(seed)``
 then ``GPT(config)``.  Numbering: records with ``"step": s`` come after update s; the train loss at
 step s is the mean over the updates since the previous record of the loss of each batch *before* its
@@ -60,7 +61,8 @@ from ..progress import log, progress
 from ..runs import RunDir, to_jsonable
 from ..storage import atomic_save_npy, atomic_write_bytes, atomic_write_json, load_tensors, read_json, \
     save_tensors, sha256_file
-from ..tasks import BOS_ID, TaskBatch, get_task, moves_to_tokens, task_metrics, task_names
+from ..tasks import BOS_ID, TaskBatch, moves_to_tokens, task_metrics, task_names
+from ..tasks import get_task as registry_task
 from ..tasks.othello import generate_games
 
 TRAIN_STREAM, POOL_STREAM, EVAL_STREAM = 7, 11, 13
@@ -80,14 +82,27 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
                     probe_every=1000, eval_every=500, untie_at=None, probe_positions="tracked"),
     LANGUAGE: dict(n_layer=4, d_model=128, n_head=4, batch_size=256, steps=1000, eval_size=30000,
                    probe_every=0, eval_every=100, untie_at=None, probe_positions="all"),
+    "tinystories": dict(n_layer=4, d_model=128, n_head=4, batch_size=256, steps=1000, eval_size=30000,
+                        probe_every=100, eval_every=0, untie_at=None, probe_positions="tracked"),
 }
+# Trainer tasks outside originlens.tasks' registry: name -> (module, class); built by get_task below.
+EXTRA_TASKS: dict[str, tuple[str, str]] = {"tinystories": ("originlens.tasks.tinystories", "TinyStoriesTask")}
 # Fields that may change between a run and its resumption (they do not change the trained weights).
 OPERATIONAL_FIELDS = ("steps", "checkpoint_every", "keep_checkpoints", "device", "log_every")
 
 
 def all_task_names() -> list[str]:
     """Tasks the trainer accepts: the synthetic worlds plus ``language`` (a token store)."""
-    return [*task_names(), LANGUAGE]
+    return [*task_names(), *EXTRA_TASKS, LANGUAGE]
+
+
+def get_task(name: str, **kw: Any) -> Any:
+    """:func:`originlens.tasks.get_task` extended by :data:`EXTRA_TASKS` (``tinystories``)."""
+    if name in EXTRA_TASKS:
+        import importlib
+        module, cls_name = EXTRA_TASKS[name]
+        return getattr(importlib.import_module(module), cls_name)(**kw)
+    return registry_task(name, **kw)
 
 
 @dataclass
@@ -690,7 +705,8 @@ class Trainer:
             tok = np.asarray(self._corpus_tokens[len(self._corpus_tokens) - cfg.eval_size:], dtype=np.int64)
             return EvalData(tok, None)
         rng = np.random.default_rng([cfg.effective_eval_seed, EVAL_STREAM])
-        batch = self.task.sample(cfg.eval_size, rng)
+        sample = getattr(self.task, "sample_eval", self.task.sample)   # held-out split (tinystories)
+        batch = sample(cfg.eval_size, rng)
         return EvalData(batch.tokens, batch)
 
     def _write_environment(self) -> None:

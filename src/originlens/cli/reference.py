@@ -1,0 +1,84 @@
+"""The CLI reference (``docs/cli.md``), generated from the argparse parsers themselves.
+
+``python -m originlens.cli.reference > docs/cli.md`` regenerates it; a test fails when the committed file
+is out of date, so the reference cannot drift from the code.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            return dict(a.choices)
+    return {}
+
+
+def _help_of(p: argparse.ArgumentParser, name: str) -> str:
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for ca in a._choices_actions:
+                if ca.dest == name or ca.metavar == name:
+                    return ca.help or ""
+    return ""
+
+
+def _section(p: argparse.ArgumentParser, path: list[str], parent: argparse.ArgumentParser | None,
+             out: list[str]) -> None:
+    name = " ".join(path)
+    level = "#" * min(2 + len(path) - 1, 4)
+    out.append(f"{level} `{name}`\n")
+    short = _help_of(parent, path[-1]) if parent is not None else ""
+    if short:
+        out.append(short[0].upper() + short[1:] + ".\n")
+    p.prog = name
+    usage = p.format_usage().replace("usage: ", "").strip()
+    out.append("```text\n" + usage + "\n```\n")
+    if p.description and parent is not None:
+        out.append(p.description.strip() + "\n")
+    rows = []
+    for a in p._actions:
+        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        flags = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}`"
+        default = "" if a.default in (None, argparse.SUPPRESS, False) or not a.option_strings \
+            else f" (default: `{a.default}`)"
+        choices = f" One of: {', '.join(f'`{c}`' for c in a.choices)}." if a.choices else ""
+        text = (a.help or "").replace("|", "\\|").replace("\n", " ")
+        rows.append(f"| {flags} | {text}{choices}{default} |")
+    if rows:
+        out.append("| argument | meaning |\n|---|---|\n" + "\n".join(rows) + "\n")
+    for sub_name, sub in _subparsers(p).items():
+        _section(sub, [*path, sub_name], p, out)
+
+
+def cli_reference() -> str:
+    """Markdown reference of every ``originlens`` command and option."""
+    import os
+    from .main import build_parser
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"          # argparse wraps usage lines to the terminal width
+    try:
+        root = build_parser()
+        text = _render(root)
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old
+    return text
+
+
+def _render(root: argparse.ArgumentParser) -> str:
+    out = ["# CLI reference\n",
+           "Generated from the parsers by `python -m originlens.cli.reference > docs/cli.md`; "
+           "do not edit by hand. Every command prints one line `originlens: error: ...` (what is wrong, "
+           "how to fix it) and exits with status 2 on bad input.\n"]
+    _section(root, ["originlens"], None, out)
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.stdout.write(cli_reference())

@@ -1,0 +1,388 @@
+"""Hugging Face causal language models behind the :class:`~originlens.lm.adapter.LMAdapter` protocol.
+
+:class:`HFAdapter` wraps a ``transformers`` model of one of the supported families:
+
+* ``gpt2`` (``GPT2LMHeadModel``): learned absolute positions; ``c_attn`` is a ``Conv1D`` whose weight is
+  stored ``(in, out)`` with output columns ``[Q | K | V]``, each split into heads;
+* ``gpt_neox`` (``GPTNeoXForCausalLM``, the Pythia models): rotary positions (often on a fraction of
+  each head), ``query_key_value`` rows grouped **per head** as ``[q_h | k_h | v_h]``; with the parallel
+  residual ``out = x + attn(ln1 x) + mlp(ln2 x)`` the "no MLP" representation is still
+  ``E_attn = resid_pre + attn_out``;
+* ``llama`` (``LlamaForCausalLM``): RMSNorm, rotary positions with ``rotate_half`` pairs ``(j, j + dh/2)``,
+  grouped-query attention (query head h reads key/value head ``h // (H / H_kv)``).
+
+Residual sites (``resid.k``) are implemented with forward *pre*-hooks on decoder layer k (k < L) and on
+the final normalisation (k = L), so a hook's return value is what the model consumes from there on.
+``single_token_states`` runs every token as its own length-1 sequence (position 0; rotary embeddings are
+the identity there and GPT-2 adds ``wpe[0]``), capturing layer inputs, attention-module outputs and
+layer outputs.
+
+:func:`load_hf` loads a local directory (always offline) or a hub id with ``revision=``; the hub path
+fails with an :class:`~originlens.errors.InputError` that says how to use a local directory when the hub
+cannot be reached.  ``transformers`` is the optional extra ``originlens[hf]``; it is imported lazily.
+
+Caveats: query/key **biases** (GPT-2, NeoX) are not part of ``qk_weights`` (as for our GPT); models are
+put in eval mode; no KV cache (``run`` re-runs whole sequences); ``trust_remote_code`` is only passed
+when the caller asks for it; other architectures raise :class:`~originlens.errors.CompatibilityError`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import CompatibilityError, ConfigError, InputError
+from .adapter import LMAdapter, ResidHook, TokenStates, apply_hooks, normalise_hooks
+
+INSTALL_FIX = "pip install 'originlens[hf]' (installs transformers)"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_CHUNK = 4096  # tokens per batch in single_token_states
+
+
+def require_transformers() -> Any:
+    """The ``transformers`` module, or :class:`CompatibilityError` saying how to install it."""
+    try:
+        import transformers
+    except ImportError:
+        raise CompatibilityError("Hugging Face models need the optional dependency 'transformers', "
+                                 "which is not installed", INSTALL_FIX) from None
+    return transformers
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' progress bars and info/warning logs for the duration of a load/save."""
+    from transformers.utils import logging as hf_logging
+    bars = hf_logging.is_progress_bar_enabled()
+    level = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+# --------------------------------------------------------------------------------------------------
+# Families: where the pieces of each architecture live
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Family:
+    """Accessors for one architecture (``m`` is the ``*ForCausalLM`` model)."""
+
+    layers: Callable[[Any], nn.ModuleList]
+    final_norm: Callable[[Any], nn.Module]
+    attention: Callable[[nn.Module], nn.Module]
+    qk: Callable[[Any, nn.Module], tuple[Tensor, Tensor]]   # (W_Q (H, dh, d), W_K (H_kv, dh, d))
+    n_kv_heads: Callable[[Any], int]
+
+
+def _gpt2_qk(cfg: Any, layer: nn.Module) -> tuple[Tensor, Tensor]:
+    d, H = cfg.hidden_size, cfg.num_attention_heads
+    w = layer.attn.c_attn.weight                     # Conv1D: (in=d, out=3d), y = x @ w + b
+    return w[:, :d].T.reshape(H, d // H, d), w[:, d:2 * d].T.reshape(H, d // H, d)
+
+
+def _neox_qk(cfg: Any, layer: nn.Module) -> tuple[Tensor, Tensor]:
+    d, H = cfg.hidden_size, cfg.num_attention_heads
+    w = layer.attention.query_key_value.weight.view(H, 3, d // H, d)   # rows per head: [q_h | k_h | v_h]
+    return w[:, 0], w[:, 1]
+
+
+def _llama_qk(cfg: Any, layer: nn.Module) -> tuple[Tensor, Tensor]:
+    a = layer.self_attn
+    H, Hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
+    dh = a.head_dim
+    return a.q_proj.weight.view(H, dh, d), a.k_proj.weight.view(Hkv, dh, d)
+
+
+FAMILIES: dict[str, _Family] = {
+    "gpt2": _Family(lambda m: m.transformer.h, lambda m: m.transformer.ln_f, lambda l: l.attn, _gpt2_qk,
+                    lambda c: c.num_attention_heads),
+    "gpt_neox": _Family(lambda m: m.gpt_neox.layers, lambda m: m.gpt_neox.final_layer_norm,
+                        lambda l: l.attention, _neox_qk, lambda c: c.num_attention_heads),
+    "llama": _Family(lambda m: m.model.layers, lambda m: m.model.norm, lambda l: l.self_attn, _llama_qk,
+                     lambda c: c.num_key_value_heads or c.num_attention_heads),
+}
+
+
+def _family(model_type: str) -> _Family:
+    if model_type not in FAMILIES:
+        raise CompatibilityError(f"Hugging Face model type {model_type!r} is not supported",
+                                 f"use one of: {', '.join(FAMILIES)} (GPT-2, GPT-NeoX/Pythia, Llama)")
+    return FAMILIES[model_type]
+
+
+# --------------------------------------------------------------------------------------------------
+# Adapter
+# --------------------------------------------------------------------------------------------------
+
+def _replace_first(args: tuple, kwargs: dict, x: Tensor) -> tuple[tuple, dict]:
+    if args:
+        return (x, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": x}
+
+
+def _first(args: tuple, kwargs: dict) -> Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+class HFAdapter(LMAdapter):
+    """A Hugging Face causal LM (GPT-2, GPT-NeoX/Pythia or Llama family) behind the adapter protocol.
+
+    ``bos_id`` defaults to the config's ``bos_token_id``; ``stop_ids`` (tokens that end a generated
+    text) to the generation config's ``eos_token_id`` (an int or a list).
+    """
+
+    family = "hf"
+
+    def __init__(self, model: Any, *, bos_id: int | None = None, source: str | None = None) -> None:
+        cfg = model.config
+        self.arch = _family(getattr(cfg, "model_type", ""))
+        self.module = model.eval()
+        self.config = cfg
+        self.model_type = cfg.model_type
+        self.source = source
+        self.n_layers = int(cfg.num_hidden_layers)
+        self.d_model = int(cfg.hidden_size)
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv_heads = int(self.arch.n_kv_heads(cfg))
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_seq_len = getattr(cfg, "max_position_embeddings", None)
+        self.bos_id = bos_id if bos_id is not None else getattr(cfg, "bos_token_id", None)
+        gen = getattr(model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if eos is None:
+            eos = getattr(cfg, "eos_token_id", None)
+        self.stop_ids = tuple(sorted({int(e) for e in ([eos] if isinstance(eos, int) else (eos or []))}))
+
+    # -- pieces -----------------------------------------------------------------------------------
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.arch.layers(self.module)
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.arch.final_norm(self.module)
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def named_tensors(self) -> Mapping[str, Tensor]:
+        return dict(self.module.state_dict())
+
+    def _check_tokens(self, tokens: Tensor) -> Tensor:
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.shape[1] < 1:
+            raise InputError(f"tokens must be a (B, T) tensor with T >= 1, got "
+                             f"{getattr(tokens, 'shape', type(tokens))}", "pass a 2-D LongTensor of token ids")
+        T = tokens.shape[1]
+        if self.max_seq_len is not None and T > self.max_seq_len:
+            raise ConfigError(f"sequence of {T} tokens exceeds the model's context of {self.max_seq_len}",
+                              f"use at most {self.max_seq_len} tokens per sequence")
+        lo, hi = (int(v) for v in torch.aminmax(tokens))
+        if lo < 0 or hi >= self.vocab_size:
+            raise InputError(f"token ids span [{lo}, {hi}] outside the vocabulary [0, {self.vocab_size})",
+                             "use the tokenizer that belongs to the model")
+        return tokens.long().to(self.device)
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def run(self, tokens: Tensor, *, hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
+            return_residuals: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        tokens = self._check_tokens(tokens)
+        hk = normalise_hooks(hooks, self.n_layers)
+        residuals: list[Tensor | None] = [None] * (self.n_layers + 1)
+
+        def site(k: int):
+            def pre_hook(module: nn.Module, args: tuple, kwargs: dict):
+                x = apply_hooks(k, _first(args, kwargs), hk)
+                residuals[k] = x
+                return _replace_first(args, kwargs, x)
+            return pre_hook
+
+        handles = []
+        try:
+            for k in range(self.n_layers + 1):
+                if return_residuals or k in hk:
+                    mod = self.layers[k] if k < self.n_layers else self.final_norm
+                    handles.append(mod.register_forward_pre_hook(site(k), with_kwargs=True))
+            logits = self.module(input_ids=tokens, use_cache=False).logits
+        finally:
+            for h in handles:
+                h.remove()
+        return (logits, residuals) if return_residuals else logits  # type: ignore[return-value]
+
+    def single_token_states(self, token_ids: Tensor) -> TokenStates:
+        ids = token_ids.reshape(-1)
+        pre, attn, post = ([[] for _ in range(self.n_layers)] for _ in range(3))
+
+        def grab_pre(l: int):
+            def fn(module, args, kwargs):
+                pre[l].append(_first(args, kwargs)[:, 0])
+            return fn
+
+        def grab_out(store: list, l: int):
+            def fn(module, args, kwargs, out):
+                store[l].append((out[0] if isinstance(out, tuple) else out)[:, 0])
+            return fn
+
+        handles = []
+        try:
+            for l, layer in enumerate(self.layers):
+                handles.append(layer.register_forward_pre_hook(grab_pre(l), with_kwargs=True))
+                handles.append(layer.register_forward_hook(grab_out(post, l), with_kwargs=True))
+                handles.append(self.arch.attention(layer).register_forward_hook(grab_out(attn, l),
+                                                                                  with_kwargs=True))
+            for chunk in ids.split(_CHUNK):
+                self.module(input_ids=self._check_tokens(chunk[:, None]), use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        P = torch.stack([torch.cat(p) for p in pre])
+        A = torch.stack([torch.cat(a) for a in attn])
+        return TokenStates(P, P + A, torch.stack([torch.cat(p) for p in post]))
+
+    def qk_weights(self, layer: int) -> tuple[Tensor, Tensor]:
+        if not 0 <= int(layer) < self.n_layers:
+            raise ConfigError(f"layer {layer} out of range for a {self.n_layers}-layer model",
+                              f"use 0..{self.n_layers - 1}")
+        wq, wk = self.arch.qk(self.config, self.layers[int(layer)])
+        return wq, wk.repeat_interleave(self.n_heads // wk.shape[0], dim=0)
+
+    def unembed(self, h: Tensor) -> Tensor:
+        return self.module.get_output_embeddings()(self.final_norm(h))
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------
+
+def is_hf_dir(path: str | os.PathLike) -> bool:
+    """A directory with a ``config.json`` and model weights (safetensors or a PyTorch ``.bin``)."""
+    p = Path(path)
+    return p.is_dir() and (p / "config.json").is_file() and any((p / w).is_file() for w in WEIGHT_FILES)
+
+
+def _offline_env() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _chain_names(exc: BaseException) -> set[str]:
+    names, seen = set(), set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        names.update(c.__name__ for c in type(e).__mro__)
+        e = e.__cause__ or e.__context__
+    return names
+
+
+def hub_error(exc: BaseException, repo_id: str, revision: str | None) -> InputError:
+    """Translate a hub failure of ``from_pretrained`` into a one-line :class:`InputError`."""
+    names = _chain_names(exc)
+    what = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
+    local = (f"download it where the hub is reachable (`hf download {repo_id}"
+             + (f" --revision {revision}" if revision else "") + " --local-dir DIR`) and pass the local "
+             "directory DIR instead of the hub id")
+    if "RevisionNotFoundError" in names:
+        return InputError(f"hub model {repo_id!r} has no revision {revision!r}",
+                          "check the revision (branch, tag or commit), e.g. Pythia's step1000")
+    if "RepositoryNotFoundError" in names or "GatedRepoError" in names:
+        return InputError(f"hub model {repo_id!r} was not found (or is gated/private)",
+                          "check the model id, or log in if the model is gated")
+    if "LocalEntryNotFoundError" in names or "OfflineModeIsEnabled" in names or "ConnectError" in names:
+        return InputError(f"could not load hub model {what}: the Hugging Face hub could not be reached "
+                          "(offline or no network) and the files are not in the local cache", local)
+    msg = " ".join(str(exc).split())[:200]
+    return InputError(f"could not load hub model {what} ({msg})", local)
+
+
+def resolve_hf_source(path_or_id: str | os.PathLike) -> tuple[str, bool]:
+    """``(source, is_local)``: an existing Hugging Face directory, or a hub id (validated)."""
+    p = Path(path_or_id)
+    if p.exists():
+        if not p.is_dir():
+            raise InputError(f"{p} is a file, not a Hugging Face model directory",
+                             "pass the directory holding config.json and the weights")
+        if not (p / "config.json").is_file():
+            raise InputError(f"{p} has no config.json: not a Hugging Face model directory",
+                             "pass the directory written by save_pretrained (config.json + weights)")
+        if not any((p / w).is_file() for w in WEIGHT_FILES):
+            raise InputError(f"{p} has no model weights ({', '.join(WEIGHT_FILES)})",
+                             "pass a complete Hugging Face model directory")
+        return str(p), True
+    s = str(path_or_id)
+    if s.startswith((".", "/", "~")) or s.count("/") > 1 or not _HUB_ID.match(s):
+        raise InputError(f"{s} is neither an existing directory nor a Hugging Face hub id",
+                         "pass a local model directory or a hub id such as EleutherAI/pythia-70m")
+    return s, False
+
+
+def load_hf_model(path_or_id: str | os.PathLike, revision: str | None = None, *,
+                  dtype: torch.dtype | str | None = torch.float32, local_files_only: bool | None = None,
+                  trust_remote_code: bool = False, attn_implementation: str | None = None,
+                  device: str | torch.device | None = None) -> Any:
+    """The ``transformers`` causal LM of a local directory or hub id (eval mode).
+
+    ``dtype=None`` keeps the stored dtype (``"auto"``); the default converts to float32.  A local
+    directory is always read with ``local_files_only=True``; for a hub id the default follows
+    ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``.  ``trust_remote_code`` is passed only when True.
+    """
+    tf = require_transformers()
+    source, local = resolve_hf_source(path_or_id)
+    if local and revision is not None:
+        raise ConfigError(f"revision={revision!r} given for the local directory {source}",
+                          "revisions only apply to hub ids; pass the directory of that revision")
+    lfo = True if local else (_offline_env() if local_files_only is None else bool(local_files_only))
+    kw: dict[str, Any] = {"local_files_only": lfo}
+    if revision is not None:
+        kw["revision"] = revision
+    if trust_remote_code:
+        kw["trust_remote_code"] = True
+    with quiet_transformers():
+        try:
+            config = tf.AutoConfig.from_pretrained(source, **kw)
+        except (OSError, ValueError) as exc:
+            if local:
+                raise InputError(f"{source}/config.json could not be read ({' '.join(str(exc).split())[:200]})",
+                                 "pass a directory written by save_pretrained") from None
+            raise hub_error(exc, source, revision) from None
+        _family(getattr(config, "model_type", ""))       # fail before downloading weights
+        mkw = dict(kw)
+        mkw["dtype"] = "auto" if dtype is None else dtype
+        if attn_implementation is not None:
+            mkw["attn_implementation"] = attn_implementation
+        try:
+            model = tf.AutoModelForCausalLM.from_pretrained(source, config=config, **mkw)
+        except (OSError, ValueError) as exc:
+            if local:
+                raise InputError(f"the weights in {source} could not be loaded "
+                                 f"({' '.join(str(exc).split())[:200]})",
+                                 "pass a complete directory written by save_pretrained") from None
+            raise hub_error(exc, source, revision) from None
+    if device is not None:
+        model = model.to(device)
+    return model.eval()
+
+
+def load_hf(path_or_id: str | os.PathLike, revision: str | None = None, *,
+            dtype: torch.dtype | str | None = torch.float32, local_files_only: bool | None = None,
+            trust_remote_code: bool = False, attn_implementation: str | None = None,
+            device: str | torch.device | None = None) -> HFAdapter:
+    """:class:`HFAdapter` of a local Hugging Face directory or hub id (see :func:`load_hf_model`)."""
+    model = load_hf_model(path_or_id, revision, dtype=dtype, local_files_only=local_files_only,
+                          trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
+                          device=device)
+    src = str(path_or_id) + (f"@{revision}" if revision else "")
+    return HFAdapter(model, source=src)
