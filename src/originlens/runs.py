@@ -99,10 +99,17 @@ class RunDir:
         atomic_write_json(self.file("environment.json"), to_jsonable(env))
 
     def log_metrics(self, record: Mapping[str, Any], name: str = "metrics.jsonl") -> None:
-        with open(self.file(name), "a", encoding="utf-8") as f:
-            f.write(json.dumps(to_jsonable(record), default=_json_default) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        line = json.dumps(to_jsonable(record), default=_json_default) + "\n"
+        try:
+            with open(self.file(name), "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:   # full disk, read-only directory: one clear line, earlier records intact
+            from .storage import _io_error
+            raise _io_error(self.file(name), exc, "appending to") from None
+        from .sinks import forward
+        forward(self.path, record)     # optional TensorBoard / W&B mirrors (--log-to)
 
     def read_metrics(self, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
         p = self.file(name)

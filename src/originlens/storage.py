@@ -58,6 +58,20 @@ def _fsync_dir(d: Path) -> None:
             os.close(fd)
 
 
+def _fsync_tree(root: Path) -> None:
+    """fsync every regular file below ``root`` and every directory (bottom-up), ``root`` included."""
+    for d, _, files in os.walk(root, topdown=False):
+        for name in files:
+            p = os.path.join(d, name)
+            if os.path.isfile(p) and not os.path.islink(p):
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        _fsync_dir(Path(d))
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (tmp file + fsync + rename)."""
     path = Path(path)
@@ -144,7 +158,7 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = True) -> Iterato
         raise _io_error(path, exc, "creating") from None
     try:
         yield tmp
-        _fsync_dir(tmp)
+        _fsync_tree(tmp)   # files written inside with plain open() must be on disk before the rename
         old = None
         if path.exists():
             old = path.parent / f".{path.name}.old-{os.getpid()}"

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bars or status lines")
     g.add_argument("-v", "--verbose", action="store_true", help="progress bars even when not a terminal")
+    p.add_argument("--log-to", metavar="SINKS", help="also mirror logged metrics to 'tensorboard' and/or "
+                   "'wandb' (comma-separated; the package must be installed; default: env ORIGINLENS_LOG_TO)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     try:
+        if args.log_to is not None:
+            from ..sinks import set_sinks
+            set_sinks(args.log_to)
         rc = args.func(args)
     except OriginlensError as exc:
         print(f"originlens: error: {exc.one_line()}", file=sys.stderr)
@@ -60,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("originlens: interrupted (partial outputs were not published)", file=sys.stderr)
         return 130
+    finally:
+        from ..sinks import close_all, reset_sinks
+        close_all()
+        reset_sinks()
     return int(rc or 0)
 
 
