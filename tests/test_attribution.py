@@ -209,13 +209,18 @@ def test_fast_equals_brute_all_sites(case):
     assert max(float(flat(fast[s].direct).norm()) for s in fast) > 1e-3 * scale
 
 
-def test_subset_of_sites_equals_all():
+@pytest.mark.parametrize("method", ["fast", "autograd"])
+def test_subset_of_sites_equals_all(method):
+    """Other sites and another batching of the sources change only the rounding (the key-bias gradient,
+    exactly 0 by softmax shift invariance, is pure rounding noise: absolute tolerance)."""
     model, x = make(), toks()
-    every = decompose(model, x, "all")
-    some = decompose(model, x, [(2, 1), (0, 4), (1, 0)], chunk_size=1)
+    every = decompose(model, x, "all", method=method)
+    some = decompose(model, x, [(2, 1), (0, 4), (1, 0)], chunk_size=1, method=method)
+    scale = float(flat(every[(0, 0)].full).norm())
     for s, pg in some.items():
         for c in COMPONENTS:
-            torch.testing.assert_close(flat(getattr(pg, c)), flat(getattr(every[s], c)), rtol=1e-13, atol=1e-17)
+            torch.testing.assert_close(flat(getattr(pg, c)), flat(getattr(every[s], c)), rtol=1e-13,
+                                       atol=1e-15 * scale)
 
 
 @pytest.mark.parametrize("regime", ["standard", "untied"])
@@ -332,8 +337,9 @@ def test_sgd_components_sum_to_real_step():
             torch.testing.assert_close(flat(st[c]), 0.05 * flat(getattr(dec[s], c)), rtol=1e-15, atol=0)
 
 
+@pytest.mark.parametrize("method", ["fast", "autograd"])
 @pytest.mark.parametrize("kind", ["adam", "adamw"])
-def test_adam_attribution_sums_to_real_update(kind):
+def test_adam_attribution_sums_to_real_update(kind, method):
     lr, (b1, b2), eps, wd = 1e-2, (0.9, 0.999), 1e-8, 0.1
     model = make(seed=11)
     shadow = copy.deepcopy(model)                        # trained by a plain torch optimizer
@@ -349,16 +355,19 @@ def test_adam_attribution_sums_to_real_update(kind):
     v_ref = {n: 0.0 for n in names}
     for step in range(1, 5):
         x = toks(seed=100 + step)
-        dec = decompose(model, x, sites)
+        dec = decompose(model, x, sites, method=method)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         steps = att.step(dec)
         real = {n: before[n] - p.detach() for n, p in model.named_parameters()}
-        # the plain optimizer on the same batch follows the same trajectory
+        # the plain optimizer on the same batch follows the same trajectory.  The structured path's ∇L
+        # differs from autograd's by rounding; Adam divides by sqrt(v) + eps, so on entries whose gradient
+        # is exactly 0 in exact arithmetic (key biases) a 1e-17 rounding difference moves θ by lr·1e-17/eps.
         opt_shadow.zero_grad()
         shadow.loss(x).backward()
         opt_shadow.step()
+        atol = 1e-15 if method == "autograd" else lr * 1e-16 / eps * 10
         torch.testing.assert_close(flat(dict(shadow.named_parameters())), flat(dict(model.named_parameters())),
-                                   rtol=1e-13, atol=1e-15)
+                                   rtol=1e-13, atol=atol)
         # explicit per-component Adam (spec §4.3), written out here
         g = dec[sites[0]].full
         for n in names:

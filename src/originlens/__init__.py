@@ -64,8 +64,15 @@ _API = {
     "load_llama2c": "originlens.lm",
     "Llama2cTokenizer": "originlens.lm",
     "generate": "originlens.lm",
+    "LMAdapter": "originlens.lm",
+    "load_adapter": "originlens.lm",
+    "load_tokenizer": "originlens.lm",
+    "export_to_hf": "originlens.lm",
     # reports
     "Report": "originlens.report",
+    "combine_reports": "originlens.report",
+    # multi-process
+    "distributed_corpus_statistics": "originlens.distributed",
 }
 
 __all__ = sorted(_API) + ["__version__"]

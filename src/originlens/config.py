@@ -211,11 +211,6 @@ def from_mapping(cls: type[T], d: Any, *, where: str = "config") -> T:
         hint = f"; did you mean {guess!r}?" if guess else ""
         raise ConfigError(f"unknown key {k!r} in {where}{hint}{more}",
                           f"valid keys of {name}: {', '.join(sorted(fields))}")
-    missing = [f for f, spec in fields.items() if f not in d and spec.default is dataclasses.MISSING
-               and spec.default_factory is dataclasses.MISSING]  # type: ignore[misc]
-    if missing:
-        raise ConfigError(f"{where} lacks required key(s) {', '.join(map(repr, missing))} of {name}",
-                          f"add {missing[0]!r}")
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for k, v in d.items():
@@ -224,6 +219,11 @@ def from_mapping(cls: type[T], d: Any, *, where: str = "config") -> T:
         except _Mismatch as exc:
             raise ConfigError(f"{where}: key {exc.path!r} expects {exc.expected}, got {_describe(exc.got)}",
                               f"fix the value of {k!r}") from None
+    missing = [f for f, spec in fields.items() if f not in d and spec.default is dataclasses.MISSING
+               and spec.default_factory is dataclasses.MISSING]  # type: ignore[misc]
+    if missing:
+        raise ConfigError(f"{where} lacks required key(s) {', '.join(map(repr, missing))} of {name}",
+                          f"add {missing[0]!r}")
     try:
         return cls(**kwargs)
     except OriginlensError:

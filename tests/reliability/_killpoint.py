@@ -11,6 +11,9 @@ Usage: ``python _killpoint.py SPEC -- ARGS...`` where SPEC is JSON:
 * ``{"op": "call", "target": "module:Class.method", "when": "before"|"after", "nth": N}``: kill at the
   N-th call of a method (patched on the class, so every caller sees it).
 
+``"modules": [...]`` (optional, added by ``_helpers.run_cli``) registers only those CLI command modules,
+so that e.g. ``corpus build`` does not pay for importing torch through unrelated subcommands.
+
 The kill is ``os.kill(getpid(), SIGKILL)``: no ``finally`` blocks, ``atexit`` handlers or buffered flushes
 run, exactly as when the machine or the OOM killer stops the process.  If the point is never reached
 the command runs to completion and its exit status is returned.
@@ -110,6 +113,8 @@ elif spec["op"] == "call":
 else:  # pragma: no cover
     raise SystemExit(f"unknown op {spec['op']!r}")
 
-from originlens.cli.main import main  # noqa: E402
+import originlens.cli.main as cli  # noqa: E402
 
-sys.exit(main(argv))
+if spec.get("modules"):      # register only the command under test (same code path, faster start-up)
+    cli.COMMAND_MODULES = list(spec["modules"])
+sys.exit(cli.main(argv))

@@ -44,6 +44,7 @@ import torch.nn as nn
 
 from ..errors import ConfigError, InputError
 from ..models.gpt import position_losses
+from . import structured
 from .stopgrad import Site, normalise_sites, stop_gradient
 
 COMPONENTS = ("direct", "precached", "shared")
@@ -161,14 +162,24 @@ def _position_loss_matrix(model: nn.Module, tokens: torch.Tensor, weights, targe
 
 def pathway_adjoints(model: nn.Module, tokens: torch.Tensor, *, weights: torch.Tensor | None = None,
                      targets: torch.Tensor | None = None, myopic: bool | None = None,
-                     attn_impl: str | None = "eager") -> Adjoints:
+                     attn_impl: str | None = "eager", method: Literal["fast", "autograd"] = "fast") -> Adjoints:
     """All adjoints a^k, d^k, p^k (k = 0..L) from two backward passes.
 
     tokens (B, T); weights ω (B, T−1) (default 1/(B(T−1))); ``myopic`` = training graph (default: the
-    model's regime); ``attn_impl`` see :func:`attention_impl`.  d comes from one backward of L through
-    the myopic graph; a and ∇L from one backward through the training graph.  Under myopic training
+    model's regime); ``attn_impl`` see :func:`attention_impl`.  ``method="autograd"``: d comes from one
+    backward of L through the myopic graph, a and ∇L from one backward through the training graph;
+    ``"fast"`` (supported GPTs, see :mod:`.structured`): one cached forward and hand-written backward
+    recursions (p by its own recursion, so its structural zeros are exact).  Under myopic training
     a = d and p = 0 exactly.
     """
+    if method not in ("fast", "autograd"):
+        raise ConfigError(f"unknown method {method!r}", "use method='fast' or 'autograd'")
+    if method == "fast" and structured.supported(model):
+        use_myopic = _check_model(model, myopic)
+        names, _ = trainable_parameters(model)
+        fw = structured.Forward(model, model._check_tokens(tokens))
+        sa = structured.adjoints(fw, names, weights, targets, use_myopic)
+        return Adjoints(full=sa.full, direct=sa.direct, precached=sa.precached, loss=sa.loss, grad=sa.grad)
     with attention_impl(model, attn_impl):
         adj, _, _ = _adjoints_with_graph(model, tokens, weights, targets, _check_model(model, myopic))
     return adj
@@ -199,34 +210,58 @@ def _adjoints_with_graph(model, tokens, weights, targets, myopic: bool):
 
 def decompose(model: nn.Module, tokens: torch.Tensor, sites: str | Site | Iterable[Site] = "all", *,
               weights: torch.Tensor | None = None, targets: torch.Tensor | None = None,
-              method: Literal["fast", "brute"] = "fast", myopic: bool | None = None,
+              method: Literal["fast", "autograd", "brute"] = "fast", myopic: bool | None = None,
               chunk_size: int | None = None, chunk_bytes: int = 1 << 30,
               attn_impl: str | None = "eager", causal_prefix: bool = True) -> dict[Site, PathwayGradients]:
     """Exact pathway components of ∇L at every requested site.
 
     tokens (B, T); ``sites`` = ``"all"`` (k = 0..L × i = 0..T−1) or (k, i) pairs; weights ω (B, T−1);
     targets (B, T−1) default ``tokens[:, 1:]``; ``myopic`` = training graph (default: the model's
-    regime); ``chunk_size`` = cotangents per batched VJP (fast path; default: as many as fit an
-    estimated ``chunk_bytes`` of gradients and backward intermediates, at most 64); ``attn_impl`` =
-    attention kernel used for both methods (default ``"eager"``, see :func:`attention_impl`);
-    ``causal_prefix`` (fast path) takes the VJPs at position i through a forward of the first i+1
-    tokens only (one extra short forward per position, about half the VJP work; the values of r^k_i
-    agree with the full forward up to kernel rounding).
+    regime).  ``method``: ``"fast"`` = the structured backward of :mod:`.structured` for an originlens
+    GPT with one parameter range, else ``"autograd"`` (generic: two backwards + batched VJPs through
+    autograd, any model following the GPT hook protocol); ``"brute"`` = the stop-gradient definition.
+    ``chunk_size`` = sources per structured pass / cotangents per batched autograd VJP (default: as many
+    as fit an estimated ``chunk_bytes`` of intermediates, at most 64); ``attn_impl`` = attention kernel
+    of the autograd and brute methods (default ``"eager"``, see :func:`attention_impl`; the structured
+    path always uses the eager math); ``causal_prefix`` (autograd path) takes the VJPs at position i
+    through a forward of the first i+1 tokens only.
     Returns ``{(k, i): PathwayGradients(direct, precached, shared, full)}``.
     """
     use_myopic = _check_model(model, myopic)
     site_list = resolve_sites(model, tokens, sites)
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ConfigError(f"chunk_size={chunk_size!r} must be a positive integer", "e.g. chunk_size=32")
+    if method not in ("fast", "autograd", "brute"):
+        raise ConfigError(f"unknown method {method!r}", "use method='fast', 'autograd' or 'brute'")
+    if method == "fast" and structured.supported(model):
+        return _decompose_structured(model, tokens, site_list, weights, targets, use_myopic, chunk_size,
+                                     chunk_bytes)
     if chunk_size is None:
         chunk_size = auto_chunk_size(model, tokens, chunk_bytes)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ConfigError(f"chunk_size={chunk_size!r} must be a positive integer", "e.g. chunk_size=32")
-    if method not in ("fast", "brute"):
-        raise ConfigError(f"unknown method {method!r}", "use method='fast' or 'brute'")
     with attention_impl(model, attn_impl):
-        if method == "fast":
+        if method in ("fast", "autograd"):
             return _decompose_fast(model, tokens, site_list, weights, targets, use_myopic, chunk_size,
                                    causal_prefix)
         return _decompose_brute(model, tokens, site_list, weights, targets, use_myopic)
+
+
+def _decompose_structured(model, tokens, sites, weights, targets, myopic, chunk_size, chunk_bytes):
+    names, _ = trainable_parameters(model)
+    fw = structured.Forward(model, model._check_tokens(tokens))
+    adj = structured.adjoints(fw, names, weights, targets, myopic)
+    if chunk_size is None:
+        chunk_size = structured.auto_chunk(fw, chunk_bytes)
+    comps, zero = structured.site_components(fw, adj, sites, names, myopic, chunk_size)
+    full = adj.grad
+    result = {}
+    for site in sites:
+        dr, pr = comps[site]["direct"], comps[site]["precached"]
+        sh = {}
+        for n in names:
+            parts = [t for t in (dr[n], pr[n]) if t is not zero[n]]
+            sh[n] = full[n] if not parts else full[n] - parts[0] if len(parts) == 1 else full[n] - parts[0] - parts[1]
+        result[site] = PathwayGradients(direct=dr, precached=pr, shared=sh, full=full)
+    return result
 
 
 def _decompose_fast(model, tokens, sites, weights, targets, myopic, chunk_size, causal_prefix):

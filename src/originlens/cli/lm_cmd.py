@@ -1,29 +1,111 @@
-"""``originlens lm ...``: pretrained language models (currently llama2.c checkpoints).
+"""``originlens lm ...``: pretrained language models of every supported format.
 
-``originlens lm generate --model PATH --tokenizer PATH [--prompt TEXT] [--max-new-tokens N]
-[--greedy | --temperature T] [--seed S]`` prints the prompt and its continuation.
+``originlens lm generate --model M [--revision R] [--tokenizer TOK] [--prompt TEXT] [--max-new-tokens N]
+[--greedy | --temperature T] [--seed S]`` prints the prompt and its continuation.  ``M`` is a llama2.c
+``.bin``, an originlens GPT ``.safetensors``, a Hugging Face directory, or ``hf:ID[@REVISION]``.
 
-Models are loaded through :func:`originlens.lm.loading.load_model` (format registry).
+``originlens lm export --model M --out DIR [--tokenizer tokenizer.json] [--overwrite]`` writes a GPT
+checkpoint as a Hugging Face GPT-2 directory or a llama2.c checkpoint as a Hugging Face Llama directory.
+
+Models are loaded through :mod:`originlens.lm.loading` (format registry).  Generation starts from the
+model's BOS token (or the tokenizer's; a model without one needs ``--prompt``) and stops after N new
+tokens, at a stop token (llama2.c: BOS again; Hugging Face: the generation config's EOS ids; our GPT:
+the tokenizer's end-of-text) or when the context is full.  llama2.c models decode with their KV cache;
+other models re-run the prefix each step (fine for short samples).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from ..lm.llama2c import generate
-from ..lm.loading import MODEL_FORMATS, ModelFormat, detect_format, load_model  # noqa: F401 (re-export)
+import torch
+
+from ..errors import ConfigError, InputError
+from ..lm.adapter import LMAdapter
+from ..lm.llama2c import generate_tokens
+from ..lm.loading import (MODEL_FORMATS, ModelFormat, TextCodec, check_vocab, detect_format, load_adapter,
+                          load_model, load_tokenizer)
+
+# detect_format, load_model and ModelFormat are re-exported for callers of the former CLI-local registry
+__all__ = ["register", "generate_ids", "generate_text", "MODEL_FORMATS", "ModelFormat", "detect_format",
+           "load_model"]
+
+
+@torch.no_grad()
+def generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens: int, *, greedy: bool = True,
+                 temperature: float = 1.0, seed: int = 0, stop_ids: Sequence[int] = ()) -> list[int]:
+    """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens with any adapter (prefix re-run).
+
+    Greedy takes the first argmax; otherwise samples ``softmax(logits / temperature)`` with a CPU
+    generator seeded by ``seed`` (the same rule as :func:`originlens.lm.llama2c.generate_tokens`).  Stops
+    before appending a token of ``stop_ids`` and when the context ``adapter.max_seq_len`` is full.
+    """
+    if max_new_tokens < 0:
+        raise ConfigError(f"max_new_tokens={max_new_tokens} is negative", "use a value >= 0")
+    if not greedy and not temperature > 0:
+        raise ConfigError(f"temperature={temperature} must be > 0 for sampling", "use --greedy or T > 0")
+    if not prompt_ids:
+        raise ConfigError("nothing to continue: empty prompt and no BOS token", "pass --prompt TEXT")
+    limit = adapter.max_seq_len
+    if limit is not None and len(prompt_ids) > limit:
+        raise ConfigError(f"prompt of {len(prompt_ids)} tokens exceeds the context of {limit}", "shorten the prompt")
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids, stops = list(prompt_ids), set(int(s) for s in stop_ids)
+    for _ in range(max_new_tokens):
+        if limit is not None and len(ids) >= limit:
+            break
+        logits = adapter.run(torch.tensor([ids], dtype=torch.long, device=adapter.device))[0, -1].float().cpu()
+        if greedy:
+            nxt = int(torch.argmax(logits))
+        else:
+            nxt = int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=gen))
+        if nxt in stops:
+            break
+        ids.append(nxt)
+    return ids
+
+
+def generate_text(adapter: LMAdapter, codec: TextCodec, prompt: str = "", max_new_tokens: int = 256, *,
+                  greedy: bool = True, temperature: float = 1.0, seed: int = 0) -> str:
+    """Prompt plus continuation as text, for any adapter (see the module docstring for the rules)."""
+    from ..lm.native import Llama2cAdapter
+    check_vocab(adapter, codec)
+    bos = adapter.bos_id if adapter.bos_id is not None else codec.bos_id
+    ids = ([bos] if bos is not None else []) + codec.encode(prompt)
+    if isinstance(adapter, Llama2cAdapter):  # KV cache; stops at BOS like llama2.c
+        out = generate_tokens(adapter.module, ids, max_new_tokens, greedy=greedy, temperature=temperature,
+                              seed=seed)
+    else:
+        stops = tuple(getattr(adapter, "stop_ids", ()) or ())
+        if not stops and codec.eos_id is not None:
+            stops = (codec.eos_id,)
+        out = generate_ids(adapter, ids, max_new_tokens, greedy=greedy, temperature=temperature, seed=seed,
+                           stop_ids=stops)
+    return codec.decode(out)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    fmt = detect_format(args.model)
-    model = fmt.load(Path(args.model))
-    tokenizer = fmt.load_tokenizer(None if args.tokenizer is None else Path(args.tokenizer), model)
+    tok = None if args.tokenizer is None else Path(args.tokenizer)
+    codec = load_tokenizer(args.model, tok, revision=args.revision)
+    adapter = load_adapter(args.model, revision=args.revision)
     greedy = args.temperature is None
-    text = generate(model, tokenizer, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
-                    greedy=greedy, temperature=1.0 if greedy else args.temperature, seed=args.seed)
+    text = generate_text(adapter, codec, args.prompt, args.max_new_tokens, greedy=greedy,
+                         temperature=1.0 if greedy else args.temperature, seed=args.seed)
     sys.stdout.write(text + "\n")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ..lm.export import export_to_hf
+    from ..models.gpt import GPT
+    model = load_model(args.model)
+    if not isinstance(model, GPT) and args.tokenizer is not None:
+        raise InputError("--tokenizer is only copied for GPT exports (a tokenizer.json)",
+                         "drop --tokenizer; pass the llama2.c tokenizer .bin to `lm generate --tokenizer`")
+    out = export_to_hf(model, args.out, tokenizer=args.tokenizer, overwrite=args.overwrite)
+    sys.stdout.write(f"{out}\n")
     return 0
 
 
@@ -42,14 +124,18 @@ def _non_negative_int(s: str) -> int:
 
 
 def register(subparsers: Any) -> None:
-    lm = subparsers.add_parser("lm", help="pretrained language models (llama2.c checkpoints)")
+    formats = ", ".join(f.name for f in MODEL_FORMATS)
+    lm = subparsers.add_parser("lm", help="pretrained language models (llama2.c, originlens GPT, Hugging Face)")
     lm_sub = lm.add_subparsers(dest="lm_command", metavar="LM_COMMAND")
     g = lm_sub.add_parser("generate", help="generate text from BOS (and an optional prompt)",
                           description="Print the prompt and its continuation; generation starts from BOS "
-                                      "and stops when BOS is produced again or after N new tokens.")
+                                      "and stops at a stop token, a full context, or after N new tokens.")
     g.add_argument("--model", required=True,
-                   help="checkpoint; formats: " + ", ".join(f.name for f in MODEL_FORMATS))
-    g.add_argument("--tokenizer", default=None, help="tokenizer file (llama2.c: tok512.bin / tokenizer.bin)")
+                   help=f"checkpoint path or hf:ID[@REVISION]; formats: {formats}")
+    g.add_argument("--revision", default=None, help="hub revision (branch, tag or commit) for hf:ID")
+    g.add_argument("--tokenizer", default=None,
+                   help="tokenizer (llama2.c .bin, tokenizer.json, corpus or tokenizer directory); "
+                        "default: found next to the model")
     g.add_argument("--prompt", default="", help="text to continue (default: none)")
     g.add_argument("--max-new-tokens", type=_non_negative_int, default=256, help="default 256")
     mode = g.add_mutually_exclusive_group()
@@ -58,3 +144,12 @@ def register(subparsers: Any) -> None:
                       help="sample from softmax(logits / T) instead of greedy decoding")
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     g.set_defaults(func=_cmd_generate)
+
+    e = lm_sub.add_parser("export", help="write a GPT or llama2.c checkpoint as a Hugging Face directory",
+                          description="GPT checkpoint -> GPT-2 directory; llama2.c checkpoint -> Llama "
+                                      "directory (rotary rows permuted to Hugging Face's layout).")
+    e.add_argument("--model", required=True, help="GPT .safetensors or llama2.c .bin")
+    e.add_argument("--out", required=True, help="output directory")
+    e.add_argument("--tokenizer", default=None, help="tokenizer.json to copy into the directory (GPT only)")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    e.set_defaults(func=_cmd_export)

@@ -21,6 +21,9 @@ COMMAND_MODULES = [
     "originlens.cli.assoc_cmd",
     "originlens.cli.demo_cmd",
     "originlens.cli.lm_cmd",
+    "originlens.cli.lm_compare_cmd",
+    "originlens.cli.lm_features_cmd",
+    "originlens.cli.sae_cmd",
     "originlens.cli.ntp_cmd",
     "originlens.cli.report_cmd",
 ]

@@ -351,6 +351,11 @@ def _read_saved(directory: str | Path, kind: str | None = None) -> dict:
     if kind is not None and obj["kind"] != kind:
         raise CompatibilityError(f"{d} holds a '{obj['kind']}' tokenizer, not '{kind}'", "load it with "
                                  "load_saved()")
+    vocab = obj.get("vocab")
+    if not isinstance(obj.get("settings"), dict) or (obj["kind"] == "words" and not (
+            isinstance(vocab, list) and all(isinstance(t, str) for t in vocab))):
+        raise InputError(f"{d / SAVED_NAME} is malformed (needs a 'settings' object and, for words, a 'vocab' "
+                         "list of strings)", "rebuild the corpus")
     return obj
 
 

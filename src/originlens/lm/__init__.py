@@ -14,9 +14,15 @@ from .llama2c import (
     read_llama2c_header,
 )
 from .native import GPTAdapter, Llama2cAdapter
-from .loading import MODEL_FORMATS, ModelFormat, detect_format, load_model
+from .export import export_to_hf, gpt_to_hf, llama2c_to_hf
+from .hf import HFAdapter, load_hf, load_hf_model
+from .loading import (MODEL_FORMATS, ModelFormat, TextCodec, detect_format, load_adapter, load_model,
+                      load_tokenizer, open_tokenizer, parse_hub_spec)
+from .tl import TLAdapter
 
 __all__ = [
+    "HFAdapter", "load_hf", "load_hf_model", "TLAdapter", "gpt_to_hf", "llama2c_to_hf", "export_to_hf",
+    "load_adapter", "load_tokenizer", "open_tokenizer", "TextCodec", "parse_hub_spec",
     "LMAdapter",
     "TokenStates",
     "GPTAdapter",

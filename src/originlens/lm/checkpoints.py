@@ -136,7 +136,11 @@ def checkpoints_in_dir(directory: str | Path) -> list[str]:
 
 
 def weights_hash(tensors: Mapping[str, Any]) -> str:
-    """sha256 over the sorted tensor names, dtypes, shapes and raw bytes (streamed tensor by tensor)."""
+    """sha256 over the sorted tensor names, dtypes, shapes and raw bytes (streamed tensor by tensor).
+
+    Each tensor contributes ``"name|dtype|shape|"`` (dtype as numpy names it, e.g. ``float32``) and its
+    bytes, so torch tensors and numpy arrays with the same contents hash alike.
+    """
     import numpy as np
     import torch
     h = hashlib.sha256()
@@ -144,11 +148,11 @@ def weights_hash(tensors: Mapping[str, Any]) -> str:
         t = tensors[name]
         if isinstance(t, torch.Tensor):
             t = t.detach()
-            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{tuple(t.shape)}|".encode())
             raw = t.to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
         else:
             a = np.ascontiguousarray(t)
-            h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
+            h.update(f"{name}|{a.dtype}|{tuple(int(n) for n in a.shape)}|".encode())
             raw = a.reshape(-1).view(np.uint8)
         h.update(memoryview(raw))
     return h.hexdigest()
@@ -174,11 +178,21 @@ def load_gpt_adapter(path: str | Path) -> Any:
     model = GPT.load(path)
     meta = _safetensors_metadata(Path(path)) or {}
     model.eval()
-    bos = meta.get("bos_id")
-    adapter = GPTAdapter(model, bos_id=None if bos in (None, "null") else int(json.loads(bos)))
-    vh = meta.get("vocab_hash")
-    adapter.vocab_hash = None if vh is None else str(json.loads(vh) if vh.startswith('"') else vh)
+    bos = _meta_value(meta.get("bos_id"))
+    adapter = GPTAdapter(model, bos_id=None if bos is None else int(bos))
+    vh = _meta_value(meta.get("vocab_hash"))
+    adapter.vocab_hash = None if vh is None else str(vh)
     return adapter
+
+
+def _meta_value(raw: str | None) -> Any:
+    """A safetensors metadata value: JSON when it parses (``"3"``, ``"null"``), else the raw string."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def _safetensors_metadata(path: Path) -> dict[str, str] | None:

@@ -273,7 +273,8 @@ def is_hf_dir(path: str | os.PathLike) -> bool:
     return p.is_dir() and (p / "config.json").is_file() and any((p / w).is_file() for w in WEIGHT_FILES)
 
 
-def _offline_env() -> bool:
+def hub_offline() -> bool:
+    """True when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set (hub ids then read the cache only)."""
     return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
                for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
@@ -344,7 +345,7 @@ def load_hf_model(path_or_id: str | os.PathLike, revision: str | None = None, *,
     if local and revision is not None:
         raise ConfigError(f"revision={revision!r} given for the local directory {source}",
                           "revisions only apply to hub ids; pass the directory of that revision")
-    lfo = True if local else (_offline_env() if local_files_only is None else bool(local_files_only))
+    lfo = True if local else (hub_offline() if local_files_only is None else bool(local_files_only))
     kw: dict[str, Any] = {"local_files_only": lfo}
     if revision is not None:
         kw["revision"] = revision

@@ -1,33 +1,197 @@
-"""Model checkpoints of any supported format, behind one call: :func:`load_model`.
+"""Model checkpoints and their tokenizers of any supported format, behind three calls.
 
-:data:`MODEL_FORMATS` is a registry of :class:`ModelFormat` entries (how to recognise a checkpoint, load
-the model, load its tokenizer); :func:`detect_format` picks the entry from the path (extension, directory
-contents, header), so further formats (Hugging Face directories, our own GPT checkpoints) are one entry
-each.  Caveat: only the llama2.c version-0 format is registered so far.
+* :func:`load_model` (path or ``hf:ID[@REV]``) → the native model object;
+* :func:`load_adapter` → an :class:`~originlens.lm.adapter.LMAdapter` (``Llama2cAdapter``,
+  ``GPTAdapter`` or ``HFAdapter``);
+* :func:`load_tokenizer` → a :class:`TextCodec` (``encode`` plain text, ``decode`` ids).
+
+:data:`MODEL_FORMATS` is a registry of :class:`ModelFormat` entries (recognise a path, load the model,
+wrap it as an adapter, find its tokenizer); :func:`detect_format` picks the entry:
+
+* ``llama2c``: a llama2.c version-0 ``.bin`` (tokenizer: ``--tokenizer``, else ``tok{V}.bin`` or
+  ``tokenizer.bin`` next to it);
+* ``originlens-gpt``: a ``.safetensors`` written by ``GPT.save`` (metadata ``kind="gpt"``, e.g. a run's
+  ``model.safetensors``) or a trainer checkpoint (``kind="ntp-checkpoint"``, tensors ``model.*`` and
+  ``gpt_config`` metadata); tokenizer: a saved tokenizer, ``tokenizer.json`` or ``vocab.json`` (word
+  list) next to the file or its run directory, else the corpus named by the run's configuration;
+* ``hf``: a Hugging Face directory (``config.json`` + weights); tokenizer: its ``tokenizer.json``, else
+  ``AutoTokenizer`` on the directory.  ``hf:ID[@REVISION]`` loads from the hub (optional extra).
+
+Caveats: an explicit ``tokenizer`` may be a llama2.c ``.bin``, a ``tokenizer.json``, a saved originlens
+tokenizer directory or a corpus directory, whatever the model format; vocabularies are only checked for
+size (a tokenizer with more ids than the model is refused), not content.
 """
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
+import torch
 
-from ..errors import InputError
-from .llama2c import HEADER_INTS, Llama2cConfig, Llama2cTokenizer, expected_llama2c_bytes, load_llama2c
+from ..errors import CompatibilityError, ConfigError, InputError
+from .adapter import LMAdapter
+from .llama2c import (BOS_ID, EOS_ID, HEADER_INTS, Llama2cConfig, Llama2cTokenizer, expected_llama2c_bytes,
+                      load_llama2c, read_llama2c_header)
 
+HF_PREFIX = "hf:"
+GPT_KINDS = ("gpt", "ntp-checkpoint")
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizers seen by the lm tools
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class TextCodec:
+    """A tokenizer as the lm tools use it.
+
+    ``encode(text)`` gives the ids of the plain text (no BOS/EOS added); ``decode(ids)`` the text of
+    ids, control tokens (BOS/EOS and other special tokens) dropped.  ``bos_id``/``eos_id`` are the
+    tokenizer's own, ``None`` when it has none; ``inner`` is the wrapped tokenizer object.
+    """
+
+    encode_fn: Callable[[str], list[int]]
+    decode_fn: Callable[[list[int]], str]
+    vocab_size: int
+    bos_id: int | None = None
+    eos_id: int | None = None
+    source: str = ""
+    inner: Any = field(default=None, repr=False)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.encode_fn(text))
+
+    def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return self.decode_fn([int(i) for i in ids])
+
+
+def count_llama2c_pieces(path: Path) -> int:
+    """Number of tokens in a llama2.c tokenizer file (records until the end of the file)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read tokenizer {path}: {exc.strerror or exc}", "check the --tokenizer path") from None
+    pos, n = 4, 0
+    while pos + 8 <= len(raw):
+        length = int(np.frombuffer(raw, "<i4", 1, pos + 4)[0])
+        if length < 0:
+            break
+        pos += 8 + length
+        n += 1
+    if n == 0 or pos != len(raw):
+        raise InputError(f"{path} is not a llama2.c tokenizer file (records do not end at the file end)",
+                         "pass a llama2.c tokenizer .bin, a tokenizer.json or a tokenizer directory")
+    return n
+
+
+def llama2c_codec(path: str | os.PathLike, vocab_size: int | None = None) -> TextCodec:
+    """A llama2.c ``tokenizer.bin`` (``vocab_size`` checked exactly when given, else counted)."""
+    p = Path(path)
+    tok = Llama2cTokenizer.from_file(p, vocab_size if vocab_size is not None else count_llama2c_pieces(p))
+    return TextCodec(lambda t: tok.encode(t, bos=False), tok.decode, tok.vocab_size, BOS_ID, EOS_ID, str(p), tok)
+
+
+def tokenizer_json_codec(path: str | os.PathLike, *, bos_id: int | None = None,
+                         eos_id: int | None = None) -> TextCodec:
+    """A Hugging Face ``tokenizer.json`` through ``tokenizers`` (no transformers, no remote code)."""
+    from tokenizers import Tokenizer
+    p = Path(path)
+    try:
+        tok = Tokenizer.from_file(str(p))
+    except Exception as exc:  # tokenizers raises a bare Exception on parse errors
+        raise InputError(f"{p} is not a readable tokenizer.json ({' '.join(str(exc).split())[:160]})",
+                         "pass a fast-tokenizer file saved by Hugging Face tokenizers/transformers") from None
+    return TextCodec(lambda t: tok.encode(t, add_special_tokens=False).ids,
+                     lambda ids: tok.decode(ids, skip_special_tokens=True),
+                     tok.get_vocab_size(with_added_tokens=True), bos_id, eos_id, str(p), tok)
+
+
+def auto_tokenizer_codec(directory: str | os.PathLike) -> TextCodec:
+    """``transformers.AutoTokenizer`` of a local directory (offline, never remote code)."""
+    from .hf import quiet_transformers, require_transformers
+    tf = require_transformers()
+    d = Path(directory)
+    with quiet_transformers():
+        try:
+            tok = tf.AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+        except (OSError, ValueError, ImportError) as exc:
+            raise InputError(f"no usable tokenizer in {d} ({' '.join(str(exc).split())[:160]})",
+                             "pass --tokenizer (a tokenizer.json file or a directory holding one)") from None
+    return TextCodec(lambda t: tok.encode(t, add_special_tokens=False),
+                     lambda ids: tok.decode(ids, skip_special_tokens=True),
+                     len(tok), tok.bos_token_id, tok.eos_token_id, str(d), tok)
+
+
+def originlens_codec(tok: Any, source: str = "") -> TextCodec:
+    """A tokenizer of :mod:`originlens.data.tokenizers` (word, BPE, pretrained)."""
+    bos = getattr(tok, "bos_id", None)
+    eos = getattr(tok, "eot_id", None)
+    wrap = bool(getattr(tok, "wrap", False))
+    if bos is None:
+        bos = eos            # packed word corpora separate documents by <eot>: start after one
+    control = {i for i in (bos, eos) if i is not None}
+
+    def encode(text: str) -> list[int]:
+        ids = tok.encode(text)
+        return ids[1:-1] if wrap and len(ids) >= 2 else ids
+
+    return TextCodec(encode, lambda ids: tok.decode([i for i in ids if i not in control]),
+                     tok.vocab_size, bos, eos, source, tok)
+
+
+def open_tokenizer(path: str | os.PathLike, *, vocab_size: int | None = None) -> TextCodec:
+    """A tokenizer from a path of any kind: llama2.c ``.bin``, ``tokenizer.json`` (or a directory with
+    one), a saved originlens tokenizer directory, or a corpus directory."""
+    from ..data.store import TokenStore, is_corpus_dir
+    from ..data.tokenizers import SAVED_NAME, load_saved
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"tokenizer {p} does not exist", "check the --tokenizer path")
+    if p.is_dir():
+        if (p / SAVED_NAME).is_file():
+            return originlens_codec(load_saved(p), str(p))
+        if is_corpus_dir(p):
+            return originlens_codec(TokenStore.open(p).tokenizer(), str(p))
+        if (p / "tokenizer.json").is_file():
+            return tokenizer_json_codec(p / "tokenizer.json")
+        if (p / "tokenizer_config.json").is_file():
+            return auto_tokenizer_codec(p)
+        raise InputError(f"no tokenizer found in directory {p}",
+                         "pass a tokenizer.json, a llama2.c tokenizer .bin, or a corpus/tokenizer directory")
+    if p.name == SAVED_NAME:
+        return originlens_codec(load_saved(p.parent), str(p.parent))
+    if p.suffix == ".json":
+        return tokenizer_json_codec(p)
+    return llama2c_codec(p, vocab_size)
+
+
+# --------------------------------------------------------------------------------------------------
+# Formats
+# --------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ModelFormat:
-    """One checkpoint format: how to recognise it, load the model, and load its tokenizer."""
+    """One checkpoint format: how to recognise it, load the model, wrap it, and find its tokenizer.
+
+    ``load_tokenizer(model_path, tokenizer_path_or_None)`` returns a :class:`TextCodec`.
+    """
 
     name: str
     description: str
     detect: Callable[[Path], bool]
     load: Callable[[Path], Any]
-    load_tokenizer: Callable[[Path | None, Any], Any]
+    load_tokenizer: Callable[[Path, Path | None], TextCodec]
+    adapter: Callable[[Any], LMAdapter]
 
+
+# -- llama2.c ---------------------------------------------------------------------------------------
 
 def _looks_like_llama2c(path: Path) -> bool:
     """A ``.bin`` file, or any file whose 7-int header predicts its exact size."""
@@ -48,24 +212,187 @@ def _looks_like_llama2c(path: Path) -> bool:
         return False
 
 
-def _llama2c_tokenizer(path: Path | None, model: Any) -> Llama2cTokenizer:
-    if path is None:
-        raise InputError("a llama2.c checkpoint needs its tokenizer",
-                         "pass --tokenizer PATH (e.g. tok512.bin next to stories260K.bin)")
-    return Llama2cTokenizer.from_file(path, model.cfg.vocab_size)
+def _llama2c_tokenizer(model_path: Path, tokenizer: Path | None) -> TextCodec:
+    vocab = read_llama2c_header(model_path).vocab_size
+    if tokenizer is not None:
+        return open_tokenizer(tokenizer, vocab_size=vocab)
+    for name in (f"tok{vocab}.bin", "tokenizer.bin"):
+        cand = model_path.parent / name
+        if cand.is_file():
+            return llama2c_codec(cand, vocab)
+    raise InputError("a llama2.c checkpoint needs its tokenizer",
+                     f"pass --tokenizer PATH (e.g. tok512.bin next to stories260K.bin); tok{vocab}.bin or "
+                     f"tokenizer.bin next to {model_path.name} is found automatically")
+
+
+def _llama2c_adapter(model: Any) -> LMAdapter:
+    from .native import Llama2cAdapter
+    return Llama2cAdapter(model)
+
+
+# -- our GPT ----------------------------------------------------------------------------------------
+
+def safetensors_metadata(path: Path) -> dict[str, str] | None:
+    """The string metadata of a safetensors file (header only), ``None`` when unreadable."""
+    from safetensors import safe_open
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return dict(f.metadata() or {})
+    except Exception:  # safetensors raises its own error types
+        return None
+
+
+def _looks_like_gpt(path: Path) -> bool:
+    if not (path.is_file() and path.suffix == ".safetensors"):
+        return False
+    meta = safetensors_metadata(path)
+    return meta is not None and meta.get("kind") in GPT_KINDS
+
+
+def load_gpt_checkpoint(path: str | os.PathLike) -> Any:
+    """A :class:`~originlens.models.gpt.GPT` from ``GPT.save`` output or a trainer checkpoint (eval mode)."""
+    from ..models.gpt import GPT, GPTConfig
+    from ..storage import load_tensors
+    p = Path(path)
+    meta = safetensors_metadata(p) or {}
+    if meta.get("kind") == "gpt":
+        return GPT.load(p).eval()
+    arrays, meta = load_tensors(p, kind="ntp-checkpoint")
+    if "gpt_config" not in meta:
+        raise CompatibilityError(f"{p} has no gpt_config in its metadata", "pass a checkpoint written by ntp train")
+    config = GPTConfig.from_dict(json.loads(meta["gpt_config"]))
+    state = {k[len("model."):]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
+    return GPT.from_state_dict(state, config).eval()
+
+
+def _gpt_corpus(path: Path) -> Path | None:
+    """The corpus directory named by a checkpoint's metadata or its run's config.json."""
+    meta = safetensors_metadata(path) or {}
+    sources = []
+    if "ntp_config" in meta:
+        try:
+            sources.append(json.loads(meta["ntp_config"]))
+        except ValueError:
+            pass
+    for run in (path.parent, path.parent.parent):
+        cfg = run / "config.json"
+        if cfg.is_file():
+            try:
+                sources.append(json.loads(cfg.read_text(encoding="utf-8")))
+            except (OSError, ValueError):
+                pass
+    for s in sources:
+        corpus = s.get("corpus") if isinstance(s, dict) else None
+        if corpus and Path(corpus).is_dir():
+            return Path(corpus)
+    return None
+
+
+def _gpt_tokenizer(model_path: Path, tokenizer: Path | None) -> TextCodec:
+    from ..data.store import is_corpus_dir
+    from ..data.tokenizers import SAVED_NAME, WordTokenizer, load_saved
+    from ..storage import read_json
+    if tokenizer is not None:
+        return open_tokenizer(tokenizer)
+    dirs = [model_path.parent] + ([model_path.parent.parent] if model_path.parent.name == "checkpoints" else [])
+    for d in dirs:
+        for cand in (d, d / "tokenizer"):
+            if (cand / SAVED_NAME).is_file():
+                return originlens_codec(load_saved(cand), str(cand))
+        if (d / "tokenizer.json").is_file():
+            return tokenizer_json_codec(d / "tokenizer.json")
+        if (d / "vocab.json").is_file():
+            vocab = read_json(d / "vocab.json")
+            if isinstance(vocab, list) and all(isinstance(t, str) for t in vocab):
+                return originlens_codec(WordTokenizer(vocab), str(d / "vocab.json"))
+    corpus = _gpt_corpus(model_path)
+    if corpus is not None and is_corpus_dir(corpus):
+        return open_tokenizer(corpus)
+    raise InputError(f"no tokenizer found for GPT checkpoint {model_path}",
+                     "pass --tokenizer (the corpus directory the model was trained on, a tokenizer.json "
+                     "or a saved tokenizer directory)")
+
+
+def _gpt_adapter(model: Any) -> LMAdapter:
+    from .native import GPTAdapter
+    return GPTAdapter(model)
+
+
+# -- Hugging Face -----------------------------------------------------------------------------------
+
+def _looks_like_hf(path: Path) -> bool:
+    from .hf import is_hf_dir
+    return is_hf_dir(path)
+
+
+def _load_hf_dir(path: Path) -> Any:
+    from .hf import load_hf_model
+    return load_hf_model(path)
+
+
+def _hf_config_ids(directory: Path) -> tuple[int | None, int | None]:
+    try:
+        cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, None
+    ids = []
+    for key in ("bos_token_id", "eos_token_id"):
+        v = cfg.get(key)
+        ids.append(v[0] if isinstance(v, list) and v else v if isinstance(v, int) else None)
+    return ids[0], ids[1]
+
+
+def _hf_tokenizer(model_path: Path, tokenizer: Path | None) -> TextCodec:
+    if tokenizer is not None:
+        return open_tokenizer(tokenizer)
+    bos, eos = _hf_config_ids(model_path)
+    if (model_path / "tokenizer.json").is_file():
+        return tokenizer_json_codec(model_path / "tokenizer.json", bos_id=bos, eos_id=eos)
+    if (model_path / "tokenizer_config.json").is_file():
+        return auto_tokenizer_codec(model_path)
+    raise InputError(f"Hugging Face directory {model_path} has no tokenizer (tokenizer.json)",
+                     "pass --tokenizer (a tokenizer.json, or the llama2.c tokenizer .bin for an exported "
+                     "llama2.c model)")
+
+
+def _hf_adapter(model: Any) -> LMAdapter:
+    from .hf import HFAdapter
+    return HFAdapter(model)
 
 
 MODEL_FORMATS: list[ModelFormat] = [
     ModelFormat("llama2c", "llama2.c version-0 checkpoint (.bin, 7-int32 header + float32 weights)",
-                _looks_like_llama2c, load_llama2c, _llama2c_tokenizer),
+                _looks_like_llama2c, load_llama2c, _llama2c_tokenizer, _llama2c_adapter),
+    ModelFormat("originlens-gpt", "originlens GPT weights (.safetensors from GPT.save or an ntp-train checkpoint)",
+                _looks_like_gpt, load_gpt_checkpoint, _gpt_tokenizer, _gpt_adapter),
+    ModelFormat("hf", "Hugging Face model directory (config.json + weights; GPT-2, GPT-NeoX/Pythia, Llama), "
+                      "or hf:ID[@REVISION] for the hub", _looks_like_hf, _load_hf_dir, _hf_tokenizer, _hf_adapter),
 ]
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------------------
+
+def parse_hub_spec(spec: str, revision: str | None = None) -> tuple[str, str | None]:
+    """``"hf:ID[@REV]"`` → ``(ID, REV)``; ``revision`` may give REV instead (not both, unless equal)."""
+    body = spec[len(HF_PREFIX):] if spec.startswith(HF_PREFIX) else spec
+    repo, _, rev = body.partition("@")
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", repo):
+        raise ConfigError(f"{spec!r} is not a hub spec", "use hf:OWNER/NAME or hf:OWNER/NAME@REVISION")
+    if rev and revision is not None and rev != revision:
+        raise ConfigError(f"two revisions given: {rev!r} in {spec!r} and revision={revision!r}",
+                          "give the revision once")
+    return repo, (rev or revision)
 
 
 def detect_format(path: str | os.PathLike) -> ModelFormat:
     """The registered format of ``path``; :class:`InputError` listing the supported ones otherwise."""
     path = Path(path)
     if not path.exists():
-        raise InputError(f"model path {path} does not exist", "check the --model path")
+        hint = (f"; for the Hugging Face hub use hf:{path}" if re.fullmatch(r"[\w.-]+/[\w.-]+", str(path))
+                else "")
+        raise InputError(f"model path {path} does not exist", f"check the --model path{hint}")
     for fmt in MODEL_FORMATS:
         if fmt.detect(path):
             return fmt
@@ -73,6 +400,75 @@ def detect_format(path: str | os.PathLike) -> ModelFormat:
     raise InputError(f"unrecognised model format at {path}", f"supported formats are {supported}")
 
 
-def load_model(path: str | os.PathLike) -> Any:
-    """Load a model checkpoint of any registered format (see :data:`MODEL_FORMATS`)."""
-    return detect_format(path).load(Path(path))
+def _local(spec: str | os.PathLike, revision: str | None) -> Path:
+    if revision is not None:
+        raise ConfigError(f"revision={revision!r} given for the local path {spec}",
+                          "revisions only apply to hub specs hf:ID@REVISION")
+    return Path(spec)
+
+
+def load_model(path: str | os.PathLike, *, revision: str | None = None) -> Any:
+    """The native model of a checkpoint of any registered format, or of ``hf:ID[@REV]``."""
+    if isinstance(path, str) and path.startswith(HF_PREFIX):
+        from .hf import load_hf_model
+        return load_hf_model(*parse_hub_spec(path, revision))
+    p = _local(path, revision)
+    return detect_format(p).load(p)
+
+
+def load_tokenizer(spec: str | os.PathLike, tokenizer: str | os.PathLike | None = None, *,
+                   revision: str | None = None) -> TextCodec:
+    """The :class:`TextCodec` of a model (path or ``hf:ID[@REV]``), or of the explicit ``tokenizer``."""
+    if isinstance(spec, str) and spec.startswith(HF_PREFIX):
+        if tokenizer is not None:
+            return open_tokenizer(tokenizer)
+        return _hub_tokenizer(*parse_hub_spec(spec, revision))
+    p = _local(spec, revision)
+    return detect_format(p).load_tokenizer(p, None if tokenizer is None else Path(tokenizer))
+
+
+def _hub_tokenizer(repo: str, revision: str | None) -> TextCodec:
+    from .hf import hub_offline, hub_error, require_transformers
+    require_transformers()
+    from huggingface_hub import hf_hub_download
+    try:
+        f = hf_hub_download(repo, "tokenizer.json", revision=revision, local_files_only=hub_offline())
+    except (OSError, ValueError) as exc:
+        raise hub_error(exc, repo, revision) from None
+    return tokenizer_json_codec(f)
+
+
+def load_adapter(spec: str | os.PathLike | LMAdapter, *, revision: str | None = None,
+                 tokenizer: str | os.PathLike | TextCodec | None = None) -> LMAdapter:
+    """An :class:`~originlens.lm.adapter.LMAdapter` for a model path or ``hf:ID[@REVISION]``.
+
+    llama2.c ``.bin`` → ``Llama2cAdapter``; GPT ``.safetensors`` → ``GPTAdapter``; Hugging Face
+    directory or hub spec → ``HFAdapter``; an adapter is returned as is.  With ``tokenizer`` (a path or
+    a :class:`TextCodec`), the codec is loaded (see :func:`load_tokenizer`), checked against the model's vocabulary size and stored as ``adapter.tokenizer``; its BOS
+    becomes the adapter's ``bos_id`` when the model has none.
+    """
+    if isinstance(spec, LMAdapter):
+        adapter = spec
+    elif isinstance(spec, str) and spec.startswith(HF_PREFIX):
+        from .hf import load_hf
+        adapter = load_hf(*parse_hub_spec(spec, revision))
+    else:
+        p = _local(spec, revision)
+        fmt = detect_format(p)
+        adapter = fmt.adapter(fmt.load(p))
+    if tokenizer is not None:
+        codec = tokenizer if isinstance(tokenizer, TextCodec) else (
+            load_tokenizer(spec, tokenizer, revision=revision) if not isinstance(spec, LMAdapter)
+            else open_tokenizer(tokenizer))
+        check_vocab(adapter, codec)
+        if adapter.bos_id is None and codec.bos_id is not None:
+            adapter.bos_id = codec.bos_id
+        adapter.tokenizer = codec  # type: ignore[attr-defined]
+    return adapter
+
+
+def check_vocab(adapter: LMAdapter, codec: TextCodec) -> None:
+    """:class:`CompatibilityError` when the tokenizer has ids the model cannot embed."""
+    if codec.vocab_size > adapter.vocab_size:
+        raise CompatibilityError(f"tokenizer {codec.source or ''} has {codec.vocab_size} tokens but the model "
+                                 f"only {adapter.vocab_size}", "use the tokenizer the model was trained with")

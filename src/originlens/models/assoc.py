@@ -145,61 +145,187 @@ def _causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
-ROW_BLOCK_BYTES = 128 * 1024 ** 2
+ROWS_BYTES = {"cpu": 12 * 1024 ** 2, "other": 1024 ** 3}   # gathered-row buffer (CPU: stays in L3)
+TIME_BLOCK = {"cpu": 32, "other": 64}                      # query-position block of the logits path
 
 
-class _GatheredBmm(torch.autograd.Function):
-    """out[b] = coef[b] @ Z[idx[b]] without keeping the gathered (B, K, |V|) rows alive.
+def _time_blocks(T: int, size: int) -> list[tuple[int, int]]:
+    """Query-position blocks [t0, t1) of at most ``size`` positions (causal: block needs keys < t1)."""
+    edges = list(range(0, T, max(1, int(size)))) + [T]
+    return list(zip(edges[:-1], edges[1:]))
 
-    Rows are gathered block by block (over the batch) into one reused buffer of ≈ ROW_BLOCK_BYTES and
-    gathered again in the backward pass: this bounds the extra memory and avoids faulting in fresh
-    gigabyte-sized allocations (≈ 1 s/GB on the reference VM), which dominated the naive
-    ``coef @ F.embedding(idx, Z)``.
+
+class _PathPass:
+    """Forward and hand-written backward of the path expansion on one chunk (no autograd inside).
+
+    Inputs (all on one device, one dtype): token ids ``x`` (B, T); the batch-independent products of
+    :meth:`AssocModel.path_products` — ``Ks[l]`` (n_l², |V|²) with n_l = 2^l (0-based l) and ``Z``
+    ((2^L − 1)·|V|, |V|) — plus ``W_O`` (|V|, |V|) and the position vectors ``Ps[l]`` (≥ T).
+
+    Forward, with A_S (B, T, T) the attention products of the non-empty subsets S (bitmask order,
+    stored side by side in ``abar`` (B, T, (2^L − 1)·T), block S at columns (S−1)·T … S·T)::
+
+        s_l    = [I, A_1..A_{n−1}] Gbig_l [I, A_1..A_{n−1}]ᵀ + DM(P_l),   Gbig_l[(S,i),(S',j)] = K_{S,S'}[x_i, x_j]
+        A_{n+S} = A_l A_S   (A_n = A_l = causal_softmax(s_l))
+        logits = W_O[x] + Σ_{S≠∅} A_S Z_S[x]
+
+    The logits term is computed per block of query positions t ∈ [t0, t1) from the key positions j < t1
+    only (A_S is lower triangular), over gathered rows Z_S[x_j] held in a small reused buffer.
+
+    Backward (:meth:`backward`, given g = ∂L/∂logits): ∂A_S = g Z_S[x]ᵀ, ∂Z_S = scatter(A_Sᵀ g); then for
+    l = L..1 the chain A_{n+S} = A_l A_S (∂A_l += ∂A_{n+S} A_Sᵀ, ∂A_S += A_lᵀ ∂A_{n+S}), the softmax
+    Jacobian ∂s = A ⊙ (∂A − rowsum(∂A ⊙ A)), ∂P_l[d] = Σ_t ∂s[t, t−d], and the score product
+    (∂Gbig = Acatᵀ ∂s Acat scattered into ∂K, ∂Acat = ∂s Acat Gbigᵀ + ∂sᵀ Acat Gbig).  Entries of ∂A_S
+    above the diagonal are never used (they multiply zeros of causal attention).
     """
 
-    @staticmethod
-    def forward(ctx, coef: torch.Tensor, Z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        B, T, K = coef.shape
-        V = Z.shape[1]
-        blk = max(1, min(B, ROW_BLOCK_BYTES // max(1, K * V * Z.element_size())))
-        out = coef.new_empty(B, T, V)
-        buf = Z.new_empty(blk * K, V)
-        for b0 in range(0, B, blk):
-            b1 = min(B, b0 + blk)
-            rows = torch.index_select(Z, 0, idx[b0:b1].reshape(-1), out=buf[: (b1 - b0) * K])
-            torch.bmm(coef[b0:b1], rows.view(b1 - b0, K, V), out=out[b0:b1])
-        ctx.save_for_backward(coef, Z, idx)
-        ctx.blk = blk
-        return out
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):
-        coef, Z, idx = ctx.saved_tensors
-        B, T, K = coef.shape
-        V = Z.shape[1]
-        blk = ctx.blk
-        g = g.contiguous()
-        gcoef = torch.empty_like(coef) if ctx.needs_input_grad[0] else None
-        gZ = torch.zeros_like(Z) if ctx.needs_input_grad[1] else None
-        buf = Z.new_empty(blk * K, V)
-        gbuf = Z.new_empty(blk, K, V) if gZ is not None else None
-        for b0 in range(0, B, blk):
-            b1 = min(B, b0 + blk)
+    def __init__(self, x: torch.Tensor, Ks: list[torch.Tensor], Z: torch.Tensor, W_O: torch.Tensor,
+                 Ps: list[torch.Tensor], *, save: bool = True) -> None:
+        B, T = x.shape
+        V = W_O.shape[0]
+        L = len(Ks)
+        m = (1 << L) - 1
+        dev, dt = W_O.device, W_O.dtype
+        kind = "cpu" if dev.type == "cpu" else "other"
+        self.x, self.Ks, self.Z, self.Ps = x, Ks, Z, Ps
+        self.B, self.T, self.V, self.L, self.m, self.Tfull = B, T, V, L, m, Ps[0].shape[0]
+        self.blocks = _time_blocks(T, TIME_BLOCK[kind])
+        self.bc = max(1, min(B, ROWS_BYTES[kind] // max(1, T * m * V * W_O.element_size())))
+        self.pair = (x[:, :, None] * V + x[:, None, :]).reshape(-1)        # flat index of K[x_i, x_j]
+        self.ridx = (x[:, :, None] + torch.arange(m, device=dev) * V).reshape(B, T * m)   # Z_S[x_j], (j, S)
+        mask = torch.ones(T, T, dtype=torch.bool, device=dev).triu(1)
+        abar = torch.empty(B, T, m * T, dtype=dt, device=dev)
+        self.gbig: list[torch.Tensor | None] = [None] * L
+        self.Y: list[torch.Tensor | None] = [None] * L
+        for l in range(L):
+            n = 1 << l
+            Kl = Ks[l]
+            if l == 0:
+                s = Kl[0].index_select(0, self.pair).view(B, T, T)
+            else:
+                gbig = (Kl.index_select(1, self.pair).view(n, n, B, T, T).permute(2, 0, 3, 1, 4)
+                        .reshape(B, n * T, n * T))
+                ab = abar[:, :, :(n - 1) * T]
+                Y = torch.baddbmm(gbig[:, :T, :], ab, gbig[:, T:, :])           # Acat Gbig   (B, T, nT)
+                s = torch.baddbmm(Y[:, :, :T], Y[:, :, T:], ab.transpose(1, 2))  # … Acatᵀ     (B, T, T)
+                if save:
+                    self.gbig[l], self.Y[l] = gbig, Y
+            s += diag_matrix(Ps[l][:T], T)
+            s.masked_fill_(mask, float("-inf"))
+            A = torch.softmax(s, dim=-1)
+            abar[:, :, (n - 1) * T:n * T] = A
+            if n > 1:
+                abar[:, :, n * T:(2 * n - 1) * T] = torch.bmm(A, abar[:, :, :(n - 1) * T])
+        self.abar = abar
+        # position-major coefficients Cp[b, t, j, S−1] = A_S[b, t, j] so that keys j < t1 are a prefix
+        self.Cp = abar.view(B, T, m, T).permute(0, 1, 3, 2).contiguous()
+        logits = W_O.index_select(0, x.reshape(-1)).view(B, T, V)
+        buf = Z.new_empty(self.bc * T * m, V)
+        for b0, b1, rows in self._row_chunks(buf):
             nb = b1 - b0
-            if gcoef is not None:
-                rows = torch.index_select(Z, 0, idx[b0:b1].reshape(-1), out=buf[: nb * K])
-                torch.bmm(g[b0:b1], rows.view(nb, K, V).transpose(1, 2), out=gcoef[b0:b1])
-            if gZ is not None:
-                gr = torch.bmm(coef[b0:b1].transpose(1, 2), g[b0:b1], out=gbuf[:nb])
-                # embedding's backward (sort + segmented sums) is much faster than index_add_ here
-                gZ += torch.ops.aten.embedding_dense_backward(gr.view(nb * K, V), idx[b0:b1].reshape(-1),
-                                                              Z.shape[0], -1, False)
-        return gcoef, gZ, None
+            for t0, t1 in self.blocks:
+                c = self.Cp[b0:b1, t0:t1, :t1].reshape(nb, t1 - t0, t1 * m)
+                if t0 == 0 and t1 == T:
+                    logits[b0:b1].baddbmm_(c, rows)
+                else:
+                    logits[b0:b1, t0:t1] += torch.bmm(c, rows[:, :t1 * m])
+        self.logits = logits
+        if not save:
+            self.Cp = self.abar = None
+
+    def _row_chunks(self, buf: torch.Tensor):
+        """(b0, b1, rows) with rows (b1 − b0, T·m, |V|) = Z_S[x_j] gathered into ``buf``."""
+        T, m, V = self.T, self.m, self.V
+        for b0 in range(0, self.B, self.bc):
+            b1 = min(self.B, b0 + self.bc)
+            rows = torch.index_select(self.Z, 0, self.ridx[b0:b1].reshape(-1), out=buf[:(b1 - b0) * T * m])
+            yield b0, b1, rows.view(b1 - b0, T * m, V)
+
+    def backward(self, g: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Gradients (dKs, dZ, dW_O of the W_O[x] term only, dPs) for g = ∂L/∂logits (B, T, |V|)."""
+        B, T, V, L, m = self.B, self.T, self.V, self.L, self.m
+        dev, dt = g.device, g.dtype
+        g = g.contiguous()
+        dW_O = torch.zeros(V, V, dtype=dt, device=dev).index_add_(0, self.x.reshape(-1), g.view(-1, V))
+        single = len(self.blocks) == 1
+        dCp = (torch.empty if single else torch.zeros)(B, T, T, m, dtype=dt, device=dev)
+        dZ = torch.zeros_like(self.Z)
+        buf = self.Z.new_empty(self.bc * T * m, V)
+        dbuf = self.Z.new_empty(self.bc * T * m, V)
+        for b0, b1, rows in self._row_chunks(buf):
+            nb = b1 - b0
+            drows = dbuf[:nb * T * m].view(nb, T * m, V)
+            if single:
+                torch.bmm(g[b0:b1], rows.transpose(1, 2), out=dCp[b0:b1].view(nb, T, T * m))
+                torch.bmm(self.Cp[b0:b1].view(nb, T, T * m).transpose(1, 2), g[b0:b1], out=drows)
+            else:
+                drows.zero_()
+                for t0, t1 in self.blocks:
+                    gb = g[b0:b1, t0:t1]
+                    c = self.Cp[b0:b1, t0:t1, :t1].reshape(nb, t1 - t0, t1 * m)
+                    dCp[b0:b1, t0:t1, :t1] = torch.bmm(gb, rows[:, :t1 * m].transpose(1, 2)).view(nb, t1 - t0, t1, m)
+                    drows[:, :t1 * m] += torch.bmm(c.transpose(1, 2), gb)
+            dZ.index_add_(0, self.ridx[b0:b1].reshape(-1), drows.view(-1, V))
+        dabar = dCp.permute(0, 1, 3, 2).reshape(B, T, m * T)
+        del dCp
+        abar = self.abar
+        t = torch.arange(T, device=dev)
+        off = (t[:, None] - t[None, :])
+        low = off >= 0
+        off_low = off[low]
+        dKs: list[torch.Tensor] = [None] * L  # type: ignore[list-item]
+        dPs: list[torch.Tensor] = [None] * L  # type: ignore[list-item]
+        for l in range(L - 1, -1, -1):
+            n = 1 << l
+            A = abar[:, :, (n - 1) * T:n * T]
+            dA = dabar[:, :, (n - 1) * T:n * T]
+            if n > 1:                                          # A_{n+S} = A_l A_S for S = 1..n−1
+                ab = abar[:, :, :(n - 1) * T]
+                dhi = dabar[:, :, n * T:(2 * n - 1) * T]
+                dA = torch.baddbmm(dA, dhi, ab.transpose(1, 2))
+                dabar[:, :, :(n - 1) * T] += torch.bmm(A.transpose(1, 2), dhi)
+            ds = A * (dA - (dA * A).sum(-1, keepdim=True))    # softmax Jacobian (masked entries: A = 0)
+            dP = torch.zeros(self.Tfull, dtype=dt, device=dev)
+            dPs[l] = dP.index_add_(0, off_low, ds.sum(0)[low])
+            if l == 0:
+                dKs[l] = torch.zeros(1, V * V, dtype=dt, device=dev)
+                dKs[l][0].index_add_(0, self.pair, ds.reshape(-1))
+                continue
+            ab = abar[:, :, :(n - 1) * T]
+            gbig, Y = self.gbig[l], self.Y[l]
+            U = torch.empty(B, T, n * T, dtype=dt, device=dev)   # ∂s Acat
+            U[:, :, :T] = ds
+            U[:, :, T:] = torch.bmm(ds, ab)
+            dgbig = torch.empty(B, n * T, n * T, dtype=dt, device=dev)   # Acatᵀ ∂s Acat
+            dgbig[:, :T] = U
+            dgbig[:, T:] = torch.bmm(ab.transpose(1, 2), U)
+            dab = torch.bmm(U, gbig[:, T:, :].transpose(1, 2))           # (∂s Acat Gbigᵀ)[:, :, T:]
+            dab.baddbmm_(ds.transpose(1, 2), Y[:, :, T:])                 # (∂sᵀ Acat Gbig)[:, :, T:]
+            dabar[:, :, :(n - 1) * T] += dab
+            del U, dab
+            dgp = dgbig.view(B, n, T, n, T).permute(1, 3, 0, 2, 4).reshape(n * n, B * T * T)
+            del dgbig
+            dKs[l] = torch.zeros(n * n, V * V, dtype=dt, device=dev).index_add_(1, self.pair, dgp)
+        return dKs, dZ, dW_O, dPs
 
 
-def gathered_bmm(coef: torch.Tensor, Z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """coef (B, T, K) @ Z[idx] with idx (B, K) row indices into Z (R, |V|) → (B, T, |V|)."""
-    return _GatheredBmm.apply(coef, Z, idx)
+class _PathsFunction(torch.autograd.Function):
+    """Autograd wrapper of :class:`_PathPass`: logits from (W_O, Z, Ks, Ps); backward by hand."""
+
+    @staticmethod
+    def forward(ctx, x, W_O, Z, *rest):  # rest = Ks (L) then Ps (L)
+        L = len(rest) // 2
+        p = _PathPass(x, list(rest[:L]), Z, W_O, list(rest[L:]), save=True)
+        logits = p.logits
+        p.logits = None
+        ctx.pass_ = p
+        return logits
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        dKs, dZ, dW_O, dPs = ctx.pass_.backward(g)
+        return (None, dW_O, dZ, *dKs, *dPs)
 
 
 class AssocModel(nn.Module):
@@ -381,41 +507,20 @@ class AssocModel(nn.Module):
         out.append(torch.cat(Z[1:]))
         return out
 
-    def _forward_paths(self, x: torch.Tensor, products: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """Path expansion h_l = Σ_S A_S X V_S (see module docstring); subsets S are bitmasks over layers.
+    def _path_inputs(self, products: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        V = self.vocab_size
+        return [k.reshape(-1, V * V) for k in products[:-1]], products[-1]
 
-        With ``Acat = [A_S]_S`` (B, T, n·T) over the n subsets S ⊆ {1..l−1} (A_∅ = I) and the gathered
-        pair matrices ``Gbig[(S,i), (S',j)] = K_{S,S'}[x_i, x_j]`` (B, n·T, n·T), the scores of layer l are
-        ``Acat Gbig Acatᵀ + DM(P)``: a few large batched matmuls instead of 4^{l−1} small ones.  Logits are
-        ``W_O[x] + [A_S]_{S≠∅} [(V_S W_O)[x]]_{S≠∅}`` (one row gather, one batched matmul).
-        """
-        if products is None:
-            products = self.path_products()
-        B, T = x.shape
-        Vn = self.vocab_size
-        pair_idx = (x[:, :, None] * Vn + x[:, None, :]).reshape(-1)      # flat index of K[x_i, x_j]
-        acat: torch.Tensor | None = None                   # (B, T, n·T) = [A_S]_S, S in bitmask order
-        n = 1
-        for l in range(self.n_layers):
-            K = products[l]                                               # (n², |V|²), rows (S, S')
-            G = K.index_select(1, pair_idx).reshape(n, n, B, T, T)        # G[S,S',b,i,j] = K_{S,S'}[x_i, x_j]
-            if acat is None:
-                s = G[0, 0] + self._dm(l, T)
-            else:
-                gbig = G.permute(2, 0, 3, 1, 4).reshape(B, n * T, n * T)
-                s = (acat @ gbig) @ acat.transpose(1, 2) + self._dm(l, T)
-            a = _causal_softmax(s)
-            if acat is None:
-                eye = torch.eye(T, dtype=a.dtype, device=a.device).expand(B, T, T)
-                acat = torch.cat([eye, a], dim=2)
-            else:
-                acat = torch.cat([acat, a @ acat], dim=2)
-            n *= 2
-        m = n - 1                                                         # non-empty paths
-        offs = torch.arange(1, n, device=x.device)[:, None] * Vn - Vn     # Z rows of path k start at (k−1)|V|
-        idx = (offs[None] + x[:, None, :]).reshape(B, m * T)                # rows of Z: (k, j) ↦ Z_k[x_j]
-        return F.embedding(x, self.W_O) + gathered_bmm(acat[:, :, T:].contiguous(), products[-1], idx)
-
+    def _forward_paths(self, x: torch.Tensor) -> torch.Tensor:
+        """Path expansion h_l = Σ_S A_S X V_S (see module docstring and :class:`_PathPass`)."""
+        track = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        products = self.path_products() if track else _no_grad_products(self)
+        Ks, Z = self._path_inputs(products)
+        Ps = list(self.P)
+        if track:
+            return _PathsFunction.apply(x, self.W_O, Z, *Ks, *Ps)
+        with torch.no_grad():
+            return _PathPass(x, Ks, Z, self.W_O, Ps, save=False).logits
 
     def accumulate_gradients(self, tokens: torch.Tensor, *, chunk: int | None = None,
                              impl: str | None = None) -> float:
@@ -423,34 +528,77 @@ class AssocModel(nn.Module):
 
         The batch is processed in chunks of ``chunk`` sequences (None = all at once), each weighted by
         its share of the batch, so the result equals the unchunked gradient up to round-off.  With the
-        path implementation the batch-independent products are computed once per call and their
-        gradients back-propagated once.  Returns the batch loss (a float; NaN/Inf are returned, not
-        raised).  ``impl`` is resolved for the whole batch size.
+        path implementation the batch-independent products are computed once per call, the chunks are
+        differentiated by hand (:class:`_PathPass`, cross-entropy gradient formed in place) and the
+        products' gradients back-propagated once.  Returns the batch loss (a float; NaN/Inf are
+        returned, not raised).  ``impl`` is resolved for the whole batch size.
         """
         tokens = torch.as_tensor(tokens)
         if tokens.dim() != 2 or tokens.shape[1] < 2:
             raise InputError(f"tokens must be (B, T+1) with T ≥ 1, got {tuple(tokens.shape)}", "pass token windows")
+        tokens = tokens.to(self.W_O.device)
         n = tokens.shape[0]
         chunk = n if chunk is None else max(1, int(chunk))
         if impl is None or impl == "auto":
             impl = self.choose_impl(n, tokens.shape[1] - 1)
-        prods = leaves = None
-        if impl == "paths":
+        if impl != "paths":
+            total = 0.0
+            for i in range(0, n, chunk):
+                c = tokens[i:i + chunk]
+                loss = self.loss(c, impl=impl)
+                w = c.shape[0] / n
+                (loss * w if w != 1.0 else loss).backward()
+                total += loss.item() * w
+            return total
+        with torch.enable_grad():
             prods = self.path_products()
-            leaves = [p.detach().requires_grad_() for p in prods]
+        Ks, Z = self._path_inputs([p.detach() for p in prods])
+        W_O, Ps = self.W_O.detach(), [p.detach() for p in self.P]
+        dKs = [torch.zeros_like(k) for k in Ks]
+        dZ = torch.zeros_like(Z)
+        dW_O = torch.zeros_like(W_O)
+        dPs = [torch.zeros_like(p) for p in Ps]
         total = 0.0
-        for i in range(0, n, chunk):
-            c = tokens[i:i + chunk]
-            x = self._check_inputs(c[:, :-1])
-            logits = self._forward_paths(x, leaves) if impl == "paths" else self(x, impl=impl)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), c[:, 1:].long().reshape(-1))
-            w = c.shape[0] / n
-            (loss * w if w != 1.0 else loss).backward()
-            total += loss.item() * w
-        if prods is not None:
-            torch.autograd.backward(prods, [lf.grad if lf.grad is not None else torch.zeros_like(lf)
-                                            for lf in leaves])
+        with torch.no_grad():
+            for i in range(0, n, chunk):
+                c = tokens[i:i + chunk]
+                x = self._check_inputs(c[:, :-1])
+                p = _PathPass(x, Ks, Z, W_O, Ps, save=True)
+                loss, g = _cross_entropy_grad(p.logits, c[:, 1:].long(), c.shape[0] / n)
+                p.logits = None
+                total += loss * c.shape[0] / n
+                gK, gZ, gW, gP = p.backward(g)
+                del p, g
+                for acc, v in zip(dKs + [dZ, dW_O] + dPs, gK + [gZ, gW] + gP):
+                    acc += v
+        torch.autograd.backward(prods, [d.view_as(p) for d, p in zip(dKs + [dZ], prods)])
+        with torch.no_grad():
+            for p, d in [(self.W_O, dW_O)] + list(zip(self.P, dPs)):
+                if p.grad is None:
+                    p.grad = d
+                else:
+                    p.grad += d
         return total
+
+
+def _no_grad_products(model: "AssocModel") -> list[torch.Tensor]:
+    with torch.no_grad():
+        return model.path_products()
+
+
+def _cross_entropy_grad(logits: torch.Tensor, targets: torch.Tensor, weight: float) -> tuple[float, torch.Tensor]:
+    """Mean cross-entropy of logits (B, T, |V|) against targets (B, T) and its gradient times ``weight``,
+    formed in place of a log-softmax buffer (the logits are not modified)."""
+    V = logits.shape[-1]
+    logp = torch.log_softmax(logits, dim=-1)
+    flat = logp.view(-1, V)
+    tgt = targets.reshape(-1)
+    count = tgt.numel()
+    loss = -float(flat.gather(1, tgt[:, None]).sum()) / count
+    g = flat.exp_()
+    g[torch.arange(count, device=g.device), tgt] -= 1.0
+    g.mul_(weight / count)
+    return loss, logp
 
 
 def dense_logits(model: AssocModel, inputs: torch.Tensor) -> torch.Tensor:

@@ -310,10 +310,10 @@ class TinyStoriesTask:
             raise ConfigError("tinystories: the spaCy part-of-speech/dependency features are not available "
                               "(spaCy and en_core_web_sm are not installed, and originlens does not compute them yet)",
                               "use syntax_features=False (pos_int and pos_prop only)")
+        self.files = story_files(self.data_root)        # fails early, naming ORIGINLENS_DATA
         if not _SYNTAX_NOTED:
             _SYNTAX_NOTED = True
             log(SYNTAX_NOTE, level=1)
-        self.files = story_files(self.data_root)        # fails early, naming ORIGINLENS_DATA
 
     # -- data --------------------------------------------------------------------------------------
     @functools.cached_property

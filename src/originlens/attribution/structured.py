@@ -1,0 +1,555 @@
+"""Structured per-site backpropagation for :class:`originlens.models.GPT` (fast path of ``decompose``).
+
+The pathway components at a site are vector-Jacobian products ``G(k,i) = J_{k,i}ᵀ c`` with cotangents
+c = d^k_i (direct) and p^k_i (pre-caching) (spec ``gradient-pathways.md`` §5).  Generic autograd
+computes each by a backward pass over the whole prefix; this module runs one cached forward and
+hand-written backward passes whose structure keeps the per-site work small:
+
+* **Adjoints.**  One cached forward (no autograd graph; the model's own modules, eager attention) and
+  linear recursions from the top: d^{m−1} = M(d^m) (myopic block backward: only diagonal key/value
+  reads), p^{m−1} = F(p^m) + X(d^m) (full block backward plus the off-diagonal key/value reads of d),
+  p^L = 0, and the weight gradients of a^m = d^m + p^m (∇L).  Because p has its own recursion, its
+  structural zeros are exact (p^L = 0, p^k_{T−2} = 0, and everything at i = T−1).
+* **Fresh sources** (block k of a site (k, i), all positions of a layer in one batched call): the
+  cotangent sits at position i only, so every weight gradient of block k is a sum of B outer
+  products: MLP, output projection and query act at position i only, and the key/value weights get
+  ``Σ_b q_{b,h,i} ⊗ Σ_j δS_{b,h,i,j} a_{b,j}`` and ``Σ_b δo_{b,h,i} ⊗ Σ_j A_{b,h,i,j} a_{b,j}``
+  (attention-weighted input averages), never a contraction over positions per weight entry.  The
+  adjoint sent to positions j ≤ i is Σ_h (δS_{hij} β_h + A_{hij} α_h), β_h = q_{hi}W_K[h],
+  α_h = δo_{hi}W_V[h] (rank 2H per batch row), plus the query and residual paths at i.
+* **Spread sources** (blocks below k): dense batched backward over the causal prefix 0..i only, all
+  sources of one position stacked on a leading axis, weight gradients as batched GEMMs.  Under
+  myopic training sources never spread (other positions' keys/values are detached), so every block
+  is handled at position i alone, batched over all sources.
+
+Supported (:func:`supported`): a GPT with one parameter range (standard or myopic regime, tied or
+untied head, any width, heads, MLP ratio), dropout inactive, no forward hooks on the module;
+``decompose`` falls back to generic autograd otherwise (e.g. untied regimes).  The results equal the
+stop-gradient definition to float64 round-off (tests).  Caveat: this module mirrors ``GPT``'s block
+(pre-LN, GELU-tanh MLP, learned positions); an architecture change must be mirrored here (the tests
+compare it with the model and with the brute-force definition).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..models.gpt import GPT, position_losses
+
+Site = tuple[int, int]
+ParamDict = dict[str, torch.Tensor]
+
+
+def supported(model: nn.Module) -> bool:
+    """Whether the structured path applies (an originlens GPT with one parameter range, no hooks)."""
+    if not isinstance(model, GPT) or len(model.ranges) != 1:
+        return False
+    if model._forward_pre_hooks or model._forward_hooks:      # e.g. inside a stop_gradient context
+        return False
+    if model.training and model.config.dropout > 0.0:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------
+# cached forward
+
+
+@dataclass
+class _Block:
+    """Forward values of one block (B, T, ...), its weights and its parameter-name prefix."""
+
+    xhat1: torch.Tensor     # LN1 normalised input
+    rstd1: torch.Tensor     # (B, T, 1)
+    a: torch.Tensor         # LN1 output
+    q: torch.Tensor         # (B, H, T, hd)
+    k: torch.Tensor
+    v: torch.Tensor
+    att: torch.Tensor       # (B, H, T, T)
+    o: torch.Tensor         # (B, T, d) heads merged, before W_o
+    xhat2: torch.Tensor
+    rstd2: torch.Tensor
+    c: torch.Tensor         # LN2 output
+    gelu_grad: torch.Tensor  # GELU'(pre-activation) (B, T, F)
+    h: torch.Tensor         # GELU output (B, T, F)
+    prefix: str             # "blocks.{m}.copies.0."
+    mod: nn.Module          # the BlockCopy
+
+
+def _layer_norm(x: torch.Tensor, ln: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output, x̂, 1/σ) of a LayerNorm — the output from the same kernel as ``ln(x)``."""
+    out, mean, rstd = torch.native_layer_norm(x, list(ln.normalized_shape), ln.weight, ln.bias, ln.eps)
+    return out, (x - mean) * rstd, rstd
+
+
+class Forward:
+    """One cached forward of ``tokens`` (B, T) through a supported GPT (eager attention, no graph)."""
+
+    def __init__(self, model: GPT, tokens: torch.Tensor) -> None:
+        cfg = model.config
+        self.model, self.tokens = model, tokens
+        self.H, self.d = cfg.n_head, cfg.d_model
+        self.hd = self.d // self.H
+        self.scale = 1.0 / math.sqrt(self.hd)
+        B, T = tokens.shape
+        self.B, self.T = B, T
+        with torch.no_grad():
+            x = model.embed[0](tokens, 0)
+            self.residuals = [x]
+            self.blocks: list[_Block] = []
+            future = model._future[:T, :T]
+            for m, block in enumerate(model.blocks):
+                c = block.copies[0]
+                a, xhat1, rstd1 = _layer_norm(x, c.ln_1)
+                qkv = c.attn_qkv(a)
+                q, k, v = (t.view(B, T, self.H, self.hd).transpose(1, 2) for t in qkv.split(self.d, dim=2))
+                scores = q @ k.transpose(-2, -1)                   # as GPT's eager attention
+                att = torch.softmax((scores * self.scale).masked_fill(future, float("-inf")), dim=-1)
+                o = (att @ v).transpose(1, 2).reshape(B, T, self.d)
+                y = x + c.attn_out(o)
+                cc, xhat2, rstd2 = _layer_norm(y, c.ln_2)
+                hpre = c.mlp_in(cc)
+                h = F.gelu(hpre, approximate="tanh")
+                gg = torch.ops.aten.gelu_backward(hpre.new_ones(()).expand_as(hpre), hpre, approximate="tanh")
+                x = y + c.mlp_out(h)
+                self.blocks.append(_Block(xhat1=xhat1, rstd1=rstd1, a=a, q=q, k=k, v=v, att=att, o=o,
+                                          xhat2=xhat2, rstd2=rstd2, c=cc, gelu_grad=gg, h=h,
+                                          prefix=f"blocks.{m}.copies.0.", mod=c))
+                self.residuals.append(x)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.blocks)
+
+    def head_backward(self, weights: torch.Tensor | None, targets: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, float, ParamDict]:
+        """∂L/∂r^L (B, T, d), L, and the gradients of the head parameters (final LN, LM head / tied wte)."""
+        model = self.model
+        xL = self.residuals[-1].detach().requires_grad_(True)
+        head = model.head[0]
+        named = [("head.0.ln_f.weight", head.ln_f.weight), ("head.0.ln_f.bias", head.ln_f.bias)]
+        named.append(("embed.0.wte.weight", model.embed[0].wte.weight) if head.lm_head is None else
+                     ("head.0.lm_head.weight", head.lm_head.weight))
+        named = [(n, p) for n, p in named if p.requires_grad]
+        with torch.enable_grad():
+            logits = model._logits(0, xL)
+            loss = position_losses(logits, self.tokens, weights, targets=targets).sum()
+            g = torch.autograd.grad(loss, [xL] + [p for _, p in named], allow_unused=True)
+        grads = {n: (torch.zeros_like(p) if gi is None else gi) for (n, p), gi in zip(named, g[1:])}
+        return g[0], float(loss.detach()), grads
+
+
+# ----------------------------------------------------------------------------------------------------
+# building blocks (leading source axis n)
+
+
+def _ln_backward(g: torch.Tensor, xhat: torch.Tensor, rstd: torch.Tensor, gamma: torch.Tensor,
+                 sums: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Adjoint of a LayerNorm input from the adjoint g of its output (any leading axes); with ``sums``
+    also the per-source weight/bias gradients Σ g⊙x̂ and Σ g over all but the leading axis."""
+    d = g.shape[-1]
+    gx = g * xhat
+    m1 = (g @ gamma).unsqueeze(-1) / d
+    m2 = (gx @ gamma).unsqueeze(-1) / d
+    out = g * gamma
+    out -= m1
+    out.addcmul_(xhat, m2, value=-1.0)
+    out *= rstd
+    if not sums:
+        return out, None, None
+    return out, _sum(gx), _sum(g)
+
+
+def _wgrad(delta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Σ over the middle axes of delta ⊗ x: delta (n, ..., o) with x (..., i) shared by all sources,
+    or x (n, ..., i) per source → (n, o, i)."""
+    n, o, i = delta.shape[0], delta.shape[-1], x.shape[-1]
+    dt = delta.reshape(n, -1, o).transpose(1, 2)
+    if x.dim() == delta.dim():                                         # per-source rows
+        return dt @ x.reshape(n, -1, i)
+    return dt @ x.reshape(-1, i)
+
+
+def _sum(delta: torch.Tensor) -> torch.Tensor:
+    return delta.reshape(delta.shape[0], -1, delta.shape[-1]).sum(1)
+
+
+def _heads(x: torch.Tensor, H: int) -> torch.Tensor:
+    """(..., P, d) → (..., H, P, hd)."""
+    *lead, P, d = x.shape
+    return x.reshape(*lead, P, H, d // H).transpose(-3, -2)
+
+
+def _merge(x: torch.Tensor) -> torch.Tensor:
+    """(..., H, P, hd) → (..., P, d)."""
+    *lead, H, P, hd = x.shape
+    return x.transpose(-3, -2).reshape(*lead, P, H * hd)
+
+
+@dataclass
+class _MLPBack:
+    dy: torch.Tensor        # adjoint of y (after the attention residual add)
+    dh: torch.Tensor        # adjoint of the MLP pre-activation
+    dc: torch.Tensor        # adjoint of the LN2 output
+    ln_w: torch.Tensor | None
+    ln_b: torch.Tensor | None
+
+
+def _mlp_backward(blk: _Block, E: torch.Tensor, c_sl, sums: bool) -> _MLPBack:
+    """MLP + LN2 backward for adjoint E (n, ..., d) at the block output; ``c_sl`` selects the cached rows
+    matching E's middle axes (a prefix slice, a position, or per-source gathered tensors)."""
+    gelu_grad, xhat2, rstd2 = c_sl(blk.gelu_grad), c_sl(blk.xhat2), c_sl(blk.rstd2)
+    dh = (E @ blk.mod.mlp_out.weight) * gelu_grad
+    dc = dh @ blk.mod.mlp_in.weight
+    dln, lw, lb = _ln_backward(dc, xhat2, rstd2, blk.mod.ln_2.weight, sums)
+    return _MLPBack(dy=dln.add_(E), dh=dh, dc=dc, ln_w=lw, ln_b=lb)
+
+
+class _Grads(dict):
+    """Per-source weight gradients of one block, (n, *shape) each, keyed by full parameter name."""
+
+    def __init__(self, blk: _Block) -> None:
+        super().__init__()
+        self.prefix = blk.prefix
+
+    def put(self, name: str, value: torch.Tensor) -> None:
+        self[self.prefix + name] = value
+
+
+def _put_mlp(g: _Grads, mb: _MLPBack, E: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> None:
+    g.put("mlp_out.weight", _wgrad(E, h))
+    g.put("mlp_out.bias", _sum(E))
+    g.put("mlp_in.weight", _wgrad(mb.dh, c))
+    g.put("mlp_in.bias", _sum(mb.dh))
+    g.put("ln_2.weight", mb.ln_w)
+    g.put("ln_2.bias", mb.ln_b)
+
+
+# ----------------------------------------------------------------------------------------------------
+# dense (spread) block backward
+
+
+def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False
+                   ) -> tuple[_Grads, torch.Tensor]:
+    """Backward of block m (0-based) for adjoints E (n, B, P, d) at its output over positions < P, with
+    per-source weight gradients.  ``myopic``: keys/values of other positions detached.  Returns
+    (grads (n, ...), adjoint (n, B, P, d) at the block input)."""
+    blk = fw.blocks[m]
+    P = E.shape[2]
+    pre = lambda t: t[:, :P]                                           # noqa: E731
+    g = _Grads(blk)
+    mb = _mlp_backward(blk, E, pre, True)
+    _put_mlp(g, mb, E, blk.h[:, :P], blk.c[:, :P])
+    dy = mb.dy
+    g.put("attn_out.weight", _wgrad(dy, blk.o[:, :P]))
+    g.put("attn_out.bias", _sum(dy))
+    do = _heads(dy @ blk.mod.attn_out.weight, fw.H)                    # (n, B, H, P, hd)
+    A = blk.att[:, :, :P, :P]
+    q, k, v = blk.q[:, :, :P], blk.k[:, :, :P], blk.v[:, :, :P]
+    dA = do @ v.transpose(-2, -1)                                      # (n, B, H, P, P)
+    dS = A * (dA - (A * dA).sum(-1, keepdim=True)) * fw.scale
+    dq = dS @ k
+    if myopic:
+        dk = dS.diagonal(dim1=-2, dim2=-1).unsqueeze(-1) * q
+        dv = A.diagonal(dim1=-2, dim2=-1).unsqueeze(-1) * do
+    else:
+        dk = dS.transpose(-2, -1) @ q
+        dv = A.transpose(-2, -1) @ do
+    dqkv = torch.cat([_merge(dq), _merge(dk), _merge(dv)], dim=-1)     # (n, B, P, 3d)
+    g.put("attn_qkv.weight", _wgrad(dqkv, blk.a[:, :P]))
+    g.put("attn_qkv.bias", _sum(dqkv))
+    da = dqkv @ blk.mod.attn_qkv.weight
+    dln, lw, lb = _ln_backward(da, blk.xhat1[:, :P], blk.rstd1[:, :P], blk.mod.ln_1.weight, True)
+    g.put("ln_1.weight", lw)
+    g.put("ln_1.bias", lb)
+    return g, dln.add_(dy)
+
+
+# ----------------------------------------------------------------------------------------------------
+# fresh sources: cotangent at one position per source
+
+
+def _gather(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Rows at per-source positions: t (B, T, X) → (N, B, X)."""
+    return t.index_select(1, pos).transpose(0, 1)
+
+
+def fresh_backward(fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, myopic: bool
+                   ) -> tuple[_Grads, torch.Tensor]:
+    """Backward of block m for cotangents e (N, B, d) at per-source positions ``pos`` (N,) of its output.
+
+    Returns (grads (N, ...), adjoint at the block input): (N, B, P, d) over positions 0..P−1 with
+    P = max(pos) + 1 in the full graph (exact zeros after each source's position), or (N, B, d) at
+    each source's position under ``myopic``.
+    """
+    blk = fw.blocks[m]
+    H, hd, d = fw.H, fw.hd, fw.d
+    N, B = e.shape[0], e.shape[1]
+    P = int(pos.max()) + 1
+    ar = torch.arange(N, device=e.device)
+    at = lambda t: _gather(t, pos)                                     # noqa: E731
+    g = _Grads(blk)
+    mb = _mlp_backward(blk, e, at, True)
+    _put_mlp(g, mb, e, at(blk.h), at(blk.c))
+    dy = mb.dy                                                         # (N, B, d)
+    g.put("attn_out.weight", _wgrad(dy, at(blk.o)))
+    g.put("attn_out.bias", _sum(dy))
+    do = (dy @ blk.mod.attn_out.weight).view(N, B, H, 1, hd)
+    A = blk.att[:, :, :, :P].index_select(2, pos).permute(2, 0, 1, 3)  # (N, B, H, P): row pos[n]
+    q_i = blk.q.index_select(2, pos).permute(2, 0, 1, 3)               # (N, B, H, hd)
+    k, v = blk.k[:, :, :P], blk.v[:, :, :P]                            # (B, H, P, hd)
+    dA = (do @ v.transpose(-2, -1)).squeeze(-2)                        # (N, B, H, P)
+    dS = A * (dA - (A * dA).sum(-1, keepdim=True)) * fw.scale
+    dq = (dS.unsqueeze(-2) @ k).squeeze(-2).reshape(N, B, d)
+    do = do.squeeze(-2)                                                # (N, B, H, hd)
+    W = blk.mod.attn_qkv.weight
+    a_i = at(blk.a)                                                    # (N, B, d)
+    if myopic:
+        dS_ii = dS[ar, :, :, pos].unsqueeze(-1)                        # (N, B, H, 1)
+        A_ii = A[ar, :, :, pos].unsqueeze(-1)
+        dqkv = torch.cat([dq, (dS_ii * q_i).reshape(N, B, d), (A_ii * do).reshape(N, B, d)], dim=-1)
+        g.put("attn_qkv.weight", _wgrad(dqkv, a_i))
+        g.put("attn_qkv.bias", _sum(dqkv))
+        dln, lw, lb = _ln_backward(dqkv @ W, at(blk.xhat1), at(blk.rstd1), blk.mod.ln_1.weight, True)
+        g.put("ln_1.weight", lw)
+        g.put("ln_1.bias", lb)
+        return g, dln.add_(dy)
+    # key/value weights through attention-weighted input averages Σ_j δS_ij a_j and Σ_j A_ij a_j
+    a = blk.a[:, :P]                                                   # (B, P, d)
+    coef = torch.cat([dS, A], dim=2)                                   # (N, B, 2H, P)
+    avg = (coef.transpose(0, 1).reshape(B, N * 2 * H, P) @ a).view(B, N, 2 * H, d).transpose(0, 1)
+    left = torch.cat([q_i, do], dim=2)                                 # (N, B, 2H, hd): q_i for K, δo for V
+    gkv = left.permute(0, 2, 3, 1) @ avg.transpose(1, 2)               # (N, 2H, hd, d): Σ_b
+    gkv = gkv.reshape(N, 2, d, d).reshape(N, 2 * d, d)
+    g.put("attn_qkv.weight", torch.cat([_wgrad(dq, a_i), gkv], dim=1))
+    bkv = (left * coef.sum(-1, keepdim=True)).sum(1).reshape(N, 2 * d)  # Σ_b Σ_j of δk_j, δv_j
+    g.put("attn_qkv.bias", torch.cat([_sum(dq), bkv], dim=1))
+    # adjoint of the LN1 output: Σ_h δS_hj β_h + A_hj α_h at positions ≤ i, plus the query path at i
+    W_kv = W[d:].view(2, H, hd, d)
+    beta = (q_i.unsqueeze(-2) @ W_kv[0]).squeeze(-2)                   # (N, B, H, d)
+    alpha = (do.unsqueeze(-2) @ W_kv[1]).squeeze(-2)
+    da = coef.transpose(-2, -1) @ torch.cat([beta, alpha], dim=2)      # (N, B, P, d)
+    da[ar, :, pos] += dq @ W[:d]
+    dln, lw, lb = _ln_backward(da, blk.xhat1[:, :P], blk.rstd1[:, :P], blk.mod.ln_1.weight, True)
+    g.put("ln_1.weight", lw)
+    g.put("ln_1.bias", lb)
+    dln[ar, :, pos] += dy
+    return g, dln
+
+
+def embedding_grads(fw: Forward, E: torch.Tensor, pos: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Gradients of wte and wpe (n, ...) for adjoints E at r^0: (n, B, P, d) over positions < P, or
+    (n, B, d) at per-source positions ``pos`` (n,)."""
+    emb = fw.model.embed[0]
+    n, d = E.shape[0], E.shape[-1]
+    V = emb.wte.weight.shape[0]
+    wte = E.new_zeros((n * V, d))
+    wpe = E.new_zeros((n,) + tuple(emb.wpe.weight.shape))
+    if pos is None:
+        P = E.shape[2]
+        idx = (fw.tokens[:, :P].reshape(1, -1) + V * torch.arange(n, device=E.device)[:, None]).reshape(-1)
+        wte.index_add_(0, idx, E.reshape(-1, d))
+        wpe[:, :P] = E.sum(1)
+    else:
+        tok = fw.tokens[:, pos].transpose(0, 1)                        # (n, B)
+        idx = (tok + V * torch.arange(n, device=E.device)[:, None]).reshape(-1)
+        wte.index_add_(0, idx, E.reshape(-1, d))
+        wpe[torch.arange(n, device=E.device), pos] = E.sum(1)
+    return {"embed.0.wte.weight": wte.view(n, V, d), "embed.0.wpe.weight": wpe}
+
+
+# ----------------------------------------------------------------------------------------------------
+# adjoints and the full gradient
+
+
+@dataclass
+class StructuredAdjoints:
+    """a^k, d^k, p^k (each a list over k = 0..L of (B, T, d)), L and ∇L (name → tensor)."""
+
+    full: list[torch.Tensor]
+    direct: list[torch.Tensor]
+    precached: list[torch.Tensor]
+    loss: float
+    grad: ParamDict
+
+
+def _adjoint_block(fw: Forward, m: int, d: torch.Tensor, p: torch.Tensor
+                   ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """One step of the standard-regime recursions through block m (0-based): d^{m−1} = M(d^m),
+    p^{m−1} = F(p^m) + X(d^m) and the block's weight gradients of a^m = d^m + p^m (its part of ∇L).
+
+    X uses explicitly masked (off-diagonal) attention, so p keeps exact zeros wherever d and p vanish
+    at and after a position.
+    """
+    blk = fw.blocks[m]
+    E = torch.stack([d, p])                                            # (2, B, T, d)
+    mb = _mlp_backward(blk, E, lambda t: t, False)
+    g = _Grads(blk)
+    E_a, dh_a, dc_a, dy_a = d + p, mb.dh[0] + mb.dh[1], mb.dc[0] + mb.dc[1], mb.dy[0] + mb.dy[1]
+    g.put("mlp_out.weight", _wgrad(E_a[None], blk.h))
+    g.put("mlp_out.bias", _sum(E_a[None]))
+    g.put("mlp_in.weight", _wgrad(dh_a[None], blk.c))
+    g.put("mlp_in.bias", _sum(dh_a[None]))
+    g.put("ln_2.weight", _sum((dc_a * blk.xhat2)[None]))
+    g.put("ln_2.bias", _sum(dc_a[None]))
+    g.put("attn_out.weight", _wgrad(dy_a[None], blk.o))
+    g.put("attn_out.bias", _sum(dy_a[None]))
+    do = _heads(mb.dy @ blk.mod.attn_out.weight, fw.H)                 # (2, B, H, T, hd)
+    A, q, k, v = blk.att, blk.q, blk.k, blk.v
+    dA = do @ v.transpose(-2, -1)
+    dS = A * (dA - (A * dA).sum(-1, keepdim=True)) * fw.scale
+    dq = dS @ k                                                        # queries are live in both graphs
+    eye = torch.eye(fw.T, dtype=torch.bool, device=d.device)
+    dk_myo = dS[0].diagonal(dim1=-2, dim2=-1).unsqueeze(-1) * q
+    dv_myo = A.diagonal(dim1=-2, dim2=-1).unsqueeze(-1) * do[0]
+    dk_x = dS[0].masked_fill(eye, 0.0).transpose(-2, -1) @ q           # off-diagonal reads of d
+    dv_x = A.masked_fill(eye, 0.0).transpose(-2, -1) @ do[0]
+    dk_p = dS[1].transpose(-2, -1) @ q
+    dv_p = A.transpose(-2, -1) @ do[1]
+    dqkv = torch.stack([torch.cat([_merge(dq[0]), _merge(dk_myo), _merge(dv_myo)], dim=-1),
+                        torch.cat([_merge(dq[1]), _merge(dk_p + dk_x), _merge(dv_p + dv_x)], dim=-1)])
+    da = dqkv @ blk.mod.attn_qkv.weight                                # (2, B, T, d)
+    dqkv_a, da_a = dqkv[0] + dqkv[1], da[0] + da[1]
+    g.put("attn_qkv.weight", _wgrad(dqkv_a[None], blk.a))
+    g.put("attn_qkv.bias", _sum(dqkv_a[None]))
+    g.put("ln_1.weight", _sum((da_a * blk.xhat1)[None]))
+    g.put("ln_1.bias", _sum(da_a[None]))
+    back, _, _ = _ln_backward(da, blk.xhat1, blk.rstd1, blk.mod.ln_1.weight)
+    back += mb.dy
+    return {n: t[0] for n, t in g.items()}, back[0], back[1]
+
+
+@torch.no_grad()
+def adjoints(fw: Forward, names: Iterable[str], weights: torch.Tensor | None, targets: torch.Tensor | None,
+             myopic: bool) -> StructuredAdjoints:
+    """All adjoints and ∇L of the training graph (myopic or standard) from the cached forward."""
+    gL, loss, head = fw.head_backward(weights, targets)
+    L = fw.n_layer
+    a: list = [None] * (L + 1)
+    d: list = [None] * (L + 1)
+    p: list = [None] * (L + 1)
+    a[L], d[L], p[L] = gL, gL, torch.zeros_like(gL)
+    grads: dict[str, torch.Tensor] = {}
+    for m in range(L - 1, -1, -1):                                     # block m+1 (0-based m)
+        if myopic:
+            g, a_in = dense_backward(fw, m, a[m + 1][None], myopic=True)
+            a[m], d[m], p[m] = a_in[0], a_in[0], torch.zeros_like(gL)
+            grads.update({n: t[0] for n, t in g.items()})
+        else:
+            g, d[m], p[m] = _adjoint_block(fw, m, d[m + 1], p[m + 1])
+            a[m] = d[m] + p[m]
+            grads.update(g)
+    grads.update({n: t[0] for n, t in embedding_grads(fw, a[0][None]).items()})
+    for n, t in head.items():
+        grads[n] = grads[n] + t if n in grads else t
+    params = dict(fw.model.named_parameters())
+    full = {n: grads[n] if n in grads else torch.zeros_like(params[n]) for n in names}
+    return StructuredAdjoints(full=a, direct=d, precached=p, loss=loss, grad=full)
+
+
+# ----------------------------------------------------------------------------------------------------
+# per-site components
+
+
+@dataclass
+class _Job:
+    site: Site
+    comp: str
+    cot: torch.Tensor       # (B, d) cotangent at r^k_i
+
+
+@torch.no_grad()
+def site_components(fw: Forward, adj: StructuredAdjoints, sites: list[Site], names: list[str], myopic: bool,
+                    chunk_size: int) -> tuple[dict[Site, dict[str, ParamDict]], ParamDict]:
+    """``{site: {"direct": G_dir, "precached": G_pre}}`` for every site (name → tensor) and the zero
+    tensors used for every exactly-zero entry (one per parameter, shared by all sites: parameters a
+    site's cotangent cannot reach, and components whose cotangent vanishes).
+
+    Sources are processed in groups of consecutive positions holding at most ``chunk_size`` sources.
+    """
+    params = dict(fw.model.named_parameters())
+    zero = {n: torch.zeros_like(params[n]) for n in names}
+    out: dict[Site, dict[str, ParamDict]] = {s: {} for s in sites}
+    jobs: list[_Job] = []
+    for k, i in sites:
+        for comp, src in (("direct", adj.direct[k]), ("precached", adj.precached[k])):
+            row = src[:, i]
+            if (myopic and comp == "precached") or torch.count_nonzero(row) == 0:
+                out[(k, i)][comp] = dict(zero)
+            else:
+                jobs.append(_Job((k, i), comp, row))
+    jobs.sort(key=lambda j: j.site[1])
+    group: list[_Job] = []
+    for j, job in enumerate(jobs):
+        group.append(job)
+        last = j + 1 == len(jobs)
+        if last or (len(group) >= chunk_size and jobs[j + 1].site[1] != job.site[1]) or len(group) >= 4 * chunk_size:
+            _group_pass(fw, group, names, zero, myopic, out)
+            group = []
+    return out, zero
+
+
+def _group_pass(fw: Forward, jobs: list[_Job], names: list[str], zero: ParamDict, myopic: bool, out) -> None:
+    """Top-down pass for a group of sources: fresh at their own layer (batched over positions), spread
+    below it (dense per position; myopic: batched at each source's position)."""
+    L = fw.n_layer
+    dev = fw.tokens.device
+    collected: list[dict[str, torch.Tensor]] = [{} for _ in jobs]
+
+    def keep(idx: list[int], g: dict[str, torch.Tensor]) -> None:
+        for r, j in enumerate(idx):
+            collected[j].update({n: t[r] for n, t in g.items()})
+
+    spread: dict[int, tuple[list[int], torch.Tensor]] = {}            # position → (job indices, E)
+    for k in range(L, -1, -1):
+        fresh = [j for j, job in enumerate(jobs) if job.site[0] == k]
+        pos_f = torch.tensor([jobs[j].site[1] for j in fresh], dtype=torch.long, device=dev)
+        e_f = torch.stack([jobs[j].cot for j in fresh]) if fresh else None
+        if k == 0:
+            for i, (idx, E) in spread.items():
+                keep(idx, embedding_grads(fw, E, None if not myopic else
+                                          torch.full((len(idx),), i, dtype=torch.long, device=dev)))
+            if fresh:
+                keep(fresh, embedding_grads(fw, e_f, pos_f))
+            break
+        m = k - 1
+        new: dict[int, list[tuple[list[int], torch.Tensor]]] = {}
+        if myopic and spread:                                          # everything stays at its position
+            idx = [j for ids, _ in spread.values() for j in ids]
+            E = torch.cat([E for _, E in spread.values()])
+            pos = torch.tensor([jobs[j].site[1] for j in idx], dtype=torch.long, device=dev)
+            g, E_in = fresh_backward(fw, m, E, pos, myopic=True)
+            keep(idx, g)
+            for r, j in enumerate(idx):
+                new.setdefault(jobs[j].site[1], []).append(([j], E_in[r:r + 1]))
+        else:
+            for i, (idx, E) in spread.items():
+                g, E_in = dense_backward(fw, m, E)
+                keep(idx, g)
+                new.setdefault(i, []).append((idx, E_in))
+        if fresh:
+            g, E_in = fresh_backward(fw, m, e_f, pos_f, myopic=myopic)
+            keep(fresh, g)
+            for r, j in enumerate(fresh):
+                i = jobs[j].site[1]
+                new.setdefault(i, []).append(([j], E_in[r:r + 1] if myopic else E_in[r:r + 1, :, :i + 1]))
+        spread = {}
+        for i, parts in new.items():
+            idx = [j for ids, _ in parts for j in ids]
+            spread[i] = (idx, parts[0][1] if len(parts) == 1 else torch.cat([E for _, E in parts]))
+    for j, job in enumerate(jobs):
+        got = collected[j]
+        out[job.site][job.comp] = {n: got[n] if n in got else zero[n] for n in names}
+
+
+def auto_chunk(fw: Forward, chunk_bytes: int) -> int:
+    """Sources per group so that ~``chunk_bytes`` hold their adjoints and backward intermediates."""
+    cfg = fw.model.config
+    item = fw.residuals[0].element_size()
+    per = fw.B * fw.T * (6 * fw.d + 3 * cfg.mlp_ratio * fw.d) * item + 3 * fw.B * fw.H * fw.T * fw.T * item
+    return int(max(1, min(256, chunk_bytes // max(per, 1))))

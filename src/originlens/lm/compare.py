@@ -1,0 +1,758 @@
+"""Leading-term features in real language models across training checkpoints (``leading-terms.md`` §5.2).
+
+Per checkpoint and layer l (1-based, as in the paper) the model's mappings are compared with the corpus
+statistics restricted to the K most frequent tokens (rows = tokens, in the statistics' order):
+
+* **attention mapping** ``A_tok = E_pre A_emb E_preᵀ`` with ``A_emb = mean_h W_Q[h]ᵀ W_K[h]`` (d×d; the
+  adapter convention is q_h = W_Q[h] x, so the token × token score matrix of head h is
+  ``E_pre W_Q[h]ᵀ W_K[h] E_preᵀ``, rows = query token), against Q̄ (query × key);
+* **embedding mapping** ``E_post`` (block output, MLP included) and **no-MLP embedding** ``E_attn`` against
+  the value target Φ̄ᵀB̄ᵀ (rows = key token);
+* **per head** (chosen layers): head h's ``E_pre W_Q[h]ᵀ W_K[h] E_preᵀ`` against Q̄.
+
+``E_pre``/``E_attn``/``E_post`` are each token fed alone (length-1 sequence, no BOS; spec pitfall 10), from
+:meth:`~originlens.lm.adapter.LMAdapter.single_token_states`; biases, rotary, LayerNorm and 1/√d are
+ignored, as in the paper.  The statistic is :func:`cov_cosine` (spec §5.2.3): theory rows L2-normalised
+(zero rows stay zero), model rows not normalised, both row-centred, Frobenius cosine of the token ×
+token covariances.
+
+How it stays fast: no K×K covariance and no K×K model matrix is ever formed.  With Z_A, Z_B the
+row-centred matrices, ``tr(C_A C_B) = ‖Z_Aᵀ Z_B‖²`` and ``‖C‖ = ‖ZᵀZ‖`` (the smaller Gram).  The attention
+mapping is low rank: ``Z_B = U V_cᵀ`` with ``U = E_pre W_Qᵀ`` and ``V_c = E_pre W_Kᵀ`` centred over tokens, so
+``tr(C_A C_B) = tr(W Wᵀ R)`` with ``W = Uᵀ Z_A``, ``R = V_cᵀ V_c`` and ``‖C_B‖² = tr(P R P R)``, ``P = UᵀU``.  Per
+checkpoint this is two matmuls against the theory (all layers stacked): O(K²·L·d) flops; heads are
+diagonal blocks of the same products.  Tokens are processed in chunks, so the model states never
+exceed ``token_chunk`` rows; accumulators take O(K·L·d) memory, the theory O(K²).
+
+Statistics (spec §5.2.1): windows tokenised with the **model's** tokenizer, BOS prepended per window
+(when the model has one; not twice), cut or padded (padding masked) to ``window_tokens`` tokens, centring
+constant 1/|V| of the model's vocabulary unless given.  A corpus in another tokenizer is refused
+(vocabulary size, and hash when both sides know theirs).
+
+Extensions (spec §8, off by default; :data:`VARIANTS`):
+
+* ``null_baseline``: the same cosines against the theory with its token rows randomly permuted (one fixed
+  permutation): the agreement a mapping gets without any token correspondence.  The paper's statistic
+  has a high chance level: its "covariances" are Gram matrices of row-centred rows, so a component shared
+  by all tokens (a common mean row, e.g. anisotropic embeddings) makes both close to a multiple of 11ᵀ.
+* ``token_centred``: the cosine after also centring each column over the tokens (J Z with
+  J = I − 11ᵀ/K on both sides), which removes that shared component; same fast path (the theory is
+  centred once, the model side needs only Σ_tokens U and Σ_tokens Z_B).
+
+Caveats: the comparison is empirical (the theorem covers attention-only models from near-zero init);
+E_pre of layer 1 is the raw token embedding.  Results are float64 by default; ``dtype="float32"`` is
+for very large K on an accelerator.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
+from ..progress import log, progress
+
+MAPPINGS = ("attention", "embedding_no_mlp", "embedding")
+PANEL_TITLES = {"attention": "Attention Mapping", "embedding_no_mlp": "No MLP Embedding",
+                "embedding": "Embedding Mapping"}
+RESULTS_KIND = "originlens.lm-compare"
+
+
+# ----------------------------------------------------------------------------------------------------
+# the statistic
+
+
+def row_normalise(A: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm; zero rows stay zero (float64)."""
+    A = np.asarray(A, dtype=np.float64)
+    n = np.linalg.norm(A, axis=1, keepdims=True)
+    return np.divide(A, n, out=np.zeros_like(A), where=n > 0)
+
+
+def _gram_norm(Z: Any) -> float:
+    """‖Z Zᵀ‖_F computed through the smaller of the two Grams (‖Z Zᵀ‖_F = ‖Zᵀ Z‖_F)."""
+    G = Z.T @ Z if Z.shape[1] <= Z.shape[0] else Z @ Z.T
+    return float((G * G).sum()) ** 0.5
+
+
+def cov_cosine(A_theory: Any, B_model: Any, *, centre_tokens: bool = False) -> float:
+    """Covariance cosine of spec §5.2.3 (rows = tokens in both; float64).
+
+    ``A_theory`` is row-normalised (zero rows stay zero), ``B_model`` is not; both are centred row-wise
+    and ``tr(cov(A)ᵀ cov(B)) / (‖cov(A)‖ ‖cov(B)‖)`` is returned, computed as
+    ``‖Z_Aᵀ Z_B‖² / (‖Z_AᵀZ_A‖ ‖Z_BᵀZ_B‖)`` (no tokens × tokens matrix).  NaN when either covariance is 0.
+    ``centre_tokens=True`` (not in the paper) also centres each column over the tokens, removing the
+    component shared by all tokens (the mean row), which otherwise makes unrelated matrices look alike.
+    """
+    A = np.asarray(A_theory, dtype=np.float64)
+    B = np.asarray(B_model, dtype=np.float64)
+    if A.ndim != 2 or B.ndim != 2 or A.shape[0] != B.shape[0]:
+        raise ConfigError(f"cov_cosine needs two matrices with the same number of rows (tokens), got "
+                          f"{A.shape} and {B.shape}", "pass token × feature matrices in the same token order")
+    ZA = row_normalise(A)
+    ZA -= ZA.mean(axis=1, keepdims=True)
+    ZB = B - B.mean(axis=1, keepdims=True)
+    if centre_tokens:
+        ZA -= ZA.mean(axis=0, keepdims=True)
+        ZB -= ZB.mean(axis=0, keepdims=True)
+    den = _gram_norm(ZA) * _gram_norm(ZB)
+    if den == 0.0:
+        return float("nan")
+    M = ZA.T @ ZB
+    return float((M * M).sum()) / den
+
+
+# ----------------------------------------------------------------------------------------------------
+# theory side (prepared once per statistics)
+
+
+@dataclass
+class TheoryTarget:
+    """A theory matrix ready for comparison: ``Z`` (K, m) row-normalised and row-centred (torch),
+    ``cov_norm`` = ‖Z Zᵀ‖_F."""
+
+    name: str
+    Z: Any
+    cov_norm: float
+
+
+def prepare_theory(A: np.ndarray, name: str = "", *, device: str = "cpu", dtype: str = "float64",
+                   block: int = 2048, permutation: np.ndarray | None = None,
+                   centre_tokens: bool = False) -> TheoryTarget:
+    """Row-normalise, row-centre (and optionally centre over tokens, and permute the rows of) theory
+    matrix ``A`` (K, m).
+
+    ``‖Z Zᵀ‖_F`` is accumulated over column blocks of ``ZᵀZ`` so no second K×K matrix is formed.
+    """
+    import torch
+    Z = row_normalise(A)
+    Z -= Z.mean(axis=1, keepdims=True)
+    if centre_tokens:
+        Z -= Z.mean(axis=0, keepdims=True)
+    if permutation is not None:
+        Z = Z[permutation]
+    Zt = torch.from_numpy(np.ascontiguousarray(Z)).to(device=device, dtype=_torch_dtype(dtype))
+    del Z
+    sq = 0.0
+    for s in range(0, Zt.shape[1], block):
+        G = Zt[:, s:s + block].T @ Zt
+        sq += float((G * G).sum())
+    return TheoryTarget(name, Zt, sq ** 0.5)
+
+
+def _torch_dtype(name: str):
+    import torch
+    table = {"float64": torch.float64, "float32": torch.float32}
+    if name not in table:
+        raise ConfigError(f"unknown dtype {name!r}", "use float64 or float32")
+    return table[name]
+
+
+# ----------------------------------------------------------------------------------------------------
+# one checkpoint
+
+
+VARIANTS = ("spec", "null", "token_centred", "token_centred_null")
+VARIANT_TITLES = {"spec": "covariance cosine (spec §5.2.3)",
+                  "null": "null baseline: theory token rows permuted",
+                  "token_centred": "token-centred covariance cosine (mean row removed; not in the paper)",
+                  "token_centred_null": "token-centred, theory token rows permuted"}
+
+
+@dataclass
+class CheckpointCosines:
+    """Cosines of one checkpoint: ``values[variant][mapping]`` (n_layers,) and
+    ``heads[variant][layer]`` (n_heads,) for each computed variant (``"spec"`` always)."""
+
+    values: dict[str, dict[str, np.ndarray]]
+    heads: dict[str, dict[int, np.ndarray]]
+    seconds: float = 0.0
+
+
+def _ratio(num: float, a: float, b: float) -> float:
+    den = a * b
+    return float(num / den) if den > 0 and math.isfinite(den) else float("nan")
+
+
+def prepare_targets(stats: Any, *, variants: Sequence[str] = ("spec",), device: str = "cpu",
+                    dtype: str = "float64", seed: int = 0) -> dict[str, dict[str, TheoryTarget]]:
+    """``{variant: {"query_key": …, "value_target": …}}`` for the requested :data:`VARIANTS`."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or "spec" not in variants:
+        raise ConfigError(f"variants must include 'spec' and be among {VARIANTS}, got {list(variants)}",
+                          "e.g. ('spec', 'null')")
+    perm = np.random.default_rng(seed).permutation(stats.size)
+    out: dict[str, dict[str, TheoryTarget]] = {}
+    for v in variants:
+        out[v] = {key: prepare_theory(getattr(stats, key), f"{key}:{v}", device=device, dtype=dtype,
+                                      permutation=perm if v.endswith("null") else None,
+                                      centre_tokens=v.startswith("token_centred"))
+                  for key in ("query_key", "value_target")}
+    return out
+
+
+def checkpoint_cosines(adapter: Any, token_ids: Sequence[int], targets: Mapping[str, Mapping[str, TheoryTarget]],
+                       *, layers: Sequence[int], head_layers: Sequence[int] = (), token_chunk: int = 4096,
+                       device: str = "cpu", dtype: str = "float64") -> CheckpointCosines:
+    """Cosines of one model against the prepared theory (fast path, see the module docstring).
+
+    ``token_ids`` (K,) are model token ids in the theory's row order; ``targets`` comes from
+    :func:`prepare_targets`; ``layers`` and ``head_layers`` are 0-based (``head_layers`` ⊆ ``layers``).
+    Returned arrays are indexed like ``layers``.
+    """
+    import torch
+    t0 = time.perf_counter()
+    dt = _torch_dtype(dtype)
+    ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
+    K = len(ids)
+    for v, tv in targets.items():
+        for key in ("query_key", "value_target"):
+            if tv[key].Z.shape[0] != K:
+                raise CompatibilityError(f"theory {key} has {tv[key].Z.shape[0]} rows but {K} tokens were "
+                                         "given", "use the token ids of the same statistics")
+    variants = list(targets)
+    layers = [int(l) for l in layers]
+    if not layers:
+        raise ConfigError("no layers selected", "select at least one layer")
+    bad = [l + 1 for l in head_layers if l not in layers]
+    if bad:
+        raise ConfigError(f"per-head layers {bad} are not among the compared layers",
+                          "include them in --layers")
+    nl, d = len(layers), int(adapter.d_model)
+    chunk = max(1, int(token_chunk))
+    WQ, WK = [], []
+    with torch.no_grad():
+        for l in layers:
+            q, k = adapter.qk_weights(l)
+            WQ.append(q.detach().reshape(-1, d).to(device=device, dtype=dt))
+            WK.append(k.detach().reshape(-1, d).to(device=device, dtype=dt))
+        H = int(adapter.qk_weights(layers[0])[0].shape[0])
+        r = WQ[0].shape[0]
+        z = dict(device=device, dtype=dt)
+        W = {v: torch.zeros(nl * r, K, **z) for v in variants}          # Uᵀ Z_Q, all layers stacked
+        P = torch.zeros(nl, r, r, **z)                                  # UᵀU
+        us = torch.zeros(nl, r, **z)                                    # Σ_tokens U
+        VV = torch.zeros(nl, r, r, **z)                                 # VᵀV (uncentred)
+        vs = torch.zeros(nl, r, **z)                                    # Σ_tokens V
+        G = {v: torch.zeros(K, 2 * nl * d, **z) for v in variants}      # Z_Vᵀ [Z_attn | Z_post]
+        S = torch.zeros(2 * nl, d, d, **z)                              # Z_BᵀZ_B per block
+        bs = torch.zeros(2 * nl, d, **z)                                # Σ_tokens Z_B
+        model_device = adapter.device
+        for s in range(0, K, chunk):
+            e = min(K, s + chunk)
+            st = adapter.single_token_states(ids[s:e].to(model_device))
+            sel = torch.as_tensor(layers, device=st.pre.device)
+            pre = st.pre.index_select(0, sel).to(**z)                   # (nl, n, d)
+            U = torch.stack([pre[i] @ WQ[i].T for i in range(nl)])      # (nl, n, r)
+            V = torch.stack([pre[i] @ WK[i].T for i in range(nl)])
+            P += U.transpose(1, 2) @ U
+            us += U.sum(dim=1)
+            VV += V.transpose(1, 2) @ V
+            vs += V.sum(dim=1)
+            U_all = U.permute(1, 0, 2).reshape(e - s, nl * r)
+            for v in variants:
+                W[v] += U_all.T @ targets[v]["query_key"].Z[s:e]
+            del U, V, U_all, pre
+            emb = torch.cat([st.attn.index_select(0, sel), st.post.index_select(0, sel)]).to(**z)
+            del st
+            emb = emb - emb.mean(dim=2, keepdim=True)                  # centre each token's row
+            S += emb.transpose(1, 2) @ emb
+            bs += emb.sum(dim=1)
+            emb_all = emb.permute(1, 0, 2).reshape(e - s, 2 * nl * d)
+            for v in variants:
+                G[v] += targets[v]["value_target"].Z[s:e].T @ emb_all
+            del emb, emb_all
+        R = VV - torch.einsum("la,lb->lab", vs, vs) / K                # V_cᵀV_c (centred over tokens)
+        # token-centred model side: Uᵀ J U and Z_Bᵀ J Z_B (J = I − 11ᵀ/K); the theory side is centred already
+        Pc = P - torch.einsum("la,lb->lab", us, us) / K
+        Sc = S - torch.einsum("la,lb->lab", bs, bs) / K
+        values: dict[str, dict[str, np.ndarray]] = {}
+        heads_out: dict[str, dict[int, np.ndarray]] = {}
+        dh = r // H
+        for v in variants:
+            tc = v.startswith("token_centred")
+            PP, SS = (Pc, Sc) if tc else (P, S)
+            qa, va = targets[v]["query_key"].cov_norm, targets[v]["value_target"].cov_norm
+            att, no_mlp, post = np.empty(nl), np.empty(nl), np.empty(nl)
+            heads: dict[int, np.ndarray] = {}
+            for i, l in enumerate(layers):
+                Wl = W[v][i * r:(i + 1) * r]
+                WW = Wl @ Wl.T
+                Ri, Pi = R[i], PP[i]
+                M = Pi @ Ri
+                att[i] = _ratio(float((WW * Ri).sum()), qa, float((M * M.T).sum()) ** 0.5)
+                Ga = G[v][:, i * d:(i + 1) * d]
+                Gp = G[v][:, (nl + i) * d:(nl + i + 1) * d]
+                no_mlp[i] = _ratio(float((Ga * Ga).sum()), va, float((SS[i] * SS[i]).sum()) ** 0.5)
+                post[i] = _ratio(float((Gp * Gp).sum()), va, float((SS[nl + i] * SS[nl + i]).sum()) ** 0.5)
+                if l in head_layers:
+                    hv = np.empty(H)
+                    for h in range(H):
+                        b = slice(h * dh, (h + 1) * dh)
+                        Mh = Pi[b, b] @ Ri[b, b]
+                        hv[h] = _ratio(float((WW[b, b] * Ri[b, b]).sum()), qa, float((Mh * Mh.T).sum()) ** 0.5)
+                    heads[l] = hv
+            values[v] = {"attention": att, "embedding_no_mlp": no_mlp, "embedding": post}
+            heads_out[v] = heads
+    return CheckpointCosines(values, heads_out, time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# statistics in the model's tokenizer
+
+
+@dataclass
+class VocabIdentity:
+    """What is known of a vocabulary: its size, and a hash of its token strings when available."""
+
+    vocab_size: int
+    vocab_hash: str | None = None
+    source: str = ""
+
+
+def tokenizer_vocab(tokenizer: Any) -> list[str]:
+    """Token strings of an originlens tokenizer (``vocab``) or a llama2.c tokenizer (``pieces``)."""
+    vocab = getattr(tokenizer, "vocab", None)
+    if isinstance(vocab, list):
+        return vocab
+    pieces = getattr(tokenizer, "pieces", None)
+    if pieces is not None:
+        return [p.decode("utf-8", errors="backslashreplace") for p in pieces]
+    raise ConfigError(f"cannot read the vocabulary of {type(tokenizer).__name__}",
+                      "pass an originlens, tokenizer.json or llama2.c tokenizer")
+
+
+def tokenizer_identity(tokenizer: Any, source: str = "tokenizer") -> VocabIdentity:
+    from ..storage import vocab_hash
+    vocab = tokenizer_vocab(tokenizer)
+    return VocabIdentity(len(vocab), vocab_hash(vocab, len(vocab)), source)
+
+
+def load_model_tokenizer(path: str | Path, vocab_size: int) -> Any:
+    """A llama2.c ``.bin`` tokenizer (``vocab_size`` tokens) or any tokenizer :func:`load_tokenizer` reads."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"tokenizer {p} does not exist", "check the --tokenizer path")
+    if p.is_file() and p.suffix == ".bin":
+        from .llama2c import Llama2cTokenizer
+        return Llama2cTokenizer.from_file(p, vocab_size)
+    from ..data.tokenizers import load_tokenizer
+    return load_tokenizer(p)
+
+
+def model_identity(adapter: Any, tokenizer: Any | None = None) -> VocabIdentity:
+    """The model's vocabulary: its size, plus the hash of ``tokenizer`` (or of the tokenizer the adapter
+    carries, or the ``vocab_hash`` recorded in the checkpoint)."""
+    tok = tokenizer if tokenizer is not None else getattr(adapter, "tokenizer", None)
+    if tok is not None:
+        ident = tokenizer_identity(tok, "model tokenizer")
+        return VocabIdentity(int(adapter.vocab_size), ident.vocab_hash, "model tokenizer")
+    return VocabIdentity(int(adapter.vocab_size), getattr(adapter, "vocab_hash", None), "checkpoint")
+
+
+def check_vocab(model: VocabIdentity, corpus: VocabIdentity, what: str, *,
+                tokenizer_size: int | None = None) -> list[str]:
+    """Raise :class:`CompatibilityError` when ``corpus`` was not tokenised with the model's tokenizer.
+
+    Sizes must agree (or the corpus may be smaller than a padded model vocabulary when the hashes prove
+    the tokenizer); hashes must agree when both are known.  Returns warnings (what could not be checked).
+    """
+    fix = ("tokenize the corpus with the model's tokenizer (pass the raw text as --corpus together with "
+           "--tokenizer), or pass the model that goes with this corpus")
+    hashes_known = model.vocab_hash is not None and corpus.vocab_hash is not None
+    if hashes_known and model.vocab_hash != corpus.vocab_hash:
+        raise CompatibilityError(f"{what} was tokenized with another vocabulary than the model's "
+                                 f"(vocabulary hash {corpus.vocab_hash} vs {model.vocab_hash})", fix)
+    same_size = corpus.vocab_size == model.vocab_size or (
+        hashes_known and tokenizer_size is not None and corpus.vocab_size == tokenizer_size
+        and corpus.vocab_size <= model.vocab_size)
+    if not same_size:
+        raise CompatibilityError(f"{what} has a vocabulary of {corpus.vocab_size} tokens but the model has "
+                                 f"{model.vocab_size}: it was tokenized with another tokenizer", fix)
+    if not hashes_known:
+        return [f"could only check the vocabulary size of {what} ({corpus.vocab_size}); no vocabulary hash "
+                "on " + ("the model side" if model.vocab_hash is None else "the corpus side")]
+    return []
+
+
+def windows_from_texts(texts: Iterable[str], encode: Callable[[str], list[int]], *, bos_id: int | None,
+                       window_tokens: int = 128, max_texts: int | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Spec §5.2.1: each text tokenised, BOS prepended (unless already first), cut or padded to
+    ``window_tokens`` tokens.  Returns ``(windows (N, window_tokens) int64, valid (N, window_tokens−1))``;
+    ``valid[n, t]`` marks a real (x_t, x_{t+1}) pair (padding is 0 and not counted)."""
+    if window_tokens < 2:
+        raise ConfigError(f"window_tokens must be ≥ 2 (got {window_tokens})", "e.g. 128")
+    rows, lens = [], []
+    for i, text in enumerate(texts):
+        if max_texts is not None and i >= max_texts:
+            break
+        ids = list(encode(text))
+        if bos_id is not None and (not ids or ids[0] != bos_id):
+            ids = [bos_id] + ids
+        ids = ids[:window_tokens]
+        if len(ids) < 2:
+            continue
+        lens.append(len(ids))
+        rows.append(ids + [0] * (window_tokens - len(ids)))
+    if not rows:
+        raise InputError("no text gave at least two tokens", "pass a corpus with some text")
+    windows = np.asarray(rows, dtype=np.int64)
+    valid = np.arange(window_tokens - 1)[None, :] + 1 < np.asarray(lens)[:, None]
+    return windows, valid
+
+
+def prepend_bos(windows: np.ndarray, bos_id: int | None) -> np.ndarray:
+    """Windows (N, T+1) with BOS as first token: ``[BOS] + w[:-1]`` for rows not already starting with it."""
+    w = np.asarray(windows).astype(np.int64)
+    if bos_id is None:
+        return w
+    out = w.copy()
+    need = w[:, 0] != bos_id
+    out[need, 1:] = w[need, :-1]
+    out[need, 0] = bos_id
+    return out
+
+
+def top_tokens(windows: np.ndarray, valid: np.ndarray | None, vocab_size: int, k: int) -> np.ndarray:
+    """The ``k`` most frequent real tokens of the windows (ties by smaller id), only tokens that occur."""
+    if k < 1:
+        raise ConfigError(f"--top-tokens must be ≥ 1 (got {k})", "e.g. --top-tokens 2000")
+    w = np.asarray(windows)
+    if valid is None:
+        real = np.ones(w.shape, dtype=bool)
+    else:
+        real = np.concatenate([valid[:, :1], valid], axis=1)       # token t+1 is real iff pair t is
+    counts = np.bincount(w[real].astype(np.int64), minlength=vocab_size)
+    order = np.lexsort((np.arange(len(counts)), -counts))
+    order = order[counts[order] > 0]
+    return order[:k]
+
+
+def comparison_statistics(windows: np.ndarray, vocab_size: int, *, valid: np.ndarray | None = None,
+                          top_k: int = 2000, centering: float | None = None, vocab: list[str] | None = None
+                          ) -> Any:
+    """:func:`~originlens.stats.corpus_statistics` on the top-K tokens of ``windows`` (ids < vocab_size,
+    the model's vocabulary), with padding masked; centring 1/vocab_size unless given."""
+    from ..stats import corpus_statistics
+    w = np.asarray(windows)
+    if int(w.max()) >= vocab_size or int(w.min()) < 0:
+        raise CompatibilityError(f"corpus token id {int(w.max())} is outside the model's vocabulary "
+                                 f"0..{vocab_size - 1}", "tokenize the corpus with the model's tokenizer")
+    ids = top_tokens(w, valid, vocab_size, top_k)
+    if len(ids) < top_k:
+        log(f"note: the corpus has only {len(ids)} distinct tokens; K = {len(ids)} (asked for {top_k})")
+    return corpus_statistics(w, vocab_size, token_ids=ids, centering=centering, mask=valid, vocab=vocab)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the sweep
+
+
+@dataclass
+class CompareConfig:
+    """Settings of a comparison (layers are 1-based; ``None`` = all).
+
+    ``null_baseline`` adds the permuted-token baseline, ``token_centred`` the token-centred cosine
+    (both extensions, see the module docstring); ``null_seed`` fixes the permutation.
+    """
+
+    top_tokens: int = 2000
+    layers: Sequence[int] | None = None
+    head_layers: Sequence[int] = ()
+    null_baseline: bool = False
+    token_centred: bool = False
+    null_seed: int = 0
+    token_chunk: int = 4096
+    device: str = "cpu"
+    dtype: str = "float64"
+
+    @property
+    def variants(self) -> list[str]:
+        out = ["spec"] + (["null"] if self.null_baseline else [])
+        if self.token_centred:
+            out += ["token_centred"] + (["token_centred_null"] if self.null_baseline else [])
+        return out
+
+
+@dataclass
+class ComparisonResult:
+    """Cosines of every checkpoint: ``cosines[variant][mapping]`` (n_layers, n_checkpoints) and
+    ``heads[variant][layer]`` (n_heads, n_checkpoints); layers are 1-based; variant ``"spec"`` is the
+    paper's statistic."""
+
+    labels: list[str]
+    layers: list[int]
+    cosines: dict[str, dict[str, np.ndarray]]
+    heads: dict[str, dict[int, np.ndarray]]
+    grid: dict[str, Any] = field(default_factory=dict)
+    statistics: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        def arr(a: np.ndarray) -> list:
+            return [[None if not math.isfinite(x) else round(float(x), 6) for x in row] for row in a]
+        return {"kind": RESULTS_KIND, "labels": self.labels, "layers": self.layers,
+                "cosines": {v: {k: arr(m) for k, m in d.items()} for v, d in self.cosines.items()},
+                "heads": {v: {str(l): arr(m) for l, m in d.items()} for v, d in self.heads.items()},
+                "grid": self.grid, "statistics": self.statistics, "model": self.model, "config": self.config,
+                "timings": self.timings, "warnings": self.warnings}
+
+
+StatsProvider = Callable[[Any], Any]
+
+
+def statistics_info(stats: Any) -> dict[str, Any]:
+    return {"K": int(stats.size), "vocab_size": int(stats.vocab_size), "seq_len": int(stats.seq_len),
+            "n_pairs": int(stats.n_pairs), "centering": float(stats.centering),
+            "token_ids_head": [int(i) for i in (stats.token_ids[:20] if stats.token_ids is not None
+                                                else range(min(20, stats.size)))],
+            "tokens_head": list(stats.vocab[:20]) if stats.vocab is not None else None,
+            "meta": dict(stats.meta)}
+
+
+def _arch(adapter: Any) -> tuple[int, int, int, int]:
+    return (int(adapter.n_layers), int(adapter.d_model), int(adapter.n_heads), int(adapter.vocab_size))
+
+
+def compare_checkpoints(grid: Any, statistics: Any | StatsProvider, config: CompareConfig | None = None, *,
+                        check_model: Callable[[str, Any], list[str]] | None = None) -> ComparisonResult:
+    """Run the §5.2 comparison over a :class:`~originlens.lm.checkpoints.CheckpointGrid` (or any iterable
+    of ``(label, adapter)`` with ``len``).
+
+    ``statistics``: a :class:`~originlens.stats.CorpusStatistics` (rows = its ``token_ids``, which are
+    model token ids), or a callable ``adapter -> CorpusStatistics`` evaluated on the first checkpoint
+    (to tokenise the corpus with that model's tokenizer).  ``check_model(label, adapter)`` may raise
+    for an incompatible checkpoint and returns warnings.  Checkpoints must share the architecture and
+    vocabulary.
+    """
+    cfg = config or CompareConfig()
+    t_start = time.perf_counter()
+    labels: list[str] = []
+    per: list[CheckpointCosines] = []
+    warnings: list[str] = []
+    state: dict[str, Any] = {}
+    t_stats = 0.0
+    load_times: list[float] = []
+    t_prev = time.perf_counter()
+    for label, adapter in progress(grid, total=len(grid), desc="checkpoints", unit="ckpt"):
+        load_times.append(time.perf_counter() - t_prev)
+        if check_model is not None:
+            warnings += [f"{label}: {w}" for w in check_model(label, adapter)]
+        if not state:
+            ts = time.perf_counter()
+            stats = statistics(adapter) if callable(statistics) else statistics
+            t_stats = time.perf_counter() - ts
+            state.update(_prepare(stats, adapter, cfg))
+            state["arch"] = _arch(adapter)
+        elif _arch(adapter) != state["arch"]:
+            raise CompatibilityError(f"checkpoint {label!r} has another architecture or vocabulary "
+                                     f"(layers, d, heads, |V|) = {_arch(adapter)} vs {state['arch']}",
+                                     "compare checkpoints of one model")
+        res = checkpoint_cosines(adapter, state["token_ids"], state["targets"], layers=state["layers0"],
+                                 head_layers=state["heads0"], token_chunk=cfg.token_chunk, device=cfg.device,
+                                 dtype=cfg.dtype)
+        labels.append(label)
+        per.append(res)
+        del adapter
+        t_prev = time.perf_counter()
+    if not per:
+        raise InputError("no checkpoint could be compared (all were skipped)", "check the checkpoint list")
+    variants = cfg.variants
+    cos = {v: {k: np.stack([p.values[v][k] for p in per], axis=1) for k in MAPPINGS} for v in variants}
+    heads = {v: {l + 1: np.stack([p.heads[v][l] for p in per], axis=1) for l in state["heads0"]}
+             for v in variants}
+    result = ComparisonResult(labels=labels, layers=[l + 1 for l in state["layers0"]], cosines=cos, heads=heads)
+    result.grid = grid.summary() if hasattr(grid, "summary") else {}
+    result.statistics = state["stats_info"]
+    n_layers, d, H, V = state["arch"]
+    result.model = {"n_layers": n_layers, "d_model": d, "n_heads": H, "vocab_size": V}
+    result.config = {**asdict(cfg), "variants": variants}
+    result.warnings = warnings + [f"checkpoint {x['label']} has the same weights as {x['same_as']}"
+                                  for x in result.grid.get("duplicates", [])]
+    result.timings = {"statistics_s": round(t_stats, 3), "theory_prepare_s": round(state["prep_s"], 3),
+                      "load_s": [round(x, 3) for x in load_times],
+                      "compare_s": [round(p.seconds, 3) for p in per],
+                      "total_s": round(time.perf_counter() - t_start, 3)}
+    return result
+
+
+def _prepare(stats: Any, adapter: Any, cfg: CompareConfig) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    K = stats.size
+    token_ids = np.arange(K) if stats.token_ids is None else np.asarray(stats.token_ids, dtype=np.int64)
+    if int(token_ids.max()) >= adapter.vocab_size:
+        raise CompatibilityError(f"the statistics use token ids up to {int(token_ids.max())} but the model "
+                                 f"has {adapter.vocab_size} tokens", "use statistics in the model's tokenizer")
+    L = adapter.n_layers
+    layers1 = list(range(1, L + 1)) if cfg.layers is None else [int(l) for l in cfg.layers]
+    bad = [l for l in list(layers1) + list(cfg.head_layers) if not 1 <= int(l) <= L]
+    if bad:
+        raise ConfigError(f"layer(s) {bad} out of range for a {L}-layer model (layers are 1-based)",
+                          f"use 1..{L}")
+    layers1 = sorted(set(layers1) | {int(l) for l in cfg.head_layers})
+    targets = prepare_targets(stats, variants=cfg.variants, device=cfg.device, dtype=cfg.dtype, seed=cfg.null_seed)
+    for key in ("query_key", "value_target"):
+        if targets["spec"][key].cov_norm == 0:
+            raise NumericalError(f"the theory matrix {key} has zero covariance (constant rows)",
+                                 "use a corpus with more text or more tokens")
+    return {"token_ids": token_ids, "targets": targets, "layers0": [l - 1 for l in layers1],
+            "heads0": sorted({int(l) - 1 for l in cfg.head_layers}), "stats_info": statistics_info(stats),
+            "prep_s": time.perf_counter() - t0}
+
+
+# ----------------------------------------------------------------------------------------------------
+# figures and run directory
+
+
+def _heatmap(ax: Any, M: np.ndarray, xlabels: Sequence[str], ylabels: Sequence[Any], title: str,
+             ylabel: str, cmap: str) -> Any:
+    im = ax.imshow(np.ma.masked_invalid(M), vmin=0.0, vmax=1.0, cmap=cmap, aspect="auto",
+                   interpolation="nearest")
+    ax.set_title(title)
+    ax.set_xticks(range(len(xlabels)), [str(x) for x in xlabels], rotation=60, ha="right")
+    ax.set_yticks(range(len(ylabels)), [str(y) for y in ylabels])
+    ax.set_ylabel(ylabel)
+    ax.grid(False)
+    if M.size <= 400:
+        for (i, j), v in np.ndenumerate(M):
+            if math.isfinite(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if v < 0.6 else "black")
+    return im
+
+
+def plot_mappings(result: ComparisonResult, variant: str = "spec", *, cmap: str = "viridis") -> Any:
+    """Three panels (attention, no-MLP embedding, embedding): layers × checkpoints, range 0–1."""
+    from ..report.html import setup_matplotlib
+    if variant not in result.cosines:
+        raise ConfigError(f"this result has no {variant!r} cosines", f"use one of {list(result.cosines)}")
+    plt = setup_matplotlib()
+    data = result.cosines[variant]
+    n = len(result.labels)
+    fig, axes = plt.subplots(1, 3, figsize=(2.5 + 3 * max(2.2, 0.42 * n), 1.4 + 0.35 * max(4, len(result.layers))),
+                             sharey=True)
+    im = None
+    for ax, key in zip(axes, MAPPINGS):
+        im = _heatmap(ax, data[key], result.labels, result.layers, PANEL_TITLES[key],
+                      "layer" if key == MAPPINGS[0] else "", cmap)
+        ax.set_xlabel("checkpoint")
+    fig.colorbar(im, ax=list(axes), shrink=0.9, label=VARIANT_TITLES[variant].split(":")[0].split("(")[0].strip())
+    fig.suptitle(VARIANT_TITLES[variant])
+    return fig
+
+
+def plot_heads(result: ComparisonResult, variant: str = "spec", *, cmap: str = "viridis") -> Any | None:
+    """One panel per chosen layer: heads × checkpoints (attention mapping of each head), range 0–1."""
+    heads = result.heads.get(variant) or {}
+    if not heads:
+        return None
+    from ..report.html import setup_matplotlib
+    plt = setup_matplotlib()
+    n = len(result.labels)
+    H = next(iter(heads.values())).shape[0]
+    fig, axes = plt.subplots(1, len(heads), figsize=(2 + len(heads) * max(2.5, 0.42 * n), 1.4 + 0.35 * max(4, H)),
+                             squeeze=False)
+    im = None
+    for ax, (layer, M) in zip(axes[0], sorted(heads.items())):
+        im = _heatmap(ax, M, result.labels, list(range(1, H + 1)), f"Layer {layer} heads", "head", cmap)
+        ax.set_xlabel("checkpoint")
+    fig.colorbar(im, ax=list(axes[0]), shrink=0.9, label="attention mapping vs Q̄")
+    fig.suptitle(VARIANT_TITLES[variant])
+    return fig
+
+
+def _table_rows(result: ComparisonResult, data: Mapping[str, np.ndarray]) -> list[list[Any]]:
+    rows = []
+    for key in MAPPINGS:
+        for i, l in enumerate(result.layers):
+            rows.append([PANEL_TITLES[key], l] + [float(v) for v in data[key][i]])
+    return rows
+
+
+def check_out(out: str | Path, overwrite: bool = False) -> bool:
+    """Refuse an existing non-empty ``out`` unless it holds an earlier comparison and ``overwrite``;
+    returns True when an earlier comparison will be replaced."""
+    from ..storage import read_json
+    out = Path(out)
+    if not (out.is_file() or (out.is_dir() and any(out.iterdir()))):
+        return False
+    prev = out / "results.json"
+    ours = prev.is_file() and isinstance(read_json(prev), dict) and read_json(prev).get("kind") == RESULTS_KIND
+    if not (overwrite and ours):
+        raise ConfigError(f"--out {out} exists and is not empty" + ("" if ours else " (not a comparison run)"),
+                          "choose a new directory" + (", or pass --overwrite" if ours else ""))
+    return True
+
+
+def write_comparison(result: ComparisonResult, out: str | Path, *, title: str = "Leading-term features "
+                     "across checkpoints", extra: Mapping[str, Any] | None = None,
+                     overwrite: bool = False) -> Path:
+    """Write the run directory ``out``: ``results.json``, ``config.json``, ``environment.json``,
+    ``figures/*.png`` and ``report.html``/``report.md``.  Returns the report path.
+
+    An existing non-empty ``out`` is replaced only when it holds an earlier comparison and ``overwrite``.
+    """
+    from ..report.html import Report, savefig_png
+    from ..runs import RunDir
+    from ..storage import atomic_write_bytes, atomic_write_json
+    out = Path(out)
+    if check_out(out, overwrite):
+        for f in (out / "figures").glob("*.png"):
+            f.unlink()
+    run = RunDir(out)
+    run.write_config({**result.config, **(dict(extra or {}))})
+    run.write_environment(seeds={"null_seed": result.config.get("null_seed")},
+                          extra={"grid": result.grid, "statistics": result.statistics})
+    atomic_write_json(run.file("results.json"), result.to_json())
+    rep = Report(title)
+    rep.section("Setup")
+    st = result.statistics
+    rep.text(f"Model: {result.model.get('n_layers')} layers, d = {result.model.get('d_model')}, "
+             f"{result.model.get('n_heads')} heads, |V| = {result.model.get('vocab_size')}. "
+             f"Statistics: K = {st.get('K')} most frequent tokens, T = {st.get('seq_len')}, "
+             f"{st.get('n_pairs')} counted pairs, centring constant {st.get('centering'):.3g}; "
+             f"{st.get('meta', {}).get('source', '')}. Per-token states: each token alone (no BOS); "
+             "biases, LayerNorm, rotary and 1/sqrt(d) ignored (spec §5.2.2).")
+    if extra:
+        rep.code("\n".join(f"{k}: {v}" for k, v in extra.items()))
+    rep.section("Heatmaps")
+    for v in result.cosines:
+        png = savefig_png(plot_mappings(result, v))
+        name = f"mappings-{v}.png"
+        atomic_write_bytes(run.file("figures", name), png)
+        rep.figure(png, f"{VARIANT_TITLES[v].capitalize()} of each mapping with its leading term (attention: Q̄; "
+                   "embeddings: Φ̄ᵀB̄ᵀ), layers × checkpoints, colour range 0–1.", name)
+        hf = plot_heads(result, v)
+        if hf is not None:
+            png = savefig_png(hf)
+            name = f"heads-{v}.png"
+            atomic_write_bytes(run.file("figures", name), png)
+            rep.figure(png, f"Per-head attention mapping vs Q̄ ({VARIANT_TITLES[v]}), heads × checkpoints, "
+                       "colour range 0–1.", name)
+    rep.section("Cosines")
+    for v, data in result.cosines.items():
+        rep.table(["mapping", "layer"] + result.labels, _table_rows(result, data), VARIANT_TITLES[v])
+    rep.section("Checkpoints")
+    g = result.grid
+    rep.table(["checkpoint", "weights sha256", "load s", "compare s"],
+              [[lab, (g.get("hashes", {}).get(lab) or "")[:16], result.timings["load_s"][i],
+                result.timings["compare_s"][i]] for i, lab in enumerate(result.labels)])
+    if g.get("duplicates"):
+        rep.text("Duplicated weights: " + "; ".join(f"{d['label']} = {d['same_as']}" for d in g["duplicates"]))
+    if g.get("skipped"):
+        rep.text("Skipped: " + "; ".join(f"{s['label']} ({s['reason']})" for s in g["skipped"]))
+    if result.warnings:
+        rep.section("Warnings")
+        for w in result.warnings:
+            rep.text(w)
+    rep.text(f"Timings: statistics {result.timings['statistics_s']} s, theory preparation "
+             f"{result.timings['theory_prepare_s']} s, total {result.timings['total_s']} s.")
+    return rep.write(run.path)

@@ -1,0 +1,446 @@
+"""Q(w), the pre-caching degree of an SAE feature (``gradient-pathways.md`` §9, pitfalls 11–12).
+
+For each feature f: its top-activating contexts in a token corpus; at the activating position p the
+residual stream (the SAE's site) is ablated; ``KL_d = KL(P_clean ‖ P_ablated)`` of the next-token
+distributions at positions ``p + d − 1``, d = 1..K (``KL_1`` is the prediction of the token right after
+p).  Per example ``ratio = Σ_{d≥2} KL_d / (KL_1 + ε)`` (ε = 1e-8); per feature
+
+* ``q`` = mean of ratios (the paper's Q), ``q_ratio_of_means`` = ``Σ_e Σ_{d≥2} KL_d / (Σ_e KL_1 + ε)``,
+  ``q_median`` = median ratio (pitfall 12: the mean of ratios is heavy-tailed);
+* the drop rule: a feature whose mean ``Σ_{d=1..K} KL_d`` is ≤ ``min_total_kl`` (0.05) is marked
+  ``kept = False`` (reason given) and left out of the summaries.
+
+Ablations (pitfall 11): ``error_preserving`` (default) subtracts the latent's decoder contribution only,
+``x − a_f·W_dec[f]``; ``faithful`` is the reference's replacement of x by the SAE reconstruction with the
+latent zeroed, which also removes the reconstruction error (a feature-independent confound in every KL).
+
+Context selection (§9, adapted from Neuronpedia exports to a corpus of windows): every window is one
+text; sequences are ``[BOS] + window`` (when the model has a BOS and ``prepend_bos``).  Per window and
+feature the activation maximum over positions gives one candidate; positions must leave the K predicted
+tokens inside the window (``p + K ≤ L − 1``, the reference's "drop examples with max index + 10 ≥ length").
+``position_rule="restrict"`` (default) takes the maximum over those eligible positions,
+``"drop"`` takes it over all positions and drops the window when it falls too late (the reference).
+Features whose maximum is ≤ 0 are skipped ("dead"); candidates are de-duplicated greedily by descending
+activation, dropping those within token edit distance ≤ ``dedup_distance`` of a kept one (text from the
+window start through token p + K); the top ``n_contexts`` remain.  Each example runs on the sequence
+truncated after position p + K − 1 (causality makes this equal to the reference's truncation at
+max index + 11 tokens).
+
+Batching: the clean runs are computed once per window (not per feature) and the ablated copies of many
+(feature, context) pairs go through one forward, sorted by length to limit padding (right padding does
+not change earlier positions of a causal model).  Memory: the clean logits of a block of examples are held
+as ``(E_block, K, V)``; ``E_block`` is sized from ``max_clean_bytes``.
+
+Caveats: the KL is computed in float64 from the model's logits (float32 models give ~1e-7 absolute
+agreement between batch compositions, float64 models ~1e-12); the SAE is applied in its own dtype.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError, InputError
+from ..progress import progress
+
+ABLATIONS = ("error_preserving", "faithful")
+POSITION_RULES = ("restrict", "drop")
+
+
+@dataclass
+class QScoreConfig:
+    """Settings of the Q(w) protocol (defaults: the reference values of §9 where they exist)."""
+
+    n_contexts: int = 8               # top-activating contexts kept per feature
+    max_offset: int = 10              # K: offsets d = 1..K
+    ablation: str = "error_preserving"  # or "faithful" (reference)
+    position_rule: str = "restrict"   # "restrict" | "drop" (reference)
+    dedup_distance: int = 10          # token edit distance for duplicates; -1 disables
+    pool_factor: int = 4              # candidates kept per feature before de-duplication
+    min_total_kl: float = 0.05        # drop rule on the mean Σ_d KL_d
+    eps: float = 1e-8                 # floor of the KL_1 denominator
+    prepend_bos: bool = True
+    scan_batch_size: int = 32         # windows per forward while finding contexts
+    batch_size: int = 128             # rows per ablation forward
+    max_clean_bytes: int = 256 << 20  # memory for stored clean logits per block
+
+    def validate(self) -> None:
+        for name in ("n_contexts", "max_offset", "pool_factor", "scan_batch_size", "batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}", f"set {name} ≥ 1")
+        if self.ablation not in ABLATIONS:
+            raise ConfigError(f"unknown ablation {self.ablation!r}", f"use one of: {', '.join(ABLATIONS)}")
+        if self.position_rule not in POSITION_RULES:
+            raise ConfigError(f"unknown position_rule {self.position_rule!r}",
+                              f"use one of: {', '.join(POSITION_RULES)}")
+        if not self.eps > 0 or self.min_total_kl < 0:
+            raise ConfigError("eps must be > 0 and min_total_kl ≥ 0", "e.g. eps=1e-8, min_total_kl=0.05")
+
+
+@dataclass
+class Examples:
+    """Selected (feature, context) pairs; arrays of length E.  ``position`` indexes the model sequence
+    (BOS included), ``activation`` is the latent's value there."""
+
+    feature: np.ndarray
+    seq_index: np.ndarray
+    position: np.ndarray
+    activation: np.ndarray
+    skipped: dict[int, str] = field(default_factory=dict)   # feature -> reason ("dead", "no eligible context")
+
+    def __len__(self) -> int:
+        return int(self.feature.shape[0])
+
+
+@dataclass
+class FeatureQ:
+    """Q(w) of one feature."""
+
+    feature: int
+    n_examples: int
+    q: float                    # mean of ratios (paper)
+    q_ratio_of_means: float
+    q_median: float
+    total_kl: float             # mean over examples of Σ_{d=1..K} KL_d
+    kl_by_offset: list[float]   # mean over examples of KL_d, d = 1..K
+    max_activation: float
+    kept: bool
+    reason: str | None = None
+
+
+@dataclass
+class QScoreResult:
+    """Per-feature Q values and the per-example KL table of one ablation mode."""
+
+    config: QScoreConfig
+    site: int
+    hook_name: str
+    features: list[FeatureQ]
+    examples: Examples
+    kl: np.ndarray                 # (E, K) float64
+    ratio: np.ndarray              # (E,)
+    ablated_activation: np.ndarray  # (E,) the latent's value recomputed inside the ablation hook
+
+    def kept(self) -> list[FeatureQ]:
+        return [f for f in self.features if f.kept]
+
+    def summary(self) -> dict[str, Any]:
+        """Counts, median Q, std(ln Q) and the tails (Q < 0.1, Q > 10) over kept features, per aggregate."""
+        out: dict[str, Any] = {"n_features": len(self.features), "n_kept": len(self.kept()),
+                               "n_examples": len(self.examples),
+                               "dropped": Counter(f.reason for f in self.features if not f.kept)}
+        for key in ("q", "q_ratio_of_means", "q_median"):
+            v = np.array([getattr(f, key) for f in self.kept()], dtype=np.float64)
+            v = v[np.isfinite(v) & (v > 0)]
+            out[key] = {"median": float(np.median(v)) if v.size else math.nan,
+                        "std_log": float(np.std(np.log(v), ddof=1)) if v.size > 1 else math.nan,
+                        "frac_below_0.1": float((v < 0.1).mean()) if v.size else math.nan,
+                        "frac_above_10": float((v > 10).mean()) if v.size else math.nan, "n_positive": int(v.size)}
+        out["dropped"] = dict(out["dropped"])
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        ex = self.examples
+        return {"config": asdict(self.config), "site": f"resid.{self.site}", "hook_name": self.hook_name,
+                "summary": self.summary(), "features": [asdict(f) for f in self.features],
+                "examples": {"feature": ex.feature.tolist(), "seq_index": ex.seq_index.tolist(),
+                             "position": ex.position.tolist(), "activation": ex.activation.tolist(),
+                             "ablated_activation": self.ablated_activation.tolist(),
+                             "kl": self.kl.tolist(), "ratio": self.ratio.tolist()},
+                "skipped_features": {str(k): v for k, v in ex.skipped.items()}}
+
+
+# ----------------------------------------------------------------------------------------------------
+# edit distance (for de-duplication)
+
+
+def within_edit_distance(a: Sequence[int], b: Sequence[int], threshold: int) -> bool:
+    """True when the Levenshtein distance of token lists ``a`` and ``b`` is ≤ ``threshold``.
+
+    Cheap rejections first (length difference, multiset difference: every edit changes the token multiset
+    by at most two), then a banded dynamic programme with early exit.
+    """
+    if threshold < 0:
+        return False
+    la, lb = len(a), len(b)
+    if abs(la - lb) > threshold:
+        return False
+    ca, cb = Counter(a), Counter(b)
+    sym = sum(((ca - cb) + (cb - ca)).values())
+    if (sym + 1) // 2 > threshold:
+        return False
+    big = threshold + 1
+    prev = [j if j <= threshold else big for j in range(lb + 1)]
+    for i in range(1, la + 1):
+        lo, hi = max(1, i - threshold), min(lb, i + threshold)
+        cur = [big] * (lb + 1)
+        cur[0] = i if i <= threshold else big
+        ai = a[i - 1]
+        best = cur[0] if lo == 1 else big
+        for j in range(lo, hi + 1):
+            v = prev[j - 1] + (ai != b[j - 1])
+            if prev[j] + 1 < v:
+                v = prev[j] + 1
+            if cur[j - 1] + 1 < v:
+                v = cur[j - 1] + 1
+            cur[j] = v if v < big else big
+            if cur[j] < best:
+                best = cur[j]
+        if best > threshold:
+            return False
+        prev = cur
+    return prev[lb] <= threshold
+
+
+# ----------------------------------------------------------------------------------------------------
+# context selection
+
+
+def _eligible_mask(L: int, first: int, K: int, device: torch.device) -> Tensor:
+    pos = torch.arange(L, device=device)
+    return (pos >= first) & (pos + K <= L - 1)
+
+
+def find_top_contexts(adapter: Any, sae: Any, k: int, sequences: Tensor, features: Sequence[int],
+                      config: QScoreConfig, *, first: int = 1) -> Examples:
+    """Top-activating contexts of ``features`` (rules in the module docstring).
+
+    ``sequences (N, L)`` are model inputs (BOS included when used); ``first`` is the first position a
+    feature may be ablated at (1 after a BOS).  Returns the selected examples, ordered by feature then by
+    descending activation.
+    """
+    from ..sae.activations import site_residuals
+    config.validate()
+    K = config.max_offset
+    N, L = sequences.shape
+    if L - 1 - K < first:
+        raise InputError(f"windows of {L} tokens (BOS included) leave no position with {K} following tokens",
+                         f"use longer windows (≥ {first + K + 1} tokens) or a smaller --max-offset")
+    feats = torch.as_tensor(list(features), dtype=torch.long)
+    F = feats.shape[0]
+    P = config.n_contexts * config.pool_factor
+    dev = adapter.device
+    feats_dev = feats.to(sae.W_enc.device)
+    pool_v = torch.full((F, 0), -math.inf, dtype=torch.float64)
+    pool_i = torch.zeros((F, 0), dtype=torch.long)
+    pool_p = torch.zeros((F, 0), dtype=torch.long)
+    max_any = torch.full((F,), -math.inf, dtype=torch.float64)
+    elig = _eligible_mask(L, first, K, torch.device("cpu"))
+    allowed = elig if config.position_rule == "restrict" else (torch.arange(L) >= first)
+    with torch.no_grad():
+        for s in progress(range(0, N, config.scan_batch_size), desc="finding contexts", unit="batch"):
+            tok = sequences[s:s + config.scan_batch_size]
+            x = site_residuals(adapter, tok.to(dev), k)
+            a = sae.encode_subset(x.to(sae.W_enc.device), feats_dev).double().cpu()   # (B, L, F)
+            a = a.masked_fill(~allowed[None, :, None], -math.inf)
+            v, p = a.max(dim=1)                                                        # (B, F)
+            max_any = torch.maximum(max_any, v.max(dim=0).values)
+            if config.position_rule == "drop":
+                v = v.masked_fill(~elig[p], -math.inf)
+            idx = torch.arange(s, s + tok.shape[0]).expand(F, -1)
+            cv = torch.cat([pool_v, v.T], dim=1)
+            order = torch.sort(cv, dim=1, descending=True, stable=True).indices[:, :P]
+            pool_v = cv.gather(1, order)
+            pool_i = torch.cat([pool_i, idx], dim=1).gather(1, order)
+            pool_p = torch.cat([pool_p, p.T], dim=1).gather(1, order)
+    out_f, out_i, out_p, out_a = [], [], [], []
+    skipped: dict[int, str] = {}
+    seq_np = sequences.numpy()
+    for j, f in enumerate(feats.tolist()):
+        if not max_any[j] > 0:
+            skipped[f] = "dead"
+            continue
+        kept: list[list[int]] = []
+        for v, i, p in zip(pool_v[j].tolist(), pool_i[j].tolist(), pool_p[j].tolist()):
+            if not v > 0 or len(kept) >= config.n_contexts:
+                break
+            text = seq_np[i, first:p + K + 1].tolist()
+            if config.dedup_distance >= 0 and any(within_edit_distance(text, t, config.dedup_distance)
+                                                  for t in kept):
+                continue
+            kept.append(text)
+            out_f.append(f), out_i.append(i), out_p.append(p), out_a.append(v)
+        if not kept:
+            skipped[f] = "no eligible context"
+    return Examples(np.array(out_f, dtype=np.int64), np.array(out_i, dtype=np.int64),
+                    np.array(out_p, dtype=np.int64), np.array(out_a, dtype=np.float64), skipped)
+
+
+# ----------------------------------------------------------------------------------------------------
+# ablation
+
+
+def ablate_rows(sae: Any, x: Tensor, positions: Tensor, features: Tensor, ablation: str) -> tuple[Tensor, Tensor]:
+    """Ablate latent ``features[r]`` at ``positions[r]`` of row r of ``x (R, T, d)``.
+
+    Returns the new stream and the latent activations found there ``(R,)``.  Rows past ``len(features)``
+    (clean rows) are left untouched.
+    """
+    R = features.shape[0]
+    rows = torch.arange(R, device=x.device)
+    xs = x[rows, positions]
+    acts, state = sae.encode_with_state(xs.to(sae.W_enc.device))
+    f = features.to(acts.device)
+    r = torch.arange(R, device=acts.device)
+    a_f = acts[r, f]
+    if ablation == "faithful":
+        acts = acts.clone()
+        acts[r, f] = 0
+        new = sae.decode(acts, state)
+    else:
+        new = xs.to(sae.dtype) - sae.feature_contribution(a_f, f, state)
+    x = x.clone()
+    x[rows, positions] = new.to(device=x.device, dtype=x.dtype)
+    return x, a_f
+
+
+def _pad_rows(rows: list[Tensor], pad: int = 0) -> Tensor:
+    T = max(r.shape[0] for r in rows)
+    out = torch.full((len(rows), T), pad, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, :r.shape[0]] = r
+    return out
+
+
+def kl_divergence(clean_logits: Tensor, ablated_logits: Tensor) -> Tensor:
+    """``KL(softmax(clean) ‖ softmax(ablated))`` over the last axis, in float64."""
+    lp = torch.log_softmax(clean_logits.double(), dim=-1)
+    lq = torch.log_softmax(ablated_logits.double(), dim=-1)
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
+def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Examples, config: QScoreConfig
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``KL_d`` for every example ``(E, K)`` (float64) and the ablated latent's value ``(E,)``.
+
+    Clean runs once per window, ablated copies batched (see the module docstring).
+    """
+    config.validate()
+    K, E = config.max_offset, len(examples)
+    kl = np.zeros((E, K), dtype=np.float64)
+    act = np.zeros(E, dtype=np.float64)
+    if E == 0:
+        return kl, act
+    dev = adapter.device
+    V = adapter.vocab_size
+    itemsize = torch.empty((), dtype=next(iter(adapter.parameters())).dtype).element_size()
+    block = max(config.batch_size, int(config.max_clean_bytes // max(1, K * V * itemsize)))
+    pos_all = torch.from_numpy(examples.position)
+    seq_all = torch.from_numpy(examples.seq_index)
+    feat_all = torch.from_numpy(examples.feature)
+    offs = torch.arange(K)
+    bar = progress(total=E, desc=f"ablation ({config.ablation})", unit="ex")
+    with torch.no_grad():
+        for b0 in range(0, E, block):
+            ids = torch.arange(b0, min(E, b0 + block))
+            # clean: once per window, truncated to the longest prefix its examples need
+            need: dict[int, int] = {}
+            for e in ids.tolist():
+                w = int(seq_all[e])
+                need[w] = max(need.get(w, 0), int(pos_all[e]) + K)
+            wins = sorted(need, key=lambda w: need[w])
+            clean = torch.empty((len(ids), K, V), dtype=torch.float64 if itemsize == 8 else torch.float32)
+            by_win: dict[int, list[int]] = {}
+            for j, e in enumerate(ids.tolist()):
+                by_win.setdefault(int(seq_all[e]), []).append(j)
+            for c0 in range(0, len(wins), config.batch_size):
+                chunk = wins[c0:c0 + config.batch_size]
+                tok = _pad_rows([sequences[w, :need[w]] for w in chunk]).to(dev)
+                logits = adapter.run(tok)
+                for r, w in enumerate(chunk):
+                    for j in by_win[w]:
+                        p = int(pos_all[ids[j]])
+                        clean[j] = logits[r, p + offs].to(clean.dtype).cpu()
+            # ablated copies: sorted by length, many (feature, context) pairs per forward
+            order = sorted(range(len(ids)), key=lambda j: int(pos_all[ids[j]]))
+            for c0 in range(0, len(order), config.batch_size):
+                js = order[c0:c0 + config.batch_size]
+                es = ids[js]
+                tok = _pad_rows([sequences[int(seq_all[e]), :int(pos_all[e]) + K] for e in es]).to(dev)
+                p = pos_all[es].to(dev)
+                f = feat_all[es]
+                found: list[Tensor] = []
+
+                def hook(x: Tensor, _k: int, p=p, f=f, found=found) -> Tensor:
+                    new, a_f = ablate_rows(sae, x, p, f, config.ablation)
+                    found.append(a_f)
+                    return new
+
+                logits = adapter.run(tok, hooks={k: hook})
+                rows = torch.arange(len(js), device=logits.device)[:, None]
+                abl = logits[rows, p[:, None] + offs.to(dev)].cpu()
+                kl[es.numpy()] = kl_divergence(clean[js], abl).numpy()
+                act[es.numpy()] = found[0].double().cpu().numpy()
+                if hasattr(bar, "update"):
+                    bar.update(len(js))
+    if hasattr(bar, "close"):
+        bar.close()
+    return kl, act
+
+
+# ----------------------------------------------------------------------------------------------------
+# aggregation and the whole pipeline
+
+
+def example_ratios(kl: np.ndarray, eps: float = 1e-8) -> np.ndarray:
+    """Per-example ``Σ_{d≥2} KL_d / (KL_1 + eps)`` of ``kl (E, K)``."""
+    return kl[:, 1:].sum(1) / (kl[:, 0] + eps)
+
+
+def aggregate(examples: Examples, kl: np.ndarray, features: Sequence[int], config: QScoreConfig
+              ) -> tuple[list[FeatureQ], np.ndarray]:
+    """Per-feature :class:`FeatureQ` (mean of ratios, ratio of means, median, drop rule) and the ratios."""
+    ratio = example_ratios(kl, config.eps)
+    out: list[FeatureQ] = []
+    K = config.max_offset
+    for f in features:
+        sel = examples.feature == f
+        n = int(sel.sum())
+        if n == 0:
+            out.append(FeatureQ(int(f), 0, math.nan, math.nan, math.nan, math.nan, [math.nan] * K, math.nan,
+                                False, examples.skipped.get(int(f), "no eligible context")))
+            continue
+        k_f, r_f = kl[sel], ratio[sel]
+        total = float(k_f.sum(1).mean())
+        kept = total > config.min_total_kl
+        out.append(FeatureQ(
+            feature=int(f), n_examples=n, q=float(r_f.mean()),
+            q_ratio_of_means=float(k_f[:, 1:].sum() / (k_f[:, 0].sum() + config.eps)),
+            q_median=float(np.median(r_f)), total_kl=total, kl_by_offset=k_f.mean(0).tolist(),
+            max_activation=float(examples.activation[sel].max()), kept=kept,
+            reason=None if kept else f"mean total KL {total:.3g} ≤ {config.min_total_kl}"))
+    return out, ratio
+
+
+def qscore(adapter: Any, sae: Any, tokens: Any, features: Sequence[int] | None = None,
+           config: QScoreConfig | None = None, *, site: int | str | None = None,
+           examples: Examples | None = None) -> QScoreResult:
+    """Q(w) of ``features`` (default: all latents) of ``sae`` on ``adapter`` over ``tokens`` ``(N, T)``.
+
+    ``examples`` (from a previous result) skips the context search, e.g. to run the other ablation on the
+    same contexts.  The SAE must match the model (width, residual hook): see
+    :func:`originlens.sae.model.sae_site`.
+    """
+    from ..sae.activations import as_sequences
+    from ..sae.model import sae_site
+    config = config or QScoreConfig()
+    config.validate()
+    k = sae_site(sae, adapter, site)
+    feats = list(range(sae.d_sae)) if features is None else [int(f) for f in features]
+    bad = [f for f in feats if not 0 <= f < sae.d_sae]
+    if bad:
+        raise ConfigError(f"feature ids {bad[:5]} outside 0..{sae.d_sae - 1}", "pick features of this SAE")
+    seqs = as_sequences(tokens, adapter, prepend_bos=config.prepend_bos)
+    first = 1 if config.prepend_bos and adapter.bos_id is not None else 0
+    if examples is None:
+        examples = find_top_contexts(adapter, sae, k, seqs, feats, config, first=first)
+    kl, act = ablation_kl(adapter, sae, k, seqs, examples, config)
+    fq, ratio = aggregate(examples, kl, feats, config)
+    return QScoreResult(config=config, site=k, hook_name=sae.cfg.hook_name, features=fq, examples=examples,
+                        kl=kl, ratio=ratio, ablated_activation=act)

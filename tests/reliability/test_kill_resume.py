@@ -1,0 +1,350 @@
+"""Crash safety (issue 8, point 2): SIGKILL at chosen and at arbitrary moments, full disk, read-only output.
+
+* ``ntp train`` / ``assoc train``: the command runs in a subprocess and is killed (``_killpoint.py``):
+  right after a checkpoint is published, in the middle of a checkpoint write (a torn temporary file on
+  disk), after the final model is written but before the summary, and (NTP) by the test itself as soon
+  as a checkpoint file appears.  Rerunning the same command with ``--resume`` must end with weights,
+  checkpoints and metrics bit-identical to an uninterrupted run.
+* ``corpus build`` / ``stats``: killed mid-way, before the output directory is published and while the
+  previous version is being replaced; the final name is then absent or the previous good version, never
+  a half-written one, and a rerun succeeds with the same bytes as an uninterrupted build.
+* A full disk (ENOSPC injected in-process) or a read-only checkpoint directory stops training with one
+  clear line; the previous checkpoint is intact and the run resumes to the same weights.
+
+Everything runs on CPU with one thread; the subprocesses dominate the time (≈3 s of imports each).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _helpers import (SUBPROCESS_ENV, assert_killed, assert_ok, assert_same_tensors, jsonl, normalise, run_cli,
+                      tensors)
+from originlens.cli.main import main as cli_main
+
+NTP = ["ntp", "train", "--task", "cond-majority", "--d-model", "16", "--heads", "2", "--batch-size", "16",
+       "--steps", "12", "--eval-size", "64", "--log-every", "1", "--eval-every", "0", "--probe-every", "0",
+       "--checkpoint-every", "5", "--threads", "1"]
+NTP_CKPTS = ("step-000005", "step-000010", "step-000012")
+
+
+def in_process(args, capsys=None) -> int:
+    rc = cli_main(["-q", *map(str, args)])
+    return rc
+
+
+def metric_records(run: Path) -> list[dict]:
+    return [normalise(r) for r in jsonl(run / "metrics.jsonl")]
+
+
+def assert_same_ntp_run(run: Path, ref: Path) -> None:
+    assert json.loads((run / "summary.json").read_text())["finished"]
+    assert_same_tensors(run / "model.safetensors", ref / "model.safetensors")
+    assert_same_tensors(run / "probes.safetensors", ref / "probes.safetensors")
+    for c in NTP_CKPTS:
+        assert_same_tensors(run / "checkpoints" / f"{c}.safetensors", ref / "checkpoints" / f"{c}.safetensors")
+    # no missing records, none duplicated (but see test_ntp_resume_after_the_final_checkpoint_...)
+    assert _dedup(metric_records(run)) == metric_records(ref)
+
+
+def _dedup(records: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    for r in records:
+        if r not in out[-2:]:
+            out.append(r)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ntp_ref(tmp_path_factory):
+    ref = tmp_path_factory.mktemp("ntp") / "ref"
+    assert in_process([*NTP, "--out", ref]) == 0
+    return ref
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from originlens.data import build_corpus
+    d = tmp_path_factory.mktemp("corpus") / "corpus"
+    build_corpus(None, d, storyworld_stories=120, vocab_size=80, seq_len=10, oov="unk")
+    return d
+
+
+def assoc_args(corpus: Path) -> list:
+    return ["assoc", "train", corpus, "--layers", "2", "--lr", "0.5", "--steps", "6", "--batch-size", "32",
+            "--checkpoint-every", "2", "--holdout", "10", "--dtype", "float64", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def assoc_ref(corpus, tmp_path_factory):
+    ref = tmp_path_factory.mktemp("assoc") / "ref"
+    assert in_process([*assoc_args(corpus), "--out", ref]) == 0
+    return ref
+
+
+def assert_same_assoc_run(run: Path, ref: Path, lost_checkpoint_records: tuple[int, ...] = ()) -> None:
+    assert_same_tensors(run / "model.safetensors", ref / "model.safetensors")
+    for c in ("step-000002", "step-000004", "step-000006"):
+        assert_same_tensors(run / "checkpoints" / f"{c}.safetensors", ref / "checkpoints" / f"{c}.safetensors")
+    assert_same_tensors(run / "statistics" / "statistics.safetensors", ref / "statistics" / "statistics.safetensors")
+    roots = {str(run): "<RUN>", str(ref): "<RUN>"}
+    got = [normalise(r, roots) for r in jsonl(run / "metrics.jsonl") if r["event"] != "resume"]
+    want = [normalise(r, roots) for r in jsonl(ref / "metrics.jsonl")]
+    assert [r for r in got if r["event"] != "checkpoint"] == [r for r in want if r["event"] != "checkpoint"]
+    # the "checkpoint" record (theory comparison) is logged after the checkpoint file: a kill in between
+    # loses it (the resumed run does not log it again); the others must be identical
+    ck_got = [r for r in got if r["event"] == "checkpoint"]
+    ck_want = [r for r in want if r["event"] == "checkpoint" and r["step"] not in lost_checkpoint_records]
+    assert ck_got == ck_want
+
+
+# --------------------------------------------------------------------------------------------- ntp train
+
+@pytest.mark.slow
+def test_ntp_train_killed_at_four_points_resumes_bit_identically(ntp_ref, tmp_path):
+    run = tmp_path / "run"
+    ck = run / "checkpoints"
+    # 1. killed while setting up, before config.json exists (the directory is there, empty)
+    assert_killed(run_cli([*NTP, "--out", run], kill={"op": "call", "target": "originlens.runs:RunDir.write_config"}))
+    assert not (run / "config.json").exists()
+    # 2. killed right after the first checkpoint was published
+    assert_killed(run_cli([*NTP, "--out", run, "--resume"],
+                          kill={"op": "replace", "match": "*/checkpoints/step-000005.safetensors", "when": "after"}))
+    assert_same_tensors(ck / "step-000005.safetensors", ntp_ref / "checkpoints" / "step-000005.safetensors")
+    assert not (run / "model.safetensors").exists() and not (run / "summary.json").exists()
+    # 3. killed in the middle of writing the second checkpoint: a torn temporary file, never the final name
+    assert_killed(run_cli([*NTP, "--out", run, "--resume"],
+                          kill={"op": "write", "match": "*/checkpoints/.step-000010.safetensors.*.tmp"}))
+    torn = [p for p in ck.iterdir() if p.name.startswith(".step-000010")]
+    assert torn and not (ck / "step-000010.safetensors").exists()
+    assert torn[0].stat().st_size < (ntp_ref / "checkpoints" / "step-000010.safetensors").stat().st_size
+    assert_same_tensors(ck / "step-000005.safetensors", ntp_ref / "checkpoints" / "step-000005.safetensors")
+    # 4. killed near the end: final model written, summary not yet
+    assert_killed(run_cli([*NTP, "--out", run, "--resume"],
+                          kill={"op": "replace", "match": "*/model.safetensors", "when": "after"}))
+    assert not (run / "summary.json").exists()
+    # the same command with --resume finishes the run
+    assert in_process([*NTP, "--out", run, "--resume"]) == 0
+    assert_same_ntp_run(run, ntp_ref)
+
+
+@pytest.mark.xfail(strict=True, reason="train/ntp.py Trainer._restore keeps the final eval/probe records "
+                                       "(logged before the final checkpoint, same step) and run() logs them again")
+def test_ntp_resume_after_the_final_checkpoint_does_not_duplicate_metrics(ntp_ref, tmp_path):
+    run = tmp_path / "run"
+    assert in_process([*NTP, "--out", run]) == 0
+    for name in ("summary.json", "model.safetensors"):   # the state of a run killed after its last checkpoint
+        (run / name).unlink()
+    assert in_process([*NTP, "--out", run, "--resume"]) == 0
+    assert metric_records(run) == metric_records(ntp_ref)
+
+
+@pytest.mark.slow
+def test_ntp_train_killed_from_outside_when_a_checkpoint_appears(tmp_path):
+    args = [a if a != "12" else "80" for a in NTP]          # 80 steps: long enough to be caught mid-way
+    ref = tmp_path / "ref"
+    assert in_process([*args, "--out", ref]) == 0
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "originlens.cli.main", "-q", *args, "--out", str(run)],
+                            env=SUBPROCESS_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = run / "checkpoints" / "step-000005.safetensors"
+    deadline = time.time() + 120
+    while not first.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if proc.returncode == 0:        # pragma: no cover - the run outpaced the polling; nothing to resume
+        pytest.skip("the run finished before it could be killed")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
+    assert not (run / "model.safetensors").exists()
+    assert in_process([*args, "--out", run, "--resume"]) == 0
+    assert_same_tensors(run / "model.safetensors", ref / "model.safetensors")
+    assert metric_records(run) == metric_records(ref)
+
+
+def _fsync_fails_for(monkeypatch, pattern: str) -> None:
+    """Simulate a full disk: fsync of a file whose path contains ``pattern`` raises ENOSPC."""
+    real = os.fsync
+
+    def fsync(fd):
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            path = ""
+        if pattern in path:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_ntp_full_disk_at_checkpoint_keeps_previous_and_resumes(ntp_ref, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    _fsync_fails_for(monkeypatch, ".step-000010.safetensors.")
+    assert in_process([*NTP, "--out", run]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("originlens: error: no space left on device") and err.count("\n") == 1, err
+    assert "step-000010" in err
+    ck = run / "checkpoints"
+    assert sorted(p.name for p in ck.iterdir()) == ["step-000005.safetensors"]       # no temp litter
+    assert_same_tensors(ck / "step-000005.safetensors", ntp_ref / "checkpoints" / "step-000005.safetensors")
+    monkeypatch.undo()                                                                # space freed
+    assert in_process([*NTP, "--out", run, "--resume"]) == 0
+    assert_same_ntp_run(run, ntp_ref)
+
+
+def test_ntp_full_disk_while_logging_metrics_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    _fsync_fails_for(monkeypatch, "metrics.jsonl")
+    assert in_process([*NTP, "--out", run]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("originlens: error: no space left on device") and "metrics.jsonl" in err, err
+
+
+def test_ntp_read_only_checkpoint_directory(ntp_ref, tmp_path, read_only, capsys):
+    run = tmp_path / "run"
+    short = [a if a != "12" else "5" for a in NTP]           # a finished 5-step run, then extended to 12
+    assert in_process([*short, "--out", run]) == 0
+    read_only(run / "checkpoints")
+    assert in_process([*NTP, "--out", run, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("originlens: error: cannot write") and "step-000010" in err and err.count("\n") == 1, err
+    assert_same_tensors(run / "checkpoints" / "step-000005.safetensors",
+                        ntp_ref / "checkpoints" / "step-000005.safetensors")
+
+
+def test_ntp_read_only_output_parent(tmp_path, read_only, capsys):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    read_only(parent)
+    assert in_process([*NTP, "--out", parent / "run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("originlens: error: cannot write") and err.count("\n") == 1, err
+
+
+# ------------------------------------------------------------------------------------------- assoc train
+
+@pytest.mark.slow
+def test_assoc_train_killed_at_three_points_resumes_bit_identically(corpus, assoc_ref, tmp_path):
+    run = tmp_path / "run"
+    args = [*assoc_args(corpus), "--out", run]
+    ck = run / "checkpoints"
+    assert_killed(run_cli(args, kill={"op": "replace", "match": "*/checkpoints/step-000002.safetensors",
+                                      "when": "after"}))
+    assert_same_tensors(ck / "step-000002.safetensors", assoc_ref / "checkpoints" / "step-000002.safetensors")
+    assert_killed(run_cli([*args, "--resume"],
+                          kill={"op": "write", "match": "*/checkpoints/.step-000004.safetensors.*.tmp"}))
+    assert not (ck / "step-000004.safetensors").exists()
+    assert_killed(run_cli([*args, "--resume"], kill={"op": "replace", "match": "*/model.safetensors",
+                                                     "when": "after"}))
+    assert in_process([*args, "--resume"]) == 0
+    assert_same_assoc_run(run, assoc_ref, lost_checkpoint_records=(2,))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="assoc trainer: a run directory killed between RunDir() and "
+                                       "write_config() (only empty checkpoints/ and figures/) is refused on "
+                                       "--resume as 'not empty and holds no originlens run' (train/assoc.py)")
+def test_assoc_train_killed_before_config_is_written_resumes(corpus, assoc_ref, tmp_path):
+    run = tmp_path / "run"
+    args = [*assoc_args(corpus), "--out", run]
+    assert_killed(run_cli(args, kill={"op": "call", "target": "originlens.runs:RunDir.write_config"}))
+    assert in_process([*args, "--resume"]) == 0
+    assert_same_assoc_run(run, assoc_ref)
+
+
+def test_assoc_full_disk_at_checkpoint_keeps_previous_and_resumes(corpus, assoc_ref, tmp_path, monkeypatch,
+                                                                  capsys):
+    run = tmp_path / "run"
+    args = [*assoc_args(corpus), "--out", run]
+    _fsync_fails_for(monkeypatch, ".step-000004.safetensors.")
+    assert in_process(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("originlens: error: no space left on device") and err.count("\n") == 1, err
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002.safetensors"]
+    assert_same_tensors(run / "checkpoints" / "step-000002.safetensors",
+                        assoc_ref / "checkpoints" / "step-000002.safetensors")
+    monkeypatch.undo()
+    assert in_process([*args, "--resume"]) == 0
+    assert_same_assoc_run(run, assoc_ref)
+
+
+# ------------------------------------------------------------------------------------ corpus build, stats
+
+def _visible(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if not p.name.startswith("."))
+
+
+def _hidden(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+CORPUS = ["corpus", "build", "--stories", "150", "--vocab-size", "80", "--seq-len", "10", "--oov", "unk"]
+
+
+@pytest.mark.slow
+def test_corpus_build_killed_never_leaves_a_complete_looking_directory(tmp_path):
+    ref = tmp_path / "ref"
+    assert in_process([*CORPUS, "--out", ref / "corpus"]) == 0
+    parent = tmp_path / "work"
+    out = parent / "corpus"
+    # mid-way through encoding (50th window): only a hidden partial directory exists
+    assert_killed(run_cli([*CORPUS, "--out", out], kill={"op": "call", "target": "originlens.data.build:_Windows.add",
+                                                         "nth": 50}))
+    assert _visible(parent) == [] and all(".corpus.partial-" in n for n in _hidden(parent))
+    # a complete build succeeds next to the debris
+    assert in_process([*CORPUS, "--out", out]) == 0
+    previous = (out / "tokens.npy").read_bytes()
+    assert previous == (ref / "corpus" / "tokens.npy").read_bytes()
+    # rebuilding over it (--overwrite), killed when the new version is complete but not yet published:
+    # the previous version stays
+    assert_killed(run_cli([*CORPUS, "--seed", "1", "--out", out, "--overwrite"],
+                          kill={"op": "replace", "match": str(parent / ".corpus.old-*"), "when": "before"}))
+    assert (out / "tokens.npy").read_bytes() == previous
+    assert json.loads((out / "manifest.json").read_text())["seed"] == 0
+    # killed after the previous version was moved aside (storage.atomic_directory's caveat: renaming over a
+    # directory is not atomic): the final name does not exist at all, nothing half-written is visible
+    assert_killed(run_cli([*CORPUS, "--seed", "1", "--out", out, "--overwrite"],
+                          kill={"op": "replace", "match": str(parent / ".corpus.old-*"), "when": "after"}))
+    assert _visible(parent) == []
+    assert in_process([*CORPUS, "--out", out, "--overwrite"]) == 0
+    assert (out / "tokens.npy").read_bytes() == previous
+
+
+@pytest.mark.slow
+def test_stats_killed_keeps_previous_statistics_and_rerun_succeeds(corpus, tmp_path):
+    out = tmp_path / "stats"
+    assert in_process(["stats", corpus, "--out", out]) == 0
+    before = tensors(out / "statistics.safetensors")
+    # a different computation (first 20 windows) torn while writing its statistics file
+    assert_killed(run_cli(["stats", corpus, "--max-windows", "20", "--out", out],
+                          kill={"op": "write", "match": "*/.stats.partial-*/.statistics.safetensors.*.tmp"}))
+    assert _visible(tmp_path) == ["stats"]
+    after = tensors(out / "statistics.safetensors")
+    assert all(after[k].tobytes() == before[k].tobytes() for k in before)
+    assert in_process(["stats", corpus, "--max-windows", "20", "--out", out]) == 0
+    assert tensors(out / "statistics.safetensors")["bigram"].shape == before["bigram"].shape
+
+
+def test_stats_full_disk_and_read_only_keep_previous(corpus, tmp_path, monkeypatch, read_only, capsys):
+    out = tmp_path / "p" / "stats"
+    assert in_process(["stats", corpus, "--out", out]) == 0
+    before = (out / "statistics.safetensors").read_bytes()
+    _fsync_fails_for(monkeypatch, "statistics.safetensors")
+    assert in_process(["stats", corpus, "--max-windows", "20", "--out", out]) == 2
+    assert capsys.readouterr().err.startswith("originlens: error: no space left on device")
+    monkeypatch.undo()
+    assert (out / "statistics.safetensors").read_bytes() == before and _visible(out.parent) == ["stats"]
+    assert _hidden(out.parent) == []                                  # the partial directory was removed
+    read_only(out.parent)
+    assert in_process(["stats", corpus, "--max-windows", "20", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("originlens: error: cannot write") and err.count("\n") == 1, err
+    assert (out / "statistics.safetensors").read_bytes() == before

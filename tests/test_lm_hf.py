@@ -1,0 +1,238 @@
+"""HFAdapter on tiny random GPT-2 / GPT-NeoX (parallel and sequential residual) / Llama (GQA) models.
+
+References are computed independently of the adapter: the model's own forward (logits,
+``output_hidden_states``, eager ``output_attentions``) and brute-force recomputations from the modules'
+weights written here (value path of a length-1 sequence, attention scores per head).
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from originlens.errors import CompatibilityError, ConfigError, InputError  # noqa: E402
+from originlens.lm.hf import HFAdapter, load_hf, require_transformers  # noqa: E402
+
+V, D, H, L, T = 13, 16, 4, 2, 6
+KINDS = ["gpt2", "neox-parallel", "neox-sequential", "llama"]
+
+
+def _randomise(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+            if "norm" in name or ".ln_" in name or "ln_f" in name:
+                p.add_(1.0 if name.endswith("weight") else 0.0)
+    return model.eval()
+
+
+def make(kind: str, *, zero_qk_bias: bool = False):
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=V, n_positions=8, n_embd=D, n_layer=L, n_head=H,
+                                      bos_token_id=0, eos_token_id=0)
+        cls = transformers.GPT2LMHeadModel
+    elif kind.startswith("neox"):
+        cfg = transformers.GPTNeoXConfig(vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
+                                         intermediate_size=32, max_position_embeddings=8, rotary_pct=0.5,
+                                         use_parallel_residual=kind == "neox-parallel",
+                                         bos_token_id=0, eos_token_id=0)
+        cls = transformers.GPTNeoXForCausalLM
+    else:
+        cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=24, num_hidden_layers=L,
+                                       num_attention_heads=H, num_key_value_heads=2, max_position_embeddings=8,
+                                       bos_token_id=1, eos_token_id=2)
+        cls = transformers.LlamaForCausalLM
+    cfg._attn_implementation = "eager"
+    model = _randomise(cls(cfg))
+    if zero_qk_bias:
+        with torch.no_grad():
+            for layer in HFAdapter(model).layers:
+                if kind == "gpt2":
+                    layer.attn.c_attn.bias[:2 * D].zero_()
+                elif kind.startswith("neox"):
+                    layer.attention.query_key_value.bias.view(H, 3, D // H)[:, :2].zero_()
+    return model
+
+
+def tokens(seed=1, B=3):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_run_logits_residuals_and_unembed(kind):
+    m = make(kind)
+    ad = HFAdapter(m)
+    assert (ad.n_layers, ad.d_model, ad.n_heads, ad.vocab_size) == (L, D, H, V)
+    x = tokens()
+    ref = m(x, output_hidden_states=True)
+    logits, res = ad.run(x, return_residuals=True)
+    assert len(res) == L + 1 and res[0].shape == (3, T, D)
+    torch.testing.assert_close(logits, ref.logits, rtol=0, atol=0)
+    for k in range(L):
+        torch.testing.assert_close(res[k], ref.hidden_states[k], rtol=0, atol=0)
+    # transformers 5 reports the last hidden state after the final norm
+    torch.testing.assert_close(ad.final_norm(res[L]), ref.hidden_states[L], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ad.unembed(res[L]), ref.logits, rtol=1e-6, atol=1e-6)
+    # unembed = lm_head(final norm) computed by hand
+    h = torch.randn(5, D)
+    norm = ad.final_norm
+    if isinstance(norm, torch.nn.LayerNorm):
+        mu, var = h.mean(-1, keepdim=True), h.var(-1, unbiased=False, keepdim=True)
+        hn = (h - mu) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+    else:
+        hn = h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon) * norm.weight
+    torch.testing.assert_close(ad.unembed(h), hn @ m.get_output_embeddings().weight.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hooks_replace_the_stream(kind):
+    ad = HFAdapter(make(kind))
+    x, x2 = tokens(1), tokens(2)
+    ref2, res2 = ad.run(x2, return_residuals=True)
+    for k in range(L + 1):
+        # replacing resid.k of x by resid.k of x2 at every position reproduces x2's logits exactly
+        out, res = ad.run(x, hooks={k: lambda h, site, k=k: res2[k]}, return_residuals=True)
+        torch.testing.assert_close(out, ref2, rtol=0, atol=1e-6)
+        torch.testing.assert_close(res[k], res2[k], rtol=0, atol=0)
+    seen = []
+    out = ad.run(x, hooks={"resid.1": [lambda h, s: seen.append(s), lambda h, s: None]})
+    torch.testing.assert_close(out, ad.run(x), rtol=0, atol=0)
+    assert seen == [1]
+    with pytest.raises(ConfigError):
+        ad.run(x, hooks={1: lambda h, s: h[:, :1]})
+    with pytest.raises(ConfigError):
+        ad.run(x, hooks={L + 1: lambda h, s: None})
+    # the hooks were removed: a clean run is unaffected
+    torch.testing.assert_close(ad.run(x), ad.run(x), rtol=0, atol=0)
+    with pytest.raises(ConfigError):
+        ad.run(torch.zeros(1, 9, dtype=torch.long))          # longer than the context of 8
+    with pytest.raises(InputError):
+        ad.run(torch.full((1, 2), V))
+
+
+def _value_path(kind, layer, xn):
+    """Attention output of a length-1 sequence (one key, weight 1) from the normalised input."""
+    if kind == "gpt2":
+        qkv = xn @ layer.attn.c_attn.weight + layer.attn.c_attn.bias
+        return qkv[:, 2 * D:] @ layer.attn.c_proj.weight + layer.attn.c_proj.bias
+    if kind.startswith("neox"):
+        a = layer.attention
+        qkv = (xn @ a.query_key_value.weight.T + a.query_key_value.bias).view(-1, H, 3, D // H)
+        return qkv[:, :, 2].reshape(-1, D) @ a.dense.weight.T + a.dense.bias
+    a = layer.self_attn
+    v = (xn @ a.v_proj.weight.T).view(-1, 2, D // H).repeat_interleave(H // 2, dim=1).reshape(-1, D)
+    return v @ a.o_proj.weight.T
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_single_token_states_match_length_one_forward(kind):
+    m = make(kind)
+    ad = HFAdapter(m)
+    ids = torch.arange(V)
+    st = ad.single_token_states(ids)
+    assert st.pre.shape == st.attn.shape == st.post.shape == (L, V, D)
+    ref = m(ids[:, None], output_hidden_states=True).hidden_states
+    for l in range(L):
+        torch.testing.assert_close(st.pre[l], ref[l][:, 0], rtol=0, atol=0)
+    for l in range(L - 1):
+        torch.testing.assert_close(st.post[l], ref[l + 1][:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(ad.final_norm(st.post[L - 1]), ref[L][:, 0], rtol=1e-6, atol=1e-6)
+    for l, layer in enumerate(ad.layers):
+        ln1 = layer.ln_1 if kind == "gpt2" else layer.input_layernorm
+        ln2 = layer.ln_2 if kind == "gpt2" else layer.post_attention_layernorm
+        attn_out = _value_path(kind, layer, ln1(st.pre[l]))
+        torch.testing.assert_close(st.attn[l], st.pre[l] + attn_out, rtol=1e-5, atol=1e-5)
+        if kind == "neox-parallel":     # out = x + attn(ln1 x) + mlp(ln2 x)
+            expect = st.attn[l] + layer.mlp(ln2(st.pre[l]))
+        else:                           # out = h + mlp(ln2 h), h = x + attn
+            expect = st.attn[l] + layer.mlp(ln2(st.attn[l]))
+        torch.testing.assert_close(st.post[l], expect, rtol=1e-5, atol=1e-5)
+    # chunked and unchunked agree
+    st2 = ad.single_token_states(ids[3:7])
+    torch.testing.assert_close(st2.post, st.post[:, 3:7], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_qk_weights_reproduce_attention_probabilities(kind):
+    """With position ids all 0 (no rotation, same wpe) and zero q/k biases, the model's own attention
+    probabilities are softmax_j(x_t W_Q[h]ᵀ W_K[h] x_j / sqrt(dh)) over j <= t."""
+    m = make(kind, zero_qk_bias=True)
+    ad = HFAdapter(m)
+    x = tokens(3, B=2)
+    normed = {}
+    for l, layer in enumerate(ad.layers):
+        ln = layer.ln_1 if kind == "gpt2" else layer.input_layernorm
+        ln.register_forward_hook(lambda mod, a, out, l=l: normed.__setitem__(l, out.detach()))
+    out = m(x, output_attentions=True, position_ids=torch.zeros(1, T, dtype=torch.long))
+    dh = D // H
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    for l in range(L):
+        wq, wk = ad.qk_weights(l)
+        assert wq.shape == wk.shape == (H, dh, D)
+        xn = normed[l].double()
+        for h in range(H):
+            s = (xn @ wq[h].double().T) @ (xn @ wk[h].double().T).transpose(-1, -2) / math.sqrt(dh)
+            p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+            torch.testing.assert_close(p, out.attentions[l][:, h].double(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError):
+        ad.qk_weights(L)
+
+
+def test_load_local_directory_offline(tmp_path, monkeypatch):
+    m = make("llama")
+    m.save_pretrained(tmp_path / "m")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ad = load_hf(tmp_path / "m")
+    assert isinstance(ad, HFAdapter) and ad.bos_id == 1 and ad.stop_ids == (2,)
+    x = tokens()
+    torch.testing.assert_close(ad.run(x), m(x).logits, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ConfigError, match="revision"):
+        load_hf(tmp_path / "m", revision="step1")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="config.json"):
+        load_hf(tmp_path / "empty")
+    with pytest.raises(InputError, match="neither an existing directory nor"):
+        load_hf(str(tmp_path / "missing" / "dir"))
+
+
+def test_hub_offline_gives_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(InputError) as err:
+        load_hf("originlens-test/does-not-exist", revision="step1")
+    msg = str(err.value)
+    assert "hub could not be reached" in msg and "local" in msg and "--revision step1" in msg
+
+
+def test_trust_remote_code_only_when_asked(tmp_path, monkeypatch):
+    make("gpt2").save_pretrained(tmp_path / "m")
+    calls = []
+    for cls in (transformers.AutoConfig, transformers.AutoModelForCausalLM):
+        orig = cls.from_pretrained
+
+        def spy(*a, _orig=orig, **kw):
+            calls.append(kw)
+            return _orig(*a, **kw)
+        monkeypatch.setattr(cls, "from_pretrained", spy)
+    load_hf(tmp_path / "m")
+    assert calls and all("trust_remote_code" not in kw for kw in calls)
+    assert all(kw["local_files_only"] for kw in calls)
+    calls.clear()
+    load_hf(tmp_path / "m", trust_remote_code=True)
+    assert all(kw["trust_remote_code"] is True for kw in calls)
+
+
+def test_missing_transformers_and_unsupported_family(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+    with pytest.raises(CompatibilityError, match="model type 'opt'"):
+        HFAdapter(SimpleNamespace(config=SimpleNamespace(model_type="opt")))
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(CompatibilityError, match=r"originlens\[hf\]"):
+        require_transformers()
+    with pytest.raises(CompatibilityError, match=r"pip install 'originlens\[hf\]'"):
+        load_hf(tmp_path)

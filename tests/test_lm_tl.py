@@ -1,0 +1,156 @@
+"""TLAdapter against a fake HookedTransformer written here over one of our GPTs.
+
+The fake re-implements the forward pass from the GPT's weights with TransformerLens' hook points and
+weight layout (``W_Q`` ``(L, H, d, dh)``, ``W_U`` ``(d, V)``), so a wrong site mapping, transpose or
+cache key in the adapter makes it disagree with :class:`GPTAdapter` on the same weights.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from originlens.errors import CompatibilityError, ConfigError
+from originlens.lm.native import GPTAdapter
+from originlens.lm.tl import TLAdapter
+from originlens.models.gpt import GPT, GPTConfig
+
+V, D, H, L, T = 11, 16, 4, 3, 7
+
+
+class FakeHookedTransformer(nn.Module):
+    """The subset of TransformerLens' HookedTransformer API that TLAdapter uses."""
+
+    def __init__(self, gpt: GPT, kv_heads: int | None = None) -> None:
+        super().__init__()
+        self.gpt = gpt
+        self.cfg = SimpleNamespace(n_layers=L, d_model=D, n_heads=H, d_vocab=V, n_ctx=gpt.config.n_positions,
+                                   d_head=D // H)
+        self.kv_heads = kv_heads
+        self.ln_final = gpt.head[0].ln_f
+        self.calls: list[str] = []
+
+    # weights in TransformerLens layout
+    def _qkv(self, l: int, i: int) -> torch.Tensor:
+        w = self.gpt.blocks[l].copies[0].attn_qkv.weight[i * D:(i + 1) * D]        # (H*dh, d)
+        return w.view(H, D // H, D).transpose(1, 2)                                   # (H, d, dh)
+
+    @property
+    def W_Q(self) -> torch.Tensor:
+        return torch.stack([self._qkv(l, 0) for l in range(L)])
+
+    @property
+    def W_K(self) -> torch.Tensor:
+        wk = torch.stack([self._qkv(l, 1) for l in range(L)])
+        return wk if self.kv_heads is None else wk[:, ::H // self.kv_heads]          # grouped-query fake
+
+    @property
+    def W_U(self) -> torch.Tensor:
+        return self.gpt.embed[0].wte.weight.T
+
+    @property
+    def b_U(self) -> torch.Tensor:
+        return torch.zeros(V, dtype=self.W_U.dtype)
+
+    def _forward(self, tokens, hooks, cache, names_filter):
+        def point(name, x):
+            self.calls.append(name)
+            for hname, fn in hooks:
+                if hname == name:
+                    r = fn(x, hook=SimpleNamespace(name=name))
+                    x = x if r is None else r
+            if cache is not None and names_filter(name):
+                cache[name] = x.detach()
+            return x
+
+        Tn = tokens.shape[1]
+        emb = self.gpt.embed[0]
+        x = emb.wte.weight[tokens] + emb.wpe.weight[:Tn]
+        mask = torch.ones(Tn, Tn, dtype=torch.bool).tril()
+        for l in range(L):
+            c = self.gpt.blocks[l].copies[0]
+            x = point(f"blocks.{l}.hook_resid_pre", x)
+            h = F.layer_norm(x, (D,), c.ln_1.weight, c.ln_1.bias, 1e-5)
+            qkv = h @ c.attn_qkv.weight.T + c.attn_qkv.bias
+            q, k, v = (t.reshape(*t.shape[:2], H, D // H).transpose(1, 2) for t in qkv.split(D, -1))
+            s = (q @ k.transpose(-1, -2) / math.sqrt(D // H)).masked_fill(~mask, float("-inf"))
+            z = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(*x.shape)
+            x = x + point(f"blocks.{l}.hook_attn_out", z @ c.attn_out.weight.T + c.attn_out.bias)
+            h2 = F.layer_norm(x, (D,), c.ln_2.weight, c.ln_2.bias, 1e-5)
+            mlp = F.gelu(h2 @ c.mlp_in.weight.T + c.mlp_in.bias, approximate="tanh") @ c.mlp_out.weight.T
+            x = point(f"blocks.{l}.hook_resid_post", x + mlp + c.mlp_out.bias)
+        return self.ln_final(x) @ self.W_U + self.b_U
+
+    def run_with_hooks(self, tokens, fwd_hooks=(), return_type="logits"):
+        return self._forward(tokens, list(fwd_hooks), None, None)
+
+    def run_with_cache(self, tokens, names_filter=None):
+        cache: dict[str, torch.Tensor] = {}
+        logits = self._forward(tokens, [], cache, names_filter or (lambda n: True))
+        return logits, cache
+
+
+def _pair(kv_heads=None):
+    torch.manual_seed(0)
+    g = GPT(GPTConfig(vocab_size=V, seq_len=8, n_layer=L, d_model=D, n_head=H, dtype="float64"))
+    with torch.no_grad():
+        for p in g.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return GPTAdapter(g), TLAdapter(FakeHookedTransformer(g, kv_heads))
+
+
+def test_transformer_lens_not_imported():
+    assert "transformer_lens" not in sys.modules
+    with pytest.raises(CompatibilityError, match="HookedTransformer"):
+        TLAdapter(object())
+
+
+def test_run_residuals_and_hooks_match_gpt_adapter():
+    ref, tl = _pair()
+    assert (tl.n_layers, tl.d_model, tl.n_heads, tl.vocab_size, tl.max_seq_len) == (L, D, H, V, 8)
+    toks = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    a, ra = ref.run(toks, return_residuals=True)
+    b, rb = tl.run(toks, return_residuals=True)
+    torch.testing.assert_close(b, a, rtol=0, atol=1e-10)
+    assert len(rb) == L + 1
+    for x, y in zip(ra, rb):
+        torch.testing.assert_close(y, x, rtol=0, atol=1e-10)
+    torch.testing.assert_close(tl.unembed(rb[-1]), a, rtol=0, atol=1e-10)
+    for k in range(L + 1):
+        hook = {k: lambda h, site: h * 0.3 - 0.2}
+        torch.testing.assert_close(tl.run(toks, hooks=hook), ref.run(toks, hooks=hook), rtol=0, atol=1e-10)
+    # each site is hooked once, at the point the next stage consumes
+    seen = []
+    tl.run(toks, hooks={L: lambda h, s: seen.append(s), "blocks.0.hook_resid_post": lambda h, s: seen.append(s)})
+    assert seen == [1, L]
+    with pytest.raises(ConfigError):
+        tl.run(toks, hooks={1: lambda h, s: h[:, :2]})
+    with pytest.raises(ConfigError):
+        tl.run(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_single_token_states_and_qk_match_gpt_adapter():
+    ref, tl = _pair()
+    ids = torch.arange(V)
+    sa, sb = ref.single_token_states(ids), tl.single_token_states(ids)
+    for f in ("pre", "attn", "post"):
+        torch.testing.assert_close(getattr(sb, f), getattr(sa, f), rtol=0, atol=1e-10)
+    for l in range(L):
+        for x, y in zip(ref.qk_weights(l), tl.qk_weights(l)):
+            torch.testing.assert_close(y, x, rtol=0, atol=0)
+    with pytest.raises(ConfigError):
+        tl.qk_weights(L)
+
+
+def test_grouped_query_keys_are_repeated():
+    ref, tl = _pair(kv_heads=2)
+    wq, wk = tl.qk_weights(0)
+    assert wk.shape == wq.shape == (H, D // H, D)
+    full = ref.qk_weights(0)[1]
+    for h in range(H):                     # query head h reads key head h // 2 = full head 2 * (h // 2)
+        torch.testing.assert_close(wk[h], full[2 * (h // 2)], rtol=0, atol=0)

@@ -1,0 +1,283 @@
+"""Q(w): planted toy ranking, batched numbers against a brute-force per-example loop, context selection."""
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from originlens.errors import CompatibilityError, InputError
+from originlens.lm.llama2c import Llama2cConfig, Llama2cModel
+from originlens.lm.native import GPTAdapter, Llama2cAdapter
+from originlens.lm.qscore import QScoreConfig, find_top_contexts, qscore, within_edit_distance
+from originlens.models.gpt import GPT, GPTConfig
+from originlens.sae import SAE, SAEConfig
+
+T, V = 16, 8
+D = T + V + 2          # one-hot positions, one-hot tokens, attention output O, spare
+O = T + V
+
+
+def planted_model(beta=40.0, alpha=2.0):
+    """A hand-built 1-layer GPT: the current token 1 raises the logit of token 3 at the same position
+    (immediate effect only); a previous-token attention head copies "token 2" into coordinate O, which
+    raises the logit of token 4 at the *next* position (later effect only).  MLP weights are zero."""
+    m = GPT(GPTConfig(vocab_size=V, seq_len=T, n_layer=1, d_model=D, n_head=1, tie_embeddings=False,
+                      dtype="float64", attn_impl="eager"))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.zero_()
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.LayerNorm):
+                mod.weight.fill_(1.0)
+        m.embed[0].wte.weight[:, T:T + V] = torch.eye(V, dtype=torch.float64)
+        m.embed[0].wpe.weight[:, :T] = torch.eye(T, dtype=torch.float64)
+        c = m.blocks[0].copies[0]
+        W = c.attn_qkv.weight                       # rows [W_Q; W_K; W_V]
+        for t in range(1, T):
+            W[t - 1, t] = beta                      # query at t looks for position t-1
+        for s in range(T):
+            W[D + s, s] = 1.0                       # key = position
+        W[2 * D + O, T + 2] = 1.0                   # value = "is token 2"
+        c.attn_out.weight[O, O] = 1.0
+        head = m.head[0].lm_head.weight
+        head[3, T + 1] = alpha                      # token 1 now -> token 3 next
+        head[4, O] = alpha                          # token 2 one step back -> token 4 next
+    return GPTAdapter(m, bos_id=0)
+
+
+def planted_sae():
+    """Latents 0, 1, 2 read and write the one-hot directions of tokens 1, 2 and 5 at resid.0."""
+    sae = SAE(SAEConfig(d_in=D, d_sae=3, hook_name="blocks.0.hook_resid_pre", apply_b_dec_to_input=False,
+                        dtype="float64")).requires_grad_(False)
+    with torch.no_grad():
+        for f, tok in enumerate([1, 2, 5]):
+            sae.W_enc[T + tok, f] = 1.0
+            sae.W_dec[f, T + tok] = 1.0
+    return sae
+
+
+def _tokens(n, length, vocab, seed=0, low=0):
+    return np.random.default_rng(seed).integers(low, vocab, size=(n, length))
+
+
+def test_planted_toy_ranks_immediate_below_later():
+    ad, sae = planted_model(), planted_sae()
+    toks = _tokens(40, T - 1, V)
+    cfg = QScoreConfig(n_contexts=6, max_offset=5, dedup_distance=-1)
+    r = qscore(ad, sae, toks, config=cfg)
+    f0, f1, f2 = r.features
+    # latent 1 acts on later tokens only, latent 0 on the next token only
+    for key in ("q", "q_ratio_of_means", "q_median"):
+        assert getattr(f1, key) > 100 * getattr(f0, key), key
+    assert f1.q_median > 10 and f0.q_median < 0.1
+    assert f0.kl_by_offset[0] > 1 and f1.kl_by_offset[1] > 1 and max(f1.kl_by_offset[2:]) < 1e-9
+    # latent 2 changes nothing but the LayerNorm scale: dropped by the total-KL rule
+    assert f0.kept and f1.kept and not f2.kept and "total KL" in f2.reason
+    assert r.summary()["n_kept"] == 2
+    # the faithful (reference) ablation also removes the reconstruction error: here the position code,
+    # so every latent shows a large feature-independent KL (pitfall 11)
+    rf = qscore(ad, sae, toks, config=QScoreConfig(n_contexts=6, max_offset=5, dedup_distance=-1,
+                                                      ablation="faithful"), examples=r.examples)
+    assert rf.features[2].total_kl > 100 * f2.total_kl and rf.features[2].kept
+    assert rf.features[1].q_median > rf.features[0].q_median
+    np.testing.assert_array_equal(rf.examples.position, r.examples.position)
+
+
+def brute_force_kl(ad, sae, k, seqs, feature, seq_index, position, K, ablation):
+    """One example: clean and ablated runs of the whole window, KL_d from its definition in float64."""
+    tok = seqs[seq_index:seq_index + 1]
+    p, f = int(position), int(feature)
+
+    def hook(x, _k):
+        x = x.clone()
+        v = x[0, p].to(sae.dtype)
+        W_enc, b_enc, W_dec, b_dec = sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec
+        pre = (v - b_dec * sae.cfg.apply_b_dec_to_input) @ W_enc + b_enc
+        a = sae.activation(pre)
+        if ablation == "faithful":
+            a2 = a.clone()
+            a2[f] = 0
+            new = a2 @ W_dec + b_dec
+        else:
+            new = v - a[f] * W_dec[f]
+        x[0, p] = new.to(x.dtype)
+        return x
+
+    with torch.no_grad():
+        clean = ad.run(tok)[0].double()
+        abl = ad.run(tok, hooks={k: hook})[0].double()
+    out = []
+    for d in range(1, K + 1):
+        t = p + d - 1
+        P = torch.softmax(clean[t], -1)
+        Q = torch.softmax(abl[t], -1)
+        out.append(float((P * (P.log() - Q.log())).sum()))
+    return np.array(out)
+
+
+def _check_against_brute_force(ad, sae, toks, cfg, tol):
+    from originlens.sae.activations import as_sequences
+    r = qscore(ad, sae, toks, config=cfg)
+    seqs = as_sequences(toks, ad, prepend_bos=cfg.prepend_bos)
+    ex = r.examples
+    assert len(ex) > 0
+    brute = np.stack([brute_force_kl(ad, sae, r.site, seqs, ex.feature[e], ex.seq_index[e], ex.position[e],
+                                     cfg.max_offset, cfg.ablation) for e in range(len(ex))])
+    np.testing.assert_allclose(r.kl, brute, rtol=0, atol=tol)
+    # aggregates from their definitions
+    for fq in r.features:
+        sel = ex.feature == fq.feature
+        if not sel.any():
+            continue
+        b = brute[sel]
+        ratios = b[:, 1:].sum(1) / (b[:, 0] + 1e-8)
+        assert math.isclose(fq.q, ratios.mean(), rel_tol=1e-6, abs_tol=1e-6)
+        assert math.isclose(fq.q_median, float(np.median(ratios)), rel_tol=1e-6, abs_tol=1e-6)
+        assert math.isclose(fq.q_ratio_of_means, b[:, 1:].sum() / (b[:, 0].sum() + 1e-8), rel_tol=1e-6, abs_tol=1e-6)
+        assert math.isclose(fq.total_kl, b.sum(1).mean(), rel_tol=1e-6, abs_tol=1e-9)
+        assert fq.kept == (b.sum(1).mean() > cfg.min_total_kl)
+    np.testing.assert_allclose(r.ablated_activation, ex.activation, rtol=1e-6, atol=1e-9)
+    return r
+
+
+@pytest.mark.parametrize("ablation", ["error_preserving", "faithful"])
+def test_batched_matches_brute_force_on_planted_toy(ablation):
+    ad, sae = planted_model(), planted_sae()
+    cfg = QScoreConfig(n_contexts=5, max_offset=4, ablation=ablation, dedup_distance=-1, batch_size=7)
+    _check_against_brute_force(ad, sae, _tokens(30, T - 1, V, seed=1), cfg, 1e-6)
+
+
+def _random_gpt(d=16, vocab=23, seq=20):
+    torch.manual_seed(1)
+    return GPTAdapter(GPT(GPTConfig(vocab_size=vocab, seq_len=seq, n_layer=2, d_model=d, n_head=4, dtype="float64",
+                                    tie_embeddings=False)), bos_id=0)
+
+
+def _random_sae(arch, d, m, hook, seed=0, dtype="float64"):
+    g = torch.Generator().manual_seed(seed)
+    sae = SAE(SAEConfig(d_in=d, d_sae=m, architecture=arch, k=4 if arch == "topk" else None, hook_name=hook,
+                        dtype=dtype)).requires_grad_(False)
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.randn(d, m, generator=g, dtype=torch.float64))
+        sae.W_dec.copy_(torch.randn(m, d, generator=g, dtype=torch.float64) * 0.5)
+        sae.b_enc.copy_(torch.randn(m, generator=g, dtype=torch.float64) * 0.5 - 0.5)
+        sae.b_dec.copy_(torch.randn(d, generator=g, dtype=torch.float64) * 0.1)
+        if sae.threshold is not None:
+            sae.threshold.fill_(0.2)
+    return sae
+
+
+@pytest.mark.parametrize("arch,ablation", [("standard", "error_preserving"), ("jumprelu", "faithful"),
+                                           ("topk", "error_preserving")])
+def test_batched_matches_brute_force_on_random_gpt(arch, ablation):
+    ad = _random_gpt()
+    sae = _random_sae(arch, 16, 12, "blocks.0.hook_resid_post")
+    # tiny blocks and batches: several clean blocks, ablated chunks and shared windows
+    cfg = QScoreConfig(n_contexts=4, max_offset=3, ablation=ablation, batch_size=5, max_clean_bytes=1,
+                       scan_batch_size=7, position_rule="drop" if arch == "jumprelu" else "restrict")
+    _check_against_brute_force(ad, sae, _tokens(25, 15, 23, seed=2, low=1), cfg, 1e-6)
+
+
+def test_batched_matches_brute_force_on_llama():
+    torch.manual_seed(0)
+    m = Llama2cModel(Llama2cConfig(dim=16, hidden_dim=24, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=17,
+                                   max_seq_len=24)).double()
+    ad = Llama2cAdapter(m)
+    sae = _random_sae("standard", 16, 10, "blocks.1.hook_resid_pre", seed=3)
+    cfg = QScoreConfig(n_contexts=3, max_offset=4, batch_size=6)
+    _check_against_brute_force(ad, sae, _tokens(20, 14, 17, seed=3, low=3), cfg, 1e-6)
+
+
+@pytest.mark.parametrize("rule", ["restrict", "drop"])
+def test_context_selection_matches_definition(rule):
+    from originlens.sae.activations import as_sequences
+    ad = _random_gpt()
+    sae = _random_sae("standard", 16, 12, "blocks.1.hook_resid_post", seed=5)
+    toks = _tokens(30, 15, 23, seed=4, low=1)
+    K, n = 3, 4
+    cfg = QScoreConfig(n_contexts=n, max_offset=K, dedup_distance=-1, position_rule=rule, scan_batch_size=8)
+    seqs = as_sequences(toks, ad)
+    ex = find_top_contexts(ad, sae, 2, seqs, list(range(12)), cfg, first=1)
+    with torch.no_grad():
+        acts = sae.encode(ad.residuals(seqs)[2]).numpy()            # (N, L, F)
+    L = seqs.shape[1]
+    for f in range(12):
+        cands = []
+        for i in range(len(seqs)):
+            lo, hi = 1, (L - 1 - K) if rule == "restrict" else L - 1
+            p = lo + int(np.argmax(acts[i, lo:hi + 1, f]))
+            v = acts[i, p, f]
+            if p + K <= L - 1 and v > 0:
+                cands.append((-v, i, p))
+        want = sorted(cands)[:n]
+        got = [(i, p) for ff, i, p in zip(ex.feature, ex.seq_index, ex.position) if ff == f]
+        assert got == [(i, p) for _, i, p in want], f
+        np.testing.assert_allclose(ex.activation[ex.feature == f], [-v for v, _, _ in want], rtol=1e-9)
+
+
+def _levenshtein(a, b):
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i]
+        for j, y in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
+        prev = cur
+    return prev[-1]
+
+
+def test_edit_distance_threshold_matches_levenshtein():
+    rng = random.Random(0)
+    for _ in range(400):
+        a = [rng.randrange(4) for _ in range(rng.randrange(0, 14))]
+        b = list(a)
+        for _ in range(rng.randrange(0, 6)):
+            op = rng.randrange(3)
+            if op == 0 and b:
+                b.pop(rng.randrange(len(b)))
+            elif op == 1:
+                b.insert(rng.randrange(len(b) + 1), rng.randrange(4))
+            elif b:
+                b[rng.randrange(len(b))] = rng.randrange(4)
+        if rng.random() < 0.3:
+            b = [rng.randrange(4) for _ in range(rng.randrange(0, 14))]
+        thr = rng.randrange(0, 5)
+        assert within_edit_distance(a, b, thr) == (_levenshtein(a, b) <= thr), (a, b, thr)
+
+
+def test_dedup_dead_features_and_bad_inputs():
+    ad, sae = planted_model(), planted_sae()
+    row = np.array([[3, 1, 4, 6, 7, 3, 6, 7, 4, 6, 3, 7, 6, 4, 3]])
+    toks = np.concatenate([row, row, row, _tokens(4, T - 1, V, seed=9, low=6)])   # 3 identical windows
+    r = qscore(ad, sae, toks, features=[0, 2], config=QScoreConfig(n_contexts=3, max_offset=4))
+    assert (r.examples.feature == 0).sum() == 1               # duplicates removed
+    r2 = qscore(ad, sae, toks, features=[0], config=QScoreConfig(n_contexts=3, max_offset=4, dedup_distance=-1))
+    assert (r2.examples.feature == 0).sum() == 3
+    assert r.examples.skipped.get(2) == "dead" and r.features[1].reason == "dead"   # token 5 never occurs
+    with pytest.raises(InputError, match="windows"):
+        qscore(ad, sae, toks[:, :4], config=QScoreConfig(max_offset=4))
+    with pytest.raises(CompatibilityError, match="vocabulary"):
+        qscore(ad, sae, toks + 10)
+    wrong = SAE(SAEConfig(d_in=D + 1, d_sae=3, hook_name="blocks.0.hook_resid_pre"))
+    with pytest.raises(CompatibilityError, match="d_in"):
+        qscore(ad, wrong, toks)
+
+
+@pytest.mark.slow
+def test_stories260k_batched_matches_loop():
+    from originlens.lm.llama2c import Llama2cTokenizer, load_llama2c
+    from originlens.paths import data_path, tinystories_files
+    model_dir = data_path("models", "stories260K", required=False)
+    files = tinystories_files()
+    if model_dir is None or not (model_dir / "stories260K.bin").exists() or not files:
+        pytest.skip("shared data not available")
+    m = load_llama2c(model_dir / "stories260K.bin")
+    tok = Llama2cTokenizer.from_file(model_dir / "tok512.bin", m.cfg.vocab_size)
+    ad = Llama2cAdapter(m)
+    lines = files[0].read_text(encoding="utf-8").splitlines()[:12]
+    ids = [tok.encode(s, bos=False) for s in lines]
+    toks = np.array([i[:40] for i in ids if len(i) >= 40][:8])
+    sae = _random_sae("topk", 64, 16, "blocks.2.hook_resid_post", seed=7, dtype="float32")
+    cfg = QScoreConfig(n_contexts=3, max_offset=5, batch_size=16)
+    r = _check_against_brute_force(ad, sae, toks, cfg, 2e-5)
+    assert np.isfinite(r.kl).all() and (r.kl >= -1e-6).all()
