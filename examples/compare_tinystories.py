@@ -83,8 +83,7 @@ def direct_check(corpus: Path, ckpt: Path, run: Path) -> dict:
 
     from originlens.data import TokenStore
     from originlens.lm.checkpoints import load_gpt_adapter
-    from originlens.lm.compare import (CompareConfig, checkpoint_cosines, comparison_statistics, prepare_targets,
-                                       prepend_bos)
+    from originlens.lm.compare import checkpoint_cosines, comparison_statistics, prepare_targets, prepend_bos
     res = json.loads((run / "results.json").read_text())
     K = res["statistics"]["K"]
     ad = load_gpt_adapter(ckpt)

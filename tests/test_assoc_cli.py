@@ -203,3 +203,35 @@ def test_error_inputs(tmp_path, capsys):
     one_line_error(rc, err, "--vocab-size")
     rc, out, err = run_cli(capsys, "assoc", "report", tmp_path)
     one_line_error(rc, err, "not a training run")
+
+
+def test_error_device_and_foreign_directory(corpus, tmp_path, capsys):
+    base = ["assoc", "train", corpus, "--layers", "1", "--steps", "1", "--batch-size", "16"]
+    if not torch.cuda.is_available():
+        rc, out, err = run_cli(capsys, *base, "--device", "cuda", "--out", tmp_path / "r")
+        one_line_error(rc, err, "CUDA is unavailable")
+        assert not (tmp_path / "r").exists()
+    rc, out, err = run_cli(capsys, *base, "--device", "auto", "--out", tmp_path / "ok")
+    assert rc == 0, err
+    # a directory holding another kind of run: refused even with --overwrite, nothing deleted
+    other = tmp_path / "other"
+    (other / "data").mkdir(parents=True)
+    (other / "config.json").write_text(json.dumps({"model": "gpt"}))
+    (other / "data" / "train.npy").write_bytes(b"theirs")
+    (other / "report.md").write_text("theirs")
+    rc, out, err = run_cli(capsys, *base, "--out", other, "--overwrite")
+    one_line_error(rc, err, "another kind of run")
+    assert (other / "data" / "train.npy").read_bytes() == b"theirs" and (other / "report.md").exists()
+
+
+def test_error_report_statistics_of_another_vocabulary(corpus, trained, tmp_path, capsys):
+    from originlens.data import load_token_array
+    toks, vocab, _ = load_token_array(corpus)
+    toks = np.asarray(toks, dtype=np.int64)
+    save_statistics(corpus_statistics(toks, len(vocab), vocab=list(reversed(vocab))), tmp_path / "othervocab")
+    save_statistics(corpus_statistics(toks[:, :6], len(vocab), vocab=vocab), tmp_path / "shorter")
+    for stats, needle in (("othervocab", "another vocabulary"), ("shorter", "T = 5")):
+        rc, out, err = run_cli(capsys, "assoc", "report", trained, "--stats", tmp_path / stats,
+                               "--no-intervention", "--no-heldout", "--out", tmp_path / f"rep-{stats}")
+        one_line_error(rc, err, needle)
+        assert not (tmp_path / f"rep-{stats}").exists()

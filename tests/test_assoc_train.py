@@ -261,3 +261,135 @@ def test_validation(tokens):
              "query_key": np.zeros((V - 1, V - 1)), "positional": np.zeros(T)}
     with pytest.raises(CompatibilityError):
         train_assoc(tokens, V, cfg(), stats=wrong)
+
+
+# ------------------------------------------------------------------------------------------------ device
+
+
+def test_device_option(tokens, tmp_path):
+    from originlens.train.assoc import resolve_device
+    with pytest.raises(ConfigError, match="unknown device"):
+        train_assoc(tokens, V, cfg(device="tpu"))
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("CPU") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        for spec in ("cuda", "cuda:0", "cuda:3"):
+            with pytest.raises(ConfigError, match="CUDA is unavailable"):
+                train_assoc(tokens, V, cfg(device=spec))
+        # auto falls back to the CPU: the same trajectory as device="cpu"
+        a = train_assoc(tokens, V, cfg(steps=3, device="auto"))
+        b = train_assoc(tokens, V, cfg(steps=3))
+        assert params_equal(a.model, b.model) and a.model.W_O.device.type == "cpu"
+    # the device is not part of the run's identity: a run can be continued with another device setting
+    out = str(tmp_path / "r")
+    train_assoc(tokens, V, cfg(steps=2, out=out, device="cpu"))
+    r = train_assoc(tokens, V, cfg(steps=3, out=out, device="auto"), resume=True)
+    assert r.resumed_from == 2 and r.step == 3
+    env = json.loads((tmp_path / "r" / "environment.json").read_text())
+    assert env["device"] == "cpu" and env["device_name"] == "cpu"
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+
+
+def test_first_batch_statistics_are_the_first_batch_with_the_vocabulary(tokens, tmp_path):
+    from originlens.stats import corpus_statistics, load_statistics
+    vocab = [f"w{i}" for i in range(V)]
+    first = []
+
+    class Rec:
+        def on_step_end(self, tr):
+            if tr.step == 1:
+                first.append(tr._perm[: tr.batch].numpy().copy())     # the batch SGD actually used
+
+    out = tmp_path / "r"
+    run = train_assoc(tokens, V, cfg(steps=2, stats_source="first_batch", out=str(out)), [Rec()], vocab=vocab)
+    assert sorted(run.stats_windows.tolist()) == sorted(first[0].tolist())
+    ref = corpus_statistics(tokens[first[0]], V)
+    for k in ("bigram", "context", "value_target", "query_key", "positional"):
+        np.testing.assert_allclose(getattr(run.stats, k), getattr(ref, k), rtol=1e-13, atol=1e-16)
+    # centred with the model's vocabulary size, token strings attached, written by the trainer
+    assert run.stats.vocab == vocab and run.stats.centering == pytest.approx(1.0 / V, rel=1e-15)
+    saved = load_statistics(out / "statistics")
+    assert saved.vocab == vocab and np.array_equal(saved.query_key, run.stats.query_key)
+    man = json.loads((out / "statistics" / "manifest.json").read_text())
+    assert man["source"] == "first_batch" and sorted(man["windows"]) == sorted(first[0].tolist())
+    assert man["vocab_size"] == V and man["n_windows"] == 5
+    # full-batch GD: all windows
+    gd = train_assoc(tokens, V, cfg(batch_size=None, steps=1, stats_source="first_batch"))
+    assert gd.stats_windows is None and gd.stats.n_pairs == tokens.shape[0] * T
+
+
+def test_statistics_of_another_vocabulary_are_rejected(tokens):
+    from originlens.stats import corpus_statistics
+    vocab = [f"w{i}" for i in range(V)]
+    with pytest.raises(CompatibilityError, match="vocabulary has"):
+        train_assoc(tokens, V, cfg(), vocab=vocab[:-1])
+    other = corpus_statistics(tokens, V, vocab=list(reversed(vocab)))
+    with pytest.raises(CompatibilityError, match="another vocabulary"):
+        train_assoc(tokens, V, cfg(), stats=other, vocab=vocab)
+    with pytest.raises(CompatibilityError, match="T = "):
+        train_assoc(tokens, V, cfg(), stats=corpus_statistics(tokens[:, :4], V))
+    with pytest.raises(CompatibilityError):
+        train_assoc(tokens, V, cfg(), stats=corpus_statistics(tokens, V, top_k=V - 2))
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+
+def test_directory_of_another_kind_is_never_overwritten(tokens, tmp_path):
+    other = tmp_path / "gpt-run"
+    (other / "checkpoints").mkdir(parents=True)
+    (other / "config.json").write_text(json.dumps({"model": {"n_layer": 2}, "lr": 0.1}))
+    (other / "checkpoints" / "step-000001.safetensors").write_bytes(b"precious")
+    bad = tmp_path / "bad-config"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    for d, needle in ((other, "another kind of run"), (bad, "unreadable config.json")):
+        before = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+        for kw in (dict(overwrite=True), dict(resume=True), {}):
+            with pytest.raises(ConfigError, match=needle):
+                train_assoc(tokens, V, cfg(steps=1, out=str(d)), **kw)
+        assert {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} == before
+
+
+def _rewrite_checkpoint(path, change):
+    from originlens.storage import save_tensors
+    arrays, meta = load_tensors(path)
+    arrays = change(dict(arrays))
+    save_tensors(path, arrays, kind=CHECKPOINT_KIND,
+                 metadata={k: v for k, v in meta.items() if k not in ("kind", "format_version")})
+
+
+@pytest.mark.parametrize("damage,error,needle", [
+    (lambda a: {k: v for k, v in a.items() if k != "trainer.data_rng_state"}, CompatibilityError, "data-order state"),
+    (lambda a: a | {"W.1": np.full_like(a["W.1"], np.nan)}, InputError, "non-finite values in W.1"),
+    (lambda a: a | {"V.2": np.zeros((V + 1, V + 1))}, CompatibilityError, "'V.2' has shape"),
+    (lambda a: {k: v for k, v in a.items() if k != "P.1"}, CompatibilityError, "lack 'P.1'"),
+])
+def test_damaged_checkpoint_names_the_file_and_overwrites_nothing(tokens, tmp_path, damage, error, needle):
+    out = tmp_path / "r"
+    train_assoc(tokens, V, cfg(steps=2, out=str(out), checkpoint_every=1))
+    ck = out / "checkpoints" / "step-000002.safetensors"
+    _rewrite_checkpoint(ck, damage)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "metrics.jsonl"}
+    with pytest.raises(error, match=needle) as ei:
+        train_assoc(tokens, V, cfg(steps=4, out=str(out), checkpoint_every=1), resume=True)
+    assert "step-000002.safetensors" in str(ei.value)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "metrics.jsonl"} == before
+
+
+def test_divergence_keeps_last_good_checkpoint_and_logs_the_error(tokens, tmp_path):
+    out = tmp_path / "r"
+    c = cfg(batch_size=None, steps=60, lr=1e12, out=str(out), checkpoint_every=1)
+    with pytest.raises(NumericalError) as ei:
+        train_assoc(tokens, V, c)
+    step = int(str(ei.value).split("at step ")[1].split()[0])
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts == [f"step-{s:06d}.safetensors" for s in range(1, step)]     # nothing for the failed step
+    assert f"step-{step - 1:06d}.safetensors" in str(ei.value)
+    assert not (out / "model.safetensors").exists()
+    arrays, _ = load_tensors(out / "checkpoints" / ckpts[-1])
+    assert all(np.isfinite(v).all() for k, v in arrays.items() if k != "trainer.data_rng_state")
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["event"] == "error" and last["step"] == step and "non-finite" in last["error"]

@@ -160,3 +160,19 @@ def test_bad_grid_configuration():
     with pytest.raises(ConfigError):
         CheckpointGrid([])
     assert np.all(np.asarray(log_spaced_steps(64)) == 2 ** np.arange(7))
+
+
+def test_ntp_train_checkpoints_load_with_their_weights(tmp_path):
+    from originlens.storage import save_tensors
+    from originlens.train.ntp import CHECKPOINT_KIND
+    model = _gpt(3)
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors["adam.x.exp_avg"] = torch.zeros(2)
+    tensors["rng.torch"] = torch.get_rng_state()
+    save_tensors(tmp_path / "step-000005.safetensors", tensors, kind=CHECKPOINT_KIND,
+                 metadata={"step": 5, "gpt_config": model.config.to_dict()})
+    (label, ad), = list(CheckpointGrid([str(tmp_path / "step-000005.safetensors")]))
+    assert label == "step5" and isinstance(ad, GPTAdapter)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(ad.module.state_dict()[k], v, rtol=0, atol=0)
+    assert weights_hash(ad.named_tensors()) == weights_hash(model.state_dict())    # optimizer state not hashed

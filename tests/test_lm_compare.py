@@ -362,3 +362,15 @@ def test_cli_text_corpus_with_llama2c_tokenizer(tmp_path, capsys):
     rc = main(["-q", "lm", "compare", "--model", str(tmp_path / "tiny.bin"), "--corpus", str(text),
                "--out", str(tmp_path / "run2")])
     assert rc == 2 and "tokenizer" in capsys.readouterr().err
+
+
+def test_cli_checkpoint_spec_expansion(tmp_path):
+    from originlens.cli.lm_compare_cmd import checkpoint_specs
+    assert checkpoint_specs("hf:org/m", "step1,step2", None, None) == ["hf:org/m@step1", "hf:org/m@step2"]
+    assert checkpoint_specs("hf:org/m", None, None, 4) == ["hf:org/m@step1", "hf:org/m@step2", "hf:org/m@step4"]
+    assert checkpoint_specs(str(tmp_path), "a.safetensors", None, None) == [str(tmp_path / "a.safetensors")]
+    assert checkpoint_specs("m.bin", None, None, None) == ["m.bin"]
+    with pytest.raises(ConfigError):
+        checkpoint_specs("m.bin", None, None, 8)                 # --log-steps needs a hub model
+    with pytest.raises(ConfigError):
+        checkpoint_specs(None, "a", str(tmp_path), None)

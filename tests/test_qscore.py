@@ -281,3 +281,31 @@ def test_stories260k_batched_matches_loop():
     cfg = QScoreConfig(n_contexts=3, max_offset=5, batch_size=16)
     r = _check_against_brute_force(ad, sae, toks, cfg, 2e-5)
     assert np.isfinite(r.kl).all() and (r.kl >= -1e-6).all()
+
+
+@pytest.mark.slow
+def test_cli_qscore_writes_a_run_directory(tmp_path, capsys):
+    import json
+    from originlens.cli.main import main
+    from originlens.sae import write_sae
+    torch.manual_seed(0)
+    GPT(GPTConfig(vocab_size=13, seq_len=24, n_layer=2, d_model=16, n_head=4)).save(tmp_path / "gpt.safetensors")
+    np.save(tmp_path / "toks.npy", _tokens(30, 20, 13, seed=5, low=1).astype(np.uint16))
+    write_sae(_random_sae("standard", 16, 10, "blocks.0.hook_resid_post", dtype="float32"), tmp_path / "sae")
+    base = ["-q", "lm", "qscore", "--model", str(tmp_path / "gpt.safetensors"), "--corpus", str(tmp_path / "toks.npy"),
+            "--features", "0-5", "--contexts", "3", "--max-offset", "4", "--min-total-kl", "0"]
+    assert main(base + ["--sae", str(tmp_path / "sae"), "--ablation", "both", "--out", str(tmp_path / "run")]) == 0
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert set(res["ablations"]) == {"error_preserving", "faithful"}
+    ep = res["ablations"]["error_preserving"]
+    assert len(ep["features"]) == 6 and len(ep["examples"]["kl"][0]) == 4
+    assert res["ablations"]["faithful"]["examples"]["position"] == ep["examples"]["position"]
+    for fig in ("q-hist-error_preserving.png", "kl-by-offset-faithful.png", "q-ablations.png"):
+        assert (tmp_path / "run" / "figures" / fig).is_file()
+    assert (tmp_path / "run" / "report.html").is_file() and (tmp_path / "run" / "config.json").is_file()
+    write_sae(_random_sae("standard", 12, 10, "blocks.0.hook_resid_post", dtype="float32"), tmp_path / "narrow")
+    assert main(base + ["--sae", str(tmp_path / "narrow"), "--out", str(tmp_path / "r2")]) == 2
+    assert "d_in=12" in capsys.readouterr().err
+    np.save(tmp_path / "big.npy", _tokens(5, 20, 40, seed=5).astype(np.uint16))
+    assert main(base[:6] + [str(tmp_path / "big.npy"), "--sae", str(tmp_path / "sae"), "--out", str(tmp_path / "r3")]) == 2
+    assert "vocabulary" in capsys.readouterr().err

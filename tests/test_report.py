@@ -31,7 +31,7 @@ def test_json_round_trip_and_run_record(tmp_path):
     html = _make_run(tmp_path / "a", "standard", 0.5)
     text = html.read_text()
     assert "Run record" in text and "d_model" in text and "ab" * 32 in text and "seed: train" in text
-    data = json.loads((tmp_path / "a" / "report.json").read_text())
+    data = json.loads((tmp_path / "a" / "report.blocks.json").read_text())
     assert [b["kind"] for b in data["blocks"]] == ["h2", "p", "fig", "table", "pre"]
     assert all(b["kind"] != "h2" or b["value"] != "Run record" for b in data["blocks"])
     rep = load_report(tmp_path / "a")
@@ -47,7 +47,7 @@ def test_combine_lists_differing_keys_and_puts_figures_side_by_side(tmp_path):
     _make_run(tmp_path / "myo", "myopic", 0.7)
     out = combine_reports([tmp_path / "std", tmp_path / "myo"], tmp_path / "both")
     html = out.read_text()
-    data = json.loads((tmp_path / "both" / "report.json").read_text())
+    data = json.loads((tmp_path / "both" / "report.blocks.json").read_text())
     table = data["blocks"][1]
     assert table["kind"] == "table"
     assert "regime" in table["header"] and "seed" not in table["header"] and "loss" in table["header"]
@@ -70,7 +70,7 @@ def test_cli_and_errors(tmp_path, capsys):
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "c")]) == 0
     assert (tmp_path / "c" / "report.html").exists()
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InputError, match="report.json"):
+    with pytest.raises(InputError, match="report.blocks.json"):
         load_report(tmp_path / "empty")
     (tmp_path / "a" / "figures" / "loss.png").unlink()
     with pytest.raises(InputError, match="missing"):

@@ -234,3 +234,22 @@ def test_loads_in_saelens_when_installed(tmp_path):
         x = torch.randn(3, 6)
         torch.testing.assert_close(theirs.encode(x), ours.encode(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(theirs.decode(theirs.encode(x)), ours(x), rtol=1e-5, atol=1e-5)
+
+
+def test_cli_sae_train_and_info(tmp_path, capsys):
+    from originlens.cli.main import main
+    torch.manual_seed(0)
+    GPT(GPTConfig(vocab_size=13, seq_len=24, n_layer=2, d_model=16, n_head=4)).save(tmp_path / "gpt.safetensors")
+    np.save(tmp_path / "toks.npy", np.random.default_rng(0).integers(1, 13, size=(30, 20)).astype(np.uint16))
+    args = ["-q", "sae", "train", "--model", str(tmp_path / "gpt.safetensors"), "--corpus", str(tmp_path / "toks.npy"),
+            "--steps", "10", "--batch-size", "64", "--d-sae", "24", "--architecture", "topk", "--k", "3",
+            "--out", str(tmp_path / "run")]
+    assert main(args + ["--site", "blocks.1.hook_resid_pre"]) == 0
+    sae = read_sae(tmp_path / "run" / "sae")
+    assert sae.cfg.hook_name == "blocks.0.hook_resid_post" and sae.cfg.k == 3 and sae.d_sae == 24  # resid.1
+    assert main(["-q", "sae", "info", str(tmp_path / "run" / "sae")]) == 0
+    assert json.loads(capsys.readouterr().out.split("report:")[-1].split("\n", 1)[1])["d_sae"] == 24
+    assert main(args + ["--site", "resid.1"]) == 2                     # results exist: needs --overwrite
+    assert "already holds results" in capsys.readouterr().err
+    assert main(args + ["--site", "resid.7", "--overwrite"]) == 2
+    assert "out of range" in capsys.readouterr().err

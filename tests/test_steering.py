@@ -124,6 +124,7 @@ def test_subspace_alignment_matches_projection():
     np.testing.assert_allclose(got[:, -1], 1.0)
 
 
+@pytest.mark.slow
 def test_lookahead_map_training_and_correlation():
     ad = _gpt(dtype="float32")
     sae = _sae(dtype="float32", m=8)
@@ -168,4 +169,40 @@ def test_stories260k_unsteered_greedy_matches_reference_generation():
     res = steer(ad, sae, [0], [0.0, 30.0], tokenizer=tok, n_samples=2, max_new_tokens=len(ref), temperature=0.0)
     base, zero, strong = res
     assert base.ids[0] == ref and zero.ids[0] == ref
-    assert strong.ids[0] != ref and base.texts[0] == tok.decode(ref)
+    assert strong.ids[0] != ref and base.texts[0] == tok.decode([1] + ref)
+
+
+def test_cli_lookahead_and_steer_errors(tmp_path, capsys):
+    import json
+    from originlens.cli.main import main
+    from originlens.sae import write_sae
+    torch.manual_seed(0)
+    GPT(GPTConfig(vocab_size=13, seq_len=24, n_layer=2, d_model=16, n_head=4)).save(tmp_path / "gpt.safetensors")
+    np.save(tmp_path / "toks.npy", np.random.default_rng(0).integers(1, 13, size=(20, 16)).astype(np.uint16))
+    write_sae(_sae(dtype="float32", hook="blocks.1.hook_resid_post"), tmp_path / "sae")
+    model = ["--model", str(tmp_path / "gpt.safetensors"), "--sae", str(tmp_path / "sae")]
+    assert main(["-q", "lm", "lookahead", *model, "--corpus", str(tmp_path / "toks.npy"), "--max-offset", "2",
+                 "--epochs", "1", "--lr", "1e-2", "--out", str(tmp_path / "la")]) == 0
+    res = json.loads((tmp_path / "la" / "results.json").read_text())
+    assert [m["offset"] for m in res["maps"]] == [1, 2] and res["site"] == "resid.2"
+    assert (tmp_path / "la" / "figures" / "alignment.png").is_file()
+    assert main(["-q", "lm", "steer", *model, "--features", "1", "--out", str(tmp_path / "st")]) == 2
+    assert "BOS" in capsys.readouterr().err                       # our GPT has no BOS and no prompt was given
+
+
+@pytest.mark.slow
+def test_cli_steer_stories260k(tmp_path):
+    import json
+    from originlens.cli.main import main
+    from originlens.paths import data_path
+    from originlens.sae import write_sae
+    d = data_path("models", "stories260K", required=False)
+    if not (d / "stories260K.bin").exists():
+        pytest.skip("shared data not available")
+    write_sae(_sae(d=64, m=4, hook="blocks.3.hook_resid_post", dtype="float32"), tmp_path / "sae")
+    assert main(["-q", "lm", "steer", "--model", str(d / "stories260K.bin"), "--tokenizer", str(d / "tok512.bin"),
+                 "--sae", str(tmp_path / "sae"), "--features", "0,2", "--coefficients", "1,100", "--samples", "3",
+                 "--max-new-tokens", "6", "--prompt", "Once upon", "--out", str(tmp_path / "st")]) == 0
+    res = json.loads((tmp_path / "st" / "results.json").read_text())
+    assert len(res["samples"]) == 5 and all(t.startswith("Once upon") for t in res["samples"][0]["texts"])
+    assert (tmp_path / "st" / "figures" / "steering-stats.png").is_file()

@@ -33,7 +33,7 @@ def test_vocab_and_layout():
                                                   "is_majority_<2>"]
     assert get_task("majority").tracked.features == tuple(get_task("majority").feature_names)
     assert get_task("cond-majority").tracked.features == ("prev_is_<0>",)
-    assert task_names() == ["majority", "cond-majority", "othello"]
+    assert task_names() == ["majority", "cond-majority", "othello", "tinystories"]
 
 
 def test_majority_against_loop():

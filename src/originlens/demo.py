@@ -1,9 +1,21 @@
-"""The end-to-end demo behind ``make demo`` / ``originlens demo``.
+"""The end-to-end demo behind ``make demo`` / ``originlens demo``: both papers in one report.
 
-Stage 1 (corpus statistics): build a word-level corpus (the real TinyStories subset when the data
-root has it, the planted-association storyworld otherwise — the report says which), compute the six
-statistics, print and save the top associations of the paper's example words, and write a report with
-plots.  Later stages (leading-term training, regime comparison, attribution) append to the same report.
+Stages (each also a standalone run directory under ``OUT/``, made by the same CLI commands a user
+would type, listed in the report):
+
+1. ``statistics``: word-level corpus (the real TinyStories subset when the data root has it, the
+   planted-association storyworld otherwise — the report says which; ``--corpus hf:roneneldan/TinyStories``
+   reads the hub when online), the six statistics, top associations of the paper's example words.
+2. ``leading``: a short SGD training of the one-hot attention-only model (arXiv 2601.19208 §5.1) on a
+   smaller word corpus, and its theory-vs-learned cosine curves (``OUT/leading-terms``).
+3. ``regimes``: standard / myopic / untied / myopic+untied on Conditioned Majority, one seed
+   (arXiv 2603.14087 §3, ``OUT/regimes``).
+4. ``othello``: a small OthelloGPT, board probes, and the direct / pre-cached / shared attribution of
+   the probed features over its training (``OUT/othello``).
+
+The main report (``OUT/report.html``) gathers every stage's figures and tables.  Caveats: the scales are
+chosen to finish in minutes on 2 CPU cores, so the numbers are illustrations, not the papers' results
+(``docs/results.md`` has those).
 """
 from __future__ import annotations
 
@@ -11,6 +23,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,9 +39,14 @@ EXAMPLES = [("bigram", "red"), ("bigram", "to"), ("interchangeability", "they"),
             ("context", "flower"), ("context", "birds")]
 
 
+STAGES = ("statistics", "leading", "regimes", "othello")
+
+
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
+    stages: str = "all"           # "all" or a comma-separated subset of STAGES
+    quick: bool = False           # even smaller settings (tests)
     corpus: str = "auto"          # auto | tinystories | storyworld | PATH
     vocab_size: int = 1000
     seq_len: int = 64
@@ -36,6 +54,26 @@ class DemoConfig:
     stories: int = 3000           # storyworld size
     oov: str = "unk"              # the subset is small: keep stories, map rare words to <unk>
     seed: int = 0
+    # stage 2: leading terms
+    lt_vocab_size: int = 300
+    lt_seq_len: int = 32
+    lt_steps: int = 60
+    lt_batch_size: int = 256
+    lt_lr: float = 0.05
+    # stage 3: regimes on Conditioned Majority
+    regime_steps: int = 400
+    # stage 4: Othello
+    othello_steps: int = 300
+    othello_d_model: int = 64
+
+    def stage_list(self) -> list[str]:
+        if self.stages == "all":
+            return list(STAGES)
+        names = [s.strip() for s in self.stages.split(",") if s.strip()]
+        bad = [n for n in names if n not in STAGES]
+        if bad:
+            raise ConfigError(f"unknown demo stage(s) {', '.join(bad)}", f"choose from {', '.join(STAGES)}")
+        return names
 
 
 def _choose_corpus(cfg: DemoConfig) -> tuple[list[Path] | None, str]:
@@ -53,14 +91,78 @@ def _choose_corpus(cfg: DemoConfig) -> tuple[list[Path] | None, str]:
     return [p], f"user corpus {p}"
 
 
+def _cli(argv: list[str]) -> None:
+    """Run one ``originlens`` command in-process (the same code path a user's command takes)."""
+    from .cli.main import main
+    from .progress import verbosity
+    rc = main((["-q"] if verbosity() < 1 else []) + [str(a) for a in argv])
+    if rc != 0:
+        from .errors import OriginlensError
+        raise OriginlensError(f"demo step `originlens {' '.join(map(str, argv))}` failed (exit {rc})",
+                              "see the error above; rerun that command alone to investigate")
+
+
 def run_demo(cfg: DemoConfig) -> Path:
     """Run the demo; returns the path of the HTML report."""
-    from .data import build_corpus
-    from .report import Report, setup_matplotlib
-    from .stats import corpus_statistics, save_statistics, top_associations
+    from .report import Report
+    stages = cfg.stage_list()
     t0 = time.perf_counter()
     run = RunDir(cfg.out)
     run.write_config(cfg)
+    rep = Report("originlens demo: where do transformer features come from?")
+    rep.text("One run of both papers at CPU scale: corpus statistics and their associations; the leading "
+             "terms of an attention-only model's weights against the learned weights (arXiv 2601.19208); "
+             "training regimes that remove pre-caching or circuit sharing, and the gradient-pathway "
+             "attribution of OthelloGPT's board features (arXiv 2603.14087). Each stage is its own run "
+             "directory with its own report; the commands that made them are listed at the end.")
+    timings: list[list] = []
+    commands: list[str] = []
+    runners = {"statistics": _stage_statistics, "leading": _stage_leading, "regimes": _stage_regimes,
+               "othello": _stage_othello}
+    data_hashes: dict[str, str] = {}
+    for name in stages:
+        ts = time.perf_counter()
+        log(f"[demo] stage {name} ...")
+        runners[name](cfg, run, rep, commands, data_hashes)
+        timings.append([name, round(time.perf_counter() - ts, 1)])
+        log(f"[demo] stage {name} done in {timings[-1][1]:.1f} s")
+    run.write_environment(seeds={"demo": cfg.seed}, data_hashes=data_hashes)
+    total = time.perf_counter() - t0
+    rep.section("Reproduce and timings")
+    rep.code("\n".join(commands))
+    rep.table(["stage", "seconds"], timings + [["total", round(total, 1)]],
+              caption="Wall time of each stage on this machine.")
+    run.log_metrics({"stage": "demo", "seconds": total, **{f"seconds_{n}": t for n, t in timings}})
+    return rep.write(run.path)
+
+
+def _append_stage_report(rep: Any, directory: Path, keep_figures: int | None = None) -> None:
+    """Append the blocks of the report in ``directory`` (headings demoted, figures renamed)."""
+    from .report import load_report
+    sub = load_report(directory)
+    n_fig = 0
+    prefix = directory.name
+    for kind, val in sub.blocks:
+        if kind == "h2":
+            rep.blocks.append(("h3", val))
+        elif kind == "fig":
+            n_fig += 1
+            if keep_figures is not None and n_fig > keep_figures:
+                continue
+            png, caption, name = val
+            rep.blocks.append(("fig", (png, caption, f"{prefix}-{name}")))
+        elif kind == "figrow":
+            items, caption = val
+            rep.blocks.append(("figrow", ([(p, l, f"{prefix}-{n}") for p, l, n in items], caption)))
+        else:
+            rep.blocks.append((kind, val))
+
+
+def _stage_statistics(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
+                      data_hashes: dict[str, str]) -> None:
+    from .data import build_corpus
+    from .report import setup_matplotlib
+    from .stats import corpus_statistics, save_statistics, top_associations
     sources, corpus_desc = _choose_corpus(cfg)
     log(f"[demo] corpus: {corpus_desc}")
     store = build_corpus(sources, run.file("corpus"), tokenizer="words", vocab_size=cfg.vocab_size,
@@ -72,8 +174,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     st = corpus_statistics(tokens, store.vocab_size, vocab=store.vocab)
     t_stats = time.perf_counter() - t1
     save_statistics(st, run.file("statistics"), manifest=store.manifest)
-    run.write_environment(seeds={"storyworld": cfg.seed},
-                          data_hashes={s["path"]: s["sha256"] for s in store.manifest.get("sources", [])})
+    data_hashes.update({s["path"]: s["sha256"] for s in store.manifest.get("sources", [])})
 
     assoc: dict[str, dict[str, list]] = {}
     for basis, word in EXAMPLES:
@@ -89,17 +190,15 @@ def run_demo(cfg: DemoConfig) -> Path:
                      "seconds": t_stats})
 
     plt = setup_matplotlib()
-    rep = Report("originlens demo")
-    rep.section("Corpus").text(f"Corpus: {corpus_desc}. Word-level tokenizer (paper §5.1.1), |V| = "
-                              f"{store.vocab_size}, T = {cfg.seq_len}, {tokens.shape[0]} windows "
-                              f"(one per story, stories with out-of-vocabulary words dropped).")
-    rep.section("Corpus statistics (arXiv 2601.19208 §3)")
+    rep.section("1. Corpus statistics (arXiv 2601.19208 §3)")
+    rep.text(f"Corpus: {corpus_desc}. Word-level tokenizer (paper §5.1.1), |V| = "
+             f"{store.vocab_size}, T = {cfg.seq_len}, {tokens.shape[0]} windows "
+             f"(one per story, rare words mapped to <unk>).")
     rep.text(f"All six statistics computed exactly in {t_stats:.2f} s: bigram B̄, interchangeability Σ = B̄ᵀB̄, "
              "context Φ̄, value target Φ̄ᵀB̄ᵀ, query-key Q̄ and positional Δ.")
     rows = [[basis, w, ", ".join(t for t, _ in lst)] for basis, words in assoc.items() for w, lst in words.items()]
     rep.table(["basis", "word", f"top-{cfg.top_k} associations (row)"], rows,
               caption="Top associations of the paper's example words (Figure 5 of the paper).")
-    # figure 1: bar charts of the context row of the example words
     ctx = assoc.get("context", {})
     if ctx:
         fig, axes = plt.subplots(1, len(ctx), figsize=(3.2 * len(ctx), 2.8), squeeze=False)
@@ -110,7 +209,6 @@ def run_demo(cfg: DemoConfig) -> Path:
             ax.set_xlabel("context-map entry")
         rep.figure(fig, "Strongest context associations: the prefix tokens that most raise each word's "
                         "probability as a target (rows of Φ̄).", "context-top.png")
-    # figure 2: positional Δ
     fig, ax = plt.subplots(figsize=(6, 2.6))
     ax.plot(np.arange(st.seq_len), st.positional, color="#D55E00")
     ax.axhline(0, color="k", lw=0.5)
@@ -118,7 +216,6 @@ def run_demo(cfg: DemoConfig) -> Path:
     ax.set_ylabel("Δ[d]")
     rep.figure(fig, "Positional leading term Δ: which relative offsets the first attention gradient favours.",
                "positional.png")
-    # figure 3: bigram heat map among example words and their partners
     words = [w for w in ["red", "big", "the", "to", "she", "he", "happy", "sad", "fish", "pond"] if w in st.vocab]
     if len(words) >= 3:
         idx = [st.index_of(w) for w in words]
@@ -134,10 +231,77 @@ def run_demo(cfg: DemoConfig) -> Path:
         fig.colorbar(im, ax=ax, shrink=0.8)
         rep.figure(fig, "Bigram map B̄ among a few words (rows: current token, columns: next token).",
                    "bigram-heatmap.png")
-    rep.section("Reproduce").code(f"originlens corpus build {' '.join(map(str, sources or []))} "
-                                  f"--vocab-size {cfg.vocab_size} --seq-len {cfg.seq_len} --out corpus\n"
-                                  "originlens stats corpus --out stats\n"
-                                  "originlens assoc top --stats stats --basis context --word fish")
-    rep.text(f"Total demo time {time.perf_counter() - t0:.1f} s.")
-    path = rep.write(run.path)
-    return path
+    src = " ".join(map(str, sources or []))
+    commands += [f"originlens corpus build {src} --vocab-size {cfg.vocab_size} --seq-len {cfg.seq_len} "
+                 f"--oov {cfg.oov} --out corpus",
+                 "originlens stats corpus --out stats",
+                 "originlens assoc top --stats stats --basis context --word fish"]
+
+
+def _stage_leading(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
+                   data_hashes: dict[str, str]) -> None:
+    sources, corpus_desc = _choose_corpus(cfg)
+    corpus, out = run.file("leading-corpus"), run.file("leading-terms")
+    steps = max(10, cfg.lt_steps // 3) if cfg.quick else cfg.lt_steps
+    every = max(1, steps // 12)
+    build = ["corpus", "build", *(sources or []), "--vocab-size", cfg.lt_vocab_size, "--seq-len", cfg.lt_seq_len,
+             "--oov", "unk", "--out", corpus, "--overwrite"]
+    if sources is None:
+        build += ["--stories", cfg.stories, "--seed", cfg.seed]
+    if cfg.quick:
+        build += ["--max-windows", 1024]
+    train = ["assoc", "train", corpus, "--layers", 3, "--lr", cfg.lt_lr, "--steps", steps, "--batch-size",
+             cfg.lt_batch_size, "--checkpoint-every", every, "--out", out, "--overwrite"]
+    report = ["assoc", "report", out]
+    for argv in (build, train, report):
+        _cli(argv)
+        commands.append("originlens " + " ".join(map(str, argv)))
+    rep.section("2. Leading terms over training (arXiv 2601.19208 §4–5)")
+    rep.text(f"A 3-layer one-hot attention-only transformer trained from zero with SGD (η = {cfg.lt_lr}, batch "
+             f"{cfg.lt_batch_size}, {steps} steps) on {corpus_desc} with |V| = {cfg.lt_vocab_size}, "
+             f"T = {cfg.lt_seq_len}. Each checkpoint's W_O, V⁽ˡ⁾, W⁽ˡ⁾ and P⁽ˡ⁾ is compared with its closed-form "
+             "leading term (sη·B̄, C(s,2)η²·Φ̄ᵀB̄ᵀ, …); cosines near 1 early, drifting as training leaves "
+             "the validity window. Full report: leading-terms/report.html.")
+    _append_stage_report(rep, out, keep_figures=3)
+
+
+def _stage_regimes(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
+                   data_hashes: dict[str, str]) -> None:
+    out = run.file("regimes")
+    steps = max(50, cfg.regime_steps // 4) if cfg.quick else cfg.regime_steps
+    grid = ["ntp", "grid", "--task", "cond-majority", "--regimes", "standard,myopic,untied,myopic+untied",
+            "--seeds", "0", "--steps", steps, "--d-model", 64, "--layers", 2, "--batch-size", 128,
+            "--out", out, "--overwrite"]
+    _cli(grid)
+    commands.append("originlens " + " ".join(map(str, grid)))
+    rep.section("3. Training regimes on Conditioned Majority (arXiv 2603.14087 §3, §8)")
+    rep.text(f"A 2-layer GPT (d = 64) trained {steps} Adam steps in each regime. Myopic training removes "
+             "pre-caching (gradients from later positions' losses), untied training removes circuit "
+             "sharing across positions; the probe quality of the NTP-useless feature shows which pathway "
+             "builds it. One seed here (the paper's figure uses several): read the direction, not the "
+             "decimals. Full report: regimes/report.html.")
+    _append_stage_report(rep, out)
+
+
+def _stage_othello(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
+                   data_hashes: dict[str, str]) -> None:
+    out = run.file("othello")
+    steps = max(40, cfg.othello_steps // 5) if cfg.quick else cfg.othello_steps
+    every = max(1, steps // 10)
+    train = ["ntp", "train", "--task", "othello", "--steps", steps, "--d-model", cfg.othello_d_model,
+             "--layers", 2, "--heads", 4, "--batch-size", 64, "--checkpoint-every", every,
+             "--probe-every", every, "--eval-every", every, "--out", out, "--overwrite"]
+    attribute = ["ntp", "attribute", out, "--layers", "1-2", "--positions", "10,20", "--report", "--overwrite"]
+    for argv in (train, attribute):
+        _cli(argv)
+        commands.append("originlens " + " ".join(map(str, argv)))
+    rep.section("4. Gradient pathways of OthelloGPT's board features (arXiv 2603.14087 §2, §4)")
+    rep.text(f"A 2-layer GPT (d = {cfg.othello_d_model}) trained {steps} steps on synthetic Othello games; "
+             "linear probes read the board from the player-to-move's perspective. Every update of the run "
+             "is replayed from its checkpoints and split exactly into direct, pre-cached and shared "
+             "gradient pathways at residual sites; the influence of each pathway on each probed feature "
+             "is its contribution to moving the feature toward its final value. Full report: "
+             "othello/attribution/report.html (or the directory printed by the command).")
+    attr_dirs = sorted(p.parent for p in out.rglob("report.blocks.json") if p.parent != out)
+    for d in attr_dirs[:1]:
+        _append_stage_report(rep, d)

@@ -43,6 +43,8 @@ from ..models.gpt import GPT, position_losses
 
 Site = tuple[int, int]
 ParamDict = dict[str, torch.Tensor]
+BOTTOM_MAX_VOCAB = 256      # fresh sources at block 1 reduce straight to wte/wpe gradients up to this vocabulary
+GROUP_FLOATS = 1 << 20      # spread-adjoint floats per group of positions (keeps the working set cache-sized)
 
 
 def supported(model: nn.Module) -> bool:
@@ -64,6 +66,8 @@ def supported(model: nn.Module) -> bool:
 class _Block:
     """Forward values of one block (B, T, ...), its weights and its parameter-name prefix."""
 
+    x1: torch.Tensor        # LN1 input r^{m−1} (B, T, d)
+    mean1: torch.Tensor     # (B, T, 1)
     xhat1: torch.Tensor     # LN1 normalised input
     rstd1: torch.Tensor     # (B, T, 1)
     a: torch.Tensor         # LN1 output
@@ -72,6 +76,8 @@ class _Block:
     v: torch.Tensor
     att: torch.Tensor       # (B, H, T, T)
     o: torch.Tensor         # (B, T, d) heads merged, before W_o
+    x2: torch.Tensor        # LN2 input y
+    mean2: torch.Tensor
     xhat2: torch.Tensor
     rstd2: torch.Tensor
     c: torch.Tensor         # LN2 output
@@ -81,10 +87,10 @@ class _Block:
     mod: nn.Module          # the BlockCopy
 
 
-def _layer_norm(x: torch.Tensor, ln: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(output, x̂, 1/σ) of a LayerNorm — the output from the same kernel as ``ln(x)``."""
+def _layer_norm(x: torch.Tensor, ln: nn.LayerNorm) -> tuple[torch.Tensor, ...]:
+    """(output, x̂, 1/σ, mean) of a LayerNorm — the output from the same kernel as ``ln(x)``."""
     out, mean, rstd = torch.native_layer_norm(x, list(ln.normalized_shape), ln.weight, ln.bias, ln.eps)
-    return out, (x - mean) * rstd, rstd
+    return out, (x - mean) * rstd, rstd, mean
 
 
 class Forward:
@@ -105,20 +111,21 @@ class Forward:
             future = model._future[:T, :T]
             for m, block in enumerate(model.blocks):
                 c = block.copies[0]
-                a, xhat1, rstd1 = _layer_norm(x, c.ln_1)
+                a, xhat1, rstd1, mean1 = _layer_norm(x, c.ln_1)
                 qkv = c.attn_qkv(a)
                 q, k, v = (t.view(B, T, self.H, self.hd).transpose(1, 2) for t in qkv.split(self.d, dim=2))
                 scores = q @ k.transpose(-2, -1)                   # as GPT's eager attention
                 att = torch.softmax((scores * self.scale).masked_fill(future, float("-inf")), dim=-1)
                 o = (att @ v).transpose(1, 2).reshape(B, T, self.d)
                 y = x + c.attn_out(o)
-                cc, xhat2, rstd2 = _layer_norm(y, c.ln_2)
+                cc, xhat2, rstd2, mean2 = _layer_norm(y, c.ln_2)
                 hpre = c.mlp_in(cc)
                 h = F.gelu(hpre, approximate="tanh")
                 gg = torch.ops.aten.gelu_backward(hpre.new_ones(()).expand_as(hpre), hpre, approximate="tanh")
                 x = y + c.mlp_out(h)
-                self.blocks.append(_Block(xhat1=xhat1, rstd1=rstd1, a=a, q=q, k=k, v=v, att=att, o=o,
-                                          xhat2=xhat2, rstd2=rstd2, c=cc, gelu_grad=gg, h=h,
+                self.blocks.append(_Block(x1=self.residuals[-1], mean1=mean1, xhat1=xhat1, rstd1=rstd1, a=a, q=q, k=k, v=v,
+                                          att=att, o=o, x2=y, mean2=mean2, xhat2=xhat2, rstd2=rstd2, c=cc,
+                                          gelu_grad=gg, h=h,
                                           prefix=f"blocks.{m}.copies.0.", mod=c))
                 self.residuals.append(x)
 
@@ -148,21 +155,22 @@ class Forward:
 # building blocks (leading source axis n)
 
 
-def _ln_backward(g: torch.Tensor, xhat: torch.Tensor, rstd: torch.Tensor, gamma: torch.Tensor,
-                 sums: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Adjoint of a LayerNorm input from the adjoint g of its output (any leading axes); with ``sums``
+def _ln_backward(blk: _Block, which: int, g: torch.Tensor, sel, sums: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Adjoint of the input of LayerNorm ``which`` (1 or 2) of a block from the adjoint g (n, ..., d) of its
+    output, for the cached rows ``sel(t)`` matching g's middle axes (native fused kernel); with ``sums``
     also the per-source weight/bias gradients Σ g⊙x̂ and Σ g over all but the leading axis."""
-    d = g.shape[-1]
-    gx = g * xhat
-    m1 = (g @ gamma).unsqueeze(-1) / d
-    m2 = (gx @ gamma).unsqueeze(-1) / d
-    out = g * gamma
-    out -= m1
-    out.addcmul_(xhat, m2, value=-1.0)
-    out *= rstd
+    ln = blk.mod.ln_1 if which == 1 else blk.mod.ln_2
+    x, mean, rstd, xhat = (sel(t) for t in ((blk.x1, blk.mean1, blk.rstd1, blk.xhat1) if which == 1 else
+                                            (blk.x2, blk.mean2, blk.rstd2, blk.xhat2)))
+    shp = g.shape
+    stat = shp[:-1] + (1,)
+    out = torch.ops.aten.native_layer_norm_backward(
+        g, x.expand(shp), [shp[-1]], mean.expand(stat).contiguous(), rstd.expand(stat).contiguous(),
+        ln.weight, None, [True, False, False])[0]
     if not sums:
         return out, None, None
-    return out, _sum(gx), _sum(g)
+    return out, _sum(g * xhat), _sum(g)
 
 
 def _wgrad(delta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -203,10 +211,9 @@ class _MLPBack:
 def _mlp_backward(blk: _Block, E: torch.Tensor, c_sl, sums: bool) -> _MLPBack:
     """MLP + LN2 backward for adjoint E (n, ..., d) at the block output; ``c_sl`` selects the cached rows
     matching E's middle axes (a prefix slice, a position, or per-source gathered tensors)."""
-    gelu_grad, xhat2, rstd2 = c_sl(blk.gelu_grad), c_sl(blk.xhat2), c_sl(blk.rstd2)
-    dh = (E @ blk.mod.mlp_out.weight) * gelu_grad
+    dh = (E @ blk.mod.mlp_out.weight) * c_sl(blk.gelu_grad)
     dc = dh @ blk.mod.mlp_in.weight
-    dln, lw, lb = _ln_backward(dc, xhat2, rstd2, blk.mod.ln_2.weight, sums)
+    dln, lw, lb = _ln_backward(blk, 2, dc, c_sl, sums)
     return _MLPBack(dy=dln.add_(E), dh=dh, dc=dc, ln_w=lw, ln_b=lb)
 
 
@@ -264,7 +271,7 @@ def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False
     g.put("attn_qkv.weight", _wgrad(dqkv, blk.a[:, :P]))
     g.put("attn_qkv.bias", _sum(dqkv))
     da = dqkv @ blk.mod.attn_qkv.weight
-    dln, lw, lb = _ln_backward(da, blk.xhat1[:, :P], blk.rstd1[:, :P], blk.mod.ln_1.weight, True)
+    dln, lw, lb = _ln_backward(blk, 1, da, pre, True)
     g.put("ln_1.weight", lw)
     g.put("ln_1.bias", lb)
     return g, dln.add_(dy)
@@ -279,13 +286,14 @@ def _gather(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return t.index_select(1, pos).transpose(0, 1)
 
 
-def fresh_backward(fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, myopic: bool
-                   ) -> tuple[_Grads, torch.Tensor]:
+def fresh_backward(fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, myopic: bool,
+                   bottom: bool = False) -> tuple[_Grads, torch.Tensor | None]:
     """Backward of block m for cotangents e (N, B, d) at per-source positions ``pos`` (N,) of its output.
 
     Returns (grads (N, ...), adjoint at the block input): (N, B, P, d) over positions 0..P−1 with
     P = max(pos) + 1 in the full graph (exact zeros after each source's position), or (N, B, d) at
-    each source's position under ``myopic``.
+    each source's position under ``myopic``.  ``bottom`` (block 0, full graph): return the wte/wpe
+    gradients among the grads instead of the adjoint at r^0 (None), see :func:`_bottom_embedding`.
     """
     blk = fw.blocks[m]
     H, hd, d = fw.H, fw.hd, fw.d
@@ -299,47 +307,118 @@ def fresh_backward(fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, m
     dy = mb.dy                                                         # (N, B, d)
     g.put("attn_out.weight", _wgrad(dy, at(blk.o)))
     g.put("attn_out.bias", _sum(dy))
-    do = (dy @ blk.mod.attn_out.weight).view(N, B, H, 1, hd)
-    A = blk.att[:, :, :, :P].index_select(2, pos).permute(2, 0, 1, 3)  # (N, B, H, P): row pos[n]
-    q_i = blk.q.index_select(2, pos).permute(2, 0, 1, 3)               # (N, B, H, hd)
+    # attention pieces in (B, H, N, ·) layout: the cached keys/values (B, H, P, hd) are shared by sources
+    do = (dy @ blk.mod.attn_out.weight).view(N, B, H, hd).permute(1, 2, 0, 3)     # (B, H, N, hd)
+    A = blk.att[:, :, :, :P].index_select(2, pos)                      # (B, H, N, P): row pos[n]
+    q_i = blk.q.index_select(2, pos)                                   # (B, H, N, hd)
     k, v = blk.k[:, :, :P], blk.v[:, :, :P]                            # (B, H, P, hd)
-    dA = (do @ v.transpose(-2, -1)).squeeze(-2)                        # (N, B, H, P)
+    dA = do @ v.transpose(-2, -1)                                      # (B, H, N, P)
     dS = A * (dA - (A * dA).sum(-1, keepdim=True)) * fw.scale
-    dq = (dS.unsqueeze(-2) @ k).squeeze(-2).reshape(N, B, d)
-    do = do.squeeze(-2)                                                # (N, B, H, hd)
+    dq = (dS @ k).permute(2, 0, 1, 3).reshape(N, B, d)
     W = blk.mod.attn_qkv.weight
     a_i = at(blk.a)                                                    # (N, B, d)
     if myopic:
-        dS_ii = dS[ar, :, :, pos].unsqueeze(-1)                        # (N, B, H, 1)
-        A_ii = A[ar, :, :, pos].unsqueeze(-1)
-        dqkv = torch.cat([dq, (dS_ii * q_i).reshape(N, B, d), (A_ii * do).reshape(N, B, d)], dim=-1)
+        dS_ii = dS[:, :, ar, pos].unsqueeze(-1)                        # (B, H, N, 1)
+        A_ii = A[:, :, ar, pos].unsqueeze(-1)
+        dk = (dS_ii * q_i).permute(2, 0, 1, 3).reshape(N, B, d)
+        dv = (A_ii * do).permute(2, 0, 1, 3).reshape(N, B, d)
+        dqkv = torch.cat([dq, dk, dv], dim=-1)
         g.put("attn_qkv.weight", _wgrad(dqkv, a_i))
         g.put("attn_qkv.bias", _sum(dqkv))
-        dln, lw, lb = _ln_backward(dqkv @ W, at(blk.xhat1), at(blk.rstd1), blk.mod.ln_1.weight, True)
+        dln, lw, lb = _ln_backward(blk, 1, dqkv @ W, at, True)
         g.put("ln_1.weight", lw)
         g.put("ln_1.bias", lb)
         return g, dln.add_(dy)
     # key/value weights through attention-weighted input averages Σ_j δS_ij a_j and Σ_j A_ij a_j
-    a = blk.a[:, :P]                                                   # (B, P, d)
-    coef = torch.cat([dS, A], dim=2)                                   # (N, B, 2H, P)
-    avg = (coef.transpose(0, 1).reshape(B, N * 2 * H, P) @ a).view(B, N, 2 * H, d).transpose(0, 1)
-    left = torch.cat([q_i, do], dim=2)                                 # (N, B, 2H, hd): q_i for K, δo for V
-    gkv = left.permute(0, 2, 3, 1) @ avg.transpose(1, 2)               # (N, 2H, hd, d): Σ_b
-    gkv = gkv.reshape(N, 2, d, d).reshape(N, 2 * d, d)
+    R = 2 * H
+    coef = torch.cat([dS, A], dim=1)                                   # (B, 2H, N, P): δS (K), A (V)
+    left = torch.cat([q_i, do], dim=1)                                 # (B, 2H, N, hd): q_i (K), δo (V)
+    avg = coef.reshape(B, R * N, P) @ blk.a[:, :P]                     # (B, 2H·N, d)
+    gkv = left.permute(1, 2, 3, 0).reshape(R * N, hd, B) @ avg.view(B, R, N, d).permute(1, 2, 0, 3).reshape(R * N, B, d)
+    gkv = gkv.view(R, N, hd, d).permute(1, 0, 2, 3).reshape(N, 2 * d, d)   # rows: K heads, then V heads
     g.put("attn_qkv.weight", torch.cat([_wgrad(dq, a_i), gkv], dim=1))
-    bkv = (left * coef.sum(-1, keepdim=True)).sum(1).reshape(N, 2 * d)  # Σ_b Σ_j of δk_j, δv_j
-    g.put("attn_qkv.bias", torch.cat([_sum(dq), bkv], dim=1))
+    bkv = (left * coef.sum(-1, keepdim=True)).sum(0)                   # (2H, N, hd): Σ_b Σ_j of δk_j, δv_j
+    g.put("attn_qkv.bias", torch.cat([_sum(dq), bkv.permute(1, 0, 2).reshape(N, 2 * d)], dim=1))
     # adjoint of the LN1 output: Σ_h δS_hj β_h + A_hj α_h at positions ≤ i, plus the query path at i
-    W_kv = W[d:].view(2, H, hd, d)
-    beta = (q_i.unsqueeze(-2) @ W_kv[0]).squeeze(-2)                   # (N, B, H, d)
-    alpha = (do.unsqueeze(-2) @ W_kv[1]).squeeze(-2)
-    da = coef.transpose(-2, -1) @ torch.cat([beta, alpha], dim=2)      # (N, B, P, d)
-    da[ar, :, pos] += dq @ W[:d]
-    dln, lw, lb = _ln_backward(da, blk.xhat1[:, :P], blk.rstd1[:, :P], blk.mod.ln_1.weight, True)
+    W_kv = W[d:].view(R, hd, d)                                        # per head: W_K[h] then W_V[h]
+    ba = left.permute(1, 2, 0, 3).reshape(R, N * B, hd) @ W_kv         # (2H, N·B, d): β_h, α_h
+    qa = dq @ W[:d]                                                    # (N, B, d): query path at pos
+    if bottom:
+        g.update(_bottom_embedding(fw, blk, coef, ba.view(R, N, B, d), qa, dy, pos))
+        return g, None
+    da = coef.permute(2, 0, 3, 1) @ ba.view(R, N, B, d).permute(1, 2, 0, 3)   # (N, B, P, d)
+    da[ar, :, pos] += qa
+    dln, lw, lb = _ln_backward(blk, 1, da, lambda t: t[:, :P], True)
     g.put("ln_1.weight", lw)
     g.put("ln_1.bias", lb)
     dln[ar, :, pos] += dy
     return g, dln
+
+
+def _bottom_embedding(fw: Forward, blk: _Block, coef: torch.Tensor, ba: torch.Tensor, qa: torch.Tensor,
+                      dy: torch.Tensor, pos: torch.Tensor) -> dict[str, torch.Tensor]:
+    """LN1 weight gradients and wte/wpe gradients of fresh sources at the first block, from the
+    low-rank form of the LN1-output adjoint, without materialising the (N, B, P, d) adjoint at r^0.
+
+    da_{n,b,j} = Σ_r coef[b,r,n,j] ba[r,n,b] + [j = pos_n] qa[n,b] (the query path is one more rank
+    with a one-hot coefficient); E_{n,b,j} = LN1ᵀ(da)_{b,j} + [j = pos_n] dy[n,b] with
+    LN1ᵀ(g) = rstd (γ⊙g − m1 − x̂ m2), m1 = γ·g/d, m2 = (γ⊙x̂)·g/d.  wpe[n, j] = Σ_b E_{n,b,j} and
+    wte[n, v] = Σ_{b,j: x_bj = v} E_{n,b,j} are then batched GEMMs over (b, r).
+    """
+    B, R1, N, P = coef.shape[0], coef.shape[1] + 1, coef.shape[2], coef.shape[3]
+    d = fw.d
+    dev = coef.device
+    ar = torch.arange(N, device=dev)
+    onehot = torch.zeros(B, N, P, dtype=coef.dtype, device=dev)
+    onehot[:, ar, pos] = 1.0
+    coef = torch.cat([coef, onehot.unsqueeze(1)], dim=1)               # (B, R+1, N, P)
+    ba = torch.cat([ba, qa.unsqueeze(0)], dim=0)                       # (R+1, N, B, d)
+    gamma = blk.mod.ln_1.weight
+    xhat, rstd = blk.xhat1[:, :P], blk.rstd1[:, :P, 0]                 # (B, P, d), (B, P)
+    ba_b = ba.permute(2, 0, 1, 3)                                      # (B, R+1, N, d)
+    # LN1 weight/bias gradients: Σ_{b,j} da and Σ_{b,j} da ⊙ x̂
+    csum = coef.sum(-1)                                                # (B, R+1, N)
+    ln_b = (ba_b * csum.unsqueeze(-1)).sum((0, 1))
+    X = (coef.reshape(B, R1 * N, P) @ xhat).view(B, R1, N, d)          # Σ_j coef x̂_j
+    ln_w = (ba_b * X).sum((0, 1))
+    # m1, m2 per (b, n, j)
+    gb = ba_b @ gamma                                                   # (B, R+1, N)
+    m1 = (coef * gb.unsqueeze(-1)).sum(1) / d                          # (B, N, P)
+    Y = ((xhat * gamma) @ ba_b.reshape(B, R1 * N, d).transpose(1, 2)).view(B, P, R1, N)
+    m2 = (coef * Y.permute(0, 2, 3, 1)).sum(1) / d                     # (B, N, P)
+    w1 = rstd.unsqueeze(1) * m1                                        # (B, N, P)
+    w2 = rstd.unsqueeze(1) * m2
+    rc = coef * rstd.view(B, 1, 1, P)                                  # rstd-weighted coefficients
+    ba_n = ba.permute(1, 2, 0, 3).reshape(N, B * R1, d)                # (N, B·(R+1), d)
+    emb = fw.model.embed[0]
+    V = emb.wte.weight.shape[0]
+    # wpe: rows 0..P−1
+    S1 = rc.permute(2, 3, 0, 1).reshape(N, P, B * R1) @ ba_n           # (N, P, d): Σ_b rstd da
+    wpe_rows = S1 * gamma - w1.sum(0).unsqueeze(-1) - (w2.permute(2, 1, 0) @ xhat.transpose(0, 1)).transpose(0, 1)
+    wpe_rows[ar, pos] += dy.sum(1)
+    wpe = coef.new_zeros((N,) + tuple(emb.wpe.weight.shape))
+    wpe[:, :P] = wpe_rows
+    # wte: group (b, j) by token
+    tok = fw.tokens[:, :P]
+    O = torch.zeros(B, P, V, dtype=coef.dtype, device=dev)
+    O.scatter_(2, tok.unsqueeze(-1), 1.0)
+    Cv = (rc.reshape(B, R1 * N, P) @ O).view(B, R1, N, V)              # Σ_j [x_bj = v] rstd coef
+    T1 = Cv.permute(2, 3, 0, 1).reshape(N, V, B * R1) @ ba_n           # (N, V, d)
+    m1v = w1.permute(1, 0, 2).reshape(N, B * P) @ O.reshape(B * P, V)  # (N, V)
+    wte = T1 * gamma - m1v.unsqueeze(-1)
+    flat = wte.reshape(N * V, d)
+    if V <= 32:                                                        # Σ_{b,j} O w2 x̂ as a GEMM
+        Ow = (w2.permute(1, 0, 2).reshape(N, B * P, 1) * O.reshape(1, B * P, V)).transpose(1, 2)
+        flat -= (Ow @ xhat.reshape(B * P, d)).reshape(N * V, d)
+    else:                                                              # large vocabulary: by index_add
+        rows = (w2.permute(1, 0, 2).unsqueeze(-1) * xhat).reshape(N * B * P, d)
+        idx = (tok.reshape(1, -1) + V * ar[:, None]).reshape(-1)
+        flat.index_add_(0, idx, rows, alpha=-1.0)
+    idx_pos = (fw.tokens[:, pos].transpose(0, 1) + V * ar[:, None]).reshape(-1)   # residual dy at pos
+    flat.index_add_(0, idx_pos, dy.reshape(-1, d))
+    pre = blk.prefix
+    return {pre + "ln_1.weight": ln_w, pre + "ln_1.bias": ln_b, "embed.0.wte.weight": flat.view(N, V, d),
+            "embed.0.wpe.weight": wpe}
 
 
 def embedding_grads(fw: Forward, E: torch.Tensor, pos: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -419,7 +498,7 @@ def _adjoint_block(fw: Forward, m: int, d: torch.Tensor, p: torch.Tensor
     g.put("attn_qkv.bias", _sum(dqkv_a[None]))
     g.put("ln_1.weight", _sum((da_a * blk.xhat1)[None]))
     g.put("ln_1.bias", _sum(da_a[None]))
-    back, _, _ = _ln_backward(da, blk.xhat1, blk.rstd1, blk.mod.ln_1.weight)
+    back, _, _ = _ln_backward(blk, 1, da, lambda t: t)
     back += mb.dy
     return {n: t[0] for n, t in g.items()}, back[0], back[1]
 
@@ -484,13 +563,18 @@ def site_components(fw: Forward, adj: StructuredAdjoints, sites: list[Site], nam
             else:
                 jobs.append(_Job((k, i), comp, row))
     jobs.sort(key=lambda j: j.site[1])
+    # groups of consecutive positions: small enough to stay cache-resident (≈ GROUP_FLOATS floats of
+    # spread adjoints B·(i+1)·d per source) and at most chunk_size sources (memory bound)
     group: list[_Job] = []
+    size = 0
     for j, job in enumerate(jobs):
         group.append(job)
-        last = j + 1 == len(jobs)
-        if last or (len(group) >= chunk_size and jobs[j + 1].site[1] != job.site[1]) or len(group) >= 4 * chunk_size:
+        size += fw.B * (job.site[1] + 1) * fw.d
+        nxt = jobs[j + 1] if j + 1 < len(jobs) else None
+        if nxt is None or len(group) >= chunk_size or \
+                (nxt.site[1] != job.site[1] and size + fw.B * (nxt.site[1] + 1) * fw.d > GROUP_FLOATS):
             _group_pass(fw, group, names, zero, myopic, out)
-            group = []
+            group, size = [], 0
     return out, zero
 
 
@@ -532,7 +616,10 @@ def _group_pass(fw: Forward, jobs: list[_Job], names: list[str], zero: ParamDict
                 g, E_in = dense_backward(fw, m, E)
                 keep(idx, g)
                 new.setdefault(i, []).append((idx, E_in))
-        if fresh:
+        if fresh and m == 0 and not myopic and fw.model.embed[0].wte.weight.shape[0] <= BOTTOM_MAX_VOCAB:
+            g, _ = fresh_backward(fw, m, e_f, pos_f, myopic=False, bottom=True)   # embedding grads included
+            keep(fresh, g)
+        elif fresh:
             g, E_in = fresh_backward(fw, m, e_f, pos_f, myopic=myopic)
             keep(fresh, g)
             for r, j in enumerate(fresh):

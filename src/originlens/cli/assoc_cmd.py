@@ -2,10 +2,11 @@
 
 * ``assoc top``: top associations of a word under a basis map of saved statistics.
 * ``assoc train``: train the Def. 3.1 model (:func:`originlens.train.train_assoc`) on a corpus directory or
-  an (N, T+1) .npy file.  Besides the trainer's run directory it writes ``RUN/statistics/`` (the statistics
-  used as targets, with the window selection in ``manifest.json``) and ``RUN/data/`` (``train.npy``,
-  ``heldout.npy`` — the last ``--holdout`` windows, never trained on — ``vocab.json``, ``source.json``), so
-  that ``assoc report`` needs nothing else.
+  an (N, T+1) .npy file, on ``--device cpu|cuda|auto``.  The trainer writes the run directory including
+  ``RUN/statistics/`` (the target statistics, computed with the corpus vocabulary, window selection in
+  ``manifest.json``); this command adds ``RUN/data/`` (``train.npy``, ``heldout.npy`` — the last
+  ``--holdout`` windows, never trained on — ``vocab.json``, ``source.json``), so that ``assoc report``
+  needs nothing else.
 * ``assoc report RUN``: tracking over checkpoints, null baselines, causal intervention, leading-term model
   (:mod:`originlens.theory.tracking`); writes ``RUN/report.html`` / ``report.md`` / ``report.json``;
   ``--json`` prints the numbers.
@@ -118,6 +119,8 @@ def _register_train(asub) -> None:
     t.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps (0: only the "
                    "final step unless --checkpoint-every-epochs)")
     t.add_argument("--checkpoint-every-epochs", type=float, help="checkpoint every E epochs (paper: 2)")
+    t.add_argument("--checkpoint-at", metavar="S1,S2,...",
+                   help="also checkpoint at these steps (e.g. 1,2,3,4,5,6 for the first steps)")
     t.add_argument("--keep-checkpoints", type=int, help="keep only the newest K checkpoint files")
     t.add_argument("--stats", default="first-batch", metavar="first-batch|full|none|DIR",
                    help="target statistics: from the first shuffled batch (paper, default), the full training "
@@ -131,6 +134,8 @@ def _register_train(asub) -> None:
     t.add_argument("--grad-chunk", type=int, help="sequences per forward pass (default: automatic)")
     t.add_argument("--impl", choices=("auto", "paths", "gather", "dense"), default="auto",
                    help="forward implementation (default auto)")
+    t.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N|auto",
+                   help="where to train (default cpu; auto = CUDA when available); exact resume on CPU only")
     t.add_argument("--threads", type=int, help="torch CPU threads")
     t.add_argument("--resume", action="store_true", help="continue RUN from its last checkpoint")
     t.add_argument("--overwrite", action="store_true", help="replace the run in RUN")
@@ -184,40 +189,35 @@ def _given_statistics(spec: str, vocab, V: int, T: int):
 
 
 class _SaveInputs:
-    """Callback: once the run directory exists, write RUN/data/ and RUN/statistics/ (after the first step)."""
+    """Callback: once the run directory exists, write RUN/data/ (training and held-out windows, vocabulary,
+    source).  The target statistics are written by the trainer itself (RUN/statistics/)."""
 
-    def __init__(self, train, heldout, vocab, source: dict, stats_windows) -> None:
+    def __init__(self, train, heldout, vocab, source: dict) -> None:
         self.train, self.heldout, self.vocab, self.source = train, heldout, vocab, source
-        self.stats_windows = stats_windows
         self.done = False
 
     def on_step_end(self, trainer) -> None:
         if self.done or trainer.run_dir is None:
             return
-        from ..stats import save_statistics
         from ..storage import atomic_save_npy, atomic_write_json
-        d = trainer.run_dir.path
-        data = d / "data"
+        data = trainer.run_dir.path / "data"
         if not (data / "train.npy").exists():
             atomic_save_npy(data / "train.npy", self.train)
             atomic_save_npy(data / "heldout.npy", self.heldout)
             if self.vocab is not None:
                 atomic_write_json(data / "vocab.json", list(self.vocab))
             atomic_write_json(data / "source.json", self.source)
-        st = trainer.stats
-        if st is not None and not (d / "statistics" / "statistics.safetensors").exists():
-            if self.vocab is not None and getattr(st, "vocab", None) is None and st.size == len(self.vocab):
-                st.vocab = list(self.vocab)
-            windows = self.stats_windows(trainer)
-            st.meta.update({"source": trainer.stats_source, "n_windows": int(len(windows)) if windows is not None
-                            else None})
-            save_statistics(st, d / "statistics", manifest={
-                "source": trainer.stats_source, "data_seed": trainer.cfg.data_seed,
-                "n_windows": None if windows is None else int(len(windows)),
-                "windows": ("given" if trainer.stats_source == "given" else "all")
-                if windows is None or len(windows) == trainer.n_sequences else [int(i) for i in windows],
-                "note": "indices into RUN/data/train.npy; first-batch = torch.randperm(N, Generator(data_seed))[:B]"})
         self.done = True
+
+
+def _steps_list(spec: str | None) -> tuple[int, ...]:
+    if not spec:
+        return ()
+    try:
+        return tuple(int(v) for v in spec.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"--checkpoint-at must be comma-separated step numbers (got {spec!r})",
+                          "e.g. --checkpoint-at 1,2,3,4") from None
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -226,6 +226,7 @@ def run_train(args: argparse.Namespace) -> int:
     from ..progress import log
     from ..storage import vocab_hash
     from ..train import AssocTrainConfig, train_assoc
+    from ..train.assoc import run_dir_kind
     if args.threads:
         torch.set_num_threads(int(args.threads))
     if args.resume and args.overwrite:
@@ -246,31 +247,28 @@ def run_train(args: argparse.Namespace) -> int:
         n_layers=args.layers, lr=args.lr, steps=args.steps, epochs=args.epochs, batch_size=batch,
         init=args.init, init_std=args.init_std, dtype=args.dtype, seed=args.seed, data_seed=args.data_seed,
         checkpoint_every=args.checkpoint_every, checkpoint_every_epochs=args.checkpoint_every_epochs,
+        checkpoint_at=_steps_list(args.checkpoint_at),
         keep_checkpoints=args.keep_checkpoints, log_every=args.log_every, stats_source=stats_source,
-        grad_chunk=args.grad_chunk, impl=args.impl, out=str(args.out))
+        grad_chunk=args.grad_chunk, impl=args.impl, out=str(args.out), device=args.device)
     cfg.validate()
     out = Path(args.out)
-    if args.overwrite and (out / "config.json").is_file():
+    if args.overwrite and run_dir_kind(out) == "assoc":   # never touch a directory we did not write
         for name in _OWN_OUTPUTS:   # the trainer wipes its own files; these are ours
             f = out / name
             shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
-
-    def stats_windows(trainer):
-        if given is not None or trainer.cfg.stats_source == "full" or trainer.cfg.optimizer == "gd":
-            return None
-        g = torch.Generator().manual_seed(int(trainer.cfg.data_seed))
-        return torch.randperm(trainer.n_sequences, generator=g)[: trainer.batch].numpy()
 
     source = {"source": str(src), "vocab_size": V, "seq_len": T, "max_windows": args.max_windows,
               "holdout": args.holdout, "train_windows": int(train.shape[0]), "heldout_windows": int(heldout.shape[0]),
               "vocab_hash": vocab_hash(vocab, V) if vocab is not None else None,
               "corpus_manifest_tokens_sha256": (manifest or {}).get("tokens_sha256"),
               "stats": str(args.stats)}
-    saver = _SaveInputs(train, heldout, vocab, source, stats_windows)
+    saver = _SaveInputs(train, heldout, vocab, source)
     log(f"assoc train: {train.shape[0]} windows × T={T}, |V|={V}, L={args.layers}, η={args.lr}, "
-        + ("full-batch GD" if batch is None else f"SGD batch {batch}") + f", statistics: {args.stats}")
+        + ("full-batch GD" if batch is None else f"SGD batch {batch}") + f", statistics: {args.stats}, "
+        f"device: {args.device}")
     t0 = time.perf_counter()
-    run = train_assoc(train, V, cfg, [saver], stats=given, resume=args.resume, overwrite=args.overwrite)
+    run = train_assoc(train, V, cfg, [saver], stats=given, vocab=vocab, resume=args.resume,
+                      overwrite=args.overwrite)
     secs = time.perf_counter() - t0
     first = run.losses[min(run.losses)] if run.losses else float("nan")
     last = run.losses[max(run.losses)] if run.losses else float("nan")

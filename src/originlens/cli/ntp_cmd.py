@@ -136,7 +136,7 @@ def register(subparsers: Any) -> None:
     t = sub.add_parser("train", help="train one model in one regime",
                        description="Train a GPT on a synthetic task (or a token store) in one regime, with "
                                    "eval metrics, probes and resumable checkpoints in RUN.")
-    t.add_argument("--task", required=True, help="majority | cond-majority | othello | language")
+    t.add_argument("--task", required=True, help="majority | cond-majority | othello | tinystories | language")
     t.add_argument("--regime", default="standard", help="standard | myopic | untied | myopic+untied")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", required=True, help="run directory")

@@ -6,7 +6,7 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="rebuild one run's report or combine several runs side by side",
-                       description="With one RUN: re-render RUN/report.html from RUN/report.json (adds the "
+                       description="With one RUN: re-render RUN/report.html from RUN/report.blocks.json (adds the "
                                    "run record). With several RUNs: write a combined report to --out (the "
                                    "configuration keys that differ, final metrics, figures side by side).")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by originlens")

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError, OriginlensError
 from ..progress import log, progress
+from ..runs import git_commit, package_versions
 from ..storage import FORMAT_VERSION, atomic_directory, atomic_write_json, sha256_file, vocab_hash
 from . import readers, storyworld
 from .store import CORPUS_KIND, MANIFEST, TOKENIZER_DIR, TOKENS, VOCAB, TokenStore, is_corpus_dir, smallest_uint
@@ -242,6 +243,7 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
                 "unk_id": tok.unk_id, "eot_id": eot, "counts": counts,
                 "vocab_hash": vocab_hash(tok.vocab, V), "tokens_sha256": sha256_file(tmp / TOKENS),
                 "build_seconds": round(time.perf_counter() - t0, 3),
+                "environment": {"versions": package_versions(), "git_commit": git_commit()},
             }
             atomic_write_json(tmp / MANIFEST, manifest)
     except OriginlensError:

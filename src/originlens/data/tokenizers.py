@@ -64,10 +64,10 @@ _WORD_RE = re.compile(r"[^\W\d_]+|\S")
 
 
 @functools.lru_cache(maxsize=None)
-def _numeric_letters() -> re.Pattern:
-    """Characters matched by ``[^\\W\\d_]`` that are not alphabetic ('²', '½', 'Ⅻ', ...; ~1k of them)."""
-    odd = [c for c in map(chr, range(0x110000)) if c.isalnum() and not c.isalpha() and not c.isdecimal()]
-    return re.compile("[" + "".join(re.escape(c) for c in odd) + "]")
+def _numeric_letters() -> frozenset[str]:
+    """Characters matched by ``[^\\W\\d_]`` that are not alphabetic ('²', '½', 'Ⅻ', ...; ~1k of them).
+    A set: ``isdisjoint`` scans text ~100x faster than a regex class of these scattered code points."""
+    return frozenset(c for c in map(chr, range(0x110000)) if c.isalnum() and not c.isalpha() and not c.isdecimal())
 
 
 def pre_tokenize(text: str) -> list[str]:
@@ -79,7 +79,7 @@ def pre_tokenize(text: str) -> list[str]:
     """
     low = text.lower()
     toks = _WORD_RE.findall(low)
-    if low.isascii() or not _numeric_letters().search(low):
+    if low.isascii() or _numeric_letters().isdisjoint(low):
         return toks
     out: list[str] = []
     for tok in toks:
@@ -346,7 +346,7 @@ _CLASSES = {c.kind: c for c in (WordTokenizer, BPETokenizer, PretrainedTokenizer
 def _read_saved(directory: str | Path, kind: str | None = None) -> dict:
     d = Path(directory)
     obj = read_json(d / SAVED_NAME)
-    if not isinstance(obj, dict) or obj.get("kind") not in _CLASSES:
+    if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str) or obj["kind"] not in _CLASSES:
         raise InputError(f"{d / SAVED_NAME} does not describe an originlens tokenizer", "rebuild the corpus")
     if kind is not None and obj["kind"] != kind:
         raise CompatibilityError(f"{d} holds a '{obj['kind']}' tokenizer, not '{kind}'", "load it with "

@@ -19,8 +19,8 @@ grid stops (``on_missing="stop"``, an :class:`~originlens.errors.InputError`) or
 in :attr:`CheckpointGrid.skipped` (``"skip"``).
 
 Loading: ``loader(spec) -> LMAdapter`` receives the spec string exactly as given.  The default,
-:func:`default_loader`, reads our GPT files (safetensors of kind ``"gpt"``, via :func:`load_gpt_adapter`)
-itself and hands everything else to ``originlens.lm.loading.load_adapter`` (imported lazily), falling
+:func:`default_loader`, reads our GPT files (safetensors of kind ``"gpt"`` or ``ntp train`` checkpoints of
+kind ``"ntp-checkpoint"``, via :func:`load_gpt_adapter`) itself and hands everything else to ``originlens.lm.loading.load_adapter`` (imported lazily), falling
 back to the llama2.c format registry when that function is not available.
 
 Caveat: with plain iteration the caller's loop variable still references the previous adapter while the
@@ -168,15 +168,28 @@ def adapter_hash(adapter: Any) -> str:
 
 
 def load_gpt_adapter(path: str | Path) -> Any:
-    """A :class:`~originlens.lm.native.GPTAdapter` for a file written by ``GPT.save``.
+    """A :class:`~originlens.lm.native.GPTAdapter` for a file written by ``GPT.save`` (kind ``"gpt"``) or a
+    checkpoint of ``originlens ntp train`` (kind ``"ntp-checkpoint"``: its ``model.*`` weights).
 
     The metadata keys ``bos_id`` and ``vocab_hash`` (when saved) become ``adapter.bos_id`` and
     ``adapter.vocab_hash`` (used to check that a corpus uses the model's tokenizer).
     """
-    from ..models.gpt import GPT
+    import torch
+
+    from ..errors import CompatibilityError
+    from ..models.gpt import GPT, GPTConfig
+    from ..storage import load_tensors
     from .native import GPTAdapter
-    model = GPT.load(path)
-    meta = _safetensors_metadata(Path(path)) or {}
+    path = Path(path)
+    meta = _safetensors_metadata(path) or {}
+    if meta.get("kind") == "ntp-checkpoint":
+        arrays, meta = load_tensors(path, kind="ntp-checkpoint")
+        if "gpt_config" not in meta:
+            raise CompatibilityError(f"{path} has no GPT config in its metadata", "pass a checkpoint of ntp train")
+        state = {k[len("model."):]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
+        model = GPT.from_state_dict(state, GPTConfig.from_dict(json.loads(meta["gpt_config"])))
+    else:
+        model = GPT.load(path)
     model.eval()
     bos = _meta_value(meta.get("bos_id"))
     adapter = GPTAdapter(model, bos_id=None if bos is None else int(bos))
@@ -210,7 +223,7 @@ def _safetensors_metadata(path: Path) -> dict[str, str] | None:
 def default_loader(spec: str) -> Any:
     """Load one checkpoint spec as an :class:`~originlens.lm.adapter.LMAdapter` (see module docstring)."""
     p = Path(spec)
-    if not spec.startswith("hf:") and (_safetensors_metadata(p) or {}).get("kind") == "gpt":
+    if not spec.startswith("hf:") and (_safetensors_metadata(p) or {}).get("kind") in ("gpt", "ntp-checkpoint"):
         return load_gpt_adapter(p)
     try:
         from .loading import load_adapter  # added by the adapter loading work; imported lazily

@@ -22,7 +22,9 @@ mapping is low rank: ``Z_B = U V_cᵀ`` with ``U = E_pre W_Qᵀ`` and ``V_c = E_
 ``tr(C_A C_B) = tr(W Wᵀ R)`` with ``W = Uᵀ Z_A``, ``R = V_cᵀ V_c`` and ``‖C_B‖² = tr(P R P R)``, ``P = UᵀU``.  Per
 checkpoint this is two matmuls against the theory (all layers stacked): O(K²·L·d) flops; heads are
 diagonal blocks of the same products.  Tokens are processed in chunks, so the model states never
-exceed ``token_chunk`` rows; accumulators take O(K·L·d) memory, the theory O(K²).
+exceed ``token_chunk`` rows; accumulators take O(K·L·d) memory per variant, the theory one K×K matrix per
+target and non-null variant (the null shares it through a row permutation applied per chunk).  At
+K = 20,000 in float64 a K×K matrix is 3.2 GB: keep the variants few, or use ``dtype="float32"``.
 
 Statistics (spec §5.2.1): windows tokenised with the **model's** tokenizer, BOS prepended per window
 (when the model has one; not twice), cut or padded (padding masked) to ``window_tokens`` tokens, centring
@@ -40,8 +42,9 @@ Extensions (spec §8, off by default; :data:`VARIANTS`):
   centred once, the model side needs only Σ_tokens U and Σ_tokens Z_B).
 
 Caveats: the comparison is empirical (the theorem covers attention-only models from near-zero init);
-E_pre of layer 1 is the raw token embedding.  Results are float64 by default; ``dtype="float32"`` is
-for very large K on an accelerator.
+E_pre of layer 1 is the raw token embedding.  Statistics given precomputed (``--stats``) are used as
+they are (their BOS handling is whatever produced them).  Results are float64 by default;
+``dtype="float32"`` is for very large K on an accelerator.
 """
 from __future__ import annotations
 
@@ -113,18 +116,32 @@ def cov_cosine(A_theory: Any, B_model: Any, *, centre_tokens: bool = False) -> f
 @dataclass
 class TheoryTarget:
     """A theory matrix ready for comparison: ``Z`` (K, m) row-normalised and row-centred (torch),
-    ``cov_norm`` = ‖Z Zᵀ‖_F."""
+    ``cov_norm`` = ‖Z Zᵀ‖_F, and optionally ``rows`` (K,), a permutation of the token rows applied on
+    the fly (the null baseline shares ``Z`` with the true target)."""
 
     name: str
     Z: Any
     cov_norm: float
+    rows: Any = None
+
+    def block(self, start: int, stop: int) -> Any:
+        """Rows ``start:stop`` of the (permuted) target, ``(stop − start, m)``."""
+        return self.Z[start:stop] if self.rows is None else self.Z.index_select(0, self.rows[start:stop])
+
+    @property
+    def size(self) -> int:
+        return int(self.Z.shape[0])
+
+    def permuted(self, permutation: np.ndarray, name: str = "") -> "TheoryTarget":
+        """The same target with token rows permuted (no copy; ‖Z Zᵀ‖ is permutation invariant)."""
+        import torch
+        rows = torch.as_tensor(np.asarray(permutation, dtype=np.int64), device=self.Z.device)
+        return TheoryTarget(name or self.name, self.Z, self.cov_norm, rows)
 
 
 def prepare_theory(A: np.ndarray, name: str = "", *, device: str = "cpu", dtype: str = "float64",
-                   block: int = 2048, permutation: np.ndarray | None = None,
-                   centre_tokens: bool = False) -> TheoryTarget:
-    """Row-normalise, row-centre (and optionally centre over tokens, and permute the rows of) theory
-    matrix ``A`` (K, m).
+                   block: int = 2048, centre_tokens: bool = False) -> TheoryTarget:
+    """Row-normalise and row-centre (and optionally centre over tokens) theory matrix ``A`` (K, m).
 
     ``‖Z Zᵀ‖_F`` is accumulated over column blocks of ``ZᵀZ`` so no second K×K matrix is formed.
     """
@@ -133,8 +150,6 @@ def prepare_theory(A: np.ndarray, name: str = "", *, device: str = "cpu", dtype:
     Z -= Z.mean(axis=1, keepdims=True)
     if centre_tokens:
         Z -= Z.mean(axis=0, keepdims=True)
-    if permutation is not None:
-        Z = Z[permutation]
     Zt = torch.from_numpy(np.ascontiguousarray(Z)).to(device=device, dtype=_torch_dtype(dtype))
     del Z
     sq = 0.0
@@ -187,12 +202,17 @@ def prepare_targets(stats: Any, *, variants: Sequence[str] = ("spec",), device: 
                           "e.g. ('spec', 'null')")
     perm = np.random.default_rng(seed).permutation(stats.size)
     out: dict[str, dict[str, TheoryTarget]] = {}
-    for v in variants:
-        out[v] = {key: prepare_theory(getattr(stats, key), f"{key}:{v}", device=device, dtype=dtype,
-                                      permutation=perm if v.endswith("null") else None,
-                                      centre_tokens=v.startswith("token_centred"))
-                  for key in ("query_key", "value_target")}
-    return out
+    for v in sorted(variants, key=lambda v: v.endswith("null")):   # true targets first, nulls share them
+        base = {"null": "spec", "token_centred_null": "token_centred"}.get(v)
+        if base is not None:
+            if base not in out:
+                raise ConfigError(f"variant {v!r} needs {base!r} as well", f"add {base!r} to the variants")
+            out[v] = {key: t.permuted(perm, f"{t.name}:null") for key, t in out[base].items()}
+        else:
+            out[v] = {key: prepare_theory(getattr(stats, key), f"{key}:{v}", device=device, dtype=dtype,
+                                          centre_tokens=v == "token_centred")
+                      for key in ("query_key", "value_target")}
+    return {v: out[v] for v in variants}
 
 
 def checkpoint_cosines(adapter: Any, token_ids: Sequence[int], targets: Mapping[str, Mapping[str, TheoryTarget]],
@@ -211,8 +231,8 @@ def checkpoint_cosines(adapter: Any, token_ids: Sequence[int], targets: Mapping[
     K = len(ids)
     for v, tv in targets.items():
         for key in ("query_key", "value_target"):
-            if tv[key].Z.shape[0] != K:
-                raise CompatibilityError(f"theory {key} has {tv[key].Z.shape[0]} rows but {K} tokens were "
+            if tv[key].size != K:
+                raise CompatibilityError(f"theory {key} has {tv[key].size} rows but {K} tokens were "
                                          "given", "use the token ids of the same statistics")
     variants = list(targets)
     layers = [int(l) for l in layers]
@@ -255,7 +275,7 @@ def checkpoint_cosines(adapter: Any, token_ids: Sequence[int], targets: Mapping[
             vs += V.sum(dim=1)
             U_all = U.permute(1, 0, 2).reshape(e - s, nl * r)
             for v in variants:
-                W[v] += U_all.T @ targets[v]["query_key"].Z[s:e]
+                W[v] += U_all.T @ targets[v]["query_key"].block(s, e)
             del U, V, U_all, pre
             emb = torch.cat([st.attn.index_select(0, sel), st.post.index_select(0, sel)]).to(**z)
             del st
@@ -264,7 +284,7 @@ def checkpoint_cosines(adapter: Any, token_ids: Sequence[int], targets: Mapping[
             bs += emb.sum(dim=1)
             emb_all = emb.permute(1, 0, 2).reshape(e - s, 2 * nl * d)
             for v in variants:
-                G[v] += targets[v]["value_target"].Z[s:e].T @ emb_all
+                G[v] += targets[v]["value_target"].block(s, e).T @ emb_all
             del emb, emb_all
         R = VV - torch.einsum("la,lb->lab", vs, vs) / K                # V_cᵀV_c (centred over tokens)
         # token-centred model side: Uᵀ J U and Z_Bᵀ J Z_B (J = I − 11ᵀ/K); the theory side is centred already

@@ -414,7 +414,7 @@ def aggregate(examples: Examples, kl: np.ndarray, features: Sequence[int], confi
             q_ratio_of_means=float(k_f[:, 1:].sum() / (k_f[:, 0].sum() + config.eps)),
             q_median=float(np.median(r_f)), total_kl=total, kl_by_offset=k_f.mean(0).tolist(),
             max_activation=float(examples.activation[sel].max()), kept=kept,
-            reason=None if kept else f"mean total KL {total:.3g} ≤ {config.min_total_kl}"))
+            reason=None if kept else f"mean total KL ≤ {config.min_total_kl}"))
     return out, ratio
 
 

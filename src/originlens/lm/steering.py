@@ -136,8 +136,8 @@ def steer(adapter: Any, sae: Any, features: Sequence[int], coefficients: Sequenc
     if bad:
         raise ConfigError(f"feature ids {bad[:5]} outside 0..{sae.d_sae - 1}", "pick features of this SAE")
 
-    def decode(ids: Tensor) -> list[str] | None:
-        return None if tokenizer is None else [tokenizer.decode(row.tolist()) for row in ids]
+    def decode(ids: Tensor) -> list[str] | None:          # prompt + continuation, as the tokenizer renders it
+        return None if tokenizer is None else [tokenizer.decode(list(prompt_ids) + row.tolist()) for row in ids]
 
     out: list[SteeringSample] = []
     base_ids = None
@@ -288,7 +288,7 @@ def spearman(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """Spearman's ρ and its two-sided p-value (NaN with fewer than 3 finite pairs)."""
     from scipy.stats import spearmanr
     m = np.isfinite(a) & np.isfinite(b)
-    if m.sum() < 3:
+    if m.sum() < 3 or np.ptp(a[m]) == 0 or np.ptp(b[m]) == 0:
         return math.nan, math.nan
     r = spearmanr(a[m], b[m])
     return float(r.statistic if hasattr(r, "statistic") else r[0]), float(r.pvalue if hasattr(r, "pvalue") else r[1])
@@ -339,8 +339,9 @@ def lookahead(adapter: Any, sae: Any, tokens: Any, config: LookaheadConfig | Non
             qv = np.array([q.get(f, math.nan) for f in feats], dtype=np.float64)
             qv = np.where(qv > 0, qv, math.nan)
             rows = []
+            rounded = np.round(al, 12)       # exact ties (e.g. every cosine = 1 at full rank) stay ties
             for r in range(al.shape[1]):
-                rho, p = spearman(al[:, r], qv)
+                rho, p = spearman(rounded[:, r], qv)
                 rows.append({"rank": r + 1, "rho": rho, "p": p})
             corr[off] = rows
     return LookaheadResult(config, k, feats, maps, align, corr)

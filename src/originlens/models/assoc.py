@@ -145,38 +145,32 @@ def _causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
-ROWS_BYTES = {"cpu": 12 * 1024 ** 2, "other": 1024 ** 3}   # gathered-row buffer (CPU: stays in L3)
-TIME_BLOCK = {"cpu": 32, "other": 64}                      # query-position block of the logits path
-
-
-def _time_blocks(T: int, size: int) -> list[tuple[int, int]]:
-    """Query-position blocks [t0, t1) of at most ``size`` positions (causal: block needs keys < t1)."""
-    edges = list(range(0, T, max(1, int(size)))) + [T]
-    return list(zip(edges[:-1], edges[1:]))
+ROWS_BYTES = {"cpu": 32 * 1024 ** 2, "other": 1024 ** 3}   # gathered-row buffer of the logits path
 
 
 class _PathPass:
     """Forward and hand-written backward of the path expansion on one chunk (no autograd inside).
 
-    Inputs (all on one device, one dtype): token ids ``x`` (B, T); the batch-independent products of
-    :meth:`AssocModel.path_products` — ``Ks[l]`` (n_l², |V|²) with n_l = 2^l (0-based l) and ``Z``
-    ((2^L − 1)·|V|, |V|) — plus ``W_O`` (|V|, |V|) and the position vectors ``Ps[l]`` (≥ T).
+    Inputs (one device, one dtype): token ids ``x`` (B, T); the batch-independent products of
+    :meth:`AssocModel.path_products` — ``Ks[l]`` (n², |V|²) with n = 2^l (0-based l), row S·n + S' holding
+    K_{S,S'} = V_S W V_{S'}ᵀ, and ``Z`` ((2^L − 1)·|V|, |V|) = [V_S W_O]_{S≠∅} — plus ``W_O`` and the
+    position vectors ``Ps[l]`` (length ≥ T).  Subsets S of the earlier layers are bitmasks; A_∅ = I and
+    the attention products A_S (B, T, T) of the non-empty subsets are kept side by side in ``abar``
+    (B, T, (2^L − 1)·T), block S at columns (S − 1)·T … S·T.
 
-    Forward, with A_S (B, T, T) the attention products of the non-empty subsets S (bitmask order,
-    stored side by side in ``abar`` (B, T, (2^L − 1)·T), block S at columns (S−1)·T … S·T)::
+    Forward::
 
-        s_l    = [I, A_1..A_{n−1}] Gbig_l [I, A_1..A_{n−1}]ᵀ + DM(P_l),   Gbig_l[(S,i),(S',j)] = K_{S,S'}[x_i, x_j]
-        A_{n+S} = A_l A_S   (A_n = A_l = causal_softmax(s_l))
-        logits = W_O[x] + Σ_{S≠∅} A_S Z_S[x]
+        G_l[S, S'] = K_{S,S'}[x_i, x_j]                       (n, n, B, T, T), one gather
+        Y_{S'}     = Σ_S A_S G_l[S, S']                        (n, B, T, T)
+        s_l        = Σ_{S'} Y_{S'} A_{S'}ᵀ + DM(P_l);   A_l = causal_softmax(s_l)
+        A_{n+S}    = A_l A_S                                  (new blocks of abar)
+        logits     = W_O[x] + Σ_{S≠∅} A_S Z_S[x]              (rows Z_S[x_j] gathered per batch chunk)
 
-    The logits term is computed per block of query positions t ∈ [t0, t1) from the key positions j < t1
-    only (A_S is lower triangular), over gathered rows Z_S[x_j] held in a small reused buffer.
-
-    Backward (:meth:`backward`, given g = ∂L/∂logits): ∂A_S = g Z_S[x]ᵀ, ∂Z_S = scatter(A_Sᵀ g); then for
-    l = L..1 the chain A_{n+S} = A_l A_S (∂A_l += ∂A_{n+S} A_Sᵀ, ∂A_S += A_lᵀ ∂A_{n+S}), the softmax
-    Jacobian ∂s = A ⊙ (∂A − rowsum(∂A ⊙ A)), ∂P_l[d] = Σ_t ∂s[t, t−d], and the score product
-    (∂Gbig = Acatᵀ ∂s Acat scattered into ∂K, ∂Acat = ∂s Acat Gbigᵀ + ∂sᵀ Acat Gbig).  Entries of ∂A_S
-    above the diagonal are never used (they multiply zeros of causal attention).
+    Backward (:meth:`backward`, g = ∂L/∂logits): ∂A_S = g Z_S[x]ᵀ and ∂Z_S = scatter(A_Sᵀ g); then for
+    l = L..1 the chain A_{n+S} = A_l A_S (∂A_l += ∂A_{n+S} A_Sᵀ, ∂A_S += A_lᵀ ∂A_{n+S}); the softmax
+    Jacobian ∂s = A ⊙ (∂A − rowsum(∂A ⊙ A)); ∂P_l[d] = Σ_t ∂s[t, t−d]; with U_{S'} = ∂s A_{S'}:
+    ∂G[S, S'] = A_Sᵀ U_{S'} (scattered into ∂K) and ∂A_S += Σ_{S'} U_{S'} G[S, S']ᵀ + ∂sᵀ Y_S.  Entries of
+    ∂A_S above the diagonal are never used (they multiply zeros of causal attention).
     """
 
     def __init__(self, x: torch.Tensor, Ks: list[torch.Tensor], Z: torch.Tensor, W_O: torch.Tensor,
@@ -186,52 +180,48 @@ class _PathPass:
         L = len(Ks)
         m = (1 << L) - 1
         dev, dt = W_O.device, W_O.dtype
-        kind = "cpu" if dev.type == "cpu" else "other"
         self.x, self.Ks, self.Z, self.Ps = x, Ks, Z, Ps
         self.B, self.T, self.V, self.L, self.m, self.Tfull = B, T, V, L, m, Ps[0].shape[0]
-        self.blocks = _time_blocks(T, TIME_BLOCK[kind])
-        self.bc = max(1, min(B, ROWS_BYTES[kind] // max(1, T * m * V * W_O.element_size())))
+        budget = ROWS_BYTES["cpu" if dev.type == "cpu" else "other"]
+        self.bc = max(1, min(B, budget // max(1, T * m * V * W_O.element_size())))
         self.pair = (x[:, :, None] * V + x[:, None, :]).reshape(-1)        # flat index of K[x_i, x_j]
         self.ridx = (x[:, :, None] + torch.arange(m, device=dev) * V).reshape(B, T * m)   # Z_S[x_j], (j, S)
         mask = torch.ones(T, T, dtype=torch.bool, device=dev).triu(1)
         abar = torch.empty(B, T, m * T, dtype=dt, device=dev)
-        self.gbig: list[torch.Tensor | None] = [None] * L
+        self.G: list[torch.Tensor | None] = [None] * L
         self.Y: list[torch.Tensor | None] = [None] * L
         for l in range(L):
             n = 1 << l
-            Kl = Ks[l]
             if l == 0:
-                s = Kl[0].index_select(0, self.pair).view(B, T, T)
+                s = Ks[0][0].index_select(0, self.pair).view(B, T, T)
             else:
-                gbig = (Kl.index_select(1, self.pair).view(n, n, B, T, T).permute(2, 0, 3, 1, 4)
-                        .reshape(B, n * T, n * T))
-                ab = abar[:, :, :(n - 1) * T]
-                Y = torch.baddbmm(gbig[:, :T, :], ab, gbig[:, T:, :])           # Acat Gbig   (B, T, nT)
-                s = torch.baddbmm(Y[:, :, :T], Y[:, :, T:], ab.transpose(1, 2))  # … Acatᵀ     (B, T, T)
+                G = Ks[l].index_select(1, self.pair).view(n, n, B, T, T)
+                Y = G[0].clone()
+                for S in range(1, n):
+                    a_S = abar[:, :, (S - 1) * T:S * T]
+                    for S2 in range(n):
+                        Y[S2].baddbmm_(a_S, G[S, S2])
+                s = Y[0]
+                for S2 in range(1, n):
+                    s = s.baddbmm(Y[S2], abar[:, :, (S2 - 1) * T:S2 * T].transpose(1, 2))
                 if save:
-                    self.gbig[l], self.Y[l] = gbig, Y
-            s += diag_matrix(Ps[l][:T], T)
+                    self.G[l], self.Y[l] = G, Y
+            s = s + diag_matrix(Ps[l][:T], T)
             s.masked_fill_(mask, float("-inf"))
             A = torch.softmax(s, dim=-1)
             abar[:, :, (n - 1) * T:n * T] = A
             if n > 1:
                 abar[:, :, n * T:(2 * n - 1) * T] = torch.bmm(A, abar[:, :, :(n - 1) * T])
-        self.abar = abar
-        # position-major coefficients Cp[b, t, j, S−1] = A_S[b, t, j] so that keys j < t1 are a prefix
-        self.Cp = abar.view(B, T, m, T).permute(0, 1, 3, 2).contiguous()
+        # position-major coefficients Cp[b, t, j, S−1] = A_S[b, t, j] (one batched product per chunk)
+        self.Cp = abar.view(B, T, m, T).permute(0, 1, 3, 2).reshape(B, T, T * m)
+        self.abar = abar if save else None
         logits = W_O.index_select(0, x.reshape(-1)).view(B, T, V)
         buf = Z.new_empty(self.bc * T * m, V)
         for b0, b1, rows in self._row_chunks(buf):
-            nb = b1 - b0
-            for t0, t1 in self.blocks:
-                c = self.Cp[b0:b1, t0:t1, :t1].reshape(nb, t1 - t0, t1 * m)
-                if t0 == 0 and t1 == T:
-                    logits[b0:b1].baddbmm_(c, rows)
-                else:
-                    logits[b0:b1, t0:t1] += torch.bmm(c, rows[:, :t1 * m])
+            logits[b0:b1].baddbmm_(self.Cp[b0:b1], rows)
         self.logits = logits
         if not save:
-            self.Cp = self.abar = None
+            self.Cp = None
 
     def _row_chunks(self, buf: torch.Tensor):
         """(b0, b1, rows) with rows (b1 − b0, T·m, |V|) = Z_S[x_j] gathered into ``buf``."""
@@ -247,42 +237,32 @@ class _PathPass:
         dev, dt = g.device, g.dtype
         g = g.contiguous()
         dW_O = torch.zeros(V, V, dtype=dt, device=dev).index_add_(0, self.x.reshape(-1), g.view(-1, V))
-        single = len(self.blocks) == 1
-        dCp = (torch.empty if single else torch.zeros)(B, T, T, m, dtype=dt, device=dev)
+        dCp = torch.empty(B, T, T * m, dtype=dt, device=dev)
         dZ = torch.zeros_like(self.Z)
         buf = self.Z.new_empty(self.bc * T * m, V)
         dbuf = self.Z.new_empty(self.bc * T * m, V)
         for b0, b1, rows in self._row_chunks(buf):
             nb = b1 - b0
-            drows = dbuf[:nb * T * m].view(nb, T * m, V)
-            if single:
-                torch.bmm(g[b0:b1], rows.transpose(1, 2), out=dCp[b0:b1].view(nb, T, T * m))
-                torch.bmm(self.Cp[b0:b1].view(nb, T, T * m).transpose(1, 2), g[b0:b1], out=drows)
-            else:
-                drows.zero_()
-                for t0, t1 in self.blocks:
-                    gb = g[b0:b1, t0:t1]
-                    c = self.Cp[b0:b1, t0:t1, :t1].reshape(nb, t1 - t0, t1 * m)
-                    dCp[b0:b1, t0:t1, :t1] = torch.bmm(gb, rows[:, :t1 * m].transpose(1, 2)).view(nb, t1 - t0, t1, m)
-                    drows[:, :t1 * m] += torch.bmm(c.transpose(1, 2), gb)
+            torch.bmm(g[b0:b1], rows.transpose(1, 2), out=dCp[b0:b1])
+            drows = torch.bmm(self.Cp[b0:b1].transpose(1, 2), g[b0:b1], out=dbuf[:nb * T * m].view(nb, T * m, V))
             dZ.index_add_(0, self.ridx[b0:b1].reshape(-1), drows.view(-1, V))
-        dabar = dCp.permute(0, 1, 3, 2).reshape(B, T, m * T)
+        dabar = dCp.view(B, T, T, m).permute(0, 1, 3, 2).reshape(B, T, m * T)
         del dCp
         abar = self.abar
         t = torch.arange(T, device=dev)
-        off = (t[:, None] - t[None, :])
+        off = t[:, None] - t[None, :]
         low = off >= 0
         off_low = off[low]
         dKs: list[torch.Tensor] = [None] * L  # type: ignore[list-item]
         dPs: list[torch.Tensor] = [None] * L  # type: ignore[list-item]
+        blk = lambda M, S: M[:, :, (S - 1) * T:S * T]   # noqa: E731  block of subset S ≥ 1
         for l in range(L - 1, -1, -1):
             n = 1 << l
-            A = abar[:, :, (n - 1) * T:n * T]
-            dA = dabar[:, :, (n - 1) * T:n * T]
+            A = blk(abar, n)
+            dA = blk(dabar, n)
             if n > 1:                                          # A_{n+S} = A_l A_S for S = 1..n−1
-                ab = abar[:, :, :(n - 1) * T]
                 dhi = dabar[:, :, n * T:(2 * n - 1) * T]
-                dA = torch.baddbmm(dA, dhi, ab.transpose(1, 2))
+                dA = torch.baddbmm(dA, dhi, abar[:, :, :(n - 1) * T].transpose(1, 2))
                 dabar[:, :, :(n - 1) * T] += torch.bmm(A.transpose(1, 2), dhi)
             ds = A * (dA - (dA * A).sum(-1, keepdim=True))    # softmax Jacobian (masked entries: A = 0)
             dP = torch.zeros(self.Tfull, dtype=dt, device=dev)
@@ -291,21 +271,19 @@ class _PathPass:
                 dKs[l] = torch.zeros(1, V * V, dtype=dt, device=dev)
                 dKs[l][0].index_add_(0, self.pair, ds.reshape(-1))
                 continue
-            ab = abar[:, :, :(n - 1) * T]
-            gbig, Y = self.gbig[l], self.Y[l]
-            U = torch.empty(B, T, n * T, dtype=dt, device=dev)   # ∂s Acat
-            U[:, :, :T] = ds
-            U[:, :, T:] = torch.bmm(ds, ab)
-            dgbig = torch.empty(B, n * T, n * T, dtype=dt, device=dev)   # Acatᵀ ∂s Acat
-            dgbig[:, :T] = U
-            dgbig[:, T:] = torch.bmm(ab.transpose(1, 2), U)
-            dab = torch.bmm(U, gbig[:, T:, :].transpose(1, 2))           # (∂s Acat Gbigᵀ)[:, :, T:]
-            dab.baddbmm_(ds.transpose(1, 2), Y[:, :, T:])                 # (∂sᵀ Acat Gbig)[:, :, T:]
-            dabar[:, :, :(n - 1) * T] += dab
-            del U, dab
-            dgp = dgbig.view(B, n, T, n, T).permute(1, 3, 0, 2, 4).reshape(n * n, B * T * T)
-            del dgbig
-            dKs[l] = torch.zeros(n * n, V * V, dtype=dt, device=dev).index_add_(1, self.pair, dgp)
+            G, Y = self.G[l], self.Y[l]
+            dG = torch.empty(n, n, B, T, T, dtype=dt, device=dev)
+            dG[0, 0] = ds
+            for S2 in range(1, n):
+                torch.bmm(ds, blk(abar, S2), out=dG[0, S2])           # U_{S'} = ∂s A_{S'}
+            for S in range(1, n):
+                a_S = blk(abar, S)
+                da_S = torch.bmm(ds.transpose(1, 2), Y[S])             # ∂sᵀ Y_S
+                for S2 in range(n):
+                    torch.bmm(a_S.transpose(1, 2), dG[0, S2], out=dG[S, S2])   # A_Sᵀ U_{S'}
+                    da_S.baddbmm_(dG[0, S2], G[S, S2].transpose(1, 2))        # U_{S'} G[S, S']ᵀ
+                blk(dabar, S).add_(da_S)
+            dKs[l] = torch.zeros(n * n, V * V, dtype=dt, device=dev).index_add_(1, self.pair, dG.view(n * n, -1))
         return dKs, dZ, dW_O, dPs
 
 

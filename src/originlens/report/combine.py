@@ -1,6 +1,6 @@
 """Rebuild one run's report, or combine the reports of several runs side by side.
 
-:func:`combine_reports` reads each run's ``report.json`` (written by :meth:`Report.write`), its
+:func:`combine_reports` reads each run's ``report.blocks.json`` (written by :meth:`Report.write`), its
 ``config.json`` and the last record of ``metrics.jsonl``, and writes one report with
 
 * an overview table: one row per run, the configuration keys whose values **differ** between runs
@@ -9,7 +9,7 @@
   (e.g. the four regimes' loss curves next to each other);
 * then each run's own report, its section headings demoted one level.
 
-Caveats: runs written before report.json existed (originlens < 0.2) cannot be combined; figures
+Caveats: runs written before report.blocks.json existed (originlens < 0.2) cannot be combined; figures
 are compared by file name, so only runs made by the same command line up.
 """
 from __future__ import annotations
@@ -103,5 +103,5 @@ def combine_reports(runs: Sequence[str | Path], out: str | Path, *, title: str |
 
 
 def rebuild_report(run: str | Path) -> Path:
-    """Re-render ``run``'s report from its report.json (e.g. after an upgrade); returns the HTML path."""
+    """Re-render ``run``'s report from its report.blocks.json (e.g. after an upgrade); returns the HTML path."""
     return load_report(run).write(run)

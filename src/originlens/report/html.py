@@ -1,7 +1,7 @@
 """A tiny report builder: sections, paragraphs, tables and matplotlib figures.
 
 ``Report.write(dir)`` writes ``report.html`` (self-contained: PNGs embedded as data URIs, no scripts,
-no external resources), ``report.md`` (figures saved under ``figures/``) and ``report.json`` (the blocks,
+no external resources), ``report.md`` (figures saved under ``figures/``) and ``report.blocks.json`` (the blocks,
 figures by file name) atomically, so a report can be rebuilt or combined later without re-running
 anything (:func:`load_report`, :mod:`originlens.report.combine`).  When the directory is a run directory
 (``config.json`` / ``environment.json`` present), a "Run record" section with the configuration, package
@@ -181,10 +181,10 @@ class Report:
         return {"format": REPORT_FORMAT, "title": self.title, "blocks": blocks}
 
     def write(self, directory: str | Path, *, run_record: bool = True) -> Path:
-        """Write report.html, report.md, report.json and figures/; returns the HTML path.
+        """Write report.html, report.md, report.blocks.json and figures/; returns the HTML path.
 
         With ``run_record`` and a run directory (config.json / environment.json), the run record is
-        appended to the rendered report (not to ``report.json``, so rebuilding does not duplicate it).
+        appended to the rendered report (not to ``report.blocks.json``, so rebuilding does not duplicate it).
         """
         d = Path(directory)
         for kind, val in self.blocks:
@@ -195,7 +195,7 @@ class Report:
                 for png, _, name in val[0]:
                     atomic_write_bytes(d / "figures" / name, png)
         extra = run_record_blocks(d) if run_record else []
-        atomic_write_json(d / "report.json", self.to_json())
+        atomic_write_json(d / "report.blocks.json", self.to_json())
         atomic_write_text(d / "report.md", self.to_markdown(extra))
         return atomic_write_text(d / "report.html", self.to_html(extra))
 
@@ -254,14 +254,14 @@ def run_record_blocks(directory: str | Path) -> list[tuple[str, Any]]:
 
 
 def load_report(directory: str | Path) -> Report:
-    """Rebuild the :class:`Report` saved in ``directory`` (``report.json`` + ``figures/``)."""
+    """Rebuild the :class:`Report` saved in ``directory`` (``report.blocks.json`` + ``figures/``)."""
     d = Path(directory)
-    data = _read_json(d / "report.json")
+    data = _read_json(d / "report.blocks.json")
     if not isinstance(data, dict) or "blocks" not in data:
-        raise InputError(f"{d} has no readable report.json",
+        raise InputError(f"{d} has no readable report.blocks.json",
                          "pass a run directory written by originlens (re-run the command that made it)")
     if data.get("format", 0) > REPORT_FORMAT:
-        raise InputError(f"{d}/report.json has format {data.get('format')}, newer than this originlens "
+        raise InputError(f"{d}/report.blocks.json has format {data.get('format')}, newer than this originlens "
                          f"({REPORT_FORMAT})", "upgrade originlens")
 
     def png(name: str) -> bytes:

@@ -39,7 +39,9 @@ def save_statistics(stats: CorpusStatistics, out: str | Path, *, manifest: dict[
         if stats.vocab is not None:
             atomic_write_json(tmp / "vocab.json", stats.vocab)
         if manifest is not None:
-            atomic_write_json(tmp / "manifest.json", manifest)
+            from ..runs import git_commit, package_versions
+            atomic_write_json(tmp / "manifest.json", {"environment": {"versions": package_versions(),
+                                                                     "git_commit": git_commit()}, **manifest})
         for name, obj in (extra_files or {}).items():
             atomic_write_json(tmp / name, obj)
     return out

@@ -140,6 +140,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "majority": ("originlens.tasks.majority", "MajorityTask"),
     "cond-majority": ("originlens.tasks.majority", "CondMajorityTask"),
     "othello": ("originlens.tasks.othello", "OthelloTask"),
+    "tinystories": ("originlens.tasks.tinystories", "TinyStoriesTask"),
 }
 
 

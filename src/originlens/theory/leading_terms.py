@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, InputError
+from ..errors import CompatibilityError, ConfigError, InputError
 
 # ----------------------------------------------------------------------------------------------
 # coefficients
@@ -251,8 +251,8 @@ def compare_to_theory(model_or_weights: Any, stats: Any, s: int, eta: float, *,
             raise InputError(f"weights lack '{name}'", "pass all weights of the model")
         kind = name.split(".")[0]
         if w[name].shape != p.shape:
-            raise InputError(f"'{name}' has shape {w[name].shape}, statistics give {p.shape}",
-                             "compute the statistics with the model's vocabulary and T")
+            raise CompatibilityError(f"'{name}' has shape {w[name].shape}, statistics give {p.shape}",
+                                     "compute the statistics with the model's vocabulary and T")
         err = float(np.linalg.norm(w[name] - p))
         npred = float(np.linalg.norm(p))
         out[name] = {"cos": cosine(w[name], raw[kind]), "norm_ratio": norm_ratio(w[name], p),

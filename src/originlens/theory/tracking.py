@@ -573,6 +573,7 @@ def load_run(run_dir: str | Path, *, stats: Any = None, data: str | Path | None 
         stats = corpus_statistics(train, int(cfg["identity"]["vocab_size"]), vocab=vocab)
         manifest = {"source": "full (computed by the report: the run has no statistics/)", "windows": "all",
                     "n_windows": int(train.shape[0])}
+    _check_run_statistics(p, stats, cfg, vocab)
     if vocab is None and getattr(stats, "vocab", None) is not None and stats.size == stats.vocab_size:
         vocab = list(stats.vocab)
     if train is not None:
@@ -581,6 +582,21 @@ def load_run(run_dir: str | Path, *, stats: Any = None, data: str | Path | None 
         if want and h != want:
             note += " — WARNING: these windows are not the ones the run was trained on (hash differs)"
     return RunData(p, cfg, metrics, stats, manifest, train, held, vocab, note)
+
+
+def _check_run_statistics(path: Path, stats: Any, cfg: Mapping[str, Any], vocab: Sequence[str] | None) -> None:
+    """Statistics must match the run's |V|, T and (when both are known) token strings, unrestricted."""
+    V, T = int(cfg["identity"]["vocab_size"]), int(cfg["identity"]["seq_len"])
+    B, D = _stat(stats, "bigram"), _stat(stats, "positional")
+    fix = "pass statistics of this run's own corpus (RUN/statistics), computed without --top-k"
+    if B.shape != (V, V) or D.shape != (T,):
+        raise CompatibilityError(f"statistics are {B.shape[0]}×{B.shape[1]} with T = {D.shape[0]}; the run {path} "
+                                 f"has |V| = {V}, T = {T}", fix)
+    if getattr(stats, "token_ids", None) is not None:
+        raise CompatibilityError("the statistics are restricted to a token subset", fix)
+    sv = getattr(stats, "vocab", None)
+    if vocab is not None and sv is not None and list(sv) != list(vocab):
+        raise CompatibilityError(f"the statistics were computed with another vocabulary than the run {path}", fix)
 
 
 def _tokens_hash(arr: np.ndarray) -> str:

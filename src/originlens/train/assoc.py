@@ -20,15 +20,26 @@ Large batches are processed in chunks of ``grad_chunk`` sequences whose gradient
 weights n_chunk/n_batch (equal to the unchunked gradient up to round-off; the chunking is part of the
 run's identity so resumed runs stay bit-identical).
 
-Statistics for the per-checkpoint theory comparison come from ``stats=`` or are computed with
-:func:`originlens.stats.corpus_statistics` on the first shuffled batch (paper) or the full corpus
-(``stats_source``); they are recorded with every comparison.
+Statistics for the per-checkpoint theory comparison come from ``stats=`` or are computed by the trainer
+(:meth:`AssocTrainer.target_windows`, :func:`originlens.stats.corpus_statistics`) on the first shuffled
+batch (paper: the windows of the first SGD step, ``torch.randperm(N, Generator(data_seed))[:batch]``) or on
+all windows (``stats_source="full"``; full-batch GD always uses all windows).  They are computed with the
+model's vocabulary size |V| — so the centring constant 1/|V| is that of the model's softmax — and with the
+token strings when ``vocab=`` is given, and written to ``RUN/statistics/`` (manifest: source, data seed,
+window indices) before the first step; the source is recorded with every comparison.
+
+Device: ``device="cpu"`` (default), ``"cuda"`` / ``"cuda:N"`` or ``"auto"`` (CUDA when available).  Asking
+for CUDA where torch sees none is a :class:`~originlens.errors.ConfigError`.  The device is not part of
+the run's identity (the trajectory is the same up to round-off); exact resume is guaranteed on CPU only.
 
 Resume: ``resume=True`` continues from the last checkpoint (weights, step, data-order RNG state), drops
 metrics logged after it, and on CPU ends with bit-identical weights to an uninterrupted run.  A run
 directory holding a run with another configuration or other data is never overwritten unless
-``overwrite=True``.  Non-finite losses, gradients or weights raise
-:class:`~originlens.errors.NumericalError` naming the step, the tensor and the last good checkpoint.
+``overwrite=True``; a directory holding anything else (another kind of run, foreign files) is never
+overwritten.  A checkpoint that cannot be read, belongs to another run or lacks tensors is an error
+naming the file.  Non-finite losses, gradients or weights raise
+:class:`~originlens.errors.NumericalError` naming the step, the tensor and the last good checkpoint (no
+file is written for the failed step; an ``error`` event is appended to ``metrics.jsonl``).
 
 Callbacks (minGPT style): objects with any of ``on_step_end(trainer)``, ``on_checkpoint(trainer, path)``,
 ``on_train_end(trainer)``; ``trainer.request_stop()`` ends training cleanly after the current step
@@ -43,7 +54,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -56,10 +67,40 @@ from ..storage import atomic_write_text, load_tensors, read_json, save_tensors, 
 
 RNG_KEY = "trainer.data_rng_state"
 _CKPT_RE = re.compile(r"^step-(\d{6,})\.safetensors$")
+STATS_DIR = "statistics"
 # fields that may change when a run is resumed/extended (they do not change the trajectory)
 _EXTENDABLE = ("steps", "epochs", "checkpoint_every", "checkpoint_every_epochs", "checkpoint_at",
-               "keep_checkpoints", "log_every", "out", "stats_source")
-GRAD_CHUNK_BUDGET_BYTES = 2 * 1024 ** 3
+               "keep_checkpoints", "log_every", "out", "stats_source", "device")
+GRAD_CHUNK_BUDGET_BYTES = {"cpu": 2 * 1024 ** 3, "cuda": 8 * 1024 ** 3}
+RUN_KIND = "assoc-train-run"
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def resolve_device(spec: str | torch.device | None) -> torch.device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA if available, else CPU) → torch.device.
+
+    Raises :class:`~originlens.errors.ConfigError` for an unknown name or when CUDA is requested but
+    torch sees no CUDA device (CPU-only build, no GPU, or N out of range).
+    """
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    name = "cpu" if spec is None else str(spec).strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    m = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if not m:
+        raise ConfigError(f"unknown device '{spec}'", "use cpu, cuda, cuda:N or auto")
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ConfigError(f"device '{spec}' requested but CUDA is unavailable ({why})",
+                          "use --device cpu (or auto, which falls back to the CPU)")
+    idx = int(m.group(1) or 0)
+    if idx >= torch.cuda.device_count():
+        raise ConfigError(f"device '{spec}' requested but only {torch.cuda.device_count()} CUDA device(s) exist",
+                          f"use cuda:0 … cuda:{torch.cuda.device_count() - 1}")
+    return torch.device(f"cuda:{idx}")
 
 
 @dataclass
@@ -79,6 +120,7 @@ class AssocTrainConfig:
     * ``grad_chunk``: sequences per forward pass (gradients accumulated); None = automatic from a
       2 GiB activation estimate.
     * ``impl``: forward implementation of :class:`AssocModel` ("auto", "paths", "gather", "dense").
+    * ``device``: "cpu" (default), "cuda", "cuda:N" or "auto" (see :func:`resolve_device`).
     """
 
     n_layers: int = 3
@@ -100,6 +142,7 @@ class AssocTrainConfig:
     grad_chunk: int | None = None
     impl: str = "auto"
     out: str | None = None
+    device: str = "cpu"
 
     @property
     def optimizer(self) -> str:
@@ -131,10 +174,32 @@ class AssocTrainConfig:
         if any(int(s) < 1 for s in self.checkpoint_at):
             raise ConfigError("checkpoint_at steps must be ≥ 1", "list positive step numbers")
         self.model_config(2, 1).validate()
+        resolve_device(self.device)
 
     def model_config(self, vocab_size: int, seq_len: int) -> AssocConfig:
         return AssocConfig(vocab_size=vocab_size, seq_len=seq_len, n_layers=self.n_layers, init=self.init,
                            init_std=self.init_std, dtype=self.dtype, seed=self.seed, impl=self.impl)
+
+
+def run_dir_kind(path: str | Path) -> str:
+    """What ``path`` holds: ``"missing"``, ``"empty"``, ``"assoc"`` (a run written by this trainer),
+    ``"unreadable"`` (a config.json that is not valid JSON) or ``"foreign"`` (anything else)."""
+    p = Path(path)
+    if not p.exists():
+        return "missing"
+    if not p.is_dir():
+        return "foreign"
+    cfg = p / "config.json"
+    if not cfg.exists():
+        return "empty" if not any(p.iterdir()) else "foreign"
+    try:
+        old = read_json(cfg)
+    except InputError:
+        return "unreadable"
+    if isinstance(old, dict) and old.get("kind", RUN_KIND) == RUN_KIND and "run_id" in old \
+            and isinstance(old.get("identity"), dict):
+        return "assoc"
+    return "foreign"
 
 
 @dataclass
@@ -151,6 +216,7 @@ class AssocRun:
     checkpoints: list[Path] = field(default_factory=list)        # written by this call
     comparisons: dict[int, dict] = field(default_factory=dict)   # step -> compare_to_theory(...)
     stats: Any = None
+    stats_windows: Any = None                                    # window indices of the statistics (None = all)
     resumed_from: int | None = None
     stopped_early: bool = False
 
@@ -198,18 +264,27 @@ def _nan_to_none(obj: Any) -> Any:
 
 class AssocTrainer:
     """The training loop; callbacks see this object (``step``, ``epoch``, ``loss``, ``model``, ``cfg``,
-    ``stats``, ``run_dir``, ``last_checkpoint``, ``total_steps``)."""
+    ``stats``, ``stats_windows``, ``vocab``, ``device``, ``run_dir``, ``last_checkpoint``, ``total_steps``).
+
+    ``vocab``: optional token strings (length |V|) attached to the statistics the trainer computes.
+    """
 
     def __init__(self, tokens: Any, vocab_size: int, cfg: AssocTrainConfig,
-                 callbacks: Iterable[Any] = (), *, stats: Any = None) -> None:
+                 callbacks: Iterable[Any] = (), *, stats: Any = None, vocab: Sequence[str] | None = None) -> None:
         cfg.validate()
         self.cfg = cfg
+        self.device = resolve_device(cfg.device)
         self.tokens = _check_tokens(tokens, vocab_size)
         self.vocab_size = int(vocab_size)
+        if vocab is not None and len(vocab) != self.vocab_size:
+            raise CompatibilityError(f"the vocabulary has {len(vocab)} tokens but vocab_size is {self.vocab_size}",
+                                     "pass the corpus's own vocabulary (or vocab=None)")
+        self.vocab = None if vocab is None else [str(t) for t in vocab]
         self.n_sequences, self.seq_len = self.tokens.shape[0], self.tokens.shape[1] - 1
         self.callbacks = list(callbacks)
         self.stats = stats
         self.stats_source = "given" if stats is not None else cfg.stats_source
+        self.stats_windows: np.ndarray | None = None        # indices of the windows of computed statistics
         if stats is not None:
             self._check_stats(stats)
         self.spe = steps_per_epoch(self.n_sequences, cfg.batch_size)
@@ -217,7 +292,7 @@ class AssocTrainer:
         self.batch = self.n_sequences if cfg.batch_size is None else min(int(cfg.batch_size), self.n_sequences)
         self.grad_chunk = int(cfg.grad_chunk) if cfg.grad_chunk is not None else self._auto_chunk()
         self.data_hash = _data_hash(self.tokens)
-        self.model = AssocModel(cfg.model_config(self.vocab_size, self.seq_len))
+        self.model = AssocModel(cfg.model_config(self.vocab_size, self.seq_len)).to(self.device)
         self.step = 0
         self.loss: float | None = None
         self.run_dir: RunDir | None = None
@@ -226,7 +301,7 @@ class AssocTrainer:
         self._gen = torch.Generator().manual_seed(int(cfg.data_seed))
         self._perm: torch.Tensor | None = None
         self._epoch_state: torch.Tensor = self._gen.get_state()
-        self._tokens_t = torch.from_numpy(self.tokens)
+        self._tokens_t = torch.from_numpy(self.tokens).to(self.device)
 
     def _check_stats(self, stats: Any) -> None:
         from ..theory.leading_terms import _stat
@@ -236,12 +311,25 @@ class AssocTrainer:
                 f"statistics are {B.shape[0]}×{B.shape[1]} with T = {D.shape[0]}; the model needs "
                 f"{self.vocab_size}×{self.vocab_size} with T = {self.seq_len}",
                 "compute the statistics on this corpus without a restricted token set")
+        if getattr(stats, "token_ids", None) is not None:
+            raise CompatibilityError("the statistics are restricted to a token subset (top-K)",
+                                     "compute them over the whole vocabulary of the model")
+        svocab = getattr(stats, "vocab", None)
+        if self.vocab is not None and svocab is not None and list(svocab) != self.vocab:
+            raise CompatibilityError("the statistics were computed with another vocabulary (token strings differ)",
+                                     "compute them on this corpus, or let the trainer compute them")
+        vs = getattr(stats, "vocab_size", None)
+        if vs is not None and int(vs) != self.vocab_size:
+            raise CompatibilityError(f"the statistics were centred for |V| = {vs}, the model has |V| = {self.vocab_size}",
+                                     "compute them with the model's vocabulary size")
 
     # ------------------------------------------------------------------ identity and schedule
     def _auto_chunk(self) -> int:
         bytes_per = 8 if self.cfg.dtype == "float64" else 4
-        per_seq = self.seq_len * self.vocab_size * (2 ** self.cfg.n_layers + 2) * bytes_per
-        return max(1, min(self.batch, GRAD_CHUNK_BUDGET_BYTES // max(per_seq, 1)))
+        T, L = self.seq_len, self.cfg.n_layers
+        per_seq = (T * self.vocab_size * 4 + 3 * (2 ** (L - 1) * T) ** 2 + 4 * (2 ** L) * T * T) * bytes_per
+        budget = GRAD_CHUNK_BUDGET_BYTES["cuda" if self.device.type == "cuda" else "cpu"]
+        return max(1, min(self.batch, budget // max(per_seq, 1)))
 
     @property
     def epoch(self) -> float:
@@ -276,15 +364,21 @@ class AssocTrainer:
     def _prepare_dir(self, resume: bool, overwrite: bool) -> int:
         """Create / validate the run directory; returns the step to start from (loads a checkpoint)."""
         path = Path(self.cfg.out)
-        cfg_file = path / "config.json"
-        if path.exists() and not path.is_dir():
+        kind = run_dir_kind(path)
+        if kind == "foreign" and not path.is_dir():
             raise ConfigError(f"{path} exists and is not a directory", "choose another out directory")
-        if path.is_dir() and not cfg_file.exists() and any(path.iterdir()):
+        if kind == "foreign" and not (path / "config.json").exists():
             raise ConfigError(f"{path} is not empty and holds no originlens run",
                               "choose a new or empty out directory")
+        if kind == "unreadable":
+            raise ConfigError(f"{path} holds an unreadable config.json (not an originlens assoc run?)",
+                              "choose another out directory; originlens does not delete what it cannot identify")
+        if kind == "foreign":
+            raise ConfigError(f"{path} holds another kind of run (its config.json is not an assoc training config)",
+                              "choose another out directory (overwrite only replaces assoc runs)")
         start = 0
-        if cfg_file.exists():
-            old = read_json(cfg_file)
+        if kind == "assoc":
+            old = read_json(path / "config.json")
             same = old.get("run_id") == self.run_id()
             if overwrite:
                 self._wipe(path)
@@ -301,7 +395,7 @@ class AssocTrainer:
             else:
                 start = self._load_latest(path)
         self.run_dir = RunDir(path)
-        self.run_dir.write_config({"run_id": self.run_id(), "identity": self.identity(),
+        self.run_dir.write_config({"kind": RUN_KIND, "run_id": self.run_id(), "identity": self.identity(),
                                    "config": to_jsonable(self.cfg), "optimizer": self.cfg.optimizer,
                                    "steps_per_epoch": self.spe, "total_steps": self.total_steps})
         if start == 0:
@@ -310,7 +404,9 @@ class AssocTrainer:
                 data_hashes={"tokens": self.data_hash},
                 extra={"optimizer": self.cfg.optimizer, "optimizer_state": "none (plain GD/SGD)",
                        "grad_chunk": self.grad_chunk, "torch_threads": torch.get_num_threads(),
-                       "stats_source": self.stats_source})
+                       "stats_source": self.stats_source, "device": str(self.device),
+                       "device_name": (torch.cuda.get_device_name(self.device)
+                                       if self.device.type == "cuda" else "cpu")})
         return start
 
     @staticmethod
@@ -318,6 +414,7 @@ class AssocTrainer:
         for name in ("config.json", "environment.json", "metrics.jsonl", "model.safetensors"):
             (path / name).unlink(missing_ok=True)
         shutil.rmtree(path / "checkpoints", ignore_errors=True)
+        shutil.rmtree(path / STATS_DIR, ignore_errors=True)
 
     def _checkpoint_files(self, path: Path) -> list[tuple[int, Path]]:
         d = path / "checkpoints"
@@ -342,8 +439,20 @@ class AssocTrainer:
         arrays, meta = load_tensors(f, kind=CHECKPOINT_KIND)
         if meta.get("run_id") != self.run_id():
             raise CompatibilityError(f"{f} belongs to another run", "remove it or pass overwrite=True")
-        self.model.load_weights(arrays)
-        self._gen.set_state(torch.from_numpy(np.array(arrays[RNG_KEY], dtype=np.uint8)))
+        fix = "remove the damaged checkpoint to resume from the one before it, or pass overwrite=True"
+        if RNG_KEY not in arrays:
+            raise CompatibilityError(f"{f} lacks the data-order state '{RNG_KEY}'", fix)
+        try:
+            self.model.load_weights(arrays)
+        except CompatibilityError as exc:
+            raise CompatibilityError(f"{f}: {exc.what}", fix) from None
+        bad = [n for n, _ in self.model.named_weights() if not np.isfinite(np.asarray(arrays[n])).all()]
+        if bad:
+            raise InputError(f"{f} holds non-finite values in {', '.join(bad)}", fix)
+        try:
+            self._gen.set_state(torch.from_numpy(np.array(arrays[RNG_KEY], dtype=np.uint8)))
+        except (RuntimeError, ValueError, TypeError):
+            raise CompatibilityError(f"{f} holds an invalid data-order state", fix) from None
         self._epoch_state = self._gen.get_state()
         self._perm = None
         self.step = step
@@ -368,17 +477,47 @@ class AssocTrainer:
         atomic_write_text(f, "".join(k + "\n" for k in keep))
 
     # ------------------------------------------------------------------ statistics
+    def target_windows(self) -> np.ndarray | None:
+        """Indices of the windows the target statistics are computed on (None = all windows).
+
+        "first_batch": the windows of the first SGD step, i.e. the first ``batch`` entries of
+        ``torch.randperm(N, Generator().manual_seed(data_seed))`` — the permutation :meth:`_next_batch`
+        draws for epoch 1.  "full", full-batch GD, or a batch covering all windows: None.
+        """
+        if self.cfg.stats_source == "full" or self.cfg.optimizer == "gd" or self.batch >= self.n_sequences:
+            return None
+        g = torch.Generator().manual_seed(int(self.cfg.data_seed))
+        return torch.randperm(self.n_sequences, generator=g)[: self.batch].numpy()
+
     def _ensure_stats(self) -> None:
+        """Compute the target statistics (float64, the model's |V| and centring 1/|V|, token strings if
+        known) on :meth:`target_windows` unless given or ``stats_source="none"``."""
         if self.stats is not None or self.cfg.stats_source == "none":
             return
         from ..stats import corpus_statistics
-        if self.cfg.stats_source == "full" or self.cfg.optimizer == "gd":
-            sel = self.tokens
-        else:
-            g = torch.Generator().manual_seed(int(self.cfg.data_seed))
-            idx = torch.randperm(self.n_sequences, generator=g)[: self.batch].numpy()
-            sel = self.tokens[idx]
-        self.stats = corpus_statistics(sel, self.vocab_size, dtype=np.float64)
+        idx = self.target_windows()
+        sel = self.tokens if idx is None else self.tokens[idx]
+        self.stats = corpus_statistics(sel, self.vocab_size, dtype=np.float64, vocab=self.vocab)
+        self.stats_windows = idx
+        self.stats.meta.update({"source": self.stats_source, "data_seed": int(self.cfg.data_seed),
+                                "n_windows": int(sel.shape[0])})
+
+    def _save_stats(self) -> None:
+        """Write the target statistics to ``RUN/statistics/`` once (kept on resume)."""
+        from ..stats import CorpusStatistics, save_statistics
+        if self.run_dir is None or not isinstance(self.stats, CorpusStatistics):
+            return
+        d = self.run_dir.path / STATS_DIR
+        if (d / "statistics.safetensors").exists():
+            return
+        idx = self.stats_windows
+        given = self.stats_source == "given"
+        save_statistics(self.stats, d, manifest={
+            "source": self.stats_source, "data_seed": int(self.cfg.data_seed),
+            "n_windows": None if given else int(self.n_sequences if idx is None else len(idx)),
+            "windows": "given" if given else ("all" if idx is None else [int(i) for i in idx]),
+            "vocab_size": self.vocab_size, "centering": float(self.stats.centering),
+            "note": "indices into the training windows; first_batch = torch.randperm(N, Generator(data_seed))[:batch]"})
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self) -> Path:
@@ -416,10 +555,13 @@ class AssocTrainer:
             self._epoch_state = self._gen.get_state()
             self._perm = torch.randperm(self.n_sequences, generator=self._gen)
         idx = self._perm[pos * self.batch:(pos + 1) * self.batch]
-        return self._tokens_t.index_select(0, idx)
+        return self._tokens_t.index_select(0, idx.to(self.device))
 
     def _fail(self, what: str, s: int) -> NumericalError:
         ck = str(self.last_checkpoint) if self.last_checkpoint else "none yet"
+        if self.run_dir is not None:
+            self.run_dir.log_metrics({"event": "error", "step": s, "error": f"non-finite {what}",
+                                      "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None})
         return NumericalError(f"non-finite {what} at step {s} (lr={self.cfg.lr}, dtype={self.cfg.dtype})",
                               f"lower the learning rate or use dtype='float64'; last good checkpoint: {ck}")
 
@@ -465,7 +607,8 @@ class AssocTrainer:
                           step=start, total_steps=self.total_steps, optimizer=self.cfg.optimizer,
                           resumed_from=start if start else None)
         self._ensure_stats()
-        result.stats = self.stats
+        self._save_stats()
+        result.stats, result.stats_windows = self.stats, self.stats_windows
         if self.run_dir is not None and start:
             self.run_dir.log_metrics({"event": "resume", "step": start, "from": str(self.last_checkpoint)})
         bar = progress(total=self.total_steps, desc=f"assoc {self.cfg.optimizer}", unit="step")
@@ -511,11 +654,14 @@ class AssocTrainer:
 
 
 def train_assoc(tokens: Any, vocab_size: int, cfg: AssocTrainConfig, callbacks: Iterable[Any] = (), *,
-                stats: Any = None, resume: bool = False, overwrite: bool = False) -> AssocRun:
+                stats: Any = None, vocab: Sequence[str] | None = None, resume: bool = False,
+                overwrite: bool = False) -> AssocRun:
     """Train the Def. 3.1 model on ``tokens`` (N, T+1) int ids < ``vocab_size``.
 
     ``stats``: precomputed statistics for the per-checkpoint comparison with the theory (else computed
-    per ``cfg.stats_source``).  ``cfg.out=None`` trains in memory (no files).  See the module docstring
-    for the run directory, resume and overwrite rules.
+    per ``cfg.stats_source``; ``vocab`` — the token strings — is attached to them).  ``cfg.out=None``
+    trains in memory (no files).  See the module docstring for the run directory, resume and overwrite
+    rules.
     """
-    return AssocTrainer(tokens, vocab_size, cfg, callbacks, stats=stats).run(resume=resume, overwrite=overwrite)
+    return AssocTrainer(tokens, vocab_size, cfg, callbacks, stats=stats, vocab=vocab).run(
+        resume=resume, overwrite=overwrite)

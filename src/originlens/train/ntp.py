@@ -86,13 +86,13 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
                         probe_every=100, eval_every=0, untie_at=None, probe_positions="tracked"),
 }
 # Trainer tasks outside originlens.tasks' registry: name -> (module, class); built by get_task below.
-EXTRA_TASKS: dict[str, tuple[str, str]] = {"tinystories": ("originlens.tasks.tinystories", "TinyStoriesTask")}
+EXTRA_TASKS: dict[str, tuple[str, str]] = {}   # tasks outside originlens.tasks' registry (none at present)
 # Fields that may change between a run and its resumption (they do not change the trained weights).
 OPERATIONAL_FIELDS = ("steps", "checkpoint_every", "keep_checkpoints", "device", "log_every")
 
 
 def all_task_names() -> list[str]:
-    """Tasks the trainer accepts: the synthetic worlds plus ``language`` (a token store)."""
+    """Tasks the trainer accepts: the synthetic worlds, :data:`EXTRA_TASKS` and ``language`` (a token store)."""
     return [*task_names(), *EXTRA_TASKS, LANGUAGE]
 
 

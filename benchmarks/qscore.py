@@ -1,0 +1,128 @@
+"""Q(w) throughput: the batched implementation vs a per-example loop, same model, SAE and contexts, CPU.
+
+Model: ``stories260K`` (llama2.c, d = 64, 5 layers; TinyStories windows of 64 tokens) or ``--model gpt``
+(our GPT, d = 128, 4 layers, vocabulary 512, random weights and tokens).  SAE: a random standard SAE with
+``--d-sae`` latents on ``resid.3``.  Contexts: ``--features`` features × ``--contexts`` top-activating
+contexts found once by :func:`originlens.lm.qscore.find_top_contexts` (shared by both paths, timed
+separately).  Then, for every (feature, context) example, KL_1..KL_K (K = 10):
+
+* ``batched`` — :func:`originlens.lm.qscore.ablation_kl`: clean runs once per window, ablated copies of
+  many (feature, context) pairs per forward (``--batch-size`` rows), sorted by length;
+* ``loop``    — written out here: one forward per (context, feature) holding the clean and the ablated
+  copy of that example (2 rows, truncated after p + K − 1), KL from the logits.
+
+Prints seconds, features/second, the speed-up and the largest disagreement of KL_d and of the
+per-feature Q (mean of ratios).  Usage: ``.venv/bin/python benchmarks/qscore.py [--model stories260K|gpt]
+[--features 64] [--contexts 8] [--window 64] [--threads 1] [--float64]``.  Caveat: shared 2-core CPU; expect ±20 % noise.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from originlens.lm.native import GPTAdapter, Llama2cAdapter
+from originlens.lm.qscore import QScoreConfig, ablation_kl, aggregate, find_top_contexts, kl_divergence
+from originlens.sae import SAE, SAEConfig
+from originlens.sae.activations import as_sequences
+
+
+def build(model: str, n_windows: int, window: int):
+    if model == "gpt":
+        from originlens.models.gpt import GPT, GPTConfig
+        torch.manual_seed(0)
+        ad = GPTAdapter(GPT(GPTConfig(vocab_size=512, seq_len=window + 1, n_layer=4, d_model=128, n_head=4)),
+                        bos_id=0)
+        toks = np.random.default_rng(0).integers(1, 512, size=(n_windows, window))
+        return ad, toks
+    from originlens.lm.llama2c import Llama2cTokenizer, load_llama2c
+    from originlens.paths import data_path, tinystories_files
+    d = data_path("models", "stories260K")
+    m = load_llama2c(d / "stories260K.bin")
+    tok = Llama2cTokenizer.from_file(d / "tok512.bin", m.cfg.vocab_size)
+    rows = []
+    for line in tinystories_files()[0].read_text(encoding="utf-8").splitlines():
+        ids = tok.encode(line, bos=False)
+        rows += [ids[i:i + window] for i in range(0, len(ids) - window + 1, window)]
+        if len(rows) >= n_windows:
+            break
+    return Llama2cAdapter(m), np.array(rows[:n_windows])
+
+
+def random_sae(d: int, m: int, hook: str) -> SAE:
+    g = torch.Generator().manual_seed(0)
+    sae = SAE(SAEConfig(d_in=d, d_sae=m, hook_name=hook)).requires_grad_(False)
+    with torch.no_grad():
+        w = torch.randn(m, d, generator=g)
+        sae.W_dec.copy_(w / w.norm(dim=1, keepdim=True))
+        sae.W_enc.copy_(sae.W_dec.T)
+    return sae
+
+
+def loop_kl(ad, sae, k, seqs, ex, cfg):
+    """One forward per (feature, context): rows [clean, ablated], truncated after p + K − 1."""
+    K = cfg.max_offset
+    out = np.zeros((len(ex), K))
+    with torch.no_grad():
+        for e in range(len(ex)):
+            p, f = int(ex.position[e]), int(ex.feature[e])
+            tok = seqs[int(ex.seq_index[e]), :p + K].expand(2, -1)
+
+            def hook(x, _k):
+                x = x.clone()
+                a = sae.encode(x[1, p])
+                x[1, p] = x[1, p] - a[f] * sae.W_dec[f]
+                return x
+            logits = ad.run(tok, hooks={k: hook})
+            out[e] = kl_divergence(logits[0, p:p + K], logits[1, p:p + K]).numpy()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="stories260K", choices=["stories260K", "gpt"])
+    ap.add_argument("--features", type=int, default=64)
+    ap.add_argument("--contexts", type=int, default=8)
+    ap.add_argument("--d-sae", type=int, default=256)
+    ap.add_argument("--windows", type=int, default=400)
+    ap.add_argument("--window", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--float64", action="store_true", help="model and SAE in float64 (agreement ~1e-12)")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    ad, toks = build(a.model, a.windows, a.window)
+    sae = random_sae(ad.d_model, a.d_sae, "blocks.2.hook_resid_post")
+    if a.float64:
+        ad.module.double()
+        sae.double()
+    k = 3
+    cfg = QScoreConfig(n_contexts=a.contexts, max_offset=10, batch_size=a.batch_size)
+    seqs = as_sequences(toks, ad)
+    feats = list(range(a.features))
+    t0 = time.perf_counter()
+    ex = find_top_contexts(ad, sae, k, seqs, feats, cfg, first=1)
+    t_scan = time.perf_counter() - t0
+    n_feat = len(set(ex.feature.tolist()))
+    t0 = time.perf_counter()
+    kl_b, _ = ablation_kl(ad, sae, k, seqs, ex, cfg)
+    t_b = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    kl_l = loop_kl(ad, sae, k, seqs, ex, cfg)
+    t_l = time.perf_counter() - t0
+    q_b = np.array([f.q for f in aggregate(ex, kl_b, feats, cfg)[0] if f.n_examples])
+    q_l = np.array([f.q for f in aggregate(ex, kl_l, feats, cfg)[0] if f.n_examples])
+    print(f"model {a.model} (d={ad.d_model}, L={ad.n_layers}, V={ad.vocab_size}), SAE d_sae={a.d_sae} on resid.{k}, "
+          f"{n_feat} features x <= {a.contexts} contexts = {len(ex)} examples, K=10, threads={a.threads}")
+    print(f"context search (shared): {t_scan:.2f} s over {len(seqs)} windows of {seqs.shape[1]} tokens")
+    print(f"batched: {t_b:.2f} s  ({n_feat / t_b:.1f} features/s)")
+    print(f"loop:    {t_l:.2f} s  ({n_feat / t_l:.2f} features/s)")
+    print(f"speed-up: {t_l / t_b:.1f}x")
+    print(f"max |KL_batched - KL_loop| = {np.abs(kl_b - kl_l).max():.2e} (max KL {kl_l.max():.3g}); "
+          f"max relative |Q diff| = {np.max(np.abs(q_b - q_l) / np.maximum(np.abs(q_l), 1e-12)):.2e}")
+
+
+if __name__ == "__main__":
+    main()
