@@ -28,3 +28,10 @@ def test_docs_cli_md_is_current():
     assert DOC.exists(), "generate it: python -m originlens.cli.reference > docs/cli.md"
     assert DOC.read_text() == cli_reference(), \
         "docs/cli.md is out of date: python -m originlens.cli.reference > docs/cli.md"
+
+
+def test_docs_api_md_is_current():
+    from originlens.cli.reference import api_reference
+    doc = DOC.parent / "api.md"
+    assert doc.exists() and doc.read_text() == api_reference(), \
+        "docs/api.md is out of date: python -m originlens.cli.reference --api > docs/api.md"

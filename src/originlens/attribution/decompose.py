@@ -176,10 +176,11 @@ def pathway_adjoints(model: nn.Module, tokens: torch.Tensor, *, weights: torch.T
         raise ConfigError(f"unknown method {method!r}", "use method='fast' or 'autograd'")
     if method == "fast" and structured.supported(model):
         use_myopic = _check_model(model, myopic)
-        names, _ = trainable_parameters(model)
+        names, params = trainable_parameters(model)
         fw = structured.Forward(model, model._check_tokens(tokens))
         sa = structured.adjoints(fw, names, weights, targets, use_myopic)
-        return Adjoints(full=sa.full, direct=sa.direct, precached=sa.precached, loss=sa.loss, grad=sa.grad)
+        grad = {n: sa.grad[n] if n in sa.grad else torch.zeros_like(p) for n, p in zip(names, params)}
+        return Adjoints(full=sa.full, direct=sa.direct, precached=sa.precached, loss=sa.loss, grad=grad)
     with attention_impl(model, attn_impl):
         adj, _, _ = _adjoints_with_graph(model, tokens, weights, targets, _check_model(model, myopic))
     return adj
@@ -246,13 +247,26 @@ def decompose(model: nn.Module, tokens: torch.Tensor, sites: str | Site | Iterab
 
 
 def _decompose_structured(model, tokens, sites, weights, targets, myopic, chunk_size, chunk_bytes):
-    names, _ = trainable_parameters(model)
+    names, params = trainable_parameters(model)
     fw = structured.Forward(model, model._check_tokens(tokens))
-    adj = structured.adjoints(fw, names, weights, targets, myopic)
+    L, T = fw.n_layer, fw.T
+    # cut identity: r^L is a cut between every block/embedding parameter and the loss, so when all of
+    # layer L's loss positions are requested, ∇L outside the head = Σ_i J_{L,i}ᵀ a^L_i = Σ_i G_dir(L, i)
+    # (p^L = 0): the per-site pass then also delivers ∇L
+    cut = set((L, i) for i in range(T - 1)) <= set(sites)
+    adj = structured.adjoints(fw, names, weights, targets, myopic, block_grads=not cut)
     if chunk_size is None:
         chunk_size = structured.auto_chunk(fw, chunk_bytes)
     comps, zero = structured.site_components(fw, adj, sites, names, myopic, chunk_size)
-    full = adj.grad
+    full = dict(adj.grad)
+    if cut:
+        with torch.no_grad():
+            for n in names:
+                parts = [comps[(L, i)][c][n] for i in range(T - 1) for c in ("direct", "precached")]
+                parts = [t for t in parts if t is not zero[n]]
+                total = torch.stack(parts).sum(0) if parts else torch.zeros_like(zero[n])
+                full[n] = full[n] + total if n in full else total
+    full = {n: full[n] if n in full else torch.zeros_like(p) for n, p in zip(names, params)}
     result = {}
     for site in sites:
         dr, pr = comps[site]["direct"], comps[site]["precached"]

@@ -241,20 +241,21 @@ def _put_mlp(g: _Grads, mb: _MLPBack, E: torch.Tensor, h: torch.Tensor, c: torch
 # dense (spread) block backward
 
 
-def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False
+def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False, wgrad: bool = True
                    ) -> tuple[_Grads, torch.Tensor]:
     """Backward of block m (0-based) for adjoints E (n, B, P, d) at its output over positions < P, with
-    per-source weight gradients.  ``myopic``: keys/values of other positions detached.  Returns
-    (grads (n, ...), adjoint (n, B, P, d) at the block input)."""
+    per-source weight gradients (unless ``wgrad=False``).  ``myopic``: keys/values of other positions
+    detached.  Returns (grads (n, ...), adjoint (n, B, P, d) at the block input)."""
     blk = fw.blocks[m]
     P = E.shape[2]
     pre = lambda t: t[:, :P]                                           # noqa: E731
     g = _Grads(blk)
-    mb = _mlp_backward(blk, E, pre, True)
-    _put_mlp(g, mb, E, blk.h[:, :P], blk.c[:, :P])
+    mb = _mlp_backward(blk, E, pre, wgrad)
     dy = mb.dy
-    g.put("attn_out.weight", _wgrad(dy, blk.o[:, :P]))
-    g.put("attn_out.bias", _sum(dy))
+    if wgrad:
+        _put_mlp(g, mb, E, blk.h[:, :P], blk.c[:, :P])
+        g.put("attn_out.weight", _wgrad(dy, blk.o[:, :P]))
+        g.put("attn_out.bias", _sum(dy))
     do = _heads(dy @ blk.mod.attn_out.weight, fw.H)                    # (n, B, H, P, hd)
     A = blk.att[:, :, :P, :P]
     q, k, v = blk.q[:, :, :P], blk.k[:, :, :P], blk.v[:, :, :P]
@@ -268,12 +269,13 @@ def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False
         dk = dS.transpose(-2, -1) @ q
         dv = A.transpose(-2, -1) @ do
     dqkv = torch.cat([_merge(dq), _merge(dk), _merge(dv)], dim=-1)     # (n, B, P, 3d)
-    g.put("attn_qkv.weight", _wgrad(dqkv, blk.a[:, :P]))
-    g.put("attn_qkv.bias", _sum(dqkv))
     da = dqkv @ blk.mod.attn_qkv.weight
-    dln, lw, lb = _ln_backward(blk, 1, da, pre, True)
-    g.put("ln_1.weight", lw)
-    g.put("ln_1.bias", lb)
+    dln, lw, lb = _ln_backward(blk, 1, da, pre, wgrad)
+    if wgrad:
+        g.put("attn_qkv.weight", _wgrad(dqkv, blk.a[:, :P]))
+        g.put("attn_qkv.bias", _sum(dqkv))
+        g.put("ln_1.weight", lw)
+        g.put("ln_1.bias", lb)
     return g, dln.add_(dy)
 
 
@@ -457,28 +459,31 @@ class StructuredAdjoints:
     grad: ParamDict
 
 
-def _adjoint_block(fw: Forward, m: int, d: torch.Tensor, p: torch.Tensor
+def _adjoint_block(fw: Forward, m: int, d: torch.Tensor, p: torch.Tensor | None, wgrad: bool
                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """One step of the standard-regime recursions through block m (0-based): d^{m−1} = M(d^m),
-    p^{m−1} = F(p^m) + X(d^m) and the block's weight gradients of a^m = d^m + p^m (its part of ∇L).
+    p^{m−1} = F(p^m) + X(d^m) (``p=None``: p^m = 0) and, with ``wgrad``, the block's weight gradients
+    of a^m = d^m + p^m (its part of ∇L).
 
     X uses explicitly masked (off-diagonal) attention, so p keeps exact zeros wherever d and p vanish
     at and after a position.
     """
     blk = fw.blocks[m]
-    E = torch.stack([d, p])                                            # (2, B, T, d)
+    E = d[None] if p is None else torch.stack([d, p])                  # (1 or 2, B, T, d)
     mb = _mlp_backward(blk, E, lambda t: t, False)
     g = _Grads(blk)
-    E_a, dh_a, dc_a, dy_a = d + p, mb.dh[0] + mb.dh[1], mb.dc[0] + mb.dc[1], mb.dy[0] + mb.dy[1]
-    g.put("mlp_out.weight", _wgrad(E_a[None], blk.h))
-    g.put("mlp_out.bias", _sum(E_a[None]))
-    g.put("mlp_in.weight", _wgrad(dh_a[None], blk.c))
-    g.put("mlp_in.bias", _sum(dh_a[None]))
-    g.put("ln_2.weight", _sum((dc_a * blk.xhat2)[None]))
-    g.put("ln_2.bias", _sum(dc_a[None]))
-    g.put("attn_out.weight", _wgrad(dy_a[None], blk.o))
-    g.put("attn_out.bias", _sum(dy_a[None]))
-    do = _heads(mb.dy @ blk.mod.attn_out.weight, fw.H)                 # (2, B, H, T, hd)
+    if wgrad:
+        E_a, dh_a, dc_a, dy_a = E.sum(0, keepdim=True), mb.dh.sum(0, keepdim=True), \
+            mb.dc.sum(0, keepdim=True), mb.dy.sum(0, keepdim=True)
+        g.put("mlp_out.weight", _wgrad(E_a, blk.h))
+        g.put("mlp_out.bias", _sum(E_a))
+        g.put("mlp_in.weight", _wgrad(dh_a, blk.c))
+        g.put("mlp_in.bias", _sum(dh_a))
+        g.put("ln_2.weight", _sum(dc_a * blk.xhat2))
+        g.put("ln_2.bias", _sum(dc_a))
+        g.put("attn_out.weight", _wgrad(dy_a, blk.o))
+        g.put("attn_out.bias", _sum(dy_a))
+    do = _heads(mb.dy @ blk.mod.attn_out.weight, fw.H)                 # (n, B, H, T, hd)
     A, q, k, v = blk.att, blk.q, blk.k, blk.v
     dA = do @ v.transpose(-2, -1)
     dS = A * (dA - (A * dA).sum(-1, keepdim=True)) * fw.scale
@@ -488,25 +493,37 @@ def _adjoint_block(fw: Forward, m: int, d: torch.Tensor, p: torch.Tensor
     dv_myo = A.diagonal(dim1=-2, dim2=-1).unsqueeze(-1) * do[0]
     dk_x = dS[0].masked_fill(eye, 0.0).transpose(-2, -1) @ q           # off-diagonal reads of d
     dv_x = A.masked_fill(eye, 0.0).transpose(-2, -1) @ do[0]
-    dk_p = dS[1].transpose(-2, -1) @ q
-    dv_p = A.transpose(-2, -1) @ do[1]
-    dqkv = torch.stack([torch.cat([_merge(dq[0]), _merge(dk_myo), _merge(dv_myo)], dim=-1),
-                        torch.cat([_merge(dq[1]), _merge(dk_p + dk_x), _merge(dv_p + dv_x)], dim=-1)])
+    if p is None:
+        rows = [torch.cat([_merge(dq[0]), _merge(dk_myo), _merge(dv_myo)], dim=-1),
+                torch.cat([torch.zeros_like(_merge(dq[0])), _merge(dk_x), _merge(dv_x)], dim=-1)]
+    else:
+        dk_p = dS[1].transpose(-2, -1) @ q
+        dv_p = A.transpose(-2, -1) @ do[1]
+        rows = [torch.cat([_merge(dq[0]), _merge(dk_myo), _merge(dv_myo)], dim=-1),
+                torch.cat([_merge(dq[1]), _merge(dk_p + dk_x), _merge(dv_p + dv_x)], dim=-1)]
+    dqkv = torch.stack(rows)                                           # (2, B, T, 3d): d (myopic), p
     da = dqkv @ blk.mod.attn_qkv.weight                                # (2, B, T, d)
-    dqkv_a, da_a = dqkv[0] + dqkv[1], da[0] + da[1]
-    g.put("attn_qkv.weight", _wgrad(dqkv_a[None], blk.a))
-    g.put("attn_qkv.bias", _sum(dqkv_a[None]))
-    g.put("ln_1.weight", _sum((da_a * blk.xhat1)[None]))
-    g.put("ln_1.bias", _sum(da_a[None]))
+    if wgrad:
+        dqkv_a, da_a = dqkv.sum(0, keepdim=True), da.sum(0, keepdim=True)
+        g.put("attn_qkv.weight", _wgrad(dqkv_a, blk.a))
+        g.put("attn_qkv.bias", _sum(dqkv_a))
+        g.put("ln_1.weight", _sum(da_a * blk.xhat1))
+        g.put("ln_1.bias", _sum(da_a))
     back, _, _ = _ln_backward(blk, 1, da, lambda t: t)
-    back += mb.dy
+    back[0] += mb.dy[0]
+    if p is not None:
+        back[1] += mb.dy[1]
     return {n: t[0] for n, t in g.items()}, back[0], back[1]
 
 
 @torch.no_grad()
 def adjoints(fw: Forward, names: Iterable[str], weights: torch.Tensor | None, targets: torch.Tensor | None,
-             myopic: bool) -> StructuredAdjoints:
-    """All adjoints and ∇L of the training graph (myopic or standard) from the cached forward."""
+             myopic: bool, block_grads: bool = True) -> StructuredAdjoints:
+    """All adjoints and ∇L of the training graph (myopic or standard) from the cached forward.
+
+    ``block_grads=False`` skips the gradients of the blocks and embeddings (``grad`` then holds the head
+    parameters only): the caller sums them from the sites at layer L (cut identity, see ``decompose``).
+    """
     gL, loss, head = fw.head_backward(weights, targets)
     L = fw.n_layer
     a: list = [None] * (L + 1)
@@ -516,18 +533,18 @@ def adjoints(fw: Forward, names: Iterable[str], weights: torch.Tensor | None, ta
     grads: dict[str, torch.Tensor] = {}
     for m in range(L - 1, -1, -1):                                     # block m+1 (0-based m)
         if myopic:
-            g, a_in = dense_backward(fw, m, a[m + 1][None], myopic=True)
+            g, a_in = dense_backward(fw, m, a[m + 1][None], myopic=True, wgrad=block_grads)
             a[m], d[m], p[m] = a_in[0], a_in[0], torch.zeros_like(gL)
             grads.update({n: t[0] for n, t in g.items()})
         else:
-            g, d[m], p[m] = _adjoint_block(fw, m, d[m + 1], p[m + 1])
+            g, d[m], p[m] = _adjoint_block(fw, m, d[m + 1], None if m == L - 1 else p[m + 1], block_grads)
             a[m] = d[m] + p[m]
             grads.update(g)
-    grads.update({n: t[0] for n, t in embedding_grads(fw, a[0][None]).items()})
+    if block_grads:
+        grads.update({n: t[0] for n, t in embedding_grads(fw, a[0][None]).items()})
     for n, t in head.items():
         grads[n] = grads[n] + t if n in grads else t
-    params = dict(fw.model.named_parameters())
-    full = {n: grads[n] if n in grads else torch.zeros_like(params[n]) for n in names}
+    full = {n: grads[n] for n in names if n in grads}
     return StructuredAdjoints(full=a, direct=d, precached=p, loss=loss, grad=full)
 
 

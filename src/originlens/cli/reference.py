@@ -1,7 +1,8 @@
-"""The CLI reference (``docs/cli.md``), generated from the argparse parsers themselves.
+"""The CLI reference (``docs/cli.md``) and the Python API reference (``docs/api.md``), generated from the
+argparse parsers and the public API's docstrings.
 
-``python -m originlens.cli.reference > docs/cli.md`` regenerates it; a test fails when the committed file
-is out of date, so the reference cannot drift from the code.
+``python -m originlens.cli.reference > docs/cli.md`` and ``... --api > docs/api.md`` regenerate them; a
+test fails when a committed file is out of date, so the references cannot drift from the code.
 """
 from __future__ import annotations
 
@@ -80,5 +81,42 @@ def _render(root: argparse.ArgumentParser) -> str:
     return "\n".join(out)
 
 
+
+
+def api_reference() -> str:
+    """Markdown reference of the public Python API (``originlens.__all__``): signature + summary."""
+    import importlib
+    import inspect
+    import originlens
+    out = ["# Python API\n",
+           "Generated from the docstrings by `python -m originlens.cli.reference --api > docs/api.md`; do not "
+           "edit by hand. Everything below is importable from `originlens` directly (imported lazily: "
+           "`import originlens` does not import torch).\n"]
+    by_module: dict[str, list[str]] = {}
+    for name, mod in originlens._API.items():
+        by_module.setdefault(mod, []).append(name)
+    for mod, names in by_module.items():
+        module = importlib.import_module(mod)
+        doc = inspect.getdoc(module) or ""
+        out.append(f"## `{mod}`\n")
+        if doc:
+            out.append(doc.split("\n\n")[0].replace("\n", " ") + "\n")
+        for name in names:
+            obj = getattr(module, name)
+            kind = "class" if inspect.isclass(obj) else "function" if callable(obj) else "constant"
+            try:
+                sig = str(inspect.signature(obj)) if callable(obj) else ""
+            except (TypeError, ValueError):
+                sig = "(...)"
+            if kind == "constant":
+                out.append(f"### `{name}`\n")
+            else:
+                out.append(f"### `{name}{sig}`\n")
+            d = inspect.getdoc(obj) if kind != "constant" else None
+            if d:
+                out.append(d.split("\n\n")[0].strip() + "\n")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.stdout.write(cli_reference())
+    sys.stdout.write(api_reference() if "--api" in sys.argv[1:] else cli_reference())

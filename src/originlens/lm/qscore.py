@@ -238,9 +238,9 @@ def find_top_contexts(adapter: Any, sae: Any, k: int, sequences: Tensor, feature
             tok = sequences[s:s + config.scan_batch_size]
             x = site_residuals(adapter, tok.to(dev), k)
             a = sae.encode_subset(x.to(sae.W_enc.device), feats_dev).double().cpu()   # (B, L, F)
+            max_any = torch.maximum(max_any, a[:, first:].amax(dim=(0, 1)))
             a = a.masked_fill(~allowed[None, :, None], -math.inf)
             v, p = a.max(dim=1)                                                        # (B, F)
-            max_any = torch.maximum(max_any, v.max(dim=0).values)
             if config.position_rule == "drop":
                 v = v.masked_fill(~elig[p], -math.inf)
             idx = torch.arange(s, s + tok.shape[0]).expand(F, -1)
