@@ -101,8 +101,10 @@ def direct_check(corpus: Path, ckpt: Path, run: Path) -> dict:
 
     t0 = time.perf_counter()
     CQ, CV = cov(rownorm(stats.query_key)), cov(rownorm(stats.value_target))
+    direct_theory_s = time.perf_counter() - t0
     ids = torch.as_tensor(stats.token_ids)
     out = {"attention": [], "embedding_no_mlp": [], "embedding": []}
+    t0 = time.perf_counter()
     with torch.no_grad():
         st = ad.single_token_states(ids)
         for l in range(ad.n_layers):
@@ -112,16 +114,24 @@ def direct_check(corpus: Path, ckpt: Path, run: Path) -> dict:
             out["attention"].append(float(np.trace(CQ.T @ cov(E @ A_emb @ E.T))))
             out["embedding_no_mlp"].append(float(np.trace(CV.T @ cov(st.attn[l].double().numpy()))))
             out["embedding"].append(float(np.trace(CV.T @ cov(st.post[l].double().numpy()))))
-    direct_s = time.perf_counter() - t0
+    direct_ckpt_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     targets = prepare_targets(stats)
+    fast_theory_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
     fast = checkpoint_cosines(ad, stats.token_ids, targets, layers=range(ad.n_layers))
-    fast_s = time.perf_counter() - t0
+    fast_ckpt_s = time.perf_counter() - t0
     err = max(abs(a - b) for k in out for a, b in zip(out[k], fast.values["spec"][k]))
-    print(f"direct float64 transcription: {direct_s:.2f} s; fast path (theory preparation included): {fast_s:.2f} s; "
-          f"ratio {direct_s / fast_s:.1f}x; max |difference| {err:.2e}", flush=True)
-    return {"K": K, "direct_s": round(direct_s, 3), "fast_s": round(fast_s, 3), "ratio": round(direct_s / fast_s, 2),
-            "max_abs_diff": err}
+    n = len(res["labels"])
+    direct_total, fast_total = direct_theory_s + n * direct_ckpt_s, fast_theory_s + n * fast_ckpt_s
+    print(f"paper statistic, {ad.n_layers} layers, K = {K}: direct float64 transcription {direct_theory_s:.2f} s "
+          f"theory + {direct_ckpt_s:.2f} s per checkpoint; fast path {fast_theory_s:.2f} s + {fast_ckpt_s:.2f} s; "
+          f"per checkpoint {direct_ckpt_s / fast_ckpt_s:.1f}x, {n} checkpoints {direct_total / fast_total:.1f}x; "
+          f"max |difference| {err:.2e}", flush=True)
+    return {"K": K, "layers": ad.n_layers, "direct_theory_s": round(direct_theory_s, 3),
+            "direct_per_checkpoint_s": round(direct_ckpt_s, 3), "fast_theory_s": round(fast_theory_s, 3),
+            "fast_per_checkpoint_s": round(fast_ckpt_s, 3), "ratio_per_checkpoint": round(direct_ckpt_s / fast_ckpt_s, 1),
+            "ratio_sweep": round(direct_total / fast_total, 1), "max_abs_diff": err}
 
 
 def means(run: Path) -> dict:

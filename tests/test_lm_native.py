@@ -102,3 +102,21 @@ def test_site_names():
         parse_site("resid.9", 4)
     with pytest.raises(ConfigError):
         parse_site("blocks.x", 4)
+
+
+@pytest.mark.parametrize("make", ["gpt", "llama"])
+def test_run_from_site_equals_full_run(make):
+    model = _gpt() if make == "gpt" else _llama()
+    ad = GPTAdapter(model) if make == "gpt" else Llama2cAdapter(model)
+    assert ad.supports_run_from
+    toks = torch.randint(0, ad.vocab_size, (2, 5))
+    logits, res = ad.run(toks, return_residuals=True)
+    for k in range(ad.n_layers + 1):
+        torch.testing.assert_close(ad.run_from(k, res[k]), logits, rtol=0, atol=1e-12)
+    # an edited stream continues exactly like a replacing hook
+    edit = res[1].clone()
+    edit[:, 2] += 1.0
+    torch.testing.assert_close(ad.run_from(1, edit), ad.run(toks, hooks={1: lambda x, k: edit}),
+                               rtol=0, atol=1e-12)
+    with pytest.raises(ConfigError):
+        ad.run_from(ad.n_layers + 1, res[0])

@@ -254,6 +254,10 @@ def test_dedup_dead_features_and_bad_inputs():
     r2 = qscore(ad, sae, toks, features=[0], config=QScoreConfig(n_contexts=3, max_offset=4, dedup_distance=-1))
     assert (r2.examples.feature == 0).sum() == 3
     assert r.examples.skipped.get(2) == "dead" and r.features[1].reason == "dead"   # token 5 never occurs
+    late = np.full((3, 15), 6)
+    late[:, -2] = 1                                            # token 1 only where fewer than K tokens follow
+    r3 = qscore(ad, sae, late, features=[0, 2], config=QScoreConfig(n_contexts=3, max_offset=4))
+    assert r3.examples.skipped == {0: "no eligible context", 2: "dead"} and len(r3.examples) == 0
     with pytest.raises(InputError, match="windows"):
         qscore(ad, sae, toks[:, :4], config=QScoreConfig(max_offset=4))
     with pytest.raises(CompatibilityError, match="vocabulary"):
@@ -298,8 +302,12 @@ def test_cli_qscore_writes_a_run_directory(tmp_path, capsys):
     res = json.loads((tmp_path / "run" / "results.json").read_text())
     assert set(res["ablations"]) == {"error_preserving", "faithful"}
     ep = res["ablations"]["error_preserving"]
-    assert len(ep["features"]) == 6 and len(ep["examples"]["kl"][0]) == 4
-    assert res["ablations"]["faithful"]["examples"]["position"] == ep["examples"]["position"]
+    assert len(ep["features"]) == 6 and ep["summary"]["n_features"] == 6
+    from originlens.storage import load_tensors
+    a, _ = load_tensors(tmp_path / "run" / ep["examples_file"], kind="qscore-examples")
+    b, _ = load_tensors(tmp_path / "run" / "examples-faithful.safetensors", kind="qscore-examples")
+    assert a["kl"].shape[1] == 4 and a["kl"].shape[0] == a["feature"].shape[0] > 0
+    np.testing.assert_array_equal(a["position"], b["position"])
     for fig in ("q-hist-error_preserving.png", "kl-by-offset-faithful.png", "q-ablations.png"):
         assert (tmp_path / "run" / "figures" / fig).is_file()
     assert (tmp_path / "run" / "report.html").is_file() and (tmp_path / "run" / "config.json").is_file()
@@ -307,5 +315,6 @@ def test_cli_qscore_writes_a_run_directory(tmp_path, capsys):
     assert main(base + ["--sae", str(tmp_path / "narrow"), "--out", str(tmp_path / "r2")]) == 2
     assert "d_in=12" in capsys.readouterr().err
     np.save(tmp_path / "big.npy", _tokens(5, 20, 40, seed=5).astype(np.uint16))
-    assert main(base[:6] + [str(tmp_path / "big.npy"), "--sae", str(tmp_path / "sae"), "--out", str(tmp_path / "r3")]) == 2
+    assert main(base[:6] + [str(tmp_path / "big.npy"), "--sae", str(tmp_path / "sae"),
+                            "--out", str(tmp_path / "r3")]) == 2
     assert "vocabulary" in capsys.readouterr().err

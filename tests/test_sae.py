@@ -8,8 +8,8 @@ import torch
 from originlens.errors import CompatibilityError, ConfigError, InputError
 from originlens.lm.native import GPTAdapter
 from originlens.models.gpt import GPT, GPTConfig
-from originlens.sae import (SAE, SAEConfig, SAETrainConfig, config_from_dict, read_sae, sae_site, train_sae_on_activations,
-                            train_sae_run, write_sae)
+from originlens.sae import (SAE, SAEConfig, SAETrainConfig, config_from_dict, read_sae, sae_site,
+                            train_sae_on_activations, train_sae_run, write_sae)
 
 
 def _random_sae(arch, d=6, m=10, dtype="float32", seed=0, **kw):
@@ -129,7 +129,8 @@ def test_round_trip_and_raw_files_follow_saelens(arch, tmp_path):
 
 
 def test_reads_both_saelens_config_generations():
-    legacy = {"architecture": "standard", "d_in": 4, "d_sae": 8, "dtype": "torch.float32", "hook_point": "blocks.2.hook_resid_pre",
+    legacy = {"architecture": "standard", "d_in": 4, "d_sae": 8, "dtype": "torch.float32",
+              "hook_point": "blocks.2.hook_resid_pre",
               "activation_fn_str": "topk", "activation_fn_kwargs": {"k": 2}, "normalize_activations": False,
               "model_name": "m", "l1_coefficient": 5}
     c = config_from_dict(legacy)
@@ -143,7 +144,8 @@ def test_reads_both_saelens_config_generations():
         c = config_from_dict(v6)
         assert c.architecture == "jumprelu" and c.hook_name == "blocks.15.hook_resid_post"
         assert c.model_name == "gemma-2-2b" and c.apply_b_dec_to_input is False and c.hook_layer == 15
-    c = config_from_dict({"architecture": "topk", "d_in": 4, "d_sae": 8, "k": 3, "meta": {"hook_name": "blocks.0.hook_resid_post"}})
+    c = config_from_dict({"architecture": "topk", "d_in": 4, "d_sae": 8, "k": 3,
+                          "meta": {"hook_name": "blocks.0.hook_resid_post"}})
     assert c.k == 3
 
 

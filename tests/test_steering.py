@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from originlens.errors import CompatibilityError, InputError
-from originlens.lm.llama2c import Llama2cConfig, Llama2cModel, generate_tokens
+from originlens.lm.llama2c import generate_tokens
 from originlens.lm.native import GPTAdapter, Llama2cAdapter
 from originlens.lm.steering import (LookaheadConfig, completion_stats, generate_steered, lookahead, steer,
                                     steering_hook, subspace_alignment, train_lookahead_map)

@@ -68,6 +68,14 @@ _API = {
     "load_adapter": "originlens.lm",
     "load_tokenizer": "originlens.lm",
     "export_to_hf": "originlens.lm",
+    "qscore": "originlens.lm",
+    "steer": "originlens.lm",
+    "lookahead": "originlens.lm",
+    # sparse autoencoders
+    "SAE": "originlens.sae",
+    "read_sae": "originlens.sae",
+    "write_sae": "originlens.sae",
+    "train_sae": "originlens.sae",
     # reports
     "Report": "originlens.report",
     "combine_reports": "originlens.report",

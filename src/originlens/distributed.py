@@ -10,7 +10,11 @@ functions here from a script started by torchrun): :func:`init` reads the ``RANK
   exact and equal the single-process ones; floating-point sums (context, query-key, positional) equal
   the single-process merge of the same shards bit for bit (``corpus_statistics_sharded``), and the
   unsharded single pass to round-off (different summation order).
-* Helpers :func:`rank_zero_first`, :func:`barrier`, :func:`broadcast_object` for "rank 0 writes".
+* Helpers for "rank 0 writes": :func:`rank_zero_first`, :func:`rank_zero_only`, :func:`barrier`; small
+  collectives :func:`all_reduce_sum`, :func:`any_rank`, :func:`same_on_all_ranks`, :func:`gather_json`
+  (JSON bytes over tensors, never pickle).  Data-parallel training lives in :mod:`originlens.train.parallel`.
+* :func:`init` makes rank 0 the only rank with progress bars and status lines, and binds each rank to
+  ``cuda:LOCAL_RANK`` under nccl.
 
 Caveats: all-gathering the K×K accumulators costs world_size × K² × 8 bytes on every rank (fine up to a
 few thousand tokens; for K = 20,000 prefer one process with more threads).  Communication is between the
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -56,7 +60,13 @@ def init(backend: str | None = None) -> tuple[int, int]:
         if "MASTER_ADDR" not in os.environ:
             raise ConfigError("WORLD_SIZE > 1 but MASTER_ADDR is not set",
                               "start the command with torchrun --nproc_per_node N ...")
-        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+    if dist.get_rank() != 0:
+        from .progress import set_verbosity
+        set_verbosity(0)                # one progress bar / status stream: rank 0's
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -90,6 +100,65 @@ def shard_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
     base, extra = divmod(int(n), int(world_size))
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
+
+
+def rank_zero_only(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn`` on rank 0 only (e.g. evaluation, writing; no collectives inside), the others wait at a
+    barrier; returns fn's result on rank 0 and None elsewhere."""
+    rank, _ = world()
+    out = fn(*args, **kwargs) if rank == 0 else None
+    barrier()
+    return out
+
+
+def all_reduce_sum(t: Any) -> Any:
+    """Sum a tensor over the ranks in place (returned); the identity without a process group."""
+    if is_distributed():
+        import torch.distributed as dist
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on at least one (e.g. a stop request)."""
+    if not is_distributed():
+        return bool(flag)
+    import torch
+    t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=_collective_device())
+    return bool(all_reduce_sum(t).item() > 0)
+
+
+def same_on_all_ranks(value: int, what: str) -> None:
+    """Raise :class:`ConfigError` on every rank unless the integer ``value`` agrees across the ranks."""
+    if not is_distributed():
+        return
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([int(value)], dtype=torch.int64, device=_collective_device())
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    values = [int(o.item()) for o in out]
+    if len(set(values)) > 1:
+        raise ConfigError(f"the ranks disagree on the {what}: {values} (rank order)",
+                          "give every rank the same files and arguments (a shared run directory)")
+
+
+def gather_json(obj: Any) -> list[Any]:
+    """All-gather a JSON-serialisable object from every rank (rank order); ``[obj]`` without a group."""
+    import json
+    if not is_distributed():
+        return [obj]
+    raw = np.frombuffer(json.dumps(obj).encode("utf-8"), dtype=np.uint8)
+    return [json.loads(bytes(g).decode("utf-8")) for g in _gather_ragged(raw)]
+
+
+def _collective_device() -> Any:
+    """Where small collective tensors live: the current CUDA device under nccl, else the CPU."""
+    import torch
+    import torch.distributed as dist
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _gather_array(a: np.ndarray) -> list[np.ndarray]:

@@ -17,8 +17,10 @@ corpus directory (its vocabulary must be the model's), an ``.npy`` of token wind
 directories, ``hf:DATASET``) tokenised with the model's tokenizer and cut into ``--window``-token windows.
 
 Every command writes a run directory: config.json, environment.json, metrics.jsonl, results.json,
-figures/ and report.html.  Mounted under the ``lm`` group of :mod:`originlens.cli.lm_cmd` (listed after it
-in ``COMMAND_MODULES``); :mod:`originlens.cli.sae_cmd` reuses the model/corpus helpers below.
+figures/ and report.html (``qscore`` also ``examples-{ablation}.safetensors``: the per-example table of
+feature, window, position, activation, KL_1..KL_K and ratio).  Mounted under the ``lm`` group of
+:mod:`originlens.cli.lm_cmd` (listed after it in ``COMMAND_MODULES``); :mod:`originlens.cli.sae_cmd`
+reuses the model/corpus helpers below.
 """
 from __future__ import annotations
 
@@ -294,7 +296,13 @@ def cmd_qscore(args: argparse.Namespace) -> int:
         results[mode] = res
         for f in res.features:
             run.log_metrics({"ablation": mode, **{kk: v for kk, v in f.__dict__.items() if kk != "kl_by_offset"}})
-    atomic_write_json(run.file("results.json"), {"info": info, "ablations": {m: r.to_json() for m, r in results.items()}})
+    from ..storage import save_tensors
+    for mode, res in results.items():
+        save_tensors(run.file(f"examples-{mode}.safetensors"), res.example_arrays(), kind="qscore-examples",
+                     metadata={"ablation": mode, "site": f"resid.{k}"})
+    atomic_write_json(run.file("results.json"), {"info": info, "ablations": {
+        m: {**r.to_json(include_examples=False), "examples_file": f"examples-{m}.safetensors"}
+        for m, r in results.items()}})
     plt = setup_matplotlib()
     rep = Report("Q(w): pre-caching degree of SAE features")
     rep.section("Settings")
@@ -375,7 +383,8 @@ def cmd_steer(args: argparse.Namespace) -> int:
     rep.section("Completion statistics")
     rows = []
     for s in res:
-        promoted = ", ".join(repr(p["text"] if p["text"] is not None else p["id"]) for p in s.stats.get("promoted", [])[:5])
+        promoted = ", ".join(repr(p["text"] if p["text"] is not None else p["id"])
+                             for p in s.stats.get("promoted", [])[:5])
         rows.append(["baseline" if s.feature < 0 else s.feature, s.coefficient, s.stats.get("punct_frac", math.nan),
                      s.stats.get("digit_frac", math.nan), s.stats["distinct_frac"], promoted])
     rep.table(["feature", "c", "punctuation", "digits", "distinct", "most promoted vs baseline"], rows,
@@ -418,7 +427,8 @@ def _read_q(path: str, aggregate: str) -> dict[int, float]:
         res = abl.get("error_preserving") or next(iter(abl.values()))
         return {int(f["feature"]): float(f[aggregate]) for f in res["features"] if f["kept"]}
     except (json.JSONDecodeError, KeyError, StopIteration, TypeError, ValueError) as exc:
-        raise InputError(f"{p} is not a results.json of `lm qscore` ({exc})", "pass the qscore run's results.json") from None
+        raise InputError(f"{p} is not a results.json of `lm qscore` ({exc})",
+                         "pass the qscore run's results.json") from None
 
 
 def cmd_lookahead(args: argparse.Namespace) -> int:

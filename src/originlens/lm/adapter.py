@@ -118,6 +118,19 @@ class LMAdapter(ABC):
     def unembed(self, h: Tensor) -> Tensor:
         """Final normalisation + unembedding: ``(..., d)`` → logits ``(..., V)``."""
 
+    def run_from(self, k: int, x: Tensor) -> Tensor:
+        """Continue from residual site k: x ``(B, T, d)`` (the stream after k blocks) → logits ``(B, T, V)``.
+
+        Only the blocks above the site run, so an intervention at site k costs L−k blocks instead of L.
+        Adapters that cannot start mid-model raise ``NotImplementedError`` (callers then fall back to
+        :meth:`run` with a replacing hook); check :attr:`supports_run_from`.
+        """
+        raise NotImplementedError
+
+    @property
+    def supports_run_from(self) -> bool:
+        return type(self).run_from is not LMAdapter.run_from
+
     # ---- conveniences built on the abstract methods -------------------------------------------------
 
     @property

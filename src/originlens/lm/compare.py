@@ -657,7 +657,7 @@ def plot_mappings(result: ComparisonResult, variant: str = "spec", *, cmap: str 
     plt = setup_matplotlib()
     data = result.cosines[variant]
     n = len(result.labels)
-    fig, axes = plt.subplots(1, 3, figsize=(2.5 + 3 * max(2.2, 0.42 * n), 1.4 + 0.35 * max(4, len(result.layers))),
+    fig, axes = plt.subplots(1, 3, figsize=(2.5 + 3 * max(2.2, 0.42 * n), 2.0 + 0.4 * max(4, len(result.layers))),
                              sharey=True)
     im = None
     for ax, key in zip(axes, MAPPINGS):
@@ -678,7 +678,7 @@ def plot_heads(result: ComparisonResult, variant: str = "spec", *, cmap: str = "
     plt = setup_matplotlib()
     n = len(result.labels)
     H = next(iter(heads.values())).shape[0]
-    fig, axes = plt.subplots(1, len(heads), figsize=(2 + len(heads) * max(2.5, 0.42 * n), 1.4 + 0.35 * max(4, H)),
+    fig, axes = plt.subplots(1, len(heads), figsize=(2 + len(heads) * max(2.5, 0.42 * n), 2.0 + 0.4 * max(4, H)),
                              squeeze=False)
     im = None
     for ax, (layer, M) in zip(axes[0], sorted(heads.items())):

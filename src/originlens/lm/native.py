@@ -48,6 +48,9 @@ class GPTAdapter(LMAdapter):
                      for k, fns in hk.items()}
         return self.module(tokens, hooks=gpt_hooks, return_residuals=return_residuals)
 
+    def run_from(self, k: int, x: Tensor) -> Tensor:
+        return self.module.forward_from(self.check_site(k), x)
+
     def single_token_states(self, token_ids: Tensor) -> TokenStates:
         m = self.module
         d = self.d_model
@@ -104,6 +107,15 @@ class Llama2cAdapter(LMAdapter):
             residuals.append(h)
         logits = self.unembed(h)
         return (logits, residuals) if return_residuals else logits
+
+    def run_from(self, k: int, x: Tensor) -> Tensor:
+        k = self.check_site(k)
+        cfg = self.module.cfg
+        cos, sin = rotary_angles(torch.arange(x.shape[1]), cfg.head_dim, cfg.rope_theta)
+        cos, sin = cos.to(x.device), sin.to(x.device)
+        for layer in self.module.layers[k:]:
+            x = layer(x, cos, sin, None)[0]
+        return self.unembed(x)
 
     def single_token_states(self, token_ids: Tensor) -> TokenStates:
         m, cfg = self.module, self.module.cfg

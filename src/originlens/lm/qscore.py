@@ -145,15 +145,21 @@ class QScoreResult:
         out["dropped"] = dict(out["dropped"])
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def example_arrays(self) -> dict[str, np.ndarray]:
+        """The per-example table: feature, seq_index, position, activation, ablated_activation (E,),
+        kl (E, K), ratio (E,)."""
         ex = self.examples
-        return {"config": asdict(self.config), "site": f"resid.{self.site}", "hook_name": self.hook_name,
-                "summary": self.summary(), "features": [asdict(f) for f in self.features],
-                "examples": {"feature": ex.feature.tolist(), "seq_index": ex.seq_index.tolist(),
-                             "position": ex.position.tolist(), "activation": ex.activation.tolist(),
-                             "ablated_activation": self.ablated_activation.tolist(),
-                             "kl": self.kl.tolist(), "ratio": self.ratio.tolist()},
-                "skipped_features": {str(k): v for k, v in ex.skipped.items()}}
+        return {"feature": ex.feature, "seq_index": ex.seq_index, "position": ex.position,
+                "activation": ex.activation, "ablated_activation": self.ablated_activation, "kl": self.kl,
+                "ratio": self.ratio}
+
+    def to_json(self, include_examples: bool = True) -> dict[str, Any]:
+        out = {"config": asdict(self.config), "site": f"resid.{self.site}", "hook_name": self.hook_name,
+               "summary": self.summary(), "features": [asdict(f) for f in self.features],
+               "skipped_features": {str(k): v for k, v in self.examples.skipped.items()}}
+        if include_examples:
+            out["examples"] = {k: v.tolist() for k, v in self.example_arrays().items()}
+        return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -349,11 +355,18 @@ def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Exa
             by_win: dict[int, list[int]] = {}
             for j, e in enumerate(ids.tolist()):
                 by_win.setdefault(int(seq_all[e]), []).append(j)
+            fast = getattr(adapter, "supports_run_from", False)
+            site: dict[int, Tensor] = {}          # clean stream at site k per window (fast path)
             for c0 in range(0, len(wins), config.batch_size):
                 chunk = wins[c0:c0 + config.batch_size]
                 tok = _pad_rows([sequences[w, :need[w]] for w in chunk]).to(dev)
-                logits = adapter.run(tok)
+                if fast:
+                    logits, res = adapter.run(tok, return_residuals=True)
+                else:
+                    logits = adapter.run(tok)
                 for r, w in enumerate(chunk):
+                    if fast:
+                        site[w] = res[k][r, :need[w]]
                     for j in by_win[w]:
                         p = int(pos_all[ids[j]])
                         clean[j] = logits[r, p + offs].to(clean.dtype).cpu()
@@ -372,7 +385,16 @@ def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Exa
                     found.append(a_f)
                     return new
 
-                logits = adapter.run(tok, hooks={k: hook})
+                if fast:   # only the blocks above the site run; causal, so a clean prefix is exact
+                    L = max(int(pos_all[e]) + K for e in es)
+                    x = torch.zeros((len(js), L, adapter.d_model), dtype=site[int(seq_all[es[0]])].dtype,
+                                    device=dev)
+                    for r, e in enumerate(es.tolist()):
+                        n = int(pos_all[e]) + K
+                        x[r, :n] = site[int(seq_all[e])][:n]
+                    logits = adapter.run_from(k, hook(x, k))
+                else:
+                    logits = adapter.run(tok, hooks={k: hook})
                 rows = torch.arange(len(js), device=logits.device)[:, None]
                 abl = logits[rows, p[:, None] + offs.to(dev)].cpu()
                 kl[es.numpy()] = kl_divergence(clean[js], abl).numpy()

@@ -540,6 +540,28 @@ class GPT(nn.Module):
         logits = _cat([self._logits(e, xe) for (e, _, _), xe in zip(outer, _split(x, outer))])
         return (logits, residuals) if return_residuals else logits
 
+    def forward_from(self, k: int, x: torch.Tensor, *, myopic: bool | None = None) -> torch.Tensor:
+        """Continue a forward pass from residual site ``resid.k``: x (B, T, d) -> logits (B, T, V).
+
+        ``forward_from(k, residuals[k])`` equals ``forward`` (no hooks); used to re-run only the blocks
+        above an intervention site (e.g. Q(w) ablations), skipping the unchanged blocks below it.
+        """
+        if not 0 <= k <= self.config.n_layer:
+            raise ConfigError(f"residual site {k} out of range", f"use 0..{self.config.n_layer}")
+        T = x.shape[1]
+        use_myopic = self.is_myopic if myopic is None else bool(myopic)
+        p = self.config.dropout if self.training else 0.0
+
+        def attention(q: torch.Tensor, kk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return causal_self_attention(q, kk, v, myopic=use_myopic, impl=self.attn_impl, dropout_p=p,
+                                         future=self._future[:T, :T])
+
+        spans = self._spans(T)
+        outer = spans if self._outer_per_range else [(0, 0, T)]
+        for block in self.blocks[k:]:
+            x = block(x, spans, attention)
+        return _cat([self._logits(e, xe) for (e, _, _), xe in zip(outer, _split(x, outer))])
+
     def _logits(self, e: int, h: torch.Tensor) -> torch.Tensor:
         head = self.head[e]
         w = self.embed[e].wte.weight if head.lm_head is None else head.lm_head.weight
