@@ -69,6 +69,9 @@ _API = {
     "load_tokenizer": "originlens.lm",
     "export_to_hf": "originlens.lm",
     "qscore": "originlens.lm",
+    "cov_cosine": "originlens.lm",
+    "CheckpointGrid": "originlens.lm",
+    "compare_checkpoints": "originlens.lm",
     "steer": "originlens.lm",
     "lookahead": "originlens.lm",
     # sparse autoencoders

@@ -263,9 +263,11 @@ def _decompose_structured(model, tokens, sites, weights, targets, myopic, chunk_
         with torch.no_grad():
             for n in names:
                 parts = [comps[(L, i)][c][n] for i in range(T - 1) for c in ("direct", "precached")]
-                parts = [t for t in parts if t is not zero[n]]
-                total = torch.stack(parts).sum(0) if parts else torch.zeros_like(zero[n])
-                full[n] = full[n] + total if n in full else total
+                total = full[n].clone() if n in full else torch.zeros_like(zero[n])
+                for t in parts:
+                    if t is not zero[n]:
+                        total += t
+                full[n] = total
     full = {n: full[n] if n in full else torch.zeros_like(p) for n, p in zip(names, params)}
     result = {}
     for site in sites:

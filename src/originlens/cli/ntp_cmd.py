@@ -7,9 +7,10 @@
   --out DIR [overrides]`` trains regimes × seeds (finished runs are skipped) and writes ``DIR/grid.json``
   and ``DIR/report.html`` (:mod:`originlens.train.grid`).
 
-Every :class:`~originlens.train.ntp.NTPConfig` field has a flag; unset flags keep the paper's per-task
-defaults (spec §7).  ``--threads N`` sets torch's CPU thread count (process-wide, not recorded in the
-config).
+``ntp train`` runs data-parallel under ``torchrun --nproc_per_node W -m originlens ntp train ...``
+(:mod:`originlens.train.parallel`; rank 0 writes and prints).  Every
+:class:`~originlens.train.ntp.NTPConfig` field has a flag; unset flags keep the paper's per-task defaults
+(spec §7).  ``--threads N`` sets torch's CPU thread count (process-wide, not recorded in the config).
 """
 from __future__ import annotations
 
@@ -101,12 +102,16 @@ def _threads(args: argparse.Namespace) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from ..distributed import init
     from ..train.ntp import NTPConfig, Trainer
     _threads(args)
     cfg = NTPConfig(task=args.task, regime=args.regime, seed=args.seed, **_overrides(args))
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other", "pass one of them")
+    rank, _ = init()                    # under torchrun: data-parallel over the ranks, rank 0 writes
     res = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite).run()
+    if rank != 0:
+        return 0
     if res.skipped:
         print(f"{args.out}: already finished at step {res.step}")
     ev = ", ".join(f"{k} {v:.4f}" for k, v in res.final_eval.items())
@@ -116,8 +121,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_grid(args: argparse.Namespace) -> int:
+    from ..distributed import env_world
     from ..models.gpt import REGIMES
     from ..train.grid import GridConfig, format_grid_table, run_grid
+    if env_world()[1] > 1:
+        raise ConfigError("ntp grid does not run under torchrun (every process would train the whole grid)",
+                          "run it as one process, or train the runs one by one with torchrun ... ntp train")
     _threads(args)
     regimes = [r.strip() for r in args.regimes.split(",") if r.strip()] if args.regimes else list(REGIMES)
     cfg = GridConfig(task=args.task, regimes=regimes, seeds=args.seeds, overrides=_overrides(args),

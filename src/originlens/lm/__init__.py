@@ -21,6 +21,10 @@ from .loading import (MODEL_FORMATS, ModelFormat, TextCodec, detect_format, load
 from .qscore import FeatureQ, QScoreConfig, QScoreResult, ablation_kl, find_top_contexts, qscore
 from .steering import (LookaheadConfig, LookaheadResult, completion_stats, generate_steered, lookahead, steer,
                        subspace_alignment)
+from .checkpoints import (CheckpointGrid, CheckpointSpec, checkpoints_in_dir, log_spaced_steps, parse_spec,
+                          pythia_revisions, weights_hash)
+from .compare import (CompareConfig, ComparisonResult, checkpoint_cosines, compare_checkpoints, cov_cosine,
+                      write_comparison)
 from .tl import TLAdapter
 
 __all__ = [
@@ -29,6 +33,9 @@ __all__ = [
     "qscore", "QScoreConfig", "QScoreResult", "FeatureQ", "find_top_contexts", "ablation_kl", "steer",
     "generate_steered", "completion_stats", "lookahead", "LookaheadConfig", "LookaheadResult",
     "subspace_alignment",
+    "CheckpointGrid", "CheckpointSpec", "checkpoints_in_dir", "log_spaced_steps", "parse_spec",
+    "pythia_revisions", "weights_hash", "CompareConfig", "ComparisonResult", "checkpoint_cosines",
+    "compare_checkpoints", "cov_cosine", "write_comparison",
     "LMAdapter",
     "TokenStates",
     "GPTAdapter",

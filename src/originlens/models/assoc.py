@@ -145,7 +145,49 @@ def _causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
-ROWS_BYTES = {"cpu": 32 * 1024 ** 2, "other": 1024 ** 3}   # gathered-row buffer of the logits path
+ROWS_BYTES = {"cpu": 16 * 1024 ** 2, "other": 1024 ** 3}   # gathered rows per chunk of the logits path
+
+
+class Workspace:
+    """Reusable scratch tensors keyed by name (one flat buffer per name, grown on demand).
+
+    Large fresh allocations are expensive on CPU (every first touch of a new page faults); the training
+    loop reuses these buffers from step to step.  A tensor handed out under a name is valid until the
+    same name is requested again.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
+            zero: bool = False) -> torch.Tensor:
+        n = math.prod(shape)
+        buf = self._bufs.get(name)
+        if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != device:
+            buf = torch.empty(n, dtype=dtype, device=device)
+            self._bufs[name] = buf
+        out = buf[:n].view(shape)
+        return out.zero_() if zero else out
+
+    def clear(self) -> None:
+        self._bufs.clear()
+
+
+class _Fresh:
+    """Workspace stand-in that always allocates (autograd path: tensors may outlive the call)."""
+
+    @staticmethod
+    def get(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
+            zero: bool = False) -> torch.Tensor:
+        return (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
+
+
+def _pair_layout(x: torch.Tensor, n: int, V: int) -> torch.Tensor:
+    """Flat indices into K_l viewed as (n, n·|V|²): entry (b, i, S', j) → S'·|V|² + x_i·|V| + x_j."""
+    B, T = x.shape
+    idx = (x[:, :, None, None] * V + x[:, None, None, :]
+           + torch.arange(n, device=x.device)[None, None, :, None] * (V * V))
+    return idx.reshape(-1)
 
 
 class _PathPass:
@@ -158,132 +200,177 @@ class _PathPass:
     the attention products A_S (B, T, T) of the non-empty subsets are kept side by side in ``abar``
     (B, T, (2^L − 1)·T), block S at columns (S − 1)·T … S·T.
 
-    Forward::
+    Forward (attention part in ``__init__``)::
 
-        G_l[S, S'] = K_{S,S'}[x_i, x_j]                       (n, n, B, T, T), one gather
-        Y_{S'}     = Σ_S A_S G_l[S, S']                        (n, B, T, T)
-        s_l        = Σ_{S'} Y_{S'} A_{S'}ᵀ + DM(P_l);   A_l = causal_softmax(s_l)
-        A_{n+S}    = A_l A_S                                  (new blocks of abar)
-        logits     = W_O[x] + Σ_{S≠∅} A_S Z_S[x]              (rows Z_S[x_j] gathered per batch chunk)
+        G_l[S][b, i, (S', j)] = K_{S,S'}[x_i, x_j]             (n, B, T, n·T), one gather
+        Y_l        = Σ_S A_S G_l[S]                             (B, T, n·T), Y_l[:, :, S'] = Σ_S A_S G[S, S']
+        s_l        = Y_l[:, :, ∅] + Σ_{S'≠∅} Y_l[:, :, S'] A_{S'}ᵀ + DM(P_l);   A_l = causal_softmax(s_l)
+        A_{n+S}    = A_l A_S                                    (new blocks of abar)
+        logits     = W_O[x] + Σ_{S≠∅} A_S Z_S[x]                (rows Z_S[x_j] gathered per batch chunk)
 
-    Backward (:meth:`backward`, g = ∂L/∂logits): ∂A_S = g Z_S[x]ᵀ and ∂Z_S = scatter(A_Sᵀ g); then for
-    l = L..1 the chain A_{n+S} = A_l A_S (∂A_l += ∂A_{n+S} A_Sᵀ, ∂A_S += A_lᵀ ∂A_{n+S}); the softmax
-    Jacobian ∂s = A ⊙ (∂A − rowsum(∂A ⊙ A)); ∂P_l[d] = Σ_t ∂s[t, t−d]; with U_{S'} = ∂s A_{S'}:
-    ∂G[S, S'] = A_Sᵀ U_{S'} (scattered into ∂K) and ∂A_S += Σ_{S'} U_{S'} G[S, S']ᵀ + ∂sᵀ Y_S.  Entries of
-    ∂A_S above the diagonal are never used (they multiply zeros of causal attention).
+    Backward, with g = ∂L/∂logits: ∂A_S = g Z_S[x]ᵀ and ∂Z_S = scatter(A_Sᵀ g) (:meth:`logits_backward`,
+    or :meth:`fused_loss_backward`, which forms logits, cross-entropy and these gradients chunk by chunk
+    without keeping the logits); then (:meth:`attention_backward`) for l = L..1 the chain
+    A_{n+S} = A_l A_S (∂A_l += ∂A_{n+S} A_Sᵀ, ∂A_S += A_lᵀ ∂A_{n+S}); the softmax Jacobian
+    ∂s = A ⊙ (∂A − rowsum(∂A ⊙ A)); ∂P_l[d] = Σ_t ∂s[t, t−d]; with U = ∂s [I, A_1, …] (B, T, n·T):
+    ∂G[S] = A_Sᵀ U (scattered into ∂K) and ∂A_S += U G[S]ᵀ + ∂sᵀ Y[:, :, S].  Entries of ∂A_S above the
+    diagonal are never used (they multiply zeros of causal attention).
     """
 
     def __init__(self, x: torch.Tensor, Ks: list[torch.Tensor], Z: torch.Tensor, W_O: torch.Tensor,
-                 Ps: list[torch.Tensor], *, save: bool = True) -> None:
+                 Ps: list[torch.Tensor], *, save: bool = True, ws: Workspace | None = None) -> None:
         B, T = x.shape
         V = W_O.shape[0]
         L = len(Ks)
         m = (1 << L) - 1
         dev, dt = W_O.device, W_O.dtype
-        self.x, self.Ks, self.Z, self.Ps = x, Ks, Z, Ps
+        self.ws = ws if ws is not None else _Fresh()
+        self.x, self.Ks, self.Z, self.W_O, self.Ps = x, Ks, Z, W_O, Ps
         self.B, self.T, self.V, self.L, self.m, self.Tfull = B, T, V, L, m, Ps[0].shape[0]
+        self.dev, self.dt = dev, dt
         budget = ROWS_BYTES["cpu" if dev.type == "cpu" else "other"]
         self.bc = max(1, min(B, budget // max(1, T * m * V * W_O.element_size())))
-        self.pair = (x[:, :, None] * V + x[:, None, :]).reshape(-1)        # flat index of K[x_i, x_j]
         self.ridx = (x[:, :, None] + torch.arange(m, device=dev) * V).reshape(B, T * m)   # Z_S[x_j], (j, S)
-        mask = torch.ones(T, T, dtype=torch.bool, device=dev).triu(1)
-        abar = torch.empty(B, T, m * T, dtype=dt, device=dev)
+        self.idx: list[torch.Tensor | None] = [None] * L
         self.G: list[torch.Tensor | None] = [None] * L
         self.Y: list[torch.Tensor | None] = [None] * L
+        mask = torch.ones(T, T, dtype=torch.bool, device=dev).triu(1)
+        abar = self.ws.get("abar", (B, T, m * T), dt, dev)
         for l in range(L):
             n = 1 << l
-            if l == 0:
-                s = Ks[0][0].index_select(0, self.pair).view(B, T, T)
+            idx = _pair_layout(x, n, V)
+            G = self.ws.get(f"G{l}", (n, B, T, n * T), dt, dev)
+            torch.index_select(Ks[l].view(n, n * V * V), 1, idx, out=G.view(n, -1))
+            if n == 1:
+                Y = G[0]
+                s = Y.clone()
             else:
-                G = Ks[l].index_select(1, self.pair).view(n, n, B, T, T)
-                Y = G[0].clone()
+                Y = self.ws.get(f"Y{l}", (B, T, n * T), dt, dev)
+                Y.copy_(G[0])
                 for S in range(1, n):
-                    a_S = abar[:, :, (S - 1) * T:S * T]
-                    for S2 in range(n):
-                        Y[S2].baddbmm_(a_S, G[S, S2])
-                s = Y[0]
-                for S2 in range(1, n):
-                    s = s.baddbmm(Y[S2], abar[:, :, (S2 - 1) * T:S2 * T].transpose(1, 2))
-                if save:
-                    self.G[l], self.Y[l] = G, Y
-            s = s + diag_matrix(Ps[l][:T], T)
+                    Y.baddbmm_(abar[:, :, (S - 1) * T:S * T], G[S])
+                s = torch.baddbmm(Y[:, :, :T], Y[:, :, T:], abar[:, :, :(n - 1) * T].transpose(1, 2))
+            if save:
+                self.idx[l], self.G[l], self.Y[l] = idx, G, Y
+            s += diag_matrix(Ps[l][:T], T)
             s.masked_fill_(mask, float("-inf"))
             A = torch.softmax(s, dim=-1)
             abar[:, :, (n - 1) * T:n * T] = A
             if n > 1:
                 abar[:, :, n * T:(2 * n - 1) * T] = torch.bmm(A, abar[:, :, :(n - 1) * T])
-        # position-major coefficients Cp[b, t, j, S−1] = A_S[b, t, j] (one batched product per chunk)
-        self.Cp = abar.view(B, T, m, T).permute(0, 1, 3, 2).reshape(B, T, T * m)
-        self.abar = abar if save else None
-        logits = W_O.index_select(0, x.reshape(-1)).view(B, T, V)
-        buf = Z.new_empty(self.bc * T * m, V)
-        for b0, b1, rows in self._row_chunks(buf):
-            logits[b0:b1].baddbmm_(self.Cp[b0:b1], rows)
-        self.logits = logits
-        if not save:
-            self.Cp = None
+        self.abar = abar
 
-    def _row_chunks(self, buf: torch.Tensor):
-        """(b0, b1, rows) with rows (b1 − b0, T·m, |V|) = Z_S[x_j] gathered into ``buf``."""
-        T, m, V = self.T, self.m, self.V
-        for b0 in range(0, self.B, self.bc):
-            b1 = min(self.B, b0 + self.bc)
-            rows = torch.index_select(self.Z, 0, self.ridx[b0:b1].reshape(-1), out=buf[:(b1 - b0) * T * m])
-            yield b0, b1, rows.view(b1 - b0, T * m, V)
-
-    def backward(self, g: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """Gradients (dKs, dZ, dW_O of the W_O[x] term only, dPs) for g = ∂L/∂logits (B, T, |V|)."""
-        B, T, V, L, m = self.B, self.T, self.V, self.L, self.m
-        dev, dt = g.device, g.dtype
-        g = g.contiguous()
-        dW_O = torch.zeros(V, V, dtype=dt, device=dev).index_add_(0, self.x.reshape(-1), g.view(-1, V))
-        dCp = torch.empty(B, T, T * m, dtype=dt, device=dev)
-        dZ = torch.zeros_like(self.Z)
-        buf = self.Z.new_empty(self.bc * T * m, V)
-        dbuf = self.Z.new_empty(self.bc * T * m, V)
-        for b0, b1, rows in self._row_chunks(buf):
+    # ------------------------------------------------------------------ logits path
+    def _chunks(self):
+        """(b0, b1, rows, cp): rows (nb, T·m, |V|) = Z_S[x_j] in (j, S) order, cp (nb, T, T·m) with
+        cp[b, t, (j, S)] = A_S[b, t, j] — both in reused chunk buffers."""
+        B, T, m, V = self.B, self.T, self.m, self.V
+        rbuf = self.ws.get("rows", (self.bc * T * m, V), self.dt, self.dev)
+        cbuf = self.ws.get("cp", (self.bc * T * T * m,), self.dt, self.dev)
+        for b0 in range(0, B, self.bc):
+            b1 = min(B, b0 + self.bc)
             nb = b1 - b0
-            torch.bmm(g[b0:b1], rows.transpose(1, 2), out=dCp[b0:b1])
-            drows = torch.bmm(self.Cp[b0:b1].transpose(1, 2), g[b0:b1], out=dbuf[:nb * T * m].view(nb, T * m, V))
-            dZ.index_add_(0, self.ridx[b0:b1].reshape(-1), drows.view(-1, V))
-        dabar = dCp.view(B, T, T, m).permute(0, 1, 3, 2).reshape(B, T, m * T)
-        del dCp
-        abar = self.abar
+            rows = torch.index_select(self.Z, 0, self.ridx[b0:b1].reshape(-1), out=rbuf[:nb * T * m])
+            cp = cbuf[:nb * T * T * m].view(nb, T, T, m)
+            cp.copy_(self.abar[b0:b1].view(nb, T, m, T).permute(0, 1, 3, 2))
+            yield b0, b1, rows.view(nb, T * m, V), cp.view(nb, T, T * m)
+
+    def logits(self) -> torch.Tensor:
+        """Logits (B, T, |V|) (a fresh tensor)."""
+        B, T, V = self.B, self.T, self.V
+        out = self.W_O.index_select(0, self.x.reshape(-1)).view(B, T, V)
+        for b0, b1, rows, cp in self._chunks():
+            out[b0:b1].baddbmm_(cp, rows)
+        return out
+
+    def _grad_chunk(self, b0: int, b1: int, rows: torch.Tensor, cp: torch.Tensor, g: torch.Tensor,
+                    dZ: torch.Tensor, dW_O: torch.Tensor, dabar: torch.Tensor) -> None:
+        T, m, V = self.T, self.m, self.V
+        nb = b1 - b0
+        dcp = self.ws.get("dcp", (nb, T, T, m), self.dt, self.dev)
+        torch.bmm(g, rows.transpose(1, 2), out=dcp.view(nb, T, T * m))
+        dabar[b0:b1].view(nb, T, m, T).copy_(dcp.permute(0, 1, 3, 2))
+        drows = self.ws.get("drows", (nb, T * m, V), self.dt, self.dev)
+        torch.bmm(cp.transpose(1, 2), g, out=drows)
+        dZ.index_add_(0, self.ridx[b0:b1].reshape(-1), drows.view(-1, V))
+        dW_O.index_add_(0, self.x[b0:b1].reshape(-1), g.reshape(-1, V))
+
+    def logits_backward(self, g: torch.Tensor, dZ: torch.Tensor, dW_O: torch.Tensor) -> torch.Tensor:
+        """Add ∂Z and ∂W_O (the W_O[x] term) of g = ∂L/∂logits to ``dZ``, ``dW_O``; returns ∂abar."""
+        g = g.contiguous()
+        dabar = self.ws.get("dabar", (self.B, self.T, self.m * self.T), self.dt, self.dev)
+        for b0, b1, rows, cp in self._chunks():
+            self._grad_chunk(b0, b1, rows, cp, g[b0:b1], dZ, dW_O, dabar)
+        return dabar
+
+    def fused_loss_backward(self, targets: torch.Tensor, weight: float, dZ: torch.Tensor,
+                            dW_O: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """Mean cross-entropy against ``targets`` (B, T) and, chunk by chunk, the gradients of
+        ``weight`` × that loss: added to ``dZ`` / ``dW_O``; returns (loss, ∂abar).  Logits are formed in a
+        chunk buffer only (same values as :meth:`logits`)."""
+        B, T, V = self.B, self.T, self.V
+        count = B * T
+        dabar = self.ws.get("dabar", (B, T, self.m * T), self.dt, self.dev)
+        total = torch.zeros((), dtype=torch.float64, device=self.dev)
+        for b0, b1, rows, cp in self._chunks():
+            nb = b1 - b0
+            lg = self.ws.get("logits", (nb, T, V), self.dt, self.dev)
+            torch.index_select(self.W_O, 0, self.x[b0:b1].reshape(-1), out=lg.view(nb * T, V))
+            lg.baddbmm_(cp, rows)
+            flat = lg.view(-1, V)
+            y = targets[b0:b1].reshape(-1, 1)
+            mx = flat.amax(1, keepdim=True)
+            picked = flat.gather(1, y)
+            flat.sub_(mx).exp_()
+            ssum = flat.sum(1, keepdim=True)
+            total += (ssum.log() + mx - picked).sum(dtype=torch.float64)
+            flat.div_(ssum)                                       # softmax
+            flat.scatter_add_(1, y, torch.full_like(picked, -1.0))
+            flat.mul_(weight / count)
+            self._grad_chunk(b0, b1, rows, cp, lg, dZ, dW_O, dabar)
+        return float(total) / count, dabar
+
+    # ------------------------------------------------------------------ attention part
+    def attention_backward(self, dabar: torch.Tensor, dKs: list[torch.Tensor], dPs: list[torch.Tensor]) -> None:
+        """Add ∂K_l and ∂P_l to ``dKs`` (each (n², |V|²)) and ``dPs`` given ∂abar (modified in place)."""
+        B, T, V, L = self.B, self.T, self.V, self.L
+        abar, dev, dt = self.abar, self.dev, self.dt
         t = torch.arange(T, device=dev)
         off = t[:, None] - t[None, :]
         low = off >= 0
         off_low = off[low]
-        dKs: list[torch.Tensor] = [None] * L  # type: ignore[list-item]
-        dPs: list[torch.Tensor] = [None] * L  # type: ignore[list-item]
-        blk = lambda M, S: M[:, :, (S - 1) * T:S * T]   # noqa: E731  block of subset S ≥ 1
         for l in range(L - 1, -1, -1):
             n = 1 << l
-            A = blk(abar, n)
-            dA = blk(dabar, n)
+            A = abar[:, :, (n - 1) * T:n * T]
+            dA = dabar[:, :, (n - 1) * T:n * T]
             if n > 1:                                          # A_{n+S} = A_l A_S for S = 1..n−1
                 dhi = dabar[:, :, n * T:(2 * n - 1) * T]
                 dA = torch.baddbmm(dA, dhi, abar[:, :, :(n - 1) * T].transpose(1, 2))
                 dabar[:, :, :(n - 1) * T] += torch.bmm(A.transpose(1, 2), dhi)
             ds = A * (dA - (dA * A).sum(-1, keepdim=True))    # softmax Jacobian (masked entries: A = 0)
-            dP = torch.zeros(self.Tfull, dtype=dt, device=dev)
-            dPs[l] = dP.index_add_(0, off_low, ds.sum(0)[low])
-            if l == 0:
-                dKs[l] = torch.zeros(1, V * V, dtype=dt, device=dev)
-                dKs[l][0].index_add_(0, self.pair, ds.reshape(-1))
-                continue
+            dPs[l].index_add_(0, off_low, ds.sum(0)[low])
             G, Y = self.G[l], self.Y[l]
-            dG = torch.empty(n, n, B, T, T, dtype=dt, device=dev)
-            dG[0, 0] = ds
-            for S2 in range(1, n):
-                torch.bmm(ds, blk(abar, S2), out=dG[0, S2])           # U_{S'} = ∂s A_{S'}
-            for S in range(1, n):
-                a_S = blk(abar, S)
-                da_S = torch.bmm(ds.transpose(1, 2), Y[S])             # ∂sᵀ Y_S
-                for S2 in range(n):
-                    torch.bmm(a_S.transpose(1, 2), dG[0, S2], out=dG[S, S2])   # A_Sᵀ U_{S'}
-                    da_S.baddbmm_(dG[0, S2], G[S, S2].transpose(1, 2))        # U_{S'} G[S, S']ᵀ
-                blk(dabar, S).add_(da_S)
-            dKs[l] = torch.zeros(n * n, V * V, dtype=dt, device=dev).index_add_(1, self.pair, dG.view(n * n, -1))
+            dG = self.ws.get(f"dG{l}", (n, B, T, n * T), dt, dev)
+            U = dG[0]                                           # ∂s [I, A_1, …]
+            U[:, :, :T] = ds
+            if n > 1:
+                U[:, :, T:] = torch.bmm(ds, abar[:, :, :(n - 1) * T])
+                dab = torch.bmm(ds.transpose(1, 2), Y[:, :, T:])             # ∂sᵀ Y[:, :, S]
+                for S in range(1, n):
+                    a_S = abar[:, :, (S - 1) * T:S * T]
+                    torch.bmm(a_S.transpose(1, 2), U, out=dG[S])              # A_Sᵀ U
+                    dab[:, :, (S - 1) * T:S * T] += torch.bmm(U, G[S].transpose(1, 2))   # U G[S]ᵀ
+                dabar[:, :, :(n - 1) * T] += dab
+            dKs[l].view(n, n * V * V).index_add_(1, self.idx[l], dG.view(n, -1))
+
+    def backward(self, g: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Fresh gradients (dKs, dZ, dW_O of the W_O[x] term only, dPs) for g = ∂L/∂logits."""
+        dZ = torch.zeros_like(self.Z)
+        dW_O = torch.zeros_like(self.W_O)
+        dKs = [torch.zeros_like(k) for k in self.Ks]
+        dPs = [torch.zeros_like(p) for p in self.Ps]
+        dabar = self.logits_backward(g, dZ, dW_O)
+        self.attention_backward(dabar, dKs, dPs)
         return dKs, dZ, dW_O, dPs
 
 
@@ -294,10 +381,8 @@ class _PathsFunction(torch.autograd.Function):
     def forward(ctx, x, W_O, Z, *rest):  # rest = Ks (L) then Ps (L)
         L = len(rest) // 2
         p = _PathPass(x, list(rest[:L]), Z, W_O, list(rest[L:]), save=True)
-        logits = p.logits
-        p.logits = None
         ctx.pass_ = p
-        return logits
+        return p.logits()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -498,7 +583,7 @@ class AssocModel(nn.Module):
         if track:
             return _PathsFunction.apply(x, self.W_O, Z, *Ks, *Ps)
         with torch.no_grad():
-            return _PathPass(x, Ks, Z, self.W_O, Ps, save=False).logits
+            return _PathPass(x, Ks, Z, self.W_O, Ps, save=False, ws=self.workspace()).logits()
 
     def accumulate_gradients(self, tokens: torch.Tensor, *, chunk: int | None = None,
                              impl: str | None = None) -> float:
@@ -532,8 +617,9 @@ class AssocModel(nn.Module):
             prods = self.path_products()
         Ks, Z = self._path_inputs([p.detach() for p in prods])
         W_O, Ps = self.W_O.detach(), [p.detach() for p in self.P]
-        dKs = [torch.zeros_like(k) for k in Ks]
-        dZ = torch.zeros_like(Z)
+        ws = self.workspace()
+        dKs = [ws.get(f"acc.K{l}", tuple(k.shape), k.dtype, k.device, zero=True) for l, k in enumerate(Ks)]
+        dZ = ws.get("acc.Z", tuple(Z.shape), Z.dtype, Z.device, zero=True)
         dW_O = torch.zeros_like(W_O)
         dPs = [torch.zeros_like(p) for p in Ps]
         total = 0.0
@@ -541,14 +627,11 @@ class AssocModel(nn.Module):
             for i in range(0, n, chunk):
                 c = tokens[i:i + chunk]
                 x = self._check_inputs(c[:, :-1])
-                p = _PathPass(x, Ks, Z, W_O, Ps, save=True)
-                loss, g = _cross_entropy_grad(p.logits, c[:, 1:].long(), c.shape[0] / n)
-                p.logits = None
+                p = _PathPass(x, Ks, Z, W_O, Ps, ws=ws)
+                loss, dabar = p.fused_loss_backward(c[:, 1:].long(), c.shape[0] / n, dZ, dW_O)
+                p.attention_backward(dabar, dKs, dPs)
                 total += loss * c.shape[0] / n
-                gK, gZ, gW, gP = p.backward(g)
-                del p, g
-                for acc, v in zip(dKs + [dZ, dW_O] + dPs, gK + [gZ, gW] + gP):
-                    acc += v
+                del p, dabar
         torch.autograd.backward(prods, [d.view_as(p) for d, p in zip(dKs + [dZ], prods)])
         with torch.no_grad():
             for p, d in [(self.W_O, dW_O)] + list(zip(self.P, dPs)):
@@ -558,25 +641,22 @@ class AssocModel(nn.Module):
                     p.grad += d
         return total
 
+    def workspace(self) -> Workspace:
+        """Scratch buffers reused by the path implementation across calls (see :class:`Workspace`)."""
+        ws = self.__dict__.get("_workspace")
+        if ws is None:
+            ws = Workspace()
+            self.__dict__["_workspace"] = ws
+        return ws
+
+    def release_workspace(self) -> None:
+        """Free the scratch buffers (they are re-created on the next call)."""
+        self.__dict__.pop("_workspace", None)
+
 
 def _no_grad_products(model: "AssocModel") -> list[torch.Tensor]:
     with torch.no_grad():
         return model.path_products()
-
-
-def _cross_entropy_grad(logits: torch.Tensor, targets: torch.Tensor, weight: float) -> tuple[float, torch.Tensor]:
-    """Mean cross-entropy of logits (B, T, |V|) against targets (B, T) and its gradient times ``weight``,
-    formed in place of a log-softmax buffer (the logits are not modified)."""
-    V = logits.shape[-1]
-    logp = torch.log_softmax(logits, dim=-1)
-    flat = logp.view(-1, V)
-    tgt = targets.reshape(-1)
-    count = tgt.numel()
-    loss = -float(flat.gather(1, tgt[:, None]).sum()) / count
-    g = flat.exp_()
-    g[torch.arange(count, device=g.device), tgt] -= 1.0
-    g.mul_(weight / count)
-    return loss, logp
 
 
 def dense_logits(model: AssocModel, inputs: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,12 @@ resume (the run is extended with the same data order); a run directory holding a
 is refused unless ``overwrite=True``.  Probes (spec §4.1): ridge (alpha 1.0, intercept) per (layer, position) on the first 70 % of
 the eval sequences, Pearson r on the rest, position 0 skipped; one fit per layer to bound memory.
 
+Data-parallel training: under ``torchrun --nproc_per_node W -m originlens ntp train ...`` (or after
+:func:`originlens.distributed.init` in a script started by torchrun) every rank draws the same global
+batch, takes its contiguous rows and the gradients are all-reduced (:mod:`originlens.train.parallel`):
+the run equals single-process training to round-off.  Only rank 0 writes (metrics, checkpoints,
+summary) and evaluates/probes while the others wait; resume loads the same checkpoint on every rank.
+
 Caveats: the language task has no per-token features (spaCy tags are not available), so it trains
 and evaluates without probes; training in bfloat16/float16 is refused (Adam state would underflow).
 """
@@ -54,6 +60,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from .. import distributed as dist_
 from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
 from ..models.gpt import GPT, GPTConfig, REGIMES
 from ..probes import ProbeMetrics, ProbeSet, fit_probes
@@ -64,6 +71,7 @@ from ..storage import atomic_save_npy, atomic_write_bytes, atomic_write_json, lo
 from ..tasks import BOS_ID, TaskBatch, moves_to_tokens, task_metrics, task_names
 from ..tasks import get_task as registry_task
 from ..tasks.othello import generate_games
+from . import parallel
 
 TRAIN_STREAM, POOL_STREAM, EVAL_STREAM = 7, 11, 13
 POOL_CHUNK = 16384
@@ -531,7 +539,9 @@ class Trainer:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device cuda requested but torch sees no GPU", "use --device cpu")
         self.task = None if config.task == LANGUAGE else get_task(config.task)
-        self._check_run_dir()
+        self._writer = dist_.world()[0] == 0          # under torchrun only rank 0 writes (see run())
+        if self._writer:
+            self._check_run_dir()
         self.rundir = RunDir(self.run_path)
         self._corpus_info: dict[str, Any] = {}
         vocab_size, seq_len = self._vocab_and_len()
@@ -560,16 +570,22 @@ class Trainer:
         """Train to ``config.steps`` (resuming if asked), evaluate, probe, save; returns the result."""
         cfg = self.config
         self._t_start = time.time()
+        dist_.barrier()                               # rank 0 has checked (or cleared) the run directory
         if self.resume and is_finished(self.run_path, cfg):
             s = read_json(self.rundir.file("summary.json"))
             log(f"{self.run_path}: already finished at step {s['step']}; skipping", level=2)
             return TrainResult(self.run_path, int(s["step"]), s.get("final_eval", {}), s.get("probe_summary", {}),
                                float(s.get("seconds", 0.0)), skipped=True)
+        dist_.barrier()                               # every rank has read it; rank 0 may now change it
         start = self._restore()
-        self.rundir.write_config(cfg)
-        self.data = self._train_data()
+        dist_.same_on_all_ranks(start, "step to resume from")
+        if self._writer:
+            self.rundir.write_config(cfg)
+        with dist_.rank_zero_first():                 # rank 0 writes the Othello pool, the others read it
+            self.data = self._train_data()
         self.eval_data = self._eval_data()
-        self._write_environment()
+        if self._writer:
+            self._write_environment()
 
         bar = progress(total=cfg.steps, initial=start, desc=f"{cfg.task}/{cfg.regime}/s{cfg.seed}", unit="step")
         window: list[float] = []
@@ -577,8 +593,8 @@ class Trainer:
         try:
             for b in range(start, cfg.steps):
                 x = torch.from_numpy(self.data.batch(b)).to(self.device)
-                loss = self.model.loss(x)
-                value = float(loss.detach())
+                loss = parallel.shard_loss(self.model, x)     # this rank's rows of the global batch
+                value = parallel.global_value(loss)          # Σ over ranks: the global batch's loss
                 if not math.isfinite(value):
                     last = str(self.last_checkpoint) if self.last_checkpoint else "none (no checkpoint yet)"
                     raise NumericalError(
@@ -587,13 +603,14 @@ class Trainer:
                         "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume")
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                parallel.allreduce_gradients(self.model.parameters())
                 _check_finite(self.model.named_parameters(), "gradient", b + 1, cfg, self.last_checkpoint)
                 self.optimizer.step()
                 self.step = b + 1
                 self.last_loss = value
                 window.append(value)
                 bar.update(1)
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                if (self.step % cfg.log_every == 0 or self.step == cfg.steps) and self._writer:
                     self.rundir.log_metrics({"event": "train", "step": self.step, "loss": float(np.mean(window)),
                                              "last_loss": value, "time": self._elapsed()})
                     bar.set_postfix(loss=f"{np.mean(window):.4f}")
@@ -603,17 +620,19 @@ class Trainer:
                     break
                 probe_now = _due(self.step, cfg.probe_every) and self._can_probe()
                 if _due(self.step, cfg.eval_every) or probe_now:
-                    self._evaluate(probe=probe_now)
+                    dist_.rank_zero_only(self._evaluate, probe=probe_now)
                 if _due(self.step, cfg.checkpoint_every):
                     self._checkpoint()
         finally:
             bar.close()
         self.step = cfg.steps
-        self._evaluate(probe=self._can_probe())       # probes always at the end (probe_every=0: only then)
+        dist_.rank_zero_only(self._evaluate, probe=self._can_probe())   # probes always at the end
         cks = list_checkpoints(self.run_path)
         if not cks or cks[-1][0] != cfg.steps:
             self._checkpoint()
-        return self._finish(self._elapsed())
+        result = self._finish(self._elapsed())
+        dist_.barrier()                               # rank 0 has written the final files
+        return result
 
     # -- setup ---------------------------------------------------------------------------------------
     def _check_run_dir(self) -> None:
@@ -727,6 +746,7 @@ class Trainer:
                                 f"{self.config.task}.sample({self.config.eval_size}, numpy.random.default_rng("
                                 f"[eval_seed, {EVAL_STREAM}]))"),
                    "device": str(self.device), "torch_threads": torch.get_num_threads(),
+                   "processes": dist_.world()[1],
                    "gpt_config": self.gpt_config.to_dict(), "num_params": self.model.num_params(),
                    "corpus": self._corpus_info or None})
 
@@ -734,8 +754,7 @@ class Trainer:
         """Load the latest checkpoint when resuming; trims metrics logged after it.  Returns its step."""
         cks = list_checkpoints(self.run_path)
         if not self.resume or not cks:
-            self.rundir.file("metrics.jsonl").unlink(missing_ok=True)
-            for name in ("summary.json", "model.safetensors"):
+            for name in ("metrics.jsonl", "summary.json", "model.safetensors") if self._writer else ():
                 self.rundir.file(name).unlink(missing_ok=True)
             self.step = 0
             return 0
@@ -746,13 +765,19 @@ class Trainer:
         loaded = load_checkpoint(path, self.model, self.optimizer)
         if loaded != step:
             raise CompatibilityError(f"{path} says step {loaded}", "the checkpoint was renamed; remove it")
-        kept = [r for r in self.rundir.read_metrics() if int(r.get("step", 0)) <= step]
-        atomic_write_bytes(self.rundir.file("metrics.jsonl"),
-                           "".join(json.dumps(r) + "\n" for r in kept).encode("utf-8"))
-        self.rundir.file("summary.json").unlink(missing_ok=True)
+        if self._writer:
+            kept = [r for r in self.rundir.read_metrics() if int(r.get("step", 0)) <= step]
+            atomic_write_bytes(self.rundir.file("metrics.jsonl"),
+                               "".join(json.dumps(r) + "\n" for r in kept).encode("utf-8"))
+            self.rundir.file("summary.json").unlink(missing_ok=True)
         self.last_checkpoint = path
         self.step = step
-        self._seconds_before = float(json.loads(checkpoint_metadata(path).get("train_seconds", "0")))
+        meta = checkpoint_metadata(path)
+        self._seconds_before = float(json.loads(meta.get("train_seconds", "0")))
+        if int(json.loads(meta.get("processes", "1"))) != dist_.world()[1]:
+            log(f"note: {path} was written by a run with {json.loads(meta.get('processes', '1'))} process(es), "
+                f"resuming with {dist_.world()[1]}: the continuation equals an uninterrupted run to round-off "
+                "only (bit-exact resume needs the same number of processes)", level=1)
         log(f"resuming {self.run_path} from step {step}", level=2)
         return step
 
@@ -868,9 +893,13 @@ class Trainer:
         self._fire("on_probe")
 
     def _checkpoint(self) -> None:
+        parallel.check_in_sync(self.model.parameters(), f"update {self.step}")
+        if not self._writer:
+            return
         path = checkpoint_path(self.rundir, self.step)
         save_checkpoint(path, self.model, self.optimizer, self.step, self.config,
-                        extra={"data_order": self.data.describe(), "train_seconds": self._elapsed()})
+                        extra={"data_order": self.data.describe(), "train_seconds": self._elapsed(),
+                               "processes": dist_.world()[1]})
         self.last_checkpoint = path
         keep = self.config.keep_checkpoints
         if keep:
@@ -880,6 +909,8 @@ class Trainer:
 
     def _finish(self, seconds: float) -> TrainResult:
         cfg = self.config
+        if not self._writer:
+            return TrainResult(self.run_path, self.step, {}, {}, seconds)
         self.model.save(self.rundir.file("model.safetensors"),
                         metadata={"task": cfg.task, "regime": cfg.regime, "seed": cfg.seed, "step": self.step})
         if self.probes is not None and self.probe_metrics is not None:
