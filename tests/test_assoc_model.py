@@ -207,6 +207,31 @@ def test_accumulate_gradients_chunked():
                 torch.testing.assert_close(p.grad, ref[n], rtol=1e-11, atol=1e-15, msg=f"{impl} {chunk} {n}")
 
 
+def test_workspace_reuse_does_not_alias_results():
+    """Buffers are reused across calls (also when the batch grows or shrinks); returned logits and
+    gradients must not change when the model is called again."""
+    m = make(V=12, T=8, L=3, std=0.4, seed=2)
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randint(0, 12, (7, 9), generator=g), torch.randint(0, 12, (3, 9), generator=g)
+    with torch.no_grad():
+        la = m(a[:, :-1], impl="paths")
+        ref_a = m(a[:, :-1], impl="dense").clone()
+        lb = m(b[:, :-1], impl="paths")
+    torch.testing.assert_close(la, ref_a, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(lb, m(b[:, :-1], impl="dense"), rtol=1e-12, atol=1e-13)
+    for toks in (a, b, a):
+        m.zero_grad()
+        m.loss(toks, impl="dense").backward()
+        ref = {n: p.grad.clone() for n, p in m.named_weights()}
+        m.zero_grad()
+        m.accumulate_gradients(toks, chunk=2, impl="paths")
+        for n, p in m.named_weights():
+            torch.testing.assert_close(p.grad, ref[n], rtol=1e-10, atol=1e-14, msg=n)
+    m.release_workspace()
+    m.zero_grad()
+    m.accumulate_gradients(b, impl="paths")
+
+
 def test_diag_matrix_convention():
     p = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
     D = diag_matrix(p, 4)
@@ -286,6 +311,7 @@ def test_auto_impl_choice():
 
 
 def test_path_products_shapes():
+    """Stacked products: layout and values against the definitions."""
     m = make(V=5, T=4, L=3)
     prods = m.path_products()
     assert [tuple(p.shape) for p in prods] == [(1, 25), (4, 25), (16, 25), (35, 5)]
@@ -294,3 +320,18 @@ def test_path_products_shapes():
     torch.testing.assert_close(prods[2][1 * 4 + 2].reshape(5, 5), m.V[0] @ m.W[2] @ m.V[1].T)
     # Z for S = {1, 2} (bitmask 3, third non-empty subset) is V1 V2 W_O
     torch.testing.assert_close(prods[3][10:15], m.V[0] @ m.V[1] @ m.W_O)
+
+    def VS(S):                                   # V_S = V_{s1} V_{s2} … in increasing layer order
+        out = torch.eye(5, dtype=torch.float64)
+        for i in range(3):
+            if S >> i & 1:
+                out = out @ m.V[i]
+        return out.detach()
+    for l in range(3):
+        n = 1 << l
+        for S in range(n):
+            for S2 in range(n):
+                want = VS(S) @ m.W[l].detach() @ VS(S2).T
+                torch.testing.assert_close(prods[l][S * n + S2].reshape(5, 5), want, rtol=1e-12, atol=1e-14)
+    for S in range(1, 8):
+        torch.testing.assert_close(prods[3][(S - 1) * 5:S * 5], VS(S) @ m.W_O.detach(), rtol=1e-12, atol=1e-14)

@@ -11,8 +11,9 @@ functions here from a script started by torchrun): :func:`init` reads the ``RANK
   the single-process merge of the same shards bit for bit (``corpus_statistics_sharded``), and the
   unsharded single pass to round-off (different summation order).
 * Helpers for "rank 0 writes": :func:`rank_zero_first`, :func:`rank_zero_only`, :func:`barrier`; small
-  collectives :func:`all_reduce_sum`, :func:`any_rank`, :func:`same_on_all_ranks`, :func:`gather_json`
-  (JSON bytes over tensors, never pickle).  Data-parallel training lives in :mod:`originlens.train.parallel`.
+  collectives :func:`all_reduce_sum`, :func:`any_rank`, :func:`same_on_all_ranks` (tensors only, never
+  pickle).  Data-parallel training: :mod:`originlens.train.parallel`; parallel attribution segments:
+  :func:`originlens.attribution.replay.attribute_segments`.
 * :func:`init` makes rank 0 the only rank with progress bars and status lines, and binds each rank to
   ``cuda:LOCAL_RANK`` under nccl.
 
@@ -45,8 +46,8 @@ def is_distributed() -> bool:
 def init(backend: str | None = None) -> tuple[int, int]:
     """Join the process group described by torchrun's environment; returns (rank, world_size).
 
-    A no-op returning (0, 1) outside torchrun.  ``backend`` defaults to nccl when CUDA is available
-    and gloo otherwise.
+    A no-op returning (0, 1) outside torchrun.  ``backend`` defaults to the environment variable
+    ``ORIGINLENS_DIST_BACKEND``, else nccl when CUDA is available and gloo otherwise.
     """
     rank, world = env_world()
     if world <= 1:
@@ -60,7 +61,8 @@ def init(backend: str | None = None) -> tuple[int, int]:
         if "MASTER_ADDR" not in os.environ:
             raise ConfigError("WORLD_SIZE > 1 but MASTER_ADDR is not set",
                               "start the command with torchrun --nproc_per_node N ...")
-        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        backend = backend or os.environ.get("ORIGINLENS_DIST_BACKEND") or \
+            ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend)
@@ -141,15 +143,6 @@ def same_on_all_ranks(value: int, what: str) -> None:
     if len(set(values)) > 1:
         raise ConfigError(f"the ranks disagree on the {what}: {values} (rank order)",
                           "give every rank the same files and arguments (a shared run directory)")
-
-
-def gather_json(obj: Any) -> list[Any]:
-    """All-gather a JSON-serialisable object from every rank (rank order); ``[obj]`` without a group."""
-    import json
-    if not is_distributed():
-        return [obj]
-    raw = np.frombuffer(json.dumps(obj).encode("utf-8"), dtype=np.uint8)
-    return [json.loads(bytes(g).decode("utf-8")) for g in _gather_ragged(raw)]
 
 
 def _collective_device() -> Any:

@@ -22,12 +22,12 @@ COMMAND_MODULE = {"corpus": "originlens.cli.corpus_cmd", "stats": "originlens.cl
 
 
 def run_cli(args: Iterable[Any], *, kill: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    """``python -m originlens.cli.main -q ARGS`` in a fresh process; with ``kill``, through _killpoint.py."""
+    """``python -m originlens -q ARGS`` in a fresh process; with ``kill``, through _killpoint.py."""
     args = ["-q", *map(str, args)]
     if kill and args[1] in COMMAND_MODULE:
         kill = {**kill, "modules": [COMMAND_MODULE[args[1]]]}
     cmd = [sys.executable, str(KILLPOINT), json.dumps(kill), "--", *args] if kill else \
-        [sys.executable, "-m", "originlens.cli.main", *args]
+        [sys.executable, "-m", "originlens", *args]
     return subprocess.run(cmd, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=timeout)
 
 

@@ -153,7 +153,7 @@ def test_ntp_train_killed_from_outside_when_a_checkpoint_appears(tmp_path):
     ref = tmp_path / "ref"
     assert in_process([*args, "--out", ref]) == 0
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "originlens.cli.main", "-q", *args, "--out", str(run)],
+    proc = subprocess.Popen([sys.executable, "-m", "originlens", "-q", *args, "--out", str(run)],
                             env=SUBPROCESS_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     first = run / "checkpoints" / "step-000005.safetensors"
     deadline = time.time() + 120

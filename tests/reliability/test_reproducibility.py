@@ -16,6 +16,8 @@ Legitimately non-deterministic (and therefore ignored):
 * paths that contain the output directory (replaced by ``<OUT>``);
 * the NTP checkpoints' ``rng.numpy`` tensor: the state of NumPy's legacy global RNG, which nothing seeds
   and training never uses (recorded for completeness of the resume state);
+* rendered reports (``.html``, ``.md``, ``.png``, ``*.blocks.json``, which holds a timings table): they
+  are built from the compared JSON numbers;
 * safetensors string metadata with timings (``train_seconds`` in NTP checkpoints, ``meta.seconds`` in
   statistics), so files are compared tensor by tensor, not as raw bytes.
 """
@@ -64,6 +66,8 @@ def assert_same_tree(a: Path, b: Path, skip: tuple[str, ...] = (), roots: tuple[
         if any(part in skip for part in rel.parts) or rel.name in skip:
             continue
         pa, pb = a / rel, b / rel
+        if rel.name.endswith(".blocks.json") or rel.suffix in (".html", ".md", ".png"):
+            continue                # rendered reports (incl. a timings table): built from the compared numbers
         if rel.suffix == ".safetensors":
             assert_same_tensors(pa, pb)
         elif rel.suffix in (".json", ".jsonl"):
@@ -80,8 +84,6 @@ def assert_same_tree(a: Path, b: Path, skip: tuple[str, ...] = (), roots: tuple[
         elif rel.suffix == ".parquet":
             import pyarrow.parquet as pq
             assert pq.read_table(pa).equals(pq.read_table(pb)), rel
-        elif rel.suffix in (".html", ".md", ".png"):
-            continue                                   # reports: rendered from the compared numbers
         else:
             assert pa.read_bytes() == pb.read_bytes(), rel
 
@@ -90,7 +92,9 @@ def assert_records_environment(env_file: Path, *, seeds: tuple[str, ...], data_h
     env = json.loads(env_file.read_text())
     for k in ("python", "numpy", "torch", "originlens"):
         assert env["versions"].get(k), k
-    assert "git_commit" in env and env["git_commit"], env.get("git_commit")   # a git checkout here
+    assert "git_commit" in env
+    if (Path(__file__).resolve().parents[2] / ".git").exists():
+        assert env["git_commit"], "a git checkout must record its commit"
     assert all(s in env["seeds"] for s in seeds), env["seeds"]
     assert bool(env["data_hashes"]) == data_hash
     assert (env_file.parent / "config.json").is_file()
@@ -116,6 +120,7 @@ def twice(tmp_path_factory):
     return base, out["A"], out["B"]
 
 
+@pytest.mark.slow   # builds the shared fixture: corpus, stats and assoc runs, twice
 def test_corpus_build(twice):
     _, a, b = twice
     assert_same_tree(a / "corpus", b / "corpus", roots=(a, b))
@@ -175,7 +180,7 @@ def test_ntp_attribute(ntp_twice):
         assert run("ntp", "attribute", d / "run", "--sites", "1:3,2:10", "--features", "all", "--check-identity",
                    "--threads", "1", "--out", d / "attr") == 0
     assert any((a / "attr").glob("*.parquet"))
-    assert_same_tree(a / "attr", b / "attr")
+    assert_same_tree(a / "attr", b / "attr", roots=(a, b))
 
 
 @pytest.mark.slow
@@ -184,13 +189,6 @@ def test_ntp_grid(tmp_path):
         assert run("ntp", "grid", "--task", "cond-majority", "--regimes", "standard,myopic", "--seeds", "0,1",
                    "--d-model", "16", "--heads", "2", "--batch-size", "16", "--steps", "6", "--eval-size", "64",
                    "--checkpoint-every", "3", "--threads", "1", "--out", tmp_path / side) == 0
-    assert_same_tree(tmp_path / "A", tmp_path / "B")
-
-
-def test_demo(tmp_path):
-    from originlens.demo import DemoConfig, run_demo
-    for side in ("A", "B"):
-        run_demo(DemoConfig(out=str(tmp_path / side), corpus="storyworld", stories=300, vocab_size=300, seq_len=32))
     assert_same_tree(tmp_path / "A", tmp_path / "B")
 
 

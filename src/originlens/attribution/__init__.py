@@ -2,7 +2,8 @@
 
 * :mod:`.stopgrad` — ``stop_gradient(model, layer=k, position=i)``: value-preserving gradient block at r^k_i.
 * :mod:`.decompose` — ``decompose(model, tokens, sites)``: ∇L = G_dir + G_pre + G_sh at every site
-  (``method="fast"``: 2 backwards + batched VJPs; ``"brute"``: the stop-gradient definition).
+  (``method="fast"``: structured backward of :mod:`.structured` for originlens GPTs; ``"autograd"``: 2
+  backwards + batched VJPs, any hooked model; ``"brute"``: the stop-gradient definition).
 * :mod:`.steps` — optimizer-aware component steps Δ_c: ``sgd_steps``, ``AdamAttributor`` (checked
   against the real Adam/AdamW update at every step).
 * :mod:`.influence` — mismatch R and influences I_c = ⟨Δ_c, ∇R⟩ via forward-mode JVPs.

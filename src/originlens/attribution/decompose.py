@@ -8,30 +8,39 @@ position_losses`):
     G_pre(k,i) = Σ_{t≠i} (∇λ_t − ∇λ_t^{sg(k,i)})       later positions' losses through r^k_i
     G_sh(k,i)  = ∇L^{sg(k,i)}                           everything not through r^k_i
 
-Two methods, same result (float64 agreement ~1e-15 relative):
+Three methods, same result (float64 agreement ~1e-15 relative):
 
 * ``method="brute"`` — the definition literally: one forward with sg(k,i) per site and one backward
   per loss position in each pass (reference for tests; cost ≈ U·T backwards).
-* ``method="fast"`` (§5) — one backward of L through the **myopic** graph gives every direct adjoint
-  d^k_i = ∂λ_i/∂r^k_i at once (attention is the only cross-position op and the myopic graph detaches
-  other positions' keys/values, including cross-range reads of untied models); one ordinary backward
-  gives a^k_i = ∂L/∂r^k_i and ∇L; p = a − d.  Components are vector-Jacobian products through the
-  **training graph** (standard, or myopic for myopic training, where p = 0 and G_pre = 0 exactly):
-  ``G_dir = J_{k,i}ᵀ d``, ``G_pre = J_{k,i}ᵀ p``, batched with ``is_grads_batched`` (chunked), and
-  ``G_sh = ∇L − G_dir − G_pre``.  By default (``causal_prefix=True``) the VJPs at position i run through
-  a forward of the first i+1 tokens only (r^k_i depends on nothing later), halving their cost.
-  Measured on a Majority-sized model (benchmarks/attribution.py, all 63 sites, B = 64, float32, 1
-  thread): fast 2.8 s, brute 90 s (32×), the spec §4.5 three-backwards-per-site loop 13 s (4.7×).
+* ``method="autograd"`` (§5, generic) — one backward of L through the **myopic** graph gives every
+  direct adjoint d^k_i = ∂λ_i/∂r^k_i at once (attention is the only cross-position op and the myopic
+  graph detaches other positions' keys/values, including cross-range reads of untied models); one
+  ordinary backward gives a^k_i = ∂L/∂r^k_i and ∇L; p = a − d.  Components are vector-Jacobian
+  products through the **training graph** (standard, or myopic for myopic training, where p = 0 and
+  G_pre = 0 exactly): ``G_dir = J_{k,i}ᵀ d``, ``G_pre = J_{k,i}ᵀ p``, batched with
+  ``is_grads_batched`` (chunked), and ``G_sh = ∇L − G_dir − G_pre``.  By default
+  (``causal_prefix=True``) the VJPs at position i run through a forward of the first i+1 tokens only.
+  Works for any model following the GPT hook protocol (untied regimes included).
+* ``method="fast"`` (default) — :mod:`.structured` for an originlens GPT with one parameter range
+  (standard or myopic): one cached forward, adjoint recursions, rank-B weight gradients at each site's
+  own block, dense batched backward over the causal prefix below it, and the cut identity
+  ∇L = head part + Σ_i G_dir(L, i) when all of layer L is requested; falls back to ``"autograd"``
+  for other models.
+  Measured (benchmarks/decompose.py, Majority size L=2, d=128, T=21, all 63 sites, float32, 1 thread,
+  shared CPU): B = 256: ≈ 5.6× one training step (fwd+bwd+Adam), ≈ 23× faster than the spec §4.5
+  loop (1 forward + 3 backwards per site); the autograd method is ≈ 4.7× faster than that loop.
 
 Results are ``{(k, i): PathwayGradients}``, each component a dict parameter-name → tensor with names
-from ``model.named_parameters()`` (tied tensors once).  ``full`` (∇L) is the same dict object for every
-site: do not modify it in place.
+from ``model.named_parameters()`` (tied tensors once).  Tensors may be shared between entries: ``full``
+(∇L) is the same dict object for every site, exact zeros (parameters a site cannot reach, vanishing
+components) are one zero tensor per parameter, and a ``shared`` entry with nothing to subtract is
+∇L's tensor itself: do not modify results in place.
 
 Caveats: needs a deterministic forward (dropout 0 or ``model.eval()``); the training graph defaults to
-the model's own regime (``model.is_myopic``); the result holds 3 parameter-sized tensors per site
-(decompose the tracked sites, not "all", at Othello/TinyStories scale), plus, in the fast path,
-``chunk_size`` parameter-sized gradients and activations during a batched VJP.  The attention kernel
-is switched to eager for the call (per instance, restored), see :func:`attention_impl`.
+the model's own regime (``model.is_myopic``); the result holds up to 3 parameter-sized tensors per
+site (decompose the tracked sites, not "all", at Othello/TinyStories scale), plus ``chunk_size``
+sources' intermediates during a pass.  The autograd and brute methods switch the attention kernel to
+eager for the call (per instance, restored), see :func:`attention_impl`.
 """
 from __future__ import annotations
 

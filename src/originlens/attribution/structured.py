@@ -43,8 +43,7 @@ from ..models.gpt import GPT, position_losses
 
 Site = tuple[int, int]
 ParamDict = dict[str, torch.Tensor]
-BOTTOM_MAX_VOCAB = 256      # fresh sources at block 1 reduce straight to wte/wpe gradients up to this vocabulary
-GROUP_FLOATS = 1 << 20      # spread-adjoint floats per group of positions (keeps the working set cache-sized)
+GROUP_FLOATS = 16 << 20     # floats per group of positions (batched fresh pass working set)
 
 
 def supported(model: nn.Module) -> bool:
@@ -104,6 +103,7 @@ class Forward:
         self.scale = 1.0 / math.sqrt(self.hd)
         B, T = tokens.shape
         self.B, self.T = B, T
+        self._z0: torch.Tensor | None = None                           # W_qkv(γ⊙x̂) of block 1, on demand
         with torch.no_grad():
             x = model.embed[0](tokens, 0)
             self.residuals = [x]
@@ -241,11 +241,13 @@ def _put_mlp(g: _Grads, mb: _MLPBack, E: torch.Tensor, h: torch.Tensor, c: torch
 # dense (spread) block backward
 
 
-def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False, wgrad: bool = True
-                   ) -> tuple[_Grads, torch.Tensor]:
+def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False, wgrad: bool = True,
+                   to_embedding: bool = False) -> tuple[_Grads, torch.Tensor | None]:
     """Backward of block m (0-based) for adjoints E (n, B, P, d) at its output over positions < P, with
     per-source weight gradients (unless ``wgrad=False``).  ``myopic``: keys/values of other positions
-    detached.  Returns (grads (n, ...), adjoint (n, B, P, d) at the block input)."""
+    detached.  Returns (grads (n, ...), adjoint (n, B, P, d) at the block input).  ``to_embedding``
+    (first block, full graph): the adjoint at r^0 is not formed; the wte/wpe gradients it would give
+    are returned among the grads instead (:func:`_qkv_to_embedding`) and the adjoint is None."""
     blk = fw.blocks[m]
     P = E.shape[2]
     pre = lambda t: t[:, :P]                                           # noqa: E731
@@ -269,6 +271,9 @@ def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False
         dk = dS.transpose(-2, -1) @ q
         dv = A.transpose(-2, -1) @ do
     dqkv = torch.cat([_merge(dq), _merge(dk), _merge(dv)], dim=-1)     # (n, B, P, 3d)
+    if to_embedding:
+        g.update(_qkv_to_embedding(fw, blk, dqkv, dy))
+        return g, None
     da = dqkv @ blk.mod.attn_qkv.weight
     dln, lw, lb = _ln_backward(blk, 1, da, pre, wgrad)
     if wgrad:
@@ -277,6 +282,50 @@ def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False
         g.put("ln_1.weight", lw)
         g.put("ln_1.bias", lb)
     return g, dln.add_(dy)
+
+
+def _qkv_to_embedding(fw: Forward, blk: _Block, dqkv: torch.Tensor, dy: torch.Tensor) -> dict[str, torch.Tensor]:
+    """QKV/LN1 weight gradients and wte/wpe gradients of the first block from δqkv (n, B, P, 3d) and the
+    residual adjoint dy (n, B, P, d), without the (n, B, P, d) adjoint at r^0 or the δqkv·W product.
+
+    With a = γ⊙x̂ + β: Σ δqkv⊗a = G diag(γ) + (Σ δqkv)⊗β, G = Σ δqkv⊗x̂; LN1 weight gradient
+    Σ (δqkv W)⊙x̂ = Σ_c W_c ⊙ G_c, bias (Σ δqkv) W.  The adjoint at r^0 is dy + rstd (γ⊙δa − m1 − x̂ m2),
+    δa = δqkv W, m1 = δqkv·(Wγ)/d, m2 = δqkv·z/d with z = W(γ⊙x̂) (once per forward); its sums over the
+    batch (wpe rows) and over the rows of each token (wte rows) reduce δqkv first, then multiply by W.
+    """
+    W, gamma, beta = blk.mod.attn_qkv.weight, blk.mod.ln_1.weight, blk.mod.ln_1.bias
+    n, B, P, d3 = dqkv.shape
+    d = d3 // 3
+    xhat, rstd = blk.xhat1[:, :P], blk.rstd1[:, :P]                    # (B, P, d), (B, P, 1)
+    G = _wgrad(dqkv, xhat)                                             # (n, 3d, d)
+    gb = _sum(dqkv)                                                    # (n, 3d)
+    pre = blk.prefix
+    out = {pre + "attn_qkv.weight": G * gamma + gb.unsqueeze(-1) * beta, pre + "attn_qkv.bias": gb,
+           pre + "ln_1.weight": (G * W).sum(1), pre + "ln_1.bias": gb @ W}
+    if fw._z0 is None:
+        fw._z0 = (blk.xhat1 * gamma) @ W.t()                           # (B, T, 3d)
+    w1 = (dqkv @ (W @ gamma)).unsqueeze(-1) * rstd / d                 # (n, B, P, 1): rstd·m1
+    w2 = (dqkv * fw._z0[:, :P]).sum(-1, keepdim=True) * rstd / d       # rstd·m2
+    rq = dqkv * rstd                                                   # (n, B, P, 3d)
+    emb = fw.model.embed[0]
+    V = emb.wte.weight.shape[0]
+    wpe = dqkv.new_zeros((n,) + tuple(emb.wpe.weight.shape))
+    wpe[:, :P] = (rq.sum(1) @ W) * gamma - w1.sum(1) + dy.sum(1) \
+        - (w2[..., 0].permute(2, 0, 1) @ xhat.transpose(0, 1)).transpose(0, 1)
+    idx = (fw.tokens[:, :P].reshape(1, -1) + V * torch.arange(n, device=dqkv.device)[:, None]).reshape(-1)
+    t1 = dqkv.new_zeros((n * V, d3)).index_add_(0, idx, rq.reshape(-1, d3))
+    wte = (t1 @ W) * gamma
+    wte.index_add_(0, idx, dy.reshape(-1, d) - w1.reshape(-1, 1))
+    if V <= 32:                                                        # Σ_{rows of v} rstd·m2·x̂ as a GEMM
+        onehot = torch.zeros(B * P, V, dtype=dqkv.dtype, device=dqkv.device)
+        onehot[torch.arange(B * P, device=dqkv.device), fw.tokens[:, :P].reshape(-1)] = 1.0
+        Ow = (w2.reshape(n, B * P, 1) * onehot).transpose(1, 2)       # (n, V, B·P)
+        wte -= (Ow @ xhat.reshape(B * P, d)).reshape(n * V, d)
+    else:
+        wte.index_add_(0, idx, (w2 * xhat).reshape(-1, d), alpha=-1.0)
+    out["embed.0.wte.weight"] = wte.view(n, V, d)
+    out["embed.0.wpe.weight"] = wpe
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -288,14 +337,13 @@ def _gather(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return t.index_select(1, pos).transpose(0, 1)
 
 
-def fresh_backward(fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, myopic: bool,
-                   bottom: bool = False) -> tuple[_Grads, torch.Tensor | None]:
+def fresh_backward(fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, myopic: bool
+                   ) -> tuple[_Grads, "torch.Tensor | FreshSpread"]:
     """Backward of block m for cotangents e (N, B, d) at per-source positions ``pos`` (N,) of its output.
 
-    Returns (grads (N, ...), adjoint at the block input): (N, B, P, d) over positions 0..P−1 with
-    P = max(pos) + 1 in the full graph (exact zeros after each source's position), or (N, B, d) at
-    each source's position under ``myopic``.  ``bottom`` (block 0, full graph): return the wte/wpe
-    gradients among the grads instead of the adjoint at r^0 (None), see :func:`_bottom_embedding`.
+    Returns (grads (N, ...), adjoint at the block input): under ``myopic`` a tensor (N, B, d) at each
+    source's position; in the full graph a :class:`FreshSpread` (the adjoint over positions 0..pos in
+    low-rank form; the LN1 gradients come with its materialisation).
     """
     blk = fw.blocks[m]
     H, hd, d = fw.H, fw.hd, fw.d
@@ -343,84 +391,39 @@ def fresh_backward(fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, m
     g.put("attn_qkv.bias", torch.cat([_sum(dq), bkv.permute(1, 0, 2).reshape(N, 2 * d)], dim=1))
     # adjoint of the LN1 output: Σ_h δS_hj β_h + A_hj α_h at positions ≤ i, plus the query path at i
     W_kv = W[d:].view(R, hd, d)                                        # per head: W_K[h] then W_V[h]
-    ba = left.permute(1, 2, 0, 3).reshape(R, N * B, hd) @ W_kv         # (2H, N·B, d): β_h, α_h
+    ba = (left.permute(1, 2, 0, 3).reshape(R, N * B, hd) @ W_kv).view(R, N, B, d)   # β_h, α_h
     qa = dq @ W[:d]                                                    # (N, B, d): query path at pos
-    if bottom:
-        g.update(_bottom_embedding(fw, blk, coef, ba.view(R, N, B, d), qa, dy, pos))
-        return g, None
-    da = coef.permute(2, 0, 3, 1) @ ba.view(R, N, B, d).permute(1, 2, 0, 3)   # (N, B, P, d)
-    da[ar, :, pos] += qa
-    dln, lw, lb = _ln_backward(blk, 1, da, lambda t: t[:, :P], True)
-    g.put("ln_1.weight", lw)
-    g.put("ln_1.bias", lb)
-    dln[ar, :, pos] += dy
-    return g, dln
+    return g, FreshSpread(blk, coef, ba, qa, dy, pos)
 
 
-def _bottom_embedding(fw: Forward, blk: _Block, coef: torch.Tensor, ba: torch.Tensor, qa: torch.Tensor,
-                      dy: torch.Tensor, pos: torch.Tensor) -> dict[str, torch.Tensor]:
-    """LN1 weight gradients and wte/wpe gradients of fresh sources at the first block, from the
-    low-rank form of the LN1-output adjoint, without materialising the (N, B, P, d) adjoint at r^0.
+class FreshSpread:
+    """The adjoint that fresh sources send to the block input, kept in low-rank form until needed:
+    E_{n,b,j} = LN1ᵀ(Σ_r coef[b,r,n,j] ba[r,n,b] + [j = pos_n] qa[n,b])_{b,j} + [j = pos_n] dy[n,b].
 
-    da_{n,b,j} = Σ_r coef[b,r,n,j] ba[r,n,b] + [j = pos_n] qa[n,b] (the query path is one more rank
-    with a one-hot coefficient); E_{n,b,j} = LN1ᵀ(da)_{b,j} + [j = pos_n] dy[n,b] with
-    LN1ᵀ(g) = rstd (γ⊙g − m1 − x̂ m2), m1 = γ·g/d, m2 = (γ⊙x̂)·g/d.  wpe[n, j] = Σ_b E_{n,b,j} and
-    wte[n, v] = Σ_{b,j: x_bj = v} E_{n,b,j} are then batched GEMMs over (b, r).
-    """
-    B, R1, N, P = coef.shape[0], coef.shape[1] + 1, coef.shape[2], coef.shape[3]
-    d = fw.d
-    dev = coef.device
-    ar = torch.arange(N, device=dev)
-    onehot = torch.zeros(B, N, P, dtype=coef.dtype, device=dev)
-    onehot[:, ar, pos] = 1.0
-    coef = torch.cat([coef, onehot.unsqueeze(1)], dim=1)               # (B, R+1, N, P)
-    ba = torch.cat([ba, qa.unsqueeze(0)], dim=0)                       # (R+1, N, B, d)
-    gamma = blk.mod.ln_1.weight
-    xhat, rstd = blk.xhat1[:, :P], blk.rstd1[:, :P, 0]                 # (B, P, d), (B, P)
-    ba_b = ba.permute(2, 0, 1, 3)                                      # (B, R+1, N, d)
-    # LN1 weight/bias gradients: Σ_{b,j} da and Σ_{b,j} da ⊙ x̂
-    csum = coef.sum(-1)                                                # (B, R+1, N)
-    ln_b = (ba_b * csum.unsqueeze(-1)).sum((0, 1))
-    X = (coef.reshape(B, R1 * N, P) @ xhat).view(B, R1, N, d)          # Σ_j coef x̂_j
-    ln_w = (ba_b * X).sum((0, 1))
-    # m1, m2 per (b, n, j)
-    gb = ba_b @ gamma                                                   # (B, R+1, N)
-    m1 = (coef * gb.unsqueeze(-1)).sum(1) / d                          # (B, N, P)
-    Y = ((xhat * gamma) @ ba_b.reshape(B, R1 * N, d).transpose(1, 2)).view(B, P, R1, N)
-    m2 = (coef * Y.permute(0, 2, 3, 1)).sum(1) / d                     # (B, N, P)
-    w1 = rstd.unsqueeze(1) * m1                                        # (B, N, P)
-    w2 = rstd.unsqueeze(1) * m2
-    rc = coef * rstd.view(B, 1, 1, P)                                  # rstd-weighted coefficients
-    ba_n = ba.permute(1, 2, 0, 3).reshape(N, B * R1, d)                # (N, B·(R+1), d)
-    emb = fw.model.embed[0]
-    V = emb.wte.weight.shape[0]
-    # wpe: rows 0..P−1
-    S1 = rc.permute(2, 3, 0, 1).reshape(N, P, B * R1) @ ba_n           # (N, P, d): Σ_b rstd da
-    wpe_rows = S1 * gamma - w1.sum(0).unsqueeze(-1) - (w2.permute(2, 1, 0) @ xhat.transpose(0, 1)).transpose(0, 1)
-    wpe_rows[ar, pos] += dy.sum(1)
-    wpe = coef.new_zeros((N,) + tuple(emb.wpe.weight.shape))
-    wpe[:, :P] = wpe_rows
-    # wte: group (b, j) by token
-    tok = fw.tokens[:, :P]
-    O = torch.zeros(B, P, V, dtype=coef.dtype, device=dev)
-    O.scatter_(2, tok.unsqueeze(-1), 1.0)
-    Cv = (rc.reshape(B, R1 * N, P) @ O).view(B, R1, N, V)              # Σ_j [x_bj = v] rstd coef
-    T1 = Cv.permute(2, 3, 0, 1).reshape(N, V, B * R1) @ ba_n           # (N, V, d)
-    m1v = w1.permute(1, 0, 2).reshape(N, B * P) @ O.reshape(B * P, V)  # (N, V)
-    wte = T1 * gamma - m1v.unsqueeze(-1)
-    flat = wte.reshape(N * V, d)
-    if V <= 32:                                                        # Σ_{b,j} O w2 x̂ as a GEMM
-        Ow = (w2.permute(1, 0, 2).reshape(N, B * P, 1) * O.reshape(1, B * P, V)).transpose(1, 2)
-        flat -= (Ow @ xhat.reshape(B * P, d)).reshape(N * V, d)
-    else:                                                              # large vocabulary: by index_add
-        rows = (w2.permute(1, 0, 2).unsqueeze(-1) * xhat).reshape(N * B * P, d)
-        idx = (tok.reshape(1, -1) + V * ar[:, None]).reshape(-1)
-        flat.index_add_(0, idx, rows, alpha=-1.0)
-    idx_pos = (fw.tokens[:, pos].transpose(0, 1) + V * ar[:, None]).reshape(-1)   # residual dy at pos
-    flat.index_add_(0, idx_pos, dy.reshape(-1, d))
-    pre = blk.prefix
-    return {pre + "ln_1.weight": ln_w, pre + "ln_1.bias": ln_b, "embed.0.wte.weight": flat.view(N, V, d),
-            "embed.0.wpe.weight": wpe}
+    :meth:`materialize` builds it over positions 0..i for the sources at position i only (the dense
+    pass below works per position), together with their LN1 weight/bias gradients."""
+
+    def __init__(self, blk: _Block, coef: torch.Tensor, ba: torch.Tensor, qa: torch.Tensor, dy: torch.Tensor,
+                 pos: torch.Tensor) -> None:
+        self.blk, self.coef, self.ba, self.qa, self.dy, self.pos = blk, coef, ba, qa, dy, pos
+
+    def rows_at(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for r, i in enumerate(self.pos.tolist()):
+            out.setdefault(i, []).append(r)
+        return out
+
+    def materialize(self, rows: list[int], i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(E (n, B, i+1, d), Σ da⊙x̂ (n, d), Σ da (n, d)) for sources ``rows`` (all at position i)."""
+        P = i + 1
+        idx = torch.tensor(rows, dtype=torch.long, device=self.qa.device)
+        c = self.coef.index_select(2, idx)[..., :P].permute(2, 0, 3, 1)   # (n, B, P, R)
+        b = self.ba.index_select(1, idx).transpose(0, 1).transpose(1, 2)  # (n, B, R, d)
+        da = c @ b                                                         # (n, B, P, d)
+        da[:, :, i] += self.qa.index_select(0, idx)
+        E, lw, lb = _ln_backward(self.blk, 1, da, lambda t: t[:, :P], True)
+        E[:, :, i] += self.dy.index_select(0, idx)
+        return E, lw, lb
 
 
 def embedding_grads(fw: Forward, E: torch.Tensor, pos: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -580,24 +583,23 @@ def site_components(fw: Forward, adj: StructuredAdjoints, sites: list[Site], nam
             else:
                 jobs.append(_Job((k, i), comp, row))
     jobs.sort(key=lambda j: j.site[1])
-    # groups of consecutive positions: small enough to stay cache-resident (≈ GROUP_FLOATS floats of
-    # spread adjoints B·(i+1)·d per source) and at most chunk_size sources (memory bound)
+    # groups of consecutive positions whose batched fresh pass stays moderate (≈ GROUP_FLOATS floats:
+    # B·d·(2H + 4) per source) and at most chunk_size sources (memory bound)
+    per_source = fw.B * fw.d * (2 * fw.H + 4)
     group: list[_Job] = []
-    size = 0
     for j, job in enumerate(jobs):
         group.append(job)
-        size += fw.B * (job.site[1] + 1) * fw.d
         nxt = jobs[j + 1] if j + 1 < len(jobs) else None
         if nxt is None or len(group) >= chunk_size or \
-                (nxt.site[1] != job.site[1] and size + fw.B * (nxt.site[1] + 1) * fw.d > GROUP_FLOATS):
+                (nxt.site[1] != job.site[1] and (len(group) + 1) * per_source > GROUP_FLOATS):
             _group_pass(fw, group, names, zero, myopic, out)
-            group, size = [], 0
+            group = []
     return out, zero
 
 
 def _group_pass(fw: Forward, jobs: list[_Job], names: list[str], zero: ParamDict, myopic: bool, out) -> None:
-    """Top-down pass for a group of sources: fresh at their own layer (batched over positions), spread
-    below it (dense per position; myopic: batched at each source's position)."""
+    """Top-down pass for a group of sources: fresh at their own layer (batched over the group's
+    positions), spread below it (dense per position; myopic: batched at each source's position)."""
     L = fw.n_layer
     dev = fw.tokens.device
     collected: list[dict[str, torch.Tensor]] = [{} for _ in jobs]
@@ -606,46 +608,60 @@ def _group_pass(fw: Forward, jobs: list[_Job], names: list[str], zero: ParamDict
         for r, j in enumerate(idx):
             collected[j].update({n: t[r] for n, t in g.items()})
 
-    spread: dict[int, tuple[list[int], torch.Tensor]] = {}            # position → (job indices, E)
+    def gather(i: int, parts: list) -> tuple[list[int], torch.Tensor]:
+        """Job indices and adjoints (n, B, i+1, d) at position i (lazy fresh parts materialised)."""
+        idx, Es = [], []
+        for part in parts:
+            if isinstance(part[1], FreshSpread):
+                ids, fs, rows = part
+                E, lw, lb = fs.materialize(rows, i)
+                keep(ids, {fs.blk.prefix + "ln_1.weight": lw, fs.blk.prefix + "ln_1.bias": lb})
+            else:
+                ids, E = part
+            idx += ids
+            Es.append(E)
+        return idx, Es[0] if len(Es) == 1 else torch.cat(Es)
+
+    pending: dict[int, list] = {}                                      # position → adjoint parts at r^k
     for k in range(L, -1, -1):
         fresh = [j for j, job in enumerate(jobs) if job.site[0] == k]
         pos_f = torch.tensor([jobs[j].site[1] for j in fresh], dtype=torch.long, device=dev)
         e_f = torch.stack([jobs[j].cot for j in fresh]) if fresh else None
         if k == 0:
-            for i, (idx, E) in spread.items():
-                keep(idx, embedding_grads(fw, E, None if not myopic else
-                                          torch.full((len(idx),), i, dtype=torch.long, device=dev)))
+            for i in sorted(pending):
+                idx, E = gather(i, pending[i])
+                keep(idx, embedding_grads(fw, E, torch.full((len(idx),), i, dtype=torch.long, device=dev)
+                                          if myopic else None))
             if fresh:
                 keep(fresh, embedding_grads(fw, e_f, pos_f))
             break
         m = k - 1
-        new: dict[int, list[tuple[list[int], torch.Tensor]]] = {}
-        if myopic and spread:                                          # everything stays at its position
-            idx = [j for ids, _ in spread.values() for j in ids]
-            E = torch.cat([E for _, E in spread.values()])
+        new: dict[int, list] = {}
+        if myopic and pending:                                         # everything stays at its position
+            idx = [j for parts in pending.values() for ids, _ in parts for j in ids]
+            E = torch.cat([E for parts in pending.values() for _, E in parts])
             pos = torch.tensor([jobs[j].site[1] for j in idx], dtype=torch.long, device=dev)
             g, E_in = fresh_backward(fw, m, E, pos, myopic=True)
             keep(idx, g)
             for r, j in enumerate(idx):
                 new.setdefault(jobs[j].site[1], []).append(([j], E_in[r:r + 1]))
         else:
-            for i, (idx, E) in spread.items():
-                g, E_in = dense_backward(fw, m, E)
+            for i in sorted(pending):
+                idx, E = gather(i, pending[i])
+                g, E_in = dense_backward(fw, m, E, to_embedding=m == 0)
                 keep(idx, g)
-                new.setdefault(i, []).append((idx, E_in))
-        if fresh and m == 0 and not myopic and fw.model.embed[0].wte.weight.shape[0] <= BOTTOM_MAX_VOCAB:
-            g, _ = fresh_backward(fw, m, e_f, pos_f, myopic=False, bottom=True)   # embedding grads included
+                if E_in is not None:
+                    new.setdefault(i, []).append((idx, E_in))
+        if fresh:
+            g, spread = fresh_backward(fw, m, e_f, pos_f, myopic=myopic)
             keep(fresh, g)
-        elif fresh:
-            g, E_in = fresh_backward(fw, m, e_f, pos_f, myopic=myopic)
-            keep(fresh, g)
-            for r, j in enumerate(fresh):
-                i = jobs[j].site[1]
-                new.setdefault(i, []).append(([j], E_in[r:r + 1] if myopic else E_in[r:r + 1, :, :i + 1]))
-        spread = {}
-        for i, parts in new.items():
-            idx = [j for ids, _ in parts for j in ids]
-            spread[i] = (idx, parts[0][1] if len(parts) == 1 else torch.cat([E for _, E in parts]))
+            if myopic:
+                for r, j in enumerate(fresh):
+                    new.setdefault(jobs[j].site[1], []).append(([j], spread[r:r + 1]))
+            else:
+                for i, rows in spread.rows_at().items():
+                    new.setdefault(i, []).append(([fresh[r] for r in rows], spread, rows))
+        pending = new
     for j, job in enumerate(jobs):
         got = collected[j]
         out[job.site][job.comp] = {n: got[n] if n in got else zero[n] for n in names}

@@ -6,7 +6,8 @@
   ``RUN/statistics/`` (the target statistics, computed with the corpus vocabulary, window selection in
   ``manifest.json``); this command adds ``RUN/data/`` (``train.npy``, ``heldout.npy`` — the last
   ``--holdout`` windows, never trained on — ``vocab.json``, ``source.json``), so that ``assoc report``
-  needs nothing else.
+  needs nothing else.  Under ``torchrun --nproc_per_node W -m originlens assoc train ...`` the training is
+  data-parallel (:mod:`originlens.train.parallel`); rank 0 writes and prints.
 * ``assoc report RUN``: tracking over checkpoints, null baselines, causal intervention, leading-term model
   (:mod:`originlens.theory.tracking`); writes ``RUN/report.html`` / ``report.md`` / ``report.json``;
   ``--json`` prints the numbers.
@@ -226,11 +227,13 @@ def run_train(args: argparse.Namespace) -> int:
     from ..progress import log
     from ..storage import vocab_hash
     from ..train import AssocTrainConfig, train_assoc
+    from ..distributed import init
     from ..train.assoc import run_dir_kind
     if args.threads:
         torch.set_num_threads(int(args.threads))
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other", "pass one of them")
+    rank, _ = init()                    # under torchrun: data-parallel over the ranks, rank 0 writes
     src, tokens, vocab, manifest, V = _load_windows(args)
     train, heldout = _split(tokens, args.max_windows, args.holdout)
     T = train.shape[1] - 1
@@ -252,7 +255,7 @@ def run_train(args: argparse.Namespace) -> int:
         grad_chunk=args.grad_chunk, impl=args.impl, out=str(args.out), device=args.device)
     cfg.validate()
     out = Path(args.out)
-    if args.overwrite and run_dir_kind(out) == "assoc":   # never touch a directory we did not write
+    if args.overwrite and rank == 0 and run_dir_kind(out) == "assoc":   # never touch a directory we did not write
         for name in _OWN_OUTPUTS:   # the trainer wipes its own files; these are ours
             f = out / name
             shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
@@ -270,6 +273,8 @@ def run_train(args: argparse.Namespace) -> int:
     run = train_assoc(train, V, cfg, [saver], stats=given, vocab=vocab, resume=args.resume,
                       overwrite=args.overwrite)
     secs = time.perf_counter() - t0
+    if rank != 0:
+        return 0
     first = run.losses[min(run.losses)] if run.losses else float("nan")
     last = run.losses[max(run.losses)] if run.losses else float("nan")
     msg = (f"trained {out}: step {run.step}/{run.total_steps} ({run.optimizer}), loss {first:.4f} → {last:.4f} "

@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "originlens.cli.lm_features_cmd",
     "originlens.cli.sae_cmd",
     "originlens.cli.ntp_cmd",
+    "originlens.cli.ntp_experiment_cmd",
     "originlens.cli.report_cmd",
 ]
 

@@ -4,6 +4,10 @@
   --optimizer adam|sgd [--segment START:END] [--steps FIRST:LAST[:STRIDE]] [--out DIR]`` replays the
   updates START+1..END from the run's checkpoints and writes one Parquet segment of per-update
   influences to DIR (default ``RUN/attribution``), see :mod:`originlens.attribution.replay`.
+* ``--segments N`` cuts the updates into N contiguous segments (one Parquet file each); under
+  ``torchrun --nproc_per_node W -m originlens ntp attribute RUN ...`` the segments (default N = W) are
+  spread over the ranks (:func:`originlens.attribution.replay.attribute_segments`), with results
+  bit-identical to one process; rank 0 indexes the store, prints and builds the report.
 * ``originlens ntp attribute RUN --report`` (alone or after a computation) builds ``DIR/report.html``:
   integrated influence per component × feature type with CIs, the paper-style bar plot, the spec §8
   sign pattern and the replay checks (:func:`originlens.attribution.store.write_report`).
@@ -71,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--optimizer", default="adam", choices=["adam", "sgd"],
                    help="adam: per-component Adam moments (paper); sgd: Δ_c = lr·G_c")
     a.add_argument("--segment", type=_pair, default=None, help="updates START+1..END (default: the whole run)")
+    a.add_argument("--segments", type=int, default=None,
+                   help="cut them into N contiguous segments (default: 1; under torchrun: one per process, "
+                        "segment i on rank i mod W)")
     a.add_argument("--steps", type=_steps, default=None,
                    help="record influences only at FIRST:LAST[:STRIDE] (SGD also skips the decomposition elsewhere)")
     a.add_argument("--no-types", dest="types", action="store_false", help="skip per-feature-type influences")
@@ -116,22 +123,40 @@ def cmd_attribute(args: argparse.Namespace) -> int:
     if sites is None and not args.report:
         raise ConfigError("nothing to do", "pass --sites (or --layers/--positions) to attribute, and/or --report")
     store = args.out
-    if sites is not None:
+    from ..distributed import init
+    rank, world_size = init()          # under torchrun: the segments are spread over the ranks
+    if sites is not None and (args.segments is not None or world_size > 1):
+        from ..attribution.replay import attribute_segments
+        res_list = attribute_segments(
+            args.run, segments=args.segments, segment=args.segment, sites=sites, features=args.features,
+            optimizer=args.optimizer, steps=args.steps, types=args.types, half=args.half,
+            check_identity=args.check_identity, out=args.out, warm=args.warm, verify=args.verify,
+            device=args.device, overwrite=args.overwrite, replay_rtol=args.replay_rtol)
+        if rank != 0:
+            return 0
+        store = res_list[0].store
+        for res in res_list:
+            _print_segment(res.path, res.info)
+    elif sites is not None:
         res = attribute_run(args.run, sites=sites, features=args.features, optimizer=args.optimizer,
                             steps=args.steps, segment=args.segment, types=args.types, half=args.half,
                             check_identity=args.check_identity, out=args.out, warm=args.warm, verify=args.verify,
                             device=args.device, overwrite=args.overwrite, replay_rtol=args.replay_rtol)
-        c = res.info["checks"]
-        print(f"{res.path}: {res.table.num_rows} rows, {res.info['n_recorded_steps']} updates, "
-              f"{res.info['seconds_per_attributed_step']:.3f} s per attributed update; replay: "
-              f"{c['losses_checked']} losses equal to the log, checkpoints "
-              f"{c['checkpoints_verified'] or 'none'} bit-identical")
+        _print_segment(res.path, res.info)
         store = res.store
-    if args.report:
+    if args.report and rank == 0:
         from pathlib import Path
         html = write_report(store if store is not None else Path(args.run), ci=args.ci)
         print(f"report: {html}")
     return 0
+
+
+def _print_segment(path: Any, info: dict) -> None:
+    c = info["checks"]
+    print(f"{path}: {info['rows']} rows, {info['n_recorded_steps']} updates, "
+          f"{info['seconds_per_attributed_step']:.3f} s per attributed update; replay: "
+          f"{c['losses_checked']} losses equal to the log, checkpoints "
+          f"{c['checkpoints_verified'] or 'none'} bit-identical")
 
 
 def register(subparsers: Any) -> None:

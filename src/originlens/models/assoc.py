@@ -21,24 +21,28 @@ Three implementations of the same function (``impl``):
   ``h_l = Σ_{S ⊆ {1..l}} A_S X V_S`` with ``A_S = A_{s_k}…A_{s_1}`` (T×T, per sequence) and
   ``V_S = V_{s_1}…V_{s_k}`` (|V|×|V|, batch independent).  Hence scores are
   ``Σ_{S,S'} A_S (V_S W V_{S'}ᵀ)[x, x] A_{S'}ᵀ`` (gathers of |V|×|V| matrices at token pairs) and logits
-  ``W_O[x] + Σ_{S≠∅} A_S (V_S W_O)[x]`` (row gathers).  No (B·T)×|V|×|V| product is formed: per batch
-  the cost is ≈ (2^L − 1)·B·T²·|V| plus ≈ 4^{L−1}·B·T³ mixing, and ((4^L − 1)/3 − L + 2^L − 1)·|V|³
-  for the batch-independent products (:meth:`AssocModel.path_products`; 25 products at L = 3), which
-  :meth:`AssocModel.accumulate_gradients` computes once per optimiser step however many chunks the batch
-  is split into.  Best when B·T ≫ |V| and L is small (the paper's L = 3).
+  ``W_O[x] + Σ_{S≠∅} A_S (V_S W_O)[x]`` (row gathers).  No (B·T)×|V|×|V| product is formed.  The
+  batch-independent products (:meth:`AssocModel.path_products`; 25 |V|³ products at L = 3, stacked into
+  9 matmuls) are computed once per optimiser step however many chunks the batch is split into; the
+  per-batch part (:class:`_PathPass`) has a hand-written backward (no autograd graph over (B, T, |V|)
+  tensors), and :meth:`AssocModel.accumulate_gradients` forms logits, cross-entropy and their gradients
+  chunk by chunk in small reused buffers without ever holding the (B, T, |V|) logits.  Per step the cost
+  is ≈ 3·(25 |V|³ + 7·B·T²·|V|) multiply-adds at L = 3: best when B·T ≫ |V| and L is small (the paper's
+  L = 3); the |V|³ products do not shrink with the batch, so the gain over "dense" grows with it.
 * ``"gather"`` — first layer by gathers (``W[x_t, x_j]``, ``V[x_j]``), deeper layers dense matmuls on
   the (B, T, |V|) residual stream.  Per-batch cost ≈ (2L − 1)·B·T·|V|².
 * ``"dense"`` — the straightforward one-hot implementation (reference for tests and benchmarks),
   ≈ (2L + 1)·B·T·|V|².
 
 ``"auto"`` (default) picks between ``"paths"`` and ``"gather"`` with a cost estimate (:func:`path_cost`).
-All three agree to round-off (same terms, different summation order; float64 ≈ 1e-13 relative).
-Measured (``benchmarks/assoc_train.py``, |V| = 1000, T = 64, L = 3, batch 512, 2 threads): "paths" is
-≈ 2.4× faster than "dense" per SGD epoch, "gather" ≈ 1.2×; the flop ratio is ≈ 5×, the rest goes to
-memory-bound gathers and scatters.
+All three agree to round-off (same terms, different summation order; float64 ≈ 1e-13 relative); the
+hand-written backward is tested against Lemma D.7's gradients, the dense implementation and finite
+differences.  Speed: ``benchmarks/assoc_train.py`` (figures in the benchmark notes).
 
-Memory: "paths" keeps per batch O(4^{L−1}·B·T²) attention-side tensors and the (B, T, |V|) logits; the
-gathered rows (B, (2^L − 1)·T, |V|) are never kept (:func:`gathered_bmm`).
+Memory: "paths" keeps per chunk the attention products (B, T, (2^L − 1)·T) and the gathered pair
+matrices (2^{L−1}, B, T, 2^{L−1}·T) of each layer; rows of the logits path are gathered ≈ 16 MiB at a
+time (CPU).  The training loop reuses these buffers from step to step (:class:`Workspace`, released with
+:meth:`AssocModel.release_workspace`).  Runs on CPU or CUDA (all tensors on the parameters' device).
 
 Saved weights use the paper's 1-based layer numbers: keys ``W_O``, ``W.1``…``W.L``, ``V.l``, ``P.l``
 (:meth:`AssocModel.weights` / :meth:`AssocModel.load_weights`); the torch ``state_dict`` keeps
@@ -109,26 +113,32 @@ def weight_names(n_layers: int) -> list[str]:
     return names
 
 
-BMM_PENALTY = 3.0    # small batched matmuls run ~3× slower per multiply-add than large GEMMs
-ELEMENT_COST = 40.0  # one gathered/scattered element costs about as much as 40 GEMM multiply-adds
+BMM_PENALTY = 2.0    # batched T-sized products run ~2× slower per multiply-add than large GEMMs
+ELEMENT_COST = 20.0  # one gathered/scattered element costs about as much as 20 GEMM multiply-adds
 
 
 def path_cost(batch: int, seq_len: int, vocab: int, n_layers: int) -> dict[str, float]:
     """Cost estimates of one forward + backward in GEMM multiply-add equivalents (calibrated on CPU:
     batched T-sized products weighted by ``BMM_PENALTY``, memory-bound gathers/scatters by
-    ``ELEMENT_COST`` per element); used by ``impl="auto"``."""
+    ``ELEMENT_COST`` per element); used by ``impl="auto"``.
+
+    ``paths``: 3 × (number of |V|³ products) × |V|³ + 3·m·B·T²·|V| for the logits path (m = 2^L − 1) +
+    the attention mixing + gathers/scatters of K entries and Z rows.
+    """
     B, T, V, L = batch, seq_len, vocab, n_layers
-    n_prod = 2 ** L - 1  # V_S W_O
+    m = 2 ** L - 1
+    n_prod = m                                                   # V_S W_O
     mix = 0.0
+    elems = 2 * m * B * T * V                                    # Z rows gathered, their gradients scattered
     for l in range(1, L + 1):
         k = 2 ** (l - 1)
-        n_prod += (k - 1) + k * (k - 1)  # V_S W and V_S W V_S'^T
-        mix += B * T * (k * T) ** 2 + 2 * B * T * T * k * T  # Acat Gbig Acatᵀ, a @ Acat
-    m = 2 ** L - 1
-    paths = n_prod * V ** 3 + BMM_PENALTY * (m * B * T * T * V + mix) + ELEMENT_COST * (3 * m * B * T * V)
-    gather = ((2 * L - 1) * B * T * V * V + BMM_PENALTY * (2 * L - 1) * B * T * T * V
+        n_prod += (k - 1) + k * (k - 1)                          # V_S W and V_S W V_S'ᵀ
+        mix += 3 * (k * B * T * T * k * T + B * T * T * k * T)   # Y = Σ A_S G[S], s = Y Acatᵀ, ×3 with backward
+        elems += 2 * B * T * T * k * k                           # K entries gathered and scattered
+    paths = 3 * n_prod * V ** 3 + BMM_PENALTY * (3 * m * B * T * T * V + mix) / 2 + ELEMENT_COST * elems
+    gather = ((2 * L - 1) * 3 * B * T * V * V + BMM_PENALTY * (2 * L - 1) * 3 * B * T * T * V
               + ELEMENT_COST * 4 * B * T * V)
-    dense = (2 * L + 1) * B * T * V * V + BMM_PENALTY * 2 * L * B * T * T * V + ELEMENT_COST * B * T * V
+    dense = (2 * L + 1) * 3 * B * T * V * V + BMM_PENALTY * 2 * L * 3 * B * T * T * V + ELEMENT_COST * B * T * V
     return {"paths": float(paths), "gather": float(gather), "dense": float(dense)}
 
 
@@ -240,7 +250,9 @@ class _PathPass:
             n = 1 << l
             idx = _pair_layout(x, n, V)
             G = self.ws.get(f"G{l}", (n, B, T, n * T), dt, dev)
-            torch.index_select(Ks[l].view(n, n * V * V), 1, idx, out=G.view(n, -1))
+            Kl = Ks[l].view(n, n * V * V)
+            for S in range(n):                                   # row by row: faster than one 2-D gather
+                torch.index_select(Kl[S], 0, idx, out=G[S].view(-1))
             if n == 1:
                 Y = G[0]
                 s = Y.clone()
@@ -540,34 +552,41 @@ class AssocModel(nn.Module):
         (4^{l−1}, |V|·|V|), row S·2^{l−1} + S'; the last element stacks Z_S = V_S W_O for non-empty
         S ⊆ {1..L} as ((2^L − 1)·|V|, |V|).  Subsets are bitmasks (bit l−1 = layer l) in increasing order,
         V_S = V_{s_1}…V_{s_k} in increasing layer order.  Every product is one matmul with a parameter
-        (peeling the lowest layer: V_S M = V_{s_1}(V_{S∖s_1} M), K_{S,S'} = K_{S,S'∖s_1} V_{s_1}ᵀ).  Passing
-        (detached copies of) these to :meth:`forward` lets batches share them (:meth:`accumulate_gradients`).
+        (peeling the lowest layer: V_S M = V_{s_1}(V_{S∖s_1} M), K_{S,S'} = K_{S,S'∖s_1} V_{s_1}ᵀ), and the
+        products sharing that parameter are stacked into one large matmul (9 matmuls at L = 3 instead of
+        25 — same flops, better multi-threaded efficiency).  :meth:`accumulate_gradients` computes them once
+        per optimiser step however many chunks the batch is split into.
         """
-        def low(S: int) -> tuple[int, int]:
-            bit = S & -S
-            return bit, bit.bit_length() - 1
+        V = self.vocab_size
+
+        def above(i: int, bits: int) -> list[int]:     # subsets of {i+1..bits−1} (bitmasks), increasing
+            return [R for R in range(1 << bits) if R & ((1 << (i + 1)) - 1) == 0]
+
+        def left_products(Wm: torch.Tensor, bits: int) -> dict[int, torch.Tensor]:
+            """V_S Wm for all S ⊆ {0..bits−1}: for the lowest layer i of S, V_i (V_{S∖i} Wm), one stacked
+            matmul V_i [V_R Wm]_R per i (R above i)."""
+            left = {0: Wm}
+            for i in range(bits - 1, -1, -1):
+                Rs = above(i, bits)
+                prod = self.V[i] @ (torch.cat([left[R] for R in Rs], dim=1) if len(Rs) > 1 else left[0])
+                # split (not slicing): its backward is one concatenation, not a zero-filled copy per slice
+                for R, part in zip(Rs, prod.split(V, dim=1)):
+                    left[R | (1 << i)] = part
+            return left
 
         out = []
         for l in range(self.n_layers):
             n = 1 << l
-            left: list[torch.Tensor] = [self.W[l]]
-            for S in range(1, n):
-                bit, i = low(S)
-                left.append(self.V[i] @ left[S ^ bit])                     # V_S W^(l)
-            Ks = []
-            for S in range(n):
-                row = [left[S]]
-                for S2 in range(1, n):
-                    bit, i = low(S2)
-                    row.append(row[S2 ^ bit] @ self.V[i].T)                 # V_S W V_{S'}ᵀ
-                Ks += row
-            out.append(torch.stack(Ks).reshape(n * n, -1))
-        n = 1 << self.n_layers
-        Z: list[torch.Tensor] = [self.W_O]
-        for S in range(1, n):
-            bit, i = low(S)
-            Z.append(self.V[i] @ Z[S ^ bit])                                # V_S W_O
-        out.append(torch.cat(Z[1:]))
+            left = left_products(self.W[l], l)
+            K = {(S, 0): left[S] for S in range(n)}
+            for i in range(l - 1, -1, -1):       # K_{S,S'} = K_{S,S'∖i} V_iᵀ, stacked over (S, S'∖i)
+                pairs = [(S, R) for S in range(n) for R in above(i, l)]
+                prod = torch.cat([K[p] for p in pairs], dim=0) @ self.V[i].T
+                for (S, R), part in zip(pairs, prod.split(V, dim=0)):
+                    K[(S, R | (1 << i))] = part
+            out.append(torch.stack([K[(S, S2)] for S in range(n) for S2 in range(n)]).reshape(n * n, -1))
+        Z = left_products(self.W_O, self.n_layers)
+        out.append(torch.cat([Z[S] for S in range(1, 1 << self.n_layers)]))
         return out
 
     def _path_inputs(self, products: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -41,6 +41,13 @@ naming the file.  Non-finite losses, gradients or weights raise
 :class:`~originlens.errors.NumericalError` naming the step, the tensor and the last good checkpoint (no
 file is written for the failed step; an ``error`` event is appended to ``metrics.jsonl``).
 
+Data-parallel: under ``torchrun --nproc_per_node W`` (process group from :func:`originlens.distributed.init`)
+every rank draws the same global batch and takes its contiguous rows; the slices' gradients, scaled by
+their share of the batch, are all-reduced (:mod:`originlens.train.parallel`), so the trajectory equals
+one process's to round-off.  Only rank 0 writes (run directory, statistics, metrics, checkpoints) and
+compares with the theory; the other ranks load the same checkpoint on resume.  A stop requested on any
+rank stops all of them.
+
 Callbacks (minGPT style): objects with any of ``on_step_end(trainer)``, ``on_checkpoint(trainer, path)``,
 ``on_train_end(trainer)``; ``trainer.request_stop()`` ends training cleanly after the current step
 (a checkpoint is written so the run can be resumed).
@@ -59,11 +66,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
+from .. import distributed as dist_
 from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
 from ..models.assoc import CHECKPOINT_KIND, MODEL_KIND, AssocConfig, AssocModel
 from ..progress import log, progress
 from ..runs import RunDir, to_jsonable
 from ..storage import atomic_write_text, load_tensors, read_json, save_tensors, vocab_hash
+from . import parallel
 
 RNG_KEY = "trainer.data_rng_state"
 _CKPT_RE = re.compile(r"^step-(\d{6,})\.safetensors$")
@@ -298,6 +307,7 @@ class AssocTrainer:
         self.run_dir: RunDir | None = None
         self.last_checkpoint: Path | None = None
         self._stop = False
+        self._writer = dist_.world()[0] == 0          # under torchrun only rank 0 writes and compares
         self._gen = torch.Generator().manual_seed(int(cfg.data_seed))
         self._perm: torch.Tensor | None = None
         self._epoch_state: torch.Tensor = self._gen.get_state()
@@ -404,6 +414,7 @@ class AssocTrainer:
                 data_hashes={"tokens": self.data_hash},
                 extra={"optimizer": self.cfg.optimizer, "optimizer_state": "none (plain GD/SGD)",
                        "grad_chunk": self.grad_chunk, "torch_threads": torch.get_num_threads(),
+                       "processes": dist_.world()[1],
                        "stats_source": self.stats_source, "device": str(self.device),
                        "device_name": (torch.cuda.get_device_name(self.device)
                                        if self.device.type == "cuda" else "cpu")})
@@ -430,7 +441,8 @@ class AssocTrainer:
         ckpts = self._checkpoint_files(path)
         if not ckpts:
             log(f"resume: no checkpoint in {path}, starting from step 0")
-            self._truncate_metrics(path, 0)
+            if self._writer:
+                self._truncate_metrics(path, 0)
             return 0
         step, f = ckpts[-1]
         if step > self.total_steps:
@@ -457,7 +469,8 @@ class AssocTrainer:
         self._perm = None
         self.step = step
         self.last_checkpoint = f
-        self._truncate_metrics(path, step)
+        if self._writer:
+            self._truncate_metrics(path, step)
         log(f"resume: continuing {path} from step {step}")
         return step
 
@@ -492,7 +505,7 @@ class AssocTrainer:
     def _ensure_stats(self) -> None:
         """Compute the target statistics (float64, the model's |V| and centring 1/|V|, token strings if
         known) on :meth:`target_windows` unless given or ``stats_source="none"``."""
-        if self.stats is not None or self.cfg.stats_source == "none":
+        if self.stats is not None or self.cfg.stats_source == "none" or not self._writer:
             return
         from ..stats import corpus_statistics
         idx = self.target_windows()
@@ -570,7 +583,10 @@ class AssocTrainer:
         model = self.model
         for p in model.parameters():
             p.grad = None
-        total = model.accumulate_gradients(batch, chunk=self.grad_chunk)
+        impl = model.choose_impl(batch.shape[0], batch.shape[1] - 1)   # resolved for the global batch
+        total = parallel.mean_over_shards(      # alone: accumulate_gradients(batch); torchrun: this rank's rows
+            lambda rows: model.accumulate_gradients(rows, chunk=self.grad_chunk, impl=impl), batch,
+            model.parameters())
         if not math.isfinite(total):
             raise self._fail("loss", s)
         for name, p in model.named_weights():
@@ -586,7 +602,7 @@ class AssocTrainer:
         return total
 
     def _compare(self) -> dict | None:
-        if self.stats is None:
+        if self.stats is None or not self._writer:
             return None
         from ..theory.leading_terms import compare_to_theory, min_cosines
         cmp = compare_to_theory(self.model, self.stats, self.step, self.cfg.lr)
@@ -602,7 +618,10 @@ class AssocTrainer:
     def run(self, *, resume: bool = False, overwrite: bool = False) -> AssocRun:
         start = 0
         if self.cfg.out is not None:
-            start = self._prepare_dir(resume, overwrite)
+            with dist_.rank_zero_first() as writer:   # rank 0 prepares RUN, then the others read it
+                start = self._prepare_dir(resume, overwrite) if writer else \
+                    (self._load_latest(Path(self.cfg.out)) if resume else 0)
+            dist_.same_on_all_ranks(start, "step to resume from")
         result = AssocRun(path=self.run_dir.path if self.run_dir else None, model=self.model, config=self.cfg,
                           step=start, total_steps=self.total_steps, optimizer=self.cfg.optimizer,
                           resumed_from=start if start else None)
@@ -626,7 +645,9 @@ class AssocTrainer:
                 if s % 10 == 0 or s == self.total_steps:
                     bar.set_postfix(loss=f"{self.loss:.4f}")
                 self._call("on_step_end")
+                self._stop = dist_.any_rank(self._stop)      # a stop on one rank stops all of them
                 if self._is_checkpoint_step(s) or self._stop:
+                    parallel.check_in_sync(self.model.parameters(), f"step {s}")
                     cmp = self._compare()
                     if cmp is not None:
                         result.comparisons[s] = cmp["theory"]
@@ -650,6 +671,7 @@ class AssocTrainer:
         if self.run_dir is not None and self.step >= self.total_steps:
             self._save_final()
         self._call("on_train_end")
+        dist_.barrier()                               # rank 0 has written the final files
         return result
 
 

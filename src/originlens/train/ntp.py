@@ -42,6 +42,7 @@ Data-parallel training: under ``torchrun --nproc_per_node W -m originlens ntp tr
 batch, takes its contiguous rows and the gradients are all-reduced (:mod:`originlens.train.parallel`):
 the run equals single-process training to round-off.  Only rank 0 writes (metrics, checkpoints,
 summary) and evaluates/probes while the others wait; resume loads the same checkpoint on every rank.
+Callbacks: ``on_step_end`` fires on every rank, ``on_eval``/``on_probe``/``on_checkpoint`` on rank 0.
 
 Caveats: the language task has no per-token features (spaCy tags are not available), so it trains
 and evaluates without probes; training in bfloat16/float16 is refused (Adam state would underflow).

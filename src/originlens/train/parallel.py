@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..distributed import all_reduce_sum, is_distributed, shard_bounds, world
+from ..distributed import _collective_device, all_reduce_sum, is_distributed, shard_bounds, world
 from ..errors import ConfigError, NumericalError
 
 BUCKET_ELEMENTS = 1 << 24          # gradients are all-reduced in flat buckets of at most this many values
@@ -97,18 +97,23 @@ def mean_over_shards(accumulate: Callable[[torch.Tensor], float], batch: torch.T
                      params: Iterable[torch.nn.Parameter]) -> float:
     """Data-parallel form of a mean-loss gradient accumulator ``accumulate(rows) -> mean loss`` that adds
     ∇(mean loss over ``rows``) to ``.grad``: this rank's slice, scaled by B_r / B, summed over the ranks.
-    Returns the global mean loss (the same on every rank).  Alone: ``accumulate(batch)``.
+    Returns the global mean loss (the same on every rank).  Alone: ``accumulate(batch)``.  A rank left
+    without rows (a short last batch of an epoch) contributes zeros; parameters without a gradient get
+    zeros (plain SGD: no change).
     """
     if not is_distributed():
         return accumulate(batch)
     n = batch.shape[0]
-    a, b = shard_rows(n)
+    rank, world_size = world()
+    a, b = shard_bounds(n, rank, world_size)      # a short last batch may leave a rank without rows
     params = list(params)
-    total = accumulate(batch[a:b])
+    total = accumulate(batch[a:b]) if b > a else 0.0
     scale = (b - a) / n
     with torch.no_grad():
         for p in params:
-            if p.grad is not None:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)      # every rank sends a buffer of the same layout
+            else:
                 p.grad.mul_(scale)
     allreduce_gradients(params)
     return float(all_reduce_sum(torch.tensor([total * scale], dtype=torch.float64,
@@ -128,6 +133,7 @@ def check_in_sync(params: Iterable[torch.Tensor], where: str) -> None:
         d = p.double().reshape(-1)
         s[0] += d.sum()
         s[1] += (d * (1.0 + (torch.arange(d.numel(), device=dev, dtype=torch.float64) % 7) + i)).sum()
+    s = s.to(_collective_device())                 # gloo gathers CPU tensors only
     out = [torch.empty_like(s) for _ in range(dist.get_world_size())]
     dist.all_gather(out, s)
     if any(not torch.equal(o, out[0]) for o in out[1:]):
