@@ -18,9 +18,10 @@ spec's tracked Majority sites, layers 1–2 × positions 2–19 (36 sites).
 
 Timing: CPU time (``time.process_time``) and wall time, min over ``--repeat`` runs, measured
 interleaved (train, ours, ref45 in turn) so that a shared machine loads them alike.  Memory: peak
-resident-set growth during each call (a sampler thread reads ``/proc/self/statm`` every ms; Linux
-only), besides the process's ``ru_maxrss``.  Agreement: max |ours − ref45| over every site, component
-and parameter entry, asserted ≤ ``tol · max|∇L|`` (float32: 1e-4; ``--float64``: 1e-10).
+resident-set growth of one call, each method in a fresh worker process (``ru_maxrss`` after the call
+minus the resident set just before it; Linux).  ``tracemalloc`` would not see torch's tensor memory.
+Agreement: max |ours − ref45| over every site, component and parameter entry, asserted
+≤ ``tol · max|∇L|`` (float32: 1e-4; ``--float64``: 1e-10).
 
 Usage: ``.venv/bin/python benchmarks/decompose.py [--batch 256] [--threads 1] [--repeat 3] [--float64]
 [--sites all|tracked|both]``.
@@ -28,9 +29,11 @@ Usage: ``.venv/bin/python benchmarks/decompose.py [--batch 256] [--threads 1] [-
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
-import threading
+import subprocess
+import sys
 import time
 
 import torch
@@ -71,42 +74,26 @@ def ref45(model: GPT, tokens: torch.Tensor, sites: list[tuple[int, int]]) -> dic
 # measurement helpers
 
 
-class PeakRSS:
-    """Peak growth of the resident set while the block runs (sampled every ``interval`` s)."""
-
-    def __init__(self, interval: float = 0.001) -> None:
-        self.interval, self.peak, self._stop = interval, 0, threading.Event()
-        self._page = os.sysconf("SC_PAGE_SIZE")
-
-    def _rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self._page
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._rss() - self.base)
-            time.sleep(self.interval)
-
-    def __enter__(self) -> "PeakRSS":
-        self.base = self._rss()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.peak = max(self.peak, self._rss() - self.base)
-        self._stop.set()
-        self._thread.join()
-
-
 def measure(fn, results: dict, name: str) -> object:
-    with PeakRSS() as mem:
-        w0, c0 = time.perf_counter(), time.process_time()
-        out = fn()
-        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-    r = results.setdefault(name, {"cpu": float("inf"), "wall": float("inf"), "mem": 0})
-    r["cpu"], r["wall"], r["mem"] = min(r["cpu"], cpu), min(r["wall"], wall), max(r["mem"], mem.peak)
+    w0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    r = results.setdefault(name, {"cpu": float("inf"), "wall": float("inf")})
+    r["cpu"], r["wall"] = min(r["cpu"], cpu), min(r["wall"], wall)
     return out
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_memory(args: argparse.Namespace, method: str, which: str) -> float:
+    """Peak RSS growth (MB) of one call of ``method`` in a fresh worker process."""
+    cmd = [sys.executable, __file__, "--worker", method, "--sites", which, "--batch", str(args.batch),
+           "--threads", str(args.threads)] + (["--float64"] if args.float64 else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
 
 
 def max_abs_diff(ours: dict, ref: dict) -> float:
@@ -121,15 +108,7 @@ def max_abs_diff(ours: dict, ref: dict) -> float:
 # ----------------------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=3, help="timings: min over this many runs")
-    ap.add_argument("--ref-repeat", type=int, default=1, help="runs of the slow reference loop")
-    ap.add_argument("--float64", action="store_true")
-    ap.add_argument("--sites", default="both", choices=["all", "tracked", "both"])
-    args = ap.parse_args()
+def setup(args: argparse.Namespace):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=5, seq_len=21, n_layer=2, d_model=128, n_head=4,
@@ -141,10 +120,6 @@ def main() -> None:
     tokens = torch.randint(0, cfg.vocab_size, (args.batch, cfg.seq_len))
     site_sets = {"all": [(k, i) for k in range(cfg.n_layer + 1) for i in range(cfg.seq_len)],
                  "tracked": [(k, i) for k in (1, 2) for i in range(2, 20)]}
-    wanted = ["all", "tracked"] if args.sites == "both" else [args.sites]
-    print(f"model: L={cfg.n_layer} d={cfg.d_model} heads={cfg.n_head} T={cfg.seq_len} B={args.batch} "
-          f"params={model.num_params():,} dtype={cfg.dtype} threads={args.threads} (torch {torch.__version__})")
-
     opt = torch.optim.Adam(model.parameters(), lr=1e-12)           # tiny lr: the weights stay put
 
     def train_step() -> None:
@@ -152,7 +127,38 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    return cfg, model, tokens, site_sets, train_step
 
+
+def worker(args: argparse.Namespace) -> None:
+    cfg, model, tokens, site_sets, train_step = setup(args)
+    sites = site_sets[args.sites]
+    fn = {"train": train_step, "ours": lambda: decompose(model, tokens, sites),
+          "ref45": lambda: ref45(model, tokens, sites)}[args.worker]
+    decompose(model, tokens, [(1, 3)]) if args.worker == "ours" else None   # imports, allocator warm-up
+    before = rss_bytes()
+    fn()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"peak_mb": max(0, peak - before) / 2**20}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3, help="timings: min over this many runs")
+    ap.add_argument("--ref-repeat", type=int, default=1, help="runs of the slow reference loop")
+    ap.add_argument("--float64", action="store_true")
+    ap.add_argument("--sites", default="both", choices=["all", "tracked", "both"])
+    ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip the worker processes")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    cfg, model, tokens, site_sets, train_step = setup(args)
+    wanted = ["all", "tracked"] if args.sites == "both" else [args.sites]
+    print(f"model: L={cfg.n_layer} d={cfg.d_model} heads={cfg.n_head} T={cfg.seq_len} B={args.batch} "
+          f"params={model.num_params():,} dtype={cfg.dtype} threads={args.threads} (torch {torch.__version__})")
     train_step()
     decompose(model, tokens, [(1, 3)])                             # warm-up
     tol = 1e-10 if args.float64 else 1e-4
@@ -169,19 +175,19 @@ def main() -> None:
         g_max = max(float(t.abs().max()) for t in ours[sites[0]].full.values())
         diff = max_abs_diff(ours, ref)
         t, o, r = res["train"], res["ours"], res["ref45"]
+        mem = {name: peak_memory(args, name, which) if args.memory else float("nan") for name in res}
         print(f"\nsites={which} ({len(sites)} sites)")
         print(f"  {'':34s} {'CPU s':>8s} {'wall s':>8s} {'peak RSS +MB':>13s}")
         for name, label in (("train", "one training step (fwd+bwd+Adam)"), ("ours", "decompose (ours)"),
                             ("ref45", "spec §4.5 loop (1 fwd + 3 bwd/site)")):
             v = res[name]
-            print(f"  {label:34s} {v['cpu']:8.3f} {v['wall']:8.3f} {v['mem'] / 2**20:13.1f}")
+            print(f"  {label:34s} {v['cpu']:8.3f} {v['wall']:8.3f} {mem[name]:13.1f}")
         print(f"  ref45 / ours = {r['cpu'] / o['cpu']:.1f}× (CPU), {r['wall'] / o['wall']:.1f}× (wall)   "
               f"[target ≥ 10×]")
         print(f"  ours / train = {o['cpu'] / t['cpu']:.2f}× (CPU), {o['wall'] / t['wall']:.2f}× (wall)   "
               f"[target ≤ 6×]")
         print(f"  max |ours − ref45| = {diff:.2e}  (max |∇L| = {g_max:.2e}; asserted ≤ {tol:g}·max|∇L|)")
         assert diff <= tol * g_max, f"decomposition disagrees with the §4.5 reference: {diff} > {tol * g_max}"
-    print(f"\nprocess ru_maxrss: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ _API = {
     "AdamAttributor": "originlens.attribution",
     "influences": "originlens.attribution",
     "attribute_run": "originlens.attribution",
+    "attribute_segments": "originlens.attribution",
     # pretrained LMs
     "load_llama2c": "originlens.lm",
     "Llama2cTokenizer": "originlens.lm",

@@ -25,8 +25,8 @@ __all__ = ["COMPONENTS", "AdamAttributor", "Adjoints", "Influence", "PathwayGrad
            "stop_gradient_hooks", "trainable_parameters"]
 
 # Replay of a saved training run and the observable store (attribution/replay.py, attribution/store.py).
-from .replay import RunReplay, SegmentResult, attribute_run  # noqa: E402
+from .replay import RunReplay, SegmentResult, attribute_run, attribute_segments, segment_bounds  # noqa: E402
 from .store import integrate, load_observables, summarize, write_report  # noqa: E402
 
-__all__ += ["RunReplay", "SegmentResult", "attribute_run", "integrate", "load_observables", "summarize",
+__all__ += ["RunReplay", "SegmentResult", "attribute_run", "attribute_segments", "segment_bounds", "integrate", "load_observables", "summarize",
             "write_report"]

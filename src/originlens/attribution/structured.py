@@ -17,10 +17,19 @@ hand-written backward passes whose structure keeps the per-site work small:
   (attention-weighted input averages), never a contraction over positions per weight entry.  The
   adjoint sent to positions j ≤ i is Σ_h (δS_{hij} β_h + A_{hij} α_h), β_h = q_{hi}W_K[h],
   α_h = δo_{hi}W_V[h] (rank 2H per batch row), plus the query and residual paths at i.
+  This adjoint stays in that low-rank form (:class:`FreshSpread`) until the block below needs it,
+  and is then built for one position at a time.
 * **Spread sources** (blocks below k): dense batched backward over the causal prefix 0..i only, all
-  sources of one position stacked on a leading axis, weight gradients as batched GEMMs.  Under
+  sources of one position stacked on a leading axis, weight gradients as batched GEMMs.  In the
+  first block the adjoint at r^0 is never formed: δqkv is reduced over the batch rows of each
+  position and token first, and only then multiplied by W_qkv (:func:`_qkv_to_embedding`).  Under
   myopic training sources never spread (other positions' keys/values are detached), so every block
   is handled at position i alone, batched over all sources.
+* **∇L** from the sites when all of layer L is requested (cut identity, done by ``decompose``).
+
+Cost (Majority size, all 63 sites, B = 256): the dense part is ≈ 3 training steps of arithmetic
+(Σ_i (i+1) batch rows per source through a full block backward), the rest ≈ 2.5; see
+``benchmarks/decompose.py``.
 
 Supported (:func:`supported`): a GPT with one parameter range (standard or myopic regime, tied or
 untied head, any width, heads, MLP ratio), dropout inactive, no forward hooks on the module;
@@ -123,10 +132,10 @@ class Forward:
                 h = F.gelu(hpre, approximate="tanh")
                 gg = torch.ops.aten.gelu_backward(hpre.new_ones(()).expand_as(hpre), hpre, approximate="tanh")
                 x = y + c.mlp_out(h)
-                self.blocks.append(_Block(x1=self.residuals[-1], mean1=mean1, xhat1=xhat1, rstd1=rstd1, a=a, q=q, k=k, v=v,
-                                          att=att, o=o, x2=y, mean2=mean2, xhat2=xhat2, rstd2=rstd2, c=cc,
-                                          gelu_grad=gg, h=h,
-                                          prefix=f"blocks.{m}.copies.0.", mod=c))
+                self.blocks.append(_Block(x1=self.residuals[-1], mean1=mean1, xhat1=xhat1, rstd1=rstd1, a=a,
+                                          q=q, k=k, v=v, att=att, o=o, x2=y, mean2=mean2, xhat2=xhat2,
+                                          rstd2=rstd2, c=cc, gelu_grad=gg, h=h, prefix=f"blocks.{m}.copies.0.",
+                                          mod=c))
                 self.residuals.append(x)
 
     @property

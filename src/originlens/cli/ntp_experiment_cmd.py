@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -188,10 +187,10 @@ def evaluate_games(model: Any, probes: Any, batch: Any, *, chunk: int = 256) -> 
             x = torch.from_numpy(tokens[a:a + chunk]).to(next(model.parameters()).device)
             logits, res = model(x, return_residuals=True)
             arg[a:a + chunk] = logits.argmax(-1).cpu().numpy()
-            R = torch.stack([res[k] for k in probes.layers], 1)[:, :, probes.positions]   # (b, K, P, d)
+            R = torch.stack([res[k] for k in probes.layers], 1)[:, :, probes.positions].double()  # (b, K, P, d)
             W = torch.from_numpy(probes.weights[:, :, fidx]).to(R)                         # (K, P, F, d)
             b = torch.from_numpy(probes.intercepts[:, :, fidx]).to(R)
-            preds.append((torch.einsum("nkpd,kpfd->nkpf", R, W) + b).double().cpu().numpy())
+            preds.append((torch.einsum("nkpd,kpfd->nkpf", R, W) + b).cpu().numpy())
     pred = np.concatenate(preds)                                                            # (n, K, P, F)
     y = np.broadcast_to(batch.features[:, probes.positions][:, :, fidx][:, None], pred.shape)
     types = np.broadcast_to(batch.feature_types[:, probes.positions][:, :, fidx][:, None], pred.shape)
@@ -247,7 +246,7 @@ def run_othello_experiment(cfg: OthelloExperimentConfig, out: str | Path, *, log
     record["train"] = _train(cfg, run)
     record["stages"]["train_s"] = time.time() - t
     record["probes"] = probe_quality(run, cfg.attr_layers, cfg.positions)
-    log(f"[2/4] probes (central cells): " + ", ".join(
+    log("[2/4] probes (central cells): " + ", ".join(
         f"L{k} r={v['pearson']:.3f}" for k, v in record["probes"]["per_layer"].items()))
     t = time.time()
     log(f"[3/4] attributing updates 1..{cfg.attribute_steps or cfg.steps} at layers {cfg.attr_layers} × "
