@@ -18,8 +18,8 @@ spec's tracked Majority sites, layers 1–2 × positions 2–19 (36 sites).
 
 Timing: CPU time (``time.process_time``) and wall time, min over ``--repeat`` runs, measured
 interleaved (train, ours, ref45 in turn) so that a shared machine loads them alike.  Memory: peak
-resident-set growth of one call, each method in a fresh worker process (``ru_maxrss`` after the call
-minus the resident set just before it; Linux).  ``tracemalloc`` would not see torch's tensor memory.
+resident-set growth of one call, each method in a fresh worker process (peak RSS ``VmHWM``, reset just
+before the call, minus the resident set then; Linux).  ``tracemalloc`` would not see torch's tensor memory.
 Agreement: max |ours − ref45| over every site, component and parameter entry, asserted
 ≤ ``tol · max|∇L|`` (float32: 1e-4; ``--float64``: 1e-10).
 
@@ -88,6 +88,24 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def peak_rss_bytes() -> int:
+    """VmHWM: the peak resident set of this process image (ru_maxrss would include the parent's
+    resident set at fork time: Linux keeps it across exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> None:
+    try:                                                           # Linux ≥ 4.0: reset VmHWM to the current RSS
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def peak_memory(args: argparse.Namespace, method: str, which: str) -> float:
     """Peak RSS growth (MB) of one call of ``method`` in a fresh worker process."""
     cmd = [sys.executable, __file__, "--worker", method, "--sites", which, "--batch", str(args.batch),
@@ -136,10 +154,10 @@ def worker(args: argparse.Namespace) -> None:
     fn = {"train": train_step, "ours": lambda: decompose(model, tokens, sites),
           "ref45": lambda: ref45(model, tokens, sites)}[args.worker]
     decompose(model, tokens, [(1, 3)]) if args.worker == "ours" else None   # imports, allocator warm-up
+    reset_peak_rss()
     before = rss_bytes()
     fn()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"peak_mb": max(0, peak - before) / 2**20}))
+    print(json.dumps({"peak_mb": max(0, peak_rss_bytes() - before) / 2**20}))
 
 
 def main() -> None:

@@ -235,3 +235,7 @@ def test_error_report_statistics_of_another_vocabulary(corpus, trained, tmp_path
                                "--no-intervention", "--no-heldout", "--out", tmp_path / f"rep-{stats}")
         one_line_error(rc, err, needle)
         assert not (tmp_path / f"rep-{stats}").exists()
+    if not torch.cuda.is_available():
+        rc, out, err = run_cli(capsys, "assoc", "report", trained, "--device", "cuda", "--out", tmp_path / "rep-gpu")
+        one_line_error(rc, err, "CUDA is unavailable")
+        assert not (tmp_path / "rep-gpu").exists()

@@ -232,6 +232,19 @@ def test_workspace_reuse_does_not_alias_results():
     m.accumulate_gradients(b, impl="paths")
 
 
+def test_inference_product_cache_follows_parameter_updates():
+    m = make(V=10, T=6, L=3, std=0.4, seed=3)
+    x = torch.randint(0, 10, (4, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a = m(x, impl="paths")
+        assert torch.equal(m(x, impl="paths"), a)                      # cached products reused
+        for p in (m.V[1], m.W_O, m.W[2]):                             # in-place updates invalidate the cache
+            p.add_(0.3)
+            torch.testing.assert_close(m(x, impl="paths"), m(x, impl="dense"), rtol=1e-12, atol=1e-12)
+        m.load_weights({k: v * 0.5 for k, v in m.weights().items()})
+        torch.testing.assert_close(m(x, impl="paths"), m(x, impl="dense"), rtol=1e-12, atol=1e-12)
+
+
 def test_diag_matrix_convention():
     p = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
     D = diag_matrix(p, 4)

@@ -101,3 +101,18 @@ def test_small_screenshot_is_not_blank(browser, tmp_path):
     assert grey.std() > 0.05, "screenshot is blank"
     assert (grey < 0.3).mean() > 0.002, "no dark (text) pixels in the screenshot"
     (tmp_path / "screenshot.png").write_bytes(png)
+
+
+@pytest.mark.slow
+def test_quick_demo_all_stages_report_opens_in_browser(browser, tmp_path):
+    """The README's demo (--quick scale; the statistics and leading-term stages) finishes and its report
+    renders; the regime and Othello stages run the same CLI commands that their own tests cover."""
+    from originlens.cli.main import main
+    out = tmp_path / "demo"
+    assert main(["-q", "demo", "--quick", "--stages", "statistics,leading", "--out", str(out)]) == 0
+    assert (out / "leading-terms" / "report.html").exists()
+    st = check_page(browser, out / "report.html", "originlens demo: where do transformer features come from?")
+    assert len(st["imgs"]) >= 4 and st["tables"] >= 3
+    html = (out / "report.html").read_text()
+    for heading in ("1. Corpus statistics", "2. Leading terms"):
+        assert heading in html

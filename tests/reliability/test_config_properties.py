@@ -25,6 +25,7 @@ from originlens.lm.llama2c import Llama2cConfig
 from originlens.models.assoc import AssocConfig
 from originlens.models.gpt import REGIMES, GPTConfig
 from originlens.runs import to_jsonable
+from originlens.sae.train import SAETrainConfig
 from originlens.theory.tracking import AnalysisConfig
 from originlens.train.assoc import AssocTrainConfig
 from originlens.train.grid import GridConfig
@@ -50,6 +51,7 @@ BUILDERS = {
     "GridConfig": (GridConfig, _validated(GridConfig)),
     "DemoConfig": (DemoConfig, _validated(DemoConfig)),
     "AnalysisConfig": (AnalysisConfig, _validated(AnalysisConfig)),
+    "SAETrainConfig": (SAETrainConfig, _validated(SAETrainConfig, validate=True)),
 }
 
 PLAUSIBLE_STRINGS = ["standard", "myopic", "untied", "myopic+untied", "majority", "cond-majority", "othello",
@@ -90,6 +92,19 @@ def test_arbitrary_mapping_gives_config_or_config_error(name, data):
     cls, builder = BUILDERS[name]
     d = data.draw(mappings(cls))
     _run(builder, d)                                         # anything but an OriginlensError fails the test
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_sae_cfg_json_gives_config_or_clear_error(data):
+    """SAELens cfg.json has its own reader (unknown keys are kept in ``extra`` by design, for round trips)."""
+    from originlens.sae.format import config_from_dict
+    from originlens.sae.model import SAEConfig
+    d = data.draw(st.one_of(mappings(SAEConfig), json_values))
+    try:
+        config_from_dict(d)
+    except OriginlensError:
+        pass
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))

@@ -317,6 +317,8 @@ def _register_report(asub) -> None:
     r.add_argument("--batch-size", type=int, default=256, help="windows per evaluation batch")
     r.add_argument("--seed", type=int, default=0, help="seed of the random baseline / storyworld")
     r.add_argument("--threads", type=int, help="torch CPU threads")
+    r.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N|auto",
+                   help="where the model runs for the intervention and held-out losses (default cpu)")
     r.add_argument("--out", help="where to write the report (default RUN)")
     r.set_defaults(func=run_report)
 
@@ -330,6 +332,8 @@ def run_report(args: argparse.Namespace) -> int:
         torch.set_num_threads(int(args.threads))
     if args.eval_windows < 0 or args.null_windows < 1 or args.batch_size < 1 or args.k < 1:
         raise ConfigError("--eval-windows must be ≥ 0, --null-windows, --batch-size and -k ≥ 1", "fix the flag")
+    from ..train.assoc import resolve_device
+    resolve_device(args.device)                 # fail before the (long) analysis if CUDA is missing
     run = load_run(args.run, stats=args.stats, data=args.data)
     null = None
     if args.null_corpus:
@@ -338,7 +342,7 @@ def run_report(args: argparse.Namespace) -> int:
     words = tuple(w.strip() for w in args.examples.split(",") if w.strip()) if args.examples else EXAMPLE_WORDS
     cfg = AnalysisConfig(eval_windows=args.eval_windows, null_windows=args.null_windows, examples=words,
                          top_k=args.k, seed=args.seed, intervention=not args.no_intervention,
-                         heldout=not args.no_heldout, batch_size=args.batch_size)
+                         heldout=not args.no_heldout, batch_size=args.batch_size, device=args.device)
     results = analyse_run(run, cfg, null=null)
     path = write_report(results, args.out or args.run)
     if args.json:

@@ -298,11 +298,11 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     hg = record.get("human_games")
     if hg:
         lines.append(f"recorded games {hg['file']}: {hg['human']['n_games']} used ({hg['n_incomplete_dropped']} "
-                     f"incomplete dropped); legal-move acc human {_fmt(hg['human']['legal_acc'])} vs synthetic "
+                     f"incomplete dropped); legal-move acc recorded {_fmt(hg['human']['legal_acc'])} vs synthetic "
                      f"{_fmt(hg['synthetic']['legal_acc'])}")
         for k in hg["human"]["per_layer"]:
             h, s = hg["human"]["per_layer"][k], hg["synthetic"]["per_layer"][k]
-            lines.append(f"  L{k} probe r: human {_fmt(h['pearson'])} vs synthetic {_fmt(s['pearson'])} "
+            lines.append(f"  L{k} probe r: recorded {_fmt(h['pearson'])} vs synthetic {_fmt(s['pearson'])} "
                          f"(useful {_fmt(h['pearson_type2'])} vs {_fmt(s['pearson_type2'])}, useless "
                          f"{_fmt(h['pearson_type1'])} vs {_fmt(s['pearson_type1'])})")
     return lines

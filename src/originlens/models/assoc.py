@@ -596,7 +596,7 @@ class AssocModel(nn.Module):
     def _forward_paths(self, x: torch.Tensor) -> torch.Tensor:
         """Path expansion h_l = Σ_S A_S X V_S (see module docstring and :class:`_PathPass`)."""
         track = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        products = self.path_products() if track else _no_grad_products(self)
+        products = self.path_products() if track else self._cached_products()
         Ks, Z = self._path_inputs(products)
         Ps = list(self.P)
         if track:
@@ -669,13 +669,22 @@ class AssocModel(nn.Module):
         return ws
 
     def release_workspace(self) -> None:
-        """Free the scratch buffers (they are re-created on the next call)."""
+        """Free the scratch buffers and cached products (they are re-created on the next call)."""
         self.__dict__.pop("_workspace", None)
+        self.__dict__.pop("_product_cache", None)
 
-
-def _no_grad_products(model: "AssocModel") -> list[torch.Tensor]:
-    with torch.no_grad():
-        return model.path_products()
+    def _cached_products(self) -> list[torch.Tensor]:
+        """:meth:`path_products` without autograd, reused while no parameter changes (evaluation loops
+        over many batches: intervention, held-out losses).  Keyed on each parameter's storage and
+        in-place version counter, so any update (optimizer step, ``load_weights``, ``copy_``) invalidates it."""
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in self.parameters())
+        hit = self.__dict__.get("_product_cache")
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        with torch.no_grad():
+            prods = self.path_products()
+        self.__dict__["_product_cache"] = (key, prods)
+        return prods
 
 
 def dense_logits(model: AssocModel, inputs: torch.Tensor) -> torch.Tensor:

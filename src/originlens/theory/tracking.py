@@ -347,9 +347,10 @@ def mean_loss(model: Any, tokens: Any, *, batch_size: int = 256) -> float:
     if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 2:
         raise InputError(f"tokens must be (N, T+1) with N ≥ 1, got {arr.shape}", "pass token windows")
     total, count = 0.0, 0
+    dev = next(model.parameters()).device
     with torch.no_grad():
         for s in range(0, arr.shape[0], int(batch_size)):
-            b = torch.from_numpy(np.asarray(arr[s:s + batch_size], dtype=np.int64))
+            b = torch.from_numpy(np.asarray(arr[s:s + batch_size], dtype=np.int64)).to(dev)
             logits = model(b[:, :-1])
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), b[:, 1:].reshape(-1),
                                  reduction="sum")
@@ -414,7 +415,8 @@ def heldout_losses(model: Any, stats: Any, s: int, lr: float, eval_tokens: Any, 
     ev = np.asarray(eval_tokens, dtype=np.int64)
     return {"trained": mean_loss(model, ev, batch_size=batch_size),
             "leading_term_eq12": lt.loss(ev, batch_size=batch_size),
-            "leading_term_full": mean_loss(lt.as_model(model.n_layers), ev, batch_size=batch_size),
+            "leading_term_full": mean_loss(lt.as_model(model.n_layers).to(next(model.parameters()).device), ev,
+                                           batch_size=batch_size),
             "bigram_path": lt.bigram_loss(ev, batch_size=batch_size),
             "conditional_bigram": conditional_bigram_loss(np.asarray(train_tokens), ev, V, k=1.0),
             "uniform": math.log(V)}
@@ -470,6 +472,7 @@ class AnalysisConfig:
     * ``intervention`` / ``heldout``: switch those parts off (they run the model over many windows).
     * ``full_stats``: when the targets come from a sample (first batch), also track the cosines with the
       leading terms of all training windows (what SGD over every batch follows).
+    * ``device``: where the model runs for the intervention and held-out losses ("cpu", "cuda", "auto").
     """
 
     eval_windows: int = 2048
@@ -481,6 +484,7 @@ class AnalysisConfig:
     heldout: bool = True
     batch_size: int = 256
     full_stats: bool = True
+    device: str = "cpu"
 
 
 @dataclass
@@ -739,8 +743,9 @@ def analyse_run(run: RunData, cfg: AnalysisConfig | None = None, *, null: tuple[
     timings["tracking_s"] = time.perf_counter() - t0
 
     s_final, w_final, final_path = _final_weights(run)
+    from ..train.assoc import resolve_device
     model = AssocModel(AssocConfig(vocab_size=run.vocab_size, seq_len=run.seq_len, n_layers=run.n_layers,
-                                   dtype=c.get("dtype", "float32")))
+                                   dtype=c.get("dtype", "float32"))).to(resolve_device(cfg.device))
     model.load_weights(w_final)
 
     # -- baselines on the final weights
