@@ -292,7 +292,7 @@ def _stage_othello(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
              "--layers", 2, "--heads", 4, "--batch-size", 64, "--checkpoint-every", every,
              "--probe-every", 0, "--eval-every", steps, "--eval-size", 512, "--probe-size", 1024,
              "--out", out, "--overwrite"]
-    attribute = ["ntp", "attribute", out, "--layers", "1-2", "--positions", "10,20", "--optimizer", "sgd",
+    attribute = ["ntp", "attribute", out, "--layers", "1-2", "--positions", "10,20",
                  "--report", "--overwrite"]
     for argv in (train, attribute):
         _cli(argv)
