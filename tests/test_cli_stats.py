@@ -83,7 +83,7 @@ def test_corpus_stats_assoc_pipeline_on_storyworld(tmp_path, capsys):
 def test_demo_on_storyworld(tmp_path, capsys):
     from originlens.demo import DemoConfig, run_demo
     path = run_demo(DemoConfig(out=str(tmp_path / "demo"), corpus="storyworld", stories=300, vocab_size=300,
-                               seq_len=32))
+                               seq_len=32, stages="statistics", quick=True))
     html = path.read_text()
     assert path.name == "report.html" and "data:image/png;base64," in html and "storyworld" in html
     assert (tmp_path / "demo" / "statistics" / "statistics.safetensors").exists()

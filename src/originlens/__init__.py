@@ -12,8 +12,10 @@ from typing import Any
 __version__ = "0.1.0"
 
 _API = {
-    # errors
+    # errors and configuration
     "OriginlensError": "originlens.errors",
+    "from_mapping": "originlens.config",
+    "load_config": "originlens.config",
     # data
     "build_corpus": "originlens.data",
     "TokenStore": "originlens.data",
