@@ -154,6 +154,36 @@ def test_hand_written_path_backward_matches_lemma_D7(monkeypatch, rows_bytes):
             np.testing.assert_allclose(got, exp, rtol=1e-9, atol=1e-13, err_msg=f"{how} {name}")
 
 
+def test_threaded_chunk_loop_matches_single_thread(monkeypatch):
+    """With several torch threads the logits/cross-entropy chunks run on worker threads (one chunk per
+    sequence here); losses, gradients and logits equal the single-threaded path to round-off."""
+    from originlens.models import assoc
+    monkeypatch.setitem(assoc.ROWS_BYTES, "cpu", 1)
+    m = make(V=9, T=7, L=3, std=0.5, seed=13)
+    toks = torch.randint(0, 9, (6, 8), generator=torch.Generator().manual_seed(3))
+    prev = torch.get_num_threads()
+    out = {}
+    try:
+        for thr in (1, 3):
+            torch.set_num_threads(thr)
+            m.zero_grad()
+            loss = m.accumulate_gradients(toks, impl="paths")
+            with torch.no_grad():
+                logits = m(toks[:, :-1], impl="paths")
+            m2 = make(V=9, T=7, L=3, std=0.5, seed=13)
+            m2.loss(toks, impl="paths").backward()             # autograd path (logits_backward)
+            out[thr] = (loss, logits, {n: p.grad.clone() for n, p in m.named_weights()},
+                        {n: p.grad.clone() for n, p in m2.named_weights()})
+            assert torch.get_num_threads() == thr               # restored after the worker loop
+    finally:
+        torch.set_num_threads(prev)
+    assert out[3][0] == pytest.approx(out[1][0], rel=1e-14)
+    torch.testing.assert_close(out[3][1], out[1][1], rtol=1e-13, atol=1e-14)
+    for k in (2, 3):
+        for n in out[1][k]:
+            torch.testing.assert_close(out[3][k][n], out[1][k][n], rtol=1e-12, atol=1e-15, msg=n)
+
+
 def test_gradcheck_three_layers_paths():
     """Finite differences (float64) for every parameter of a 3-layer model through the hand-written
     backward, with a shorter input than T."""

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -273,36 +274,86 @@ class _PathPass:
         self.abar = abar
 
     # ------------------------------------------------------------------ logits path
-    def _chunks(self):
-        """(b0, b1, rows, cp): rows (nb, T·m, |V|) = Z_S[x_j] in (j, S) order, cp (nb, T, T·m) with
-        cp[b, t, (j, S)] = A_S[b, t, j] — both in reused chunk buffers."""
+    def _workers(self, n_chunks: int) -> int:
+        """Worker threads for the chunk loop: on CPU, torch's thread count (each worker then runs its
+        chunks with single-threaded ops — hundreds of small ops per step, whose per-op thread barriers
+        stall whenever a core is busy elsewhere); on other devices 1."""
+        if self.dev.type != "cpu":
+            return 1
+        return max(1, min(torch.get_num_threads(), n_chunks))
+
+    def _for_chunks(self, body, n_workers: int) -> None:
+        """Call ``body(w, b0, b1, rows, cp)`` for every batch chunk; chunk k goes to worker k mod
+        n_workers (deterministic).  rows (nb, T·m, |V|) = Z_S[x_j] in (j, S) order and cp (nb, T, T·m)
+        with cp[b, t, (j, S)] = A_S[b, t, j] live in per-worker buffers."""
         B, T, m, V = self.B, self.T, self.m, self.V
-        rbuf = self.ws.get("rows", (self.bc * T * m, V), self.dt, self.dev)
-        cbuf = self.ws.get("cp", (self.bc * T * T * m,), self.dt, self.dev)
-        for b0 in range(0, B, self.bc):
-            b1 = min(B, b0 + self.bc)
-            nb = b1 - b0
-            rows = torch.index_select(self.Z, 0, self.ridx[b0:b1].reshape(-1), out=rbuf[:nb * T * m])
-            cp = cbuf[:nb * T * T * m].view(nb, T, T, m)
-            cp.copy_(self.abar[b0:b1].view(nb, T, m, T).permute(0, 1, 3, 2))
-            yield b0, b1, rows.view(nb, T * m, V), cp.view(nb, T, T * m)
+        bounds = [(b0, min(B, b0 + self.bc)) for b0 in range(0, B, self.bc)]
+
+        def work(w: int) -> None:
+            rbuf = self.ws.get(f"rows.{w}", (self.bc * T * m, V), self.dt, self.dev)
+            cbuf = self.ws.get(f"cp.{w}", (self.bc * T * T * m,), self.dt, self.dev)
+            for b0, b1 in bounds[w::n_workers]:
+                nb = b1 - b0
+                rows = torch.index_select(self.Z, 0, self.ridx[b0:b1].reshape(-1), out=rbuf[:nb * T * m])
+                cp = cbuf[:nb * T * T * m].view(nb, T, T, m)
+                cp.copy_(self.abar[b0:b1].view(nb, T, m, T).permute(0, 1, 3, 2))
+                body(w, b0, b1, rows.view(nb, T * m, V), cp.view(nb, T, T * m))
+
+        if n_workers <= 1:
+            work(0)
+            return
+        errors: list[BaseException] = []
+
+        def guarded(w: int) -> None:
+            try:
+                with torch.no_grad():      # grad mode is thread-local: new threads start with it on
+                    work(w)
+            except BaseException as exc:   # re-raised in the calling thread
+                errors.append(exc)
+
+        prev = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            threads = [threading.Thread(target=guarded, args=(w,)) for w in range(1, n_workers)]
+            for t in threads:
+                t.start()
+            guarded(0)
+            for t in threads:
+                t.join()
+        finally:
+            torch.set_num_threads(prev)
+        if errors:
+            raise errors[0]
+
+    def _accumulators(self, n_workers: int, dZ: torch.Tensor, dW_O: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(dZ, dW_O)] + [(self.ws.get(f"dZ.{w}", tuple(dZ.shape), self.dt, self.dev, zero=True),
+                                self.ws.get(f"dW_O.{w}", tuple(dW_O.shape), self.dt, self.dev, zero=True))
+                               for w in range(1, n_workers)]
+
+    @staticmethod
+    def _reduce(accs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for dz, dw in accs[1:]:                  # fixed order: deterministic for a given thread count
+            accs[0][0].add_(dz)
+            accs[0][1].add_(dw)
 
     def logits(self) -> torch.Tensor:
         """Logits (B, T, |V|) (a fresh tensor)."""
         B, T, V = self.B, self.T, self.V
         out = self.W_O.index_select(0, self.x.reshape(-1)).view(B, T, V)
-        for b0, b1, rows, cp in self._chunks():
+
+        def body(w, b0, b1, rows, cp):
             out[b0:b1].baddbmm_(cp, rows)
+        self._for_chunks(body, self._workers(-(-B // self.bc)))
         return out
 
-    def _grad_chunk(self, b0: int, b1: int, rows: torch.Tensor, cp: torch.Tensor, g: torch.Tensor,
+    def _grad_chunk(self, w: int, b0: int, b1: int, rows: torch.Tensor, cp: torch.Tensor, g: torch.Tensor,
                     dZ: torch.Tensor, dW_O: torch.Tensor, dabar: torch.Tensor) -> None:
         T, m, V = self.T, self.m, self.V
         nb = b1 - b0
-        dcp = self.ws.get("dcp", (nb, T, T, m), self.dt, self.dev)
+        dcp = self.ws.get(f"dcp.{w}", (nb, T, T, m), self.dt, self.dev)
         torch.bmm(g, rows.transpose(1, 2), out=dcp.view(nb, T, T * m))
         dabar[b0:b1].view(nb, T, m, T).copy_(dcp.permute(0, 1, 3, 2))
-        drows = self.ws.get("drows", (nb, T * m, V), self.dt, self.dev)
+        drows = self.ws.get(f"drows.{w}", (nb, T * m, V), self.dt, self.dev)
         torch.bmm(cp.transpose(1, 2), g, out=drows)
         dZ.index_add_(0, self.ridx[b0:b1].reshape(-1), drows.view(-1, V))
         dW_O.index_add_(0, self.x[b0:b1].reshape(-1), g.reshape(-1, V))
@@ -311,8 +362,13 @@ class _PathPass:
         """Add ∂Z and ∂W_O (the W_O[x] term) of g = ∂L/∂logits to ``dZ``, ``dW_O``; returns ∂abar."""
         g = g.contiguous()
         dabar = self.ws.get("dabar", (self.B, self.T, self.m * self.T), self.dt, self.dev)
-        for b0, b1, rows, cp in self._chunks():
-            self._grad_chunk(b0, b1, rows, cp, g[b0:b1], dZ, dW_O, dabar)
+        nw = self._workers(-(-self.B // self.bc))
+        accs = self._accumulators(nw, dZ, dW_O)
+
+        def body(w, b0, b1, rows, cp):
+            self._grad_chunk(w, b0, b1, rows, cp, g[b0:b1], accs[w][0], accs[w][1], dabar)
+        self._for_chunks(body, nw)
+        self._reduce(accs)
         return dabar
 
     def fused_loss_backward(self, targets: torch.Tensor, weight: float, dZ: torch.Tensor,
@@ -323,24 +379,27 @@ class _PathPass:
         B, T, V = self.B, self.T, self.V
         count = B * T
         dabar = self.ws.get("dabar", (B, T, self.m * T), self.dt, self.dev)
-        total = torch.zeros((), dtype=torch.float64, device=self.dev)
-        for b0, b1, rows, cp in self._chunks():
+        nw = self._workers(-(-B // self.bc))
+        accs = self._accumulators(nw, dZ, dW_O)
+        totals = [torch.zeros((), dtype=torch.float64, device=self.dev) for _ in range(nw)]
+
+        def body(w, b0, b1, rows, cp):
             nb = b1 - b0
-            lg = self.ws.get("logits", (nb, T, V), self.dt, self.dev)
+            lg = self.ws.get(f"logits.{w}", (nb, T, V), self.dt, self.dev)
             torch.index_select(self.W_O, 0, self.x[b0:b1].reshape(-1), out=lg.view(nb * T, V))
             lg.baddbmm_(cp, rows)
             flat = lg.view(-1, V)
             y = targets[b0:b1].reshape(-1, 1)
-            mx = flat.amax(1, keepdim=True)
             picked = flat.gather(1, y)
-            flat.sub_(mx).exp_()
-            ssum = flat.sum(1, keepdim=True)
-            total += (ssum.log() + mx - picked).sum(dtype=torch.float64)
-            flat.div_(ssum)                                       # softmax
+            lse = torch.logsumexp(flat, 1, keepdim=True)
+            totals[w] += (lse - picked).sum(dtype=torch.float64)
+            flat.sub_(lse).exp_()                                  # softmax
             flat.scatter_add_(1, y, torch.full_like(picked, -1.0))
             flat.mul_(weight / count)
-            self._grad_chunk(b0, b1, rows, cp, lg, dZ, dW_O, dabar)
-        return float(total) / count, dabar
+            self._grad_chunk(w, b0, b1, rows, cp, lg, accs[w][0], accs[w][1], dabar)
+        self._for_chunks(body, nw)
+        self._reduce(accs)
+        return float(sum(float(t) for t in totals)) / count, dabar
 
     # ------------------------------------------------------------------ attention part
     def attention_backward(self, dabar: torch.Tensor, dKs: list[torch.Tensor], dPs: list[torch.Tensor]) -> None:
