@@ -32,8 +32,11 @@ def run_cli(capsys, *argv):
 
 def one_line_error(rc, err, needle):
     assert rc == 2, err
-    assert err.startswith("originlens: error:") and err.count("\n") == 1 and "fix:" in err, err
-    assert needle in err, err
+    # status lines (progress, "assoc train: ...") may precede it; the error itself is exactly one line, last
+    lines = err.strip("\n").split("\n")
+    errors = [ln for ln in lines if ln.startswith("originlens: error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0] and "fix:" in errors[0], err
+    assert needle in errors[0], err
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,13 @@ matrices (2^{L−1}, B, T, 2^{L−1}·T) of each layer; rows of the logits path 
 time (CPU).  The training loop reuses these buffers from step to step (:class:`Workspace`, released with
 :meth:`AssocModel.release_workspace`).  Runs on CPU or CUDA (all tensors on the parameters' device).
 
+Threads: on CPU the per-chunk loop of the logits path (hundreds of small ops per step) runs on
+``torch.get_num_threads()`` worker threads with single-threaded ops — chunk k on worker k mod n, per-worker
+gradient accumulators summed in a fixed order (deterministic for a given thread count; different thread
+counts differ by round-off) — instead of paying an intra-op thread barrier per op, which stalls
+whenever a core is busy with another process.  The |V|³ products and the attention part use torch's
+intra-op threads.
+
 Saved weights use the paper's 1-based layer numbers: keys ``W_O``, ``W.1``…``W.L``, ``V.l``, ``P.l``
 (:meth:`AssocModel.weights` / :meth:`AssocModel.load_weights`); the torch ``state_dict`` keeps
 ``nn.ParameterList``'s 0-based keys and is not the on-disk format.
