@@ -393,3 +393,20 @@ def test_divergence_keeps_last_good_checkpoint_and_logs_the_error(tokens, tmp_pa
     assert all(np.isfinite(v).all() for k, v in arrays.items() if k != "trainer.data_rng_state")
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["event"] == "error" and last["step"] == step and "non-finite" in last["error"]
+
+
+def test_run_killed_before_its_config_was_written_resumes(tokens, tmp_path):
+    """RunDir() creates empty checkpoints/ and figures/ before config.json: that skeleton is resumable;
+    a stray file next to it makes the directory foreign again."""
+    out = tmp_path / "r"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "figures").mkdir()
+    run = train_assoc(tokens, V, cfg(steps=2, out=str(out)), resume=True)
+    assert run.finished and (out / "config.json").exists()
+    ref = train_assoc(tokens, V, cfg(steps=2))
+    assert params_equal(run.model, ref.model)
+    other = tmp_path / "o"
+    (other / "checkpoints").mkdir(parents=True)
+    (other / "checkpoints" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds no originlens run"):
+        train_assoc(tokens, V, cfg(steps=1, out=str(other)), resume=True)

@@ -249,9 +249,6 @@ def test_assoc_train_killed_at_three_points_resumes_bit_identically(corpus, asso
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="assoc trainer: a run directory killed between RunDir() and "
-                                       "write_config() (only empty checkpoints/ and figures/) is refused on "
-                                       "--resume as 'not empty and holds no originlens run' (train/assoc.py)")
 def test_assoc_train_killed_before_config_is_written_resumes(corpus, assoc_ref, tmp_path):
     run = tmp_path / "run"
     args = [*assoc_args(corpus), "--out", run]

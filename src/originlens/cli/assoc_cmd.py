@@ -222,7 +222,6 @@ def _steps_list(spec: str | None) -> tuple[int, ...]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import numpy as np
     import torch
     from ..progress import log
     from ..storage import vocab_hash

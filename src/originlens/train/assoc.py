@@ -200,7 +200,11 @@ def run_dir_kind(path: str | Path) -> str:
         return "foreign"
     cfg = p / "config.json"
     if not cfg.exists():
-        return "empty" if not any(p.iterdir()) else "foreign"
+        # RunDir() creates empty checkpoints/ and figures/ before config.json is written: a run killed in
+        # between left only that skeleton, which counts as empty (resumable), anything else as foreign
+        skeleton = all(q.is_dir() and q.name in ("checkpoints", "figures") and not any(q.iterdir())
+                       for q in p.iterdir())
+        return "empty" if skeleton else "foreign"
     try:
         old = read_json(cfg)
     except InputError:
