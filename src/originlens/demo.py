@@ -290,9 +290,9 @@ def _stage_othello(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
     every = max(1, steps // 10)
     train = ["ntp", "train", "--task", "othello", "--steps", steps, "--d-model", cfg.othello_d_model,
              "--layers", 2, "--heads", 4, "--batch-size", 64, "--checkpoint-every", every,
-             "--probe-every", 0, "--eval-every", steps, "--eval-size", 512, "--probe-size", 1024,
+             "--probe-every", 0, "--eval-every", steps, "--eval-size", 1024, "--probe-size", 1024,
              "--out", out, "--overwrite"]
-    attribute = ["ntp", "attribute", out, "--layers", "1-2", "--positions", "10,20",
+    attribute = ["ntp", "attribute", out, "--layers", "1-2", "--positions", "12,20",
                  "--report", "--overwrite"]
     for argv in (train, attribute):
         _cli(argv)
