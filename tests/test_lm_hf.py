@@ -191,7 +191,8 @@ def test_load_local_directory_offline(tmp_path, monkeypatch):
     ad = load_hf(tmp_path / "m")
     assert isinstance(ad, HFAdapter) and ad.bos_id == 1 and ad.stop_ids == (2,)
     x = tokens()
-    torch.testing.assert_close(ad.run(x), m(x).logits, rtol=1e-6, atol=1e-6)
+    # same float32 weights, possibly another attention kernel: round-off up to ~2e-6 has been seen
+    torch.testing.assert_close(ad.run(x), m(x).logits, rtol=1e-5, atol=1e-5)
     with pytest.raises(ConfigError, match="revision"):
         load_hf(tmp_path / "m", revision="step1")
     (tmp_path / "empty").mkdir()
