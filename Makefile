@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.originlens-installed
+TEST_STAMP := $(VENV)/.originlens-test-installed
 # torch is pinned to the CPU wheel this machine class carries; the package itself accepts a range.
 TORCH_PIN ?= torch==2.13.0
 
@@ -16,12 +17,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,hf]'
 	touch $(STAMP)
 
+# the tests also check our SAEs / TL adapter against SAELens and TransformerLens themselves (extra [sae])
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,hf,sae]'
+	touch $(TEST_STAMP)
+
 venv: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/originlens demo --out runs/demo
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 tests
 
 bench: $(STAMP)

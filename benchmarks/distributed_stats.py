@@ -48,12 +48,15 @@ def main() -> None:
         tall = run(1, d / "tokens.npy", args.vocab, d / "all", os.cpu_count() or 1)
         a, b = load_statistics(d / "one"), load_statistics(d / "two")
         np.testing.assert_array_equal(a.bigram, b.bigram)
-        for k, v in a.as_dict().items():
-            np.testing.assert_allclose(b.as_dict()[k], v, rtol=1e-12, atol=1e-15)
+        worst = 0.0
+        for k, v in a.as_dict().items():   # float sums in another order: round-off only
+            np.testing.assert_allclose(b.as_dict()[k], v, rtol=1e-10, atol=1e-15)
+            worst = max(worst, float(np.max(np.abs(b.as_dict()[k] - v)) / max(np.max(np.abs(v)), 1e-300)))
     print(f"statistics |V|={args.vocab} T={args.seq_len} N={args.windows} (wall time incl. process start)")
     print(f"  1 process, 1 thread : {t1:7.2f} s")
     print(f"  2 processes, 1 thread each: {t2:7.2f} s   speed-up {t1 / t2:.2f}x")
     print(f"  1 process, {os.cpu_count()} threads: {tall:7.2f} s")
+    print(f"  counts identical; worst float difference {worst:.1e} of the largest entry")
 
 
 if __name__ == "__main__":

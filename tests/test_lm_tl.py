@@ -105,9 +105,65 @@ def _pair(kv_heads=None):
 
 
 def test_transformer_lens_not_imported():
-    assert "transformer_lens" not in sys.modules
+    # in a fresh interpreter: other tests of the same worker (SAELens) may import transformer_lens
+    import subprocess
+    code = ("import sys, originlens, originlens.lm.tl, originlens.lm.native; "
+            "assert 'transformer_lens' not in sys.modules, 'imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
     with pytest.raises(CompatibilityError, match="HookedTransformer"):
         TLAdapter(object())
+
+
+def test_real_hooked_transformer():
+    """TLAdapter on a real (random, float64) TransformerLens HookedTransformer when the extra is installed:
+    logits, residual sites, hooks, single-token states and Q/K weights against TransformerLens' own
+    forward, cache and weights, computed independently here."""
+    tl = pytest.importorskip("transformer_lens", reason="TransformerLens not installed (extra [sae])")
+    if not hasattr(tl, "HookedTransformer"):
+        pytest.skip("this TransformerLens has no HookedTransformer (4.x)")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cfg = tl.HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=8, d_head=4, n_heads=4, d_vocab=11,
+                                         act_fn="gelu", normalization_type="LN", seed=0, dtype=torch.float64)
+        m = tl.HookedTransformer(cfg).eval()
+    ad = TLAdapter(m)
+    x = torch.randint(0, 11, (3, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref_logits, cache = m.run_with_cache(x)
+        logits, res = ad.run(x, return_residuals=True)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-12, atol=1e-12)
+        assert len(res) == 3
+        for k in range(2):
+            torch.testing.assert_close(res[k], cache[f"blocks.{k}.hook_resid_pre"], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(res[2], cache["blocks.1.hook_resid_post"], rtol=1e-12, atol=1e-12)
+        # an intervention at site 1: zero position 3 of the stream entering block 1
+        def zero3(t, _k):
+            t = t.clone()
+            t[:, 3] = 0
+            return t
+        hooked = ad.run(x, hooks={1: zero3})
+
+        def tl_hook(t, hook):
+            t = t.clone()
+            t[:, 3] = 0
+            return t
+        ref_hooked = m.run_with_hooks(x, fwd_hooks=[("blocks.1.hook_resid_pre", tl_hook)])
+        torch.testing.assert_close(hooked, ref_hooked, rtol=1e-12, atol=1e-12)
+        assert (hooked[:, :3] - logits[:, :3]).abs().max() < 1e-12      # causal: earlier positions unchanged
+        assert (hooked[:, 3:] - logits[:, 3:]).abs().max() > 1e-6
+        # each token alone
+        ids = torch.tensor([0, 5, 10])
+        st = ad.single_token_states(ids)
+        _, c1 = m.run_with_cache(ids[:, None])
+        for l in range(2):
+            torch.testing.assert_close(st.pre[l], c1[f"blocks.{l}.hook_resid_pre"][:, 0], rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(st.attn[l], c1[f"blocks.{l}.hook_resid_pre"][:, 0]
+                                       + c1[f"blocks.{l}.hook_attn_out"][:, 0], rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(st.post[l], c1[f"blocks.{l}.hook_resid_post"][:, 0], rtol=1e-12, atol=1e-12)
+            wq, wk = ad.qk_weights(l)                                   # (H, dh, d): q_h = W_Q[h] x
+            torch.testing.assert_close(wq, m.W_Q[l].transpose(1, 2))
+            torch.testing.assert_close(wk, m.W_K[l].transpose(1, 2))
 
 
 def test_run_residuals_and_hooks_match_gpt_adapter():
