@@ -88,3 +88,17 @@ def test_demo_on_storyworld(tmp_path, capsys):
     assert path.name == "report.html" and "data:image/png;base64," in html and "storyworld" in html
     assert (tmp_path / "demo" / "statistics" / "statistics.safetensors").exists()
     assert json.loads((tmp_path / "demo" / "associations.json").read_text())
+
+
+def test_demo_nested_commands_keep_the_demo_verbosity(tmp_path, monkeypatch):
+    """The demo runs its commands in-process with -q when quiet; that must not change the verbosity the
+    demo's own status lines use afterwards (it silenced every later "[demo] stage ... done" line)."""
+    import numpy as np
+    from originlens import progress
+    from originlens.demo import _cli
+    np.save(tmp_path / "t.npy", np.random.default_rng(0).integers(0, 7, size=(20, 9)).astype(np.int32))
+    monkeypatch.setattr(progress, "_VERBOSITY", None)
+    monkeypatch.setenv("CI", "1")                           # automatic verbosity → quiet → nested "-q"
+    _cli(["stats", "--tokens", tmp_path / "t.npy", "--vocab-size", 7, "--out", tmp_path / "st"])
+    assert (tmp_path / "st").exists()
+    assert progress._VERBOSITY is None

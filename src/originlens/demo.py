@@ -93,9 +93,13 @@ def _choose_corpus(cfg: DemoConfig) -> tuple[list[Path] | None, str]:
 
 def _cli(argv: list[str]) -> None:
     """Run one ``originlens`` command in-process (the same code path a user's command takes)."""
+    from . import progress as _progress
     from .cli.main import main
-    from .progress import verbosity
-    rc = main((["-q"] if verbosity() < 1 else []) + [str(a) for a in argv])
+    saved = _progress._VERBOSITY          # a nested "-q" must not silence the demo's own status lines
+    try:
+        rc = main((["-q"] if _progress.verbosity() < 1 else []) + [str(a) for a in argv])
+    finally:
+        _progress.set_verbosity(saved)
     if rc != 0:
         from .errors import OriginlensError
         raise OriginlensError(f"demo step `originlens {' '.join(map(str, argv))}` failed (exit {rc})",
