@@ -8,7 +8,12 @@
   that always carries ``format_version`` and ``kind``; loaders check both and the vocabulary hash.
 
 Caveat: renaming over an existing *directory* is not atomic on POSIX; :func:`atomic_directory` moves
-the old one aside first and deletes it only after the new one is in place.
+the old one aside (``.NAME.old-PID``) first and deletes it only after the new one is in place.  A process
+killed in between leaves no directory at the final name; the next :func:`atomic_directory` of the same
+path (the next run of the same command) puts the old one back first, and removes the hidden
+``.NAME.partial-PID-*`` / ``.NAME.old-PID`` leftovers of processes that no longer run
+(:func:`clean_stale_leftovers`).  Liveness is judged by PID on this machine: leftovers of a process on
+another host sharing the directory, or whose PID was reused, are left alone.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -140,19 +146,84 @@ def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
+def _pid_alive(pid: int) -> bool:
+    """True unless no process with this PID exists on this machine (signal 0 probe)."""
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:          # EPERM: it exists (another user's process)
+        return True
+    return True
+
+
+_PARTIAL_PID = re.compile(r"(\d+)-.+")
+
+
+def clean_stale_leftovers(path: str | os.PathLike) -> list[str]:
+    """Undo what :func:`atomic_directory` for ``path`` left behind when its process was killed.
+
+    ``.NAME.old-PID`` of a dead process is the previous output moved aside: it is renamed back to ``path``
+    when nothing is there (the new one never got into place), else removed (the new one is in place).
+    ``.NAME.partial-PID-*`` of a dead process (an unfinished build) is removed.  Leftovers of live processes
+    (a concurrent build) and of unknown form are kept.  Returns what was done, one line per entry;
+    errors are ignored (a leftover that cannot be removed never blocks a new build).
+    """
+    path = Path(path)
+    old_prefix, partial_prefix = f".{path.name}.old-", f".{path.name}.partial-"
+    olds, partials = [], []
+    try:
+        entries = sorted(path.parent.iterdir())
+    except OSError:
+        return []
+    for e in entries:
+        n = e.name
+        if n.startswith(old_prefix) and n[len(old_prefix):].isdigit():
+            if not _pid_alive(int(n[len(old_prefix):])):
+                olds.append(e)
+        elif n.startswith(partial_prefix):
+            m = _PARTIAL_PID.fullmatch(n[len(partial_prefix):])
+            if m and not _pid_alive(int(m.group(1))):
+                partials.append(e)
+    done = []
+    for old in olds:
+        if not os.path.lexists(path):
+            try:
+                os.replace(old, path)
+                _fsync_dir(path.parent)
+                done.append(f"restored {path} from {old.name} (its replacement was interrupted)")
+                continue
+            except OSError:
+                pass
+        shutil.rmtree(old, ignore_errors=True)
+        done.append(f"removed {old.name} (left by an interrupted run)")
+    for d in partials:
+        shutil.rmtree(d, ignore_errors=True)
+        done.append(f"removed {d.name} (left by an interrupted run)")
+    return done
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``path`` only if the block succeeds.
 
     On error (or Ctrl-C / kill) the temporary directory is removed (or, after SIGKILL, left under a
-    hidden ``.NAME.partial-*`` name that never looks like a finished output).
+    hidden ``.NAME.partial-PID-*`` name that never looks like a finished output).  Leftovers of earlier
+    killed processes are cleaned up first (:func:`clean_stale_leftovers`).
     """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        for line in clean_stale_leftovers(path):
+            from .progress import log
+            log(line, level=1)
         if path.exists() and not overwrite:
             raise OriginlensError(f"{path} already exists", "pass --overwrite or choose another --out")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-{os.getpid()}-", dir=path.parent))
         os.chmod(tmp, 0o777 & ~_UMASK)
     except OSError as exc:
         raise _io_error(path, exc, "creating") from None

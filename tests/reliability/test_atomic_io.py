@@ -80,3 +80,46 @@ def test_atomic_directory_publishes_only_on_success(tmp_path):
         (d / "a.txt").write_text("3")
     assert (out / "a.txt").read_text() == "3"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def _dead_pid() -> int:
+    """The PID of a process that has exited (reaped), i.e. of a run killed earlier."""
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_stale_leftovers_of_a_killed_replacement_are_repaired(tmp_path):
+    """A process killed between the two renames of a replacement leaves no directory at the final name
+    (the previous one is hidden as .NAME.old-PID) and its .NAME.partial-PID-* build; the next
+    atomic_directory of that path restores the previous output and removes the dead process's debris,
+    but never touches the leftovers of a live process."""
+    out = tmp_path / "out"
+    with atomic_directory(out) as d:
+        (d / "a.txt").write_text("1")
+    dead = _dead_pid()
+    os.replace(out, tmp_path / f".out.old-{dead}")             # the state after a kill between the renames
+    (tmp_path / f".out.partial-{dead}-x1y2").mkdir()
+    (tmp_path / f".out.partial-{dead}-x1y2" / "a.txt").write_text("2")
+    live = tmp_path / f".out.partial-{os.getppid()}-live"      # a concurrent build of a running process
+    live.mkdir()
+    other = tmp_path / f".other.old-{dead}"                    # another output's leftovers are not ours
+    other.mkdir()
+    with pytest.raises(OriginlensError, match="already exists"):   # the previous output is back in place
+        with atomic_directory(out, overwrite=False):
+            pass
+    assert (out / "a.txt").read_text() == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".other.old-" + str(dead), live.name, "out"])
+    # killed after the second rename (the new output is in place): the hidden old one is removed
+    (tmp_path / f".out.old-{dead}").mkdir()
+    with atomic_directory(out) as d:
+        (d / "a.txt").write_text("3")
+    assert (out / "a.txt").read_text() == "3"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".other.old-" + str(dead), live.name, "out"])
+
+
+def test_partial_directories_carry_the_pid(tmp_path):
+    with atomic_directory(tmp_path / "out") as d:
+        assert d.name.startswith(f".out.partial-{os.getpid()}-")

@@ -2,7 +2,7 @@
 and inputs into two directories, gives bit-identical outputs on CPU; every run records what is needed to
 reproduce it.
 
-Compared: safetensors tensors bytewise (all of them, but see ``_helpers.NONDETERMINISTIC_TENSORS``),
+Compared: safetensors tensors bytewise (all of them, including the RNG states in NTP checkpoints),
 ``.npy``/``.npz`` arrays and tokenizer files bytewise, Parquet tables row by row, JSON/JSONL files after
 :func:`_helpers.normalise` removes the legitimately non-deterministic fields and replaces the output
 directory by a placeholder.
@@ -14,8 +14,6 @@ Legitimately non-deterministic (and therefore ignored):
   plus ``seconds_per_attributed_step``, ``seconds_breakdown`` and ``timings`` below);
 * ``environment.json``: ``time`` and ``argv`` (the output path is part of the command line);
 * paths that contain the output directory (replaced by ``<OUT>``);
-* the NTP checkpoints' ``rng.numpy`` tensor: the state of NumPy's legacy global RNG, which nothing seeds
-  and training never uses (recorded for completeness of the resume state);
 * rendered reports (``.html``, ``.md``, ``.png``, ``*.blocks.json``, which holds a timings table): they
   are built from the compared JSON numbers;
 * safetensors string metadata with timings (``train_seconds`` in NTP checkpoints, ``meta.seconds`` in
@@ -29,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _helpers import NONDETERMINISTIC_KEYS, assert_same_tensors, jsonl, normalise
+from _helpers import NONDETERMINISTIC_KEYS, assert_ok, assert_same_tensors, jsonl, normalise, run_cli, tensors
 from originlens.cli.main import main as cli_main
 
 EXTRA_TIMERS = {"seconds_per_attributed_step", "seconds_breakdown", "timings"}   # dicts of wall times
@@ -172,6 +170,21 @@ def test_ntp_train(ntp_twice):
     assert_same_tree(a / "run", b / "run")
     assert_records_environment(a / "run" / "environment.json", seeds=("seed", "eval_seed", "model_init"),
                                data_hash=False)   # synthetic task: the data are a function of the seed
+
+
+@pytest.mark.slow   # two subprocesses (torch import each)
+def test_ntp_checkpoints_are_identical_across_processes(tmp_path):
+    """Two processes, same command: every checkpoint tensor is identical, including the recorded state of
+    NumPy's legacy global RNG (seeded by the trainer; unseeded it differs between processes)."""
+    for side in ("A", "B"):
+        assert_ok(run_cli(["ntp", "train", *NTP[:NTP.index("--steps")], "--steps", "2", "--eval-size", "16",
+                           "--eval-every", "0", "--probe-every", "0", "--checkpoint-every", "2", "--threads", "1",
+                           "--out", tmp_path / side]))
+    ck = Path("checkpoints") / "step-000002.safetensors"
+    assert "rng.numpy" in tensors(tmp_path / "A" / ck)
+    assert_same_tensors(tmp_path / "A" / ck, tmp_path / "B" / ck)
+    env = json.loads((tmp_path / "A" / "environment.json").read_text())
+    assert env["seeds"]["numpy_global"] == "numpy.random.seed(0)"
 
 
 def test_ntp_attribute(ntp_twice):

@@ -162,10 +162,13 @@ def test_malicious_pickle_as_sae_weights(tmp_path):
 
 
 @pytest.mark.slow
-def test_malicious_pickle_in_a_hugging_face_directory(tmp_path):
+def test_malicious_pickle_in_a_hugging_face_directory(tmp_path, capsys):
+    """A local Hugging Face directory whose only weights are a pickled pytorch_model.bin is refused with a
+    one-line InputError (convert to safetensors) before anything is unpickled (lm/hf.py)."""
     pytest.importorskip("transformers")
     import json
-    from originlens.lm.hf import load_hf_model
+    from originlens.cli.main import main
+    from originlens.lm.hf import load_hf, load_hf_model
     marker = tmp_path / "pwned"
     d = tmp_path / "hf"
     d.mkdir()
@@ -173,12 +176,18 @@ def test_malicious_pickle_in_a_hugging_face_directory(tmp_path):
                                                "vocab_size": 11, "n_positions": 16,
                                                "architectures": ["GPT2LMHeadModel"]}))
     _write_evil(d / "pytorch_model.bin", marker)
-    with pytest.raises(Exception) as ei:
-        load_hf_model(d)
-    assert not marker.exists()                   # transformers unpickles with torch's weights_only=True
-    if not isinstance(ei.value, OriginlensError):
-        pytest.xfail(f"refused, but with {type(ei.value).__name__} instead of a one-line InputError "
-                     "(lm/hf.py: pass use_safetensors=True for local directories or catch UnpicklingError)")
+    for load in (load_hf_model, load_hf):
+        with pytest.raises(InputError, match="only pickled PyTorch weights.*convert them to safetensors") as ei:
+            load(d)
+        assert "\n" not in ei.value.one_line()
+    assert not marker.exists()
+    from tokenizers import Tokenizer, models
+    Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(d / "tokenizer.json"))
+    capsys.readouterr()
+    assert main(["-q", "lm", "generate", "--model", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "only pickled PyTorch weights" in err, err
+    assert not marker.exists()
 
 
 def test_everything_written_is_safetensors_or_plain_arrays():
@@ -190,3 +199,74 @@ def test_everything_written_is_safetensors_or_plain_arrays():
             if re.search(r"\btorch\.save\(|\bjoblib\b|\.dump\(.*pickle|np\.save\(.*allow_pickle=True", code):
                 bad.append(f"{p}:{i}")
     assert not bad, "\n".join(bad)
+
+
+# ------------------------------------------------------------------------------------------------------
+# GPT checkpoints carry the vocabulary hash; a model is never used with data of another vocabulary.
+
+def _word_corpus(path: Path, words: list[str], tmp: Path):
+    """A corpus whose vocabulary is exactly ``words`` (+ <unk>), in a fixed frequency order."""
+    from originlens.data import build_corpus
+    rng = np.random.default_rng(0)
+    p = np.arange(len(words), 0, -1, dtype=float)
+    lines = [" ".join(rng.choice(words, size=12, p=p / p.sum())) for _ in range(200)]
+    src = tmp / f"{path.name}-{words[0]}.txt"
+    src.write_text("\n".join(lines), encoding="utf-8")
+    return build_corpus(src, path, vocab_size=len(words) + 1, seq_len=8, oov="unk")
+
+
+def _strip_vocab_hash(path: Path) -> None:
+    """Rewrite a safetensors file as written before the vocabulary hash was recorded."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+    with safe_open(str(path), framework="numpy") as f:
+        meta = {k: v for k, v in (f.metadata() or {}).items() if k != "vocab_hash"}
+        arrays = {k: f.get_tensor(k) for k in f.keys()}
+    save_file(arrays, str(path), metadata=meta)
+
+
+def test_gpt_checkpoints_carry_the_vocabulary_hash_and_refuse_other_data(tmp_path):
+    from originlens.lm.checkpoints import load_gpt_adapter
+    from originlens.lm.compare import VocabIdentity, check_vocab, model_identity
+    from originlens.models import GPT
+    from originlens.storage import vocab_hash
+    from originlens.tasks import get_task
+    from originlens.train.ntp import CHECKPOINT_KIND, NTPConfig, Trainer, checkpoint_metadata
+    corpus = tmp_path / "corpus"
+    store = _word_corpus(corpus, [f"w{chr(97 + i)}x" for i in range(20)], tmp_path)
+    h = store.vocab_hash
+    tiny = dict(task="language", corpus=str(corpus), n_layer=1, d_model=8, n_head=2, batch_size=8, eval_size=16,
+                log_every=1, checkpoint_every=1)
+    run = tmp_path / "run"
+    Trainer(NTPConfig(**tiny, steps=2), run).run()
+    for f in (run / "checkpoints" / "step-000002.safetensors", run / "model.safetensors"):
+        assert checkpoint_metadata(f)["vocab_hash"] == h
+    assert GPT.load(run / "model.safetensors", expect_vocab_hash=h).config.vocab_size == 21
+    with pytest.raises(CompatibilityError, match="trained on another vocabulary"):
+        GPT.load(run / "model.safetensors", expect_vocab_hash=vocab_hash(["x"] * 21, 21))
+    # analysis commands (lm compare, lm features) compare the model's hash with the corpus's
+    adapter = load_gpt_adapter(run / "model.safetensors")
+    assert check_vocab(model_identity(adapter), VocabIdentity(21, h), "corpus") == []
+    with pytest.raises(CompatibilityError, match="another vocabulary"):
+        check_vocab(model_identity(adapter), VocabIdentity(21, vocab_hash(["y"] * 21, 21)), "corpus")
+    # checkpoints written before the hash was recorded still resume (and are not checked)
+    for f in (*(run / "checkpoints").iterdir(), run / "model.safetensors"):
+        _strip_vocab_hash(f)
+    (run / "summary.json").unlink()
+    Trainer(NTPConfig(**tiny, steps=3), run, resume=True).run()
+    assert checkpoint_metadata(run / "checkpoints" / "step-000003.safetensors")["vocab_hash"] == h
+    assert GPT.load(run / "model.safetensors").config.vocab_size == 21
+    # the corpus rebuilt in place with another vocabulary of the same size: resuming is refused (before,
+    # the weights loaded and training went on with every token id meaning another word)
+    other = _word_corpus(corpus, [f"v{chr(97 + i)}x" for i in range(20)], tmp_path)
+    assert other.vocab_size == 21 and other.vocab_hash != h
+    (run / "summary.json").unlink()
+    with pytest.raises(CompatibilityError, match="step-000003.safetensors was trained on another vocabulary"):
+        Trainer(NTPConfig(**tiny, steps=4), run, resume=True)
+    # synthetic tasks record the task's vocabulary
+    syn = tmp_path / "syn"
+    Trainer(NTPConfig(task="majority", n_layer=1, d_model=8, n_head=2, batch_size=4, steps=1, eval_size=16,
+                      eval_every=0, probe_every=0), syn).run()
+    task = get_task("majority")
+    _, meta = load_tensors(syn / "checkpoints" / "step-000001.safetensors", kind=CHECKPOINT_KIND)
+    assert meta["vocab_hash"] == vocab_hash(list(task.vocab), task.vocab_size)

@@ -23,6 +23,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..errors import CompatibilityError, ConfigError, InputError
 from ..stats.assoc import BASES
@@ -274,16 +275,42 @@ def run_train(args: argparse.Namespace) -> int:
     secs = time.perf_counter() - t0
     if rank != 0:
         return 0
-    first = run.losses[min(run.losses)] if run.losses else float("nan")
-    last = run.losses[max(run.losses)] if run.losses else float("nan")
-    msg = (f"trained {out}: step {run.step}/{run.total_steps} ({run.optimizer}), loss {first:.4f} → {last:.4f} "
-           f"(ln|V| = {math.log(V):.4f}), {secs:.1f} s")
+    print(_summary_line(run, out, V, secs))
+    return 0
+
+
+def _summary_line(run: Any, out: Path, V: int, secs: float) -> str:
+    """One line: steps, first → final loss and final cosines of the whole run, earlier sessions included.
+
+    A resumed run only holds this session's losses in memory; the earlier ones come from ``metrics.jsonl``
+    (so a run resumed when already finished reports its real losses, not NaN)."""
+    from ..runs import RunDir
+    losses: dict[int, float] = {}
+    last_min_cos = None
+    for r in RunDir(out, create=False).read_metrics():
+        if r.get("event") == "step" and isinstance(r.get("loss"), (int, float)):
+            losses[int(r["step"])] = float(r["loss"])
+        elif r.get("event") == "checkpoint" and r.get("min_cos"):
+            last_min_cos = r["min_cos"]
+    losses.update(run.losses)                 # this session's losses of every step (not only the logged ones)
+    if run.resumed_from is not None and run.resumed_from >= run.total_steps:    # nothing left to train
+        msg = f"{out}: already finished at step {run.step}/{run.total_steps} ({run.optimizer})"
+    else:
+        msg = f"trained {out}: step {run.step}/{run.total_steps} ({run.optimizer})"
+    if losses:
+        a, b = min(losses), max(losses)
+        msg += f", loss {losses[a]:.4f} → {losses[b]:.4f}" + ("" if a == 1 else f" (logged steps {a} → {b})")
+    msg += f" (ln|V| = {math.log(V):.4f}), {secs:.1f} s"
+    mc = None
     if run.comparisons:
         from ..theory import min_cosines
         mc = min_cosines(run.comparisons[max(run.comparisons)])
-        msg += "; final cosines (min over layers) " + ", ".join(f"{k} {v:.4f}" for k, v in mc.items())
-    print(msg)
-    return 0
+    elif last_min_cos:
+        mc = last_min_cos
+    if mc:
+        msg += "; final cosines (min over layers) " + ", ".join(
+            f"{k} {v:.4f}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in mc.items())
+    return msg
 
 
 # ------------------------------------------------------------------------------------------------ report

@@ -12,28 +12,41 @@ model's BOS token (or the tokenizer's; a model without one needs ``--prompt``) a
 tokens, at a stop token (llama2.c: BOS again; Hugging Face: the generation config's EOS ids; our GPT:
 the tokenizer's end-of-text) or when the context is full.  llama2.c models decode with their KV cache;
 other models re-run the prefix each step (fine for short samples).
+
+Registration imports neither torch nor :mod:`originlens.lm` (``originlens --help`` and the commands that
+do not need torch start fast); they are imported when a command runs.  The format names in the help text
+are :data:`FORMAT_NAMES`, kept equal to ``originlens.lm.loading.MODEL_FORMATS`` by a test.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ConfigError, InputError
-from ..lm.adapter import LMAdapter
-from ..lm.llama2c import generate_tokens
-from ..lm.loading import (MODEL_FORMATS, ModelFormat, TextCodec, check_vocab, detect_format, load_adapter,
-                          load_model, load_tokenizer)
+
+if TYPE_CHECKING:
+    from ..lm.adapter import LMAdapter
+    from ..lm.loading import TextCodec
 
 # detect_format, load_model and ModelFormat are re-exported for callers of the former CLI-local registry
 __all__ = ["register", "generate_ids", "generate_text", "MODEL_FORMATS", "ModelFormat", "detect_format",
            "load_model"]
+# the names of originlens.lm.loading.MODEL_FORMATS, for the help text (tests/reliability/test_cli_startup.py)
+FORMAT_NAMES = ("llama2c", "originlens-gpt", "hf")
+_LAZY = {"MODEL_FORMATS", "ModelFormat", "detect_format", "load_model", "load_adapter", "load_tokenizer",
+         "check_vocab", "TextCodec"}
 
 
-@torch.no_grad()
+def __getattr__(name: str) -> Any:
+    """The re-exported names of :mod:`originlens.lm.loading`, imported on first use (it imports torch)."""
+    if name in _LAZY:
+        from ..lm import loading
+        return getattr(loading, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens: int, *, greedy: bool = True,
                  temperature: float = 1.0, seed: int = 0, stop_ids: Sequence[int] = ()) -> list[int]:
     """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens with any adapter (prefix re-run).
@@ -51,6 +64,16 @@ def generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens: 
     limit = adapter.max_seq_len
     if limit is not None and len(prompt_ids) > limit:
         raise ConfigError(f"prompt of {len(prompt_ids)} tokens exceeds the context of {limit}", "shorten the prompt")
+    import torch
+    with torch.no_grad():
+        return _generate_ids(adapter, prompt_ids, max_new_tokens, greedy=greedy, temperature=temperature,
+                             seed=seed, stop_ids=stop_ids)
+
+
+def _generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens: int, *, greedy: bool,
+                  temperature: float, seed: int, stop_ids: Sequence[int]) -> list[int]:
+    import torch
+    limit = adapter.max_seq_len
     gen = torch.Generator(device="cpu").manual_seed(seed)
     ids, stops = list(prompt_ids), set(int(s) for s in stop_ids)
     for _ in range(max_new_tokens):
@@ -70,6 +93,8 @@ def generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens: 
 def generate_text(adapter: LMAdapter, codec: TextCodec, prompt: str = "", max_new_tokens: int = 256, *,
                   greedy: bool = True, temperature: float = 1.0, seed: int = 0) -> str:
     """Prompt plus continuation as text, for any adapter (see the module docstring for the rules)."""
+    from ..lm.llama2c import generate_tokens
+    from ..lm.loading import check_vocab
     from ..lm.native import Llama2cAdapter
     check_vocab(adapter, codec)
     bos = adapter.bos_id if adapter.bos_id is not None else codec.bos_id
@@ -87,6 +112,7 @@ def generate_text(adapter: LMAdapter, codec: TextCodec, prompt: str = "", max_ne
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from ..lm.loading import load_adapter, load_tokenizer
     tok = None if args.tokenizer is None else Path(args.tokenizer)
     codec = load_tokenizer(args.model, tok, revision=args.revision)
     adapter = load_adapter(args.model, revision=args.revision)
@@ -99,6 +125,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from ..lm.export import export_to_hf
+    from ..lm.loading import load_model
     from ..models.gpt import GPT
     model = load_model(args.model)
     if not isinstance(model, GPT) and args.tokenizer is not None:
@@ -124,7 +151,7 @@ def _non_negative_int(s: str) -> int:
 
 
 def register(subparsers: Any) -> None:
-    formats = ", ".join(f.name for f in MODEL_FORMATS)
+    formats = ", ".join(FORMAT_NAMES)
     lm = subparsers.add_parser("lm", help="pretrained language models (llama2.c, originlens GPT, Hugging Face)")
     lm_sub = lm.add_subparsers(dest="lm_command", metavar="LM_COMMAND")
     g = lm_sub.add_parser("generate", help="generate text from BOS (and an optional prompt)",

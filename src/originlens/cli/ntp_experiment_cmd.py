@@ -221,7 +221,9 @@ def _human(cfg: OthelloExperimentConfig, run: Path) -> dict[str, Any]:
     human = task.batch_from_games(usable.games(feature_types=True))
     n_syn = min(cfg.compare_games, len(usable)) if cfg.compare_games else len(usable)
     synthetic = task.sample(n_syn, np.random.default_rng([cfg.seed, 99]))
-    model = GPT.load(run / "model.safetensors").to(cfg.device)
+    from ..storage import vocab_hash
+    model = GPT.load(run / "model.safetensors",   # refuses a model of another vocabulary than the games'
+                     expect_vocab_hash=vocab_hash([str(t) for t in task.vocab], task.vocab_size)).to(cfg.device)
     probes = ProbeSet.load(run / "probes.safetensors")
     return {"file": str(cfg.human_games), "n_records": len(recs), "n_incomplete_dropped": recs.n_incomplete,
             "human": evaluate_games(model, probes, human), "synthetic": evaluate_games(model, probes, synthetic),

@@ -333,15 +333,26 @@ def resolve_hf_source(path_or_id: str | os.PathLike) -> tuple[str, bool]:
 def load_hf_model(path_or_id: str | os.PathLike, revision: str | None = None, *,
                   dtype: torch.dtype | str | None = torch.float32, local_files_only: bool | None = None,
                   trust_remote_code: bool = False, attn_implementation: str | None = None,
-                  device: str | torch.device | None = None) -> Any:
+                  device: str | torch.device | None = None, allow_pickled_weights: bool = False) -> Any:
     """The ``transformers`` causal LM of a local directory or hub id (eval mode).
 
     ``dtype=None`` keeps the stored dtype (``"auto"``); the default converts to float32.  A local
     directory is always read with ``local_files_only=True``; for a hub id the default follows
     ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``.  ``trust_remote_code`` is passed only when True.
+    A local directory is read with ``use_safetensors=True``: one holding only pickled PyTorch weights
+    (``pytorch_model.bin``) is refused with an :class:`InputError` before anything is unpickled, unless
+    ``allow_pickled_weights=True`` (then ``transformers`` reads them with ``torch.load(weights_only=True)``).
     """
     tf = require_transformers()
     source, local = resolve_hf_source(path_or_id)
+    if local and not allow_pickled_weights and not any(
+            (Path(source) / w).is_file() for w in WEIGHT_FILES if ".safetensors" in w):
+        pickled = [w for w in WEIGHT_FILES if ".safetensors" not in w and (Path(source) / w).is_file()]
+        raise InputError(f"{source} holds only pickled PyTorch weights ({', '.join(pickled)}), which originlens "
+                         "does not unpickle",
+                         "convert them to safetensors once, in a trusted environment (transformers: "
+                         "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)), "
+                         "or pass allow_pickled_weights=True if you trust the file")
     if local and revision is not None:
         raise ConfigError(f"revision={revision!r} given for the local directory {source}",
                           "revisions only apply to hub ids; pass the directory of that revision")
@@ -362,6 +373,8 @@ def load_hf_model(path_or_id: str | os.PathLike, revision: str | None = None, *,
         _family(getattr(config, "model_type", ""))       # fail before downloading weights
         mkw = dict(kw)
         mkw["dtype"] = "auto" if dtype is None else dtype
+        if local and not allow_pickled_weights:
+            mkw["use_safetensors"] = True                # never fall back to a pickled pytorch_model.bin
         if attn_implementation is not None:
             mkw["attn_implementation"] = attn_implementation
         try:
@@ -380,10 +393,11 @@ def load_hf_model(path_or_id: str | os.PathLike, revision: str | None = None, *,
 def load_hf(path_or_id: str | os.PathLike, revision: str | None = None, *,
             dtype: torch.dtype | str | None = torch.float32, local_files_only: bool | None = None,
             trust_remote_code: bool = False, attn_implementation: str | None = None,
-            device: str | torch.device | None = None) -> HFAdapter:
-    """:class:`HFAdapter` of a local Hugging Face directory or hub id (see :func:`load_hf_model`)."""
+            device: str | torch.device | None = None, allow_pickled_weights: bool = False) -> HFAdapter:
+    """:class:`HFAdapter` of a local Hugging Face directory or hub id (see :func:`load_hf_model`; a local
+    directory with only pickled ``pytorch_model.bin`` weights is refused unless ``allow_pickled_weights``)."""
     model = load_hf_model(path_or_id, revision, dtype=dtype, local_files_only=local_files_only,
                           trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
-                          device=device)
+                          device=device, allow_pickled_weights=allow_pickled_weights)
     src = str(path_or_id) + (f"@{revision}" if revision else "")
     return HFAdapter(model, source=src)

@@ -414,16 +414,29 @@ class GPT(nn.Module):
         return model
 
     def save(self, path: str | os.PathLike, metadata: Mapping[str, Any] | None = None) -> None:
-        """Write weights and config to a safetensors file (kind ``"gpt"``)."""
+        """Write weights and config to a safetensors file (kind ``"gpt"``); ``metadata={"vocab_hash": h}``
+        records the vocabulary (checked by :meth:`load`; ``ntp train`` always records it when known)."""
         from ..storage import save_tensors
         meta = {"config": self.config.to_dict(), **(metadata or {})}
         save_tensors(path, self.state_dict(), kind="gpt", metadata=meta)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, **config_overrides: Any) -> "GPT":
-        """Load a file written by :meth:`save`; ``config_overrides`` e.g. ``regime="myopic"``."""
+    def load(cls, path: str | os.PathLike, *, expect_vocab_hash: str | None = None,
+             **config_overrides: Any) -> "GPT":
+        """Load a file written by :meth:`save`; ``config_overrides`` e.g. ``regime="myopic"``.
+
+        ``expect_vocab_hash`` (:func:`originlens.storage.vocab_hash` of the data or tokenizer the model is
+        used with): a file whose metadata records another ``vocab_hash`` is refused with a
+        :class:`CompatibilityError`; files without one (older files, bare weights) load unchecked.
+        """
         from ..storage import load_tensors
         arrays, meta = load_tensors(path, kind="gpt")
+        got = meta.get("vocab_hash")
+        if expect_vocab_hash is not None and got is not None and got != str(expect_vocab_hash):
+            raise CompatibilityError(
+                f"{path} was trained on another vocabulary (hash {got}) than the data it is used with "
+                f"(hash {expect_vocab_hash})",
+                "use the model trained on this corpus / tokenizer, or tokenize the data with the model's tokenizer")
         if "config" not in meta:
             raise CompatibilityError(f"{path} has no GPT config in its metadata", "save it with GPT.save")
         config = GPTConfig.from_dict({**json.loads(meta["config"]), **config_overrides})

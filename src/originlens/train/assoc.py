@@ -33,7 +33,10 @@ for CUDA where torch sees none is a :class:`~originlens.errors.ConfigError`.  Th
 the run's identity (the trajectory is the same up to round-off); exact resume is guaranteed on CPU only.
 
 Resume: ``resume=True`` continues from the last checkpoint (weights, step, data-order RNG state), drops
-metrics logged after it, and on CPU ends with bit-identical weights to an uninterrupted run.  A run
+metrics logged after it, and on CPU ends with bit-identical weights to an uninterrupted run.  A
+checkpoint's ``checkpoint`` record is appended only after its file is in place (so a record always names
+a complete file); when a kill came in between, the resumed run logs the lost record (before its
+``resume`` record), so metrics end as an uninterrupted run's plus ``resume`` records.  A run
 directory holding a run with another configuration or other data is never overwritten unless
 ``overwrite=True``; a directory holding anything else (another kind of run, foreign files) is never
 overwritten.  A checkpoint that cannot be read, belongs to another run or lacks tensors is an error
@@ -612,6 +615,29 @@ class AssocTrainer:
         cmp = compare_to_theory(self.model, self.stats, self.step, self.cfg.lr)
         return {"theory": cmp, "min_cos": min_cosines(cmp)}
 
+    def _checkpoint_record(self, path: Path, cmp: dict | None) -> dict[str, Any]:
+        """The ``checkpoint`` metrics record of the checkpoint just written at ``self.step``."""
+        assert self.run_dir is not None
+        rec = {"event": "checkpoint", "step": self.step, "epoch": self.epoch,
+               "path": str(path.relative_to(self.run_dir.path)),
+               "stats_source": self.stats_source, "optimizer": self.cfg.optimizer}
+        if cmp is not None:
+            rec.update(_nan_to_none(cmp))
+        return rec
+
+    def _log_lost_checkpoint_record(self, start: int) -> None:
+        """Resuming from the checkpoint at ``start``: log its ``checkpoint`` record if a kill between the
+        checkpoint write and the record lost it (the model is that checkpoint's, so the theory comparison
+        is the one the interrupted run would have logged)."""
+        assert self.run_dir is not None
+        if not self._writer or self.last_checkpoint is None:
+            return
+        if any(r.get("event") == "checkpoint" and int(r.get("step", -1)) == start
+               for r in self.run_dir.read_metrics()):
+            return
+        cmp = self._compare()
+        self.run_dir.log_metrics(self._checkpoint_record(Path(self.last_checkpoint), cmp))
+
     def _call(self, event: str, *args: Any) -> None:
         for cb in self.callbacks:
             fn = getattr(cb, event, None)
@@ -633,6 +659,7 @@ class AssocTrainer:
         self._save_stats()
         result.stats, result.stats_windows = self.stats, self.stats_windows
         if self.run_dir is not None and start:
+            self._log_lost_checkpoint_record(start)
             self.run_dir.log_metrics({"event": "resume", "step": start, "from": str(self.last_checkpoint)})
         bar = progress(total=self.total_steps, desc=f"assoc {self.cfg.optimizer}", unit="step")
         bar.update(start)
@@ -657,14 +684,12 @@ class AssocTrainer:
                         result.comparisons[s] = cmp["theory"]
                     path = None
                     if self.run_dir is not None:
+                        # the file first (atomic write), then its record: a record always names a
+                        # complete checkpoint; a kill in between loses the record, which the resumed run
+                        # logs again (_log_lost_checkpoint_record)
                         path = self._save_checkpoint()
                         result.checkpoints.append(path)
-                        rec = {"event": "checkpoint", "step": s, "epoch": self.epoch,
-                               "path": str(path.relative_to(self.run_dir.path)),
-                               "stats_source": self.stats_source, "optimizer": self.cfg.optimizer}
-                        if cmp is not None:
-                            rec.update(_nan_to_none(cmp))
-                        self.run_dir.log_metrics(rec)
+                        self.run_dir.log_metrics(self._checkpoint_record(path, cmp))
                     self._call("on_checkpoint", path)
                 if self._stop and self.step < self.total_steps:
                     result.stopped_early = True

@@ -26,15 +26,21 @@ directory or an ``.npy`` of windows).  The eval set is
 ``task.sample(eval_size, default_rng([eval_seed, 13]))`` (``eval_seed`` defaults to ``seed``; a task with a
 held-out split, ``tinystories``, draws it with ``task.sample_eval`` instead); for the
 language task it is the last ``eval_size`` windows of the store.  Model init: ``torch.manual_seed(seed)``
-then ``GPT(config)``.  Numbering: records with ``"step": s`` come after update s; the train loss at
-step s is the mean over the updates since the previous record of the loss of each batch *before* its
-update.
+then ``GPT(config)``.  A fresh run also seeds NumPy's legacy global RNG (``numpy.random.seed(seed mod
+2**32)``) before the first update: training never draws from it, but checkpoints record its state (for
+callbacks that do), and so two identical runs write identical checkpoints.  Numbering: records with
+``"step": s`` come after update s; the train loss at step s is the mean over the updates since the
+previous record of the loss of each batch *before* its update.
 
 Resume (``resume=True``) loads the latest checkpoint (weights, Adam moments and step counts, torch and
 numpy RNG states) and continues; on CPU the final weights are bit-identical to an uninterrupted run
 (tested; not verified on CUDA, where kernels may be non-deterministic).  ``steps`` may be raised on
 resume (the run is extended with the same data order); a run directory holding another configuration
-is refused unless ``overwrite=True``.  Probes (spec §4.1): ridge (alpha 1.0, intercept) per (layer, position) on the first 70 % of
+is refused unless ``overwrite=True``.  Checkpoints and the final model record the vocabulary hash of the
+training data (``vocab_hash``: the task's or the corpus's token strings); resuming on data of another
+vocabulary (a corpus rebuilt in place) is a :class:`~originlens.errors.CompatibilityError`.  A run resumed
+from its final checkpoint re-evaluates and re-probes, replacing (not duplicating) the final eval/probe
+records.  Probes (spec §4.1): ridge (alpha 1.0, intercept) per (layer, position) on the first 70 % of
 the eval sequences, Pearson r on the rest, position 0 skipped; one fit per layer to bound memory.
 
 Data-parallel training: under ``torchrun --nproc_per_node W -m originlens ntp train ...`` (or after
@@ -68,7 +74,7 @@ from ..probes import ProbeMetrics, ProbeSet, fit_probes
 from ..progress import log, progress
 from ..runs import RunDir, to_jsonable
 from ..storage import atomic_save_npy, atomic_write_bytes, atomic_write_json, load_tensors, read_json, \
-    save_tensors, sha256_file
+    save_tensors, sha256_file, vocab_hash
 from ..tasks import BOS_ID, TaskBatch, moves_to_tokens, task_metrics, task_names
 from ..tasks import get_task as registry_task
 from ..tasks.othello import generate_games
@@ -328,6 +334,11 @@ def _encode_json_bytes(obj: Any) -> np.ndarray:
     return np.frombuffer(json.dumps(obj).encode("utf-8"), dtype=np.uint8).copy()
 
 
+def numpy_global_seed(seed: int) -> int:
+    """The seed a fresh run gives NumPy's legacy global RNG (``numpy.random.seed`` takes 32 bits)."""
+    return int(seed) % (1 << 32)
+
+
 def _numpy_rng_state() -> np.ndarray:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return _encode_json_bytes([name, keys.tolist(), int(pos), int(has_gauss), float(cached)])
@@ -356,18 +367,40 @@ def checkpoint_tensors(model: GPT, optimizer: torch.optim.Optimizer) -> dict[str
 
 
 def save_checkpoint(path: str | Path, model: GPT, optimizer: torch.optim.Optimizer, step: int,
-                    config: NTPConfig, extra: dict[str, Any] | None = None) -> Path:
-    """Write a checkpoint (safetensors, atomic) holding weights, Adam state, step and RNG states."""
+                    config: NTPConfig, extra: dict[str, Any] | None = None, *,
+                    vocab_hash: str | None = None) -> Path:
+    """Write a checkpoint (safetensors, atomic) holding weights, Adam state, step and RNG states;
+    ``vocab_hash`` (:func:`originlens.storage.vocab_hash` of the training data's vocabulary) goes into the
+    metadata when known."""
     meta = {"step": int(step), "ntp_config": config.to_dict(), "gpt_config": model.config.to_dict(),
             **(extra or {})}
+    if vocab_hash is not None:
+        meta["vocab_hash"] = str(vocab_hash)
     return save_tensors(path, checkpoint_tensors(model, optimizer), kind=CHECKPOINT_KIND, metadata=meta)
 
 
+def check_checkpoint_vocab(path: str | Path, meta: dict[str, str], expect_vocab_hash: str | None) -> None:
+    """:class:`CompatibilityError` when the checkpoint or model file ``path`` (metadata ``meta``) records a
+    vocabulary hash other than ``expect_vocab_hash``, the hash of the data it is used with.  Files without
+    a hash (written before it was recorded) and an unknown expected hash pass."""
+    got = meta.get("vocab_hash")
+    if expect_vocab_hash is None or got is None:
+        return
+    if got != str(expect_vocab_hash):
+        raise CompatibilityError(
+            f"{path} was trained on another vocabulary (hash {got}) than the data it is used with "
+            f"(hash {expect_vocab_hash})",
+            "use the corpus / task the model was trained on (a corpus rebuilt in place gets a new vocabulary), "
+            "or pass --overwrite to train from scratch")
+
+
 def load_checkpoint(path: str | Path, model: GPT, optimizer: torch.optim.Optimizer, *,
-                    restore_rng: bool = True) -> int:
+                    restore_rng: bool = True, expect_vocab_hash: str | None = None) -> int:
     """Load weights, Adam state (and RNG states) of :func:`save_checkpoint` into ``model``/``optimizer``;
-    returns the step."""
+    returns the step.  ``expect_vocab_hash``: refuse (``CompatibilityError``) a checkpoint that records
+    another vocabulary."""
     arrays, meta = load_tensors(path, kind=CHECKPOINT_KIND)
+    check_checkpoint_vocab(path, meta, expect_vocab_hash)
     dev = next(model.parameters()).device
     state = {k[len("model."):]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
     try:
@@ -546,6 +579,9 @@ class Trainer:
         self.rundir = RunDir(self.run_path)
         self._corpus_info: dict[str, Any] = {}
         vocab_size, seq_len = self._vocab_and_len()
+        self.vocab_hash = self._data_vocab_hash()
+        if resume:
+            self._check_checkpoint_vocab()
         self.gpt_config = config.gpt_config(vocab_size, seq_len)
         self.model = self.build_model()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, betas=config.betas,
@@ -580,6 +616,10 @@ class Trainer:
         dist_.barrier()                               # every rank has read it; rank 0 may now change it
         start = self._restore()
         dist_.same_on_all_ranks(start, "step to resume from")
+        if start == 0:
+            # NumPy's legacy global RNG: the trainer never draws from it, but checkpoints record its state
+            # (callbacks may use it); seeding it makes that state, like torch's, a function of the seed
+            np.random.seed(numpy_global_seed(cfg.seed))
         if self._writer:
             self.rundir.write_config(cfg)
         with dist_.rank_zero_first():                 # rank 0 writes the Othello pool, the others read it
@@ -688,9 +728,26 @@ class Trainer:
         vs = len(vocab) if vocab is not None else int(tokens.max()) + 1
         self._corpus_tokens = tokens
         self._corpus_info = {"windows": n, "vocab_size": vs,
-                             "vocab_hash": (manifest or {}).get("vocab_hash"),
+                             "vocab_hash": (manifest or {}).get("vocab_hash") or (
+                                 vocab_hash(vocab, len(vocab)) if vocab is not None else None),
                              "tokens_sha256": (manifest or {}).get("tokens_sha256")}
         return vs, t1
+
+    def _data_vocab_hash(self) -> str | None:
+        """:func:`originlens.storage.vocab_hash` of the training data's token strings (the task's vocabulary,
+        or the corpus's); None for a bare ``.npy`` of windows (no token strings)."""
+        if self.task is not None:
+            vocab = list(getattr(self.task, "vocab", None) or [])
+            return vocab_hash([str(t) for t in vocab], len(vocab)) if vocab else None
+        vh = self._corpus_info.get("vocab_hash")
+        return None if vh is None else str(vh)
+
+    def _check_checkpoint_vocab(self) -> None:
+        """Resuming (or replaying) a run: its latest checkpoint must record this data's vocabulary (header
+        only; checkpoints written before the hash was recorded pass)."""
+        cks = list_checkpoints(self.run_path)
+        if cks and self.vocab_hash is not None:
+            check_checkpoint_vocab(cks[-1][1], checkpoint_metadata(cks[-1][1]), self.vocab_hash)
 
     def _train_data(self) -> _SampledData | _PoolData:
         cfg = self.config
@@ -739,7 +796,8 @@ class Trainer:
                 hashes[f"corpus_{k}"] = self._corpus_info[k]
         self.rundir.write_environment(
             seeds={"seed": self.config.seed, "eval_seed": self.config.effective_eval_seed,
-                   "model_init": f"torch.manual_seed({self.config.seed})"},
+                   "model_init": f"torch.manual_seed({self.config.seed})",
+                   "numpy_global": f"numpy.random.seed({numpy_global_seed(self.config.seed)})"},
             data_hashes=hashes,
             extra={"data_order": self.data.describe(),
                    "eval_set": (f"last {self.config.eval_size} windows of {self.config.corpus}"
@@ -763,11 +821,16 @@ class Trainer:
         if step > self.config.steps:
             raise ConfigError(f"{self.run_path} is already at step {step} > steps={self.config.steps}",
                               "pass --steps ≥ the trained steps, or --overwrite to start over")
-        loaded = load_checkpoint(path, self.model, self.optimizer)
+        loaded = load_checkpoint(path, self.model, self.optimizer, expect_vocab_hash=self.vocab_hash)
         if loaded != step:
             raise CompatibilityError(f"{path} says step {loaded}", "the checkpoint was renamed; remove it")
         if self._writer:
-            kept = [r for r in self.rundir.read_metrics() if int(r.get("step", 0)) <= step]
+            # Records after the checkpoint are dropped (they are logged again).  The final checkpoint is
+            # written after the final eval/probe records of the same step, and run() always evaluates at
+            # the end: resuming from it (a kill before the final model/summary) re-logs them, so they go too.
+            final = step == self.config.steps
+            kept = [r for r in self.rundir.read_metrics() if int(r.get("step", 0)) < step or (
+                int(r.get("step", 0)) == step and not (final and r.get("event") in ("eval", "probe")))]
             atomic_write_bytes(self.rundir.file("metrics.jsonl"),
                                "".join(json.dumps(r) + "\n" for r in kept).encode("utf-8"))
             self.rundir.file("summary.json").unlink(missing_ok=True)
@@ -900,7 +963,7 @@ class Trainer:
         path = checkpoint_path(self.rundir, self.step)
         save_checkpoint(path, self.model, self.optimizer, self.step, self.config,
                         extra={"data_order": self.data.describe(), "train_seconds": self._elapsed(),
-                               "processes": dist_.world()[1]})
+                               "processes": dist_.world()[1]}, vocab_hash=self.vocab_hash)
         self.last_checkpoint = path
         keep = self.config.keep_checkpoints
         if keep:
@@ -912,8 +975,10 @@ class Trainer:
         cfg = self.config
         if not self._writer:
             return TrainResult(self.run_path, self.step, {}, {}, seconds)
-        self.model.save(self.rundir.file("model.safetensors"),
-                        metadata={"task": cfg.task, "regime": cfg.regime, "seed": cfg.seed, "step": self.step})
+        meta: dict[str, Any] = {"task": cfg.task, "regime": cfg.regime, "seed": cfg.seed, "step": self.step}
+        if self.vocab_hash is not None:
+            meta["vocab_hash"] = self.vocab_hash
+        self.model.save(self.rundir.file("model.safetensors"), metadata=meta)
         if self.probes is not None and self.probe_metrics is not None:
             self.probes.save(self.rundir.file("probes.safetensors"))
             save_probe_metrics(self.rundir.file("probe_metrics.npz"), self.probe_metrics)

@@ -1,0 +1,54 @@
+"""Start-up cost of the CLI: ``originlens --help`` and the commands that need no model (``corpus build``,
+``stats``) never import torch (≈2 s); registering a command imports only what its parser needs."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from _helpers import SUBPROCESS_ENV
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=SUBPROCESS_ENV, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_help_and_parser_do_not_import_torch():
+    p = _python("import sys, contextlib, io\n"
+                "import originlens.cli.main as m\n"
+                "parser = m.build_parser()\n"
+                "assert 'torch' not in sys.modules, 'building the parser imported torch'\n"
+                "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+                "    try:\n"
+                "        m.main(['--help'])\n"
+                "    except SystemExit as e:\n"
+                "        assert e.code == 0\n"
+                "assert 'COMMAND' in out.getvalue()\n"
+                "for argv in (['lm', 'generate', '--help'], ['ntp', 'train', '--help'], ['assoc', 'train', '--help']):\n"
+                "    with contextlib.redirect_stdout(io.StringIO()):\n"
+                "        try:\n"
+                "            m.main(argv)\n"
+                "        except SystemExit:\n"
+                "            pass\n"
+                "assert 'torch' not in sys.modules, 'a --help imported torch'\n")
+    assert p.returncode == 0, p.stderr
+
+
+def test_corpus_build_and_stats_do_not_import_torch(tmp_path):
+    p = _python("import sys\n"
+                "import originlens.cli.main as m\n"
+                f"out = {str(tmp_path)!r}\n"
+                "assert m.main(['-q', 'corpus', 'build', '--stories', '40', '--vocab-size', '40', '--seq-len', '8',\n"
+                "               '--oov', 'unk', '--out', out + '/corpus']) == 0\n"
+                "assert m.main(['-q', 'stats', out + '/corpus', '--out', out + '/stats']) == 0\n"
+                "assert 'torch' not in sys.modules, 'corpus build / stats imported torch'\n")
+    assert p.returncode == 0, p.stderr
+
+
+def test_lm_help_lists_every_registered_model_format():
+    """lm_cmd names the formats without importing originlens.lm (and so torch): the names must follow the
+    registry."""
+    from originlens.cli import lm_cmd
+    from originlens.lm.loading import MODEL_FORMATS, detect_format
+    assert list(lm_cmd.FORMAT_NAMES) == [f.name for f in MODEL_FORMATS]
+    assert lm_cmd.MODEL_FORMATS is MODEL_FORMATS and lm_cmd.detect_format is detect_format   # lazy re-exports
