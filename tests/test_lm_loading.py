@@ -94,6 +94,23 @@ def test_load_adapter_with_tokenizer_checks_vocab(tmp_path, corpus):
     assert load_adapter(ad) is ad
 
 
+def test_recorded_vocabulary_hash_must_match_the_tokenizer(tmp_path, corpus, capsys):
+    """A model file that records the vocabulary hash of its training data (as ``ntp train`` writes) is
+    refused with a tokenizer of the same size but other token strings; the right tokenizer passes."""
+    from originlens.storage import vocab_hash
+    g = _gpt(corpus.vocab_size)
+    vocab = list(corpus.vocab)
+    g.save(tmp_path / "ok.safetensors", metadata={"vocab_hash": vocab_hash(vocab, len(vocab))})
+    assert load_adapter(tmp_path / "ok.safetensors", tokenizer=corpus.path).tokenizer is not None
+    swapped = vocab[:-2] + [vocab[-1], vocab[-2]]                       # same size, two ids swapped
+    g.save(tmp_path / "other.safetensors", metadata={"vocab_hash": vocab_hash(swapped, len(swapped))})
+    with pytest.raises(CompatibilityError, match="not the model's"):
+        load_adapter(tmp_path / "other.safetensors", tokenizer=corpus.path)
+    assert _run_cli(["lm", "generate", "--model", str(tmp_path / "other.safetensors"), "--tokenizer",
+                     str(corpus.path), "--prompt", "the cat", "--max-new-tokens", "2"]) == 2
+    assert "not the model's" in capsys.readouterr().err
+
+
 def test_cli_generate_gpt_and_exported_hf_agree(tmp_path, corpus, capsys):
     pytest.importorskip("transformers")
     g = _gpt(corpus.vocab_size)

@@ -200,7 +200,8 @@ class RunReplay:
         if not usable:
             return 0
         s = max(usable)
-        got = load_checkpoint(self.checkpoints[s], self.model, self.optimizer, restore_rng=False)
+        got = load_checkpoint(self.checkpoints[s], self.model, self.optimizer, restore_rng=False,
+                              expect_vocab_hash=getattr(self.trainer, "vocab_hash", None))
         if got != s:
             raise CompatibilityError(f"{self.checkpoints[s]} says step {got}", "the checkpoint was renamed; remove it")
         return s

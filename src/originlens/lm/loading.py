@@ -18,8 +18,9 @@ wrap it as an adapter, find its tokenizer); :func:`detect_format` picks the entr
   ``AutoTokenizer`` on the directory.  ``hf:ID[@REVISION]`` loads from the hub (optional extra).
 
 Caveats: an explicit ``tokenizer`` may be a llama2.c ``.bin``, a ``tokenizer.json``, a saved originlens
-tokenizer directory or a corpus directory, whatever the model format; vocabularies are only checked for
-size (a tokenizer with more ids than the model is refused), not content.
+tokenizer directory or a corpus directory, whatever the model format; a tokenizer with more ids than the
+model is refused, and when the model file records the vocabulary hash of its training data (``ntp train``
+writes it) the tokenizer's token strings must have that hash; otherwise only the size is checked.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
-from ..errors import CompatibilityError, ConfigError, InputError
+from ..errors import CompatibilityError, ConfigError, InputError, OriginlensError
 from .adapter import LMAdapter
 from .llama2c import (BOS_ID, EOS_ID, HEADER_INTS, Llama2cConfig, Llama2cTokenizer, expected_llama2c_bytes,
                       load_llama2c, read_llama2c_header)
@@ -256,13 +257,18 @@ def load_gpt_checkpoint(path: str | os.PathLike) -> Any:
     p = Path(path)
     meta = safetensors_metadata(p) or {}
     if meta.get("kind") == "gpt":
-        return GPT.load(p).eval()
-    arrays, meta = load_tensors(p, kind="ntp-checkpoint")
-    if "gpt_config" not in meta:
-        raise CompatibilityError(f"{p} has no gpt_config in its metadata", "pass a checkpoint written by ntp train")
-    config = GPTConfig.from_dict(json.loads(meta["gpt_config"]))
-    state = {k[len("model."):]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
-    return GPT.from_state_dict(state, config).eval()
+        model = GPT.load(p).eval()
+    else:
+        arrays, meta = load_tensors(p, kind="ntp-checkpoint")
+        if "gpt_config" not in meta:
+            raise CompatibilityError(f"{p} has no gpt_config in its metadata",
+                                     "pass a checkpoint written by ntp train")
+        config = GPTConfig.from_dict(json.loads(meta["gpt_config"]))
+        state = {k[len("model."):]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
+        model = GPT.from_state_dict(state, config).eval()
+    vh = meta.get("vocab_hash")
+    model.vocab_hash = None if vh is None else str(vh).strip('"')   # checked against tokenizers (check_vocab)
+    return model
 
 
 def _gpt_corpus(path: Path) -> Path | None:
@@ -315,7 +321,9 @@ def _gpt_tokenizer(model_path: Path, tokenizer: Path | None) -> TextCodec:
 
 def _gpt_adapter(model: Any) -> LMAdapter:
     from .native import GPTAdapter
-    return GPTAdapter(model)
+    adapter = GPTAdapter(model)
+    adapter.vocab_hash = getattr(model, "vocab_hash", None)  # type: ignore[attr-defined]
+    return adapter
 
 
 # -- Hugging Face -----------------------------------------------------------------------------------
@@ -468,7 +476,21 @@ def load_adapter(spec: str | os.PathLike | LMAdapter, *, revision: str | None = 
 
 
 def check_vocab(adapter: LMAdapter, codec: TextCodec) -> None:
-    """:class:`CompatibilityError` when the tokenizer has ids the model cannot embed."""
+    """:class:`CompatibilityError` when the tokenizer has ids the model cannot embed, or when the model file
+    records a vocabulary hash (``adapter.vocab_hash``, written by ``ntp train``) that the tokenizer's
+    token strings do not have.  Without a recorded hash only the size is checked."""
     if codec.vocab_size > adapter.vocab_size:
         raise CompatibilityError(f"tokenizer {codec.source or ''} has {codec.vocab_size} tokens but the model "
                                  f"only {adapter.vocab_size}", "use the tokenizer the model was trained with")
+    want = getattr(adapter, "vocab_hash", None)
+    if want is None or codec.inner is None:
+        return
+    from .compare import tokenizer_identity
+    try:
+        got = tokenizer_identity(codec.inner).vocab_hash
+    except OriginlensError:          # a tokenizer whose token strings cannot be listed: size check only
+        return
+    if got != want:
+        raise CompatibilityError(f"tokenizer {codec.source or ''} is not the model's: its vocabulary hash is "
+                                 f"{got}, the model was trained on {want}",
+                                 "use the tokenizer (corpus vocabulary) the model was trained with")
