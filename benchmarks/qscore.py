@@ -6,14 +6,20 @@ Model: ``stories260K`` (llama2.c, d = 64, 5 layers; TinyStories windows of 64 to
 contexts found once by :func:`originlens.lm.qscore.find_top_contexts` (shared by both paths, timed
 separately).  Then, for every (feature, context) example, KL_1..KL_K (K = 10):
 
-* ``batched`` — :func:`originlens.lm.qscore.ablation_kl`: clean runs once per window, ablated copies of
-  many (feature, context) pairs per forward (``--batch-size`` rows), sorted by length;
+* ``batched`` — :func:`originlens.lm.qscore.ablation_kl` with ``--method`` (default ``auto`` = ``cached``:
+  one clean run per window keeps the keys/values above the site, each ablated copy re-runs only its K
+  positions above the site; ``run_from``: the previous method, each ablated copy re-runs its whole prefix
+  above the site, also timed for reference unless ``--method`` names another one);
 * ``loop``    — written out here: one forward per (context, feature) holding the clean and the ablated
   copy of that example (2 rows, truncated after p + K − 1), KL from the logits.
 
-Prints seconds, features/second, the speed-up and the largest disagreement of KL_d and of the
-per-feature Q (mean of ratios).  Usage: ``.venv/bin/python benchmarks/qscore.py [--model stories260K|gpt]
-[--features 64] [--contexts 8] [--window 64] [--threads 1] [--float64]``.  Caveat: shared 2-core CPU; expect ±20 % noise.
+Prints seconds (minimum over ``--repeat`` interleaved repetitions: the machine is shared, the minimum is
+the least disturbed run), features/second, the speed-up (also in process CPU time, less sensitive to
+other processes) and the largest disagreement of KL_d and of the per-feature Q (mean of ratios); then the
+time of the clean runs alone (each window's prefix once through every block), whose ratio to the loop
+bounds the speed-up of any method that needs them.  Usage: ``.venv/bin/python benchmarks/qscore.py [--model stories260K|gpt]
+[--features 64] [--contexts 8] [--window 64] [--threads 1] [--repeat 5] [--method auto] [--float64]``.
+Caveat: shared 2-core CPU; single runs vary by ±30 %, hence the minimum.
 """
 from __future__ import annotations
 
@@ -91,6 +97,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--float64", action="store_true", help="model and SAE in float64 (agreement ~1e-12)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed repetitions (minimum reported)")
+    ap.add_argument("--method", default="auto", choices=["auto", "cached", "run_from", "hooks"])
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     ad, toks = build(a.model, a.windows, a.window)
@@ -106,22 +114,67 @@ def main() -> None:
     ex = find_top_contexts(ad, sae, k, seqs, feats, cfg, first=1)
     t_scan = time.perf_counter() - t0
     n_feat = len(set(ex.feature.tolist()))
-    t0 = time.perf_counter()
-    kl_b, _ = ablation_kl(ad, sae, k, seqs, ex, cfg)
-    t_b = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    kl_l = loop_kl(ad, sae, k, seqs, ex, cfg)
-    t_l = time.perf_counter() - t0
+    ref = "run_from" if a.method in ("auto", "cached") else None
+    runs = {"batched": lambda: ablation_kl(ad, sae, k, seqs, ex, cfg, method=a.method)[0],
+            "loop": lambda: loop_kl(ad, sae, k, seqs, ex, cfg)}
+    if ref:
+        runs[ref] = lambda: ablation_kl(ad, sae, k, seqs, ex, cfg, method=ref)[0]
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    out = {}
+    for _ in range(max(1, a.repeat)):      # interleaved, so that load changes hit every path alike
+        for name, fn in runs.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            out[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    t_b, t_l = min(times["batched"]), min(times["loop"])
+    kl_b, kl_l = out["batched"], out["loop"]
     q_b = np.array([f.q for f in aggregate(ex, kl_b, feats, cfg)[0] if f.n_examples])
     q_l = np.array([f.q for f in aggregate(ex, kl_l, feats, cfg)[0] if f.n_examples])
     print(f"model {a.model} (d={ad.d_model}, L={ad.n_layers}, V={ad.vocab_size}), SAE d_sae={a.d_sae} on resid.{k}, "
           f"{n_feat} features x <= {a.contexts} contexts = {len(ex)} examples, K=10, threads={a.threads}")
     print(f"context search (shared): {t_scan:.2f} s over {len(seqs)} windows of {seqs.shape[1]} tokens")
-    print(f"batched: {t_b:.2f} s  ({n_feat / t_b:.1f} features/s)")
-    print(f"loop:    {t_l:.2f} s  ({n_feat / t_l:.2f} features/s)")
-    print(f"speed-up: {t_l / t_b:.1f}x")
+    print(f"times: min of {a.repeat} (median in brackets)")
+    print(f"batched ({a.method}): {t_b:.3f} s [{np.median(times['batched']):.3f}]  ({n_feat / t_b:.1f} features/s)")
+    if ref:
+        t_r = min(times[ref])
+        print(f"batched ({ref}, previous method): {t_r:.3f} s [{np.median(times[ref]):.3f}]  "
+              f"({n_feat / t_r:.1f} features/s, {t_l / t_r:.1f}x the loop)")
+    print(f"loop:    {t_l:.3f} s [{np.median(times['loop']):.3f}]  ({n_feat / t_l:.2f} features/s)")
+    print(f"speed-up: {t_l / t_b:.1f}x (medians: {np.median(times['loop']) / np.median(times['batched']):.1f}x; "
+          f"process CPU time, min: {min(cpu['loop']) / min(cpu['batched']):.1f}x)")
     print(f"max |KL_batched - KL_loop| = {np.abs(kl_b - kl_l).max():.2e} (max KL {kl_l.max():.3g}); "
           f"max relative |Q diff| = {np.max(np.abs(q_b - q_l) / np.maximum(np.abs(q_l), 1e-12)):.2e}")
+    if ref:
+        print(f"max |KL_batched - KL_{ref}| = {np.abs(kl_b - out[ref]).max():.2e}")
+    if getattr(ad, "supports_cached_ablation", False):
+        t_c = min(timed(lambda: clean_runs_only(ad, k, seqs, ex, cfg)) for _ in range(max(1, a.repeat)))
+        print(f"clean runs alone (every window's prefix through all blocks, part of 'batched'): {t_c:.3f} s; "
+              f"loop / clean = {t_l / t_c:.1f}x bounds the speed-up of any method that runs them")
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def clean_runs_only(ad, k, seqs, ex, cfg):
+    """The clean part of the cached method: each window once, up to max p + K, ~clean_tokens per forward."""
+    need: dict[int, int] = {}
+    for w, p in zip(ex.seq_index.tolist(), ex.position.tolist()):
+        need[w] = max(need.get(w, 0), p + cfg.max_offset)
+    wins = sorted(need, key=need.get)
+    with torch.no_grad():
+        i = 0
+        while i < len(wins):
+            n = max(1, cfg.clean_tokens // need[wins[min(len(wins), i + 1) - 1]])
+            while n > 1 and n * need[wins[min(len(wins), i + n) - 1]] > cfg.clean_tokens:
+                n -= 1
+            chunk = wins[i:i + n]
+            ad.run_cached(seqs[torch.tensor(chunk), :need[chunk[-1]]], k)
+            i += n
 
 
 if __name__ == "__main__":

@@ -21,7 +21,10 @@ TransformerLens' ``blocks.{l}.hook_resid_post`` is ``resid.{l+1}`` and ``hook_re
 ``resid.{l}`` (see :func:`site_from_hook_name`).
 
 Caveats: adapters run on whatever device and dtype the wrapped model has; the protocol has no KV cache
-(generation in :mod:`originlens.lm.steering` re-runs the prefix, fine for short samples).
+(generation in :mod:`originlens.lm.steering` re-runs the prefix, fine for short samples).  The optional
+pair :meth:`LMAdapter.run_cached` / :meth:`LMAdapter.run_positions_from` (check
+:attr:`LMAdapter.supports_cached_ablation`) keeps a clean run's keys/values so that an intervention at
+one position re-runs only a few positions above its site (used by Q(w), :mod:`originlens.lm.qscore`).
 """
 from __future__ import annotations
 
@@ -131,6 +134,34 @@ class LMAdapter(ABC):
     def supports_run_from(self) -> bool:
         return type(self).run_from is not LMAdapter.run_from
 
+    def run_cached(self, tokens: Tensor, k: int) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]]]:
+        """Clean run keeping what :meth:`run_positions_from` needs (optional; see
+        :attr:`supports_cached_ablation`).  tokens ``(B, T)`` → ``(resid_L, resid_k, past)``:
+
+        * ``resid_L`` ``(B, T, d)``: the last block's output (``adapter.unembed(resid_L)`` are the logits);
+        * ``resid_k`` ``(B, T, d)``: the stream at site k;
+        * ``past``: L−k pairs ``(keys, values)``, one per block above the site, each ``(B, n_kv, T, hd)``.
+          Their contents are the adapter's own (e.g. rotated keys); only axis 0 (batch) and axis 2
+          (position) are part of the contract, so callers may select rows and truncate positions.
+        """
+        raise NotImplementedError
+
+    def run_positions_from(self, k: int, x: Tensor, start: Tensor, past: Sequence[tuple[Tensor, Tensor]]
+                           ) -> Tensor:
+        """Re-run a few positions from site k over a cached clean prefix (optional).
+
+        ``x (B, n, d)`` is the site-k stream at positions ``start[b] .. start[b]+n−1`` of row b;
+        ``start (B,)`` int64; ``past`` as returned by :meth:`run_cached` (rows aligned with x, position
+        axis ≥ ``max(start)``; entries at positions ≥ ``start[b]`` are ignored).  Returns the logits
+        ``(B, n, V)`` of those positions, equal (up to round-off) to :meth:`run_from` on the whole prefix
+        with x in place of its last n positions: a causal model's earlier positions do not depend on them.
+        """
+        raise NotImplementedError
+
+    @property
+    def supports_cached_ablation(self) -> bool:
+        return type(self).run_positions_from is not LMAdapter.run_positions_from
+
     # ---- conveniences built on the abstract methods -------------------------------------------------
 
     @property
@@ -162,6 +193,17 @@ class LMAdapter(ABC):
             raise ConfigError(f"residual site {k} is out of range for a {self.n_layers}-layer model",
                               f"use 0..{self.n_layers}")
         return int(k)
+
+
+def past_attention_mask(start: Tensor, n: int, past_len: int) -> Tensor:
+    """Boolean attention mask ``(B, 1, n, past_len + n)`` (True = attend) of n new positions
+    ``start[b] + i`` over ``[past keys 0..past_len−1 | the n new keys]``: a past key j is visible when
+    ``j < start[b]``, a new key i′ when ``i′ ≤ i`` (used by :meth:`LMAdapter.run_positions_from`)."""
+    dev = start.device
+    old = torch.arange(past_len, device=dev)[None, :] < start[:, None]                 # (B, past_len)
+    new = torch.ones(n, n, dtype=torch.bool, device=dev).tril()                        # (n, n)
+    B = start.shape[0]
+    return torch.cat([old[:, None, :].expand(B, n, past_len), new.expand(B, n, n)], dim=2)[:, None]
 
 
 def normalise_hooks(hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None, n_layers: int

@@ -26,13 +26,36 @@ window start through token p + K); the top ``n_contexts`` remain.  Each example 
 truncated after position p + K − 1 (causality makes this equal to the reference's truncation at
 max index + 11 tokens).
 
-Batching: the clean runs are computed once per window (not per feature) and the ablated copies of many
-(feature, context) pairs go through one forward, sorted by length to limit padding (right padding does
-not change earlier positions of a causal model).  Memory: the clean logits of a block of examples are held
-as ``(E_block, K, V)``; ``E_block`` is sized from ``max_clean_bytes``.
+Batching (:func:`ablation_kl`, ``method``): an ablation at site k and position p leaves every position
+< p unchanged at every layer (causal model), so
 
-Caveats: the KL is computed in float64 from the model's logits (float32 models give ~1e-7 absolute
-agreement between batch compositions, float64 models ~1e-12); the SAE is applied in its own dtype.
+* ``"cached"`` (default when the adapter has ``supports_cached_ablation``: our GPT without untied ranges,
+  llama2.c): windows are sorted by the prefix length their examples need (max p + K) and run clean
+  once, ``clean_tokens`` tokens per forward, through :meth:`LMAdapter.run_cached`, which keeps the
+  stream at site k, the last block's output and the keys/values of the blocks above k.  A group of
+  windows whose state fits ``max_clean_bytes`` shares one padded buffer; its examples, sorted by p,
+  go ``batch_size`` at a time through :meth:`LMAdapter.run_positions_from`: each ablated copy is only
+  its K positions p..p+K−1 (the stream at site k, ablated at p) through the blocks above k, attending
+  to the cached clean keys/values of positions < p (per-row past lengths: one padded past plus a mask).
+  The clean logits of those K positions are the unembedded last-block outputs of the clean run.  An
+  ablated copy thus costs K positions × (L − k) blocks instead of (p + K) × L (or (p + K) × (L − k)).
+* ``"run_from"`` (previous default): clean runs once per window, each ablated copy re-runs its whole
+  prefix above the site (``adapter.run_from``), sorted by length to limit padding (right padding does
+  not change earlier positions of a causal model); clean logits held as ``(E_block, K, V)``, ``E_block``
+  sized from ``max_clean_bytes``.
+* ``"hooks"``: as ``"run_from"`` but every block runs (adapters without ``run_from``, e.g. Hugging Face).
+
+Cost (stories260K, 512 examples over 262 windows, K = 10, site 3 of 5 blocks): the clean runs are now
+~65 % of the time and bound the speed-up: every window's prefix must run through all blocks once.
+
+Caveats: the KL is computed in float64 from the model's logits; float32 models agree to ~1e-7 between
+batch compositions of one method and to ~1e-5 (KL up to ~5) between methods or against a per-example
+loop, since different kernels round differently; float64 models to ~1e-12.  The SAE is applied in its
+own dtype.  The cached path's clean runs use the adapter's own block code (llama2.c:
+:func:`originlens.lm.native._llama_block`, fused projections and folded norms), equal to the model's
+forward up to round-off (tested in float64).  Speed-up over a per-example loop is bounded by loop time /
+clean-run time (``benchmarks/qscore.py`` prints it): with few examples per window the clean runs are
+most of the work.
 """
 from __future__ import annotations
 
@@ -50,6 +73,7 @@ from ..progress import progress
 
 ABLATIONS = ("error_preserving", "faithful")
 POSITION_RULES = ("restrict", "drop")
+ABLATION_METHODS = ("auto", "cached", "run_from", "hooks")
 
 
 @dataclass
@@ -67,10 +91,11 @@ class QScoreConfig:
     prepend_bos: bool = True
     scan_batch_size: int = 32         # windows per forward while finding contexts
     batch_size: int = 128             # rows per ablation forward
-    max_clean_bytes: int = 256 << 20  # memory for stored clean logits per block
+    max_clean_bytes: int = 256 << 20  # memory for stored clean logits / clean states per block
+    clean_tokens: int = 1024          # tokens per clean forward of the cached method (raise on a GPU)
 
     def validate(self) -> None:
-        for name in ("n_contexts", "max_offset", "pool_factor", "scan_batch_size", "batch_size"):
+        for name in ("n_contexts", "max_offset", "pool_factor", "scan_batch_size", "batch_size", "clean_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}", f"set {name} ≥ 1")
@@ -315,24 +340,129 @@ def _pad_rows(rows: list[Tensor], pad: int = 0) -> Tensor:
 
 
 def kl_divergence(clean_logits: Tensor, ablated_logits: Tensor) -> Tensor:
-    """``KL(softmax(clean) ‖ softmax(ablated))`` over the last axis, in float64."""
-    lp = torch.log_softmax(clean_logits.double(), dim=-1)
-    lq = torch.log_softmax(ablated_logits.double(), dim=-1)
-    return (lp.exp() * (lp - lq)).sum(-1)
+    """``KL(softmax(clean) ‖ softmax(ablated))`` over the last axis, in float64.
+
+    Large inputs are processed in blocks of about 2¹⁷ values: float64 temporaries of many megabytes are
+    mapped and unmapped by the allocator at every call, and those page faults cost more than the
+    arithmetic (4× slower for (1280, 512) on our CPU)."""
+    shape = clean_logits.shape[:-1]
+    V = clean_logits.shape[-1]
+    a, b = clean_logits.reshape(-1, V), ablated_logits.reshape(-1, V)
+    step = max(1, (1 << 17) // max(1, V))
+    out = torch.empty(a.shape[0], dtype=torch.float64, device=a.device)
+    for i in range(0, a.shape[0], step):
+        lp = torch.log_softmax(a[i:i + step].double(), dim=-1)
+        lq = torch.log_softmax(b[i:i + step].double(), dim=-1)
+        out[i:i + step] = (lp.exp() * (lp - lq)).sum(-1)
+    return out.reshape(shape)
 
 
-def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Examples, config: QScoreConfig
-                ) -> tuple[np.ndarray, np.ndarray]:
+def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Examples, config: QScoreConfig,
+                *, method: str = "auto") -> tuple[np.ndarray, np.ndarray]:
     """``KL_d`` for every example ``(E, K)`` (float64) and the ablated latent's value ``(E,)``.
 
-    Clean runs once per window, ablated copies batched (see the module docstring).
+    ``method`` (see "Batching" in the module docstring): ``"cached"`` (clean keys/values cached, ablated
+    copies re-run K positions above the site; needs ``adapter.supports_cached_ablation``),
+    ``"run_from"`` (ablated copies re-run their whole prefix above the site), ``"hooks"`` (whole prefix,
+    every block), or ``"auto"``: the first one the adapter supports.  All give the same numbers up to
+    round-off.
     """
     config.validate()
+    if method not in ABLATION_METHODS:
+        raise ConfigError(f"unknown ablation method {method!r}", f"use one of: {', '.join(ABLATION_METHODS)}")
+    cached = bool(getattr(adapter, "supports_cached_ablation", False))
+    run_from = bool(getattr(adapter, "supports_run_from", False))
+    if method == "auto":
+        method = "cached" if cached else "run_from" if run_from else "hooks"
+    if (method == "cached" and not cached) or (method == "run_from" and not run_from):
+        raise ConfigError(f"this model ({getattr(adapter, 'family', type(adapter).__name__)}) does not support "
+                          f"the {method!r} ablation method", "use method='auto' or 'hooks'")
     K, E = config.max_offset, len(examples)
     kl = np.zeros((E, K), dtype=np.float64)
     act = np.zeros(E, dtype=np.float64)
     if E == 0:
         return kl, act
+    bar = progress(total=E, desc=f"ablation ({config.ablation})", unit="ex")
+    with torch.no_grad():
+        if method == "cached":
+            _ablation_kl_cached(adapter, sae, k, sequences, examples, config, kl, act, bar)
+        else:
+            _ablation_kl_prefix(adapter, sae, k, sequences, examples, config, kl, act, bar, method == "run_from")
+    if hasattr(bar, "close"):
+        bar.close()
+    return kl, act
+
+
+def _ablation_kl_cached(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Examples,
+                        config: QScoreConfig, kl: np.ndarray, act: np.ndarray, bar: Any) -> None:
+    """The ``"cached"`` method: one clean run per window keeps the keys/values of the blocks above site k;
+    each ablated copy re-runs only its K positions p..p+K−1 above the site over that clean prefix.
+
+    Windows (sorted by the prefix length they need) form groups whose clean state fits
+    ``max_clean_bytes``; a group's clean runs (``clean_tokens`` tokens per forward) fill one padded
+    buffer, then its examples, sorted by p, go ``batch_size`` rows per partial forward."""
+    K, dev = config.max_offset, adapter.device
+    pos, feat = examples.position, examples.feature
+    wins, inv = np.unique(examples.seq_index, return_inverse=True)
+    need = np.zeros(len(wins), dtype=np.int64)                   # clean prefix length per window
+    np.maximum.at(need, inv, pos + K)
+    order = np.argsort(need, kind="stable")                       # similar lengths share a forward
+    itemsize = torch.empty((), dtype=next(iter(adapter.parameters())).dtype).element_size()
+    per_window = int(need.max()) * (2 * (adapter.n_layers - k) + 2) * adapter.d_model * itemsize
+    n_group = max(1, config.max_clean_bytes // max(1, per_window))
+    offs = torch.arange(K, device=dev)
+    for g0 in range(0, len(wins), n_group):
+        gw = order[g0:g0 + n_group]                              # window ids (into wins) of this group
+        row_of = np.full(len(wins), -1, dtype=np.int64)
+        row_of[gw] = np.arange(len(gw))
+        T = int(need[gw].max())
+        buf: list[Tensor] = []
+        c0 = 0
+        while c0 < len(gw):                                      # clean runs, ~clean_tokens tokens each
+            n = max(1, config.clean_tokens // int(need[gw[c0]]))
+            while n > 1 and n * int(need[gw[min(len(gw), c0 + n) - 1]]) > config.clean_tokens:
+                n -= 1
+            cw = gw[c0:c0 + n]
+            Tc = int(need[cw].max())
+            resid_L, resid_k, past = adapter.run_cached(sequences[torch.from_numpy(wins[cw]), :Tc].to(dev), k)
+            parts = [resid_L, resid_k] + [t for kv in past for t in kv]
+            if len(cw) == len(gw):                               # one forward holds the whole group
+                buf = parts
+                break
+            if not buf:                                          # batch axis 0, position axis 1 or 2
+                buf = [t.new_zeros((len(gw), T, *t.shape[2:])) if i < 2 else
+                       t.new_zeros((len(gw), t.shape[1], T, *t.shape[3:])) for i, t in enumerate(parts)]
+            for i, t in enumerate(parts):
+                if i < 2:
+                    buf[i][c0:c0 + len(cw), :Tc] = t
+                else:
+                    buf[i][c0:c0 + len(cw), :, :Tc] = t
+            c0 += len(cw)
+        resid_L, resid_k = buf[0], buf[1]
+        past = list(zip(buf[2::2], buf[3::2]))
+        es = np.nonzero(row_of[inv] >= 0)[0]
+        es = es[np.argsort(pos[es], kind="stable")]               # similar past lengths share a forward
+        for b0 in range(0, len(es), config.batch_size):
+            sub = es[b0:b0 + config.batch_size]
+            rows = torch.from_numpy(row_of[inv[sub]]).to(dev)
+            p = torch.from_numpy(pos[sub]).to(dev)
+            idx = (rows[:, None], p[:, None] + offs)
+            clean = adapter.unembed(resid_L[idx])                                          # (R, K, V)
+            x, a_f = ablate_rows(sae, resid_k[idx], torch.zeros_like(p), torch.from_numpy(feat[sub]),
+                                 config.ablation)
+            P = int(pos[sub].max())
+            abl = adapter.run_positions_from(k, x, p, [(kk[rows, :, :P], vv[rows, :, :P]) for kk, vv in past])
+            kl[sub] = kl_divergence(clean, abl).cpu().numpy()
+            act[sub] = a_f.double().cpu().numpy()
+            if hasattr(bar, "update"):
+                bar.update(len(sub))
+
+
+def _ablation_kl_prefix(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Examples,
+                        config: QScoreConfig, kl: np.ndarray, act: np.ndarray, bar: Any, fast: bool) -> None:
+    """The ``"run_from"`` (``fast``) and ``"hooks"`` methods: clean runs once per window, each ablated copy
+    re-runs its whole prefix (above the site when ``fast``)."""
+    K, E = config.max_offset, len(examples)
     dev = adapter.device
     V = adapter.vocab_size
     itemsize = torch.empty((), dtype=next(iter(adapter.parameters())).dtype).element_size()
@@ -341,69 +471,63 @@ def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Exa
     seq_all = torch.from_numpy(examples.seq_index)
     feat_all = torch.from_numpy(examples.feature)
     offs = torch.arange(K)
-    bar = progress(total=E, desc=f"ablation ({config.ablation})", unit="ex")
-    with torch.no_grad():
-        for b0 in range(0, E, block):
-            ids = torch.arange(b0, min(E, b0 + block))
-            # clean: once per window, truncated to the longest prefix its examples need
-            need: dict[int, int] = {}
-            for e in ids.tolist():
-                w = int(seq_all[e])
-                need[w] = max(need.get(w, 0), int(pos_all[e]) + K)
-            wins = sorted(need, key=lambda w: need[w])
-            clean = torch.empty((len(ids), K, V), dtype=torch.float64 if itemsize == 8 else torch.float32)
-            by_win: dict[int, list[int]] = {}
-            for j, e in enumerate(ids.tolist()):
-                by_win.setdefault(int(seq_all[e]), []).append(j)
-            fast = getattr(adapter, "supports_run_from", False)
-            site: dict[int, Tensor] = {}          # clean stream at site k per window (fast path)
-            for c0 in range(0, len(wins), config.batch_size):
-                chunk = wins[c0:c0 + config.batch_size]
-                tok = _pad_rows([sequences[w, :need[w]] for w in chunk]).to(dev)
+    for b0 in range(0, E, block):
+        ids = torch.arange(b0, min(E, b0 + block))
+        # clean: once per window, truncated to the longest prefix its examples need
+        need: dict[int, int] = {}
+        for e in ids.tolist():
+            w = int(seq_all[e])
+            need[w] = max(need.get(w, 0), int(pos_all[e]) + K)
+        wins = sorted(need, key=lambda w: need[w])
+        clean = torch.empty((len(ids), K, V), dtype=torch.float64 if itemsize == 8 else torch.float32)
+        by_win: dict[int, list[int]] = {}
+        for j, e in enumerate(ids.tolist()):
+            by_win.setdefault(int(seq_all[e]), []).append(j)
+        site: dict[int, Tensor] = {}          # clean stream at site k per window (fast path)
+        for c0 in range(0, len(wins), config.batch_size):
+            chunk = wins[c0:c0 + config.batch_size]
+            tok = _pad_rows([sequences[w, :need[w]] for w in chunk]).to(dev)
+            if fast:
+                logits, res = adapter.run(tok, return_residuals=True)
+            else:
+                logits = adapter.run(tok)
+            for r, w in enumerate(chunk):
                 if fast:
-                    logits, res = adapter.run(tok, return_residuals=True)
-                else:
-                    logits = adapter.run(tok)
-                for r, w in enumerate(chunk):
-                    if fast:
-                        site[w] = res[k][r, :need[w]]
-                    for j in by_win[w]:
-                        p = int(pos_all[ids[j]])
-                        clean[j] = logits[r, p + offs].to(clean.dtype).cpu()
-            # ablated copies: sorted by length, many (feature, context) pairs per forward
-            order = sorted(range(len(ids)), key=lambda j: int(pos_all[ids[j]]))
-            for c0 in range(0, len(order), config.batch_size):
-                js = order[c0:c0 + config.batch_size]
-                es = ids[js]
-                tok = _pad_rows([sequences[int(seq_all[e]), :int(pos_all[e]) + K] for e in es]).to(dev)
-                p = pos_all[es].to(dev)
-                f = feat_all[es]
-                found: list[Tensor] = []
+                    site[w] = res[k][r, :need[w]]
+                for j in by_win[w]:
+                    p = int(pos_all[ids[j]])
+                    clean[j] = logits[r, p + offs].to(clean.dtype).cpu()
+        # ablated copies: sorted by length, many (feature, context) pairs per forward
+        order = sorted(range(len(ids)), key=lambda j: int(pos_all[ids[j]]))
+        for c0 in range(0, len(order), config.batch_size):
+            js = order[c0:c0 + config.batch_size]
+            es = ids[js]
+            tok = _pad_rows([sequences[int(seq_all[e]), :int(pos_all[e]) + K] for e in es]).to(dev)
+            p = pos_all[es].to(dev)
+            f = feat_all[es]
+            found: list[Tensor] = []
 
-                def hook(x: Tensor, _k: int, p=p, f=f, found=found) -> Tensor:
-                    new, a_f = ablate_rows(sae, x, p, f, config.ablation)
-                    found.append(a_f)
-                    return new
+            def hook(x: Tensor, _k: int, p=p, f=f, found=found) -> Tensor:
+                new, a_f = ablate_rows(sae, x, p, f, config.ablation)
+                found.append(a_f)
+                return new
 
-                if fast:   # only the blocks above the site run; causal, so a clean prefix is exact
-                    L = max(int(pos_all[e]) + K for e in es)
-                    x = torch.zeros((len(js), L, adapter.d_model), dtype=site[int(seq_all[es[0]])].dtype,
-                                    device=dev)
-                    for r, e in enumerate(es.tolist()):
-                        n = int(pos_all[e]) + K
-                        x[r, :n] = site[int(seq_all[e])][:n]
-                    logits = adapter.run_from(k, hook(x, k))
-                else:
-                    logits = adapter.run(tok, hooks={k: hook})
-                rows = torch.arange(len(js), device=logits.device)[:, None]
-                abl = logits[rows, p[:, None] + offs.to(dev)].cpu()
-                kl[es.numpy()] = kl_divergence(clean[js], abl).numpy()
-                act[es.numpy()] = found[0].double().cpu().numpy()
-                if hasattr(bar, "update"):
-                    bar.update(len(js))
-    if hasattr(bar, "close"):
-        bar.close()
-    return kl, act
+            if fast:   # only the blocks above the site run; causal, so a clean prefix is exact
+                L = max(int(pos_all[e]) + K for e in es)
+                x = torch.zeros((len(js), L, adapter.d_model), dtype=site[int(seq_all[es[0]])].dtype,
+                                device=dev)
+                for r, e in enumerate(es.tolist()):
+                    n = int(pos_all[e]) + K
+                    x[r, :n] = site[int(seq_all[e])][:n]
+                logits = adapter.run_from(k, hook(x, k))
+            else:
+                logits = adapter.run(tok, hooks={k: hook})
+            rows = torch.arange(len(js), device=logits.device)[:, None]
+            abl = logits[rows, p[:, None] + offs.to(dev)].cpu()
+            kl[es.numpy()] = kl_divergence(clean[js], abl).numpy()
+            act[es.numpy()] = found[0].double().cpu().numpy()
+            if hasattr(bar, "update"):
+                bar.update(len(js))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -447,7 +571,7 @@ def qscore(adapter: Any, sae: Any, tokens: Any, features: Sequence[int] | None =
 
     ``examples`` (from a previous result) skips the context search, e.g. to run the other ablation on the
     same contexts.  The SAE must match the model (width, residual hook): see
-    :func:`originlens.sae.model.sae_site`.
+    :func:`originlens.sae.model.sae_site`.  The ablation method is :func:`ablation_kl`'s ``"auto"``.
     """
     from ..sae.activations import as_sequences
     from ..sae.model import sae_site
