@@ -310,6 +310,8 @@ def test_method_selection_and_fallback():
         ablation_kl(untied, sae, 1, seqs, ex, cfg, method="fast")
     with pytest.raises(ConfigError, match="clean_tokens"):
         QScoreConfig(clean_tokens=0).validate()
+    with pytest.raises(ConfigError, match="max_stream_bytes"):
+        QScoreConfig(max_stream_bytes=-1).validate()
 
 
 @pytest.mark.parametrize("rule", ["restrict", "drop"])
@@ -441,3 +443,110 @@ def test_cli_qscore_writes_a_run_directory(tmp_path, capsys):
     assert main(base[:6] + [str(tmp_path / "big.npy"), "--sae", str(tmp_path / "sae"),
                             "--out", str(tmp_path / "r3")]) == 2
     assert "vocabulary" in capsys.readouterr().err
+
+
+def _reference_selection(acts, seqs, f, K, n, pool, dedup, first=1):
+    """Selection rules from their definition (restrict rule): per window the maximum over eligible
+    positions, sorted by descending activation, the top ``pool`` candidates, then greedy
+    de-duplication by Levenshtein distance (text from ``first`` through p + K)."""
+    L = seqs.shape[1]
+    cands = []
+    for i in range(len(seqs)):
+        p = first + int(np.argmax(acts[i, first:L - K, f]))
+        if acts[i, p, f] > 0:
+            cands.append((-acts[i, p, f], i, p))
+    kept = []
+    for _, i, p in sorted(cands)[:pool]:
+        if len(kept) >= n:
+            break
+        text = seqs[i, first:p + K + 1].tolist()
+        if dedup >= 0 and any(_levenshtein(text, t) <= dedup for _, _, t in kept):
+            continue
+        kept.append((i, p, text))
+    return [(i, p) for i, p, _ in kept]
+
+
+@pytest.mark.parametrize("make", ["gpt", "llama"])
+def test_dedup_selection_and_kept_streams_match_definition(make):
+    """With de-duplication on: the selected contexts equal the rules applied by brute force; the kept
+    site streams are the clean stream at the site (float64, 1e-10) of exactly the selected windows,
+    covering the prefix their examples need."""
+    from originlens.sae.activations import as_sequences
+    ad = _random_gpt(vocab=7) if make == "gpt" else _random_llama(n_layers=3, vocab=7)
+    site = 2
+    sae = _random_sae("standard", 16, 12, f"blocks.{site - 1}.hook_resid_post", seed=6)
+    toks = _tokens(40, 15, 5, seed=6, low=1)              # small vocabulary: many near-duplicate windows
+    K, n, pf, dd = 3, 5, 3, 6
+    cfg = QScoreConfig(n_contexts=n, max_offset=K, dedup_distance=dd, pool_factor=pf, scan_batch_size=6)
+    seqs = as_sequences(toks, ad)
+    ex, st = find_top_contexts(ad, sae, site, seqs, list(range(12)), cfg, first=1, return_streams=True)
+    with torch.no_grad():
+        res = ad.residuals(seqs)[site]
+        acts = sae.encode(res).numpy()
+    n_dropped = 0
+    for f in range(12):
+        want = _reference_selection(acts, seqs.numpy(), f, K, n, n * pf, dd)
+        got = [(i, p) for ff, i, p in zip(ex.feature, ex.seq_index, ex.position) if ff == f]
+        assert got == want, f
+        n_dropped += len(want) < n
+    assert n_dropped > 0                                   # de-duplication did remove candidates
+    assert st.site == site and sorted(st.streams) == sorted(set(ex.seq_index.tolist()))
+    for w, t in st.streams.items():
+        need = int(ex.position[ex.seq_index == w].max()) + K
+        assert t.shape[0] >= need
+        torch.testing.assert_close(t, res[w, :t.shape[0]], rtol=0, atol=1e-10)
+    # a budget smaller than one window keeps none; the streams then change nothing
+    _, none = find_top_contexts(ad, sae, site, seqs, list(range(12)), QScoreConfig(
+        n_contexts=n, max_offset=K, dedup_distance=dd, pool_factor=pf, max_stream_bytes=100), return_streams=True)
+    assert none.streams == {} and none.nbytes == 0
+
+
+@pytest.mark.parametrize("make", ["gpt", "llama"])
+def test_cached_ablation_with_kept_streams_matches_brute_force(make):
+    """ablation_kl("cached") from all, some or none of the kept site streams equals the full clean
+    runs and the brute force (float64, 1e-10); streams of another site are refused."""
+    from originlens.lm.qscore import SiteStreams
+    from originlens.sae.activations import as_sequences
+    ad = _random_gpt() if make == "gpt" else _random_llama(n_layers=3)
+    site = 1
+    sae = _random_sae("standard", 16, 10, "blocks.0.hook_resid_post", seed=8)
+    toks = _tokens(18, 14, 17, seed=8, low=1)
+    cfg = QScoreConfig(n_contexts=3, max_offset=4, batch_size=5, clean_tokens=40, max_clean_bytes=3000)
+    seqs = as_sequences(toks, ad)
+    ex, st = find_top_contexts(ad, sae, site, seqs, list(range(10)), cfg, first=1, return_streams=True)
+    assert len(st.streams) == len(set(ex.seq_index.tolist())) > 3
+    half = SiteStreams(site, {w: t for j, (w, t) in enumerate(st.streams.items()) if j % 2})
+    full, act = ablation_kl(ad, sae, site, seqs, ex, cfg, method="cached")
+    # tiny groups / chunks (one window each), and one forward holding windows with and without streams
+    for c in (cfg, QScoreConfig(n_contexts=3, max_offset=4, batch_size=64)):
+        for s in (st, half):
+            kl, a = ablation_kl(ad, sae, site, seqs, ex, c, method="cached", streams=s)
+            np.testing.assert_allclose(kl, full, rtol=0, atol=1e-10)
+            np.testing.assert_allclose(a, act, rtol=0, atol=1e-10)
+    for e in range(0, len(ex), 3):
+        brute = brute_force_kl(ad, sae, site, seqs, ex.feature[e], ex.seq_index[e], ex.position[e], 4,
+                               cfg.ablation)
+        np.testing.assert_allclose(full[e], brute, rtol=0, atol=1e-10)
+    with pytest.raises(ConfigError, match="streams kept at resid.2"):
+        ablation_kl(ad, sae, site, seqs, ex, cfg, method="cached", streams=SiteStreams(2, st.streams))
+
+
+def test_run_to_and_run_cached_from_match_run():
+    """The llama2.c fast paths used with kept streams: run_to = run's residual at k, and run_cached_from
+    on it = run_cached (float64); for our GPT run_cached_from = run_cached."""
+    toks = torch.randint(0, 17, (3, 13), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(2)
+    gpt = GPTAdapter(GPT(GPTConfig(vocab_size=23, seq_len=20, n_layer=3, d_model=16, n_head=4, dtype="float64")))
+    with torch.no_grad():
+        for ad in (_random_llama(n_layers=3), gpt):
+            res = ad.residuals(toks)
+            for k in range(ad.n_layers + 1):
+                if hasattr(ad, "run_to"):
+                    torch.testing.assert_close(ad.run_to(toks, k), res[k], rtol=0, atol=1e-12)
+                rL, rk, past = ad.run_cached(toks, k)
+                rL2, past2 = ad.run_cached_from(k, res[k])
+                torch.testing.assert_close(rL2, rL, rtol=0, atol=1e-12)
+                assert len(past2) == len(past)
+                for a, b in zip(past, past2):
+                    torch.testing.assert_close(a[0], b[0], rtol=0, atol=1e-12)
+                    torch.testing.assert_close(a[1], b[1], rtol=0, atol=1e-12)

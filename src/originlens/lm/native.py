@@ -84,6 +84,21 @@ class GPTAdapter(LMAdapter):
                 resid_k = x
         return x, resid_k, past[k:]
 
+    def run_cached_from(self, k: int, x: Tensor) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """:meth:`run_cached` from the stream at site k ``x (B, T, d)``: ``(resid_L, past)``, only the blocks
+        above k run (e.g. on streams kept by the Q(w) context search)."""
+        k, m = self._cached_site(k), self.module
+        T = x.shape[1]
+        past: list[tuple[Tensor, Tensor]] = []
+
+        def attention(q: Tensor, kk: Tensor, v: Tensor) -> Tensor:
+            past.append((kk, v))
+            return causal_self_attention(q, kk, v, myopic=m.is_myopic, impl=m.attn_impl, future=m._future[:T, :T])
+
+        for block in m.blocks[k:]:
+            x = block(x, [(0, 0, T)], attention)
+        return x, past
+
     def run_positions_from(self, k: int, x: Tensor, start: Tensor, past: Sequence[tuple[Tensor, Tensor]]
                            ) -> Tensor:
         k, m = self._cached_site(k), self.module
@@ -185,6 +200,36 @@ class Llama2cAdapter(LMAdapter):
             if i > k:
                 past.append(kv)
         return x, resid_k, past
+
+    def run_to(self, tokens: Tensor, k: int) -> Tensor:
+        """The stream at site k ``(B, T, d)`` of a clean run, blocks above k not run (the fused block code of
+        :meth:`run_cached`: equal to :meth:`run`'s residuals up to round-off)."""
+        k, m, cfg = self.check_site(k), self.module, self.module.cfg
+        T = tokens.shape[1]
+        if T > cfg.max_seq_len:
+            raise ConfigError(f"sequence of {T} tokens exceeds max_seq_len {cfg.max_seq_len}",
+                              f"use at most {cfg.max_seq_len} tokens per sequence")
+        x = m.tok_embeddings(tokens)
+        if k == 0:
+            return x
+        rot = _rotations(torch.arange(T, device=tokens.device), cfg, x.dtype)
+        mask = _causal_mask(T, x.dtype, x.device)
+        for layer in m.layers[:k]:
+            x = _llama_block(layer, cfg, x, rot, mask)[0]
+        return x
+
+    def run_cached_from(self, k: int, x: Tensor) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """:meth:`run_cached` from the stream at site k ``x (B, T, d)``: ``(resid_L, past)``, only the blocks
+        above k run (e.g. on streams kept by the Q(w) context search)."""
+        k, cfg = self.check_site(k), self.module.cfg
+        T = x.shape[1]
+        rot = _rotations(torch.arange(T, device=x.device), cfg, x.dtype)
+        mask = _causal_mask(T, x.dtype, x.device)
+        past = []
+        for layer in self.module.layers[k:]:
+            x, kv = _llama_block(layer, cfg, x, rot, mask)
+            past.append(kv)
+        return x, past
 
     def run_positions_from(self, k: int, x: Tensor, start: Tensor, past: Sequence[tuple[Tensor, Tensor]]
                            ) -> Tensor:

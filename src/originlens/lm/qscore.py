@@ -22,9 +22,14 @@ tokens inside the window (``p + K ≤ L − 1``, the reference's "drop examples 
 ``"drop"`` takes it over all positions and drops the window when it falls too late (the reference).
 Features whose maximum is ≤ 0 are skipped ("dead"); candidates are de-duplicated greedily by descending
 activation, dropping those within token edit distance ≤ ``dedup_distance`` of a kept one (text from the
-window start through token p + K); the top ``n_contexts`` remain.  Each example runs on the sequence
-truncated after position p + K − 1 (causality makes this equal to the reference's truncation at
-max index + 11 tokens).
+window start through token p + K; cheap lower bounds of the distance, length and token-multiset
+differences, are computed with numpy for all kept texts at once, the banded dynamic programme runs only
+on the pairs they do not settle); the top ``n_contexts`` remain.  The stream at the site comes from
+``adapter.run_to`` when the adapter has it (llama2.c: the fused block code below), else from a run
+stopped by a hook; it equals the model's forward up to round-off, so in float32 two candidates whose
+activations tie to ~1e-7 may be ordered differently than with the unfused forward.  Each example runs
+on the sequence truncated after position p + K − 1 (causality makes this equal to the reference's
+truncation at max index + 11 tokens).
 
 Batching (:func:`ablation_kl`, ``method``): an ablation at site k and position p leaves every position
 < p unchanged at every layer (causal model), so
@@ -39,14 +44,23 @@ Batching (:func:`ablation_kl`, ``method``): an ablation at site k and position p
   to the cached clean keys/values of positions < p (per-row past lengths: one padded past plus a mask).
   The clean logits of those K positions are the unembedded last-block outputs of the clean run.  An
   ablated copy thus costs K positions × (L − k) blocks instead of (p + K) × L (or (p + K) × (L − k)).
+  The context search already ran every window through the blocks below k: with
+  ``find_top_contexts(..., return_streams=True)`` it keeps the site-k streams of the windows it selects
+  (:class:`SiteStreams`; during the scan only windows that are still some feature's candidate, truncated
+  to the prefix they need, within ``max_stream_bytes``), and ``ablation_kl(..., streams=...)`` starts
+  those windows' clean runs at site k (``adapter.run_cached_from``), running only blocks above k.
+  :func:`qscore` does this when it searches the contexts itself (not when given ``examples``).
 * ``"run_from"`` (previous default): clean runs once per window, each ablated copy re-runs its whole
   prefix above the site (``adapter.run_from``), sorted by length to limit padding (right padding does
   not change earlier positions of a causal model); clean logits held as ``(E_block, K, V)``, ``E_block``
   sized from ``max_clean_bytes``.
 * ``"hooks"``: as ``"run_from"`` but every block runs (adapters without ``run_from``, e.g. Hugging Face).
 
-Cost (stories260K, 512 examples over 262 windows, K = 10, site 3 of 5 blocks): the clean runs are now
-~65 % of the time and bound the speed-up: every window's prefix must run through all blocks once.
+Cost (stories260K, 512 examples over 262 windows of 65 tokens out of 400, K = 10, site 3 of 5 blocks,
+one CPU thread): the context search (every window through 3 blocks, ~0.2 s) now costs more than the
+cached ablation step from its kept streams (clean runs through the 2 blocks above the site, ~0.08 s, plus
+the ablated copies and KLs); without the streams the clean runs (all 5 blocks, ~0.15 s) bound the
+ablation step's speed-up over a per-example loop at ~11×.
 
 Caveats: the KL is computed in float64 from the model's logits; float32 models agree to ~1e-7 between
 batch compositions of one method and to ~1e-5 (KL up to ~5) between methods or against a per-example
@@ -55,7 +69,9 @@ own dtype.  The cached path's clean runs use the adapter's own block code (llama
 :func:`originlens.lm.native._llama_block`, fused projections and folded norms), equal to the model's
 forward up to round-off (tested in float64).  Speed-up over a per-example loop is bounded by loop time /
 clean-run time (``benchmarks/qscore.py`` prints it): with few examples per window the clean runs are
-most of the work.
+most of the work.  Kept streams are only valid for the model weights, sequences and site they were
+found with; :func:`ablation_kl` checks the site only.  Peak memory of :func:`qscore` on the cached path:
+up to ``max_stream_bytes`` of kept streams plus ``max_clean_bytes`` of clean state.
 """
 from __future__ import annotations
 
@@ -93,6 +109,7 @@ class QScoreConfig:
     batch_size: int = 128             # rows per ablation forward
     max_clean_bytes: int = 256 << 20  # memory for stored clean logits / clean states per block
     clean_tokens: int = 1024          # tokens per clean forward of the cached method (raise on a GPU)
+    max_stream_bytes: int = 256 << 20  # memory for site streams kept by the context search (0: none)
 
     def validate(self) -> None:
         for name in ("n_contexts", "max_offset", "pool_factor", "scan_batch_size", "batch_size", "clean_tokens"):
@@ -104,6 +121,10 @@ class QScoreConfig:
         if self.position_rule not in POSITION_RULES:
             raise ConfigError(f"unknown position_rule {self.position_rule!r}",
                               f"use one of: {', '.join(POSITION_RULES)}")
+        if isinstance(self.max_stream_bytes, bool) or not isinstance(self.max_stream_bytes, int) \
+                or self.max_stream_bytes < 0:
+            raise ConfigError(f"max_stream_bytes must be an integer ≥ 0, got {self.max_stream_bytes!r}",
+                              "e.g. 256 << 20, or 0 to keep no streams")
         if not self.eps > 0 or self.min_total_kl < 0:
             raise ConfigError("eps must be > 0 and min_total_kl ≥ 0", "e.g. eps=1e-8, min_total_kl=0.05")
 
@@ -121,6 +142,22 @@ class Examples:
 
     def __len__(self) -> int:
         return int(self.feature.shape[0])
+
+
+@dataclass
+class SiteStreams:
+    """Clean residual streams at site ``site`` kept by the context search for the windows it selected
+    (``find_top_contexts(..., return_streams=True)``): ``streams[w]`` is window w's stream ``(T_w, d)``
+    over its first ``T_w`` positions, ``T_w`` ≥ the prefix its examples need (max p + K).  Passed to
+    :func:`ablation_kl` (``"cached"``), whose clean runs then only run the blocks above the site.  Valid
+    only for the same model weights, sequences and site."""
+
+    site: int
+    streams: dict[int, Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.streams.values())
 
 
 @dataclass
@@ -206,6 +243,14 @@ def within_edit_distance(a: Sequence[int], b: Sequence[int], threshold: int) -> 
     sym = sum(((ca - cb) + (cb - ca)).values())
     if (sym + 1) // 2 > threshold:
         return False
+    return _banded_within(a, b, threshold)
+
+
+def _banded_within(a: Sequence[int], b: Sequence[int], threshold: int) -> bool:
+    """The banded dynamic programme of :func:`within_edit_distance` (no cheap rejections)."""
+    la, lb = len(a), len(b)
+    if abs(la - lb) > threshold:
+        return False
     big = threshold + 1
     prev = [j if j <= threshold else big for j in range(lb + 1)]
     for i in range(1, la + 1):
@@ -239,12 +284,19 @@ def _eligible_mask(L: int, first: int, K: int, device: torch.device) -> Tensor:
 
 
 def find_top_contexts(adapter: Any, sae: Any, k: int, sequences: Tensor, features: Sequence[int],
-                      config: QScoreConfig, *, first: int = 1) -> Examples:
+                      config: QScoreConfig, *, first: int = 1, return_streams: bool = False
+                      ) -> Examples | tuple[Examples, SiteStreams]:
     """Top-activating contexts of ``features`` (rules in the module docstring).
 
     ``sequences (N, L)`` are model inputs (BOS included when used); ``first`` is the first position a
     feature may be ablated at (1 after a BOS).  Returns the selected examples, ordered by feature then by
-    descending activation.
+    descending activation; with ``return_streams`` also the :class:`SiteStreams` of the selected windows
+    (for :func:`ablation_kl`).  While scanning, streams are kept only for windows that are candidates of
+    some feature (truncated to the longest prefix those candidates need) and only while they fit
+    ``config.max_stream_bytes``; windows left out are simply re-run by :func:`ablation_kl`.
+
+    The stream at site k comes from ``adapter.run_to(tokens, k)`` when the adapter has it (llama2.c: the
+    fused block code), else from :func:`originlens.sae.activations.site_residuals`.
     """
     from ..sae.activations import site_residuals
     config.validate()
@@ -264,14 +316,19 @@ def find_top_contexts(adapter: Any, sae: Any, k: int, sequences: Tensor, feature
     max_any = torch.full((F,), -math.inf, dtype=torch.float64)
     elig = _eligible_mask(L, first, K, torch.device("cpu"))
     allowed = elig if config.position_rule == "restrict" else (torch.arange(L) >= first)
+    run_to = getattr(adapter, "run_to", None)
+    kept_streams: dict[int, Tensor] = {}
+    kept_bytes = 0
     with torch.no_grad():
         for s in progress(range(0, N, config.scan_batch_size), desc="finding contexts", unit="batch"):
             tok = sequences[s:s + config.scan_batch_size]
-            x = site_residuals(adapter, tok.to(dev), k)
-            a = sae.encode_subset(x.to(sae.W_enc.device), feats_dev).double().cpu()   # (B, L, F)
-            max_any = torch.maximum(max_any, a[:, first:].amax(dim=(0, 1)))
+            x = run_to(tok.to(dev), k) if run_to is not None else site_residuals(adapter, tok.to(dev), k)
+            a = sae.encode_subset(x.to(sae.W_enc.device), feats_dev).cpu()             # (B, L, F)
+            # maxima in the SAE's dtype, then float64: the same values (widening is exact and monotone)
+            max_any = torch.maximum(max_any, a[:, first:].amax(dim=(0, 1)).double())
             a = a.masked_fill(~allowed[None, :, None], -math.inf)
             v, p = a.max(dim=1)                                                        # (B, F)
+            v = v.double()
             if config.position_rule == "drop":
                 v = v.masked_fill(~elig[p], -math.inf)
             idx = torch.arange(s, s + tok.shape[0]).expand(F, -1)
@@ -280,6 +337,9 @@ def find_top_contexts(adapter: Any, sae: Any, k: int, sequences: Tensor, feature
             pool_v = cv.gather(1, order)
             pool_i = torch.cat([pool_i, idx], dim=1).gather(1, order)
             pool_p = torch.cat([pool_p, p.T], dim=1).gather(1, order)
+            if return_streams:
+                kept_bytes = _keep_streams(kept_streams, kept_bytes, x, s, pool_v, pool_i, pool_p, K,
+                                           config.max_stream_bytes)
     out_f, out_i, out_p, out_a = [], [], [], []
     skipped: dict[int, str] = {}
     seq_np = sequences.numpy()
@@ -287,20 +347,68 @@ def find_top_contexts(adapter: Any, sae: Any, k: int, sequences: Tensor, feature
         if not max_any[j] > 0:
             skipped[f] = "dead"
             continue
-        kept: list[list[int]] = []
-        for v, i, p in zip(pool_v[j].tolist(), pool_i[j].tolist(), pool_p[j].tolist()):
-            if not v > 0 or len(kept) >= config.n_contexts:
-                break
-            text = seq_np[i, first:p + K + 1].tolist()
-            if config.dedup_distance >= 0 and any(within_edit_distance(text, t, config.dedup_distance)
-                                                  for t in kept):
-                continue
-            kept.append(text)
-            out_f.append(f), out_i.append(i), out_p.append(p), out_a.append(v)
-        if not kept:
+        vs, ids, ps = pool_v[j].tolist(), pool_i[j].tolist(), pool_p[j].tolist()
+        n_cand = sum(v > 0 for v in vs)                  # the pool is sorted: candidates come first
+        for c in _dedup_greedy(seq_np, ids[:n_cand], ps[:n_cand], first, K, config.dedup_distance,
+                               config.n_contexts):
+            out_f.append(f), out_i.append(ids[c]), out_p.append(ps[c]), out_a.append(vs[c])
+        if n_cand == 0:
             skipped[f] = "no eligible context"
-    return Examples(np.array(out_f, dtype=np.int64), np.array(out_i, dtype=np.int64),
-                    np.array(out_p, dtype=np.int64), np.array(out_a, dtype=np.float64), skipped)
+    ex = Examples(np.array(out_f, dtype=np.int64), np.array(out_i, dtype=np.int64),
+                  np.array(out_p, dtype=np.int64), np.array(out_a, dtype=np.float64), skipped)
+    if not return_streams:
+        return ex
+    return ex, SiteStreams(k, {w: kept_streams[w] for w in sorted(set(out_i)) if w in kept_streams})
+
+
+def _dedup_greedy(seq_np: np.ndarray, ids: list[int], ps: list[int], first: int, K: int, threshold: int,
+                  n_keep: int) -> list[int]:
+    """Greedy de-duplication of one feature's candidates (in order): candidate c (text = window
+    ``ids[c]`` from ``first`` through token ``ps[c] + K``) is kept unless within token edit distance
+    ``threshold`` of a kept one; stops after ``n_keep``.  Same result as calling
+    :func:`within_edit_distance` on every pair, but its cheap lower bounds (length difference,
+    multiset difference) are computed with numpy for all kept texts at once."""
+    if threshold < 0 or len(ids) <= 1:
+        return list(range(min(n_keep, len(ids))))
+    texts = [seq_np[i, first:p + K + 1] for i, p in zip(ids, ps)]
+    lens = np.array([t.shape[0] for t in texts], dtype=np.int64)
+    vocab, inv = np.unique(np.concatenate(texts), return_inverse=True)
+    U = len(vocab)
+    counts = np.bincount(np.repeat(np.arange(len(texts)) * U, lens) + inv.reshape(-1),
+                         minlength=len(texts) * U).reshape(len(texts), U)
+    kept = [0]
+    for c in range(1, len(texts)):
+        if len(kept) >= n_keep:
+            break
+        ks = np.array(kept)
+        bound = np.maximum(np.abs(lens[ks] - lens[c]), (np.abs(counts[ks] - counts[c]).sum(1) + 1) // 2)
+        near = ks[bound <= threshold]
+        if near.size and any(_banded_within(texts[c].tolist(), texts[q].tolist(), threshold) for q in near):
+            continue
+        kept.append(c)
+    return kept
+
+
+def _keep_streams(kept: dict[int, Tensor], nbytes: int, x: Tensor, s: int, pool_v: Tensor, pool_i: Tensor,
+                  pool_p: Tensor, K: int, budget: int) -> int:
+    """Update the streams kept during the context search: drop windows that left every feature's pool of
+    candidates, add the windows of this batch (rows of ``x``, first window ``s``) still in some pool,
+    truncated to the longest prefix their candidates need, while the total stays ≤ ``budget`` bytes."""
+    live = pool_v > 0
+    wins, inv = np.unique(pool_i[live].numpy(), return_inverse=True)
+    longest = np.zeros(len(wins), dtype=np.int64)
+    np.maximum.at(longest, inv, pool_p[live].numpy() + K)
+    need = dict(zip(wins.tolist(), longest.tolist()))
+    for w in [w for w in kept if w not in need]:
+        t = kept.pop(w)
+        nbytes -= t.numel() * t.element_size()
+    for w in sorted(w for w in need if w >= s):
+        t = x[w - s, :need[w]]
+        b = t.numel() * t.element_size()
+        if nbytes + b <= budget:
+            kept[w] = t.clone()
+            nbytes += b
+    return nbytes
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -358,14 +466,17 @@ def kl_divergence(clean_logits: Tensor, ablated_logits: Tensor) -> Tensor:
 
 
 def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Examples, config: QScoreConfig,
-                *, method: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+                *, method: str = "auto", streams: SiteStreams | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``KL_d`` for every example ``(E, K)`` (float64) and the ablated latent's value ``(E,)``.
 
     ``method`` (see "Batching" in the module docstring): ``"cached"`` (clean keys/values cached, ablated
     copies re-run K positions above the site; needs ``adapter.supports_cached_ablation``),
     ``"run_from"`` (ablated copies re-run their whole prefix above the site), ``"hooks"`` (whole prefix,
     every block), or ``"auto"``: the first one the adapter supports.  All give the same numbers up to
-    round-off.
+    round-off.  ``streams`` (from ``find_top_contexts(..., return_streams=True)`` on the same model and
+    sequences): the cached method's clean runs start from these site-k streams, running only the blocks
+    above k, for the windows they hold (the others run in full); ignored by the other methods and by
+    adapters without ``run_cached_from``.
     """
     config.validate()
     if method not in ABLATION_METHODS:
@@ -382,10 +493,13 @@ def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Exa
     act = np.zeros(E, dtype=np.float64)
     if E == 0:
         return kl, act
+    if streams is not None and streams.site != k:
+        raise ConfigError(f"streams kept at resid.{streams.site} passed for an ablation at resid.{k}",
+                          "pass the streams found by find_top_contexts at the same site, or none")
     bar = progress(total=E, desc=f"ablation ({config.ablation})", unit="ex")
     with torch.no_grad():
         if method == "cached":
-            _ablation_kl_cached(adapter, sae, k, sequences, examples, config, kl, act, bar)
+            _ablation_kl_cached(adapter, sae, k, sequences, examples, config, kl, act, bar, streams)
         else:
             _ablation_kl_prefix(adapter, sae, k, sequences, examples, config, kl, act, bar, method == "run_from")
     if hasattr(bar, "close"):
@@ -394,19 +508,24 @@ def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Exa
 
 
 def _ablation_kl_cached(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Examples,
-                        config: QScoreConfig, kl: np.ndarray, act: np.ndarray, bar: Any) -> None:
+                        config: QScoreConfig, kl: np.ndarray, act: np.ndarray, bar: Any,
+                        streams: SiteStreams | None = None) -> None:
     """The ``"cached"`` method: one clean run per window keeps the keys/values of the blocks above site k;
     each ablated copy re-runs only its K positions p..p+K−1 above the site over that clean prefix.
 
     Windows (sorted by the prefix length they need) form groups whose clean state fits
     ``max_clean_bytes``; a group's clean runs (``clean_tokens`` tokens per forward) fill one padded
-    buffer, then its examples, sorted by p, go ``batch_size`` rows per partial forward."""
+    buffer, then its examples, sorted by p, go ``batch_size`` rows per partial forward.  Windows whose
+    site-k stream is in ``streams`` (covering the prefix they need) run only the blocks above k
+    (``adapter.run_cached_from``); they are ordered after the others so that forwards rarely mix both."""
     K, dev = config.max_offset, adapter.device
     pos, feat = examples.position, examples.feature
     wins, inv = np.unique(examples.seq_index, return_inverse=True)
     need = np.zeros(len(wins), dtype=np.int64)                   # clean prefix length per window
     np.maximum.at(need, inv, pos + K)
-    order = np.argsort(need, kind="stable")                       # similar lengths share a forward
+    held = streams.streams if streams is not None and hasattr(adapter, "run_cached_from") else {}
+    has = np.array([w in held and held[w].shape[0] >= n for w, n in zip(wins.tolist(), need.tolist())], dtype=bool)
+    order = np.lexsort((need, has))                               # similar lengths share a forward
     itemsize = torch.empty((), dtype=next(iter(adapter.parameters())).dtype).element_size()
     per_window = int(need.max()) * (2 * (adapter.n_layers - k) + 2) * adapter.d_model * itemsize
     n_group = max(1, config.max_clean_bytes // max(1, per_window))
@@ -424,8 +543,7 @@ def _ablation_kl_cached(adapter: Any, sae: Any, k: int, sequences: Tensor, examp
                 n -= 1
             cw = gw[c0:c0 + n]
             Tc = int(need[cw].max())
-            resid_L, resid_k, past = adapter.run_cached(sequences[torch.from_numpy(wins[cw]), :Tc].to(dev), k)
-            parts = [resid_L, resid_k] + [t for kv in past for t in kv]
+            parts = _clean_parts(adapter, k, sequences, wins[cw], has[cw], held, Tc, dev)
             if len(cw) == len(gw):                               # one forward holds the whole group
                 buf = parts
                 break
@@ -456,6 +574,28 @@ def _ablation_kl_cached(adapter: Any, sae: Any, k: int, sequences: Tensor, examp
             act[sub] = a_f.double().cpu().numpy()
             if hasattr(bar, "update"):
                 bar.update(len(sub))
+
+
+def _clean_parts(adapter: Any, k: int, sequences: Tensor, ws: np.ndarray, has: np.ndarray,
+                 held: dict[int, Tensor], T: int, dev: torch.device) -> list[Tensor]:
+    """Clean state of windows ``ws`` over their first T positions: ``[resid_L, resid_k, k_1, v_1, ...]``
+    (keys/values of the blocks above k); windows with ``has`` start from their held site-k stream."""
+    out: list[list[Tensor]] = []
+    if (~has).any():
+        resid_L, resid_k, past = adapter.run_cached(sequences[torch.from_numpy(ws[~has]), :T].to(dev), k)
+        out.append([resid_L, resid_k] + [t for kv in past for t in kv])
+    if has.any():
+        rows = [held[w][:T] for w in ws[has].tolist()]        # each covers its own need; zero-padded to T
+        x = rows[0].new_zeros((len(rows), T, rows[0].shape[-1]))
+        for i, r in enumerate(rows):
+            x[i, :r.shape[0]] = r
+        x = x.to(dev)
+        resid_L, past = adapter.run_cached_from(k, x)
+        out.append([resid_L, x] + [t for kv in past for t in kv])
+    if len(out) == 1:
+        return out[0]
+    back = torch.from_numpy(np.argsort(np.concatenate([np.nonzero(~has)[0], np.nonzero(has)[0]]), kind="stable"))
+    return [torch.cat(ts)[back.to(ts[0].device)] for ts in zip(*out)]
 
 
 def _ablation_kl_prefix(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Examples,
@@ -584,9 +724,13 @@ def qscore(adapter: Any, sae: Any, tokens: Any, features: Sequence[int] | None =
         raise ConfigError(f"feature ids {bad[:5]} outside 0..{sae.d_sae - 1}", "pick features of this SAE")
     seqs = as_sequences(tokens, adapter, prepend_bos=config.prepend_bos)
     first = 1 if config.prepend_bos and adapter.bos_id is not None else 0
-    if examples is None:
-        examples = find_top_contexts(adapter, sae, k, seqs, feats, config, first=first)
-    kl, act = ablation_kl(adapter, sae, k, seqs, examples, config)
+    streams = None
+    if examples is None:        # keep the selected windows' site-k streams for the cached clean runs
+        keep = bool(getattr(adapter, "supports_cached_ablation", False)) and hasattr(adapter, "run_cached_from")
+        found = find_top_contexts(adapter, sae, k, seqs, feats, config, first=first, return_streams=keep)
+        examples, streams = found if keep else (found, None)
+    kl, act = ablation_kl(adapter, sae, k, seqs, examples, config, streams=streams)
+    del streams
     fq, ratio = aggregate(examples, kl, feats, config)
     return QScoreResult(config=config, site=k, hook_name=sae.cfg.hook_name, features=fq, examples=examples,
                         kl=kl, ratio=ratio, ablated_activation=act)
