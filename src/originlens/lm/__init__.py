@@ -18,7 +18,7 @@ from .export import export_to_hf, gpt_to_hf, llama2c_to_hf
 from .hf import HFAdapter, load_hf, load_hf_model
 from .loading import (MODEL_FORMATS, ModelFormat, TextCodec, detect_format, load_adapter, load_model,
                       load_tokenizer, open_tokenizer, parse_hub_spec)
-from .qscore import FeatureQ, QScoreConfig, QScoreResult, ablation_kl, find_top_contexts, qscore
+from .qscore import FeatureQ, QScoreConfig, QScoreResult, SiteStreams, ablation_kl, find_top_contexts, qscore
 from .steering import (LookaheadConfig, LookaheadResult, completion_stats, generate_steered, lookahead, steer,
                        subspace_alignment)
 from .checkpoints import (CheckpointGrid, CheckpointSpec, checkpoints_in_dir, log_spaced_steps, parse_spec,
@@ -30,7 +30,7 @@ from .tl import TLAdapter
 __all__ = [
     "HFAdapter", "load_hf", "load_hf_model", "TLAdapter", "gpt_to_hf", "llama2c_to_hf", "export_to_hf",
     "load_adapter", "load_tokenizer", "open_tokenizer", "TextCodec", "parse_hub_spec",
-    "qscore", "QScoreConfig", "QScoreResult", "FeatureQ", "find_top_contexts", "ablation_kl", "steer",
+    "qscore", "QScoreConfig", "QScoreResult", "FeatureQ", "find_top_contexts", "ablation_kl", "SiteStreams", "steer",
     "generate_steered", "completion_stats", "lookahead", "LookaheadConfig", "LookaheadResult",
     "subspace_alignment",
     "CheckpointGrid", "CheckpointSpec", "checkpoints_in_dir", "log_spaced_steps", "parse_spec",
