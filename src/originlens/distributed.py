@@ -66,10 +66,24 @@ def init(backend: str | None = None) -> tuple[int, int]:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend)
+        import atexit
+        atexit.register(_shutdown)      # tear gloo/nccl down before interpreter exit (see _shutdown)
     if dist.get_rank() != 0:
         from .progress import set_verbosity
         set_verbosity(0)                # one progress bar / status stream: rank 0's
     return dist.get_rank(), dist.get_world_size()
+
+
+def _shutdown() -> None:
+    """Destroy the process group at exit: left to interpreter shutdown, the backend's worker threads were
+    occasionally destroyed while still joinable ("terminate called without an active exception", SIGABRT
+    on a rank after the command had finished and written its output)."""
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - best effort at exit; the command's result is already written
+        pass
 
 
 def world() -> tuple[int, int]:
