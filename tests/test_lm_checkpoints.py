@@ -176,3 +176,15 @@ def test_ntp_train_checkpoints_load_with_their_weights(tmp_path):
     for k, v in model.state_dict().items():
         torch.testing.assert_close(ad.module.state_dict()[k], v, rtol=0, atol=0)
     assert weights_hash(ad.named_tensors()) == weights_hash(model.state_dict())    # optimizer state not hashed
+
+
+def test_vocab_hash_that_looks_like_a_number_is_kept_verbatim(tmp_path):
+    """A hex vocabulary hash made of digits and one 'e' is valid JSON (a float); it must stay a string."""
+    import torch
+    from originlens.lm.checkpoints import load_gpt_adapter
+    from originlens.models.gpt import GPT, GPTConfig
+    torch.manual_seed(0)
+    g = GPT(GPTConfig(vocab_size=7, seq_len=4, n_layer=1, d_model=8, n_head=2))
+    g.save(tmp_path / "m.safetensors", metadata={"vocab_hash": "1234567e89012345", "bos_id": 3})
+    ad = load_gpt_adapter(tmp_path / "m.safetensors")
+    assert ad.vocab_hash == "1234567e89012345" and ad.bos_id == 3

@@ -193,7 +193,11 @@ def load_gpt_adapter(path: str | Path) -> Any:
     model.eval()
     bos = _meta_value(meta.get("bos_id"))
     adapter = GPTAdapter(model, bos_id=None if bos is None else int(bos))
-    vh = _meta_value(meta.get("vocab_hash"))
+    vh = meta.get("vocab_hash")          # a string, possibly JSON-quoted; never parsed as a number ("1234e567")
+    if vh in ("null", ""):              # written as JSON null: no hash recorded
+        vh = None
+    elif vh is not None and vh.startswith('"'):
+        vh = json.loads(vh)
     adapter.vocab_hash = None if vh is None else str(vh)
     return adapter
 

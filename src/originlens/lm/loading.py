@@ -266,8 +266,8 @@ def load_gpt_checkpoint(path: str | os.PathLike) -> Any:
         config = GPTConfig.from_dict(json.loads(meta["gpt_config"]))
         state = {k[len("model."):]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
         model = GPT.from_state_dict(state, config).eval()
-    vh = meta.get("vocab_hash")
-    model.vocab_hash = None if vh is None else str(vh).strip('"')   # checked against tokenizers (check_vocab)
+    vh = meta.get("vocab_hash")          # checked against tokenizers (check_vocab); "null" = none recorded
+    model.vocab_hash = None if vh in (None, "null", "") else str(vh).strip('"')
     return model
 
 
