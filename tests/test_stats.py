@@ -211,3 +211,16 @@ def test_top_associations_orders_and_excludes_self():
         top_associations(st, "nonsense", "a")
     with pytest.raises(InputError, match="not in the vocabulary"):
         top_associations(st, "bigram", "zzz")
+
+
+def test_statistics_keep_torch_thread_setting():
+    """numba's OpenMP layer resets the OpenMP thread count when it starts; the statistics kernels must put
+    torch's setting back (it silently undid --threads 1 in the first training of a process)."""
+    import subprocess
+    import sys
+    code = ("import numpy as np, torch; torch.set_num_threads(1); assert torch.get_num_threads() == 1; "
+            "from originlens.stats import corpus_statistics; "
+            "corpus_statistics(np.random.default_rng(0).integers(0, 20, size=(50, 9)), 20); "
+            "assert torch.get_num_threads() == 1, torch.get_num_threads()")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_NUM_THREADS"}
+    subprocess.run([sys.executable, "-c", code], check=True, env={**env, "NUMBA_NUM_THREADS": "2"})

@@ -6,10 +6,17 @@ cache: the row index is fixed by t, only the column varies with j.  Work is spli
 *partitions* by the accumulator row (``row % n_parts``), so each partition writes disjoint rows and
 results are bit-identical whatever the number of threads.
 
+Thread settings: numba's OpenMP threading layer resets the process's OpenMP thread count when it first
+starts (to ``NUMBA_NUM_THREADS``), which silently undid ``torch.set_num_threads`` (e.g. ``--threads 1``) for
+everything torch ran afterwards — and made the first training in a process use another thread count than
+later ones.  The public kernels below restore torch's setting after every call.
+
 Token arrays are already remapped to the kept token set (``-1`` = outside the set) and ``valid`` marks
 the counted (input position, target) pairs.
 """
 from __future__ import annotations
+
+import sys
 
 import numba
 import numpy as np
@@ -18,7 +25,7 @@ N_PARTS = 8  # fixed partition count: results do not depend on the thread count
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def context_kernel(x, y, valid, w, context_raw, prefix_raw_parts):  # pragma: no cover - compiled
+def _context_kernel(x, y, valid, w, context_raw, prefix_raw_parts):  # pragma: no cover - compiled
     """Accumulate F[a, b] += w_t [y_t = a] #{m ≤ t : x_m = b} and prefix[b] += w_t #{m ≤ t: x_m = b}.
 
     x, y: (n, T) int32 remapped inputs / targets; valid: (n, T) bool; w: (T,) float64 = 1/(t+1);
@@ -51,7 +58,7 @@ def context_kernel(x, y, valid, w, context_raw, prefix_raw_parts):  # pragma: no
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def query_key_kernel(x, y, valid, w, G, g_sub, qk_raw, delta_parts):  # pragma: no cover - compiled
+def _query_key_kernel(x, y, valid, w, G, g_sub, qk_raw, delta_parts):  # pragma: no cover - compiled
     """Accumulate Q̄_raw[x_t, x_j] += Q_n[t, j] and Δ_raw[t − j] += Q_n[t, j] (spec §3.6–3.7).
 
     M[t, j] = G[y_t, x_j]·[y_t kept] − g_sub[x_j] for kept x_j, else 0;
@@ -115,3 +122,23 @@ def partitions() -> int:
 
 def empty_parts(width: int) -> np.ndarray:
     return np.zeros((N_PARTS, width), dtype=np.float64)
+
+
+def _keep_torch_threads(kernel):
+    """Run ``kernel`` and put torch's intra-op thread count back if numba changed it (see the docstring)."""
+    def call(*args):
+        torch = sys.modules.get("torch")
+        n = torch.get_num_threads() if torch is not None else None
+        try:
+            return kernel(*args)
+        finally:
+            if torch is not None and torch.get_num_threads() != n:
+                torch.set_num_threads(n)
+    call.__name__ = kernel.__name__.lstrip("_")
+    call.__doc__ = kernel.__doc__
+    return call
+
+
+context_kernel = _keep_torch_threads(_context_kernel)
+query_key_kernel = _keep_torch_threads(_query_key_kernel)
+
