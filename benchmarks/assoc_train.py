@@ -9,6 +9,11 @@ The per-step losses must agree (float32: relative 1e-4; float64: 1e-10) and the 
     .venv/bin/python benchmarks/assoc_train.py                      # |V|=1000, T=64, L=3, N=2048, B=512
     .venv/bin/python benchmarks/assoc_train.py --threads 1,2 --repeat 3 --batch 2048
     .venv/bin/python benchmarks/assoc_train.py --impls paths,gather,dense --tokens zipf
+    .venv/bin/python benchmarks/assoc_train.py --sections --threads 1,2 --repeat 3   # where a paths step goes
+
+``--sections`` times the parts of one ``accumulate_gradients`` step of the paths implementation
+(batch-independent products, the chunked pass over the batch, the products' backward; wall seconds,
+minimum over ``--repeat``) instead of training epochs.
 """
 from __future__ import annotations
 
@@ -52,6 +57,43 @@ def run_once(impl: str, tokens: np.ndarray, args) -> tuple[float, np.ndarray, di
     return secs, losses, {k: v.double() for k, v in run.model.weights().items()}
 
 
+def sections(tokens: np.ndarray, args) -> dict[str, float]:
+    """Wall seconds of the parts of one paths step (products, pass, products' backward; min over repeats)."""
+    from originlens.models import assoc
+    model = assoc.AssocModel(assoc.AssocConfig(vocab_size=args.vocab, seq_len=args.seq_len, n_layers=args.layers,
+                                               init="gaussian", init_std=0.01, dtype=args.dtype, impl="paths"))
+    batch = torch.as_tensor(tokens[:args.batch])
+    spent: dict[str, float] = {}
+    originals = {"products": (assoc._Products, "__init__"), "pass": (assoc, "_path_pass"),
+                 "products backward": (assoc._Products, "backward")}
+    saved = {k: getattr(o, n) for k, (o, n) in originals.items()}
+
+    def timed(key, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
+        return wrapper
+    best: dict[str, float] = {}
+    model.accumulate_gradients(batch, impl="paths")         # allocates the scratch buffers
+    try:
+        for k, (o, n) in originals.items():
+            setattr(o, n, timed(k, saved[k]))
+        for _ in range(args.repeat):
+            spent.clear()
+            model.zero_grad()
+            t0 = time.perf_counter()
+            model.accumulate_gradients(batch, impl="paths")
+            spent["step"] = time.perf_counter() - t0
+            best = {k: min(v, best.get(k, v)) for k, v in spent.items()}
+    finally:
+        for k, (o, n) in originals.items():
+            setattr(o, n, saved[k])
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vocab", type=int, default=1000)
@@ -66,9 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", default="2", help="torch threads, or a comma list (e.g. 1,2) measured in turn")
     p.add_argument("--repeat", type=int, default=1,
                    help="epochs per implementation, interleaved; the minimum is reported (shared machines)")
+    p.add_argument("--sections", action="store_true", help="time the parts of one paths step instead")
     args = p.parse_args(argv)
     set_verbosity(0)
     tokens = make_tokens(args.tokens, args.n, args.seq_len, args.vocab)
+    if args.sections:
+        for threads in [int(t) for t in str(args.threads).split(",") if t.strip()]:
+            torch.set_num_threads(threads)
+            parts = sections(tokens, args)
+            rest = parts["step"] - sum(v for k, v in parts.items() if k != "step")
+            print(f"|V|={args.vocab} T={args.seq_len} L={args.layers} batch={args.batch} threads={threads} "
+                  f"(s, min of {args.repeat}): " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items())
+                  + f", other {rest:.3f}", flush=True)
+        return 0
     impls = [s.strip() for s in args.impls.split(",") if s.strip()]
     if "dense" not in impls:
         impls.append("dense")

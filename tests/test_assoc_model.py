@@ -127,53 +127,103 @@ def test_gradcheck_finite_differences():
         assert torch.autograd.gradcheck(f, params, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows_bytes", [1, 10 ** 9])
-def test_hand_written_path_backward_matches_lemma_D7(monkeypatch, rows_bytes):
-    """The paths implementation differentiates by hand (_PathPass.backward); L = 3 exercises every
-    subset product, rows_bytes = 1 one gathered-row chunk per sequence."""
+# scratch sizes of the path implementation: one sequence per chunk, one per row block, key-position
+# blocks of 2 (uneven at T' = 7, 9) — or everything in one piece
+SMALL = {"CHUNK_BYTES": 1, "ROWS_BYTES": 1, "ROW_POSITIONS": 2}
+LARGE = {"CHUNK_BYTES": 10 ** 12, "ROWS_BYTES": 10 ** 12, "ROW_POSITIONS": 0}
+
+
+def set_sizes(monkeypatch, sizes, kind="cpu"):
     from originlens.models import assoc
-    monkeypatch.setitem(assoc.ROWS_BYTES, "cpu", rows_bytes)
+    for name, value in sizes.items():
+        monkeypatch.setitem(getattr(assoc, name), kind, value)
+
+
+@pytest.mark.parametrize("sizes", [SMALL, LARGE], ids=["small", "large"])
+def test_hand_written_path_backward_matches_lemma_D7(monkeypatch, sizes):
+    """The paths implementation differentiates by hand (_Chunk, _Products.backward); L = 3 exercises every
+    subset product; inputs of the full length T and shorter (P beyond T' gets zero gradient)."""
+    set_sizes(monkeypatch, sizes)
     m = make(V=7, T=9, L=3, std=0.5, seed=21)
     w = np_weights(m)
     toks = np.random.default_rng(5).integers(0, 7, (5, 10))
     ref = np_neg_grads(w, toks, 3)
-    for how in ("accumulate", "autograd", "short"):
+    short = np_neg_grads(w, toks[:, :8], 3)
+    for how in ("accumulate", "accumulate-short", "autograd", "autograd-short"):
         m.zero_grad()
-        if how == "accumulate":
-            loss = m.accumulate_gradients(torch.from_numpy(toks), chunk=2, impl="paths")
-            assert loss == pytest.approx(m.loss(torch.from_numpy(toks), impl="dense").item(), rel=1e-13)
-        elif how == "autograd":
-            m.loss(torch.from_numpy(toks), impl="paths").backward()
-        else:                                   # T' = 6 < T = 9: P beyond T' gets zero gradient
-            m.loss(torch.from_numpy(toks[:, :7]), impl="paths").backward()
-            short = np_neg_grads(w, toks[:, :7], 3)
-        want = short if how == "short" else ref
+        t = torch.from_numpy(toks if "short" not in how else toks[:, :8])
+        if how.startswith("accumulate"):
+            loss = m.accumulate_gradients(t, chunk=2, impl="paths")
+            assert loss == pytest.approx(m.loss(t, impl="dense").item(), rel=1e-13)
+        else:
+            m.loss(t, impl="paths").backward()
+        want = short if "short" in how else ref
         for name, p in m.named_weights():
             got = -p.grad.numpy()
             exp = want[name] if not name.startswith("P") else np.pad(want[name], (0, 9 - len(want[name])))
             np.testing.assert_allclose(got, exp, rtol=1e-9, atol=1e-13, err_msg=f"{how} {name}")
 
 
+@pytest.mark.parametrize("L", [1, 2, 3])
+def test_hand_written_products_backward_matches_autograd(L):
+    """_Products (the layouts the pass reads, and its hand-written backward) against autograd through
+    path_products, for arbitrary incoming gradients (float64)."""
+    from originlens.models.assoc import _Products, _Team, _fresh, _pair_columns
+    V = 6
+    m = make(V=V, T=4, L=L, std=0.7, seed=30 + L)
+    prods = m.path_products()
+    with torch.no_grad(), _Team(1) as team:
+        P = m._products(_fresh, team)
+        offs, width = _pair_columns(L)
+        assert P.Kr.shape == (V * V, width) and P.ZL.shape == (V, 1 << L, V)
+        torch.testing.assert_close(P.ZL[:, 0], m.W_O.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(P.ZL[:, 1:].transpose(0, 1).reshape(-1, V), prods[-1].detach(),
+                                   rtol=1e-13, atol=1e-14)
+        for l in range(L):
+            n2 = 4 ** l
+            torch.testing.assert_close(P.Kr[:, offs[l]:offs[l] + n2].t(), prods[l].detach(), rtol=1e-13, atol=1e-14)
+        assert not P.Kr[:, (4 ** L - 1) // 3:].any()                     # padding
+    g = torch.Generator().manual_seed(L)
+    dW = torch.randn(V, V, generator=g, dtype=torch.float64)
+    dZ = torch.randn(V, (1 << L) - 1, V, generator=g, dtype=torch.float64)
+    dKr = torch.randn(V * V, width, generator=g, dtype=torch.float64)
+    # autograd reference: ⟨dW, W_O⟩ (the W_O[x] term) + ⟨dZ, Z⟩ + Σ_l ⟨dK_l, K_l⟩
+    ref_loss = (dW * m.W_O).sum() + (dZ.transpose(0, 1).reshape(-1, V) * prods[-1]).sum()
+    for l in range(L):
+        ref_loss = ref_loss + (dKr[:, offs[l]:offs[l] + 4 ** l].t() * prods[l]).sum()
+    names = [n for n, _ in m.named_weights() if not n.startswith("P")]
+    ref = dict(zip(names, torch.autograd.grad(ref_loss, [m.param(n) for n in names])))
+    with torch.no_grad(), _Team(1) as team:
+        got = P.backward(dW.clone(), dZ.clone(), dKr.clone(), team)
+    assert set(got) == set(names)
+    for n in names:
+        torch.testing.assert_close(got[n], ref[n], rtol=1e-12, atol=1e-13, msg=n)
+
+
 def test_threaded_chunk_loop_matches_single_thread(monkeypatch):
-    """With several torch threads the logits/cross-entropy chunks run on worker threads (one chunk per
-    sequence here); losses, gradients and logits equal the single-threaded path to round-off."""
-    from originlens.models import assoc
-    monkeypatch.setitem(assoc.ROWS_BYTES, "cpu", 1)
+    """With several torch threads the chunks run on worker threads (one sequence per chunk here, in 3
+    lanes); losses, gradients and logits equal the single-threaded path to round-off, repeated runs are
+    bit-identical, and torch's thread count is restored."""
+    set_sizes(monkeypatch, SMALL)
     m = make(V=9, T=7, L=3, std=0.5, seed=13)
     toks = torch.randint(0, 9, (6, 8), generator=torch.Generator().manual_seed(3))
     prev = torch.get_num_threads()
     out = {}
     try:
-        for thr in (1, 3):
+        for thr in (1, 3, 3):
             torch.set_num_threads(thr)
             m.zero_grad()
             loss = m.accumulate_gradients(toks, impl="paths")
             with torch.no_grad():
                 logits = m(toks[:, :-1], impl="paths")
             m2 = make(V=9, T=7, L=3, std=0.5, seed=13)
-            m2.loss(toks, impl="paths").backward()             # autograd path (logits_backward)
-            out[thr] = (loss, logits, {n: p.grad.clone() for n, p in m.named_weights()},
-                        {n: p.grad.clone() for n, p in m2.named_weights()})
+            m2.loss(toks, impl="paths").backward()             # autograd path (grad_backward)
+            res = (loss, logits, {n: p.grad.clone() for n, p in m.named_weights()},
+                   {n: p.grad.clone() for n, p in m2.named_weights()})
+            if thr in out:                                     # same thread count: bit-identical
+                assert res[0] == out[thr][0] and torch.equal(res[1], out[thr][1])
+                assert all(torch.equal(res[k][n], out[thr][k][n]) for k in (2, 3) for n in res[2])
+            out[thr] = res
             assert torch.get_num_threads() == thr               # restored after the worker loop
     finally:
         torch.set_num_threads(prev)
@@ -182,6 +232,66 @@ def test_threaded_chunk_loop_matches_single_thread(monkeypatch):
     for k in (2, 3):
         for n in out[1][k]:
             torch.testing.assert_close(out[3][k][n], out[1][k][n], rtol=1e-12, atol=1e-15, msg=n)
+
+
+def test_team_lanes_order_errors_and_threads():
+    """_Team runs every task once, a lane's tasks in order and never two of a lane at once; an error in
+    a worker is re-raised in the caller after the running tasks finish; thread count restored."""
+    import threading
+    import time
+    from originlens.models.assoc import PAIR_BLOCK, _blocks, _Team
+    prev = torch.get_num_threads()
+    lanes = [list(range(w, 23, 3)) for w in range(3)]
+    seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    running = [0, 0, 0]
+    lock = threading.Lock()
+
+    def fn(lane, k):
+        with lock:
+            running[lane] += 1
+            assert running[lane] == 1
+            seen[lane].append(k)
+        time.sleep(0.001 * (k % 3))
+        with lock:
+            running[lane] -= 1
+    with _Team(3) as team:
+        team.run(fn, lanes)
+        assert seen == {w: lanes[w] for w in range(3)}
+        assert torch.get_num_threads() == prev
+
+        def bad(lane, k):
+            if k == 7:
+                raise ValueError("task 7")
+        with pytest.raises(ValueError, match="task 7"):
+            team.run(bad, lanes)
+        team.run(fn, [[0], [1]])                                 # still usable
+        calls = []
+        _blocks(team, 10, lambda r0, r1: calls.append((r0, r1)), torch.device("cuda"))
+        assert calls == [(0, 10)]                                # other devices: one block
+        _blocks(team, 2 * PAIR_BLOCK + 3, lambda r0, r1: calls.append((r0, r1)), torch.device("cpu"))
+        B = PAIR_BLOCK
+        assert sorted(calls[1:]) == [(0, B), (B, 2 * B), (2 * B, 2 * B + 3)]
+    assert torch.get_num_threads() == prev
+
+
+def test_swap_copy_is_a_bit_exact_transpose():
+    """The wide-element copy (int64 / complex128 views) moves bits unchanged, NaN payloads included;
+    the element-wise fallback (float64, 4 values) gives the same layout."""
+    from originlens.models.assoc import _swap_copy
+    g = torch.Generator().manual_seed(0)
+    for dtype, n in ((torch.float32, 2), (torch.float32, 4), (torch.float64, 2), (torch.float64, 4)):
+        bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (2, 3, 5, 24 * (dtype.itemsize // 4)), generator=g,
+                             dtype=torch.int32)
+        R = bits.view(dtype)                                       # arbitrary bit patterns (NaNs included)
+        src = R[..., :n * n].view(2, 3, 5, n, n)
+        out = torch.empty(2, 3, n, 5, n, dtype=dtype)
+        _swap_copy(out, src)
+        want = src.transpose(2, 3)
+        assert torch.equal(out.view(torch.int32), want.contiguous().view(torch.int32)), (dtype, n)
+        back = torch.full_like(R, 0.0)
+        _swap_copy(back[..., :n * n].view(2, 3, 5, n, n), out)       # strided destination
+        assert torch.equal(back[..., :n * n].contiguous().view(torch.int32),
+                           R[..., :n * n].contiguous().view(torch.int32)), (dtype, n)
 
 
 def test_gradcheck_three_layers_paths():
@@ -249,6 +359,7 @@ def test_workspace_reuse_does_not_alias_results():
         lb = m(b[:, :-1], impl="paths")
     torch.testing.assert_close(la, ref_a, rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(lb, m(b[:, :-1], impl="dense"), rtol=1e-12, atol=1e-13)
+    kept = []
     for toks in (a, b, a):
         m.zero_grad()
         m.loss(toks, impl="dense").backward()
@@ -257,6 +368,10 @@ def test_workspace_reuse_does_not_alias_results():
         m.accumulate_gradients(toks, chunk=2, impl="paths")
         for n, p in m.named_weights():
             torch.testing.assert_close(p.grad, ref[n], rtol=1e-10, atol=1e-14, msg=n)
+        kept.append(({n: p.grad for n, p in m.named_weights()}, ref))    # .grad objects, not copies
+    for grads, ref in kept:                       # later calls did not write into earlier gradients
+        for n, g in grads.items():
+            torch.testing.assert_close(g, ref[n], rtol=1e-10, atol=1e-14, msg=n)
     m.release_workspace()
     m.zero_grad()
     m.accumulate_gradients(b, impl="paths")

@@ -21,14 +21,25 @@ Three implementations of the same function (``impl``):
   ``h_l = Σ_{S ⊆ {1..l}} A_S X V_S`` with ``A_S = A_{s_k}…A_{s_1}`` (T×T, per sequence) and
   ``V_S = V_{s_1}…V_{s_k}`` (|V|×|V|, batch independent).  Hence scores are
   ``Σ_{S,S'} A_S (V_S W V_{S'}ᵀ)[x, x] A_{S'}ᵀ`` (gathers of |V|×|V| matrices at token pairs) and logits
-  ``W_O[x] + Σ_{S≠∅} A_S (V_S W_O)[x]`` (row gathers).  No (B·T)×|V|×|V| product is formed.  The
-  batch-independent products (:meth:`AssocModel.path_products`; 25 |V|³ products at L = 3, stacked into
-  9 matmuls) are computed once per optimiser step however many chunks the batch is split into; the
-  per-batch part (:class:`_PathPass`) has a hand-written backward (no autograd graph over (B, T, |V|)
-  tensors), and :meth:`AssocModel.accumulate_gradients` forms logits, cross-entropy and their gradients
-  chunk by chunk in small reused buffers without ever holding the (B, T, |V|) logits.  Per step the cost
-  is ≈ 3·(25 |V|³ + 7·B·T²·|V|) multiply-adds at L = 3: best when B·T ≫ |V| and L is small (the paper's
-  L = 3); the |V|³ products do not shrink with the batch, so the gain over "dense" grows with it.
+  ``W_O[x] + Σ_{S≠∅} A_S (V_S W_O)[x]`` (row gathers).  No (B·T)×|V|×|V| product is formed.  Per
+  optimiser step (:meth:`AssocModel.accumulate_gradients`):
+
+  1. the batch-independent products (:class:`_Products`: 25 |V|³ matmuls at L = 3, one per product,
+     torch's intra-op threads), written into reused buffers in the layouts the pass reads: the 2^L − 1
+     rows V_S W_O of a token side by side (token-major), and all K_{S,S'} = V_S W V_{S'}ᵀ of all layers
+     for a token pair in one 96-byte row (pair-major, L = 3);
+  2. the pass over the batch (:func:`_path_pass`) in chunks of a few sequences (:class:`_Chunk`):
+     attention forward, logits + cross-entropy + their gradients, attention backward, all by hand (no
+     autograd graph, no (B, T, |V|) tensor: logits live in a per-chunk buffer), gradients scattered
+     into per-lane accumulators;
+  3. the products' backward by hand (2 matmuls per product).
+
+  Cost ≈ 3·25 |V|³ + 3·(5/8)·7·B·T²·|V| multiply-adds at L = 3 (causal: key blocks of 32 positions
+  skip the query rows above them) + the attention part (≈ 40·B·T³) + memory traffic (two pair rows
+  and 2·7 |V|-rows per token pair / position).  Best when B·T ≫ |V| and L is small (the paper's L = 3);
+  the |V|³ products do not shrink with the batch, so the gain over "dense" grows with it.  On one
+  core, |V| = 1000, T = 64, batch 512, about 40 % of a step are the products (GEMMs at the core's
+  peak), 35 % the logits part (GEMMs plus gathers/scatters of |V|-rows) and 25 % the attention part.
 * ``"gather"`` — first layer by gathers (``W[x_t, x_j]``, ``V[x_j]``), deeper layers dense matmuls on
   the (B, T, |V|) residual stream.  Per-batch cost ≈ (2L − 1)·B·T·|V|².
 * ``"dense"`` — the straightforward one-hot implementation (reference for tests and benchmarks),
@@ -39,17 +50,19 @@ All three agree to round-off (same terms, different summation order; float64 ≈
 hand-written backward is tested against Lemma D.7's gradients, the dense implementation and finite
 differences.  Speed: ``benchmarks/assoc_train.py`` (figures in the benchmark notes).
 
-Memory: "paths" keeps per chunk the attention products (B, T, (2^L − 1)·T) and the gathered pair
-matrices (2^{L−1}, B, T, 2^{L−1}·T) of each layer; rows of the logits path are gathered ≈ 16 MiB at a
-time (CPU).  The training loop reuses these buffers from step to step (:class:`Workspace`, released with
-:meth:`AssocModel.release_workspace`).  Runs on CPU or CUDA (all tensors on the parameters' device).
+Memory: "paths" keeps the products (≈ 2·4^{L−1}·|V|² floats for the deepest layer, twice, plus
+2^L·|V|² for the rows V_S W_O), one gradient accumulator per lane (≈ 1.5·4^{L−1}·|V|² + 2^L·|V|²), and
+per chunk a few MiB of attention state (CPU: :data:`CHUNK_BYTES`, :data:`ROWS_BYTES`,
+:data:`ROW_POSITIONS`); ≈ 0.45 GiB at |V| = 1000, L = 3 on one thread.  The training loop reuses these
+buffers from step to step (:class:`Workspace`, released with :meth:`AssocModel.release_workspace`):
+large fresh allocations are expensive on CPU (every first touch of a page faults).  Runs on CPU or
+CUDA (all tensors on the parameters' device; other devices use one lane and large chunks).
 
-Threads: on CPU the per-chunk loop of the logits path (hundreds of small ops per step) runs on
-``torch.get_num_threads()`` worker threads with single-threaded ops — chunk k on worker k mod n, per-worker
-gradient accumulators summed in a fixed order (deterministic for a given thread count; different thread
-counts differ by round-off) — instead of paying an intra-op thread barrier per op, which stalls
-whenever a core is busy with another process.  The |V|³ products and the attention part use torch's
-intra-op threads.
+Threads: on CPU the chunks run on ``torch.get_num_threads()`` worker threads (:class:`_Team`) with
+single-threaded ops, chunk k in lane k mod n, a worker taking the next chunk of any lane that is not
+running (so a core shared with another process does not hold the other back), lanes summed in a
+fixed order: deterministic for a given thread count; different thread counts differ by round-off.
+The |V|³ products use torch's intra-op threads.
 
 Saved weights use the paper's 1-based layer numbers: keys ``W_O``, ``W.1``…``W.L``, ``V.l``, ``P.l``
 (:meth:`AssocModel.weights` / :meth:`AssocModel.load_weights`); the torch ``state_dict`` keeps
@@ -163,7 +176,10 @@ def _causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
-ROWS_BYTES = {"cpu": 16 * 1024 ** 2, "other": 1024 ** 3}   # gathered rows per chunk of the logits path
+# Scratch sizes of the path implementation (CPU: cache-sized pieces; other devices: large batches).
+CHUNK_BYTES = {"cpu": 8 * 1024 ** 2, "other": 2 * 1024 ** 3}   # attention state of one chunk (worker task)
+ROWS_BYTES = {"cpu": 4 * 1024 ** 2, "other": 1024 ** 3}        # gathered Z rows per block of the logits path
+ROW_POSITIONS = {"cpu": 32, "other": 0}                         # key positions per row block (0: all T')
 
 
 class Workspace:
@@ -171,19 +187,21 @@ class Workspace:
 
     Large fresh allocations are expensive on CPU (every first touch of a new page faults); the training
     loop reuses these buffers from step to step.  A tensor handed out under a name is valid until the
-    same name is requested again.
+    same name is requested again.  Worker threads use distinct names.
     """
 
     def __init__(self) -> None:
         self._bufs: dict[str, torch.Tensor] = {}
+        self._lock = threading.Lock()
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
             zero: bool = False) -> torch.Tensor:
         n = math.prod(shape)
-        buf = self._bufs.get(name)
-        if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != device:
-            buf = torch.empty(n, dtype=dtype, device=device)
-            self._bufs[name] = buf
+        with self._lock:
+            buf = self._bufs.get(name)
+            if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != device:
+                buf = torch.empty(n, dtype=dtype, device=device)
+                self._bufs[name] = buf
         out = buf[:n].view(shape)
         return out.zero_() if zero else out
 
@@ -191,282 +209,607 @@ class Workspace:
         self._bufs.clear()
 
 
-class _Fresh:
-    """Workspace stand-in that always allocates (autograd path: tensors may outlive the call)."""
-
-    @staticmethod
-    def get(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
-            zero: bool = False) -> torch.Tensor:
-        return (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
+def _fresh(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
+           zero: bool = False) -> torch.Tensor:
+    return (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
 
 
-def _pair_layout(x: torch.Tensor, n: int, V: int) -> torch.Tensor:
-    """Flat indices into K_l viewed as (n, n·|V|²): entry (b, i, S', j) → S'·|V|² + x_i·|V| + x_j."""
-    B, T = x.shape
-    idx = (x[:, :, None, None] * V + x[:, None, None, :]
-           + torch.arange(n, device=x.device)[None, None, :, None] * (V * V))
-    return idx.reshape(-1)
+def _low(S: int) -> tuple[int, int]:
+    """(lowest layer index i in bitmask S, S without it)."""
+    return (S & -S).bit_length() - 1, S & (S - 1)
 
 
-class _PathPass:
-    """Forward and hand-written backward of the path expansion on one chunk (no autograd inside).
+class _Job:
+    """Tasks grouped in lanes: a lane's tasks run in order, one at a time (they share a lane's
+    accumulators and scratch); different lanes run concurrently."""
 
-    Inputs (one device, one dtype): token ids ``x`` (B, T); the batch-independent products of
-    :meth:`AssocModel.path_products` — ``Ks[l]`` (n², |V|²) with n = 2^l (0-based l), row S·n + S' holding
-    K_{S,S'} = V_S W V_{S'}ᵀ, and ``Z`` ((2^L − 1)·|V|, |V|) = [V_S W_O]_{S≠∅} — plus ``W_O`` and the
-    position vectors ``Ps[l]`` (length ≥ T).  Subsets S of the earlier layers are bitmasks; A_∅ = I and
-    the attention products A_S (B, T, T) of the non-empty subsets are kept side by side in ``abar``
-    (B, T, (2^L − 1)·T), block S at columns (S − 1)·T … S·T.
+    def __init__(self, fn, lanes: list[list[int]]) -> None:
+        self.fn, self.lanes = fn, lanes
+        self.pos = [0] * len(lanes)
+        self.busy = [False] * len(lanes)
+        self.left = sum(len(q) for q in lanes)     # tasks not yet finished
+        self.error: BaseException | None = None
 
-    Forward (attention part in ``__init__``)::
+    def take(self, w: int) -> tuple[int, int] | None | bool:
+        """(lane, task) to run; None when every task is handed out (or the job failed); False when the
+        remaining tasks all belong to running lanes (wait)."""
+        if self.error is not None:
+            return None
+        n = len(self.lanes)
+        order = ([w] if w < n else []) + [u for u in range(n) if u != w]
+        waiting = False
+        for u in order:
+            if self.pos[u] < len(self.lanes[u]):
+                if not self.busy[u]:
+                    self.busy[u] = True
+                    self.pos[u] += 1
+                    return u, self.lanes[u][self.pos[u] - 1]
+                waiting = True
+        return False if waiting else None
 
-        G_l[S][b, i, (S', j)] = K_{S,S'}[x_i, x_j]             (n, B, T, n·T), one gather
-        Y_l        = Σ_S A_S G_l[S]                             (B, T, n·T), Y_l[:, :, S'] = Σ_S A_S G[S, S']
-        s_l        = Y_l[:, :, ∅] + Σ_{S'≠∅} Y_l[:, :, S'] A_{S'}ᵀ + DM(P_l);   A_l = causal_softmax(s_l)
-        A_{n+S}    = A_l A_S                                    (new blocks of abar)
-        logits     = W_O[x] + Σ_{S≠∅} A_S Z_S[x]                (rows Z_S[x_j] gathered per batch chunk)
 
-    Backward, with g = ∂L/∂logits: ∂A_S = g Z_S[x]ᵀ and ∂Z_S = scatter(A_Sᵀ g) (:meth:`logits_backward`,
-    or :meth:`fused_loss_backward`, which forms logits, cross-entropy and these gradients chunk by chunk
-    without keeping the logits); then (:meth:`attention_backward`) for l = L..1 the chain
-    A_{n+S} = A_l A_S (∂A_l += ∂A_{n+S} A_Sᵀ, ∂A_S += A_lᵀ ∂A_{n+S}); the softmax Jacobian
-    ∂s = A ⊙ (∂A − rowsum(∂A ⊙ A)); ∂P_l[d] = Σ_t ∂s[t, t−d]; with U = ∂s [I, A_1, …] (B, T, n·T):
-    ∂G[S] = A_Sᵀ U (scattered into ∂K) and ∂A_S += U G[S]ᵀ + ∂sᵀ Y[:, :, S].  Entries of ∂A_S above the
-    diagonal are never used (they multiply zeros of causal attention).
+class _Team:
+    """Worker threads for the CPU path implementation (the calling thread is worker 0).
+
+    With n > 1 workers the chunks of a batch (:func:`_path_pass`) are tasks that the workers take
+    dynamically, each running single-threaded torch ops.  Compared with torch's intra-op threads (a
+    barrier per op, work split evenly in advance) this avoids hundreds of small barriers per chunk
+    and keeps both cores busy when one of them is shared with another process.  Results do not depend
+    on which worker runs a task (a task writes its lane's accumulators, lanes in a fixed order).  With
+    n = 1 the team runs everything inline.  The large |V|×|V| products keep torch's intra-op threads.
     """
 
-    def __init__(self, x: torch.Tensor, Ks: list[torch.Tensor], Z: torch.Tensor, W_O: torch.Tensor,
-                 Ps: list[torch.Tensor], *, save: bool = True, ws: Workspace | None = None) -> None:
-        B, T = x.shape
-        V = W_O.shape[0]
-        L = len(Ks)
-        m = (1 << L) - 1
-        dev, dt = W_O.device, W_O.dtype
-        self.ws = ws if ws is not None else _Fresh()
-        self.x, self.Ks, self.Z, self.W_O, self.Ps = x, Ks, Z, W_O, Ps
-        self.B, self.T, self.V, self.L, self.m, self.Tfull = B, T, V, L, m, Ps[0].shape[0]
-        self.dev, self.dt = dev, dt
-        budget = ROWS_BYTES["cpu" if dev.type == "cpu" else "other"]
-        self.bc = max(1, min(B, budget // max(1, T * m * V * W_O.element_size())))
-        self.ridx = (x[:, :, None] + torch.arange(m, device=dev) * V).reshape(B, T * m)   # Z_S[x_j], (j, S)
-        self.idx: list[torch.Tensor | None] = [None] * L
-        self.G: list[torch.Tensor | None] = [None] * L
-        self.Y: list[torch.Tensor | None] = [None] * L
-        mask = torch.ones(T, T, dtype=torch.bool, device=dev).triu(1)
-        abar = self.ws.get("abar", (B, T, m * T), dt, dev)
-        for l in range(L):
-            n = 1 << l
-            idx = _pair_layout(x, n, V)
-            G = self.ws.get(f"G{l}", (n, B, T, n * T), dt, dev)
-            Kl = Ks[l].view(n, n * V * V)
-            for S in range(n):                                   # row by row: faster than one 2-D gather
-                torch.index_select(Kl[S], 0, idx, out=G[S].view(-1))
-            if n == 1:
-                Y = G[0]
-                s = Y.clone()
-            else:
-                Y = self.ws.get(f"Y{l}", (B, T, n * T), dt, dev)
-                Y.copy_(G[0])
-                for S in range(1, n):
-                    Y.baddbmm_(abar[:, :, (S - 1) * T:S * T], G[S])
-                s = torch.baddbmm(Y[:, :, :T], Y[:, :, T:], abar[:, :, :(n - 1) * T].transpose(1, 2))
-            if save:
-                self.idx[l], self.G[l], self.Y[l] = idx, G, Y
-            s += diag_matrix(Ps[l][:T], T)
-            s.masked_fill_(mask, float("-inf"))
-            A = torch.softmax(s, dim=-1)
-            abar[:, :, (n - 1) * T:n * T] = A
-            if n > 1:
-                abar[:, :, n * T:(2 * n - 1) * T] = torch.bmm(A, abar[:, :, :(n - 1) * T])
-        self.abar = abar
+    def __init__(self, n: int) -> None:
+        self.n = max(1, int(n))
+        self._cond = threading.Condition()
+        self._job: _Job | None = None
+        self._gen = 0
+        self._stop = False
+        self._threads: list[threading.Thread] = []
 
-    # ------------------------------------------------------------------ logits path
-    def _workers(self, n_chunks: int) -> int:
-        """Worker threads for the chunk loop: on CPU, torch's thread count (each worker then runs its
-        chunks with single-threaded ops — hundreds of small ops per step, whose per-op thread barriers
-        stall whenever a core is busy elsewhere); on other devices 1."""
-        if self.dev.type != "cpu":
-            return 1
-        return max(1, min(torch.get_num_threads(), n_chunks))
-
-    def _for_chunks(self, body, n_workers: int) -> None:
-        """Call ``body(w, b0, b1, rows, cp)`` for every batch chunk; chunk k goes to worker k mod
-        n_workers (deterministic).  rows (nb, T·m, |V|) = Z_S[x_j] in (j, S) order and cp (nb, T, T·m)
-        with cp[b, t, (j, S)] = A_S[b, t, j] live in per-worker buffers."""
-        B, T, m, V = self.B, self.T, self.m, self.V
-        bounds = [(b0, min(B, b0 + self.bc)) for b0 in range(0, B, self.bc)]
-
-        def work(w: int) -> None:
-            rbuf = self.ws.get(f"rows.{w}", (self.bc * T * m, V), self.dt, self.dev)
-            cbuf = self.ws.get(f"cp.{w}", (self.bc * T * T * m,), self.dt, self.dev)
-            for b0, b1 in bounds[w::n_workers]:
-                nb = b1 - b0
-                rows = torch.index_select(self.Z, 0, self.ridx[b0:b1].reshape(-1), out=rbuf[:nb * T * m])
-                cp = cbuf[:nb * T * T * m].view(nb, T, T, m)
-                cp.copy_(self.abar[b0:b1].view(nb, T, m, T).permute(0, 1, 3, 2))
-                body(w, b0, b1, rows.view(nb, T * m, V), cp.view(nb, T, T * m))
-
-        if n_workers <= 1:
-            work(0)
-            return
-        errors: list[BaseException] = []
-
-        def guarded(w: int) -> None:
-            try:
-                with torch.no_grad():      # grad mode is thread-local: new threads start with it on
-                    work(w)
-            except BaseException as exc:   # re-raised in the calling thread
-                errors.append(exc)
-
-        prev = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            threads = [threading.Thread(target=guarded, args=(w,)) for w in range(1, n_workers)]
-            for t in threads:
+    def __enter__(self) -> "_Team":
+        if self.n > 1:
+            self._threads = [threading.Thread(target=self._loop, args=(w,), daemon=True) for w in range(1, self.n)]
+            for t in self._threads:
                 t.start()
-            guarded(0)
-            for t in threads:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.n > 1:
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+            for t in self._threads:
                 t.join()
+
+    def _loop(self, w: int) -> None:
+        seen = 0
+        with torch.no_grad():          # grad mode is thread-local: new threads start with it on
+            while True:
+                with self._cond:
+                    while not self._stop and self._gen == seen:
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                    seen, job = self._gen, self._job
+                self._work(job, w)
+
+    def _work(self, job: _Job, w: int) -> None:
+        while True:
+            with self._cond:
+                while (got := job.take(w)) is False:
+                    self._cond.wait()
+                if got is None:
+                    return
+            lane, k = got
+            try:
+                job.fn(lane, k)
+            except BaseException as exc:   # re-raised in the calling thread
+                with self._cond:
+                    if job.error is None:
+                        job.error = exc
+            with self._cond:
+                job.busy[lane] = False
+                job.left -= 1
+                self._cond.notify_all()
+
+    def run(self, fn, lanes: list[list[int]]) -> None:
+        """Call ``fn(lane, task)`` for every task of every lane (see :class:`_Job`); returns when all
+        are done, re-raising the first error."""
+        if self.n == 1 or sum(len(q) for q in lanes) <= 1:
+            for u, q in enumerate(lanes):
+                for k in q:
+                    fn(u, k)
+            return
+        job = _Job(fn, lanes)
+        prev = torch.get_num_threads()
+        torch.set_num_threads(1)                        # workers run single-threaded ops
+        try:
+            with self._cond:
+                self._job = job
+                self._gen += 1
+                self._cond.notify_all()
+            self._work(job, 0)
+            with self._cond:
+                while job.left > 0 and job.error is None or any(job.busy):
+                    self._cond.wait()
         finally:
             torch.set_num_threads(prev)
-        if errors:
-            raise errors[0]
+        if job.error is not None:
+            raise job.error
 
-    def _accumulators(self, n_workers: int, dZ: torch.Tensor, dW_O: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(dZ, dW_O)] + [(self.ws.get(f"dZ.{w}", tuple(dZ.shape), self.dt, self.dev, zero=True),
-                                self.ws.get(f"dW_O.{w}", tuple(dW_O.shape), self.dt, self.dev, zero=True))
-                               for w in range(1, n_workers)]
 
-    @staticmethod
-    def _reduce(accs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        for dz, dw in accs[1:]:                  # fixed order: deterministic for a given thread count
-            accs[0][0].add_(dz)
-            accs[0][1].add_(dw)
+PAIR_BLOCK = 4096    # rows per block when packing / unpacking the pair-major products (cache-sized transposes)
 
-    def logits(self) -> torch.Tensor:
-        """Logits (B, T, |V|) (a fresh tensor)."""
-        B, T, V = self.B, self.T, self.V
-        out = self.W_O.index_select(0, self.x.reshape(-1)).view(B, T, V)
 
-        def body(w, b0, b1, rows, cp):
-            out[b0:b1].baddbmm_(cp, rows)
-        self._for_chunks(body, self._workers(-(-B // self.bc)))
+def _blocks(team: "_Team", N: int, fn, device: torch.device) -> None:
+    """fn(r0, r1) over blocks of PAIR_BLOCK rows of 0..N−1, spread over the team's workers (one block
+    on devices other than the CPU)."""
+    if device.type != "cpu":
+        fn(0, N)
+        return
+    bounds = [(r, min(N, r + PAIR_BLOCK)) for r in range(0, N, PAIR_BLOCK)]
+    lanes = [list(range(w, len(bounds), team.n)) for w in range(team.n)]
+    team.run(lambda lane, k: fn(*bounds[k]), lanes)
+
+
+def _pair_columns(L: int) -> tuple[list[int], int]:
+    """Column offset of each layer's n² = 4^{l−1} pair values in a pair-major row (largest layer first,
+    every block of more than one value at a multiple of 4 so it can be moved as wide elements), and the
+    row width (padded to a multiple of 4)."""
+    offs, o = [0] * L, 0
+    for l in range(L - 1, -1, -1):
+        offs[l] = o
+        o += 4 ** l
+    return offs, (o if L == 1 else -(-o // 4) * 4)
+
+
+class _Products:
+    """The batch-independent |V|×|V| products of one optimiser step, in the layouts the chunk pass reads,
+    with a hand-written backward (no autograd graph, every product written into reused buffers).
+
+    * ``ZL`` (|V|, 2^L, |V|), token-major: ``ZL[x, S]`` = (V_S W_O)[x] for every S ⊆ {1..L} (S = ∅: W_O),
+      so the 2^L − 1 rows a position needs are one contiguous read.  V_S W_O = V_i (V_{S∖i} W_O) with i
+      the lowest layer of S.
+    * ``K[l]`` (n, n, |V|, |V|), n = 2^{l−1}: K_{S,S'} = V_S W^(l) V_{S'}ᵀ (left products V_i K_{S∖i,∅},
+      then K_{S,S'} = K_{S,S'∖i} V_iᵀ), and ``Kr`` the pair-major copy of all layers (|V|², width): row
+      x·|V| + x' holds K_{S,S'}[x, x'] of layer l at column offs[l] + S·n + S' (:func:`_pair_columns`),
+      packed block by block (cache-sized transposes, ~3× faster than one strided copy).
+
+    One matmul per product (25 at L = 3, torch's intra-op threads); :meth:`backward` takes 2 per product
+    (∂ of both factors).
+    """
+
+    def __init__(self, W_O: torch.Tensor, Ws: list[torch.Tensor], Vs: list[torch.Tensor], ws,
+                 team: "_Team") -> None:
+        V, L = W_O.shape[0], len(Ws)
+        self.V, self.L, self.Vs, self.ws = V, L, Vs, ws
+        dev, dt = W_O.device, W_O.dtype
+        ZL = ws("prod.ZL", (V, 1 << L, V), dt, dev)
+        ZL[:, 0] = W_O
+        for S in range(1, 1 << L):
+            i, P = _low(S)
+            torch.mm(Vs[i], ZL[:, P], out=ZL[:, S])
+        self.ZL = ZL
+        self.K: list[torch.Tensor | None] = [None] * L
+        for l in range(1, L):
+            n = 1 << l
+            K = ws(f"prod.K{l}", (n, n, V, V), dt, dev)
+            K[0, 0] = Ws[l]
+            for S in range(1, n):
+                i, P = _low(S)
+                torch.mm(Vs[i], K[P, 0], out=K[S, 0])
+            for S in range(n):
+                for S2 in range(1, n):
+                    i, P = _low(S2)
+                    torch.mm(K[S, P], Vs[i].t(), out=K[S, S2])
+            self.K[l] = K
+        offs, width = _pair_columns(L)
+        self.Kr = ws("prod.Kr", (V * V, width), dt, dev)
+        srcs = [None] * L
+        srcs[0] = Ws[0].reshape(-1, 1)
+        for l in range(1, L):
+            srcs[l] = self.K[l].view(4 ** l, V * V)
+        pad = torch.zeros(1, width - (4 ** L - 1) // 3, dtype=dt, device=dev)
+
+        def pack(r0: int, r1: int) -> None:             # rows r0..r1 of Kr, contiguous writes
+            parts = [srcs[l][r0:r1] if l == 0 else srcs[l][:, r0:r1].t() for l in range(L - 1, -1, -1)]
+            torch.cat(parts + [pad.expand(r1 - r0, -1)], dim=1, out=self.Kr[r0:r1])
+        _blocks(team, V * V, pack, dev)
+
+    def backward(self, dW: torch.Tensor, dZ: torch.Tensor, dKr: torch.Tensor, team: "_Team") -> dict[str, torch.Tensor]:
+        """Gradients of W_O, W^(l), V^(l) (on-disk names) from ∂W_O (direct term, (|V|, |V|)), ∂Z_S
+        (|V|, 2^L − 1, |V|) token-major, and pair-major ∂K (layout of ``Kr``); all three are consumed
+        (modified in place) and ``Kr`` is overwritten (its memory holds ∂K_{S,S'}).  Returned tensors are
+        scratch: copy them before the next step."""
+        V, L, Vs, ZL = self.V, self.L, self.Vs, self.ZL
+        dev, dt = ZL.device, ZL.dtype
+        dVs = [self.ws(f"prod.dV{i}", (V, V), dt, dev, zero=True) for i in range(L)]
+        dZL = [dW] + [dZ[:, S] for S in range((1 << L) - 1)]
+        for S in range((1 << L) - 1, 0, -1):                 # Z_S = V_i Z_P
+            i, P = _low(S)
+            dVs[i].addmm_(dZL[S], ZL[:, P].t())
+            dZL[P].addmm_(Vs[i].t(), dZL[S])
+        offs, _ = _pair_columns(L)
+        out = {"W_O": dW, "W.1": dKr[:, offs[0]].view(V, V)}
+        o_dK = [0, 0]
+        for l in range(2, L):
+            o_dK.append(o_dK[-1] + 4 ** (l - 1) * V * V)
+        for l in range(1, L):
+            n = 1 << l
+            K = self.K[l]
+            dK = self.Kr.view(-1)[o_dK[l]:o_dK[l] + n * n * V * V].view(n, n, V, V)   # Kr is dead: reuse it
+            dst, src = dK.view(n * n, V * V), dKr[:, offs[l]:offs[l] + n * n]
+            _blocks(team, V * V, lambda r0, r1, dst=dst, src=src: dst[:, r0:r1].copy_(src[r0:r1].t()), dev)
+            for S in range(n):
+                for S2 in range(n - 1, 0, -1):                 # K_{S,S2} = K_{S,P} V_iᵀ
+                    i, P = _low(S2)
+                    dVs[i].addmm_(dK[S, S2].t(), K[S, P])
+                    dK[S, P].addmm_(dK[S, S2], Vs[i])
+            for S in range(n - 1, 0, -1):                      # K_{S,∅} = V_i K_{P,∅}
+                i, P = _low(S)
+                dVs[i].addmm_(dK[S, 0], K[P, 0].t())
+                dK[P, 0].addmm_(Vs[i].t(), dK[S, 0])
+            out[f"W.{l + 1}"] = dK[0, 0]
+        for i in range(L):
+            out[f"V.{i + 1}"] = dVs[i]
         return out
 
-    def _grad_chunk(self, w: int, b0: int, b1: int, rows: torch.Tensor, cp: torch.Tensor, g: torch.Tensor,
-                    dZ: torch.Tensor, dW_O: torch.Tensor, dabar: torch.Tensor) -> None:
-        T, m, V = self.T, self.m, self.V
-        nb = b1 - b0
-        dcp = self.ws.get(f"dcp.{w}", (nb, T, T, m), self.dt, self.dev)
-        torch.bmm(g, rows.transpose(1, 2), out=dcp.view(nb, T, T * m))
-        dabar[b0:b1].view(nb, T, m, T).copy_(dcp.permute(0, 1, 3, 2))
-        drows = self.ws.get(f"drows.{w}", (nb, T * m, V), self.dt, self.dev)
-        torch.bmm(cp.transpose(1, 2), g, out=drows)
-        dZ.index_add_(0, self.ridx[b0:b1].reshape(-1), drows.view(-1, V))
-        dW_O.index_add_(0, self.x[b0:b1].reshape(-1), g.reshape(-1, V))
 
-    def logits_backward(self, g: torch.Tensor, dZ: torch.Tensor, dW_O: torch.Tensor) -> torch.Tensor:
-        """Add ∂Z and ∂W_O (the W_O[x] term) of g = ∂L/∂logits to ``dZ``, ``dW_O``; returns ∂abar."""
-        g = g.contiguous()
-        dabar = self.ws.get("dabar", (self.B, self.T, self.m * self.T), self.dt, self.dev)
-        nw = self._workers(-(-self.B // self.bc))
-        accs = self._accumulators(nw, dZ, dW_O)
+@dataclass
+class _PathInputs:
+    """What a chunk pass reads (detached): pair-major ``Kr`` (|V|², width) — row x·|V| + x' holds
+    K_{S,S'}[x, x'] of every layer (:func:`_pair_columns`), one gathered row serving all subset pairs of
+    all layers for a token pair —,
+    token-major ``ZL`` (|V|, 2^L, |V|) (block 0 = W_O), and ``bias[l]`` (T', T') = DM(P_l) with −inf
+    above the diagonal (causal mask folded in)."""
 
-        def body(w, b0, b1, rows, cp):
-            self._grad_chunk(w, b0, b1, rows, cp, g[b0:b1], accs[w][0], accs[w][1], dabar)
-        self._for_chunks(body, nw)
-        self._reduce(accs)
-        return dabar
+    Kr: torch.Tensor
+    ZL: torch.Tensor
+    bias: list[torch.Tensor]
+    eye: torch.Tensor
+    low: tuple[torch.Tensor, torch.Tensor]       # flat (t, j) indices with j ≤ t, and their offsets t − j
 
-    def fused_loss_backward(self, targets: torch.Tensor, weight: float, dZ: torch.Tensor,
-                            dW_O: torch.Tensor) -> tuple[float, torch.Tensor]:
-        """Mean cross-entropy against ``targets`` (B, T) and, chunk by chunk, the gradients of
-        ``weight`` × that loss: added to ``dZ`` / ``dW_O``; returns (loss, ∂abar).  Logits are formed in a
-        chunk buffer only (same values as :meth:`logits`)."""
-        B, T, V = self.B, self.T, self.V
-        count = B * T
-        dabar = self.ws.get("dabar", (B, T, self.m * T), self.dt, self.dev)
-        nw = self._workers(-(-B // self.bc))
-        accs = self._accumulators(nw, dZ, dW_O)
-        totals = [torch.zeros((), dtype=torch.float64, device=self.dev) for _ in range(nw)]
+    @property
+    def T(self) -> int:
+        return self.eye.shape[0]
 
-        def body(w, b0, b1, rows, cp):
-            nb = b1 - b0
-            lg = self.ws.get(f"logits.{w}", (nb, T, V), self.dt, self.dev)
-            torch.index_select(self.W_O, 0, self.x[b0:b1].reshape(-1), out=lg.view(nb * T, V))
-            lg.baddbmm_(cp, rows)
-            flat = lg.view(-1, V)
+    @property
+    def L(self) -> int:
+        return len(self.bias)
+
+    @classmethod
+    def build(cls, Kr: torch.Tensor, ZL: torch.Tensor, Ps: list[torch.Tensor], T: int) -> "_PathInputs":
+        mask = torch.ones(T, T, dtype=torch.bool, device=ZL.device).triu(1)
+        bias = [diag_matrix(p[:T].detach(), T).masked_fill(mask, float("-inf")) for p in Ps]
+        t = torch.arange(T, device=ZL.device)
+        off = (t[:, None] - t[None, :]).view(-1)
+        low = torch.nonzero(off >= 0).view(-1)
+        return cls(Kr, ZL, bias, torch.eye(T, dtype=ZL.dtype, device=ZL.device), (low, off[low]))
+
+
+class _Grads:
+    """Gradient accumulators of one lane: ∂K_l (pair-major), ∂W_O of the W_O[x] term, ∂Z_S
+    (|V|, 2^L − 1, |V|) token-major (contiguous: ``index_add_`` into a strided view is ~10× slower),
+    ∂P_l (length T'), and the summed cross-entropy (float64)."""
+
+    def __init__(self, inp: _PathInputs, get) -> None:
+        dev, dt = inp.ZL.device, inp.ZL.dtype
+        V, M = inp.ZL.shape[0], inp.ZL.shape[1]
+        self.dKr = get("dK", tuple(inp.Kr.shape), dt, dev, zero=True)
+        self.dW = get("dW", (V, V), dt, dev, zero=True)
+        self.dZ = get("dZ", (V, M - 1, V), dt, dev, zero=True)
+        self.dP = [get(f"dP{l}", (inp.T,), dt, dev, zero=True) for l in range(inp.L)]
+        self.loss = torch.zeros((), dtype=torch.float64, device=dev)
+
+    def add_(self, other: "_Grads") -> None:
+        for a, b in zip([self.dKr, self.dW, self.dZ] + self.dP, [other.dKr, other.dW, other.dZ] + other.dP):
+            a.add_(b)
+        self.loss += other.loss
+
+
+def _chunk_bytes(T: int, L: int, elem: int) -> int:
+    """Bytes of attention state per sequence in a :class:`_Chunk` (sizes the chunks)."""
+    m = (1 << L) - 1
+    per = 2 * (m + 1) + 2 * m + sum(3 * (1 << l) ** 2 + 2 * (1 << l) for l in range(L))
+    return per * T * T * elem
+
+
+class _Chunk:
+    """Forward and hand-written backward of the path expansion for a few sequences (no autograd inside).
+
+    ``x`` (c, T') token ids; tensors of :class:`_PathInputs`; scratch from ``ws`` under names prefixed
+    by ``tag`` (one prefix per lane).  Subsets S of the earlier layers are bitmasks; the attention
+    products are kept side by side with the identity, ``AI`` (c, T', 2^L·T'), block S at columns
+    S·T' … (S+1)·T' holding A_S (A_∅ = I, A_{S∪{l}} = A_l A_S for S ⊆ {1..l−1}).
+
+    Attention, layer l (n = 2^{l−1}).  One pair-major row of ``Kr`` is gathered per token pair (k, j)
+    for all layers at once; with the subset index interleaved next to the position index,
+    Â[i, (k, S)] = A_S[i, k] (S < n) and G[(k, S), (j, S')] = K_{S,S'}[x_k, x_j] (the gathered rows with
+    j and S swapped: a copy of 4·n-byte elements)::
+
+        Y = Â G;   s = Y Âᵀ + DM(P_l) (masked);   A_l = softmax(s);   A_{n+S} = A_l A_S
+
+    Logits ``W_O[x] + Σ_{S≠∅} A_S Z_S[x]`` with cp[t, (j, S)] = A_S[t, j]: the rows ZL[x_j, 1:] are
+    gathered for a block of key positions j (and ``bc`` sequences) at a time and kept for the
+    backward pass of the block; only query rows t ≥ first j of the block are multiplied (causal: the
+    rest are zeros).  The cross-entropy gradient g is formed in place of the logits; per block
+    ∂cpᵀ = rows gᵀ and ∂ZL[x_j, 1:] += (cpᵀ g)[j] (the factor 1/(N·T) enters as the GEMMs' alpha).
+    Attention backward, l = L..1: chain A_{n+S} = A_l A_S; ∂s = A ⊙ (∂A − rowsum(∂A ⊙ A));
+    ∂P_l[d] = Σ_t ∂s[t, t−d]; U = ∂s Â; ∂Â = ∂sᵀ Y + U Gᵀ; ∂G = Âᵀ U, swapped back to pair rows and
+    scattered (all layers at once) into ∂Kr.  Entries of ∂A_S above the diagonal are never used (they
+    multiply zeros of causal attention) and are left unspecified.
+    """
+
+    def __init__(self, inp: _PathInputs, x: torch.Tensor, ws: Workspace, tag: str) -> None:
+        c, T = x.shape
+        V = inp.ZL.shape[0]
+        L = inp.L
+        m = (1 << L) - 1
+        self.inp, self.x, self.ws, self.tag = inp, x, ws, tag
+        self.c, self.T, self.V, self.L, self.m = c, T, V, L, m
+        self.dev, self.dt = inp.ZL.device, inp.ZL.dtype
+        kind = "cpu" if self.dev.type == "cpu" else "other"
+        jb = min(T, ROW_POSITIONS[kind] or T)
+        self.blocks = [(j0, min(T, j0 + jb)) for j0 in range(0, T, jb)]
+        self.bc = max(1, min(c, ROWS_BYTES[kind] // (jb * m * V * inp.ZL.element_size())))
+        self.dAI: torch.Tensor | None = None
+        base = self._buf("base", (c, T, T), torch.long)
+        torch.add(x[:, :, None] * V, x[:, None, :], out=base)
+        self.base = base.view(-1)
+        AI = self._buf("AI", (c, T, (m + 1) * T))
+        AI[:, :, :T] = inp.eye
+        self.G: list[torch.Tensor] = []
+        self.Y: list[torch.Tensor | None] = []
+        self.Ai: list[torch.Tensor | None] = []
+        self.offs, width = _pair_columns(L)
+        R = self._buf("R", (c, T, T, width))                   # gathered pair rows [b, k, j, :]
+        torch.index_select(inp.Kr, 0, self.base, out=R.view(-1, width))
+        for l in range(L):
+            n, o = 1 << l, self.offs[l]
+            if n == 1:
+                G = R[..., o]
+                s = G + inp.bias[0]
+                Y = Ai = None
+            else:
+                G = self._buf(f"G{l}", (c, T, n, T, n))        # [b, k, S, j, S']
+                _swap_copy(G, R[..., o:o + n * n].view(c, T, T, n, n))
+                G = G.view(c, T * n, T * n)
+                Ai = self._buf(f"Ai{l}", (c, T, T, n))         # Ai[b, i, k, S] = A_S[b, i, k], S < n
+                Ai.copy_(AI[:, :, :n * T].view(c, T, n, T).permute(0, 1, 3, 2))
+                Ai = Ai.view(c, T, T * n)
+                Y = torch.bmm(Ai, G, out=self._buf(f"Y{l}", (c, T, T * n)))
+                s = torch.bmm(Y, Ai.transpose(1, 2))
+                s += inp.bias[l]
+            self.G.append(G)
+            self.Y.append(Y)
+            self.Ai.append(Ai)
+            A = torch.softmax(s, dim=-1)
+            AI[:, :, n * T:(n + 1) * T] = A
+            if n > 1:
+                torch.bmm(A, AI[:, :, T:n * T], out=AI[:, :, (n + 1) * T:2 * n * T])
+        self.AI = AI
+
+    def _buf(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None, *,
+             zero: bool = False) -> torch.Tensor:
+        return self.ws.get(f"{self.tag}.{name}", shape, dtype or self.dt, self.dev, zero=zero)
+
+    # ------------------------------------------------------------------ logits path
+    def _cp(self) -> torch.Tensor:
+        """cp (c, T', T'·m) with cp[b, t, j·m + S − 1] = A_S[b, t, j]."""
+        c, T, m = self.c, self.T, self.m
+        cp = self._buf("cp", (c, T, T, m))
+        cp.copy_(self.AI[:, :, T:].view(c, T, m, T).permute(0, 1, 3, 2))
+        return cp.view(c, T, T * m)
+
+    def _rows(self, k: int, b0: int, b1: int, *, gather: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids of row block k and its rows (b1−b0, (j1−j0)·m, |V|): row (j, S) = Z_S[x_j] (gathered
+        unless ``gather`` is False: then the buffer still holds them from the forward pass)."""
+        j0, j1 = self.blocks[k]
+        idx = self.x[b0:b1, j0:j1].reshape(-1)
+        rows = self._buf(f"rows{k}", (b1 - b0, (j1 - j0) * self.m, self.V))
+        if gather:
+            torch.index_select(self.inp.ZL.view(self.V, -1)[:, self.V:], 0, idx, out=rows.view(idx.shape[0], -1))
+        return idx, rows
+
+    def _logits_into(self, lg: torch.Tensor, b0: int, b1: int, cp: torch.Tensor) -> None:
+        m = self.m
+        torch.index_select(self.inp.ZL[:, 0], 0, self.x[b0:b1].reshape(-1), out=lg.view(-1, self.V))
+        for k, (j0, j1) in enumerate(self.blocks):
+            _, rows = self._rows(k, b0, b1)
+            lg[:, j0:].baddbmm_(cp[b0:b1, j0:, j0 * m:j1 * m], rows)
+
+    def _grads_from(self, g: torch.Tensor, b0: int, b1: int, cp: torch.Tensor, dcpT: torch.Tensor,
+                    acc: _Grads, *, gathered: bool, scale: float = 1.0) -> None:
+        """Gradients from ``scale`` · g, g = ∂L/∂logits (b1−b0, T', |V|)."""
+        m, V = self.m, self.V
+        dZ = acc.dZ.view(V, -1)
+        for k, (j0, j1) in enumerate(self.blocks):
+            idx, rows = self._rows(k, b0, b1, gather=not gathered)
+            out = dcpT[b0:b1, j0 * m:j1 * m, j0:]
+            torch.baddbmm(out, rows, g[:, j0:].transpose(1, 2), beta=0, alpha=scale, out=out)
+            drows = self._buf("drows", tuple(rows.shape))
+            torch.baddbmm(drows, cp[b0:b1, j0:, j0 * m:j1 * m].transpose(1, 2), g[:, j0:], beta=0, alpha=scale,
+                          out=drows)
+            dZ.index_add_(0, idx, drows.view(idx.shape[0], -1))
+        acc.dW.index_add_(0, self.x[b0:b1].reshape(-1), g.reshape(-1, V), alpha=scale)
+
+    def _set_dAI(self, dcpT: torch.Tensor) -> None:
+        """∂AI blocks S ≥ 1 from ∂cpᵀ (c, T'·m, T') (rows (j, S), columns t)."""
+        c, T, m = self.c, self.T, self.m
+        dAI = self._buf("dAI", (c, T, (m + 1) * T))
+        dAI[:, :, T:].view(c, T, m, T).copy_(dcpT.view(c, T, m, T).permute(0, 3, 2, 1))
+        self.dAI = dAI
+
+    def logits_into(self, out: torch.Tensor) -> None:
+        """Write the logits (c, T', |V|) into ``out``."""
+        cp = self._cp()
+        for b0 in range(0, self.c, self.bc):
+            b1 = min(self.c, b0 + self.bc)
+            self._logits_into(out[b0:b1], b0, b1, cp)
+
+    def loss_backward(self, targets: torch.Tensor, scale: float, acc: _Grads) -> None:
+        """Cross-entropy against ``targets`` (c, T') added to ``acc.loss`` (sum over positions); the
+        gradient of ``scale`` × that sum w.r.t. ZL added to ``acc``; ∂AI kept for
+        :meth:`attention_backward`.  Logits live in a (bc, T', |V|) buffer only."""
+        c, T, V, m = self.c, self.T, self.V, self.m
+        cp = self._cp()
+        dcpT = self._buf("dcpT", (c, T * m, T), zero=True)
+        for b0 in range(0, c, self.bc):
+            b1 = min(c, b0 + self.bc)
+            lg = self._buf("logits", (b1 - b0, T, V))
+            self._logits_into(lg, b0, b1, cp)
             y = targets[b0:b1].reshape(-1, 1)
-            picked = flat.gather(1, y)
-            lse = torch.logsumexp(flat, 1, keepdim=True)
-            totals[w] += (lse - picked).sum(dtype=torch.float64)
-            flat.sub_(lse).exp_()                                  # softmax
-            flat.scatter_add_(1, y, torch.full_like(picked, -1.0))
-            flat.mul_(weight / count)
-            self._grad_chunk(w, b0, b1, rows, cp, lg, accs[w][0], accs[w][1], dabar)
-        self._for_chunks(body, nw)
-        self._reduce(accs)
-        return float(sum(float(t) for t in totals)) / count, dabar
+            ls = torch.log_softmax(lg.view(-1, V), 1, out=self._buf("ls", (lg.shape[0] * T, V)))
+            acc.loss -= ls.gather(1, y).sum(dtype=torch.float64)
+            g = torch.exp(ls, out=lg.view(-1, V))                # softmax
+            g.scatter_add_(1, y, torch.full(y.shape, -1.0, dtype=g.dtype, device=g.device))
+            self._grads_from(lg, b0, b1, cp, dcpT, acc, gathered=True, scale=scale)
+        self._set_dAI(dcpT)
+
+    def grad_backward(self, g: torch.Tensor, acc: _Grads) -> None:
+        """Given g = ∂L/∂logits (c, T', |V|): ∂ZL added to ``acc``; ∂AI kept."""
+        cp = self._cp()
+        dcpT = self._buf("dcpT", (self.c, self.T * self.m, self.T), zero=True)
+        g = g.contiguous()
+        for b0 in range(0, self.c, self.bc):
+            b1 = min(self.c, b0 + self.bc)
+            self._grads_from(g[b0:b1], b0, b1, cp, dcpT, acc, gathered=False)
+        self._set_dAI(dcpT)
 
     # ------------------------------------------------------------------ attention part
-    def attention_backward(self, dabar: torch.Tensor, dKs: list[torch.Tensor], dPs: list[torch.Tensor]) -> None:
-        """Add ∂K_l and ∂P_l to ``dKs`` (each (n², |V|²)) and ``dPs`` given ∂abar (modified in place)."""
-        B, T, V, L = self.B, self.T, self.V, self.L
-        abar, dev, dt = self.abar, self.dev, self.dt
-        t = torch.arange(T, device=dev)
-        off = t[:, None] - t[None, :]
-        low = off >= 0
-        off_low = off[low]
+    def attention_backward(self, acc: _Grads) -> None:
+        """Add ∂K_l (pair-major) and ∂P_l to ``acc`` given the ∂AI of the logits path."""
+        c, T, L = self.c, self.T, self.L
+        AI, dAI = self.AI, self.dAI
+        low, off_low = self.inp.low
+        width = self.inp.Kr.shape[1]
+        dR = self._buf("R", (c, T, T, width))                   # the forward's buffer: its padding is 0
         for l in range(L - 1, -1, -1):
             n = 1 << l
-            A = abar[:, :, (n - 1) * T:n * T]
-            dA = dabar[:, :, (n - 1) * T:n * T]
+            A = AI[:, :, n * T:(n + 1) * T]
+            dA = dAI[:, :, n * T:(n + 1) * T]
+            lo = AI[:, :, T:n * T]
             if n > 1:                                          # A_{n+S} = A_l A_S for S = 1..n−1
-                dhi = dabar[:, :, n * T:(2 * n - 1) * T]
-                dA = torch.baddbmm(dA, dhi, abar[:, :, :(n - 1) * T].transpose(1, 2))
-                dabar[:, :, :(n - 1) * T] += torch.bmm(A.transpose(1, 2), dhi)
+                dhi = dAI[:, :, (n + 1) * T:2 * n * T]
+                dA = torch.baddbmm(dA, dhi, lo.transpose(1, 2))
+                dAI[:, :, T:n * T] += torch.bmm(A.transpose(1, 2), dhi, out=self._buf("dlo", (c, T, (n - 1) * T)))
             ds = A * (dA - (dA * A).sum(-1, keepdim=True))    # softmax Jacobian (masked entries: A = 0)
-            dPs[l].index_add_(0, off_low, ds.sum(0)[low])
-            G, Y = self.G[l], self.Y[l]
-            dG = self.ws.get(f"dG{l}", (n, B, T, n * T), dt, dev)
-            U = dG[0]                                           # ∂s [I, A_1, …]
-            U[:, :, :T] = ds
-            if n > 1:
-                U[:, :, T:] = torch.bmm(ds, abar[:, :, :(n - 1) * T])
-                dab = torch.bmm(ds.transpose(1, 2), Y[:, :, T:])             # ∂sᵀ Y[:, :, S]
-                for S in range(1, n):
-                    a_S = abar[:, :, (S - 1) * T:S * T]
-                    torch.bmm(a_S.transpose(1, 2), U, out=dG[S])              # A_Sᵀ U
-                    dab[:, :, (S - 1) * T:S * T] += torch.bmm(U, G[S].transpose(1, 2))   # U G[S]ᵀ
-                dabar[:, :, :(n - 1) * T] += dab
-            dKs[l].view(n, n * V * V).index_add_(1, self.idx[l], dG.view(n, -1))
+            acc.dP[l].index_add_(0, off_low, ds.sum(0).view(-1).index_select(0, low))
+            if n == 1:
+                dR[..., self.offs[0]] = ds
+                continue
+            G, Y, Ai = self.G[l], self.Y[l], self.Ai[l]
+            U = torch.bmm(ds, Ai, out=self._buf("U", (c, T, T * n)))        # ∂Y = ∂s Â
+            dAi = torch.bmm(ds.transpose(1, 2), Y, out=self._buf("dAi", (c, T, T * n)))
+            dAi.baddbmm_(U, G.transpose(1, 2))                               # ∂Â = ∂sᵀ Y + U Gᵀ
+            dAI[:, :, T:n * T].view(c, T, n - 1, T).add_(dAi.view(c, T, T, n)[:, :, :, 1:].permute(0, 1, 3, 2))
+            dG = torch.bmm(Ai.transpose(1, 2), U, out=self._buf("dG", (c, T * n, T * n)))   # Âᵀ U
+            _swap_copy(dR[..., self.offs[l]:self.offs[l] + n * n].view(c, T, T, n, n), dG.view(c, T, n, T, n))
+        acc.dKr.index_add_(0, self.base, dR.view(-1, width))
 
-    def backward(self, g: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """Fresh gradients (dKs, dZ, dW_O of the W_O[x] term only, dPs) for g = ∂L/∂logits."""
-        dZ = torch.zeros_like(self.Z)
-        dW_O = torch.zeros_like(self.W_O)
-        dKs = [torch.zeros_like(k) for k in self.Ks]
-        dPs = [torch.zeros_like(p) for p in self.Ps]
-        dabar = self.logits_backward(g, dZ, dW_O)
-        self.attention_backward(dabar, dKs, dPs)
-        return dKs, dZ, dW_O, dPs
+
+def _swap_copy(out: torch.Tensor, src: torch.Tensor) -> None:
+    """out[b, p, q, r, :] = src[b, p, r, q, :] (5-D, last dim contiguous in both).  The last dimension is
+    moved as one wide element where its byte size allows (int64 / complex128 views: an exact bit copy),
+    which is several times faster than torch's strided copy of a few-element inner dimension."""
+    wide = {8: torch.int64, 16: torch.complex128}.get(src.shape[-1] * src.element_size())
+    if wide is not None:
+        try:
+            out.view(wide).copy_(src.view(wide).transpose(2, 3))
+            return
+        except RuntimeError:           # strides or offset not divisible: copy element by element
+            pass
+    out.copy_(src.transpose(2, 3))
+
+
+def _team_size(dev: torch.device) -> int:
+    """Workers for the path implementation: torch's thread count on CPU, 1 elsewhere."""
+    return torch.get_num_threads() if dev.type == "cpu" else 1
+
+
+def _path_pass(inp: _PathInputs, x: torch.Tensor, ws: Workspace, team: _Team, *,
+               targets: torch.Tensor | None = None, g: torch.Tensor | None = None, scale: float = 1.0,
+               logits: torch.Tensor | None = None, chunk: int | None = None, fresh: bool = False) -> _Grads | None:
+    """Run the path expansion over a batch x (B, T') in chunks, one lane per worker of ``team``.
+
+    ``logits`` (B, T', |V|) given: forward only, logits written there.  Otherwise gradients, from
+    ``targets`` (B, T'; cross-entropy, weighted by ``scale``) or from ``g`` = ∂L/∂logits (B, T', |V|);
+    returns the summed accumulators (lane 0's; fresh tensors if ``fresh``).  At most ``chunk``
+    sequences per chunk.  Chunk k belongs to lane k mod (number of lanes); lanes are summed in order,
+    so results are deterministic for a given worker count.
+    """
+    B, T = x.shape
+    kind = "cpu" if inp.ZL.device.type == "cpu" else "other"
+    c = max(1, min(B, CHUNK_BYTES[kind] // _chunk_bytes(T, inp.L, inp.ZL.element_size())))
+    if chunk is not None:
+        c = max(1, min(c, int(chunk)))
+    if team.n > 1:
+        c = min(c, -(-B // team.n))                    # at least one chunk per lane
+    bounds = [(b0, min(B, b0 + c)) for b0 in range(0, B, c)]
+    lanes = min(team.n, len(bounds))
+    accs: list[_Grads] = []
+    if logits is None:
+        accs = [_Grads(inp, _fresh if (w == 0 and fresh) else
+                       (lambda name, *a, w=w, **k: ws.get(f"acc{w}.{name}", *a, **k))) for w in range(lanes)]
+
+    def work(w: int, k: int) -> None:
+        b0, b1 = bounds[k]
+        p = _Chunk(inp, x[b0:b1], ws, f"lane{w}")
+        if logits is not None:
+            p.logits_into(logits[b0:b1])
+            return
+        if targets is not None:
+            p.loss_backward(targets[b0:b1], scale, accs[w])
+        else:
+            p.grad_backward(g[b0:b1], accs[w])
+        p.attention_backward(accs[w])
+
+    team.run(work, [list(range(w, len(bounds), lanes)) for w in range(lanes)])
+    if logits is None:
+        for a in accs[1:]:                           # fixed order: deterministic for a given lane count
+            accs[0].add_(a)
+        return accs[0]
+    return None
+
+
+def _token_major(W_O: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
+    """ZL (|V|, 2^L, |V|) from W_O and the stacked [V_S W_O]_{S≠∅} ((2^L − 1)·|V|, |V|)."""
+    V = W_O.shape[0]
+    return torch.cat([W_O[None], Z.view(-1, V, V)]).transpose(0, 1).contiguous()
 
 
 class _PathsFunction(torch.autograd.Function):
-    """Autograd wrapper of :class:`_PathPass`: logits from (W_O, Z, Ks, Ps); backward by hand."""
+    """Autograd wrapper of the path expansion: logits from (W_O, Z, K_l, P_l) as stacked by
+    :meth:`AssocModel.path_products`; backward by hand (the attention part is recomputed chunk by
+    chunk)."""
 
     @staticmethod
-    def forward(ctx, x, W_O, Z, *rest):  # rest = Ks (L) then Ps (L)
+    def forward(ctx, x, ws, W_O, Z, *rest):  # rest = K_l (L, stacked (n², |V|²)) then P_l (L)
         L = len(rest) // 2
-        p = _PathPass(x, list(rest[:L]), Z, W_O, list(rest[L:]), save=True)
-        ctx.pass_ = p
-        return p.logits()
+        offs, width = _pair_columns(L)
+        Kr = torch.zeros(W_O.shape[0] ** 2, width, dtype=W_O.dtype, device=W_O.device)
+        for l, k in enumerate(rest[:L]):
+            Kr[:, offs[l]:offs[l] + k.shape[0]] = k.reshape(k.shape[0], -1).t()
+        inp = _PathInputs.build(Kr, _token_major(W_O, Z), list(rest[L:]), x.shape[1])
+        out = torch.empty(*x.shape, W_O.shape[0], dtype=W_O.dtype, device=W_O.device)
+        with _Team(_team_size(W_O.device)) as team:
+            _path_pass(inp, x, ws, team, logits=out)
+        ctx.state = (inp, x, ws, [k.shape for k in rest[:L]], [p.shape[0] for p in rest[L:]])
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
-        dKs, dZ, dW_O, dPs = ctx.pass_.backward(g)
-        return (None, dW_O, dZ, *dKs, *dPs)
+        inp, x, ws, kshapes, plens = ctx.state
+        with _Team(_team_size(g.device)) as team:
+            acc = _path_pass(inp, x, ws, team, g=g, fresh=True)
+        V = inp.ZL.shape[0]
+        dZ = acc.dZ.transpose(0, 1).reshape(-1, V)
+        offs, _ = _pair_columns(len(kshapes))
+        dKs = [acc.dKr[:, o:o + s[0]].t().reshape(s) for o, s in zip(offs, kshapes)]
+        dPs = [F.pad(d, (0, n - d.shape[0])) for d, n in zip(acc.dP, plens)]
+        return (None, None, acc.dW, dZ, *dKs, *dPs)
 
 
 class AssocModel(nn.Module):
@@ -620,8 +963,9 @@ class AssocModel(nn.Module):
         V_S = V_{s_1}…V_{s_k} in increasing layer order.  Every product is one matmul with a parameter
         (peeling the lowest layer: V_S M = V_{s_1}(V_{S∖s_1} M), K_{S,S'} = K_{S,S'∖s_1} V_{s_1}ᵀ), and the
         products sharing that parameter are stacked into one large matmul (9 matmuls at L = 3 instead of
-        25 — same flops, better multi-threaded efficiency).  :meth:`accumulate_gradients` computes them once
-        per optimiser step however many chunks the batch is split into.
+        25).  Used by the autograd path (``loss(...).backward()`` with ``impl="paths"``) and as the
+        reference the hand-written :class:`_Products` is tested against; :meth:`accumulate_gradients`
+        uses :class:`_Products`.
         """
         V = self.vocab_size
 
@@ -655,31 +999,33 @@ class AssocModel(nn.Module):
         out.append(torch.cat([Z[S] for S in range(1, 1 << self.n_layers)]))
         return out
 
-    def _path_inputs(self, products: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        V = self.vocab_size
-        return [k.reshape(-1, V * V) for k in products[:-1]], products[-1]
-
     def _forward_paths(self, x: torch.Tensor) -> torch.Tensor:
-        """Path expansion h_l = Σ_S A_S X V_S (see module docstring and :class:`_PathPass`)."""
+        """Path expansion h_l = Σ_S A_S X V_S (see module docstring and :class:`_Chunk`)."""
         track = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        products = self.path_products() if track else self._cached_products()
-        Ks, Z = self._path_inputs(products)
-        Ps = list(self.P)
         if track:
-            return _PathsFunction.apply(x, self.W_O, Z, *Ks, *Ps)
-        with torch.no_grad():
-            return _PathPass(x, Ks, Z, self.W_O, Ps, save=False, ws=self.workspace()).logits()
+            products = self.path_products()
+            return _PathsFunction.apply(x, self.workspace(), self.W_O, products[-1], *products[:-1], *self.P)
+        out = torch.empty(*x.shape, self.vocab_size, dtype=self.W_O.dtype, device=self.W_O.device)
+        with torch.no_grad(), _Team(_team_size(self.W_O.device)) as team:
+            prods = self._cached_products(team)
+            inp = _PathInputs.build(prods.Kr, prods.ZL, list(self.P), x.shape[1])
+            _path_pass(inp, x, self.workspace(), team, logits=out)
+        return out
+
+    def _products(self, get, team: _Team) -> _Products:
+        return _Products(self.W_O.detach(), [w.detach() for w in self.W], [v.detach() for v in self.V], get, team)
 
     def accumulate_gradients(self, tokens: torch.Tensor, *, chunk: int | None = None,
                              impl: str | None = None) -> float:
         """Add ∇ of the mean cross-entropy over all positions of ``tokens`` (B, T'+1) to ``.grad``.
 
-        The batch is processed in chunks of ``chunk`` sequences (None = all at once), each weighted by
-        its share of the batch, so the result equals the unchunked gradient up to round-off.  With the
-        path implementation the batch-independent products are computed once per call, the chunks are
-        differentiated by hand (:class:`_PathPass`, cross-entropy gradient formed in place) and the
-        products' gradients back-propagated once.  Returns the batch loss (a float; NaN/Inf are
-        returned, not raised).  ``impl`` is resolved for the whole batch size.
+        The batch is processed in chunks of at most ``chunk`` sequences (None = all at once; the path
+        implementation also bounds its chunks by :data:`CHUNK_BYTES`), each weighted by its share of the
+        batch, so the result equals the unchunked gradient up to round-off.  With the path
+        implementation the batch-independent products are computed once per call (:class:`_Products`),
+        the chunks are differentiated by hand (:class:`_Chunk`, cross-entropy gradient formed in place)
+        and the products' gradients back-propagated by hand once.  Returns the batch loss (a float;
+        NaN/Inf are returned, not raised).  ``impl`` is resolved for the whole batch size.
         """
         tokens = torch.as_tensor(tokens)
         if tokens.dim() != 2 or tokens.shape[1] < 2:
@@ -698,33 +1044,22 @@ class AssocModel(nn.Module):
                 (loss * w if w != 1.0 else loss).backward()
                 total += loss.item() * w
             return total
-        with torch.enable_grad():
-            prods = self.path_products()
-        Ks, Z = self._path_inputs([p.detach() for p in prods])
-        W_O, Ps = self.W_O.detach(), [p.detach() for p in self.P]
         ws = self.workspace()
-        dKs = [ws.get(f"acc.K{l}", tuple(k.shape), k.dtype, k.device, zero=True) for l, k in enumerate(Ks)]
-        dZ = ws.get("acc.Z", tuple(Z.shape), Z.dtype, Z.device, zero=True)
-        dW_O = torch.zeros_like(W_O)
-        dPs = [torch.zeros_like(p) for p in Ps]
-        total = 0.0
-        with torch.no_grad():
-            for i in range(0, n, chunk):
-                c = tokens[i:i + chunk]
-                x = self._check_inputs(c[:, :-1])
-                p = _PathPass(x, Ks, Z, W_O, Ps, ws=ws)
-                loss, dabar = p.fused_loss_backward(c[:, 1:].long(), c.shape[0] / n, dZ, dW_O)
-                p.attention_backward(dabar, dKs, dPs)
-                total += loss * c.shape[0] / n
-                del p, dabar
-        torch.autograd.backward(prods, [d.view_as(p) for d, p in zip(dKs + [dZ], prods)])
-        with torch.no_grad():
-            for p, d in [(self.W_O, dW_O)] + list(zip(self.P, dPs)):
+        T = tokens.shape[1] - 1
+        x = self._check_inputs(tokens[:, :-1])
+        with torch.no_grad(), _Team(_team_size(self.W_O.device)) as team:
+            prods = self._products(ws.get, team)
+            inp = _PathInputs.build(prods.Kr, prods.ZL, list(self.P), T)
+            acc = _path_pass(inp, x, ws, team, targets=tokens[:, 1:].long(), scale=1.0 / (n * T), chunk=chunk)
+            grads = prods.backward(acc.dW, acc.dZ, acc.dKr, team)
+            for l in range(self.n_layers):
+                grads[f"P.{l + 1}"] = F.pad(acc.dP[l], (0, self.seq_len - T))
+            for name, p in self.named_weights():
                 if p.grad is None:
-                    p.grad = d
+                    p.grad = grads[name].clone()
                 else:
-                    p.grad += d
-        return total
+                    p.grad += grads[name]
+        return float(acc.loss) / (n * T)
 
     def workspace(self) -> Workspace:
         """Scratch buffers reused by the path implementation across calls (see :class:`Workspace`)."""
@@ -739,16 +1074,17 @@ class AssocModel(nn.Module):
         self.__dict__.pop("_workspace", None)
         self.__dict__.pop("_product_cache", None)
 
-    def _cached_products(self) -> list[torch.Tensor]:
-        """:meth:`path_products` without autograd, reused while no parameter changes (evaluation loops
-        over many batches: intervention, held-out losses).  Keyed on each parameter's storage and
-        in-place version counter, so any update (optimizer step, ``load_weights``, ``copy_``) invalidates it."""
+    def _cached_products(self, team: _Team) -> _Products:
+        """:class:`_Products` (no autograd), reused while no parameter changes (evaluation loops over
+        many batches: intervention, held-out losses).  Keyed on each parameter's storage and in-place
+        version counter, so any update (optimizer step, ``load_weights``, ``copy_``) invalidates it."""
         key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in self.parameters())
         hit = self.__dict__.get("_product_cache")
         if hit is not None and hit[0] == key:
             return hit[1]
         with torch.no_grad():
-            prods = self.path_products()
+            prods = self._products(_fresh, team)
+        prods.K = []                                     # only the backward needs them
         self.__dict__["_product_cache"] = (key, prods)
         return prods
 
