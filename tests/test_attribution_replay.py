@@ -39,8 +39,12 @@ def one_thread():
     torch.set_num_threads(old)
 
 
+TRAIN_SIZE = 64       # the toy runs' fixed training set (the paper's protocol, scaled down)
+
+
 def _train(path, **kw):
     base = dict(task="majority", n_layer=2, d_model=8, n_head=2, batch_size=8, steps=4, eval_size=40,
+                train_size=TRAIN_SIZE,
                 log_every=1, eval_every=0, probe_every=0, checkpoint_every=1, dtype="float64")
     base.update(kw)
     old = torch.get_num_threads()
@@ -59,7 +63,7 @@ def maj(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def oth(tmp_path_factory):
-    return _train(tmp_path_factory.mktemp("oth") / "run", task="othello", n_layer=1, d_model=16, batch_size=6,
+    return _train(tmp_path_factory.mktemp("oth") / "run", task="othello", train_size=0, n_layer=1, d_model=16, batch_size=6,
                   steps=2, othello_pool=30, eval_size=30)
 
 
@@ -82,8 +86,11 @@ def params_at(run, step: int) -> GPT:
     return model
 
 
-def majority_batch(seed: int, b: int, n: int) -> torch.Tensor:
-    return torch.from_numpy(get_task("majority").sample(n, np.random.default_rng([seed, 7, b])).tokens)
+def majority_batch(seed: int, b: int, n: int, train_size: int = TRAIN_SIZE) -> torch.Tensor:
+    """Batch b of the trainer's data order: rows of the fixed training set task.sample(N, rng([seed, 11]))."""
+    pool = get_task("majority").sample(train_size, np.random.default_rng([seed, 11])).tokens
+    rows = np.sort(np.random.default_rng([seed, 7, b]).integers(0, train_size, n))
+    return torch.from_numpy(pool[rows])
 
 
 def brute_components(model: GPT, x: torch.Tensor, k: int, i: int) -> dict[str, list[torch.Tensor]]:

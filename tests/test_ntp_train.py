@@ -82,10 +82,26 @@ def test_cli_bad_names_exit_2(tmp_path, capsys):
 
 # ------------------------------------------------------------------------ data order, loss, Adam
 
+def test_counting_tasks_train_on_a_fixed_set_by_default(tmp_path):
+    """The paper's protocol: a fixed set of 102,400 sequences per run, task.sample(N, default_rng([seed, 11])),
+    batch b = rows sort(default_rng([seed, 7, b]).integers(0, N, B)); other tasks refuse train_size."""
+    assert NTPConfig(task="majority").train_size == 102400
+    assert NTPConfig(task="othello").train_size == 0
+    with pytest.raises(ConfigError, match="train_size"):
+        NTPConfig(task="othello", train_size=10)
+    cfg = tiny(steps=1, seed=3, checkpoint_every=0, train_size=500)
+    tr = Trainer(cfg, tmp_path / "r")
+    data = tr._train_data()
+    pool = get_task("cond-majority").sample(500, np.random.default_rng([3, 11])).tokens
+    rows = np.sort(np.random.default_rng([3, 7, 4]).integers(0, 500, cfg.batch_size))
+    np.testing.assert_array_equal(data.batch(4), pool[rows])
+    assert "fixed training set" in data.describe()
+
+
 def test_first_update_matches_hand_written_loss_and_adam(tmp_path):
     """Batch 0 comes from default_rng([seed, 7, 0]); the logged loss is the mean CE over T−1 positions;
     one Adam step from zero moments moves every weight by lr·g/(|g| + ε) (bias-corrected)."""
-    cfg = tiny(steps=1, seed=3, checkpoint_every=0)
+    cfg = tiny(steps=1, seed=3, checkpoint_every=0, train_size=0)      # fresh sequences every step
     tr = Trainer(cfg, tmp_path / "r")
     torch.manual_seed(3)
     ref = GPT(tr.gpt_config)

@@ -15,6 +15,7 @@ are written atomically.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from .storage import _json_default, atomic_write_json
 
@@ -56,6 +57,27 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         pass
     return None
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike) -> Iterator[Path]:
+    """Hold an exclusive lock on directory ``path`` (``path/.lock``, ``fcntl.flock``) for the block: a
+    second writer of the same run or experiment directory is refused with a :class:`ConfigError` instead
+    of interleaving its files.  The lock dies with the process (a killed run leaves no stale lock)."""
+    import fcntl
+    from .errors import ConfigError
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    fh = open(p / ".lock", "a+")
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{p} is being written by another process",
+                              "wait for it to finish, or choose another --out") from None
+        yield p
+    finally:
+        fh.close()
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -257,6 +257,14 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def array_sha256(a: np.ndarray) -> str:
+    """SHA-256 of an array's dtype, shape and C-order bytes (``"dtype|shape|"`` prefix, then the data)."""
+    a = np.ascontiguousarray(a)
+    h = hashlib.sha256(f"{a.dtype.str}|{tuple(a.shape)}|".encode("ascii"))
+    h.update(a.tobytes())
+    return h.hexdigest()
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

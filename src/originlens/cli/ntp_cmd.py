@@ -54,7 +54,10 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--heads", "n_head", int, "attention heads (4)"),
     ("--untie-at", "untie_at", _untie_at, "untied regimes: boundaries M1,M2,... | all (default 10 on the "
                                           "majority tasks)"),
-    ("--untie-scope", "untie_scope", str, "untied copies of: blocks | everything"),
+    ("--untie-scope", "untie_scope", str, "untied copies of: everything (paper: a second complete model) | "
+                                          "blocks"),
+    ("--train-size", "train_size", int, "counting tasks: fixed training set of N sequences (102400, the "
+                                        "paper's; 0 = fresh sequences every step)"),
     ("--log-every", "log_every", int, "train-loss log interval (10)"),
     ("--eval-every", "eval_every", int, "eval interval in steps (500; 0 = only at the end)"),
     ("--probe-every", "probe_every", int, "probe interval in steps (500; Othello 1000; 0 = only at the end)"),

@@ -375,10 +375,12 @@ def register(subparsers: Any) -> None:
     if ntp is None:                                                   # pragma: no cover (module order)
         raise RuntimeError("ntp_experiment_cmd must come after ntp_cmd in COMMAND_MODULES")
     sub = next(a for a in ntp._actions if isinstance(a, argparse._SubParsersAction))
-    e = sub.add_parser("experiment", help="reproduction experiments (othello)",
+    e = sub.add_parser("experiment", help="reproduction experiments (othello, grid)",
                        description="End-to-end reproduction experiments of the gradient-pathways paper.")
     esub = e.add_subparsers(dest="experiment", metavar="EXPERIMENT")
     o = esub.add_parser("othello", help="train OthelloGPT, probe the board, attribute the central cells",
                         description=__doc__.split("\n\n")[0])
     add_arguments(o)
     o.set_defaults(func=cmd_othello)
+    from . import toy_grid_cmd
+    toy_grid_cmd.add_parser(esub)

@@ -18,8 +18,10 @@ Run directory (``originlens.runs.RunDir``)::
     RUN/summary.json                      final eval metrics, probe summary, timings; ``finished``
 
 Data-order rule (exact resume): the batch of update s (1-based; b = s − 1) is drawn from
-``numpy.random.default_rng([seed, 7, b])`` — ``task.sample(B, rng)`` for the counting tasks (and for
-Othello with ``othello_pool=0``), else the rows ``sort(rng.integers(0, N, B))`` of a pool: Othello games
+``numpy.random.default_rng([seed, 7, b])`` — ``task.sample(B, rng)`` for the counting tasks with
+``train_size=0`` (and for Othello with ``othello_pool=0``), else the rows ``sort(rng.integers(0, N, B))``
+of a pool: the counting tasks' fixed training set ``task.sample(train_size, default_rng([seed, 11]))``
+(the paper's 102,400 sequences by default; regenerated, not cached, on resume), Othello games
 pre-generated once per run from ``default_rng([seed, 11, c])`` per chunk c of 16384 games (cached in
 ``RUN/data/othello-pool.npy``), or the first N windows of the token store (``corpus``: a corpus
 directory or an ``.npy`` of windows).  The eval set is
@@ -74,7 +76,7 @@ from ..probes import ProbeMetrics, ProbeSet, fit_probes
 from ..progress import log, progress
 from ..runs import RunDir, to_jsonable
 from ..storage import atomic_save_npy, atomic_write_bytes, atomic_write_json, load_tensors, read_json, \
-    save_tensors, sha256_file, vocab_hash
+    save_tensors, sha256_file, vocab_hash, array_sha256
 from ..tasks import BOS_ID, TaskBatch, moves_to_tokens, task_metrics, task_names
 from ..tasks import get_task as registry_task
 from ..tasks.othello import generate_games
@@ -83,6 +85,7 @@ from . import parallel
 TRAIN_STREAM, POOL_STREAM, EVAL_STREAM = 7, 11, 13
 POOL_CHUNK = 16384
 LANGUAGE = "language"
+COUNTING_TASKS = ("majority", "cond-majority")
 CHECKPOINT_KIND = "ntp-checkpoint"
 EVENTS = ("on_step_end", "on_eval", "on_probe", "on_checkpoint")
 TRAIN_DTYPES = ("float32", "float64")
@@ -90,15 +93,16 @@ TRAIN_DTYPES = ("float32", "float64")
 # Spec §7 table (None entries of NTPConfig are filled from here).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "majority": dict(n_layer=2, d_model=128, n_head=4, batch_size=256, steps=3000, eval_size=10240,
-                     probe_every=500, eval_every=500, untie_at=[10], probe_positions="all"),
+                     probe_every=500, eval_every=500, untie_at=[10], probe_positions="all", train_size=102400),
     "cond-majority": dict(n_layer=2, d_model=128, n_head=4, batch_size=256, steps=3000, eval_size=10240,
-                          probe_every=500, eval_every=500, untie_at=[10], probe_positions="all"),
+                          probe_every=500, eval_every=500, untie_at=[10], probe_positions="all",
+                          train_size=102400),
     "othello": dict(n_layer=6, d_model=256, n_head=4, batch_size=1024, steps=5000, eval_size=20480,
-                    probe_every=1000, eval_every=500, untie_at=None, probe_positions="tracked"),
+                    probe_every=1000, eval_every=500, untie_at=None, probe_positions="tracked", train_size=0),
     LANGUAGE: dict(n_layer=4, d_model=128, n_head=4, batch_size=256, steps=1000, eval_size=30000,
-                   probe_every=0, eval_every=100, untie_at=None, probe_positions="all"),
+                   probe_every=0, eval_every=100, untie_at=None, probe_positions="all", train_size=0),
     "tinystories": dict(n_layer=4, d_model=128, n_head=4, batch_size=256, steps=1000, eval_size=30000,
-                        probe_every=100, eval_every=0, untie_at=None, probe_positions="tracked"),
+                        probe_every=100, eval_every=0, untie_at=None, probe_positions="tracked", train_size=0),
 }
 # Trainer tasks outside originlens.tasks' registry: name -> (module, class); built by get_task below.
 EXTRA_TASKS: dict[str, tuple[str, str]] = {}   # tasks outside originlens.tasks' registry (none at present)
@@ -129,6 +133,10 @@ class NTPConfig:
     ``"tracked"`` (the task's tracked positions) or a list.  ``othello_pool``: games pre-generated once
     per run (0 = fresh games every step).  ``corpus``: token store for ``task="language"``.
     ``checkpoint_every=0``: only the final checkpoint; ``keep_checkpoints=0``: keep all.
+    ``train_size``: the counting tasks' fixed training set (the paper's 102,400 sequences, drawn once per
+    run; 0 = fresh sequences every step; must be 0 for the other tasks).  ``untie_scope``: what the untied
+    regimes duplicate; ``"everything"`` (the paper: a complete second model with its own embeddings, final
+    LayerNorm and head) or ``"blocks"`` (the transformer blocks only).
     """
 
     task: str = "cond-majority"
@@ -153,7 +161,8 @@ class NTPConfig:
     checkpoint_every: int = 500
     keep_checkpoints: int = 0
     untie_at: list[int] | str | None = None
-    untie_scope: str = "blocks"
+    untie_scope: str = "everything"
+    train_size: int | None = None
     dtype: str = "float32"
     device: str = "cpu"
     attn_impl: str = "sdpa"
@@ -193,7 +202,7 @@ class NTPConfig:
         for name in ("n_layer", "d_model", "n_head", "batch_size", "log_every"):
             need_int(name, 1)
         for name in ("seed", "steps", "eval_every", "probe_every", "eval_size", "probe_size",
-                     "checkpoint_every", "keep_checkpoints", "othello_pool"):
+                     "checkpoint_every", "keep_checkpoints", "othello_pool", "train_size"):
             need_int(name, 0)
         if self.eval_seed is not None:
             need_int("eval_seed", 0)
@@ -224,6 +233,10 @@ class NTPConfig:
                                   "position 0 (BOS) is never probed")
         else:
             raise ConfigError(f"probe_positions={pp!r} is not understood", "use all, tracked or a list")
+        if self.train_size and self.task not in COUNTING_TASKS:
+            raise ConfigError(f"train_size applies to the counting tasks ({', '.join(COUNTING_TASKS)}), "
+                              f"not {self.task!r}",
+                              "drop --train-size (Othello: --othello-pool; language: the token store)")
         if self.task == LANGUAGE:
             if not self.corpus:
                 raise ConfigError("task 'language' needs a token store",
@@ -772,6 +785,11 @@ class Trainer:
             return _PoolData(pool, cfg.seed, cfg.batch_size,
                              f"a pool of Othello games (chunk c of {POOL_CHUNK}: default_rng([seed, "
                              f"{POOL_STREAM}, c]))")
+        if cfg.train_size:
+            pool = self.task.sample(cfg.train_size, np.random.default_rng([cfg.seed, POOL_STREAM])).tokens
+            return _PoolData(pool.astype(np.uint8), cfg.seed, cfg.batch_size,
+                             f"a fixed training set {cfg.task}.sample({cfg.train_size}, numpy.random.default_rng("
+                             f"[seed, {POOL_STREAM}])).tokens")
         return _SampledData(self.task, cfg.seed, cfg.batch_size)
 
     def _eval_data(self) -> EvalData:
@@ -794,6 +812,10 @@ class Trainer:
         for k in ("vocab_hash", "tokens_sha256"):
             if self._corpus_info.get(k):
                 hashes[f"corpus_{k}"] = self._corpus_info[k]
+        if isinstance(self.data, _PoolData) and self.config.task in COUNTING_TASKS:
+            hashes["train_set_sha256"] = array_sha256(self.data.pool)
+        if len(self.eval_data.tokens):
+            hashes["eval_tokens_sha256"] = array_sha256(self.eval_data.tokens.astype(np.int64))
         self.rundir.write_environment(
             seeds={"seed": self.config.seed, "eval_seed": self.config.effective_eval_seed,
                    "model_init": f"torch.manual_seed({self.config.seed})",

@@ -1,0 +1,15 @@
+"""Experiments: whole reproductions of the papers' claims, each a config dataclass → run directory →
+results file → report.  The CLI only parses arguments and calls these.
+
+* :mod:`.results` — the results-file format (``results/<experiment>/<name>.json``) and provenance;
+* :mod:`.inference` — CIs over seeds (Fisher z, t, bootstrap), paired tests, power, Holm;
+* :mod:`.toy_grid` — Majority / Conditioned Majority regime grids with initial-model nulls;
+* :mod:`.claims` — the papers' claims, each with the results file that backs it and its verdict;
+* :mod:`.render` — the README's reproduction status and ``docs/results.md``, generated from the files.
+"""
+from .inference import bootstrap_ci, correlation_ci, holm, mean_ci, paired_test
+from .results import load_all, read_results, write_results
+from .toy_grid import ToyGridConfig, run_toy_grid
+
+__all__ = ["ToyGridConfig", "run_toy_grid", "write_results", "read_results", "load_all", "correlation_ci",
+           "mean_ci", "bootstrap_ci", "paired_test", "holm"]
