@@ -48,6 +48,10 @@ _API = {
     "NTPConfig": "originlens.train",
     "Trainer": "originlens.train",
     "run_grid": "originlens.train",
+    # experiments (config → run directory → results file → report)
+    "ToyGridConfig": "originlens.experiments",
+    "run_toy_grid": "originlens.experiments",
+    "load_results": "originlens.experiments",
     # tasks
     "get_task": "originlens.tasks",
     "generate_games": "originlens.tasks",

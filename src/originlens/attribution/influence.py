@@ -2,7 +2,7 @@
 
 Mismatch of probe p = (w, site (k, i)) on the current batch, against the final parameters θ*:
 
-    R(θ) = f · mean_b ( ⟨w, r^k_{b,i}(θ)⟩ − ⟨w, r^k_{b,i}(θ*)⟩ )²      f = ½ (``half=True``, spec) or 1
+    R(θ) = f · mean_b ( ⟨w, r^k_{b,i}(θ)⟩ − ⟨w, r^k_{b,i}(θ*)⟩ )²      f = 1 (default; the paper's and the authors' code) or ½ (``half=True``)
     I_c  = ⟨Δ_c, ∇R(θ)⟩                                                 influence of component c
 
 Sign: the update is θ ← θ − Σ_c Δ_c, so to first order R drops by I_c; **positive influence moves the
@@ -62,7 +62,7 @@ class Influence:
     value: float | None        # I_c = ⟨Δ_c, ∇R⟩ (positive: moves the feature toward its final value)
     risk: float | None         # R(θ) on the subset
     n_rows: int
-    factor: float              # f: 0.5 (spec, half=True) or 1.0 (reference code)
+    factor: float              # f: 1.0 (paper, default) or 0.5 (half=True)
 
 
 def _check_probes(model: nn.Module, tokens: torch.Tensor, probes: Sequence[Probe]) -> None:
@@ -91,7 +91,7 @@ def reference_projections(final_model: nn.Module, tokens: torch.Tensor,
 
 
 def mismatch(model: nn.Module, tokens: torch.Tensor, probe: Probe, reference: torch.Tensor, *,
-             half: bool = True, rows: torch.Tensor | None = None) -> torch.Tensor:
+             half: bool = False, rows: torch.Tensor | None = None) -> torch.Tensor:
     """R(θ) as a differentiable scalar (non-myopic graph); ``rows`` (B,) bool restricts the mean."""
     _, res = model(tokens, return_residuals=True, myopic=False)
     diff = res[probe.layer][:, probe.position] @ probe.direction.to(res[0].dtype) - reference
@@ -180,7 +180,7 @@ def _jvp_double_backward(model, tokens, site, params, stacked) -> torch.Tensor:
 def influences(model: nn.Module, tokens: torch.Tensor, steps: Mapping[Site, Mapping[str, ParamDict]],
                probes: Sequence[Probe], references: Mapping[str, torch.Tensor], *,
                types: Mapping[str, torch.Tensor] | None = None, type_values: Sequence[int] | None = None,
-               half: bool = True, jvp: Literal["auto", "forward", "double_backward"] = "auto"
+               half: bool = False, jvp: Literal["auto", "forward", "double_backward"] = "auto"
                ) -> list[Influence]:
     """Influences ``I_c = ⟨Δ_c, ∇R_p⟩`` of every step component at every probe (and type subset).
 

@@ -149,7 +149,7 @@ class RunReplay:
         self.device = self.trainer.device
         self.data = self.trainer._train_data()
         self._check_environment()
-        self.task = get_task(cfg.task)
+        self.task = self.trainer.task if self.trainer.task is not None else get_task(cfg.task)
         self.feature_names = list(self.task.feature_names)
         self._types = _feature_types_fn(cfg.task, self.task)
         self.probes = ProbeSet.load(p / "probes.safetensors")
@@ -391,7 +391,7 @@ def _risks_after(shadow: GPT, tokens: torch.Tensor, probes: Sequence[Probe], ref
 
 def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: str = "adam",
                   steps: Iterable[int] | None = None, segment: tuple[int, int] | None = None,
-                  types: bool = True, half: bool = True, check_identity: bool = False,
+                  types: bool = True, half: bool = False, check_identity: bool = False,
                   out: str | Path | None = None, warm: bool = False, verify: str = "next",
                   device: str | None = None, overwrite: bool = False, replay_rtol: float = 0.0,
                   chunk_size: int | None = None, index: bool = True) -> SegmentResult:
@@ -401,7 +401,7 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
     ``"tracked"`` or names; ``optimizer``: ``"adam"`` (the paper's variant) or ``"sgd"``; ``steps``:
     updates whose influences are recorded (default: all of the segment; with SGD the decomposition is
     skipped elsewhere); ``segment`` default (0, final step); ``types``: per-feature-type influences as
-    well; ``half``: the ½ of the spec's mismatch (False: reference-code factor 1); ``check_identity``:
+    well; ``half``: a ½ in the mismatch (default False: the paper's factor 1); ``check_identity``:
     also R after the attributed step (column ``mismatch_after``); ``out``: store directory (default
     ``RUN/attribution``); ``warm``: Adam only, recompute missing component moments from an earlier
     state; ``verify``: checkpoints to compare bit-exactly (``"next"``: inside the segment and the first

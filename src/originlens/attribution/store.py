@@ -13,8 +13,8 @@ that feature type: 0 empty, 1 NTP-useless, 2 NTP-useful), ``component`` ∈ {dir
 full} (full = Σ_c), ``influence`` I_c = ⟨Δ_c, ∇R⟩ (null when the type subset is empty on that batch,
 spec pitfall 2), ``mismatch`` R(θ_{s−1}), ``mismatch_after`` R(θ_{s−1} − Σ_c Δ_c) on the same batch
 (only with ``check_identity``; first-order identity Σ_c I_c ≈ mismatch − mismatch_after),
-``n_rows`` (batch rows in the subset), ``optimizer`` (adam | sgd), ``half`` (True: R carries the ½
-of the spec; False: the reference code's factor 1, values 2×).  **Sign: positive influence moves the
+``n_rows`` (batch rows in the subset), ``optimizer`` (adam | sgd), ``half`` (False, the default: the
+paper's R without a ½; True: R carries a ½, values half as large).  **Sign: positive influence moves the
 feature toward its final value** (the update is θ ← θ − Σ_c Δ_c).
 
 Every segment file carries its settings and replay checks in the Parquet key-value metadata
@@ -72,8 +72,8 @@ SCHEMA = pa.schema([
 
 
 def mismatch_factor_text(half: bool) -> str:
-    return ("R = ½·mean_b(⟨w,r(θ)⟩ − ⟨w,r(θ*)⟩)² (spec convention, factor ½)" if half else
-            "R = mean_b(⟨w,r(θ)⟩ − ⟨w,r(θ*)⟩)² (reference-code convention, no ½: values 2× the spec's)")
+    return ("R = ½·mean_b(⟨w,r(θ)⟩ − ⟨w,r(θ*)⟩)² (factor ½: values ½ of the paper's)" if half else
+            "R = mean_b(⟨w,r(θ)⟩ − ⟨w,r(θ*)⟩)² (the paper's convention, no ½)")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "originlens.cli.ntp_cmd",
     "originlens.cli.ntp_experiment_cmd",
     "originlens.cli.report_cmd",
+    "originlens.cli.results_cmd",
 ]
 
 

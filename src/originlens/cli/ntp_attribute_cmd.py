@@ -81,8 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--steps", type=_steps, default=None,
                    help="record influences only at FIRST:LAST[:STRIDE] (SGD also skips the decomposition elsewhere)")
     a.add_argument("--no-types", dest="types", action="store_false", help="skip per-feature-type influences")
-    a.add_argument("--no-half", dest="half", action="store_false",
-                   help="mismatch without the ½ (reference-code convention, values 2×)")
+    a.add_argument("--half", dest="half", action="store_true",
+                   help="mismatch with a ½ (values ½ of the paper's convention, which has none)")
     a.add_argument("--check-identity", action="store_true",
                    help="also store R after the attributed step (Σ_c I_c ≈ R before − R after)")
     a.add_argument("--warm", action="store_true",

@@ -34,6 +34,18 @@ def _probe_positions(s: str) -> Any:
     return s if s in ("all", "tracked") else _int_list(s)
 
 
+def _task_option(s: str) -> tuple[str, Any]:
+    """``KEY=VALUE``; VALUE is read as JSON when it parses (true, 3, "x"), else kept as a string."""
+    import json
+    key, sep, value = s.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {s!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
 def _betas(s: str) -> tuple[float, float]:
     try:
         a, b = (float(v) for v in s.split(","))
@@ -83,6 +95,9 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
     for flag, dest, typ, help_ in OVERRIDES:
         g.add_argument(flag, dest=f"ov_{dest}", type=typ, default=None, help=help_,
                        metavar=flag.lstrip("-").upper().replace("-", "_"))
+    g.add_argument("--task-option", dest="task_options", action="append", type=_task_option, default=None,
+                   metavar="KEY=VALUE", help="a task option, repeatable (tinystories: syntax_features=true, "
+                                             "annotator=spacy|lingua|gold, spacy_model=NAME, syntax_labels=all|tags|deps)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--overwrite", action="store_true", help="replace runs with a different configuration")
 
@@ -93,6 +108,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         v = getattr(args, f"ov_{dest}")
         if v is not None:
             out[dest] = v
+    if getattr(args, "task_options", None):
+        out["task_options"] = dict(args.task_options)
     return out
 
 

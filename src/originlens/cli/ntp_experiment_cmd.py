@@ -21,7 +21,7 @@ Spec ``gradient-pathways.md`` §6.3 and §8, issue 5 item 5.  Under ``OUT``::
    the replayed records next to as many fresh synthetic games.
 
 Each stage is skipped when its output exists (re-running resumes).  Sign convention: positive
-influence moves the probed feature toward its final value; mismatch R carries the spec's ½.
+influence moves the probed feature toward its final value; mismatch R has no ½ (the paper's convention).
 
 Mounted as ``ntp experiment`` through :data:`originlens.cli.main.COMMAND_MODULES` (this module finds
 the ``ntp`` group registered by ``ntp_cmd``).  :func:`run_othello_experiment` is the library entry
@@ -137,7 +137,7 @@ def _attribute(cfg: OthelloExperimentConfig, run: Path) -> dict[str, Any]:
     t0 = time.time()
     if not done:
         attribute_run(run, sites=sites, features="tracked", optimizer=cfg.optimizer, segment=(0, end),
-                      types=True, half=True, out=store)
+                      types=True, half=False, out=store)
     table = load_observables(store)
     integ = integrate(table)
     summ = summarize(integ, ci="t")
@@ -242,7 +242,7 @@ def run_othello_experiment(cfg: OthelloExperimentConfig, out: str | Path, *, log
     out = Path(out)
     run = out / "run"
     record: dict[str, Any] = {"config": dataclasses.asdict(cfg), "sign": "positive influence = toward the final "
-                              "feature value; mismatch with the spec's ½", "stages": {}}
+                              "feature value; mismatch without a ½ (the paper's convention)", "stages": {}}
     t = time.time()
     log(f"[1/4] training {cfg.n_layer}×{cfg.d_model} on synthetic Othello, {cfg.steps} steps of {cfg.batch_size} ...")
     record["train"] = _train(cfg, run)

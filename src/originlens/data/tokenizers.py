@@ -222,6 +222,12 @@ class _HFBacked:
     def encode(self, text: str) -> list[int]:
         return self._ids(text)
 
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids of the bare text (no special tokens, no ``<s> … </s>`` wrap) and each token's character
+        span ``(start, end)`` in ``text`` (Python string indices, end exclusive)."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return list(enc.ids), [(int(a), int(b)) for a, b in enc.offsets]
+
     def encode_with_oov(self, text: str) -> tuple[list[int], int]:
         """Ids and the number of ``unk_id`` occurrences (characters unknown to the model)."""
         ids = self.encode(text)

@@ -9,7 +9,8 @@ results file → report.  The CLI only parses arguments and calls these.
 """
 from .inference import bootstrap_ci, correlation_ci, holm, mean_ci, paired_test
 from .results import load_all, read_results, write_results
+from .results import load_all as load_results
 from .toy_grid import ToyGridConfig, run_toy_grid
 
-__all__ = ["ToyGridConfig", "run_toy_grid", "write_results", "read_results", "load_all", "correlation_ci",
+__all__ = ["ToyGridConfig", "run_toy_grid", "write_results", "read_results", "load_all", "load_results", "correlation_ci",
            "mean_ci", "bootstrap_ci", "paired_test", "holm"]

@@ -18,10 +18,16 @@ Features after token i of a window (``TaskBatch.features[:, i]``, float32; spec 
 * ``pos_int``  = absolute index of token i in its story (0-based), i.e. ``offset + i``;
 * ``pos_prop`` = ``pos_int / story length in tokens`` (in [0, 1); not inferable from the window alone).
 
-The spec's 20 spaCy features (10 Penn-Treebank tags, 10 dependency labels) are **not** provided: spaCy
-and ``en_core_web_sm`` are not installed here.  ``syntax_features=True`` raises ``ConfigError``; the
-default notes the omission once per process.  ``feature_types`` is ``None`` (the spec defines no
-useful/useless typing for these features).
+Syntax features (``syntax_features=True``; arXiv 2603.14087, § on the TinyStories model): indicators of
+10 Penn-Treebank tags and 10 dependency labels after each token (0/1 floats), computed on the **whole
+story** by an annotator (:mod:`originlens.tasks.syntax`: ``annotator="spacy"`` with ``spacy_model``
+``en_core_web_sm``, the paper's choice; ``"lingua"``, tags only; ``"gold"``, storyworld stories only)
+and aligned to the BPE tokens through character spans in expand mode (a token gets every tag/label of
+every annotator word it overlaps).  ``feature_names`` is then ``tag_NN … tag_CC, dep_nsubj … dep_aux,
+pos_int, pos_prop`` (22; ``syntax_labels="tags"`` or ``"deps"`` keeps 10 of the 20).  A missing
+annotator, or dependency labels asked of a tagger without them, raises ``ConfigError`` at construction.
+Off (the default), the features are the two above and the omission is noted once per process.
+``feature_types`` is ``None`` (the spec defines no useful/useless typing for these features).
 
 ``legal`` is :class:`NextTokenLegal`, a lazy (n, T, V) boolean "array" whose only True entry per
 position is the observed next token (none at i = T−1), so the shared metric ``legal_acc`` is top-1
@@ -34,6 +40,13 @@ the tokenizer configuration, the ``tokenizers`` version and :data:`CACHE_FORMAT`
 builds a new entry (old entries are left in place).  ``CACHE`` is ``cache_dir`` if given, else the
 environment variable ``ORIGINLENS_CACHE``, else ``$XDG_CACHE_HOME/originlens``, else
 ``~/.cache/originlens``.
+
+Syntax cache: ``CACHE/tinystories/syntax-{annotator}-{key}`` (also via :func:`atomic_directory`), keyed
+by the tokenisation key, the annotator's name and version (spaCy and pipeline versions; Lingua's version)
+and :data:`SYNTAX_CACHE_FORMAT`; it holds the aligned (tokens, 20) indicators bit-packed
+(``features_packed.npy``) and the annotator's raw words (character spans, tag and label ids into the
+manifest's vocabularies), all ``.npy`` + JSON.  Because the key includes the BPE, another
+``bpe_vocab_size`` annotates the stories again.
 
 Caveats: the BPE is trained on all stories (train and held-out), not on the train split only; the
 spec uses the pretrained ``TinyStories-1M`` tokenizer (50,257 ids), which is not available offline, so
@@ -55,7 +68,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import ConfigError, InputError, OriginlensError
+from ..errors import CompatibilityError, ConfigError, InputError, OriginlensError
 from ..paths import ENV_VAR, data_root
 from ..progress import log
 from ..storage import atomic_directory, atomic_save_npy, atomic_write_json, read_json, sha256_file
@@ -63,9 +76,10 @@ from .base import TaskBatch, Tracked, check_n
 
 CACHE_ENV_VAR = "ORIGINLENS_CACHE"
 CACHE_FORMAT = 1
+SYNTAX_CACHE_FORMAT = 1
 FEATURES = ("pos_int", "pos_prop")
-SYNTAX_NOTE = ("note: tinystories: the spec's 20 spaCy part-of-speech/dependency features are skipped "
-               "(spaCy and en_core_web_sm are not installed); probing pos_int and pos_prop only")
+SYNTAX_NOTE = ("note: tinystories: the paper's 20 part-of-speech/dependency features are off "
+               "(syntax_features=False); probing pos_int and pos_prop only")
 _SYNTAX_NOTED = False
 
 
@@ -275,17 +289,147 @@ def _read_entry(entry: Path, key: str) -> TokenisedStories | None:
 
 
 # ----------------------------------------------------------------------------------------------------
+# syntax-feature cache
+
+
+@dataclass(frozen=True)
+class SyntaxTable:
+    """The 20 syntax indicators of every token of :class:`TokenisedStories` (same flat order):
+    ``features`` (N, 20) bool, columns :data:`originlens.tasks.syntax.SYNTAX_FEATURES`; ``provides`` the
+    label sets the annotator gave (columns of a missing set are all False); ``path`` the cache entry."""
+
+    features: np.ndarray
+    provides: frozenset[str]
+    path: Path
+    manifest: dict[str, Any]
+
+
+def syntax_cache_key(data: TokenisedStories, annotator: Any) -> tuple[str, dict[str, Any]]:
+    """(hex key, key material): the tokenisation key (data + BPE), the annotator's name and version, the
+    feature columns and :data:`SYNTAX_CACHE_FORMAT`."""
+    from .syntax import SYNTAX_FEATURES
+    material = {"format": SYNTAX_CACHE_FORMAT, "tokenisation_key": data.manifest["key"],
+                "annotator": annotator.name, "annotator_version": annotator.version,
+                "columns": list(SYNTAX_FEATURES), "alignment": "expand (character overlap)",
+                "annotated": "whole stories"}
+    blob = json.dumps(material, sort_keys=True).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest(), material
+
+
+_LOADED_SYNTAX: dict[str, SyntaxTable] = {}
+
+
+def load_syntax(data: TokenisedStories, files: list[Path], annotator: Any,
+                cache_dir: str | os.PathLike | None = None) -> SyntaxTable:
+    """The syntax indicators of every token, from the cache or computed (whole stories through
+    ``annotator``, aligned by :func:`originlens.tasks.syntax.align`) and cached on first use."""
+    key, material = syntax_cache_key(data, annotator)
+    entry = cache_root(cache_dir) / "tinystories" / f"syntax-{annotator.name}-{key[:16]}"
+    if str(entry) in _LOADED_SYNTAX and _LOADED_SYNTAX[str(entry)].manifest.get("key") == key and entry.is_dir():
+        return _LOADED_SYNTAX[str(entry)]
+    got = _read_syntax_entry(entry, key, int(data.tokens.size))
+    if got is None:
+        got = _build_syntax(data, files, annotator, entry, key, material)
+    _LOADED_SYNTAX[str(entry)] = got
+    return got
+
+
+def _build_syntax(data: TokenisedStories, files: list[Path], annotator: Any, entry: Path, key: str,
+                  material: dict[str, Any]) -> SyntaxTable:
+    from .syntax import DEPS, SYNTAX_FEATURES, TAGS, align
+    stories = read_stories(files)
+    if len(stories) != len(data.hashes) or any(story_hash(t) != int(h) for t, h in zip(stories, data.hashes)):
+        raise InputError(f"the TinyStories files under {files[0].parent} changed while in use",
+                         "run again (the caches are rebuilt for the new files)")
+    log(f"tinystories: annotating {len(stories)} stories with {annotator.name} ({annotator.version}); "
+        f"cached in {entry}", level=1)
+    feats = np.zeros((int(data.tokens.size), len(SYNTAX_FEATURES)), dtype=bool)
+    spans, tag_ids, dep_ids, counts = [], [], [], []
+    tag_vocab: dict[str, int] = {}
+    dep_vocab: dict[str, int] = {}
+    chunk = 500
+    for lo in range(0, len(stories), chunk):
+        try:
+            anns = annotator.annotate(stories[lo:lo + chunk])
+        except OriginlensError as exc:
+            raise type(exc)(f"tinystories: annotating stories {lo}..{min(lo + chunk, len(stories)) - 1} "
+                            f"(text i = story {lo} + i): {exc.what}", exc.fix) from None
+        for s, ann in enumerate(anns, start=lo):
+            ids, offsets = data.tokenizer.encode_offsets(stories[s])
+            if not np.array_equal(np.asarray(ids, dtype=np.int64), data.story(s).astype(np.int64)):
+                raise CompatibilityError(f"tinystories: the cached token ids of story {s} differ from its "
+                                         f"tokenisation now ({data.path})", "delete that cache entry")
+            feats[data.starts[s]:data.starts[s + 1]] = align(ann, offsets, len(ids), story=s)
+            counts.append(len(ann.spans))
+            for a, b, tag, dep in ann.spans:
+                spans.append((a, b))
+                tag_ids.append(-1 if tag is None else tag_vocab.setdefault(tag, len(tag_vocab)))
+                dep_ids.append(-1 if dep is None else dep_vocab.setdefault(dep, len(dep_vocab)))
+        if len(stories) > chunk:
+            log(f"tinystories: annotated {min(lo + chunk, len(stories))}/{len(stories)} stories", level=2)
+    span_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+    manifest = {"key": key, "key_material": material, "stories": len(stories), "tokens": int(feats.shape[0]),
+                "columns": list(SYNTAX_FEATURES), "provides": sorted(annotator.provides),
+                "tag_vocab": list(tag_vocab), "dep_vocab": list(dep_vocab), "annotator_tokens": int(span_starts[-1]),
+                "files": {"features_packed.npy": "(tokens, 3) uint8: np.packbits of the (tokens, 20) bool features "
+                                                 "along axis 1, bitorder little",
+                          "spans.npy": "(annotator tokens, 2) int32 character spans, story by story",
+                          "span_starts.npy": "(stories + 1,) int64: story s owns "
+                                             "spans[span_starts[s]:span_starts[s+1]]",
+                          "tag_ids.npy": "(annotator tokens,) int16 index into tag_vocab, -1 = none",
+                          "dep_ids.npy": "(annotator tokens,) int16 index into dep_vocab, -1 = none"},
+                "tags": list(TAGS), "deps": list(DEPS)}
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_directory(entry) as tmp:
+            atomic_save_npy(tmp / "features_packed.npy", np.packbits(feats, axis=1, bitorder="little"))
+            atomic_save_npy(tmp / "spans.npy", np.asarray(spans, dtype=np.int32).reshape(-1, 2))
+            atomic_save_npy(tmp / "span_starts.npy", span_starts)
+            atomic_save_npy(tmp / "tag_ids.npy", np.asarray(tag_ids, dtype=np.int16))
+            atomic_save_npy(tmp / "dep_ids.npy", np.asarray(dep_ids, dtype=np.int16))
+            atomic_write_json(tmp / "manifest.json", manifest)
+    except (OSError, OriginlensError) as exc:
+        raise InputError(f"cannot write the syntax-feature cache {entry} ({exc})",
+                         f"set {CACHE_ENV_VAR} to a writable directory") from None
+    return SyntaxTable(feats, frozenset(annotator.provides), entry, manifest)
+
+
+def _read_syntax_entry(entry: Path, key: str, n_tokens: int) -> SyntaxTable | None:
+    """A valid syntax cache entry, or None (missing or inconsistent: it is rebuilt)."""
+    from .syntax import SYNTAX_FEATURES
+    if not (entry / "manifest.json").is_file():
+        return None
+    try:
+        manifest = read_json(entry / "manifest.json")
+        if manifest.get("key") != key:
+            return None
+        packed = np.load(entry / "features_packed.npy", allow_pickle=False)
+    except (OSError, ValueError, OriginlensError):
+        log(f"tinystories: syntax cache entry {entry} is unreadable; rebuilding it", level=1)
+        return None
+    n_cols = len(SYNTAX_FEATURES)
+    if packed.dtype != np.uint8 or packed.shape != (n_tokens, (n_cols + 7) // 8) or manifest.get("tokens") != n_tokens:
+        log(f"tinystories: syntax cache entry {entry} is inconsistent; rebuilding it", level=1)
+        return None
+    feats = np.unpackbits(packed, axis=1, count=n_cols, bitorder="little").astype(bool)
+    return SyntaxTable(feats, frozenset(manifest.get("provides", [])), entry, manifest)
+
+
+# ----------------------------------------------------------------------------------------------------
 # the task
 
 
 @dataclass
 class TinyStoriesTask:
-    """TinyStories windows with ``pos_int`` / ``pos_prop`` features (see the module docstring).
+    """TinyStories windows with ``pos_int`` / ``pos_prop`` and optional syntax features (module docstring).
 
     Options: ``bpe_vocab_size`` (BPE ids, 4096), ``window`` (T, 64), ``heldout_frac`` (0.1),
     ``data_root`` (default: ``ORIGINLENS_DATA`` / ``../shared/data``), ``cache_dir`` (default
-    :func:`cache_root`), ``syntax_features`` (spaCy tags; unavailable, must stay False).
-    Tokenisation happens lazily on first use (``vocab_size``, ``sample``...), from the cache when possible.
+    :func:`cache_root`), ``syntax_features`` (False: the two position features only), ``annotator``
+    (``spacy`` | ``lingua`` | ``gold``), ``spacy_model`` (``en_core_web_sm``), ``syntax_labels``
+    (``all``: 10 tags + 10 labels, ``tags``, ``deps``).
+    Tokenisation and annotation happen lazily on first use (``vocab_size``, ``sample``...), from the cache
+    when possible; a missing annotator fails at construction.
     """
 
     bpe_vocab_size: int = 4096
@@ -294,6 +438,9 @@ class TinyStoriesTask:
     data_root: str | None = None
     cache_dir: str | None = None
     syntax_features: bool = False
+    annotator: str = "spacy"
+    spacy_model: str = "en_core_web_sm"
+    syntax_labels: str = "all"
 
     name: ClassVar[str] = "tinystories"
 
@@ -306,12 +453,20 @@ class TinyStoriesTask:
         if not isinstance(self.heldout_frac, (int, float)) or not 0 < self.heldout_frac < 1:
             raise ConfigError(f"tinystories: heldout_frac must lie in (0, 1), got {self.heldout_frac!r}",
                               "e.g. heldout_frac=0.1")
+        if not isinstance(self.syntax_features, (bool, np.bool_)):
+            raise ConfigError(f"tinystories: syntax_features must be true or false, got {self.syntax_features!r}",
+                              "set syntax_features=True for the 20 tag/label features")
+        from . import syntax
+        self._syntax_cols = syntax.selected_columns(self.syntax_labels)
+        if self.annotator not in syntax.ANNOTATORS:
+            raise ConfigError(f"tinystories: unknown syntax annotator {self.annotator!r}",
+                              f"use one of: {', '.join(syntax.ANNOTATORS)}")
+        self._annotator_obj = None
         if self.syntax_features:
-            raise ConfigError("tinystories: the spaCy part-of-speech/dependency features are not available "
-                              "(spaCy and en_core_web_sm are not installed, and originlens does not compute them yet)",
-                              "use syntax_features=False (pos_int and pos_prop only)")
+            self._annotator_obj = syntax.get_annotator(self.annotator, spacy_model=self.spacy_model)
+            syntax.check_provides(self._annotator_obj, self.syntax_labels)
         self.files = story_files(self.data_root)        # fails early, naming ORIGINLENS_DATA
-        if not _SYNTAX_NOTED:
+        if not self.syntax_features and not _SYNTAX_NOTED:
             _SYNTAX_NOTED = True
             log(SYNTAX_NOTE, level=1)
 
@@ -319,6 +474,13 @@ class TinyStoriesTask:
     @functools.cached_property
     def data(self) -> TokenisedStories:
         return load_tokenised(self.files, self.bpe_vocab_size, self.cache_dir)
+
+    @functools.cached_property
+    def syntax(self) -> SyntaxTable:
+        """The per-token syntax indicators (only with ``syntax_features=True``)."""
+        if self._annotator_obj is None:
+            raise ConfigError("tinystories: syntax features are off", "construct the task with syntax_features=True")
+        return load_syntax(self.data, self.files, self._annotator_obj, self.cache_dir)
 
     @functools.cached_property
     def split(self) -> tuple[np.ndarray, np.ndarray]:
@@ -352,12 +514,17 @@ class TinyStoriesTask:
 
     @property
     def feature_names(self) -> list[str]:
-        return list(FEATURES)
+        """``pos_int, pos_prop``; with syntax features the selected ``tag_*`` / ``dep_*`` names come first
+        (22 names for ``syntax_labels="all"``)."""
+        if not self.syntax_features:
+            return list(FEATURES)
+        from .syntax import FEATURE_NAMES
+        return [FEATURE_NAMES[c] for c in self._syntax_cols] + list(FEATURES)
 
     @property
     def tracked(self) -> Tracked:
         """Spec §6.4: layers 1–4, positions 30–39, every feature."""
-        return Tracked(layers=(1, 2, 3, 4), positions=tuple(range(30, 40)), features=FEATURES)
+        return Tracked(layers=(1, 2, 3, 4), positions=tuple(range(30, 40)), features=tuple(self.feature_names))
 
     def describe(self) -> dict[str, Any]:
         train, held = self.split
@@ -365,7 +532,9 @@ class TinyStoriesTask:
         return {"cache": str(d.path), "key": d.manifest["key"], "stories": int(len(d.hashes)),
                 "tokens": int(d.tokens.size), "vocab_size": self.vocab_size, "train_stories": int(len(train)),
                 "heldout_stories": int(len(held)), "skipped_short": int((d.lengths < self.window).sum()),
-                "train_tokens": int(d.lengths[train].sum()), "heldout_tokens": int(d.lengths[held].sum())}
+                "train_tokens": int(d.lengths[train].sum()), "heldout_tokens": int(d.lengths[held].sum()),
+                **({"syntax_cache": str(self.syntax.path), "annotator": self._annotator_obj.name,
+                    "annotator_version": self._annotator_obj.version} if self.syntax_features else {})}
 
     # -- sampling ----------------------------------------------------------------------------------
     def sample(self, n: int, rng: np.random.Generator) -> TaskBatch:
@@ -392,9 +561,12 @@ class TinyStoriesTask:
         tokens = d.tokens[idx].astype(np.int64)
         pos_int = offset[:, None] + np.arange(T)
         features = np.stack([pos_int, pos_int / length[:, None]], axis=-1).astype(np.float32)
+        if self.syntax_features:
+            syn = self.syntax.features[idx][..., self._syntax_cols].astype(np.float32)
+            features = np.concatenate([syn, features], axis=-1)
         nxt = np.full((n, T), -1, dtype=np.int64)
         nxt[:, :-1] = tokens[:, 1:]
-        return TaskBatch(tokens=tokens, features=features, feature_names=list(FEATURES), feature_types=None,
+        return TaskBatch(tokens=tokens, features=features, feature_names=self.feature_names, feature_types=None,
                          legal=NextTokenLegal(nxt, self.vocab_size),
                          metadata={"task": self.name, "split": split, "story": story, "offset": offset,
                                    "story_len": length})

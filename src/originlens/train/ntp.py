@@ -136,7 +136,9 @@ class NTPConfig:
     ``train_size``: the counting tasks' fixed training set (the paper's 102,400 sequences, drawn once per
     run; 0 = fresh sequences every step; must be 0 for the other tasks).  ``untie_scope``: what the untied
     regimes duplicate; ``"everything"`` (the paper: a complete second model with its own embeddings, final
-    LayerNorm and head) or ``"blocks"`` (the transformer blocks only).
+    LayerNorm and head) or ``"blocks"`` (the transformer blocks only).  ``task_options``: keyword
+    arguments of the task (e.g. ``{"syntax_features": True, "annotator": "lingua", "syntax_labels": "tags"}``
+    for ``tinystories``); part of the run's identity.
     """
 
     task: str = "cond-majority"
@@ -163,6 +165,7 @@ class NTPConfig:
     untie_at: list[int] | str | None = None
     untie_scope: str = "everything"
     train_size: int | None = None
+    task_options: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
     device: str = "cpu"
     attn_impl: str = "sdpa"
@@ -237,6 +240,9 @@ class NTPConfig:
             raise ConfigError(f"train_size applies to the counting tasks ({', '.join(COUNTING_TASKS)}), "
                               f"not {self.task!r}",
                               "drop --train-size (Othello: --othello-pool; language: the token store)")
+        if self.task == LANGUAGE and self.task_options:
+            raise ConfigError("task 'language' takes no task options (it reads a token store)",
+                              "drop --task-option")
         if self.task == LANGUAGE:
             if not self.corpus:
                 raise ConfigError("task 'language' needs a token store",
@@ -245,10 +251,18 @@ class NTPConfig:
             if self.corpus:
                 raise ConfigError(f"corpus is only used by task 'language', not {self.task!r}",
                                   "drop --corpus")
-            task = get_task(self.task)
+            task = self.make_task()
             self.gpt_config(task.vocab_size, task.seq_len)  # GPT's own validation (heads, untie_at, ...)
 
     # -- derived -----------------------------------------------------------------------------------
+    def make_task(self, **extra: Any) -> Any:
+        """The task object with ``task_options`` (unknown options: :class:`ConfigError`)."""
+        try:
+            return get_task(self.task, **{**self.task_options, **extra})
+        except TypeError as exc:
+            raise ConfigError(f"task {self.task!r} does not take the options {sorted(self.task_options)} ({exc})",
+                              "drop the unknown --task-option") from None
+
     def gpt_config(self, vocab_size: int, seq_len: int) -> GPTConfig:
         """The model configuration (position table of size T + 1, spec §7)."""
         return GPTConfig(vocab_size=vocab_size, seq_len=seq_len, n_layer=self.n_layer, d_model=self.d_model,
@@ -585,7 +599,7 @@ class Trainer:
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device cuda requested but torch sees no GPU", "use --device cpu")
-        self.task = None if config.task == LANGUAGE else get_task(config.task)
+        self.task = None if config.task == LANGUAGE else config.make_task()
         self._writer = dist_.world()[0] == 0          # under torchrun only rank 0 writes (see run())
         if self._writer:
             self._check_run_dir()
@@ -768,7 +782,7 @@ class Trainer:
             train = self._corpus_tokens[: len(self._corpus_tokens) - cfg.eval_size]
             return _PoolData(train, cfg.seed, cfg.batch_size, f"the first windows of {cfg.corpus}")
         if cfg.task == "othello":
-            task = get_task("othello", with_feature_types=False)
+            task = cfg.make_task(with_feature_types=False)
             if cfg.othello_pool == 0:
                 return _SampledData(task, cfg.seed, cfg.batch_size)
             path = self.rundir.file("data", "othello-pool.npy")

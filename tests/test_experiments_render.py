@@ -1,0 +1,142 @@
+"""Claims, verdicts and the docs generated from results files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from originlens.cli.main import main as cli_main
+from originlens.errors import InputError
+from originlens.experiments import inference as inf
+from originlens.experiments.claims import CLAIMS, VERDICTS, claim_status, judge_cond_majority, judge_majority
+from originlens.experiments.render import BEGIN, END, render, status_table
+from originlens.experiments.results import read_results, write_results
+from originlens.experiments.toy_grid import HYPOTHESES
+
+REPO = Path(__file__).resolve().parents[1]
+REGIMES = ("standard", "myopic", "untied", "myopic+untied")
+
+
+def fake_grid(task: str, means: dict[str, float], initial: float = 0.4, sd: float = 0.01, seed: int = 0) -> dict:
+    """A toy-grid results record with per-seed values around ``means`` (the real aggregation functions)."""
+    rng = np.random.default_rng(seed)
+    vals = {r: np.clip(m + sd * rng.standard_normal(5), -0.99, 0.99).tolist() for r, m in means.items()}
+    init = np.clip(initial + sd * rng.standard_normal(5), -0.99, 0.99).tolist()
+    numbers = {r: {"useless_r": inf.correlation_ci(v), "useless_r_bootstrap": inf.bootstrap_ci(v),
+                   "initial_useless_r": inf.correlation_ci(init), "useful_r": inf.correlation_ci(v),
+                   "useless_r_by_layer": {}} for r, v in vals.items()}
+    orderings = {f"{a} > {b}": inf.paired_test(vals[a], vals[b]) for a, b in HYPOTHESES[task]}
+    adj = inf.holm({k: v["p_t"] for k, v in orderings.items()})
+    for k, v in orderings.items():
+        v.update(p_holm=adj[k], holds=adj[k] is not None and adj[k] < 0.05)
+    learned = {}
+    for r, v in vals.items():
+        t = inf.paired_test(v, init)
+        learned[f"{r} > initial"] = {**t, "holds": (t["p_t"] or 1) < 0.05}
+    q = {"eval_loss": inf.mean_ci([0.7] * 5), "initial_eval_loss": inf.mean_ci([1.6] * 5),
+         "legal_output_acc": inf.mean_ci([0.99] * 5), "first_output_token_acc": inf.mean_ci([0.9] * 5)}
+    return {"format": "originlens-results/1", "experiment": "toy-grid", "name": f"{task}-cpu",
+            "command": "originlens ntp experiment grid", "created": "2026-01-01T00:00:00+00:00",
+            "git_commit": "abc", "versions": {"torch": "x", "numpy": "y"}, "machine": {"cpus": 2},
+            "config": {}, "seeds": [0, 1, 2, 3, 4],
+            "scale": {"summary": "test", "model": "2 layers", "training": "t", "deviations": ["d_model 64 (paper 128)"]},
+            "numbers": numbers, "quality": {r: q for r in vals}, "metric": "m",
+            "tests": {"orderings": orderings, "learned": learned, "alpha": 0.05, "expected": "e"},
+            "runs": [{"regime": r, "seed": s, "seconds": 1.0} for r in vals for s in range(5)]}
+
+
+def test_cond_majority_verdicts_follow_the_written_rules():
+    ok = fake_grid("cond-majority", {"standard": 0.9, "untied": 0.9, "myopic": 0.4, "myopic+untied": 0.4})
+    assert judge_cond_majority(ok).verdict == "reproduced"
+    less = fake_grid("cond-majority", {"standard": 0.9, "untied": 0.9, "myopic": 0.6, "myopic+untied": 0.6})
+    v = judge_cond_majority(less)
+    assert v.verdict == "partial" and "still beat" in v.ours
+    bad = fake_grid("cond-majority", {"standard": 0.6, "untied": 0.6, "myopic": 0.6, "myopic+untied": 0.6})
+    assert judge_cond_majority(bad).verdict == "not reproduced"
+    assert "d_model 64 (paper 128)" in v.scale and "5 seeds" in v.scale
+
+
+def test_majority_verdicts():
+    full = fake_grid("majority", {"standard": 0.9, "myopic": 0.8, "untied": 0.8, "myopic+untied": 0.6})
+    assert judge_majority(full).verdict == "reproduced"
+    some = fake_grid("majority", {"standard": 0.8, "myopic": 0.8, "untied": 0.8, "myopic+untied": 0.6})
+    assert judge_majority(some).verdict == "partial"
+    none = fake_grid("majority", {r: 0.8 for r in REGIMES})
+    assert judge_majority(none).verdict == "not reproduced"
+
+
+def test_claims_without_results_are_blocked_never_numbered():
+    for c in CLAIMS:
+        v, key = claim_status(c, {})
+        assert key is None and v.verdict == c.blocked and v.verdict in VERDICTS and v.ours == "—"
+
+
+def _root(tmp_path: Path) -> Path:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(f"# x\n\nintro\n\n{BEGIN}\nstale\n{END}\n\n## after\n")
+    return tmp_path
+
+
+def test_render_writes_readme_block_and_results_page_then_check_passes(tmp_path, capsys):
+    root = _root(tmp_path)
+    rec = fake_grid("cond-majority", {"standard": 0.9, "untied": 0.9, "myopic": 0.4, "myopic+untied": 0.4})
+    (root / "results" / "toy-grid").mkdir(parents=True)
+    (root / "results" / "toy-grid" / "cond-majority-cpu.json").write_text(json.dumps(rec))
+    assert read_results(root / "results" / "toy-grid" / "cond-majority-cpu.json")["name"] == "cond-majority-cpu"
+    changed = render(root)
+    assert sorted(p.name for p in changed) == ["README.md", "results.md"]
+    readme = (root / "README.md").read_text()
+    assert "stale" not in readme and readme.startswith("# x\n\nintro") and readme.endswith("## after\n")
+    assert "**reproduced**" in readme and "(results/toy-grid/cond-majority-cpu.json)" in readme
+    page = (root / "docs" / "results.md").read_text()
+    assert "../results/toy-grid/cond-majority-cpu.json" in page and "standard > myopic" in page
+    assert "d_model 64 (paper 128)" in page
+    assert render(root, check=True) == []
+    assert cli_main(["results", "render", "--root", str(root), "--check"]) == 0
+    # a hand edit, or a results file that changed, is caught
+    (root / "docs" / "results.md").write_text(page.replace("0.9", "0.95", 1))
+    assert cli_main(["results", "render", "--root", str(root), "--check"]) == 1
+    assert "out of date" in capsys.readouterr().out
+
+
+def test_render_refuses_a_readme_without_markers_and_foreign_files(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# no markers\n")
+    with pytest.raises(InputError, match="markers"):
+        render(tmp_path)
+    (tmp_path / "results" / "toy-grid").mkdir(parents=True)
+    (tmp_path / "results" / "toy-grid" / "x.json").write_text('{"format": "other"}')
+    with pytest.raises(InputError, match="not an originlens results file"):
+        render(tmp_path)
+
+
+def test_write_results_records_provenance(tmp_path):
+    p = write_results(tmp_path / "e" / "n.json", experiment="e", name="n", command="originlens x", config={"a": 1},
+                      seeds=[0, 1], scale={"summary": "s"}, numbers={"v": 1.0})
+    rec = read_results(p)
+    assert rec["versions"]["numpy"] and rec["machine"]["cpus"] >= 1 and rec["created"].endswith("+00:00")
+    assert rec["git_commit"] is None or len(rec["git_commit"].split("+")[0]) == 40
+
+
+def test_committed_docs_agree_with_committed_results_files():
+    """README's reproduction status and docs/results.md are exactly what results/ generates."""
+    assert render(REPO, check=True) == [], "run `originlens results render` and commit the result"
+    for p in sorted((REPO / "results").glob("*/*.json")):
+        rec = read_results(p)
+        assert rec["git_commit"] and not rec["git_commit"].endswith("+dirty"), f"{p}: run from committed code"
+        absolute = [s for s in _strings(rec) if s.startswith("/") or " /" in s]
+        assert not absolute, f"{p} names absolute paths of the machine it ran on: {absolute[:3]}"
+
+
+def _strings(obj):
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _strings(v)

@@ -1,0 +1,90 @@
+"""The toy regime grid as an experiment, and the regression test of its science: on Conditioned Majority
+standard training must learn prev_is_<0> clearly better than myopic training (pre-caching is its only
+source, arXiv 2603.14087 §8).  A change that breaks the direction breaks the build."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from originlens.errors import ConfigError
+from originlens.experiments.results import read_results
+from originlens.experiments.toy_grid import ToyGridConfig, run_toy_grid
+from originlens.runs import exclusive
+
+
+@pytest.fixture(scope="module")
+def ci_grid(tmp_path_factory):
+    out = tmp_path_factory.mktemp("grid")
+    cfg = ToyGridConfig(task="cond-majority", scale="ci", seeds=[0, 1], regimes=["standard", "myopic"])
+    summary = run_toy_grid(cfg, out / "exp", results=out / "res.json", command="originlens test")
+    return cfg, out, summary
+
+
+@pytest.mark.slow
+def test_standard_beats_myopic_on_conditioned_majority(ci_grid):
+    _, _, s = ci_grid
+    by = {(r["regime"], r["seed"]): r for r in s["runs"]}
+    for seed in (0, 1):
+        std, myo = by[("standard", seed)], by[("myopic", seed)]
+        # both models learn the task's output rule (a model that learned nothing measures nothing)
+        assert std["legal_output_acc"] > 0.9 and myo["legal_output_acc"] > 0.9
+        assert std["useless_r"] - myo["useless_r"] > 0.08, (seed, std["useless_r"], myo["useless_r"])
+        assert std["useless_r"] - std["initial_useless_r"] > 0.2          # well above the untrained null
+    t = s["orderings"]["standard > myopic"]
+    assert t["n"] == 2 and t["diff"] > 0
+
+
+@pytest.mark.slow
+def test_results_file_records_what_ran(ci_grid):
+    cfg, out, _ = ci_grid
+    rec = read_results(out / "res.json")
+    assert rec["command"] == "originlens test" and rec["seeds"] == [0, 1]
+    assert rec["experiment"] == "toy-grid" and rec["name"] == "cond-majority-ci"
+    assert any("d_model 32 (paper 128)" == d for d in rec["scale"]["deviations"])
+    assert "2 seeds (paper 10)" in rec["scale"]["deviations"]
+    assert rec["config"]["ntp"]["untie_scope"] == "everything" and rec["config"]["ntp"]["train_size"] == 16384
+    hashes = rec["data_hashes"]["standard/seed-0"]
+    assert len(hashes["train_set_sha256"]) == 64 and len(hashes["eval_tokens_sha256"]) == 64
+    assert hashes == rec["data_hashes"]["myopic/seed-0"]                  # paired: same data per seed
+    assert hashes != rec["data_hashes"]["standard/seed-1"]
+    for regime in ("standard", "myopic"):
+        assert rec["quality"][regime]["eval_loss"]["n"] == 2
+        assert -1 <= rec["numbers"][regime]["useless_r"]["low"] <= rec["numbers"][regime]["useless_r"]["high"] <= 1
+    assert (out / "exp" / "report.html").is_file() and (out / "exp" / "experiment.json").is_file()
+
+
+@pytest.mark.slow
+def test_rerun_resumes_nothing_and_concurrent_writers_are_refused(ci_grid):
+    cfg, out, first = ci_grid
+    again = run_toy_grid(cfg, out / "exp", results=out / "res2.json", command="originlens test")
+    assert again["trained_this_call"] == 0
+    assert again["orderings"] == first["orderings"]
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with exclusive(out / "exp"):
+            held.set()
+            release.wait(10)
+
+    th = threading.Thread(target=hold)
+    th.start()
+    held.wait(10)
+    try:
+        with pytest.raises(ConfigError, match="another process"):
+            run_toy_grid(cfg, out / "exp", results=out / "res3.json")
+    finally:
+        release.set()
+        th.join()
+    assert not (out / "res3.json").exists()
+
+
+def test_bad_configurations_are_one_line_errors():
+    with pytest.raises(ConfigError, match="counting tasks"):
+        ToyGridConfig(task="othello")
+    with pytest.raises(ConfigError, match="unknown scale"):
+        ToyGridConfig(scale="huge")
+    with pytest.raises(ConfigError, match="unknown regime"):
+        ToyGridConfig(regimes=["standard", "lazy"])
+    with pytest.raises(ConfigError):
+        ToyGridConfig(overrides={"d_model": -3})
