@@ -118,3 +118,10 @@ def test_quick_demo_all_stages_report_opens_in_browser(browser, tmp_path):
     html = (out / "report.html").read_text()
     for heading in ("1. Corpus statistics", "2. Leading terms", "3. ", "4. Gradient pathways"):
         assert heading in html
+    # the report opens with the reproduction status of the committed results files, and labels its own
+    # runs as illustrations
+    from originlens.experiments.claims import CLAIMS
+    assert "Reproduction status (from the committed results files)" in html
+    assert html.index("Reproduction status") < html.index("1. Corpus statistics")
+    assert all(c.claim.split(":")[0] in html for c in CLAIMS)
+    assert html.count("illustration") >= 4

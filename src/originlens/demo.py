@@ -13,9 +13,10 @@ would type, listed in the report):
 4. ``othello``: a small OthelloGPT, board probes, and the direct / pre-cached / shared attribution of
    the probed features over its training (``OUT/othello``).
 
-The main report (``OUT/report.html``) gathers every stage's figures and tables.  Caveats: the scales are
-chosen to finish in minutes on 2 CPU cores, so the numbers are illustrations, not the papers' results
-(``docs/results.md`` has those).
+The main report (``OUT/report.html``) opens with the reproduction status of both papers, read from the
+committed results files (``results/``; :mod:`originlens.experiments.render`), then gathers every stage's
+figures and tables.  The stages' own runs are **illustrations of the method**, not results: their scales
+are chosen to finish in minutes on 2 CPU cores, one seed each, no nulls; the report labels them so.
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class DemoConfig:
     top_k: int = 10
     stories: int = 3000           # storyworld size
     oov: str = "unk"              # the subset is small: keep stories, map rare words to <unk>
+    results: str = "results"      # committed results files shown as the reproduction status
     seed: int = 0
     # stage 2: leading terms
     lt_vocab_size: int = 300
@@ -119,6 +121,16 @@ def run_demo(cfg: DemoConfig) -> Path:
              "training regimes that remove pre-caching or circuit sharing, and the gradient-pathway "
              "attribution of OthelloGPT's board features (arXiv 2603.14087). Each stage is its own run "
              "directory with its own report; the commands that made them are listed at the end.")
+    status = reproduction_status(cfg.results)
+    rep.section("Reproduction status (from the committed results files)")
+    if status is None:
+        rep.text(f"No results files under {cfg.results}/ (run the demo from the repository root).")
+    else:
+        from .experiments.render import STATUS_HEADER
+        rep.text("Each row is a claim of one of the papers, its verdict and the results file behind it; the "
+                 "experiment commands that wrote them are in docs/results.md. Everything after this section is "
+                 "an illustration of the method at demo scale (one seed, minutes of CPU), not evidence.")
+        rep.table(list(STATUS_HEADER), status, caption=f"generated from {cfg.results}/*/*.json")
     timings: list[list] = []
     commands: list[str] = []
     runners = {"statistics": _stage_statistics, "leading": _stage_leading, "regimes": _stage_regimes,
@@ -138,6 +150,15 @@ def run_demo(cfg: DemoConfig) -> Path:
               caption="Wall time of each stage on this machine.")
     run.log_metrics({"stage": "demo", "seconds": total, **{f"seconds_{n}": t for n, t in timings}})
     return rep.write(run.path)
+
+
+def reproduction_status(root: str | Path) -> list[list[str]] | None:
+    """The reproduction-status rows of the results files under ``root`` (None when there are none)."""
+    from .experiments.render import status_rows
+    from .experiments.results import load_all
+    if not Path(root).is_dir():
+        return None
+    return status_rows(load_all(root), links=False)
 
 
 def _append_stage_report(rep: Any, directory: Path, keep_figures: int | None = None) -> None:
@@ -194,7 +215,7 @@ def _stage_statistics(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str
                      "seconds": t_stats})
 
     plt = setup_matplotlib()
-    rep.section("1. Corpus statistics (arXiv 2601.19208 §3)")
+    rep.section("1. Corpus statistics (arXiv 2601.19208 §3) — illustration")
     rep.text(f"Corpus: {corpus_desc}. Word-level tokenizer (paper §5.1.1), |V| = "
              f"{store.vocab_size}, T = {cfg.seq_len}, {tokens.shape[0]} windows "
              f"(one per story, rare words mapped to <unk>).")
@@ -260,7 +281,7 @@ def _stage_leading(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
     for argv in (build, train, report):
         _cli(argv)
         commands.append("originlens " + " ".join(map(str, argv)))
-    rep.section("2. Leading terms over training (arXiv 2601.19208 §4–5)")
+    rep.section("2. Leading terms over training (arXiv 2601.19208 §4–5) — illustration, not a result")
     rep.text(f"A 3-layer one-hot attention-only transformer trained from zero with SGD (η = {cfg.lt_lr}, batch "
              f"{cfg.lt_batch_size}, {steps} steps) on {corpus_desc} with |V| = {cfg.lt_vocab_size}, "
              f"T = {cfg.lt_seq_len}. Each checkpoint's W_O, V⁽ˡ⁾, W⁽ˡ⁾ and P⁽ˡ⁾ is compared with its closed-form "
@@ -278,7 +299,7 @@ def _stage_regimes(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
             "--out", out, "--overwrite"]
     _cli(grid)
     commands.append("originlens " + " ".join(map(str, grid)))
-    rep.section("3. Training regimes on Conditioned Majority (arXiv 2603.14087 §3, §8)")
+    rep.section("3. Training regimes on Conditioned Majority (arXiv 2603.14087 §3, §8) — illustration, one seed, not a result")
     rep.text(f"A 2-layer GPT (d = 64) trained {steps} Adam steps in each regime. Myopic training removes "
              "pre-caching (gradients from later positions' losses), untied training removes circuit "
              "sharing across positions; the probe quality of the NTP-useless feature shows which pathway "
@@ -301,7 +322,7 @@ def _stage_othello(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
     for argv in (train, attribute):
         _cli(argv)
         commands.append("originlens " + " ".join(map(str, argv)))
-    rep.section("4. Gradient pathways of OthelloGPT's board features (arXiv 2603.14087 §2, §4)")
+    rep.section("4. Gradient pathways of OthelloGPT's board features (arXiv 2603.14087 §2, §4) — illustration, not a result")
     rep.text(f"A 2-layer GPT (d = {cfg.othello_d_model}) trained {steps} steps on synthetic Othello games; "
              "linear probes read the board from the player-to-move's perspective. Every update of the run "
              "is replayed from its checkpoints and split exactly into direct, pre-cached and shared "

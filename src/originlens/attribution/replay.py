@@ -43,8 +43,9 @@ the same checkpoints as in one process, so the stored tables are bit-identical. 
 work perfectly; an Adam segment whose starting moments are not stored yet recomputes them (``warm``),
 so the decomposition before it is repeated and only the influence work is shared.
 
-Caveats: the run must be finished (final model and probes define θ* and w); the language task has no
-features; bit-exact replay needs the torch version, device and thread count of training (see
+Caveats: the run must be finished (final model and probes define θ* and w); the ``language`` task (a bare token
+store) has no features, while ``tinystories`` has its syntax and position features (no useful/useless
+typing, so no per-type rows); bit-exact replay needs the torch version, device and thread count of training (see
 ``environment.json``).  Dependencies on the trainer: this module builds the trainer's own model,
 optimizer and data source (``Trainer(config, RUN, resume=True)``, ``Trainer._train_data()``) so the data
 order cannot drift from the trainer's rule.  ``check_identity=True`` also evaluates
@@ -98,8 +99,12 @@ def _feature_types_fn(task_name: str, task: Any):
             out[:, 1:] = games.feature_types
             return out
         return othello_types
-    # counting tasks: types depend on the position only (spec §6.1/6.2)
-    row = task.sample(1, np.random.default_rng(0)).feature_types[0]
+    # counting tasks: types depend on the position only (arXiv 2603.14087 §6.1/6.2); tasks without a
+    # useful/useless typing (tinystories) have none
+    row = task.sample(1, np.random.default_rng(0)).feature_types
+    if row is None:
+        return None
+    row = row[0]
 
     def positional_types(tokens: np.ndarray) -> np.ndarray:
         return np.broadcast_to(row[None], (tokens.shape[0], *row.shape)).copy()
@@ -188,6 +193,11 @@ class RunReplay:
     def batch(self, b: int) -> torch.Tensor:
         """Tokens (B, T) of training batch b (update b + 1), by the trainer's data-order rule."""
         return torch.from_numpy(self.data.batch(b)).to(self.device)
+
+    @property
+    def has_types(self) -> bool:
+        """Whether the task types its features (useful / useless); tinystories does not."""
+        return self._types is not None
 
     def feature_types(self, tokens: torch.Tensor) -> np.ndarray:
         """(B, T, F) uint8 feature types of the batch (0 none/empty, 1 NTP-useless, 2 NTP-useful)."""
@@ -516,7 +526,7 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
             if recording:
                 refs = reference_projections(run.final_model, x, probes)
                 type_map = None
-                if types:
+                if types and run.has_types:
                     ft = run.feature_types(x)
                     fidx = {f: run.feature_names.index(f) for f in feats}
                     type_map = {p.name: torch.from_numpy(ft[:, p.position, fidx[feature_of[p.name]]].astype(np.int64))

@@ -27,5 +27,12 @@ def run(args: argparse.Namespace) -> int:
     path = run_demo(DemoConfig(out=args.out, corpus=args.corpus, vocab_size=args.vocab_size,
                                seq_len=args.seq_len, seed=args.seed, stages=args.stages,
                                quick=args.quick))
+    from ..demo import reproduction_status
+    rows = reproduction_status("results")
+    if rows:
+        print("Reproduction status (committed results files; details in docs/results.md):")
+        for claim, paper, _, _, _, verdict in rows:
+            print(f"  {verdict:<15} {paper:<38} {claim[:90]}")
+        print("The demo's own stages (in the report) illustrate the method at demo scale; they are not results.")
     print(f"report: {path}")
     return 0

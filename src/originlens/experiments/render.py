@@ -49,15 +49,27 @@ def _cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def status_table(results: dict[str, dict[str, Any]]) -> str:
-    """The reproduction-status table (markdown)."""
-    lines = ["| claim | paper | paper's number | ours | scale | verdict |", "|---|---|---|---|---|---|"]
+STATUS_HEADER = ("claim", "paper", "paper's number", "ours", "scale", "verdict")
+
+
+def status_rows(results: dict[str, dict[str, Any]], *, links: bool = True) -> list[list[str]]:
+    """One row per claim (:data:`STATUS_HEADER`); ``links``: markdown links to the results files."""
+    rows = []
     for c in CLAIMS:
         v, key = claim_status(c, results)
         ours = v.ours if key else (c.note or "—")
-        src = f" ([`results/{key}.json`](results/{key}.json))" if key else ""
-        lines.append("| " + " | ".join(_cell(x) for x in (
-            c.claim, c.paper, c.paper_number, ours + src, v.scale, f"**{v.verdict}**")) + " |")
+        if key:
+            ours += f" ([`results/{key}.json`](results/{key}.json))" if links else f" (results/{key}.json)"
+        rows.append([c.claim, c.paper, c.paper_number, ours, v.scale, v.verdict])
+    return rows
+
+
+def status_table(results: dict[str, dict[str, Any]]) -> str:
+    """The reproduction-status table (markdown)."""
+    lines = ["| " + " | ".join(STATUS_HEADER) + " |", "|---|---|---|---|---|---|"]
+    for row in status_rows(results):
+        row[-1] = f"**{row[-1]}**"
+        lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
     return "\n".join(lines)
 
 
