@@ -443,3 +443,40 @@ def test_clear_errors(maj, tmp_path):
         attribute_run(maj, optimizer="rmsprop", **kw)
     with pytest.raises(ConfigError, match="outside the segment"):
         attribute_run(maj, segment=(0, 2), steps=[3], optimizer="sgd", **kw)
+
+
+def test_random_direction_null_is_attributed_beside_the_probe(maj, tmp_path):
+    """Random directions of the probe's norm: their influences equal lr·⟨G_c, ∇R_u⟩ (SGD, no ½) by brute
+    force, and adding them leaves the real probe's rows unchanged."""
+    from originlens.attribution.replay import RunReplay
+    cfg = json.loads((maj / "config.json").read_text())
+    plain = attribute_run(maj, sites=SITES, features=[FEATURE], segment=(0, 2), out=tmp_path / "p",
+                          optimizer="sgd").table
+    null = attribute_run(maj, sites=SITES, features=[FEATURE], segment=(0, 2), out=tmp_path / "n",
+                         optimizer="sgd", random_directions=2).table
+    names = {r["feature"] for r in null.to_pylist()}
+    assert names == {FEATURE, f"{FEATURE}~random0", f"{FEATURE}~random1"}
+    key = ("step", "site_layer", "site_position", "type", "component")
+    real = {tuple(r[k] for k in key): r["influence"] for r in null.to_pylist() if r["feature"] == FEATURE}
+    assert real == {tuple(r[k] for k in key): r["influence"] for r in plain.to_pylist()}
+    probes, feature_of, base_of = RunReplay(maj).make_probes(SITES, [FEATURE], random_directions=2)
+    by = {p.name: p for p in probes}
+    final = GPT.load(maj / "model.safetensors")
+    for (k, i) in SITES:
+        w = by[f"L{k}.P{i}.{FEATURE}"].direction
+        u = by[f"L{k}.P{i}.{FEATURE}~random1"].direction
+        assert math.isclose(float(u.norm()), float(w.norm()), rel_tol=1e-12) and abs(float(u @ w)) < 0.9 * float(w @ w)
+        assert base_of[f"L{k}.P{i}.{FEATURE}~random1"] == FEATURE
+        for s in (1, 2):
+            model = params_at(maj, s - 1)
+            x = majority_batch(cfg["seed"], s - 1, cfg["batch_size"])
+            G = brute_components(model, x, k, i)
+            gR = grad_R(model, final, x, k, i, u)
+            for c in ("direct", "precached", "shared"):
+                (row,) = rows_of(null, step=s, site_layer=k, site_position=i, type=None, component=c,
+                                 feature=f"{FEATURE}~random1")
+                assert close(row["influence"], 2.0 * cfg["lr"] * dot(G[c], gR), scale=1e-6), (s, k, i, c)
+    with pytest.raises(ConfigError, match="random_directions"):
+        attribute_run(maj, sites=SITES, features=[FEATURE], out=tmp_path / "bad", random_directions=-1)
+    with pytest.raises(CompatibilityError, match="random_directions"):
+        attribute_run(maj, sites=SITES, features=[FEATURE], segment=(2, 4), out=tmp_path / "n", optimizer="sgd")

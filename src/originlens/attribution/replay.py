@@ -261,14 +261,27 @@ class RunReplay:
                                  "(environment.json); check that the data files were not changed")
         return True
 
-    def make_probes(self, sites: Sequence[Site], features: Sequence[str]) -> list[Probe]:
+    def make_probes(self, sites: Sequence[Site], features: Sequence[str], *,
+                    random_directions: int = 0) -> tuple[list[Probe], dict[str, str], dict[str, str]]:
+        """Probes at ``sites`` × ``features`` and, per (site, feature), ``random_directions`` null
+        directions: uniformly random unit vectors (``default_rng([seed, 17, k, i, f_index, j])``) scaled to
+        the norm of the feature's probe at that site, named ``f~random{j}``.  Returns (probes, probe name →
+        recorded feature name, probe name → the feature whose types its rows use)."""
         dtype = next(self.model.parameters()).dtype
-        out = []
+        out, feature_of, base_of = [], {}, {}
         for k, i in sites:
             for f in features:
-                w = torch.as_tensor(np.asarray(self.probes.direction(k, i, f)), dtype=dtype, device=self.device)
-                out.append(Probe(f"L{k}.P{i}.{f}", k, i, w))
-        return out
+                w = np.asarray(self.probes.direction(k, i, f), dtype=np.float64)
+                variants = [(f, w)]
+                for j in range(random_directions):
+                    u = np.random.default_rng([int(self.config.seed), 17, k, i,
+                                               self.probes.feature_names.index(f), j]).standard_normal(w.shape)
+                    variants.append((f"{f}{ostore.RANDOM_TAG}{j}", u * (np.linalg.norm(w) / np.linalg.norm(u))))
+                for name, vec in variants:
+                    probe = Probe(f"L{k}.P{i}.{name}", k, i, torch.as_tensor(vec, dtype=dtype, device=self.device))
+                    out.append(probe)
+                    feature_of[probe.name], base_of[probe.name] = name, f
+        return out, feature_of, base_of
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -404,7 +417,8 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
                   types: bool = True, half: bool = False, check_identity: bool = False,
                   out: str | Path | None = None, warm: bool = False, verify: str = "next",
                   device: str | None = None, overwrite: bool = False, replay_rtol: float = 0.0,
-                  chunk_size: int | None = None, index: bool = True) -> SegmentResult:
+                  chunk_size: int | None = None, index: bool = True,
+                  random_directions: int = 0) -> SegmentResult:
     """Attribute the updates ``segment = (start, end)`` (updates start+1..end) of a finished run.
 
     ``sites``: [(k, i), ...] or ``"1:4,2:8"`` (probed sites of the run); ``features``: ``"all"``,
@@ -418,12 +432,17 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
     after it, ``"segment"``: inside only, ``"none"``); ``replay_rtol``: relative tolerance of the loss
     and checkpoint checks (0 = exact).  Writes ``segment-{start:06d}-{end:06d}.parquet`` (and, for Adam,
     ``moments-{end:06d}.safetensors``) and updates ``meta.json`` (``index=False``: left to the caller, as
-    :func:`attribute_segments` does for parallel segments).
+    :func:`attribute_segments` does for parallel segments).  ``random_directions``: per (site, feature)
+    that many random directions of the probe's norm are attributed beside it (features ``f~random{j}``, the
+    rows typed like ``f``): the null of "influence onto a direction the model was not asked to build".
     """
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer variant {optimizer!r}", "use 'adam' or 'sgd'")
     if verify not in VERIFY:
         raise ConfigError(f"unknown verify mode {verify!r}", f"use one of: {', '.join(VERIFY)}")
+    if isinstance(random_directions, bool) or not isinstance(random_directions, int) or random_directions < 0:
+        raise ConfigError(f"random_directions must be an integer ≥ 0, got {random_directions!r}",
+                          "e.g. --random-directions 4")
     if not replay_rtol >= 0:
         raise ConfigError(f"replay_rtol={replay_rtol!r} must be ≥ 0", "use 0 (bit-exact) on CPU")
     run = RunReplay(run_dir, device=device)
@@ -438,7 +457,8 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
     store = Path(out) if out is not None else run.path / "attribution"
     store.mkdir(parents=True, exist_ok=True)
     settings = {"run": str(run.path), "run_config": run.config.identity(), "sites": [list(s) for s in site_list],
-                "features": feats, "optimizer": optimizer, "types": bool(types), "half": bool(half)}
+                "features": feats, "optimizer": optimizer, "types": bool(types), "half": bool(half),
+                "random_directions": int(random_directions)}
     seg_name = ostore.segment_path(store, start, end).name
     for info in ostore.read_segment_infos(store):
         ostore.check_settings(info, settings, str(store))
@@ -472,8 +492,7 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
         replay_from = moments_from
         _load_moments(attributor, ostore.moments_path(store, moments_from), moments_from, settings)
     names, _ = trainable_parameters(run.model)
-    probes = run.make_probes(site_list, feats)
-    feature_of = {p.name: f for p, f in zip(probes, [f for _ in site_list for f in feats])}
+    probes, feature_of, base_of = run.make_probes(site_list, feats, random_directions=random_directions)
     shadow = copy.deepcopy(run.model)                        # θ_{s−1} for the influences (Adam's Δ_c needs v')
     lr = float(run.optimizer.param_groups[0]["lr"])
     record_set = set(recorded)
@@ -529,7 +548,7 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
                 if types and run.has_types:
                     ft = run.feature_types(x)
                     fidx = {f: run.feature_names.index(f) for f in feats}
-                    type_map = {p.name: torch.from_numpy(ft[:, p.position, fidx[feature_of[p.name]]].astype(np.int64))
+                    type_map = {p.name: torch.from_numpy(ft[:, p.position, fidx[base_of[p.name]]].astype(np.int64))
                                 for p in probes}
                 infl = influences(shadow, x, site_steps, probes, refs, types=type_map, half=half)
                 after = None

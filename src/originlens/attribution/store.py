@@ -53,7 +53,8 @@ POOLING_UNIT = "item = integrated influence of one (layer k, position i, feature
 SIGN_CONVENTION = ("positive influence = the component moves the probed feature toward its final value "
                    "(update θ ← θ − Σ_c Δ_c, I_c = ⟨Δ_c, ∇R⟩)")
 # Settings that must agree across the segments of one store.
-SETTING_KEYS = ("run_config", "sites", "features", "optimizer", "types", "half")
+SETTING_KEYS = ("run_config", "sites", "features", "optimizer", "types", "half", "random_directions")
+RANDOM_TAG = "~random"        # feature "c3~random0": null direction 0 of feature c3 (same site, same norm)
 
 SCHEMA = pa.schema([
     ("step", pa.int32()),
@@ -191,14 +192,17 @@ def read_segment_infos(directory: str | Path) -> list[dict[str, Any]]:
 
 def check_settings(stored: Mapping[str, Any], new: Mapping[str, Any], where: str) -> None:
     """Raise ``CompatibilityError`` if ``new`` differs from ``stored`` in a :data:`SETTING_KEYS` field."""
+    defaults = {"random_directions": 0}          # segments written before the setting existed
     diff = [k for k in SETTING_KEYS
-            if json.dumps(stored.get(k), default=_json) != json.dumps(new.get(k), default=_json)]
+            if json.dumps(stored.get(k, defaults.get(k)), default=_json)
+            != json.dumps(new.get(k, defaults.get(k)), default=_json)]
     if diff:
         parts = "; ".join(f"{k}: {stored.get(k)!r} there vs {new.get(k)!r}" for k in diff if k != "run_config")
         if "run_config" in diff:
             parts = ("the run's configuration differs; " + parts).strip("; ")
         raise CompatibilityError(f"{where} holds attribution with other settings ({parts})",
-                                 "use the same --sites/--features/--optimizer/--no-types/--no-half, or another --out")
+                                 "use the same --sites/--features/--optimizer/--no-types/--half/--random-directions, "
+                                 "or another --out")
 
 
 def load_observables(path: str | Path) -> pa.Table:

@@ -83,6 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--no-types", dest="types", action="store_false", help="skip per-feature-type influences")
     a.add_argument("--half", dest="half", action="store_true",
                    help="mismatch with a ½ (values ½ of the paper's convention, which has none)")
+    a.add_argument("--random-directions", type=int, default=0, metavar="N",
+                   help="null: also attribute N random directions of each probe's norm per site and feature "
+                        "(features F~random0..)")
     a.add_argument("--check-identity", action="store_true",
                    help="also store R after the attributed step (Σ_c I_c ≈ R before − R after)")
     a.add_argument("--warm", action="store_true",
@@ -131,7 +134,8 @@ def cmd_attribute(args: argparse.Namespace) -> int:
             args.run, segments=args.segments, segment=args.segment, sites=sites, features=args.features,
             optimizer=args.optimizer, steps=args.steps, types=args.types, half=args.half,
             check_identity=args.check_identity, out=args.out, warm=args.warm, verify=args.verify,
-            device=args.device, overwrite=args.overwrite, replay_rtol=args.replay_rtol)
+            device=args.device, overwrite=args.overwrite, replay_rtol=args.replay_rtol,
+            random_directions=args.random_directions)
         if rank != 0:
             return 0
         store = res_list[0].store
@@ -141,7 +145,8 @@ def cmd_attribute(args: argparse.Namespace) -> int:
         res = attribute_run(args.run, sites=sites, features=args.features, optimizer=args.optimizer,
                             steps=args.steps, segment=args.segment, types=args.types, half=args.half,
                             check_identity=args.check_identity, out=args.out, warm=args.warm, verify=args.verify,
-                            device=args.device, overwrite=args.overwrite, replay_rtol=args.replay_rtol)
+                            device=args.device, overwrite=args.overwrite, replay_rtol=args.replay_rtol,
+                            random_directions=args.random_directions)
         _print_segment(res.path, res.info)
         store = res.store
     if args.report and rank == 0:
