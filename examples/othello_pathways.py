@@ -5,7 +5,8 @@ attribute the training updates to direct / pre-cached / shared pathways at the 1
 (Adam variant, replayed from checkpoints), and report the integrated influence per component for
 NTP-useful and NTP-useless cells next to the paper's values; optionally evaluate the probes on
 recorded games.  All the work is :func:`originlens.cli.ntp_experiment_cmd.run_othello_experiment`
-(``originlens ntp experiment othello`` is the same with CLI flags).
+(``originlens ntp experiment othello-run`` is the same with CLI flags; the multi-seed experiment with nulls
+and tests is ``originlens ntp experiment othello``).
 
     # CPU scale: 3 layers × 64, 500 steps of 64 games (measured: 35 min wall on 2 cores shared with
     # ~8 other jobs — 4.4 min training, 31 min attribution of which 65 % the influence JVPs)

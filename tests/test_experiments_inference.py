@@ -70,3 +70,9 @@ def test_holm_step_down():
     adj = inf.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": None})
     assert adj == {"a": pytest.approx(0.03), "b": pytest.approx(0.06), "c": pytest.approx(0.06), "d": None}
     assert inf.holm({"x": 0.6, "y": 0.7})["y"] == 1.0 or inf.holm({"x": 0.6, "y": 0.7})["y"] == pytest.approx(1.0)
+
+
+def test_bounded_metrics_keep_their_range():
+    c = inf.mean_ci([0.99, 1.0, 0.97], bounds=(0, 1))
+    assert c["high"] == 1.0 and c["low"] < 0.99 and "clipped" in c["interval"]
+    assert inf.mean_ci([0.99, 1.0, 0.97])["high"] > 1

@@ -64,7 +64,7 @@ def test_experiment_end_to_end(experiment):
 @pytest.mark.slow
 def test_rerun_skips_finished_stages_and_cli(experiment, capsys):
     root, cfg, record = experiment
-    args = ["-q", "ntp", "experiment", "othello", "--out", str(root / "exp"), "--layers", "2", "--d-model", "16",
+    args = ["-q", "ntp", "experiment", "othello-run", "--out", str(root / "exp"), "--layers", "2", "--d-model", "16",
             "--heads", "2", "--batch-size", "8", "--steps", "4", "--eval-size", "60", "--othello-pool", "200",
             "--checkpoint-every", "2", "--positions", "8", "--human-games", str(root / "human.wtb"),
             "--compare-games", "30"]

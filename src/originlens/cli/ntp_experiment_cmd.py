@@ -1,4 +1,5 @@
-"""``originlens ntp experiment othello``: the OthelloGPT gradient-pathway experiment end to end.
+"""``originlens ntp experiment othello-run``: one OthelloGPT gradient-pathway run end to end (the multi-seed
+experiment with nulls and tests is ``ntp experiment othello``, :mod:`originlens.experiments.othello`).
 
 Spec ``gradient-pathways.md`` §6.3 and §8, issue 5 item 5.  Under ``OUT``::
 
@@ -378,9 +379,14 @@ def register(subparsers: Any) -> None:
     e = sub.add_parser("experiment", help="reproduction experiments (othello, grid)",
                        description="End-to-end reproduction experiments of the gradient-pathways paper.")
     esub = e.add_subparsers(dest="experiment", metavar="EXPERIMENT")
-    o = esub.add_parser("othello", help="train OthelloGPT, probe the board, attribute the central cells",
+    o = esub.add_parser("othello-run", help="one OthelloGPT run: train, probe the board, attribute the central "
+                                            "cells, probe recorded human games (the multi-seed experiment with "
+                                            "nulls and tests is `othello`)",
                         description=__doc__.split("\n\n")[0])
     add_arguments(o)
     o.set_defaults(func=cmd_othello)
-    from . import toy_grid_cmd
+    from . import othello_experiment_cmd, toy_grid_cmd
     toy_grid_cmd.add_parser(esub)
+    from . import language_experiment_cmd
+    language_experiment_cmd.add_parser(esub)
+    othello_experiment_cmd.add_parser(esub)

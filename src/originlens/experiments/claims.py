@@ -98,6 +98,11 @@ def judge_majority(rec: dict[str, Any]) -> Verdict:
     return Verdict(verdict, ours, _grid_scale(rec))
 
 
+def judge_othello(rec: dict[str, Any]) -> Verdict:
+    from .othello import judge
+    return judge(rec)
+
+
 GRID_CMD = "originlens ntp experiment grid --task {task} --scale cpu --seeds 0-4 --jobs 2 --out runs/toy-grid/{task}-cpu"
 
 CLAIMS: tuple[Claim, ...] = (
@@ -113,8 +118,10 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("gp-othello", "2603.14087 §8 (Othello attribution)",
           "Othello: direct influence > 0 only for NTP-useful cells; useless cells built by sharing and "
           "pre-caching", "direct 7.61 / −0.97, pre-cached −0.66 / 1.80, shared 8.64 / 6.42 (useful / useless)",
+          ("othello/othello-paper", "othello/othello-cpu"), judge_othello,
           note="the earlier CPU model did not learn the game (legal-move accuracy 0.50); the attribution "
-               "is to be re-run on a model that plays", command="originlens ntp experiment othello"),
+               "is to be re-run on a model that plays",
+          command="originlens ntp experiment othello --scale cpu --seeds 0-2 --out runs/othello-cpu"),
     Claim("gp-tinystories-loss", "2603.14087 §8 (TinyStories)", "Myopic training costs language-modelling loss",
           "loss 3.29 ± 0.02 myopic vs 2.53 ± 0.10 standard (10 seeds)",
           note="to be re-run with ≥ 3 seeds and held-out CIs"),

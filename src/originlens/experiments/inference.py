@@ -40,8 +40,10 @@ def _t_half(sd: float, n: int, confidence: float) -> float:
     return float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
 
 
-def mean_ci(values: Sequence[float | None], confidence: float = 0.95) -> dict[str, Any]:
-    """Mean, sample sd and two-sided Student-t interval over the finite ``values`` (None bounds for n < 2)."""
+def mean_ci(values: Sequence[float | None], confidence: float = 0.95,
+            bounds: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Mean, sample sd and two-sided Student-t interval over the finite ``values`` (None bounds for n < 2);
+    ``bounds``: the metric's range (e.g. (0, 1) for an accuracy), to which the interval is clipped."""
     v = _finite(values)
     n = int(v.size)
     out: dict[str, Any] = {"n": n, "mean": float(v.mean()) if n else None, "sd": None, "low": None, "high": None,
@@ -50,6 +52,9 @@ def mean_ci(values: Sequence[float | None], confidence: float = 0.95) -> dict[st
         sd = float(v.std(ddof=1))
         half = _t_half(sd, n, confidence)
         out.update(sd=sd, low=out["mean"] - half, high=out["mean"] + half)
+        if bounds is not None:
+            out.update(low=max(bounds[0], out["low"]), high=min(bounds[1], out["high"]),
+                       interval=out["interval"] + f", clipped to [{bounds[0]:g}, {bounds[1]:g}]")
     return out
 
 

@@ -113,7 +113,13 @@ def _toy_grid_section(key: str, rec: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-SECTIONS: dict[str, Callable[[str, dict[str, Any]], list[str]]] = {"toy-grid": _toy_grid_section}
+def _othello_section(key: str, rec: dict[str, Any]) -> list[str]:
+    from .othello import render_section
+    return render_section(key, rec)
+
+
+SECTIONS: dict[str, Callable[[str, dict[str, Any]], list[str]]] = {"toy-grid": _toy_grid_section,
+                                                                   "othello": _othello_section}
 
 
 def results_markdown(results: dict[str, dict[str, Any]]) -> str:
@@ -131,7 +137,8 @@ def results_markdown(results: dict[str, dict[str, Any]]) -> str:
     by_exp: dict[str, list[str]] = {}
     for key in results:
         by_exp.setdefault(key.split("/")[0], []).append(key)
-    titles = {"toy-grid": "Gradient pathways (arXiv 2603.14087): toy regime grids"}
+    titles = {"toy-grid": "Gradient pathways (arXiv 2603.14087): toy regime grids",
+              "othello": "Gradient pathways (arXiv 2603.14087): OthelloGPT attribution over seeds"}
     for exp, keys in by_exp.items():
         section = SECTIONS.get(exp)
         if section is None:

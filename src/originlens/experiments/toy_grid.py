@@ -200,9 +200,10 @@ def summarise(config: ToyGridConfig, out: str | Path) -> dict[str, Any]:
                                                                config.confidence) for k in layers},
             "eval_loss": inference.mean_ci([r["eval_loss"] for r in tr], config.confidence),
             "initial_eval_loss": inference.mean_ci([r["initial_eval_loss"] for r in tr], config.confidence),
-            "legal_output_acc": inference.mean_ci([r["legal_output_acc"] for r in tr], config.confidence),
+            "legal_output_acc": inference.mean_ci([r["legal_output_acc"] for r in tr], config.confidence,
+                                                  bounds=(0, 1)),
             "first_output_token_acc": inference.mean_ci([r["first_output_token_acc"] for r in tr],
-                                                        config.confidence),
+                                                        config.confidence, bounds=(0, 1)),
             "seconds": inference.mean_ci([r["seconds"] for r in tr], config.confidence),
         }
     by = {(r["regime"], r["seed"]): r for r in runs}

@@ -1,0 +1,470 @@
+"""The Othello attribution experiment of arXiv 2603.14087 (§6.3 task, §4 influence, §8 results) over
+training seeds, with nulls and the paper's comparison tested as hypotheses.
+
+``run_othello(OthelloConfig(scale="cpu", seeds=[0, 1, 2]), OUT)`` does, per seed ``s``:
+
+1. **train** a GPT on synthetic Othello (``OUT/seed-<s>/run``; resumable), probes of the board from
+   the player-to-move's perspective at the attributed positions;
+2. **null probes**: the same probes fitted on the untrained model of the same seed
+   (``OUT/seed-<s>/initial``), so "the board is decodable" is measured against "decodable before any
+   learning";
+3. **attribute** updates 1..``attribute_steps`` (Adam variant, the paper's; exact replay) at sites
+   ``layers × positions`` for the 16 central cells, per feature type (1 = NTP-useless, 2 = NTP-useful: the
+   colour-flip definition), with ``random_directions`` null directions of each probe's norm beside every
+   probe (``OUT/seed-<s>/run/attribution``).
+
+Then, with the **seed** as the unit of replication:
+
+* per seed and (component, type), the mean integrated influence over items (layer k, position i,
+  cell); items at k = L are reported apart (``last_layer``), because there G_pre ≡ 0 (nothing reads r^L_i
+  but λ_i) and pooling them would dilute the pre-cached mean;
+* across seeds: Student-t intervals of those seed means; the paper's pattern as one-sided tests over
+  seeds (paired by seed for useful vs useless, against 0 otherwise; Holm over the family), with power;
+  the real probes against their random directions; per seed, a Wilcoxon test of useful vs useless
+  paired by item;
+* the same analysis on the influence integrated over the first 25 %, 50 % of the attributed updates
+  (``fractions``), to show how the pattern builds up as the model learns;
+* the models' own quality next to all of it: held-out eval loss, legal-move top-1 accuracy, probe
+  Pearson r (overall / useless / useful cells) per layer against the initial-model null.
+
+Writes ``OUT/experiment.json``, ``OUT/report.html`` and ``results/othello/othello-<scale>.json``.
+
+Scales (:data:`SCALES`): ``paper`` (6 layers × 256, batch 1024, 5,000 steps, eval 20,480 games, positions
+4, 8, …, 56: a GPU job), ``cpu`` (4 layers × 128, batch 128; sized for about an hour of training per seed
+on 2 CPU cores, attribution of a prefix of the updates), ``ci`` (seconds; a plumbing check, not a result).
+Caveat: the Adam variant needs the decomposition at every attributed update (≈ 5–8 training steps each),
+so at CPU scale only a prefix of training can be attributed; ``attribute_steps`` says which.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..progress import log
+from ..runs import exclusive, to_jsonable
+from ..storage import atomic_write_json, read_json
+from . import inference
+from .results import default_results_path, write_results
+
+EXPERIMENT = "othello"
+COMPONENTS = ("direct", "precached", "shared", "full")
+TYPES = {1: "useless", 2: "useful"}
+SCALES: dict[str, dict[str, Any]] = {
+    "paper": dict(n_layer=6, d_model=256, n_head=4, batch_size=1024, steps=5000, eval_size=20480,
+                  othello_pool=500_000, positions=list(range(4, 57, 4)), attribute_steps=None),
+    "cpu": dict(n_layer=4, d_model=128, n_head=4, batch_size=128, steps=6000, eval_size=4096,
+                othello_pool=500_000, positions=[12, 24, 36], attribute_steps=600),
+    "ci": dict(n_layer=2, d_model=32, n_head=2, batch_size=16, steps=30, eval_size=200, othello_pool=2000,
+               positions=[8, 20], attribute_steps=None),
+}
+ALPHA = 0.05
+# (name, component, type a, type b or None (= against 0), alternative): the paper's Othello pattern (§8)
+HYPOTHESES = [
+    ("direct: useful > useless", "direct", 2, 1, "greater"),
+    ("direct: useful > 0", "direct", 2, None, "greater"),
+    ("pre-cached: useless > 0", "precached", 1, None, "greater"),
+    ("pre-cached: useless > useful", "precached", 1, 2, "greater"),
+    ("shared: useful > 0", "shared", 2, None, "greater"),
+    ("shared: useless > 0", "shared", 1, None, "greater"),
+    ("combined: useful > useless", "full", 2, 1, "greater"),
+]
+
+
+@dataclass
+class OthelloConfig:
+    """Seeds × the scale's model; ``overrides`` replace scale fields (each recorded as a deviation)."""
+
+    scale: str = "cpu"
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    layers: list[int] | None = None                 # attributed layers (default 1..L)
+    random_directions: int = 2
+    fractions: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0])
+    overrides: dict[str, Any] = field(default_factory=dict)
+    lr: float = 1e-3
+    device: str = "cpu"
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.scale not in SCALES:
+            raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
+        bad = set(self.overrides) - set(SCALES["paper"])
+        if bad:
+            raise ConfigError(f"unknown override(s) {sorted(bad)}", f"use: {', '.join(SCALES['paper'])}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
+                isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
+            raise ConfigError(f"seeds must be distinct non-negative integers, got {self.seeds!r}", "e.g. --seeds 0-2")
+        if not self.fractions or any(not 0 < f <= 1 for f in self.fractions):
+            raise ConfigError(f"fractions {self.fractions} must lie in (0, 1]", "e.g. 0.25,0.5,1")
+        s = self.settings
+        L = s["n_layer"]
+        if any(not 1 <= k <= L for k in self.attr_layers):
+            raise ConfigError(f"attributed layers {self.attr_layers} outside 1..{L}", f"use layers in 1..{L}")
+        if any(not 1 <= i <= 59 for i in s["positions"]):
+            raise ConfigError(f"positions {s['positions']} must lie in 1..59", "e.g. 12,24,36")
+        if s["attribute_steps"] is not None and not 1 <= s["attribute_steps"] <= s["steps"]:
+            raise ConfigError(f"attribute_steps={s['attribute_steps']} outside 1..{s['steps']}",
+                              "attribute a prefix of the training run")
+        self.ntp_config(self.seeds[0], initial=False)          # the trainer's own validation
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {**SCALES[self.scale], **self.overrides}
+
+    @property
+    def attr_layers(self) -> list[int]:
+        return list(range(1, self.settings["n_layer"] + 1)) if self.layers is None else list(self.layers)
+
+    @property
+    def attributed_updates(self) -> int:
+        s = self.settings
+        return int(s["attribute_steps"] or s["steps"])
+
+    def ntp_config(self, seed: int, *, initial: bool) -> Any:
+        from ..train.ntp import NTPConfig
+        s = self.settings
+        return NTPConfig(task="othello", regime="standard", seed=int(seed), n_layer=s["n_layer"],
+                         d_model=s["d_model"], n_head=s["n_head"], batch_size=s["batch_size"],
+                         steps=0 if initial else s["steps"], lr=self.lr, eval_size=s["eval_size"],
+                         othello_pool=s["othello_pool"], probe_positions=sorted(s["positions"]), probe_every=0,
+                         eval_every=0, checkpoint_every=0 if initial else max(1, s["steps"] // 10),
+                         keep_checkpoints=0, device=self.device)
+
+    def deviations(self) -> list[str]:
+        paper, used = SCALES["paper"], self.settings
+        out = [f"{k} {used[k]} (paper {paper[k]})" for k in ("n_layer", "d_model", "n_head", "batch_size", "steps",
+                                                             "eval_size") if used[k] != paper[k]]
+        if used["positions"] != paper["positions"]:
+            out.append(f"attributed positions {used['positions']} (paper 4, 8, …, 56)")
+        if used["attribute_steps"] is not None and used["attribute_steps"] < used["steps"]:
+            out.append(f"influence integrated over updates 1..{used['attribute_steps']} of {used['steps']} "
+                       "(paper: all)")
+        if len(self.seeds) != 1:
+            out.append(f"{len(self.seeds)} seeds (paper 1)")
+        return out
+
+    @property
+    def name(self) -> str:
+        return f"othello-{self.scale}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# per seed
+
+
+def _train(cfg: OthelloConfig, seed: int, out: Path) -> dict[str, Any]:
+    from ..train.ntp import Trainer
+    res = {}
+    for initial, d in ((False, out / "run"), (True, out / "initial")):
+        t = time.time()
+        r = Trainer(cfg.ntp_config(seed, initial=initial), d, resume=True).run()
+        res["initial" if initial else "trained"] = {"final_eval": r.final_eval, "seconds": r.seconds,
+                                                    "wall_this_call": time.time() - t}
+    return res
+
+
+def _probe_quality(run: Path, positions: list[int]) -> dict[str, Any]:
+    from ..tasks.othello import CENTRAL_CELLS
+    from ..train.ntp import load_probe_metrics, tracked_quality
+    pm = load_probe_metrics(run / "probe_metrics.npz")
+    return {str(k): tracked_quality(pm, [k], positions, CENTRAL_CELLS) for k in pm.layers if k > 0}
+
+
+def _attribute(cfg: OthelloConfig, run: Path) -> Path:
+    from ..attribution.replay import attribute_run
+    from ..attribution.store import read_segment_infos
+    store = run / "attribution"
+    end = cfg.attributed_updates
+    done = store.is_dir() and any(int(s["start"]) == 0 and int(s["end"]) == end for s in read_segment_infos(store))
+    if not done:
+        sites = [(k, i) for k in cfg.attr_layers for i in cfg.settings["positions"]]
+        attribute_run(run, sites=sites, features="tracked", optimizer="adam", segment=(0, end), types=True,
+                      half=False, out=store, random_directions=cfg.random_directions, overwrite=True)
+    return store
+
+
+def seed_aggregates(store: Path, n_layer: int, updates: int, fractions: list[float]) -> dict[str, Any]:
+    """Per-seed means of integrated influence over items, by fraction of the attributed updates, part
+    (``main``: k < L; ``last_layer``: k = L), probe kind (``real`` / ``random``), component and type;
+    plus the item-paired Wilcoxon test of useful vs useless per component (main part, real probes)."""
+    import pyarrow.compute as pc
+    from scipy import stats
+    from ..attribution.store import RANDOM_TAG, integrate, load_observables
+    table = load_observables(store)
+    out: dict[str, Any] = {}
+    for frac in fractions:
+        cutoff = max(1, int(round(frac * updates)))
+        integ = integrate(table.filter(pc.less_equal(table["step"], cutoff))).to_pylist()
+        agg: dict[str, Any] = {}
+        items: dict[tuple, dict[int, float]] = {}
+        for r in integ:
+            if r["type"] not in TYPES or r["integrated"] is None or not math.isfinite(r["integrated"]):
+                continue
+            part = "last_layer" if r["site_layer"] == n_layer else "main"
+            kind = "random" if RANDOM_TAG in r["feature"] else "real"
+            agg.setdefault(part, {}).setdefault(kind, {}).setdefault(r["component"], {}).setdefault(
+                TYPES[r["type"]], []).append(float(r["integrated"]))
+            if part == "main" and kind == "real":
+                items.setdefault((r["component"], r["site_layer"], r["site_position"], r["feature"]), {})[
+                    r["type"]] = float(r["integrated"])
+        means = {part: {kind: {c: {t: {"mean": float(np.mean(v)), "n_items": len(v)} for t, v in ts.items()}
+                               for c, ts in comps.items()} for kind, comps in kinds.items()}
+                 for part, kinds in agg.items()}
+        wil = {}
+        for c in COMPONENTS:
+            pairs = [(d[2], d[1]) for (cc, *_), d in items.items() if cc == c and 1 in d and 2 in d]
+            diff = np.array([a - b for a, b in pairs])
+            wil[c] = {"n_items": len(pairs), "p_useful_gt_useless": (
+                float(stats.wilcoxon(diff, alternative="greater").pvalue) if len(pairs) > 1 and np.any(diff) else None)}
+        out[f"{frac:g}"] = {"updates": cutoff, "means": means, "wilcoxon_items": wil}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# across seeds
+
+
+def _get(agg: dict[str, Any], frac: str, part: str, kind: str, comp: str, typ: str) -> float | None:
+    try:
+        return agg[frac]["means"][part][kind][comp][typ]["mean"]
+    except KeyError:
+        return None
+
+
+def across_seeds(per_seed: dict[int, dict[str, Any]], fractions: list[float], confidence: float) -> dict[str, Any]:
+    """Seed-level intervals per (fraction, part, kind, component, type) and the hypothesis tests."""
+    seeds = sorted(per_seed)
+    out: dict[str, Any] = {}
+    for frac in (f"{f:g}" for f in fractions):
+        table: dict[str, Any] = {}
+        for part in ("main", "last_layer"):
+            for kind in ("real", "random"):
+                for c in COMPONENTS:
+                    for t in TYPES.values():
+                        vals = [_get(per_seed[s]["aggregates"], frac, part, kind, c, t) for s in seeds]
+                        if any(v is not None for v in vals):
+                            table.setdefault(part, {}).setdefault(kind, {}).setdefault(c, {})[t] = \
+                                inference.mean_ci(vals, confidence)
+        tests: dict[str, Any] = {}
+        for name, comp, a, b, alt in HYPOTHESES:
+            va = [_get(per_seed[s]["aggregates"], frac, "main", "real", comp, TYPES[a]) for s in seeds]
+            vb = [0.0] * len(seeds) if b is None else \
+                [_get(per_seed[s]["aggregates"], frac, "main", "real", comp, TYPES[b]) for s in seeds]
+            tests[name] = inference.paired_test(va, vb, alternative=alt, correlation=False, alpha=ALPHA)
+        adj = inference.holm({k: v["p_t"] for k, v in tests.items()})
+        for k, v in tests.items():
+            v["p_holm"] = adj[k]
+            v["holds"] = v["p_holm"] is not None and v["p_holm"] < ALPHA
+        null_tests = {}
+        for t in TYPES.values():
+            va = [_get(per_seed[s]["aggregates"], frac, "main", "real", "full", t) for s in seeds]
+            vb = [_get(per_seed[s]["aggregates"], frac, "main", "random", "full", t) for s in seeds]
+            nt = inference.paired_test(va, vb, alternative="greater", correlation=False, alpha=ALPHA)
+            nt["holds"] = nt["p_t"] is not None and nt["p_t"] < ALPHA
+            null_tests[f"combined, {t}: real probe > random directions"] = nt
+        out[frac] = {"influence": table, "tests": tests, "null_tests": null_tests}
+    return out
+
+
+def run_othello(config: OthelloConfig, out: str | Path, *, results: str | Path | None = None,
+                command: str | None = None) -> dict[str, Any]:
+    """Train, probe, attribute every seed (resuming what exists), aggregate over seeds, write the
+    experiment record, the report and the results file; returns the record."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    L = config.settings["n_layer"]
+    positions = sorted(config.settings["positions"])
+    with exclusive(out):
+        per_seed: dict[int, dict[str, Any]] = {}
+        for seed in config.seeds:
+            d = out / f"seed-{seed}"
+            log(f"[othello] seed {seed}: training (and the untrained-model null) ...")
+            trained = _train(config, seed, d)
+            log(f"[othello] seed {seed}: attributing updates 1..{config.attributed_updates} ...")
+            t = time.time()
+            store = _attribute(config, d / "run")
+            per_seed[seed] = {
+                "train": trained,
+                "probes": _probe_quality(d / "run", positions),
+                "initial_probes": _probe_quality(d / "initial", positions),
+                "attribution_seconds_this_call": time.time() - t,
+                "aggregates": seed_aggregates(store, L, config.attributed_updates, config.fractions),
+                "data_hashes": read_json(d / "run" / "environment.json").get("data_hashes", {}),
+            }
+        layers = sorted({k for s in per_seed.values() for k in s["probes"]}, key=int)
+        quality = {
+            "eval_loss": inference.mean_ci([s["train"]["trained"]["final_eval"].get("eval_loss") for s in per_seed.values()],
+                                           config.confidence),
+            "legal_acc": inference.mean_ci([s["train"]["trained"]["final_eval"].get("legal_acc") for s in per_seed.values()],
+                                           config.confidence, bounds=(0, 1)),
+            "initial_legal_acc": inference.mean_ci(
+                [s["train"]["initial"]["final_eval"].get("legal_acc") for s in per_seed.values()], config.confidence,
+                bounds=(0, 1)),
+            "train_seconds": inference.mean_ci([s["train"]["trained"]["seconds"] for s in per_seed.values()],
+                                               config.confidence),
+            "probes": {k: {m: {"trained": inference.correlation_ci([s["probes"][k].get(m) for s in per_seed.values()],
+                                                                   config.confidence),
+                               "initial": inference.correlation_ci(
+                                   [s["initial_probes"][k].get(m) for s in per_seed.values()], config.confidence)}
+                           for m in ("pearson", "pearson_type1", "pearson_type2")} for k in layers},
+        }
+        summary = {"scale": {"name": config.scale, "summary": {"paper": "the paper's configuration",
+                                                               "cpu": "a CPU-sized OthelloGPT",
+                                                               "ci": "a plumbing check, not a result"}[config.scale],
+                             "model": f"{L} layers, d = {config.settings['d_model']}, {config.settings['n_head']} heads",
+                             "training": f"Adam lr {config.lr}, batch {config.settings['batch_size']}, "
+                                         f"{config.settings['steps']} steps, a pool of {config.settings['othello_pool']} "
+                                         "synthetic games",
+                             "eval": f"{config.settings['eval_size']} held-out synthetic games",
+                             "attribution": f"Adam variant, updates 1..{config.attributed_updates}, layers "
+                                            f"{config.attr_layers} × positions {positions}, 16 central cells, "
+                                            f"{config.random_directions} random directions per probe",
+                             "deviations": config.deviations()},
+                   "quality": quality, "by_fraction": across_seeds(per_seed, config.fractions, config.confidence),
+                   "per_seed": per_seed}
+        atomic_write_json(out / "experiment.json", to_jsonable(summary))
+        write_report(summary, out)
+        res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
+        full = f"{1.0:g}" if "1" in summary["by_fraction"] else sorted(summary["by_fraction"])[-1]
+        write_results(res_path, experiment=EXPERIMENT, name=config.name,
+                      command=command or f"python: run_othello({config!r}, {str(out)!r})",
+                      config={"experiment": to_jsonable(config), "ntp": config.ntp_config(config.seeds[0],
+                                                                                           initial=False).to_dict()},
+                      seeds=config.seeds, scale=summary["scale"], quality=quality,
+                      numbers={"influence": summary["by_fraction"][full]["influence"],
+                               "by_fraction": {f: v["influence"] for f, v in summary["by_fraction"].items()}},
+                      tests={"hypotheses": summary["by_fraction"][full]["tests"],
+                             "null": summary["by_fraction"][full]["null_tests"],
+                             "by_fraction": {f: v["tests"] for f, v in summary["by_fraction"].items()},
+                             "alpha": ALPHA},
+                      data_hashes={f"seed-{s}": v["data_hashes"] for s, v in per_seed.items()},
+                      runs=[{"seed": s, "final_eval": v["train"]["trained"]["final_eval"],
+                             "train_seconds": v["train"]["trained"]["seconds"], "probes": v["probes"],
+                             "initial_probes": v["initial_probes"],
+                             "wilcoxon_items": v["aggregates"][full]["wilcoxon_items"]} for s, v in per_seed.items()],
+                      extra={"sign": "positive influence moves the feature toward its final value; mismatch "
+                                     "without a ½ (the paper's convention)",
+                             "pooling": "per seed: mean of integrated influence over items (layer k < L, "
+                                        "position, cell); k = L apart; CIs and tests over seeds"})
+        summary["results_file"] = str(res_path)
+    return summary
+
+
+def _f(x: Any, d: int = 3) -> str:
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{d}g}"
+
+
+def _ci(c: dict[str, Any] | None) -> str:
+    if not c or c.get("mean") is None:
+        return "—"
+    return _f(c["mean"]) if c.get("low") is None else f"{_f(c['mean'])} [{_f(c['low'])}, {_f(c['high'])}]"
+
+
+def write_report(summary: dict[str, Any], out: str | Path) -> Path:
+    """``OUT/report.html`` (+ ``report.md``)."""
+    from ..report import Report
+    rep = Report(f"OthelloGPT gradient pathways over seeds ({summary['scale']['name']} scale)")
+    sc = summary["scale"]
+    rep.text(f"{sc['summary']}: {sc['model']}; {sc['training']}; eval {sc['eval']}; attribution: "
+             f"{sc['attribution']}. Deviations: {', '.join(sc['deviations']) or 'none'}.")
+    q = summary["quality"]
+    rep.section("Model quality")
+    rep.text(f"legal-move top-1 accuracy {_ci(q['legal_acc'])} (untrained {_ci(q['initial_legal_acc'])}); "
+             f"eval loss {_ci(q['eval_loss'])}; training seconds per seed {_ci(q['train_seconds'])}.")
+    rep.table(["layer", "probe r (trained)", "untrained null", "useless cells", "useful cells"],
+              [[k, _ci(v["pearson"]["trained"]), _ci(v["pearson"]["initial"]), _ci(v["pearson_type1"]["trained"]),
+                _ci(v["pearson_type2"]["trained"])] for k, v in q["probes"].items()],
+              caption="16 central cells at the attributed positions; Fisher-z intervals over seeds")
+    for frac, v in summary["by_fraction"].items():
+        rep.section(f"Integrated influence, first {float(frac):.0%} of the attributed updates")
+        infl = v["influence"]
+        rows = []
+        for part in ("main", "last_layer"):
+            for c in COMPONENTS:
+                real = infl.get(part, {}).get("real", {}).get(c, {})
+                rnd = infl.get(part, {}).get("random", {}).get(c, {})
+                rows.append([part, c, _ci(real.get("useful")), _ci(real.get("useless")), _ci(rnd.get("useful")),
+                             _ci(rnd.get("useless"))])
+        rep.table(["sites", "component", "useful", "useless", "random dir., useful", "random dir., useless"], rows,
+                  caption="mean over items per seed, then Student-t over seeds; main: layers k < L; "
+                          "last_layer: k = L (pre-cached ≡ 0)")
+        rep.table(["hypothesis", "mean diff", "p (t)", "p (Holm)", "p (Wilcoxon)", "power", "holds"],
+                  [[k, _f(t["mean_diff"]), _f(t["p_t"], 2), _f(t.get("p_holm"), 2), _f(t["p_wilcoxon"], 2),
+                    _f(t["power"], 2), t.get("holds", (t["p_t"] or 1) < ALPHA)] for k, t in {**v["tests"], **v["null_tests"]}.items()],
+                  caption="one-sided tests over seeds (the paper's pattern, Holm over its family; then the nulls)")
+    return rep.write(out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# docs: the results-page section and the verdict
+
+PAPER_MIDPOINTS = {("direct", "useful"): 7.61, ("direct", "useless"): -0.97, ("precached", "useful"): -0.66,
+                   ("precached", "useless"): 1.80, ("shared", "useful"): 8.64, ("shared", "useless"): 6.42}
+PLAYS = 0.95          # legal-move accuracy below which the model has not learned the game
+
+
+def render_section(key: str, rec: dict[str, Any]) -> list[str]:
+    """Markdown of one Othello results file for ``docs/results.md``."""
+    from .render import _header
+    q = rec["quality"]
+    out = [f"### {rec['name']} (`results/{key}.json`)", "", *_header(rec),
+           f"- attribution: {rec['scale']['attribution']}", f"- sign: {rec.get('sign', '')}",
+           f"- pooling: {rec.get('pooling', '')}", "",
+           f"Model quality: legal-move top-1 accuracy {_ci(q['legal_acc'])} (untrained {_ci(q['initial_legal_acc'])}; "
+           f"the analysis needs ≥ {PLAYS}), eval loss {_ci(q['eval_loss'])}, training {_ci(q['train_seconds'])} s "
+           "per seed.", "",
+           "| layer | probe r, trained | untrained-model null | useless cells | useful cells |", "|---|---|---|---|---|"]
+    for k, v in q["probes"].items():
+        out.append(f"| {k} | {_ci(v['pearson']['trained'])} | {_ci(v['pearson']['initial'])} | "
+                   f"{_ci(v['pearson_type1']['trained'])} | {_ci(v['pearson_type2']['trained'])} |")
+    infl = rec["numbers"]["influence"]
+    out += ["", "Integrated influence (mean over items per seed, Student-t over seeds; layers k < L; k = L apart):", "",
+            "| component | useful (ours) | useless (ours) | random dir., useful | random dir., useless | "
+            "k = L useful | k = L useless | paper useful / useless |", "|---|---|---|---|---|---|---|---|"]
+    for c in COMPONENTS:
+        real = infl.get("main", {}).get("real", {}).get(c, {})
+        rnd = infl.get("main", {}).get("random", {}).get(c, {})
+        last = infl.get("last_layer", {}).get("real", {}).get(c, {})
+        paper = (f"{PAPER_MIDPOINTS[(c, 'useful')]} / {PAPER_MIDPOINTS[(c, 'useless')]}"
+                 if (c, "useful") in PAPER_MIDPOINTS else "—")
+        out.append(f"| {c} | {_ci(real.get('useful'))} | {_ci(real.get('useless'))} | {_ci(rnd.get('useful'))} | "
+                   f"{_ci(rnd.get('useless'))} | {_ci(last.get('useful'))} | {_ci(last.get('useless'))} | {paper} |")
+    out += ["", "The paper's pattern as one-sided tests over seeds (Holm over the family), and the random-direction "
+            "null:", "", "| hypothesis | mean | p (t) | p (Holm) | p (Wilcoxon) | power | detectable d_z | holds |",
+            "|---|---|---|---|---|---|---|---|"]
+    for k, t in {**rec["tests"]["hypotheses"], **rec["tests"]["null"]}.items():
+        out.append(f"| {k} | {_f(t['mean_diff'])} | {_f(t['p_t'], 2)} | {_f(t.get('p_holm'), 2)} | "
+                   f"{_f(t['p_wilcoxon'], 2)} | {_f(t['power'], 2)} | {_f(t['detectable_dz'], 2)} | "
+                   f"{'yes' if t.get('holds') else 'no'} |")
+    out += ["", "How the pattern builds up (hypotheses that hold, by fraction of the attributed updates): "
+            + "; ".join(f"{float(f):.0%}: {sum(1 for t in ts.values() if t['holds'])}/{len(ts)}"
+                        for f, ts in rec["tests"]["by_fraction"].items()), ""]
+    return out
+
+
+def judge(rec: dict[str, Any]) -> Any:
+    """Reproduced: every hypothesis holds and the models play (legal-move accuracy ≥ 0.95); partial: some
+    hold, or all hold on models that do not play; not reproduced: none."""
+    from .claims import Verdict, _grid_scale
+    tests = rec["tests"]["hypotheses"]
+    held = [k for k, t in tests.items() if t["holds"]]
+    acc = rec["quality"]["legal_acc"]["mean"]
+    infl = rec["numbers"]["influence"].get("main", {}).get("real", {})
+    ours = (f"direct {_ci(infl.get('direct', {}).get('useful'))} / {_ci(infl.get('direct', {}).get('useless'))}, "
+            f"pre-cached {_ci(infl.get('precached', {}).get('useful'))} / "
+            f"{_ci(infl.get('precached', {}).get('useless'))}, shared {_ci(infl.get('shared', {}).get('useful'))} / "
+            f"{_ci(infl.get('shared', {}).get('useless'))} (useful / useless); {len(held)}/{len(tests)} tests hold; "
+            f"legal-move accuracy {_f(acc)}")
+    scale = f"{rec['scale']['model']}; {rec['scale']['attribution']}; {len(rec['seeds'])} seeds; deviations: " \
+            + (", ".join(rec["scale"]["deviations"]) or "none")
+    if not held:
+        return Verdict("not reproduced", ours, scale)
+    if len(held) < len(tests) or acc is None or acc < PLAYS:
+        return Verdict("partial", ours + ("" if acc is not None and acc >= PLAYS else
+                                          f"; the models do not play (accuracy < {PLAYS})"), scale)
+    return Verdict("reproduced", ours, scale)

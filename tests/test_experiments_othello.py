@@ -1,0 +1,91 @@
+"""The multi-seed Othello experiment: per-seed aggregation against a brute-force recomputation from the
+attribution store, the k = L separation, the random-direction null, results file, verdict rules."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from originlens.attribution.store import RANDOM_TAG, load_observables
+from originlens.errors import ConfigError
+from originlens.experiments.othello import HYPOTHESES, OthelloConfig, judge, run_othello
+from originlens.experiments.results import read_results
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("oth")
+    cfg = OthelloConfig(scale="ci", seeds=[0, 1], overrides={"steps": 12, "eval_size": 120})
+    s = run_othello(cfg, out / "exp", results=out / "res.json", command="originlens test")
+    return cfg, out, s
+
+
+@pytest.mark.slow
+def test_seed_aggregates_equal_a_brute_force_recomputation(ci_run):
+    cfg, out, s = ci_run
+    for seed in cfg.seeds:
+        rows = load_observables(out / "exp" / f"seed-{seed}" / "run" / "attribution").to_pylist()
+        for frac, cutoff in ((0.5, 6), (1.0, 12)):
+            items: dict = {}
+            for r in rows:
+                if r["step"] <= cutoff and r["type"] in (1, 2) and r["influence"] is not None:
+                    key = (r["site_layer"], r["site_position"], r["feature"], r["type"], r["component"])
+                    items[key] = items.get(key, 0.0) + r["influence"]
+            agg = s["per_seed"][seed]["aggregates"][f"{frac:g}"]
+            assert agg["updates"] == cutoff
+            for comp in ("direct", "precached", "shared", "full"):
+                for t, name in ((1, "useless"), (2, "useful")):
+                    for part, layers in (("main", {1}), ("last_layer", {2})):
+                        for kind in ("real", "random"):
+                            vals = [v for (k, i, f, ty, c), v in items.items() if c == comp and ty == t and k in layers
+                                    and ((RANDOM_TAG in f) == (kind == "random"))]
+                            got = agg["means"][part][kind][comp][name]
+                            assert got["n_items"] == len(vals)
+                            assert math.isclose(got["mean"], float(np.mean(vals)), rel_tol=1e-9, abs_tol=1e-15)
+            last = agg["means"]["last_layer"]["real"]["precached"]
+            assert last["useful"]["mean"] == 0.0 and last["useless"]["mean"] == 0.0   # G_pre(L, i) ≡ 0
+
+
+@pytest.mark.slow
+def test_results_file_and_tests_over_seeds(ci_run):
+    cfg, out, s = ci_run
+    rec = read_results(out / "res.json")
+    assert rec["experiment"] == "othello" and rec["seeds"] == [0, 1] and rec["command"] == "originlens test"
+    assert set(rec["tests"]["hypotheses"]) == {h[0] for h in HYPOTHESES}
+    t = rec["tests"]["hypotheses"]["direct: useful > useless"]
+    useful = [s["per_seed"][x]["aggregates"]["1"]["means"]["main"]["real"]["direct"]["useful"]["mean"] for x in (0, 1)]
+    useless = [s["per_seed"][x]["aggregates"]["1"]["means"]["main"]["real"]["direct"]["useless"]["mean"] for x in (0, 1)]
+    assert math.isclose(t["mean_diff"], float(np.mean(np.subtract(useful, useless))), rel_tol=1e-9)
+    assert 0 <= rec["quality"]["legal_acc"]["low"] <= rec["quality"]["legal_acc"]["high"] <= 1
+    assert rec["quality"]["probes"]["1"]["pearson"]["initial"]["n"] == 2          # the untrained null
+    assert any("steps 12 (paper 5000)" == d for d in rec["scale"]["deviations"])
+    assert len(rec["data_hashes"]["seed-0"]["othello_pool_sha256"]) == 64
+    # a model that does not play cannot reproduce the claim, whatever its influences
+    assert judge(rec).verdict in ("not reproduced", "partial")
+
+
+def _fake(holds: list[bool], acc: float) -> dict:
+    return {"tests": {"hypotheses": {h[0]: {"holds": v} for h, v in zip(HYPOTHESES, holds)}},
+            "quality": {"legal_acc": {"mean": acc}}, "numbers": {"influence": {}}, "seeds": [0, 1, 2],
+            "scale": {"model": "m", "attribution": "a", "deviations": []}}
+
+
+def test_verdict_rules():
+    n = len(HYPOTHESES)
+    assert judge(_fake([True] * n, 0.97)).verdict == "reproduced"
+    v = judge(_fake([True] * n, 0.6))
+    assert v.verdict == "partial" and "do not play" in v.ours
+    assert judge(_fake([True] + [False] * (n - 1), 0.97)).verdict == "partial"
+    assert judge(_fake([False] * n, 0.97)).verdict == "not reproduced"
+
+
+def test_bad_configurations():
+    with pytest.raises(ConfigError, match="unknown scale"):
+        OthelloConfig(scale="big")
+    with pytest.raises(ConfigError, match="override"):
+        OthelloConfig(overrides={"width": 3})
+    with pytest.raises(ConfigError, match="attribute_steps"):
+        OthelloConfig(scale="ci", overrides={"attribute_steps": 999})
+    with pytest.raises(ConfigError, match="layers"):
+        OthelloConfig(scale="ci", layers=[5])
