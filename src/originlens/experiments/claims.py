@@ -98,11 +98,22 @@ def judge_majority(rec: dict[str, Any]) -> Verdict:
     return Verdict(verdict, ours, _grid_scale(rec))
 
 
+def judge_language_loss(rec: dict[str, Any]) -> Verdict:
+    from .language import judge_loss
+    return judge_loss(rec)
+
+
+def judge_language_features(rec: dict[str, Any]) -> Verdict:
+    from .language import judge_features
+    return judge_features(rec)
+
+
 def judge_othello(rec: dict[str, Any]) -> Verdict:
     from .othello import judge
     return judge(rec)
 
 
+LANG_CMD = "originlens ntp experiment tinystories --scale cpu --seeds 0-2 --out runs/tinystories-cpu"
 GRID_CMD = "originlens ntp experiment grid --task {task} --scale cpu --seeds 0-4 --jobs 2 --out runs/toy-grid/{task}-cpu"
 
 CLAIMS: tuple[Claim, ...] = (
@@ -124,11 +135,13 @@ CLAIMS: tuple[Claim, ...] = (
           command="originlens ntp experiment othello --scale cpu --seeds 0-2 --out runs/othello-cpu"),
     Claim("gp-tinystories-loss", "2603.14087 §8 (TinyStories)", "Myopic training costs language-modelling loss",
           "loss 3.29 ± 0.02 myopic vs 2.53 ± 0.10 standard (10 seeds)",
-          note="to be re-run with ≥ 3 seeds and held-out CIs"),
+          ("language/tinystories-paper", "language/tinystories-cpu"), judge_language_loss,
+          note="to be re-run with ≥ 3 seeds and held-out CIs", command=LANG_CMD),
     Claim("gp-tinystories-features", "2603.14087 §8 (TinyStories)",
           "Syntax features are learned directly; story-position features need pre-caching",
           "pre-cached ≪ direct influence for tags/labels; position features through pre-caching",
-          note="needs the 20 syntax features and language-task attribution"),
+          ("language/tinystories-paper", "language/tinystories-cpu"), judge_language_features,
+          note="features and attribution are built; the experiment is to be run", command=LANG_CMD),
     Claim("gp-qscore", "2603.14087 §9 (Gemma 2 2B)",
           "Extreme-Q(w) SAE features are disproportionately formal (code, math, syntax)",
           "σ(ln Q) 1.63 ± 0.03 formal vs 1.23 ± 0.02 other", blocked="needs data",

@@ -47,21 +47,26 @@ the paper's two claims tested as hypotheses over seeds.
 :func:`judge_features` are the verdict rules of the two TinyStories claims.
 
 Scales (:data:`SCALES`): ``paper`` is the paper's configuration (4 layers, d = 128, 4 heads, batch 256,
-1,000 steps, T = 64, eval 30,000 windows; a GPU job); ``cpu`` keeps the model and the window and cuts the
-batch to 64, the steps to 400 and the eval set to 4,000 windows, aimed at ≲ 20 min per run (training,
-null and attribution of the standard run) on one CPU core — an estimate from the per-step benchmarks
-(``benchmarks/RESULTS.md``), **not measured at this size**; ``ci`` is a seconds-long check that the
-pipeline runs (2 layers, d = 16, T = 24), not a result.  Every departure from the paper is listed in the
-results file's ``scale.deviations``, always including the tokenizer (a 4096-id BPE trained on the shared
-subset of ~7,100 stories, not the paper's TinyStories tokenizer) and the data (that subset, not the full
-TinyStories set), so our losses are not on the paper's scale (paper: 3.29 ± 0.02 myopic vs 2.53 ± 0.10
-standard).
+1,000 steps, T = 64, eval 30,000 windows; attributed positions 30, 34, 38; a GPU job); ``cpu`` keeps the
+model and the window and cuts the batch to 64, the steps to 300, the eval set to 4,000 windows and the
+attributed sites to position 34 of every layer, aimed at ≲ 20 min per standard run (training ≈ 0.8 s and
+attribution ≈ 3–4 s per update, null and probes) on one CPU core — extrapolated from a batch-16
+calibration at the paper's width (attribution ≈ 20 training steps per update at 12 sites × 22 features,
+most of it in the influence JVPs), **not measured at this size**; the myopic runs are trained only;
+``ci`` is a seconds-long check that the pipeline runs (2 layers, d = 16, T = 24), not a result.  Every
+departure from the paper is listed in the results file's ``scale.deviations``, always including the
+tokenizer (a 4096-id BPE trained on the shared subset of ~7,100 stories, not the paper's TinyStories
+tokenizer) and the data (that subset, not the full TinyStories set), so our losses are not on the paper's
+scale (paper: 3.29 ± 0.02 myopic vs 2.53 ± 0.10 standard).
 
 Caveats: the annotator defaults to Lingua::EN::Tagger (Penn tags only — no dependency labels offline; see
 :mod:`originlens.tasks.syntax`), so ``syntax`` means tags unless ``annotator="spacy"``; the items of one
 run are not independent (one trajectory), so the unit of replication is the seed, and with 3 seeds the
 tests have little power (reported); bit-exact replay needs the training run's torch thread count, so
-each (regime, seed) is trained and attributed in the same process.
+each (regime, seed) is trained and attributed in the same process.  Influences carry the squared units of
+their feature (the mismatch R is a squared probe error), so a group mean is dominated by its
+largest-scale feature — ``pos_int`` (token indices, tens to hundreds) within ``position``; the share is
+scale-free per group, and the per-feature means are kept in each run's ``attribution.by_feature``.
 """
 from __future__ import annotations
 
@@ -93,8 +98,8 @@ COMMON = dict(eval_every=0, probe_every=0, keep_checkpoints=0, log_every=10)
 SCALES: dict[str, dict[str, Any]] = {
     "paper": {"ntp": dict(PAPER, checkpoint_every=250), "task": {}, "attribute_positions": [30, 34, 38],
               "attribute_regimes": ["standard"], "prompts": 3},
-    "cpu": {"ntp": dict(PAPER, batch_size=64, steps=400, eval_size=4000, checkpoint_every=100), "task": {},
-            "attribute_positions": [30, 34, 38], "attribute_regimes": ["standard"], "prompts": 3},
+    "cpu": {"ntp": dict(PAPER, batch_size=64, steps=300, eval_size=4000, checkpoint_every=100), "task": {},
+            "attribute_positions": [34], "attribute_regimes": ["standard"], "prompts": 3},
     "ci": {"ntp": dict(n_layer=2, d_model=16, n_head=2, batch_size=8, steps=4, eval_size=80, checkpoint_every=2,
                        log_every=1),
            "task": dict(window=24, bpe_vocab_size=256), "attribute_positions": [8, 12],
@@ -102,8 +107,9 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 SCALE_NOTES = {
     "paper": "the paper's configuration (a GPU job)",
-    "cpu": "the paper's model and window at batch 64, 400 steps and 4,000 eval windows, aimed at ≲ 20 min per "
-           "run on one CPU core (estimated, not measured)",
+    "cpu": "the paper's model and window at batch 64, 300 steps and 4,000 eval windows, every update attributed "
+           "at position 34 of every layer; aimed at ≲ 20 min per standard run (training, null, attribution) on "
+           "one CPU core — estimated, not measured at this size",
     "ci": "a seconds-long check that the pipeline runs; not a result",
 }
 # Task options the experiment sets itself (through its own fields).
@@ -247,7 +253,8 @@ class LanguageExperimentConfig:
             self.attribute_layers = list(range(1, L + 1))
         self.attribute_layers = sorted({int(k) for k in self.attribute_layers})
         if not self.attribute_layers or any(not 0 <= k <= L for k in self.attribute_layers):
-            raise ConfigError(f"attributed layers {self.attribute_layers} outside 0..{L}", f"e.g. --attribute-layers 1-{L}")
+            raise ConfigError(f"attributed layers {self.attribute_layers} outside 0..{L}",
+                              f"e.g. --attribute-layers 1-{L}")
         if self.attribute_steps is not None:
             if isinstance(self.attribute_steps, bool) or not isinstance(self.attribute_steps, int) \
                     or not 1 <= self.attribute_steps <= cfg0.steps:
@@ -326,8 +333,12 @@ class LanguageExperimentConfig:
         bpe = int(opts.get("bpe_vocab_size", tdef["bpe_vocab_size"]))
         out.append(f"tokenizer: a {bpe}-id BPE trained on the shared subset (paper: the TinyStories tokenizer, "
                    f"50,257 ids), so losses and pos_int are not on the paper's scale")
-        out.append("data: the shared TinyStories subset (~7,100 stories, ~1.4M tokens; held-out split by story "
-                   f"hash, {opts.get('heldout_frac', tdef['heldout_frac'])}) instead of the full TinyStories set")
+        task = self.make_task()
+        train, held = task.split
+        out.append(f"data: the {len(task.data.hashes):,} stories ({int(task.data.tokens.size):,} tokens) of the data "
+                   f"root, {len(train):,} train / {len(held):,} held-out by story hash (fraction "
+                   f"{opts.get('heldout_frac', tdef['heldout_frac'])}; the shared subset holds ~7,100 stories; "
+                   "paper: 300,000 windows of the full TinyStories set)")
         if self.annotator == "lingua":
             out.append("syntax annotator: Lingua::EN::Tagger (Penn tags, no dependency labels; paper: spaCy "
                        "en_core_web_sm, 10 tags + 10 labels)")
@@ -357,11 +368,22 @@ def _dirs(out: Path, regime: str, seed: int) -> tuple[Path, Path]:
     return run_dir_for(out / "trained", regime, seed), run_dir_for(out / "initial", regime, seed)
 
 
-def _attribution_done(store: Path, end: int) -> bool:
+def _attribution_done(store: Path, end: int, sites: Sequence[Sequence[int]]) -> bool:
+    """Whether ``store`` holds the Adam attribution of updates 1..``end`` at ``sites``; a store attributed
+    with other sites, steps or optimizer is refused (its numbers would not be the requested ones)."""
     from ..attribution.store import read_segment_infos
-    if not store.is_dir():
-        return False
-    return any(int(s["start"]) == 0 and int(s["end"]) == end for s in read_segment_infos(store))
+    from ..errors import CompatibilityError
+    infos = read_segment_infos(store) if store.is_dir() else []
+    want = sorted([int(k), int(i)] for k, i in sites)
+    for s in infos:
+        got = sorted([int(k), int(i)] for k, i in s.get("sites", []))
+        if got != want or s.get("optimizer") != "adam" or int(s["start"]) != 0 or int(s["end"]) != end:
+            raise CompatibilityError(
+                f"{store} holds an attribution of updates {int(s['start']) + 1}..{s['end']} at sites {got} "
+                f"({s.get('optimizer')}), not updates 1..{end} at sites {want} (adam)",
+                "use the same --attribute-positions / --attribute-layers / --attribute-steps, or delete that "
+                "attribution directory to recompute it")
+    return bool(infos)
 
 
 def _run_job(job: dict[str, Any]) -> list[str]:
@@ -384,10 +406,19 @@ def _run_job(job: dict[str, Any]) -> list[str]:
         from ..attribution.replay import attribute_run
         d = Path(job["trained_dir"])
         store = d / "attribution"
-        if not _attribution_done(store, attr["end"]):
+        if not _attribution_done(store, attr["end"], attr["sites"]):
+            from ..storage import read_json
             t = time.time()
-            attribute_run(d, sites=[tuple(s) for s in attr["sites"]], features="all", optimizer="adam",
-                          segment=(0, attr["end"]), out=store)
+            # bit-exact replay needs the thread count the run was trained with (a run trained by an earlier call)
+            trained_threads = read_json(d / "environment.json").get("torch_threads")
+            old = torch.get_num_threads()
+            if trained_threads and int(trained_threads) != old:
+                torch.set_num_threads(int(trained_threads))
+            try:
+                attribute_run(d, sites=[tuple(s) for s in attr["sites"]], features="all", optimizer="adam",
+                              segment=(0, attr["end"]), out=store)
+            finally:
+                torch.set_num_threads(old)
             done.append(f"{store}: attributed updates 1..{attr['end']} in {time.time() - t:.0f} s")
     return done
 
@@ -403,8 +434,8 @@ def _jobs(config: LanguageExperimentConfig, out: Path) -> list[dict[str, Any]]:
             if regime in (config.attribute_regimes or []):
                 attr = {"sites": [[k, i] for k in config.attribute_layers for i in config.attribute_positions],
                         "end": config.end_step(tr.steps)}
-            if is_finished(d, tr) and is_finished(d0, ini) and (attr is None or
-                                                                _attribution_done(d / "attribution", attr["end"])):
+            if is_finished(d, tr) and is_finished(d0, ini) and (
+                    attr is None or _attribution_done(d / "attribution", attr["end"], attr["sites"])):
                 continue
             jobs.append({"regime": regime, "seed": seed, "trained": tr.to_dict(), "initial": ini.to_dict(),
                          "trained_dir": str(d), "initial_dir": str(d0), "attribution": attr})
@@ -457,22 +488,30 @@ def influence_by_group(integrated_rows: Sequence[dict[str, Any]], n_layer: int) 
     Returns ``influence[group][component]`` (mean over items; ``precached`` over layers k < L only),
     ``below_last`` (every component over k < L), ``last_layer`` (every component at k = L),
     ``precached_share[group]`` = ``pre / (|dir| + |pre| + |sh|)`` of the ``below_last`` means, and the item
-    counts; None where a group has no items (or, for the share, a zero denominator).
+    counts; None where a group has no items (or, for the share, a zero denominator).  ``by_feature``:
+    the same means per feature (``precached`` over k < L).
     """
     cells: dict[tuple[str, str, str], list[float]] = {}
+    per_feature: dict[tuple[str, str], list[float]] = {}
     for r in integrated_rows:
-        g = influence_group(str(r["feature"]))
+        f = str(r["feature"])
+        g = influence_group(f)
         if g is None or r.get("type") is not None or r.get("integrated") is None or r["component"] not in COMPONENTS:
             continue
         k = int(r["site_layer"])
         for part in ("all", "below" if k < n_layer else "last"):
             cells.setdefault((g, r["component"], part), []).append(float(r["integrated"]))
+        if r["component"] != "precached" or k < n_layer:
+            per_feature.setdefault((f, r["component"]), []).append(float(r["integrated"]))
 
     def mean(g: str, c: str, part: str) -> float | None:
         v = cells.get((g, c, part))
         return float(sum(v) / len(v)) if v else None
 
-    out: dict[str, Any] = {"influence": {}, "below_last": {}, "last_layer": {}, "precached_share": {}, "n_items": {}}
+    out: dict[str, Any] = {"influence": {}, "below_last": {}, "last_layer": {}, "precached_share": {}, "n_items": {},
+                           "by_feature": {}}
+    for (f, comp), v in sorted(per_feature.items()):
+        out["by_feature"].setdefault(f, {})[comp] = float(sum(v) / len(v))
     for g in INFLUENCE_GROUPS:
         if not any(key[0] == g for key in cells):
             continue
@@ -693,7 +732,7 @@ def run_language_experiment(config: LanguageExperimentConfig, out: str | Path, *
         summary = summarise(config, out)
         summary["continuations"] = continuations(config, out)
         summary["wall_seconds_this_call"] = time.time() - t0
-        summary["trained_this_call"] = len(done)
+        summary["done_this_call"] = done            # one line per run trained / attribution computed
         cfg0 = config.run_config(config.regimes[0], config.seeds[0], initial=False)
         task = config.make_task()
         scale = {"name": config.scale, "summary": SCALE_NOTES[config.scale],
@@ -827,7 +866,8 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
     rep = Report(f"TinyStories: standard vs myopic training ({sc['name']} scale)")
     rep.text(f"Scale: {sc['summary']}; {sc['model']}; {sc['training']}; eval {sc['eval']}; {sc['syntax']}; "
              f"attribution {sc['attribution']}. Deviations from the paper: {', '.join(sc['deviations']) or 'none'}.")
-    rep.text("Claims tested (arXiv 2603.14087 §8): " + "; ".join(f"{k} — {v}" for k, v in summary["expected"].items()))
+    rep.text("Claims tested (arXiv 2603.14087 §8): "
+             + "; ".join(f"{k} — {v}" for k, v in summary["expected"].items()))
     quality = {r: summary["per_regime"][r] for r in summary["per_regime"]}
     rep.section("Held-out loss")
     rep.table(LOSS_HEADER, _loss_rows(quality, summary["runs"]), caption="Student-t intervals over seeds")
@@ -869,7 +909,8 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
         rep.table(["prompt", "regime", "greedy", "sampled (T = 1)"], rows,
                   caption=f"model of seed {summary['continuations'][0]['seed']}; BPE tokens joined by spaces")
     rep.section("Runs")
-    rep.table(["regime", "seed", "held-out loss", "initial loss", "probe r (" + "/".join(PROBE_GROUPS) + ")", "seconds"],
+    rep.table(["regime", "seed", "held-out loss", "initial loss", "probe r (" + "/".join(PROBE_GROUPS) + ")",
+               "seconds"],
               [[r["regime"], r["seed"], _f(r["eval_loss"], 4), _f(r["initial_eval_loss"], 3),
                 " / ".join(_f(r["probe"].get(g)) for g in PROBE_GROUPS), _f(r["seconds"], 0)] for r in summary["runs"]])
     return rep.write(out)
@@ -880,7 +921,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     lines = []
     for regime, s in summary["per_regime"].items():
         lines.append(f"{regime:<9} held-out loss {_ci(s['eval_loss'], lambda x: _f(x, 4))}; probes "
-                     + ", ".join(f"{g} {_ci(c)} (null {_ci(s['initial_probe'].get(g))})" for g, c in s["probe"].items()))
+                     + ", ".join(f"{g} {_ci(c)} (null {_ci(s['initial_probe'].get(g))})"
+                                 for g, c in s["probe"].items()))
     for regime, inf in summary["influence"].items():
         for g, m in inf["influence"].items():
             lines.append(f"{regime:<9} {g:<8} " + ", ".join(f"{c} {_ci(m[c], _g)}" for c in COMPONENTS)
@@ -917,7 +959,8 @@ def render_section(key: str, rec: dict[str, Any]) -> list[str]:
     influence = rec["numbers"].get("influence", {})
     if influence:
         out += ["", "Integrated Adam influence per feature group and component (mean over items per run, "
-                "Student-t 95 % intervals over seeds; pre-cached over layers k < L, k = L separately, where G_pre ≡ 0; "
+                "Student-t 95 % intervals over seeds; pre-cached over layers k < L, k = L separately, where "
+                "G_pre ≡ 0; "
                 "share = pre / (|dir| + |pre| + |sh|) over k < L):", "",
                 "| " + " | ".join(INFLUENCE_HEADER) + " |", "|" + "---|" * len(INFLUENCE_HEADER)]
         for row in _influence_rows(influence):

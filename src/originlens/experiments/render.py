@@ -118,8 +118,14 @@ def _othello_section(key: str, rec: dict[str, Any]) -> list[str]:
     return render_section(key, rec)
 
 
+def _language_section(key: str, rec: dict[str, Any]) -> list[str]:
+    from .language import render_section
+    return render_section(key, rec)
+
+
 SECTIONS: dict[str, Callable[[str, dict[str, Any]], list[str]]] = {"toy-grid": _toy_grid_section,
-                                                                   "othello": _othello_section}
+                                                                   "othello": _othello_section,
+                                                                   "language": _language_section}
 
 
 def results_markdown(results: dict[str, dict[str, Any]]) -> str:
@@ -133,12 +139,15 @@ def results_markdown(results: dict[str, dict[str, Any]]) -> str:
            "Verdict rules (`originlens.experiments.claims`): an ordering holds only when its one-sided paired "
            "test over seeds is significant at α = 0.05 after Holm's adjustment; *not yet run* means no "
            "results file backs the claim yet (earlier measurements that predate results files are not "
-           "quoted).", ""]
+           "quoted; they are kept, as a record and not as evidence, in [earlier-measurements.md]"
+           "(earlier-measurements.md)). The protocol and every deliberate difference from the authors' code: "
+           "[protocol.md](protocol.md).", ""]
     by_exp: dict[str, list[str]] = {}
     for key in results:
         by_exp.setdefault(key.split("/")[0], []).append(key)
     titles = {"toy-grid": "Gradient pathways (arXiv 2603.14087): toy regime grids",
-              "othello": "Gradient pathways (arXiv 2603.14087): OthelloGPT attribution over seeds"}
+              "othello": "Gradient pathways (arXiv 2603.14087): OthelloGPT attribution over seeds",
+              "language": "Gradient pathways (arXiv 2603.14087): TinyStories, standard vs myopic"}
     for exp, keys in by_exp.items():
         section = SECTIONS.get(exp)
         if section is None:
