@@ -1,20 +1,21 @@
-"""All-sites pathway decomposition: ``decompose`` vs the brute-force per-site algorithm of spec §4.5.
+"""All-sites pathway decomposition: ``decompose`` vs the brute-force per-site reference algorithm.
 
-Same model, same batch, same run (spec ``gradient-pathways.md`` §4.5, issue 5 "Performance"):
+Same model, same batch, same run:
 
-* ``ours``  — ``originlens.attribution.decompose(model, tokens, sites)`` (structured backward, spec §5
-  ideas: one cached forward, adjoint recursions, rank-B weight gradients at each site's own block,
+* ``ours``  — ``originlens.attribution.decompose(model, tokens, sites)`` (structured backward:
+  one cached forward, adjoint recursions, rank-B weight gradients at each site's own block,
   dense batched backward over the causal prefix below it);
-* ``ref45`` — the reference algorithm of spec §4.5 written out plainly below: per site one forward
+* ``ref45`` — the straightforward reference algorithm written out plainly below: per site one forward
   with sg(k, i), then three backward passes — ∇L^{sg} (= G_sh), ∇λ_i^{sg} and ∇λ_i (plain graph, kept
   from one ordinary forward) — G_dir = ∇λ_i − ∇λ_i^{sg}, G_pre = ∇L − G_sh − G_dir;
 * ``train`` — one ordinary training step of the same model on the same batch: ``model.loss`` (the
   model's own kernel, SDPA) + ``backward`` + ``torch.optim.Adam.step``.
 
-Model: Majority size (spec §7: 2 layers, d = 128, 4 heads, vocabulary 5, T = 21), weights perturbed
-away from the initialisation; batch of random token ids (default B = 256, the spec's Majority batch).
+Model: Majority size (the hyper-parameter table of arXiv 2603.14087: 2 layers, d = 128, 4 heads,
+vocabulary 5, T = 21), weights perturbed away from the initialisation; batch of random token ids
+(default B = 256, the paper's Majority batch).
 Sites: ``all`` = every residual layer k = 0..2 × position i = 0..20 (63 sites), and ``tracked`` = the
-spec's tracked Majority sites, layers 1–2 × positions 2–19 (36 sites).
+Majority task's tracked sites, layers 1–2 × positions 2–19 (36 sites).
 
 Timing: CPU time (``time.process_time``) and wall time, min over ``--repeat`` runs, measured
 interleaved (train, ours, ref45 in turn) so that a shared machine loads them alike.  Memory: peak
@@ -44,7 +45,7 @@ from originlens.models.gpt import position_losses
 
 
 # ----------------------------------------------------------------------------------------------------
-# the reference algorithm (spec §4.5), plainly
+# the reference algorithm (per site: 1 forward + 3 backwards), plainly
 
 
 def ref45(model: GPT, tokens: torch.Tensor, sites: list[tuple[int, int]]) -> dict:
@@ -197,7 +198,7 @@ def main() -> None:
         print(f"\nsites={which} ({len(sites)} sites)")
         print(f"  {'':34s} {'CPU s':>8s} {'wall s':>8s} {'peak RSS +MB':>13s}")
         for name, label in (("train", "one training step (fwd+bwd+Adam)"), ("ours", "decompose (ours)"),
-                            ("ref45", "spec §4.5 loop (1 fwd + 3 bwd/site)")):
+                            ("ref45", "reference loop (1 fwd + 3 bwd/site)")):
             v = res[name]
             print(f"  {label:34s} {v['cpu']:8.3f} {v['wall']:8.3f} {mem[name]:13.1f}")
         print(f"  ref45 / ours = {r['cpu'] / o['cpu']:.1f}× (CPU), {r['wall'] / o['wall']:.1f}× (wall)   "
@@ -205,7 +206,7 @@ def main() -> None:
         print(f"  ours / train = {o['cpu'] / t['cpu']:.2f}× (CPU), {o['wall'] / t['wall']:.2f}× (wall)   "
               f"[target ≤ 6×]")
         print(f"  max |ours − ref45| = {diff:.2e}  (max |∇L| = {g_max:.2e}; asserted ≤ {tol:g}·max|∇L|)")
-        assert diff <= tol * g_max, f"decomposition disagrees with the §4.5 reference: {diff} > {tol * g_max}"
+        assert diff <= tol * g_max, f"decomposition disagrees with the reference loop: {diff} > {tol * g_max}"
 
 
 if __name__ == "__main__":

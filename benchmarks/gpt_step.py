@@ -41,7 +41,7 @@ VARIANTS = {
 
 
 def naive_attention(q, k, v, *, myopic=False, impl="sdpa", dropout_p=0.0, future=None):
-    """Spec §3.1 formula written directly: two full score matmuls and ``where``."""
+    """The myopic attention formula written directly: two full score matmuls and ``where``."""
     T = q.shape[-2]
     eye = torch.eye(T, dtype=torch.bool, device=q.device)
     s = torch.where(eye, q @ k.transpose(-2, -1), q @ k.detach().transpose(-2, -1)) / math.sqrt(q.shape[-1])

@@ -29,7 +29,7 @@ import numpy as np
 
 
 def dense_reference(tokens: np.ndarray, V: int):
-    """The straightforward implementation: dense one-hot tensors and einsums (spec §3.8), torch float64."""
+    """The straightforward implementation: dense one-hot tensors and einsums as defined, torch float64."""
     import torch
     t = torch.as_tensor(tokens.astype(np.int64))
     N, T1 = t.shape

@@ -1,4 +1,4 @@
-"""Leading-term features across training checkpoints on CPU (spec leading-terms.md §5.2, issue 6 §3).
+"""Leading-term features across training checkpoints on CPU (the comparison of arXiv 2601.19208).
 
     .venv/bin/python examples/compare_tinystories.py --out runs/compare-demo        # everything (minutes)
     .venv/bin/python examples/compare_tinystories.py --out runs/compare-demo --skip-train   # reuse checkpoints
@@ -13,7 +13,7 @@ Steps:
 3. **comparison**: ``originlens lm compare --checkpoint-dir … --corpus … --top-tokens K`` (BOS = ``<eot>``
    prepended per window, per-head maps, permuted-token null baseline and token-centred cosine);
 4. **fast vs direct**: the last checkpoint's cosines recomputed by a straightforward float64 transcription of
-   the spec (explicit K×K score matrices and covariances), agreement and speed ratio printed;
+   the definition (explicit K×K score matrices and covariances), agreement and speed ratio printed;
 5. **stories260K**: ``originlens lm compare`` on the llama2.c model with its tok512 tokenizer, statistics from
    the TinyStories text tokenised with that tokenizer.
 
@@ -77,7 +77,8 @@ def train(corpus: Path, ckpt_dir: Path, args: argparse.Namespace) -> dict:
 
 
 def direct_check(corpus: Path, ckpt: Path, run: Path) -> dict:
-    """The last checkpoint's spec cosines by a straightforward float64 implementation (K×K matrices)."""
+    """The last checkpoint's covariance cosines (variant ``"spec"``) by a straightforward float64
+    implementation (K×K matrices)."""
     import numpy as np
     import torch
 

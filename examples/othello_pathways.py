@@ -1,4 +1,4 @@
-"""OthelloGPT gradient-pathway experiment (arXiv 2603.14087 §6.3/§8; issue 5 item 5) — driver.
+"""OthelloGPT gradient-pathway experiment (arXiv 2603.14087, the Othello task) — driver.
 
 Train a GPT on synthetic Othello, probe the board from the player-to-move's perspective at every layer,
 attribute the training updates to direct / pre-cached / shared pathways at the 16 central cells

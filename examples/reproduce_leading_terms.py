@@ -1,4 +1,4 @@
-"""Reproduce the TinyStories experiments of arXiv 2601.19208 §5 (spec leading-terms.md §5.1) with the CLI.
+"""Reproduce the TinyStories experiments of arXiv 2601.19208 §5 with the CLI.
 
     .venv/bin/python examples/reproduce_leading_terms.py --out runs/repro                 # CPU scale (default)
     .venv/bin/python examples/reproduce_leading_terms.py --out runs/paper --paper-scale --data FULL_TINYSTORIES

@@ -1,4 +1,4 @@
-"""TinyStories: standard vs myopic training (spec gradient-pathways §6.4, §8; issue 5 item 6).
+"""TinyStories: standard vs myopic training (arXiv 2603.14087, the TinyStories task).
 
     .venv/bin/python examples/tinystories_myopic.py --out runs/ts_myopic                  # CPU scale (default)
     .venv/bin/python examples/tinystories_myopic.py --out runs/ts_paper --paper-scale --device cuda --seeds 0-9
@@ -12,8 +12,8 @@ Each run is an ordinary trainer run (``NTPConfig(task="tinystories", regime=...)
   training loss at step 1000) and the loss curve;
 * **held-out loss and top-1 accuracy per window position** t = 0..T−2 on the trainer's eval set (held-out
   stories, ``task.sample_eval(eval_size, default_rng([eval_seed, 13]))``), recomputed from the final model;
-* **probe quality** of ``pos_int`` / ``pos_prop`` per layer (ridge, spec §4.1, fitted by the trainer on the
-  eval set: Pearson r and R² on its last 30 %), averaged over the tracked positions 30–39 and over 1..63.
+* **probe quality** of ``pos_int`` / ``pos_prop`` per layer (ridge, as in the paper, fitted by the trainer on
+  the eval set: Pearson r and R² on its last 30 %), averaged over the tracked positions 30–39 and over 1..63.
 
 Outputs: ``OUT/results.json``, ``OUT/report.html`` / ``report.md`` with figures, ``OUT/config.json`` and
 ``OUT/environment.json`` (versions, seeds, data hashes = the tokenisation-cache key and per-file SHA-256).
@@ -24,7 +24,7 @@ Scales:
   two runs in parallel (``--jobs 2``, one torch thread each).  On the shared two-core machine a step costs
   ≈ 0.3–1 s depending on the load.
 * **paper (``--paper-scale``)**: 4 layers, d = 128, 4 heads, batch 256, 1000 updates, eval 30,000 windows,
-  probes every 100 updates (the spec §7 row); use ``--device cuda``.
+  probes every 100 updates (the paper's hyper-parameter table); use ``--device cuda``.
 
 Deviations from the paper (both scales): the tokenizer is a 4096-id BPE trained on the ~7,100-story subset
 (not ``TinyStories-1M``'s 50,257-id tokenizer), so losses are not on the paper's scale; windows are drawn
@@ -234,7 +234,7 @@ def write_report(cfg: DriverConfig, runs: list[dict[str, Any]], agg: dict[str, A
     rep.text(f"Data: {data['stories']} stories, {data['tokens']} tokens under a {data['vocab_size']}-id BPE; "
              f"{data['train_stories']} train / {data['heldout_stories']} held-out stories (split by content "
              f"hash), {data['skipped_short']} shorter than 64 tokens skipped. Tokenisation cache: {data['cache']}.")
-    rep.text("The spec's 20 spaCy features (POS tags, dependency labels) are skipped: spaCy and en_core_web_sm "
+    rep.text("The paper's 20 spaCy features (POS tags, dependency labels) are skipped: spaCy and en_core_web_sm "
              "are not installed. Only the story-position features pos_int (absolute token index in the story) "
              "and pos_prop (index / story length) are probed.")
 
@@ -335,7 +335,7 @@ def _seeds(s: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/tinystories_myopic")
-    ap.add_argument("--paper-scale", action="store_true", help="the spec §7 row (GPU advised)")
+    ap.add_argument("--paper-scale", action="store_true", help="the paper's configuration (GPU advised)")
     ap.add_argument("--quick", action="store_true", help="a smoke run (tiny model, 20 updates)")
     for flag, typ in (("--layers", int), ("--d-model", int), ("--heads", int), ("--batch-size", int), ("--steps", int),
                       ("--lr", float), ("--eval-size", int), ("--eval-every", int), ("--probe-every", int),

@@ -329,3 +329,18 @@ def test_cli_train_and_resume(tmp_path, capsys):
     assert cli_main(args) == 2                                      # exists, neither --resume nor --overwrite
     assert cli_main(args + ["--resume"]) == 0
     assert "already finished" in capsys.readouterr().out
+
+
+def test_runs_recorded_before_task_options_existed_stay_finished(tmp_path):
+    """A field added later is left out of the identity at its default, so earlier runs stay finished."""
+    from originlens.train.ntp import is_finished
+    cfg = tiny(steps=2, checkpoint_every=0)
+    Trainer(cfg, tmp_path / "r").run()
+    assert "task_options" not in cfg.identity()
+    raw = json.loads((tmp_path / "r" / "config.json").read_text())
+    raw.pop("task_options")                                     # as written before the field existed
+    (tmp_path / "r" / "config.json").write_text(json.dumps(raw))
+    assert is_finished(tmp_path / "r", cfg)
+    Trainer(cfg, tmp_path / "r", resume=True).run()              # no "different configuration" refusal
+    other = NTPConfig(**{**cfg.to_dict(), "task_options": {"n_symbols": 3}})
+    assert other.identity()["task_options"] == {"n_symbols": 3} and not is_finished(tmp_path / "r", other)

@@ -1,4 +1,5 @@
-"""Exact gradient-pathway attribution (spec ``gradient-pathways.md`` §2, §4.2–4.3, §5).
+"""Exact gradient-pathway attribution (arXiv 2603.14087: the Prop. 3.1 decomposition, optimizer-aware
+steps, influence; see ``docs/concepts.md``).
 
 * :mod:`.stopgrad` — ``stop_gradient(model, layer=k, position=i)``: value-preserving gradient block at r^k_i.
 * :mod:`.decompose` — ``decompose(model, tokens, sites)``: ∇L = G_dir + G_pre + G_sh at every site

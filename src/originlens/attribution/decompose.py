@@ -1,4 +1,4 @@
-"""Exact gradient-pathway decomposition ∇L = G_dir + G_pre + G_sh (spec ``gradient-pathways.md`` §2, §5).
+"""Exact gradient-pathway decomposition ∇L = G_dir + G_pre + G_sh (arXiv 2603.14087, Prop. 3.1).
 
 For a residual site (k, i) (r^k_i: position i after k blocks) and the training loss
 ``L = Σ_t λ_t``, ``λ_t = Σ_b ω_{b,t} ℓ_{b,t}`` (default ω = 1/(B(T−1)), :func:`~originlens.models.gpt.
@@ -12,7 +12,7 @@ Three methods, same result (float64 agreement ~1e-15 relative):
 
 * ``method="brute"`` — the definition literally: one forward with sg(k,i) per site and one backward
   per loss position in each pass (reference for tests; cost ≈ U·T backwards).
-* ``method="autograd"`` (§5, generic) — one backward of L through the **myopic** graph gives every
+* ``method="autograd"`` (generic) — one backward of L through the **myopic** graph gives every
   direct adjoint d^k_i = ∂λ_i/∂r^k_i at once (attention is the only cross-position op and the myopic
   graph detaches other positions' keys/values, including cross-range reads of untied models); one
   ordinary backward gives a^k_i = ∂L/∂r^k_i and ∇L; p = a − d.  Components are vector-Jacobian
@@ -28,8 +28,9 @@ Three methods, same result (float64 agreement ~1e-15 relative):
   for other models.
   Measured (benchmarks/decompose.py, Majority size L=2, d=128, T=21, float32, 1 thread, shared CPU,
   CPU time, min of 3–5): B = 256, all 63 sites: 5.2× one training step (fwd+bwd+Adam) and 31× faster
-  than the spec §4.5 loop (1 forward + 3 backwards per site); the 36 tracked sites: 5.3× / 15×;
-  B = 64: 6.2× / 23× (all), 5.8× / 13× (tracked).  The autograd method is ≈ 4.7× faster than that loop.
+  than the straightforward per-site loop (1 forward + 3 backwards per site); the 36 tracked sites:
+  5.3× / 15×; B = 64: 6.2× / 23× (all), 5.8× / 13× (tracked).  The autograd method is ≈ 4.7× faster
+  than that loop.
 
 Results are ``{(k, i): PathwayGradients}``, each component a dict parameter-name → tensor with names
 from ``model.named_parameters()`` (tied tensors once).  Tensors may be shared between entries: ``full``
@@ -77,7 +78,7 @@ class PathwayGradients:
 
 @dataclass
 class Adjoints:
-    """Residual adjoints at every layer k = 0..L, each a list of (B, T, d) tensors (spec §5 (a)).
+    """Residual adjoints at every layer k = 0..L, each a list of (B, T, d) tensors (two backward passes).
 
     ``full[k] = a^k = ∂L/∂r^k`` (training graph), ``direct[k] = d^k`` (row i: ∂λ_i/∂r^k_i),
     ``precached[k] = p^k = a^k − d^k``; ``loss`` = L; ``grad`` = ∇L (name → tensor).
@@ -167,7 +168,7 @@ def _position_loss_matrix(model: nn.Module, tokens: torch.Tensor, weights, targe
 
 
 # ----------------------------------------------------------------------------------------------------
-# adjoints (spec §5 (a))
+# adjoints (one backward through the training graph, one through the myopic graph)
 
 
 def pathway_adjoints(model: nn.Module, tokens: torch.Tensor, *, weights: torch.Tensor | None = None,

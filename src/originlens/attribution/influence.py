@@ -1,4 +1,4 @@
-"""Influence of pathway step components on a probed feature (spec ``gradient-pathways.md`` §4.2, §5 (c)).
+"""Influence of pathway step components on a probed feature (arXiv 2603.14087, influence).
 
 Mismatch of probe p = (w, site (k, i)) on the current batch, against the final parameters θ*:
 
@@ -6,7 +6,8 @@ Mismatch of probe p = (w, site (k, i)) on the current batch, against the final p
     I_c  = ⟨Δ_c, ∇R(θ)⟩                                                 influence of component c
 
 Sign: the update is θ ← θ − Σ_c Δ_c, so to first order R drops by I_c; **positive influence moves the
-feature toward its final value**.  f = 1 is the reference code's convention (values 2× the spec's).
+feature toward its final value**.  f = 1 is the reference code's convention (values 2× those of
+``half=True``).
 
 Fast path: ``∇R = J_{k,i}ᵀ u`` with ``u_b = f·(2/n)(⟨w, r_b⟩ − ⟨w, r*_b⟩) w``, hence
 ``I_c = ⟨u, J_{k,i} Δ_c⟩``: one forward-mode JVP of θ ↦ r^k_i(θ) along each Δ_c (``torch.func.jvp`` with

@@ -1,4 +1,4 @@
-"""Optimizer-aware attribution and influence over a saved training run: replay, not retrain (spec §4.3–4.4).
+"""Optimizer-aware attribution and influence over a saved training run: replay, not retrain.
 
 ``attribute_run(RUN, sites=[(k, i), ...], features=[...], segment=(start, end))`` reconstructs the
 trajectory of an ``originlens ntp train`` run from its checkpoints and its recorded data order and, for
@@ -9,19 +9,19 @@ every update s = start+1 .. end (observables at θ_{s−1} on batch b = s−1, b
    batch) — so the trajectory is the training run's, bit for bit on CPU;
 3. attributes the step to the components: ``"adam"`` — :class:`~.steps.AdamAttributor` (per-component
    first moments, the optimizer's real second moment; Σ_c Δ_c equals the real Adam update, asserted
-   every step), ``"sgd"`` — Δ_c = lr · G_c (the SGD variant of §4.3; not the step actually taken);
+   every step), ``"sgd"`` — Δ_c = lr · G_c (the SGD variant of :mod:`.steps`; not the step actually taken);
 4. computes the influences I_c = ⟨Δ_c, ∇R⟩ of every component on every probed feature (probes of
    ``RUN/probes.safetensors``, references ⟨w, r(θ*)⟩ from a no-grad forward of ``RUN/model.safetensors``
    on the batch), for all rows and per feature type, and appends them to the observable store
    (:mod:`.store`).
 
-Exactness checks (spec pitfall 6): the replayed loss of every update that has a ``last_loss`` record in
-``metrics.jsonl`` must equal it, and the replayed weights and Adam state at every checkpoint inside the
-segment — and, with ``verify="next"`` (default), at the first checkpoint after it, by replaying on
-without attribution — must equal the saved checkpoint (bit-exact by default; ``replay_rtol`` relaxes
-both for GPUs).  Trajectory steps use the training kernel (e.g. SDPA); the decomposition uses eager
-attention (as required for the myopic graph and forward-mode AD), so G_sh is taken as
-∇L_train − G_dir − G_pre, making Σ_c G_c the gradient actually applied; the eager/training gradient
+Exactness checks (the replay must follow the training run exactly): the replayed loss of every update
+that has a ``last_loss`` record in ``metrics.jsonl`` must equal it, and the replayed weights and Adam
+state at every checkpoint inside the segment — and, with ``verify="next"`` (default), at the first
+checkpoint after it, by replaying on without attribution — must equal the saved checkpoint (bit-exact by
+default; ``replay_rtol`` relaxes both for GPUs).  Trajectory steps use the training kernel (e.g. SDPA); the
+decomposition uses eager attention (as required for the myopic graph and forward-mode AD), so G_sh is taken
+as ∇L_train − G_dir − G_pre, making Σ_c G_c the gradient actually applied; the eager/training gradient
 difference (rounding) is reported as ``checks.max_grad_rel_diff``.
 
 Segments and the Adam dependency:
@@ -50,7 +50,7 @@ typing, so no per-type rows); bit-exact replay needs the torch version, device a
 optimizer and data source (``Trainer(config, RUN, resume=True)``, ``Trainer._train_data()``) so the data
 order cannot drift from the trainer's rule.  ``check_identity=True`` also evaluates
 R(θ_{s−1} − Σ_c Δ_c) on the same batch (column ``mismatch_after``): Σ_c I_c ≈ R before − R after up to
-O(‖Δ‖²) (spec §4.4 sanity check).
+O(‖Δ‖²) (a first-order sanity check).
 """
 from __future__ import annotations
 
@@ -99,8 +99,8 @@ def _feature_types_fn(task_name: str, task: Any):
             out[:, 1:] = games.feature_types
             return out
         return othello_types
-    # counting tasks: types depend on the position only (arXiv 2603.14087 §6.1/6.2); tasks without a
-    # useful/useless typing (tinystories) have none
+    # counting tasks (Majority, Conditioned Majority of arXiv 2603.14087): types depend on the position
+    # only; tasks without a useful/useless typing (tinystories) have none
     row = task.sample(1, np.random.default_rng(0)).feature_types
     if row is None:
         return None

@@ -1,4 +1,4 @@
-"""Optimizer-aware step attribution: pathway gradients → shares of the parameter step (spec §4.3).
+"""Optimizer-aware step attribution: pathway gradients → shares of the parameter step (arXiv 2603.14087).
 
 The update is written ``θ ← θ − Σ_c Δ_c``; Δ_c is component c's share of the descent step.
 

@@ -1,4 +1,4 @@
-"""Stop-gradient at residual sites (spec ``gradient-pathways.md`` §2, "Stop-gradient primitive").
+"""Stop-gradient at residual sites (the primitive behind the Prop. 3.1 decomposition of arXiv 2603.14087).
 
 ``sg(k, i)`` is a forward pass whose values are bit-identical to the ordinary one but in which no
 gradient flows back through the residual stream r^k_i (all batch rows).  It is the rewrite

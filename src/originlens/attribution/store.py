@@ -1,4 +1,4 @@
-"""Observable store of an attributed training run (spec ``gradient-pathways.md`` §4.2, §10 item 15).
+"""Observable store of an attributed training run.
 
 Per-step influences are kept as a labelled long table, one Parquet file per replayed segment, so that
 integrated influences, per-type summaries and figures can be recomputed without retraining::
@@ -11,7 +11,7 @@ Columns (:data:`SCHEMA`): ``step`` (update s, 1-based; observables at θ_{s−1}
 ``site_layer`` k, ``site_position`` i, ``feature``, ``type`` (null = all batch rows, else the rows of
 that feature type: 0 empty, 1 NTP-useless, 2 NTP-useful), ``component`` ∈ {direct, precached, shared,
 full} (full = Σ_c), ``influence`` I_c = ⟨Δ_c, ∇R⟩ (null when the type subset is empty on that batch,
-spec pitfall 2), ``mismatch`` R(θ_{s−1}), ``mismatch_after`` R(θ_{s−1} − Σ_c Δ_c) on the same batch
+never NaN), ``mismatch`` R(θ_{s−1}), ``mismatch_after`` R(θ_{s−1} − Σ_c Δ_c) on the same batch
 (only with ``check_identity``; first-order identity Σ_c I_c ≈ mismatch − mismatch_after),
 ``n_rows`` (batch rows in the subset), ``optimizer`` (adam | sgd), ``half`` (False, the default: the
 paper's R without a ½; True: R carries a ½, values half as large).  **Sign: positive influence moves the
@@ -351,17 +351,17 @@ def summary_records(summaries: Iterable[Summary]) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------------------------------
-# spec §8 sign pattern and the report
+# the paper's Othello sign pattern and the report
 
 TYPE_LABELS = {None: "all rows", 0: "empty (type 0)", 1: "NTP-useless (type 1)", 2: "NTP-useful (type 2)"}
 COMPONENT_LABELS = {"direct": "direct", "precached": "pre-cached", "shared": "shared", "full": "combined"}
-# spec §8 / §11: (component, type, expected sign of the integrated influence)
+# the Othello pattern of arXiv 2603.14087: (component, type, expected sign of the integrated influence)
 SIGN_EXPECTATIONS = (("direct", 2, "> 0"), ("direct", 1, "≤ 0"), ("precached", 1, "> 0"),
                      ("shared", 2, "> 0"), ("shared", 1, "> 0"))
 
 
 def sign_pattern(summaries: Sequence[Summary]) -> list[dict[str, Any]]:
-    """Compare per-type means with the Othello pattern of spec §8 (direct > 0 only for useful cells,
+    """Compare per-type means with the Othello pattern of arXiv 2603.14087 (direct > 0 only for useful cells,
     pre-cached > 0 for useless cells, shared > 0 for both).  ``holds``: the mean has the expected sign;
     ``significant``: the interval excludes 0 on that side."""
     by = {(s.group.get("component"), s.group.get("type")): s for s in summaries}
@@ -398,7 +398,7 @@ def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Pat
 
     Tables of integrated influence per component × feature type (mean over items with a ``level``
     interval), a bar plot in the style of the paper's Othello figure, cumulative influence over
-    training, the spec §8 sign pattern and the replay checks.  Returns the HTML path.
+    training, the paper's Othello sign pattern and the replay checks.  Returns the HTML path.
     """
     from ..report import Report, setup_matplotlib
     d = store_dir(path)
@@ -450,8 +450,8 @@ def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Pat
                     f"{int(level * 100)} % {method}); positive = toward the final feature value; "
                     f"{'factor ½' if half else 'no ½ factor'}.", name="influence-bars.png")
     if pattern:
-        rep.section("Sign pattern of spec §8 (Othello: direct > 0 only for useful, pre-cached > 0 for useless, "
-                    "shared > 0 for both)")
+        rep.section("Sign pattern of arXiv 2603.14087 (Othello: direct > 0 only for useful, pre-cached > 0 "
+                    "for useless, shared > 0 for both)")
         rep.table(["component", "feature type", "expected", "mean", "CI", "holds", "CI excludes 0"],
                   [[COMPONENT_LABELS[p["component"]], TYPE_LABELS[p["type"]], p["expected"], p["mean"],
                     f"[{p['lo']:.4g}, {p['hi']:.4g}]", "yes" if p["holds"] else "no",

@@ -1,7 +1,7 @@
 """Structured per-site backpropagation for :class:`originlens.models.GPT` (fast path of ``decompose``).
 
 The pathway components at a site are vector-Jacobian products ``G(k,i) = J_{k,i}ᵀ c`` with cotangents
-c = d^k_i (direct) and p^k_i (pre-caching) (spec ``gradient-pathways.md`` §5).  Generic autograd
+c = d^k_i (direct) and p^k_i (pre-caching).  Generic autograd
 computes each by a backward pass over the whole prefix; this module runs one cached forward and
 hand-written backward passes whose structure keeps the per-site work small:
 

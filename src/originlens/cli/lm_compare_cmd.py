@@ -1,4 +1,4 @@
-"""``originlens lm compare``: leading-term features across training checkpoints (``leading-terms.md`` §5.2).
+"""``originlens lm compare``: leading-term features across training checkpoints (arXiv 2601.19208).
 
 ::
 
@@ -278,7 +278,8 @@ def register(subparsers: Any) -> None:
     p = _lm_subparsers(subparsers).add_parser(
         "compare", help="leading-term features across checkpoints (covariance cosine heatmaps)",
         description="Compare each checkpoint's per-token representations and attention mapping with the "
-                    "corpus leading terms (Q̄, Φ̄ᵀB̄ᵀ) restricted to the top-K tokens (leading-terms §5.2); "
+                    "corpus leading terms (Q̄, Φ̄ᵀB̄ᵀ) restricted to the top-K tokens "
+                    "(the Pythia comparison of arXiv 2601.19208); "
                     "writes results.json, heatmaps and report.html to --out.")
     add_arguments(p)
     p.set_defaults(func=cmd_compare)

@@ -1,4 +1,5 @@
-"""``originlens lm qscore | steer | lookahead``: SAE features of a language model (``gradient-pathways.md`` §9).
+"""``originlens lm qscore | steer | lookahead``: SAE features of a language model (Q(w) of arXiv
+2603.14087 §9, steering, look-ahead maps).
 
 ::
 
@@ -266,7 +267,8 @@ def _q_figures(report: Any, results: dict[str, Any], plt: Any) -> None:
             ax.set_xlabel("median Q, error-preserving")
             ax.set_ylabel("median Q, faithful (reference)")
             report.figure(fig, "Median Q per feature under the two ablations; the faithful ablation also "
-                               "removes the SAE reconstruction error (spec pitfall 11).", name="q-ablations.png")
+                               "removes the SAE reconstruction error, a feature-independent change in every KL.",
+                      name="q-ablations.png")
 
 
 def cmd_qscore(args: argparse.Namespace) -> int:

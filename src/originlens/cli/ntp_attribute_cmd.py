@@ -9,7 +9,7 @@
   spread over the ranks (:func:`originlens.attribution.replay.attribute_segments`), with results
   bit-identical to one process; rank 0 indexes the store, prints and builds the report.
 * ``originlens ntp attribute RUN --report`` (alone or after a computation) builds ``DIR/report.html``:
-  integrated influence per component × feature type with CIs, the paper-style bar plot, the spec §8
+  integrated influence per component × feature type with CIs, the paper-style bar plot, the paper's Othello
   sign pattern and the replay checks (:func:`originlens.attribution.store.write_report`).
 
 Registered as a top-level command; :func:`add_arguments` and :func:`cmd_attribute` let the ``ntp``

@@ -10,7 +10,8 @@
 ``ntp train`` runs data-parallel under ``torchrun --nproc_per_node W -m originlens ntp train ...``
 (:mod:`originlens.train.parallel`; rank 0 writes and prints).  Every
 :class:`~originlens.train.ntp.NTPConfig` field has a flag; unset flags keep the paper's per-task defaults
-(spec §7).  ``--threads N`` sets torch's CPU thread count (process-wide, not recorded in the config).
+(its hyper-parameter table).  ``--threads N`` sets torch's CPU thread count (process-wide, not recorded in
+the config).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``originlens ntp experiment othello-run``: one OthelloGPT gradient-pathway run end to end (the multi-seed
 experiment with nulls and tests is ``ntp experiment othello``, :mod:`originlens.experiments.othello`).
 
-Spec ``gradient-pathways.md`` §6.3 and §8, issue 5 item 5.  Under ``OUT``::
+The Othello experiment of arXiv 2603.14087.  Under ``OUT``::
 
     OUT/run/            ``ntp train`` run (checkpoints, final model, ridge probes of the board from the
                         player-to-move's perspective at every layer and the probed positions)
@@ -15,7 +15,7 @@ Spec ``gradient-pathways.md`` §6.3 and §8, issue 5 item 5.  Under ``OUT``::
 3. **attribute** the updates 1..``attribute_steps`` (Adam variant: per-component moments, the real
    second moment; replayed from the checkpoints, bit-exact checks) at sites = ``layers`` ×
    ``positions`` for the 16 central cells, per feature type; integrated influence per component ×
-   type, mean over items (layer, position, cell) with a 95 % t-interval, and the spec §8 sign pattern
+   type, mean over items (layer, position, cell) with a 95 % t-interval, and the paper's sign pattern
    (direct > 0 for useful and ≤ 0 for useless cells, pre-cached > 0 for useless, shared > 0 for both);
 4. **human games** (``--human-games FILE``: WTHOR ``.wtb`` or one transcript per line, see
    :mod:`originlens.tasks.othello_records`): the final probes and the model's legal-move accuracy on
@@ -68,7 +68,7 @@ class OthelloExperimentConfig:
 
     @classmethod
     def paper(cls, **overrides: Any) -> "OthelloExperimentConfig":
-        """The paper's configuration (spec §7 Othello row; all 14 positions 4..56; a GPU job)."""
+        """The paper's configuration (its hyper-parameter table; all 14 positions 4..56; a GPU job)."""
         return cls(**{**PAPER, **overrides})
 
     def validate(self) -> None:
@@ -96,7 +96,7 @@ class OthelloExperimentConfig:
 
     @property
     def probe_positions(self) -> list[int]:
-        """Probed positions: the spec's tracked ones (4, 8, …, 56) plus the attributed ones."""
+        """Probed positions: the default tracked ones (4, 8, …, 56) plus the attributed ones."""
         return sorted(set(range(4, 57, 4)) | set(self.positions))
 
 
@@ -117,7 +117,7 @@ def _train(cfg: OthelloExperimentConfig, run: Path) -> dict[str, Any]:
 
 def probe_quality(run: Path, layers: Sequence[int], positions: Sequence[int]) -> dict[str, Any]:
     """Mean test Pearson r of the final probes over the 16 central cells, per layer and overall,
-    within NTP-useless (type 1) and NTP-useful (type 2) cells (spec §4.1)."""
+    within NTP-useless (type 1) and NTP-useful (type 2) cells."""
     from ..tasks.othello import CENTRAL_CELLS
     from ..train.ntp import load_probe_metrics, tracked_quality
     pm = load_probe_metrics(run / "probe_metrics.npz")

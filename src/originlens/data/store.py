@@ -9,7 +9,7 @@ Layout of a corpus directory (written by :func:`originlens.data.build.build_corp
       manifest.json  format_version, kind, sources (path, bytes, sha256), tokenizer settings,
                      vocab_size, seq_len, windows, oov, counts, vocab_hash, dtype, shape, tokens_sha256
 
-Row n of ``tokens`` is one sequence x_0..x_T: inputs x_0..x_{T-1}, targets x_1..x_T (spec §1).
+Row n of ``tokens`` is one sequence x_0..x_T: inputs x_0..x_{T-1}, targets x_1..x_T.
 Arrays are opened memory-mapped and read-only (``np.load(mmap_mode="r", allow_pickle=False)``).
 """
 from __future__ import annotations

@@ -114,7 +114,7 @@ class ToyGridConfig:
         return f"{self.task}-{self.scale}"
 
     def deviations(self) -> list[str]:
-        """Every difference from the paper's configuration (spec'd in the paper's §7 table)."""
+        """Every difference from the paper's configuration (its hyper-parameter table)."""
         paper = NTPConfig(task=self.task)
         used = NTPConfig.from_dict({**self.ntp_overrides(False), "task": self.task})
         out = []

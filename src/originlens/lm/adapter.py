@@ -1,6 +1,6 @@
 """One small protocol for every language model the ``lm`` tools analyse: :class:`LMAdapter`.
 
-The leading-term comparison (``leading-terms.md`` §5.2), SAE training, Q(w) (``gradient-pathways.md``
+The leading-term comparison over checkpoints (arXiv 2601.19208), SAE training, Q(w) (arXiv 2603.14087
 §9), steering and look-ahead only need a handful of things from a model; each supported family
 (our GPT, llama2.c checkpoints, Hugging Face causal LMs, optionally TransformerLens) implements them
 once in a subclass of :class:`LMAdapter`:
@@ -43,7 +43,7 @@ ResidHook = Callable[[Tensor, int], "Tensor | None"]
 
 @dataclass
 class TokenStates:
-    """Per-layer representations of tokens fed alone (leading-terms §5.2.2), each ``(L, n, d)``.
+    """Per-layer representations of tokens fed alone (the Pythia protocol), each ``(L, n, d)``.
 
     ``pre[l]`` is the input of block l+1 (resid_pre), ``attn[l] = pre[l] + attn_out`` ("no MLP"),
     ``post[l]`` the block output (resid_post, MLP included).  No normalisation, no unembedding.

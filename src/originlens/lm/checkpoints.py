@@ -1,4 +1,4 @@
-"""Checkpoint grids: walk a list of model checkpoints one at a time (``leading-terms.md`` §5.2, §6.9).
+"""Checkpoint grids: walk a list of model checkpoints one at a time (e.g. Pythia's, arXiv 2601.19208).
 
 :class:`CheckpointGrid` takes checkpoint *specs* and yields ``(label, adapter)`` pairs, loading **one**
 checkpoint at a time and dropping it (``del`` + ``gc.collect()``, and the CUDA cache when there is one)
@@ -10,7 +10,7 @@ before the next is loaded.  A spec is
 the label is the revision, or the file/directory name with a ``step…`` number normalised to ``stepN``.
 :func:`log_spaced_steps` / :func:`pythia_revisions` give Pythia's log-spaced pattern 1, 2, 4, …, 512.
 
-Integrity (spec pitfall 9): every checkpoint's weights are hashed (sha256 over sorted names, dtypes,
+Integrity: every checkpoint's weights are hashed (sha256 over sorted names, dtypes,
 shapes and raw bytes, tensor by tensor); two checkpoints with identical weights are reported with a
 warning and recorded in :attr:`CheckpointGrid.duplicates` (several public Pythia early-step branches
 serve identical weights).  A missing directory/file is detected before anything is loaded; a revision

@@ -1,4 +1,5 @@
-"""Leading-term features in real language models across training checkpoints (``leading-terms.md`` §5.2).
+"""Leading-term features in real language models across training checkpoints (arXiv 2601.19208,
+the Pythia comparison).
 
 Per checkpoint and layer l (1-based, as in the paper) the model's mappings are compared with the corpus
 statistics restricted to the K most frequent tokens (rows = tokens, in the statistics' order):
@@ -10,11 +11,11 @@ statistics restricted to the K most frequent tokens (rows = tokens, in the stati
   the value target Φ̄ᵀB̄ᵀ (rows = key token);
 * **per head** (chosen layers): head h's ``E_pre W_Q[h]ᵀ W_K[h] E_preᵀ`` against Q̄.
 
-``E_pre``/``E_attn``/``E_post`` are each token fed alone (length-1 sequence, no BOS; spec pitfall 10), from
+``E_pre``/``E_attn``/``E_post`` are each token fed alone (length-1 sequence, no BOS), from
 :meth:`~originlens.lm.adapter.LMAdapter.single_token_states`; biases, rotary, LayerNorm and 1/√d are
-ignored, as in the paper.  The statistic is :func:`cov_cosine` (spec §5.2.3): theory rows L2-normalised
-(zero rows stay zero), model rows not normalised, both row-centred, Frobenius cosine of the token ×
-token covariances.
+ignored, as in the paper.  The statistic is :func:`cov_cosine` (the paper's covariance cosine): theory
+rows L2-normalised (zero rows stay zero), model rows not normalised, both row-centred, Frobenius cosine of
+the token × token covariances.
 
 How it stays fast: no K×K covariance and no K×K model matrix is ever formed.  With Z_A, Z_B the
 row-centred matrices, ``tr(C_A C_B) = ‖Z_Aᵀ Z_B‖²`` and ``‖C‖ = ‖ZᵀZ‖`` (the smaller Gram).  The attention
@@ -26,12 +27,12 @@ exceed ``token_chunk`` rows; accumulators take O(K·L·d) memory per variant, th
 target and non-null variant (the null shares it through a row permutation applied per chunk).  At
 K = 20,000 in float64 a K×K matrix is 3.2 GB: keep the variants few, or use ``dtype="float32"``.
 
-Statistics (spec §5.2.1): windows tokenised with the **model's** tokenizer, BOS prepended per window
+Statistics: windows tokenised with the **model's** tokenizer, BOS prepended per window
 (when the model has one; not twice), cut or padded (padding masked) to ``window_tokens`` tokens, centring
 constant 1/|V| of the model's vocabulary unless given.  A corpus in another tokenizer is refused
 (vocabulary size, and hash when both sides know theirs).
 
-Extensions (spec §8, off by default; :data:`VARIANTS`):
+Extensions (beyond the paper's statistic, off by default; :data:`VARIANTS`):
 
 * ``null_baseline``: the same cosines against the theory with its token rows randomly permuted (one fixed
   permutation): the agreement a mapping gets without any token correspondence.  The paper's statistic
@@ -83,7 +84,7 @@ def _gram_norm(Z: Any) -> float:
 
 
 def cov_cosine(A_theory: Any, B_model: Any, *, centre_tokens: bool = False) -> float:
-    """Covariance cosine of spec §5.2.3 (rows = tokens in both; float64).
+    """The paper's covariance cosine (rows = tokens in both; float64).
 
     ``A_theory`` is row-normalised (zero rows stay zero), ``B_model`` is not; both are centred row-wise
     and ``tr(cov(A)ᵀ cov(B)) / (‖cov(A)‖ ‖cov(B)‖)`` is returned, computed as
@@ -172,7 +173,7 @@ def _torch_dtype(name: str):
 
 
 VARIANTS = ("spec", "null", "token_centred", "token_centred_null")
-VARIANT_TITLES = {"spec": "covariance cosine (spec §5.2.3)",
+VARIANT_TITLES = {"spec": "covariance cosine (the paper's statistic)",
                   "null": "null baseline: theory token rows permuted",
                   "token_centred": "token-centred covariance cosine (mean row removed; not in the paper)",
                   "token_centred_null": "token-centred, theory token rows permuted"}
@@ -402,7 +403,7 @@ def check_vocab(model: VocabIdentity, corpus: VocabIdentity, what: str, *,
 def windows_from_texts(texts: Iterable[str], encode: Callable[[str], list[int]], *, bos_id: int | None,
                        window_tokens: int = 128, max_texts: int | None = None
                        ) -> tuple[np.ndarray, np.ndarray]:
-    """Spec §5.2.1: each text tokenised, BOS prepended (unless already first), cut or padded to
+    """Each text tokenised, BOS prepended (unless already first), cut or padded to
     ``window_tokens`` tokens.  Returns ``(windows (N, window_tokens) int64, valid (N, window_tokens−1))``;
     ``valid[n, t]`` marks a real (x_t, x_{t+1}) pair (padding is 0 and not counted)."""
     if window_tokens < 2:
@@ -544,7 +545,7 @@ def _arch(adapter: Any) -> tuple[int, int, int, int]:
 
 def compare_checkpoints(grid: Any, statistics: Any | StatsProvider, config: CompareConfig | None = None, *,
                         check_model: Callable[[str, Any], list[str]] | None = None) -> ComparisonResult:
-    """Run the §5.2 comparison over a :class:`~originlens.lm.checkpoints.CheckpointGrid` (or any iterable
+    """Run the checkpoint comparison over a :class:`~originlens.lm.checkpoints.CheckpointGrid` (or any iterable
     of ``(label, adapter)`` with ``len``).
 
     ``statistics``: a :class:`~originlens.stats.CorpusStatistics` (rows = its ``token_ids``, which are
@@ -740,7 +741,7 @@ def write_comparison(result: ComparisonResult, out: str | Path, *, title: str = 
              f"Statistics: K = {st.get('K')} most frequent tokens, T = {st.get('seq_len')}, "
              f"{st.get('n_pairs')} counted pairs, centring constant {st.get('centering'):.3g}; "
              f"{st.get('meta', {}).get('source', '')}. Per-token states: each token alone (no BOS); "
-             "biases, LayerNorm, rotary and 1/sqrt(d) ignored (spec §5.2.2).")
+             "biases, LayerNorm, rotary and 1/sqrt(d) ignored, as in the paper.")
     if extra:
         rep.code("\n".join(f"{k}: {v}" for k, v in extra.items()))
     rep.section("Heatmaps")

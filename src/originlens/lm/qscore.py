@@ -1,4 +1,5 @@
-"""Q(w), the pre-caching degree of an SAE feature (``gradient-pathways.md`` §9, pitfalls 11–12).
+"""Q(w), the pre-caching degree of an SAE feature (arXiv 2603.14087 §9; our protocol choices in
+``docs/protocol.md``).
 
 For each feature f: its top-activating contexts in a token corpus; at the activating position p the
 residual stream (the SAE's site) is ablated; ``KL_d = KL(P_clean ‖ P_ablated)`` of the next-token
@@ -6,15 +7,15 @@ distributions at positions ``p + d − 1``, d = 1..K (``KL_1`` is the prediction
 p).  Per example ``ratio = Σ_{d≥2} KL_d / (KL_1 + ε)`` (ε = 1e-8); per feature
 
 * ``q`` = mean of ratios (the paper's Q), ``q_ratio_of_means`` = ``Σ_e Σ_{d≥2} KL_d / (Σ_e KL_1 + ε)``,
-  ``q_median`` = median ratio (pitfall 12: the mean of ratios is heavy-tailed);
+  ``q_median`` = median ratio (the mean of ratios is heavy-tailed);
 * the drop rule: a feature whose mean ``Σ_{d=1..K} KL_d`` is ≤ ``min_total_kl`` (0.05) is marked
   ``kept = False`` (reason given) and left out of the summaries.
 
-Ablations (pitfall 11): ``error_preserving`` (default) subtracts the latent's decoder contribution only,
+Ablations: ``error_preserving`` (default) subtracts the latent's decoder contribution only,
 ``x − a_f·W_dec[f]``; ``faithful`` is the reference's replacement of x by the SAE reconstruction with the
 latent zeroed, which also removes the reconstruction error (a feature-independent confound in every KL).
 
-Context selection (§9, adapted from Neuronpedia exports to a corpus of windows): every window is one
+Context selection (paper §9, adapted from Neuronpedia exports to a corpus of windows): every window is one
 text; sequences are ``[BOS] + window`` (when the model has a BOS and ``prepend_bos``).  Per window and
 feature the activation maximum over positions gives one candidate; positions must leave the K predicted
 tokens inside the window (``p + K ≤ L − 1``, the reference's "drop examples with max index + 10 ≥ length").
@@ -94,7 +95,7 @@ ABLATION_METHODS = ("auto", "cached", "run_from", "hooks")
 
 @dataclass
 class QScoreConfig:
-    """Settings of the Q(w) protocol (defaults: the reference values of §9 where they exist)."""
+    """Settings of the Q(w) protocol (defaults: the paper's reference values where they exist)."""
 
     n_contexts: int = 8               # top-activating contexts kept per feature
     max_offset: int = 10              # K: offsets d = 1..K

@@ -1,4 +1,5 @@
-"""Steering generation and look-ahead maps for SAE features (``gradient-pathways.md`` §9, pitfalls 13–14).
+"""Steering generation and look-ahead maps for SAE features (the Q(w) study of arXiv 2603.14087;
+differences from the reference code in ``docs/protocol.md``).
 
 Steering (:func:`steer`): while sampling N new tokens from a prompt (or BOS alone), ``c · W_dec[f]`` is
 added to the residual stream at the SAE's site at **all** positions, exactly once per forward (the
@@ -317,8 +318,9 @@ class LookaheadResult:
 def lookahead(adapter: Any, sae: Any, tokens: Any, config: LookaheadConfig | None = None, *,
               features: Sequence[int] | None = None, q: dict[int, float] | None = None,
               site: int | str | None = None) -> LookaheadResult:
-    """Look-ahead maps at the SAE's site (pitfall 14), encoder alignments and correlation with ``q``
-    (feature → Q; Spearman per rank over features with finite positive Q)."""
+    """Look-ahead maps at the SAE's own site (not the reference's ``resid_pre`` of that layer), encoder
+    alignments and correlation with ``q`` (feature → Q; Spearman per rank over features with finite
+    positive Q)."""
     from ..sae.activations import as_sequences
     from ..sae.model import sae_site
     config = config or LookaheadConfig()

@@ -1,4 +1,4 @@
-"""The one-hot attention-only transformer of arXiv 2601.19208, Definition 3.1 (spec §2).
+"""The one-hot attention-only transformer of arXiv 2601.19208, Definition 3.1.
 
 Parameters (paper numbering, layers l = 1..L)::
 

@@ -1,26 +1,27 @@
-"""GPT-2-style decoder for the gradient-pathways lab (spec ``gradient-pathways.md`` §1, §2, §3, §7).
+"""GPT-2-style decoder for the gradient-pathways lab (arXiv 2603.14087).
 
 Architecture: pre-LayerNorm GPT-2 decoder; token + learned absolute position embeddings; ``n_layer``
 blocks ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))`` (MLP width ``mlp_ratio·d``, GELU tanh
 approximation); final LayerNorm; LM head tied to the token embedding by default; dropout 0 by default;
 GPT-2 initialisation (std 0.02, residual output projections std ``0.02/sqrt(2L)``, zero biases).
 
-Training regimes (``GPTConfig.regime``, spec §3):
+Training regimes (``GPTConfig.regime``; the myopic and untied regimes of arXiv 2603.14087):
 
 * ``standard``: fused ``scaled_dot_product_attention`` (``attn_impl="sdpa"``) or the eager path
   (``attn_impl="eager"``: ``softmax(mask(QKᵀ·scale)) @ V``).
-* ``myopic`` (§3.1): in every attention layer the keys and values of positions ``j ≠ t`` are detached
+* ``myopic``: in every attention layer the keys and values of positions ``j ≠ t`` are detached
   for query ``t``; the diagonal stays live.  Forward values are bit-identical to the **eager** standard
   path (same kernels on the same values; the SDPA path differs from eager by rounding only).  Myopia is
   per instance (``model.is_myopic``), per call (``model(tokens, myopic=True)``) or temporary
   (``with model.myopic(): ...``); there is no global state.
-* ``untied`` (§3.2) with ``untie_at=[m1, m2, ...]`` or ``"all"``: one independent parameter copy per
+* ``untied`` with ``untie_at=[m1, m2, ...]`` or ``"all"``: one independent parameter copy per
   position range ``[0, m1), [m1, m2), ..., [m_last, n_positions)`` (0-based range indices).  Each
   range's tokens go through their own copy (LayerNorms, Q/K/V, output projection, MLP); attention is
   one causal attention over the whole prefix, so a later range reads earlier ranges' keys/values **with
   gradient**.  ``untie_scope="blocks"`` duplicates only the blocks; ``"everything"`` also the embeddings,
-  final LayerNorm and head (spec pitfall 10).  ``untie_init`` = ``"independent"`` draws every copy
-  separately, ``"shared"`` copies range 0's initial state into every range.
+  final LayerNorm and head (the paper's untied model, see ``docs/protocol.md``).  ``untie_init`` =
+  ``"independent"`` draws every copy separately, ``"shared"`` copies range 0's initial state into every
+  range.
 * ``myopic+untied``: both; cross-range key/value reads are myopic as well.
 
 Residual sites and hooks (TransformerLens spirit): the site ``"resid.{k}"``, k = 0..L, is the residual
@@ -31,9 +32,9 @@ and a :class:`ResidSite` (``site.positions`` = the absolute positions the tensor
 tensor of the same shape replaces it, ``None`` keeps it.  ``return_residuals=True`` returns the tensors
 the downstream computation actually consumes (after any hook replacement), so ``retain_grad()``,
 ``torch.autograd.grad`` or tensor hooks on them give true adjoints.  Example (stop-gradient at
-position i, spec §2): ``lambda h, site: h + m_i * (h.detach() - h)``.
+position i): ``lambda h, site: h + m_i * (h.detach() - h)``.
 
-Losses (spec §1): :func:`position_losses` returns ``ω_{b,t} ℓ_{b,t}`` (B, T−1) where logits at t predict
+Losses: :func:`position_losses` returns ``ω_{b,t} ℓ_{b,t}`` (B, T−1) where logits at t predict
 token t+1; ``λ_t`` is its column sum and the training loss is the total sum.  Default weights are
 ``1/(B(T−1))``; express masking through the weights, never by dropping entries.
 
@@ -221,7 +222,7 @@ def causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
 
     ``myopic=False, impl="sdpa"``: fused kernel (falls back to eager where the kernel lacks support,
     e.g. forward-mode AD on CPU).  ``impl="eager"``: ``softmax(mask(QKᵀ·scale)) @ V``.
-    ``myopic=True`` (spec §3.1, always eager): ``S = where(I, QKᵀ, Q sg(K)ᵀ)·scale``, causal mask,
+    ``myopic=True`` (always eager): ``S = where(I, QKᵀ, Q sg(K)ᵀ)·scale``, causal mask,
     softmax, ``O = A @ sg(V) + diag(A)[..., None] * (V − sg(V))``.  The live diagonal of S is added as
     ``diag(sg(Q)·K − sg(sg(Q)·K))`` (value exactly 0, gradient ``q_t`` into ``k_t``) so that the values
     are bit-identical to the eager path without a second T×T matmul.  ``future`` is an optional
@@ -600,7 +601,7 @@ class GPT(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Losses (spec §1)
+# Losses
 
 
 def reference_weights(batch: int, seq_len: int, *, dtype: torch.dtype = torch.float32,

@@ -1,4 +1,4 @@
-"""Linear ridge probes per (layer, position), fitted in closed form (spec gradient-pathways §4.1).
+"""Linear ridge probes per (layer, position), fitted in closed form (the probes of arXiv 2603.14087).
 
 ``fit_probes(residuals, features)`` fits, for every residual site (k, i), one multi-output ridge
 regression (penalty ``alpha`` on the weights, unpenalised intercept — the usual ridge with intercept)
@@ -9,7 +9,7 @@ that subset has more than one distinct target value (NaN otherwise).
 
 Shapes: ``residuals`` (n, K, T, d) — K residual sites r^0..r^{K−1}; ``features`` (n, T, F);
 ``feature_types`` (n, T, F) small integers or None.  The probe direction of feature f at site (k, i) is
-``ProbeSet.weights[k, i, f]`` (d,), the intercept dropped as in the spec.  Position 0 is skipped by
+``ProbeSet.weights[k, i, f]`` (d,), the intercept dropped.  Position 0 is skipped by
 default (it holds BOS).
 """
 from __future__ import annotations

@@ -59,7 +59,7 @@ def _context_kernel(x, y, valid, w, context_raw, prefix_raw_parts):  # pragma: n
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def _query_key_kernel(x, y, valid, w, G, g_sub, qk_raw, delta_parts):  # pragma: no cover - compiled
-    """Accumulate Q̄_raw[x_t, x_j] += Q_n[t, j] and Δ_raw[t − j] += Q_n[t, j] (spec §3.6–3.7).
+    """Accumulate Q̄_raw[x_t, x_j] += Q_n[t, j] and Δ_raw[t − j] += Q_n[t, j] (:mod:`.corpus`).
 
     M[t, j] = G[y_t, x_j]·[y_t kept] − g_sub[x_j] for kept x_j, else 0;
     Q_n[t, j] = M[t, j]/(t+1) − (Σ_{m≤t} M[t, m])/(t+1)²  for j ≤ t.

@@ -1,10 +1,10 @@
-"""Top associations of a token under a basis map (spec §5.1.5, Figure 5).
+"""Top associations of a token under a basis map (arXiv 2601.19208, Figure 5).
 
 ``top_associations(stats, "context", "fish", k=10)`` returns the k largest entries of the token's row
 (``direction="row"``) or column (``direction="column"``) of the chosen matrix, as (token, value) pairs.
-Rows/columns mean what the orientation table of the spec says: for ``bigram`` a row is "what follows
-this token", a column "what precedes it"; for ``context`` a row is "the context this token appears
-in" (target × prefix), a column "the targets this prefix token predicts".
+Rows/columns follow the orientation table of :mod:`originlens.stats.corpus`: for ``bigram`` a row is
+"what follows this token", a column "what precedes it"; for ``context`` a row is "the context this token
+appears in" (target × prefix), a column "the targets this prefix token predicts".
 """
 from __future__ import annotations
 

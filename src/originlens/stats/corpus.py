@@ -1,4 +1,4 @@
-"""Exact corpus statistics of arXiv 2601.19208 (spec ``leading-terms.md`` §3), at corpus scale.
+"""Exact corpus statistics of arXiv 2601.19208, at corpus scale.
 
 Objects (all averaged over the P counted (input position t, target x_{t+1}) pairs):
 
@@ -26,8 +26,8 @@ floating-point sums agree to round-off, in a fixed summation order within a shar
 
 Caveats: padding is handled by the ``valid`` mask / ``pad_id`` (padded pairs are not counted and a pad
 in a prefix counts as an out-of-set token, i.e. a zero row of X).  With a restricted token set
-(``token_ids``), out-of-set tokens are zero rows of X and Y but their positions still count in P, as in
-the spec.  Accumulators are float64; ``dtype`` only sets the output precision.
+(``token_ids``), out-of-set tokens are zero rows of X and Y but their positions still count in P (P is
+that of the unrestricted corpus).  Accumulators are float64; ``dtype`` only sets the output precision.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Synthetic worlds of the gradient-pathways paper (spec §6): Majority, Conditioned Majority, Othello.
+"""Synthetic worlds of the gradient-pathways paper (arXiv 2603.14087): Majority, Conditioned Majority, Othello.
 
 ``get_task(name, **kw)`` builds a task (``majority``, ``cond-majority``, ``othello``); ``task.sample(n,
 rng)`` returns a :class:`TaskBatch` (tokens, features, feature types, legal next-token sets).  The

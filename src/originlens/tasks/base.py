@@ -1,11 +1,11 @@
-"""Common interface of the synthetic worlds (spec gradient-pathways §6).
+"""Common interface of the synthetic worlds (the tasks of arXiv 2603.14087).
 
 Every task produces a :class:`TaskBatch`: ``<bos>`` + generated tokens, the probed feature vector
 after every token, optional per-(position, feature) types (0 = no feature / empty, 1 = NTP-useless,
 2 = NTP-useful) and the legal set of the *next* token at every position.  :func:`get_task` builds a
 task by its registry name; the metric helpers score arg-max predictions against the legal sets.
 
-Conventions (0-based, as in the spec):
+Conventions (0-based):
 
 * vocabulary ``["<pad>", "<bos>"] + task tokens``: pad is id 0, bos id 1; ``tokens[:, 0] == 1``.
 * ``features[:, i]`` is the feature vector after token i (all zeros at the BOS position 0).
@@ -96,7 +96,7 @@ class TaskBatch:
 
 @dataclass(frozen=True)
 class Tracked:
-    """Default probe sites of a task (spec §6).
+    """Default probe sites of a task.
 
     ``layers`` are site indices k (k = 0 is the embedding output), ``positions`` sequence positions,
     ``features`` feature names.  With ``one_position_per_run`` each position is its own run (Othello:
@@ -231,7 +231,7 @@ def first_output_accuracy(pred_tokens: Any, batch: TaskBatch) -> float:
 
 
 def task_metrics(pred_tokens: Any, batch: TaskBatch) -> dict[str, float]:
-    """The spec's metrics for this batch: Majority tasks get ``legal_output_acc`` and
+    """The task metrics for this batch: Majority tasks get ``legal_output_acc`` and
     ``first_output_token_acc``; every task gets ``legal_acc`` over all predicting positions."""
     out = {"legal_acc": legal_accuracy(pred_tokens, batch)}
     if "output_positions" in batch.metadata:

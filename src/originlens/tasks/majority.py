@@ -1,4 +1,4 @@
-"""Majority and Conditioned Majority (spec gradient-pathways §6.1, §6.2).
+"""Majority and Conditioned Majority (arXiv 2603.14087).
 
 Sequence layout (defaults: 3 symbols, 10 inputs, 10 outputs, T = 21): position 0 is ``<bos>``, inputs
 at positions 1..10, outputs at 11..20.  Symbol s has token id s + 2 (``<0>`` = 2).  Logits at position
@@ -16,7 +16,7 @@ next token).
 never counts); counts are frozen during the output, and every output is drawn independently and
 uniformly from the arg-max set of the final conditional counts.  Feature ``prev_is_<s>`` at position
 i is the one-hot of token x_{i−1} for i ≥ 2 and all zeros at i = 0, 1 (the previous token there is
-``<bos>`` or nothing), matching the authors' sampler.  Following the spec it is typed NTP-useless
+``<bos>`` or nothing), matching the authors' sampler.  It is typed NTP-useless
 everywhere: it is needed by later positions that aggregate "tokens following ``<0>``".
 
 Randomness: one ``rng.random((n, inputs + outputs))`` draw; input i uses ⌊3u⌋, output j picks the
@@ -100,7 +100,7 @@ class _CountingTask:
 
 @dataclass
 class MajorityTask(_CountingTask):
-    """Majority (spec §6.1): outputs repeat the running majority; features ``is_majority_<s>``."""
+    """Majority: outputs repeat the running majority; features ``is_majority_<s>``."""
 
     name: ClassVar[str] = "majority"
     _feature_prefix: ClassVar[str] = "is_majority_"
@@ -142,7 +142,7 @@ class MajorityTask(_CountingTask):
 
 @dataclass
 class CondMajorityTask(_CountingTask):
-    """Conditioned Majority (spec §6.2): count tokens following ``<0>``; features ``prev_is_<s>``."""
+    """Conditioned Majority: count tokens following ``<0>``; features ``prev_is_<s>``."""
 
     name: ClassVar[str] = "cond-majority"
     _feature_prefix: ClassVar[str] = "prev_is_"

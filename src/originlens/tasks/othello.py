@@ -1,4 +1,4 @@
-"""Synthetic Othello games on vectorised bitboards (spec gradient-pathways §6.3).
+"""Synthetic Othello games on vectorised bitboards (the Othello task of arXiv 2603.14087).
 
 Conventions:
 
@@ -6,8 +6,7 @@ Conventions:
   :mod:`.notation`).  Standard start: white on d4 and e5, black on d5 and e4; black moves first.
 * A game is always 60 move tokens.  A player without a legal move passes; finished games are padded
   with passes.  Because passes are tokens, colours alternate strictly: move t is black's when t is
-  even.  A game with a mid-game pass may be unfinished after 60 tokens (it is truncated, as in the
-  spec).
+  even.  A game with a mid-game pass may be unfinished after 60 tokens (it is truncated).
 * ``boards[g, t]`` is the position after move t seen by the player to move next (the one who plays
   move t+1): +1 own stone, −1 opponent's (the player who just moved), 0 empty.
 * ``legal[g, t]`` (65 entries) is that player's legal set; entry 64 (pass) is True exactly when no

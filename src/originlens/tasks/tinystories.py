@@ -1,4 +1,4 @@
-"""TinyStories next-token task (spec gradient-pathways §6.4): 64-token story windows with story-position features.
+"""TinyStories next-token task (arXiv 2603.14087): 64-token story windows with story-position features.
 
 Data: the stories of the shared TinyStories subset (``originlens.paths.tinystories_files()``, one story per
 line, file order; the data root comes from ``ORIGINLENS_DATA``), tokenised with a BPE trained on those
@@ -13,7 +13,7 @@ Held-out split (deterministic, order-free): story s is held out when the first 8
 ``sha256(text_s)`` (UTF-8), read as a big-endian integer u, satisfy ``u / 2**64 < heldout_frac``
 (default 0.1).  Identical texts always fall on the same side, so the splits are disjoint as texts.
 
-Features after token i of a window (``TaskBatch.features[:, i]``, float32; spec §6.4):
+Features after token i of a window (``TaskBatch.features[:, i]``, float32):
 
 * ``pos_int``  = absolute index of token i in its story (0-based), i.e. ``offset + i``;
 * ``pos_prop`` = ``pos_int / story length in tokens`` (in [0, 1); not inferable from the window alone).
@@ -27,7 +27,7 @@ every annotator word it overlaps).  ``feature_names`` is then ``tag_NN … tag_C
 pos_int, pos_prop`` (22; ``syntax_labels="tags"`` or ``"deps"`` keeps 10 of the 20).  A missing
 annotator, or dependency labels asked of a tagger without them, raises ``ConfigError`` at construction.
 Off (the default), the features are the two above and the omission is noted once per process.
-``feature_types`` is ``None`` (the spec defines no useful/useless typing for these features).
+``feature_types`` is ``None`` (no useful/useless typing is defined for these features).
 
 ``legal`` is :class:`NextTokenLegal`, a lazy (n, T, V) boolean "array" whose only True entry per
 position is the observed next token (none at i = T−1), so the shared metric ``legal_acc`` is top-1
@@ -49,7 +49,7 @@ manifest's vocabularies), all ``.npy`` + JSON.  Because the key includes the BPE
 ``bpe_vocab_size`` annotates the stories again.
 
 Caveats: the BPE is trained on all stories (train and held-out), not on the train split only; the
-spec uses the pretrained ``TinyStories-1M`` tokenizer (50,257 ids), which is not available offline, so
+paper uses the pretrained ``TinyStories-1M`` tokenizer (50,257 ids), which is not available offline, so
 token indices (``pos_int``) and losses are not on the paper's scale.  The subset holds ~7,100 stories
 (~1.4M tokens) against the paper's 300,000 windows, so long runs revisit stories (at fresh offsets).
 The trainer registers this task in :mod:`originlens.train.ntp`, not in :func:`originlens.tasks.get_task`,
@@ -523,7 +523,7 @@ class TinyStoriesTask:
 
     @property
     def tracked(self) -> Tracked:
-        """Spec §6.4: layers 1–4, positions 30–39, every feature."""
+        """Tracked sites: layers 1–4, positions 30–39, every feature."""
         return Tracked(layers=(1, 2, 3, 4), positions=tuple(range(30, 40)), features=tuple(self.feature_names))
 
     def describe(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Closed-form theory: gradient leading terms of the attention-only model (arXiv 2601.19208, spec §4)."""
+"""Closed-form theory: gradient leading terms of the attention-only model (arXiv 2601.19208)."""
 from .leading_terms import (
     LeadingTermModel,
     ValidityWindow,

@@ -1,7 +1,7 @@
-"""Closed-form gradient leading terms of the attention-only model (arXiv 2601.19208, spec §4).
+"""Closed-form gradient leading terms of the attention-only model (arXiv 2601.19208).
 
 After s steps of full-batch GD with learning rate η from zero init, every weight of the Def. 3.1 model
-is, up to a bounded error, a scalar times a corpus statistic (spec §3)::
+is, up to a bounded error, a scalar times a corpus statistic (:mod:`originlens.stats.corpus`)::
 
     W_O   ≈ s η B̄                         (output_coef)
     V^(l) ≈ C(s,2) η² Φ̄ᵀB̄ᵀ                 (value_coef)
@@ -16,10 +16,10 @@ model of Eq. 12.
 ``value_target`` Φ̄ᵀB̄ᵀ, ``query_key`` Q̄ and ``positional`` Δ, e.g.
 :class:`originlens.stats.CorpusStatistics`.  Everything is computed in float64.
 
-Caveats: the bounds are proved for full-batch GD inside the window (§4.1); for minibatch SGD, first-batch
+Caveats: the paper's bounds are proved for full-batch GD inside the window; for minibatch SGD, first-batch
 statistics or s beyond the window the comparisons are empirical.  The Gaussian-init condition on the
-init scale follows the spec's reading of Thm D.12 (std·|V| ≤ η²/T², i.e. ξ = 0), which the spec itself
-flags as to be checked against the paper.
+init scale follows our reading of Thm D.12 (std·|V| ≤ η²/T², i.e. ξ = 0), not yet checked against the
+paper's exact statement.
 """
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def validity_window(seq_len: int, n_layers: int, eta: float, vocab_size: int, *,
         cond["eta >= 1/T (gaussian init)"] = e >= 1.0 / T
         cond["init_std*|V| <= eta^2/T^2 (gaussian init)"] = init_std * V <= e ** 2 / T ** 2
         theorem += " + D.12 (gaussian init)"
-        notes.append("Gaussian-init scale condition as read in the spec (ξ = 0); check the paper if it matters")
+        notes.append("Gaussian-init scale condition as we read Thm D.12 (ξ = 0); check the paper if it matters")
     return ValidityWindow(T, L, e, V, variant, cond, s_max, int(math.floor(s_max + 1e-12)), theorem, notes)
 
 
@@ -177,7 +177,7 @@ def _stat(stats: Any, name: str) -> np.ndarray:
 def predicted_weights(stats: Any, s: int, eta: float, n_layers: int) -> dict[str, np.ndarray]:
     """Leading-term weights after s steps: keys ``W_O``, ``V.l``, ``W.l``, ``P.l`` (l = 1..L), float64.
 
-    All layers share one V, W and P target (layer uniformity, §4.1).
+    All layers share one V, W and P target (layer uniformity of the leading terms).
     """
     B = _stat(stats, "bigram")
     Vt = _stat(stats, "value_target")

@@ -1,4 +1,4 @@
-"""Leading-term analysis of a training run over its checkpoints (arXiv 2601.19208 §5.1, spec §5.1.3–5.1.6).
+"""Leading-term analysis of a training run over its checkpoints (arXiv 2601.19208 §5.1).
 
 Given a run directory written by :func:`originlens.train.train_assoc` (``RUN/checkpoints/step-*.safetensors``,
 ``RUN/metrics.jsonl``, ``RUN/config.json``) and the statistics used as targets, this module computes:
@@ -140,7 +140,7 @@ def _check_shapes(weights: Mapping[str, np.ndarray], stats: Any) -> None:
 
 
 def weight_hash(weights: Mapping[str, np.ndarray]) -> str:
-    """Short hash of all weights (to detect duplicated checkpoints, spec pitfall 9)."""
+    """Short hash of all weights (to detect duplicated checkpoints)."""
     h = hashlib.sha256()
     for k in sorted(weights):
         h.update(k.encode())

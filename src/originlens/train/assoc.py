@@ -1,4 +1,4 @@
-"""Training the Def. 3.1 attention-only model (spec §2, §5.1.2): full-batch GD or plain minibatch SGD.
+"""Training the Def. 3.1 attention-only model of arXiv 2601.19208: full-batch GD or plain minibatch SGD.
 
 ``train_assoc(tokens, vocab_size, cfg)`` trains an :class:`~originlens.models.assoc.AssocModel` on an
 (N, T+1) token array and writes a run directory (``originlens.runs.RunDir``)::

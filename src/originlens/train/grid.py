@@ -1,5 +1,5 @@
-"""The regime experiment (spec gradient-pathways §3.3, §8): regimes × seeds, probe quality of the
-NTP-useless feature per regime with t-intervals over seeds.
+"""The regime experiment (arXiv 2603.14087, the myopic and untied regimes): regimes × seeds, probe
+quality of the NTP-useless feature per regime with t-intervals over seeds.
 
 ``run_grid(GridConfig(task=..., regimes=[...], seeds=[...], overrides={...}), DIR)`` trains every
 (regime, seed) as an ordinary run directory ``DIR/<regime>/seed-<s>`` (``+`` in a regime name becomes
@@ -9,11 +9,11 @@ NTP-useless feature per regime with t-intervals over seeds.
 Quality metric per run: mean test Pearson r of the final probes over the task's tracked layers,
 tracked positions and tracked features, restricted to the NTP-useless feature type (type 1): for
 Majority ``is_majority_*`` at positions 2–9 (the useful positions 10–19 have type 2), for Conditioned
-Majority ``prev_is_<0>`` at positions 2–19; layers 1–2 (spec §6).  Over seeds: mean and the
-two-sided t-interval ``mean ± t_{(1+c)/2, n−1} · s/√n`` (s the sample standard deviation, n the
+Majority ``prev_is_<0>`` at positions 2–19; layers 1–2 (the tasks' tracked sites).  Over seeds: mean and
+the two-sided t-interval ``mean ± t_{(1+c)/2, n−1} · s/√n`` (s the sample standard deviation, n the
 number of seeds with a finite value; no interval for n < 2).
 
-Caveat: the spec's expectations are qualitative; ``expectation_checks`` compares means (and whether the
+Caveat: the paper's expectations are qualitative; ``expectation_checks`` compares means (and whether the
 intervals are separated), nothing more.
 """
 from __future__ import annotations
@@ -114,7 +114,7 @@ def run_quality(run_dir: str | Path, task_name: str) -> dict[str, Any]:
 
 
 def expectation_checks(task: str, stats_by_regime: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Pairwise orderings the spec expects: ``{"a > b": {"holds": mean_a > mean_b, "ci_separated":
+    """Pairwise orderings the paper's results imply: ``{"a > b": {"holds": mean_a > mean_b, "ci_separated":
     low_a > high_b}}``; pairs with a missing regime are omitted."""
     pairs = {"cond-majority": [("standard", "myopic"), ("standard", "myopic+untied"), ("untied", "myopic"),
                                ("untied", "myopic+untied")],
@@ -225,7 +225,7 @@ def write_grid_report(summary: dict[str, Any], out: str | Path) -> Path:
     rep = Report(f"Regime grid: {summary['task']}")
     rep.text(f"Metric: {summary['metric']}. Interval: {summary['interval']} (c = {summary['confidence']}).")
     if summary["expected"]:
-        rep.text(f"Expected (spec §8): {summary['expected']}")
+        rep.text(f"Expected (arXiv 2603.14087): {summary['expected']}")
     layers = sorted({k for s in summary["per_regime"].values() for k in s["useless_by_layer"]}, key=int)
     header = ["regime", "seeds", "useless r (mean)", f"{c}% CI low", f"{c}% CI high"] + \
              [f"layer {k} r" for k in layers] + ["eval loss", "output legal acc"]

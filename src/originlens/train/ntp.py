@@ -1,10 +1,10 @@
-"""Next-token-prediction trainer for the gradient-pathways tasks (spec gradient-pathways §3, §4.1, §6, §7).
+"""Next-token-prediction trainer for the gradient-pathways tasks (arXiv 2603.14087).
 
 ``Trainer(NTPConfig(task=..., regime=..., seed=...), RUN).run()`` trains a :class:`~originlens.models.GPT`
 in one of the regimes standard / myopic / untied / myopic+untied on Majority, Conditioned Majority,
 Othello, or windows of a token store (``task="language"``), with the paper's hyper-parameters as
-defaults (spec §7: Adam β = (0.9, 0.999), ε = 1e-8, no weight decay / schedule / clipping, GPT-2 init,
-mean next-token cross-entropy over the T−1 loss positions).
+defaults (the paper's hyper-parameter table: Adam β = (0.9, 0.999), ε = 1e-8, no weight decay / schedule /
+clipping, GPT-2 init, mean next-token cross-entropy over the T−1 loss positions).
 
 Run directory (``originlens.runs.RunDir``)::
 
@@ -42,8 +42,8 @@ is refused unless ``overwrite=True``.  Checkpoints and the final model record th
 training data (``vocab_hash``: the task's or the corpus's token strings); resuming on data of another
 vocabulary (a corpus rebuilt in place) is a :class:`~originlens.errors.CompatibilityError`.  A run resumed
 from its final checkpoint re-evaluates and re-probes, replacing (not duplicating) the final eval/probe
-records.  Probes (spec §4.1): ridge (alpha 1.0, intercept) per (layer, position) on the first 70 % of
-the eval sequences, Pearson r on the rest, position 0 skipped; one fit per layer to bound memory.
+records.  Probes (as in the paper): ridge (alpha 1.0, intercept) per (layer, position) on the first 70 %
+of the eval sequences, Pearson r on the rest, position 0 skipped; one fit per layer to bound memory.
 
 Data-parallel training: under ``torchrun --nproc_per_node W -m originlens ntp train ...`` (or after
 :func:`originlens.distributed.init` in a script started by torchrun) every rank draws the same global
@@ -90,7 +90,7 @@ CHECKPOINT_KIND = "ntp-checkpoint"
 EVENTS = ("on_step_end", "on_eval", "on_probe", "on_checkpoint")
 TRAIN_DTYPES = ("float32", "float64")
 
-# Spec §7 table (None entries of NTPConfig are filled from here).
+# The paper's hyper-parameter table (None entries of NTPConfig are filled from here).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "majority": dict(n_layer=2, d_model=128, n_head=4, batch_size=256, steps=3000, eval_size=10240,
                      probe_every=500, eval_every=500, untie_at=[10], probe_positions="all", train_size=102400),
@@ -108,6 +108,16 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 EXTRA_TASKS: dict[str, tuple[str, str]] = {}   # tasks outside originlens.tasks' registry (none at present)
 # Fields that may change between a run and its resumption (they do not change the trained weights).
 OPERATIONAL_FIELDS = ("steps", "checkpoint_every", "keep_checkpoints", "device", "log_every")
+# Fields added after runs were first recorded, with the value every earlier run implicitly had: at that
+# value they are left out of a run's identity, so earlier runs stay finished / resumable.
+LATER_FIELDS = {"task_options": {}}
+
+
+def config_identity(d: dict[str, Any]) -> dict[str, Any]:
+    """A configuration mapping without :data:`OPERATIONAL_FIELDS` and without :data:`LATER_FIELDS` at their
+    default values: what defines the trained model."""
+    return {k: v for k, v in d.items()
+            if k not in OPERATIONAL_FIELDS and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
 
 
 def all_task_names() -> list[str]:
@@ -126,7 +136,7 @@ def get_task(name: str, **kw: Any) -> Any:
 
 @dataclass
 class NTPConfig:
-    """Configuration of one next-token-prediction run; ``None`` fields take the task's spec §7 default.
+    """Configuration of one next-token-prediction run; ``None`` fields take the task's :data:`TASK_DEFAULTS` entry.
 
     ``untie_at``: range boundaries for the untied regimes (default [10] on the majority tasks, none
     elsewhere); ignored (set to None) for standard/myopic.  ``probe_positions``: ``"all"`` (1..T−1),
@@ -264,7 +274,7 @@ class NTPConfig:
                               "drop the unknown --task-option") from None
 
     def gpt_config(self, vocab_size: int, seq_len: int) -> GPTConfig:
-        """The model configuration (position table of size T + 1, spec §7)."""
+        """The model configuration (position table of size T + 1)."""
         return GPTConfig(vocab_size=vocab_size, seq_len=seq_len, n_layer=self.n_layer, d_model=self.d_model,
                          n_head=self.n_head, regime=self.regime, untie_at=self.untie_at,
                          untie_scope=self.untie_scope, n_positions=seq_len + 1, dtype=self.dtype,
@@ -278,11 +288,8 @@ class NTPConfig:
         return to_jsonable(self)
 
     def identity(self) -> dict[str, Any]:
-        """The fields that define the trained model (everything but :data:`OPERATIONAL_FIELDS`)."""
-        d = self.to_dict()
-        for k in OPERATIONAL_FIELDS:
-            d.pop(k, None)
-        return d
+        """The fields that define the trained model (see :func:`config_identity`)."""
+        return config_identity(self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, where: str = "NTPConfig") -> "NTPConfig":
@@ -712,7 +719,7 @@ class Trainer:
             return
         old = read_json(cfg_file)
         new = self.config.to_dict()
-        old_id = {k: v for k, v in old.items() if k not in OPERATIONAL_FIELDS}
+        old_id = config_identity(old)
         new_id = self.config.identity()
         if old_id != new_id:
             if not self.overwrite:
