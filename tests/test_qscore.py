@@ -454,7 +454,9 @@ def _reference_selection(acts, seqs, f, K, n, pool, dedup, first=1):
     for i in range(len(seqs)):
         p = first + int(np.argmax(acts[i, first:L - K, f]))
         if acts[i, p, f] > 0:
-            cands.append((-acts[i, p, f], i, p))
+            # activations equal to round-off (1e-9) count as ties, broken by window index: the batched
+            # scan and this per-window recomputation may order two such windows either way by one ulp
+            cands.append((-round(float(acts[i, p, f]), 9), i, p))
     kept = []
     for _, i, p in sorted(cands)[:pool]:
         if len(kept) >= n:

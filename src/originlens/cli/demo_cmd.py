@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
                                quick=args.quick))
     from ..demo import reproduction_status
     rows = reproduction_status("results")
-    if rows:
+    if rows:                       # always: every claim has a row, with or without a results file
         print("Reproduction status (committed results files; details in docs/results.md):")
         for claim, paper, _, _, _, verdict in rows:
             print(f"  {verdict:<15} {paper:<38} {claim[:90]}")
