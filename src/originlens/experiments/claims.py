@@ -32,7 +32,7 @@ class Verdict:
 @dataclass(frozen=True)
 class Claim:
     key: str
-    paper: str                     # "2603.14087 §8" ...
+    paper: str                     # "2603.14087 (Othello attribution)" ...
     claim: str
     paper_number: str
     sources: tuple[str, ...] = ()  # results files that can back it, best first
@@ -117,39 +117,39 @@ LANG_CMD = "originlens ntp experiment tinystories --scale cpu --seeds 0-2 --out 
 GRID_CMD = "originlens ntp experiment grid --task {task} --scale cpu --seeds 0-4 --jobs 2 --out runs/toy-grid/{task}-cpu"
 
 CLAIMS: tuple[Claim, ...] = (
-    Claim("gp-cond-majority", "2603.14087 §8 (toy interventions)",
+    Claim("gp-cond-majority", "2603.14087, toy interventions",
           "Conditioned Majority: prev_is_<0> is learned under standard and untied training, not under myopic "
           "or myopic+untied (pre-caching is its only source)",
           "qualitative (bar plot, 10 seeds)", ("toy-grid/cond-majority-paper", "toy-grid/cond-majority-cpu"),
           judge_cond_majority, command=GRID_CMD.format(task="cond-majority")),
-    Claim("gp-majority", "2603.14087 §8 (toy interventions)",
+    Claim("gp-majority", "2603.14087, toy interventions",
           "Majority: is_majority_* at the input positions degrades under myopic or untied training and most "
           "under both", "qualitative (bar plot, 10 seeds)", ("toy-grid/majority-paper", "toy-grid/majority-cpu"),
           judge_majority, command=GRID_CMD.format(task="majority")),
-    Claim("gp-othello", "2603.14087 §8 (Othello attribution)",
+    Claim("gp-othello", "2603.14087, Othello attribution",
           "Othello: direct influence > 0 only for NTP-useful cells; useless cells built by sharing and "
           "pre-caching", "direct 7.61 / −0.97, pre-cached −0.66 / 1.80, shared 8.64 / 6.42 (useful / useless)",
           ("othello/othello-paper", "othello/othello-cpu"), judge_othello,
           note="the earlier CPU model did not learn the game (legal-move accuracy 0.50); the attribution "
                "is to be re-run on a model that plays",
           command="originlens ntp experiment othello --scale cpu --seeds 0-2 --out runs/othello-cpu"),
-    Claim("gp-tinystories-loss", "2603.14087 §8 (TinyStories)", "Myopic training costs language-modelling loss",
+    Claim("gp-tinystories-loss", "2603.14087, TinyStories", "Myopic training costs language-modelling loss",
           "loss 3.29 ± 0.02 myopic vs 2.53 ± 0.10 standard (10 seeds)",
           ("language/tinystories-paper", "language/tinystories-cpu"), judge_language_loss,
           note="to be re-run with ≥ 3 seeds and held-out CIs", command=LANG_CMD),
-    Claim("gp-tinystories-features", "2603.14087 §8 (TinyStories)",
+    Claim("gp-tinystories-features", "2603.14087, TinyStories",
           "Syntax features are learned directly; story-position features need pre-caching",
           "pre-cached ≪ direct influence for tags/labels; position features through pre-caching",
           ("language/tinystories-paper", "language/tinystories-cpu"), judge_language_features,
           note="features and attribution are built; the experiment is to be run", command=LANG_CMD),
-    Claim("gp-qscore", "2603.14087 §9 (Gemma 2 2B)",
+    Claim("gp-qscore", "2603.14087, Q(w) on Gemma 2 2B",
           "Extreme-Q(w) SAE features are disproportionately formal (code, math, syntax)",
           "σ(ln Q) 1.63 ± 0.03 formal vs 1.23 ± 0.02 other", blocked="needs data",
           note="Gemma 2 2B and Gemma Scope cannot be downloaded here; to be tested on a model trained on code "
                "and stories"),
     Claim("lt-associations", "2601.19208 Fig. 5", "Top associations of B̄ and Φ̄ on TinyStories",
           "red → ball, car, dress…; fish → pond, lake, water…", note="measured before results files existed"),
-    Claim("lt-persistence", "2601.19208 §5, Table 1",
+    Claim("lt-persistence", "2601.19208 Table 1",
           "Learned weights stay at their leading terms far beyond the theorem's window",
           "cosine ≥ 0.9985 over 3,200 steps at η = 0.005 (t = 16); > 0.9 at epoch 30, > 0.7 at epoch 100 "
           "(η = 0.05)", note="the earlier CPU runs covered 12 steps (t = 0.06); the paper-scale run needs a GPU"),
@@ -158,7 +158,7 @@ CLAIMS: tuple[Claim, ...] = (
           note="measured before results files existed"),
     Claim("lt-bpe", "2601.19208 Table 2", "Leading terms with a 10k BPE vocabulary",
           "cosines per matrix at |V| = 10k", blocked="needs GPU", note="|V| = 10k at T = 200 exceeds 2 CPU cores"),
-    Claim("lt-pythia", "2601.19208 §5.2, Fig. 7", "Pythia checkpoints agree with the leading terms early",
+    Claim("lt-pythia", "2601.19208 Fig. 7", "Pythia checkpoints agree with the leading terms early",
           "per-head agreement over checkpoints", blocked="needs data",
           note="Pythia checkpoints and OpenWebText are not reachable offline"),
 )

@@ -1,4 +1,4 @@
-"""The TinyStories experiment of arXiv 2603.14087 (§6.4 task and features, §8 results) as an experiment
+"""The TinyStories experiment of arXiv 2603.14087 (the TinyStories task, its features and results) as an experiment
 that can fail: standard vs myopic training over seeds, held-out loss, probes of the syntax and
 story-position features next to an untrained-model null, Adam pathway attribution per feature group, and
 the paper's two claims tested as hypotheses over seeds.
@@ -91,7 +91,7 @@ PAPER_TRACKED_POSITIONS = tuple(range(30, 40))
 PAPER_WINDOW = 64
 PAPER_SEEDS = 10
 ALPHA = 0.05
-# The paper's configuration (arXiv 2603.14087 §7 table, TinyStories row).
+# The paper's configuration (arXiv 2603.14087's hyper-parameter table, TinyStories row).
 PAPER = dict(n_layer=4, d_model=128, n_head=4, batch_size=256, steps=1000, eval_size=30000)
 # Shared by every scale: only the final eval/probes are needed; every checkpoint is kept (replay checks).
 COMMON = dict(eval_every=0, probe_every=0, keep_checkpoints=0, log_every=10)
@@ -866,7 +866,7 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
     rep = Report(f"TinyStories: standard vs myopic training ({sc['name']} scale)")
     rep.text(f"Scale: {sc['summary']}; {sc['model']}; {sc['training']}; eval {sc['eval']}; {sc['syntax']}; "
              f"attribution {sc['attribution']}. Deviations from the paper: {', '.join(sc['deviations']) or 'none'}.")
-    rep.text("Claims tested (arXiv 2603.14087 §8): "
+    rep.text("Claims tested (arXiv 2603.14087): "
              + "; ".join(f"{k} — {v}" for k, v in summary["expected"].items()))
     quality = {r: summary["per_regime"][r] for r in summary["per_regime"]}
     rep.section("Held-out loss")

@@ -1,4 +1,4 @@
-"""The Othello attribution experiment of arXiv 2603.14087 (§6.3 task, §4 influence, §8 results) over
+"""The Othello attribution experiment of arXiv 2603.14087 (the Othello task, influence, results) over
 training seeds, with nulls and the paper's comparison tested as hypotheses.
 
 ``run_othello(OthelloConfig(scale="cpu", seeds=[0, 1, 2]), OUT)`` does, per seed ``s``:
@@ -64,7 +64,7 @@ SCALES: dict[str, dict[str, Any]] = {
                positions=[8, 20], attribute_steps=None),
 }
 ALPHA = 0.05
-# (name, component, type a, type b or None (= against 0), alternative): the paper's Othello pattern (§8)
+# (name, component, type a, type b or None (= against 0), alternative): the paper's Othello pattern
 HYPOTHESES = [
     ("direct: useful > useless", "direct", 2, 1, "greater"),
     ("direct: useful > 0", "direct", 2, None, "greater"),

@@ -1,4 +1,4 @@
-"""The toy regime grids of arXiv 2603.14087 (§3.3 regimes, §6.1–6.2 tasks, §8 results) as an experiment
+"""The toy regime grids of arXiv 2603.14087 (regimes, the Majority and Conditioned Majority tasks, results) as an experiment
 that can fail: regimes × seeds, an untrained-model null for every run, CIs over seeds, the paper's
 orderings tested as hypotheses.
 
@@ -290,7 +290,7 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
     sc = summary["scale"]
     rep.text(f"Scale: {sc['summary']}; {sc['model']}; {sc['training']}; {sc['untied']}. Deviations from the "
              f"paper: {', '.join(sc['deviations']) or 'none'}.")
-    rep.text(f"Expected (arXiv 2603.14087 §8): {summary['expected']}.")
+    rep.text(f"Expected (arXiv 2603.14087): {summary['expected']}.")
     rows = []
     for regime, s in summary["per_regime"].items():
         u, i = s["useless_r"], s["initial_useless_r"]

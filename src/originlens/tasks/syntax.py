@@ -1,5 +1,5 @@
 """Word-level syntax annotators (Penn-Treebank tags, dependency labels, character spans) and their
-alignment to model tokens: the 20 syntax features of the TinyStories task (arXiv 2603.14087, § on the
+alignment to model tokens: the 20 syntax features of the TinyStories task (arXiv 2603.14087, the
 TinyStories language model).
 
 The paper probes, after every model token, indicators of 10 Penn-Treebank tags (:data:`TAGS`) and 10
