@@ -71,7 +71,6 @@ scale-free per group, and the per-feature means are kept in each run's ``attribu
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +78,7 @@ from typing import Any, Sequence
 
 from ..errors import ConfigError
 from . import inference
+from .formatting import ci as fmt_ci, num as _f, pval as _p, sig as _g
 
 EXPERIMENT = "language"
 TASK = "tinystories"
@@ -781,25 +781,10 @@ def run_language_experiment(config: LanguageExperimentConfig, out: str | Path, *
 # text: report, docs section, verdicts
 
 
-def _f(x: Any, d: int = 3) -> str:
-    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{d}f}"
-
-
-def _g(x: Any) -> str:
-    """Influences span many orders of magnitude: 3 significant digits."""
-    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3g}"
-
-
-def _p(x: Any) -> str:
-    return "—" if x is None else (f"{x:.2g}" if x >= 1e-3 else f"{x:.1e}")
 
 
 def _ci(c: dict[str, Any] | None, fmt: Any = _f) -> str:
-    if not c or c.get("mean") is None:
-        return "—"
-    if c.get("low") is None:
-        return fmt(c["mean"])
-    return f"{fmt(c['mean'])} [{fmt(c['low'])}, {fmt(c['high'])}]"
+    return fmt_ci(c, fmt=fmt)
 
 
 def _cell(s: Any) -> str:

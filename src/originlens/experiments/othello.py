@@ -51,6 +51,7 @@ from ..runs import exclusive, to_jsonable
 from ..storage import atomic_write_json, read_json
 from . import inference
 from .results import default_results_path, write_results
+from .formatting import ci as fmt_ci, sig as _f
 
 EXPERIMENT = "othello"
 COMPONENTS = ("direct", "precached", "shared", "full")
@@ -355,14 +356,10 @@ def run_othello(config: OthelloConfig, out: str | Path, *, results: str | Path |
     return summary
 
 
-def _f(x: Any, d: int = 3) -> str:
-    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{d}g}"
 
 
 def _ci(c: dict[str, Any] | None) -> str:
-    if not c or c.get("mean") is None:
-        return "—"
-    return _f(c["mean"]) if c.get("low") is None else f"{_f(c['mean'])} [{_f(c['low'])}, {_f(c['high'])}]"
+    return fmt_ci(c, fmt=_f)
 
 
 def write_report(summary: dict[str, Any], out: str | Path) -> Path:
@@ -450,7 +447,7 @@ def render_section(key: str, rec: dict[str, Any]) -> list[str]:
 def judge(rec: dict[str, Any]) -> Any:
     """Reproduced: every hypothesis holds and the models play (legal-move accuracy ≥ 0.95); partial: some
     hold, or all hold on models that do not play; not reproduced: none."""
-    from .claims import Verdict, _grid_scale
+    from .claims import Verdict
     tests = rec["tests"]["hypotheses"]
     held = [k for k, t in tests.items() if t["holds"]]
     acc = rec["quality"]["legal_acc"]["mean"]

@@ -30,7 +30,6 @@ the expected orderings, not values.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ from ..train.grid import GridConfig, run_dir_for, run_quality
 from ..train.ntp import COUNTING_TASKS, NTPConfig, is_finished, train
 from . import inference
 from .results import default_results_path, write_results
+from .formatting import num as _f, pval as _p
 
 EXPERIMENT = "toy-grid"
 # Shared by every scale: only the final probes are needed (plus checkpoints for resuming).
@@ -273,12 +273,6 @@ def run_toy_grid(config: ToyGridConfig, out: str | Path, *, results: str | Path 
     return summary
 
 
-def _f(x: Any, d: int = 3) -> str:
-    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{d}f}"
-
-
-def _p(x: Any) -> str:
-    return "—" if x is None else (f"{x:.2g}" if x >= 1e-3 else f"{x:.1e}")
 
 
 def write_report(summary: dict[str, Any], out: str | Path) -> Path:
