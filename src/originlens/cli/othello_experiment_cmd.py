@@ -17,7 +17,7 @@ def cmd_othello(args: argparse.Namespace) -> int:
     from .ntp_cmd import _threads
     _threads(args)
     overrides = {k: getattr(args, k) for k in ("n_layer", "d_model", "n_head", "batch_size", "steps", "eval_size",
-                                               "othello_pool", "positions", "attribute_steps")
+                                               "othello_pool", "positions", "attribute_steps", "record_every")
                  if getattr(args, k) is not None}
     cfg = OthelloConfig(scale=args.scale, seeds=args.seeds, layers=args.attr_layers, overrides=overrides,
                         random_directions=args.random_directions, device=args.device or "cpu",
@@ -44,6 +44,7 @@ def add_parser(esub: Any) -> None:
                             ("--batch-size", "batch_size", int), ("--steps", "steps", int),
                             ("--eval-size", "eval_size", int), ("--othello-pool", "othello_pool", int),
                             ("--positions", "positions", _int_spec), ("--attribute-steps", "attribute_steps", int),
+                            ("--record-every", "record_every", int),
                             ("--lr", "lr", float)):
         g.add_argument(flag, dest=dest, type=typ, default=None)
     o.add_argument("--attr-layers", type=_int_spec, default=None, help="attributed layers (default all)")

@@ -58,11 +58,11 @@ COMPONENTS = ("direct", "precached", "shared", "full")
 TYPES = {1: "useless", 2: "useful"}
 SCALES: dict[str, dict[str, Any]] = {
     "paper": dict(n_layer=6, d_model=256, n_head=4, batch_size=1024, steps=5000, eval_size=20480,
-                  othello_pool=500_000, positions=list(range(4, 57, 4)), attribute_steps=None),
-    "cpu": dict(n_layer=4, d_model=128, n_head=4, batch_size=128, steps=6000, eval_size=4096,
-                othello_pool=500_000, positions=[12, 24, 36], attribute_steps=600),
+                  othello_pool=500_000, positions=list(range(4, 57, 4)), attribute_steps=None, record_every=1),
+    "cpu": dict(n_layer=4, d_model=128, n_head=4, batch_size=64, steps=4000, eval_size=4096,
+                othello_pool=500_000, positions=[12, 24, 36], attribute_steps=200, record_every=5),
     "ci": dict(n_layer=2, d_model=32, n_head=2, batch_size=16, steps=30, eval_size=200, othello_pool=2000,
-               positions=[8, 20], attribute_steps=None),
+               positions=[8, 20], attribute_steps=None, record_every=1),
 }
 ALPHA = 0.05
 # (name, component, type a, type b or None (= against 0), alternative): the paper's Othello pattern
@@ -108,6 +108,9 @@ class OthelloConfig:
             raise ConfigError(f"attributed layers {self.attr_layers} outside 1..{L}", f"use layers in 1..{L}")
         if any(not 1 <= i <= 59 for i in s["positions"]):
             raise ConfigError(f"positions {s['positions']} must lie in 1..59", "e.g. 12,24,36")
+        if isinstance(s["record_every"], bool) or not isinstance(s["record_every"], int) or s["record_every"] < 1:
+            raise ConfigError(f"record_every={s['record_every']!r} must be an integer ≥ 1",
+                              "use 1 to record the influence at every attributed update")
         if s["attribute_steps"] is not None and not 1 <= s["attribute_steps"] <= s["steps"]:
             raise ConfigError(f"attribute_steps={s['attribute_steps']} outside 1..{s['steps']}",
                               "attribute a prefix of the training run")
@@ -133,7 +136,8 @@ class OthelloConfig:
                          d_model=s["d_model"], n_head=s["n_head"], batch_size=s["batch_size"],
                          steps=0 if initial else s["steps"], lr=self.lr, eval_size=s["eval_size"],
                          othello_pool=s["othello_pool"], probe_positions=sorted(s["positions"]), probe_every=0,
-                         eval_every=0, checkpoint_every=0 if initial else max(1, s["steps"] // 10),
+                         eval_every=0 if initial else max(1, s["steps"] // 10),
+                         checkpoint_every=0 if initial else max(1, s["steps"] // 10),
                          keep_checkpoints=0, device=self.device)
 
     def deviations(self) -> list[str]:
@@ -142,6 +146,9 @@ class OthelloConfig:
                                                              "eval_size") if used[k] != paper[k]]
         if used["positions"] != paper["positions"]:
             out.append(f"attributed positions {used['positions']} (paper 4, 8, …, 56)")
+        if used["record_every"] > 1:
+            out.append(f"influences recorded at every {used['record_every']}th attributed update, integrated by the "
+                       "rectangle rule (paper: every update)")
         if used["attribute_steps"] is not None and used["attribute_steps"] < used["steps"]:
             out.append(f"influence integrated over updates 1..{used['attribute_steps']} of {used['steps']} "
                        "(paper: all)")
@@ -185,14 +192,26 @@ def _attribute(cfg: OthelloConfig, run: Path) -> Path:
     if not done:
         sites = [(k, i) for k in cfg.attr_layers for i in cfg.settings["positions"]]
         attribute_run(run, sites=sites, features="tracked", optimizer="adam", segment=(0, end), types=True,
-                      half=False, out=store, random_directions=cfg.random_directions, overwrite=True)
+                      half=False, out=store, random_directions=cfg.random_directions, overwrite=True,
+                      steps=recorded_updates(end, cfg.settings["record_every"]))
     return store
 
 
-def seed_aggregates(store: Path, n_layer: int, updates: int, fractions: list[float]) -> dict[str, Any]:
+def recorded_updates(end: int, every: int) -> list[int]:
+    """Updates whose influences are recorded: every ``every``-th of 1..end, centred in its block of
+    ``every`` updates (so the rectangle rule ``every × Σ recorded`` estimates the sum over all updates)."""
+    if every < 1:
+        raise ConfigError(f"record_every={every} must be ≥ 1", "use 1 to record every update")
+    return list(range(1 + (every - 1) // 2, end + 1, every))
+
+
+def seed_aggregates(store: Path, n_layer: int, updates: int, fractions: list[float],
+                    record_every: int = 1) -> dict[str, Any]:
     """Per-seed means of integrated influence over items, by fraction of the attributed updates, part
     (``main``: k < L; ``last_layer``: k = L), probe kind (``real`` / ``random``), component and type;
-    plus the item-paired Wilcoxon test of useful vs useless per component (main part, real probes)."""
+    plus the item-paired Wilcoxon test of useful vs useless per component (main part, real probes).
+    With ``record_every`` > 1 only every ``record_every``-th update was recorded and the integrated
+    influence is estimated as ``record_every`` × the sum over recorded updates (rectangle rule)."""
     import pyarrow.compute as pc
     from scipy import stats
     from ..attribution.store import RANDOM_TAG, integrate, load_observables
@@ -208,11 +227,12 @@ def seed_aggregates(store: Path, n_layer: int, updates: int, fractions: list[flo
                 continue
             part = "last_layer" if r["site_layer"] == n_layer else "main"
             kind = "random" if RANDOM_TAG in r["feature"] else "real"
+            value = record_every * float(r["integrated"])
             agg.setdefault(part, {}).setdefault(kind, {}).setdefault(r["component"], {}).setdefault(
-                TYPES[r["type"]], []).append(float(r["integrated"]))
+                TYPES[r["type"]], []).append(value)
             if part == "main" and kind == "real":
                 items.setdefault((r["component"], r["site_layer"], r["site_position"], r["feature"]), {})[
-                    r["type"]] = float(r["integrated"])
+                    r["type"]] = value
         means = {part: {kind: {c: {t: {"mean": float(np.mean(v)), "n_items": len(v)} for t, v in ts.items()}
                                for c, ts in comps.items()} for kind, comps in kinds.items()}
                  for part, kinds in agg.items()}
@@ -294,7 +314,8 @@ def run_othello(config: OthelloConfig, out: str | Path, *, results: str | Path |
                 "probes": _probe_quality(d / "run", positions),
                 "initial_probes": _probe_quality(d / "initial", positions),
                 "attribution_seconds_this_call": time.time() - t,
-                "aggregates": seed_aggregates(store, L, config.attributed_updates, config.fractions),
+                "aggregates": seed_aggregates(store, L, config.attributed_updates, config.fractions,
+                                              config.settings["record_every"]),
                 "data_hashes": read_json(d / "run" / "environment.json").get("data_hashes", {}),
             }
         layers = sorted({k for s in per_seed.values() for k in s["probes"]}, key=int)
