@@ -89,3 +89,44 @@ def test_bad_configurations():
         OthelloConfig(scale="ci", overrides={"attribute_steps": 999})
     with pytest.raises(ConfigError, match="layers"):
         OthelloConfig(scale="ci", layers=[5])
+
+
+def test_recorded_updates_centre_each_block():
+    from originlens.experiments.othello import recorded_updates
+    assert recorded_updates(12, 1) == list(range(1, 13))
+    assert recorded_updates(12, 3) == [2, 5, 8, 11]
+    assert recorded_updates(200, 5) == list(range(3, 201, 5))
+    with pytest.raises(ConfigError, match="record_every"):
+        recorded_updates(10, 0)
+    with pytest.raises(ConfigError, match="record_every"):
+        OthelloConfig(scale="ci", overrides={"record_every": 0})
+
+
+@pytest.mark.slow
+def test_strided_recording_scales_the_sum_of_recorded_updates(ci_run, monkeypatch):
+    """``record_every`` = 3: the aggregate is 3 × the sum over updates 2, 5, 8, 11 only — recomputed here
+    from the store of the CI run (which recorded every update), filtered to those updates."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import originlens.attribution.store as store_mod
+    from originlens.experiments.othello import recorded_updates, seed_aggregates
+    cfg, out, s = ci_run
+    store = out / "exp" / "seed-0" / "run" / "attribution"
+    table = load_observables(store)
+    keep = pa.array(recorded_updates(12, 3), type=table["step"].type)
+    sub = table.filter(pc.is_in(table["step"], value_set=keep))
+    items: dict = {}
+    for r in sub.to_pylist():
+        if r["type"] in (1, 2) and r["influence"] is not None and RANDOM_TAG not in r["feature"] \
+                and r["site_layer"] == 1:
+            key = (r["site_position"], r["feature"], r["type"], r["component"])
+            items[key] = items.get(key, 0.0) + r["influence"]
+    assert items
+    monkeypatch.setattr(store_mod, "load_observables", lambda _path: sub)
+    agg = seed_aggregates(store, 2, 12, [1.0], record_every=3)["1"]
+    for comp in ("direct", "precached", "shared", "full"):
+        for t, name in ((1, "useless"), (2, "useful")):
+            vals = [3 * v for (i, f, ty, c), v in items.items() if c == comp and ty == t]
+            got = agg["means"]["main"]["real"][comp][name]
+            assert got["n_items"] == len(vals)
+            assert math.isclose(got["mean"], float(np.mean(vals)), rel_tol=1e-9, abs_tol=1e-15)
