@@ -30,10 +30,13 @@ Then, with the **seed** as the unit of replication:
 Writes ``OUT/experiment.json``, ``OUT/report.html`` and ``results/othello/othello-<scale>.json``.
 
 Scales (:data:`SCALES`): ``paper`` (6 layers × 256, batch 1024, 5,000 steps, eval 20,480 games, positions
-4, 8, …, 56: a GPU job), ``cpu`` (4 layers × 128, batch 128; sized for about an hour of training per seed
-on 2 CPU cores, attribution of a prefix of the updates), ``ci`` (seconds; a plumbing check, not a result).
-Caveat: the Adam variant needs the decomposition at every attributed update (≈ 5–8 training steps each),
-so at CPU scale only a prefix of training can be attributed; ``attribute_steps`` says which.
+4, 8, …, 56: a GPU job), ``cpu`` (4 layers × 128, batch 64, 4,000 steps ≈ 31 min of training per seed on
+one core; evaluation every 10 % of training for the learning curve; updates 1..200 attributed, influences
+recorded at every 5th), ``ci`` (seconds; a plumbing check, not a result).
+Caveat: the Adam variant needs the decomposition at every attributed update (≈ 5–8 training steps each)
+even where no influence is recorded, so at CPU scale only a prefix of training can be attributed
+(``attribute_steps``), and the influence JVPs (the larger cost) run only at every ``record_every``-th
+update, the integral estimated by the rectangle rule; both are listed as deviations in the results file.
 """
 from __future__ import annotations
 
