@@ -221,11 +221,33 @@ def test_trust_remote_code_only_when_asked(tmp_path, monkeypatch):
             return _orig(*a, **kw)
         monkeypatch.setattr(cls, "from_pretrained", spy)
     load_hf(tmp_path / "m")
-    assert calls and all("trust_remote_code" not in kw for kw in calls)
+    assert calls and all(kw["trust_remote_code"] is False for kw in calls)   # explicit: never a prompt
     assert all(kw["local_files_only"] for kw in calls)
     calls.clear()
     load_hf(tmp_path / "m", trust_remote_code=True)
     assert all(kw["trust_remote_code"] is True for kw in calls)
+
+
+def test_remote_code_never_runs_even_when_stdin_says_yes(tmp_path, monkeypatch):
+    """A directory whose config.json maps AutoConfig to its own module: with "y" waiting on stdin, loading
+    it is one clear error and the module (which would create a marker file) is never imported."""
+    import io
+    import json
+    import sys
+    d = tmp_path / "remote"
+    make("gpt2").save_pretrained(d)
+    marker = tmp_path / "pwned"
+    (d / "evil_config.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\n"
+        "from transformers import PretrainedConfig\n"
+        "class EvilConfig(PretrainedConfig):\n    model_type = 'evil-remote'\n")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(model_type="evil-remote", auto_map={"AutoConfig": "evil_config.EvilConfig"})
+    (d / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\ny\n"))
+    with pytest.raises(InputError, match="own model code"):
+        load_hf(d)
+    assert not marker.exists()
 
 
 def test_missing_transformers_and_unsupported_family(monkeypatch, tmp_path):

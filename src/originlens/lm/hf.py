@@ -22,8 +22,8 @@ fails with an :class:`~originlens.errors.InputError` that says how to use a loca
 cannot be reached.  ``transformers`` is the optional extra ``originlens[hf]``; it is imported lazily.
 
 Caveats: query/key **biases** (GPT-2, NeoX) are not part of ``qk_weights`` (as for our GPT); models are
-put in eval mode; no KV cache (``run`` re-runs whole sequences); ``trust_remote_code`` is only passed
-when the caller asks for it; other architectures raise :class:`~originlens.errors.CompatibilityError`.
+put in eval mode; no KV cache (``run`` re-runs whole sequences); ``trust_remote_code`` is always passed,
+False unless the caller asks (a model's own code never runs through a prompt); other architectures raise :class:`~originlens.errors.CompatibilityError`.
 """
 from __future__ import annotations
 
@@ -338,7 +338,8 @@ def load_hf_model(path_or_id: str | os.PathLike, revision: str | None = None, *,
 
     ``dtype=None`` keeps the stored dtype (``"auto"``); the default converts to float32.  A local
     directory is always read with ``local_files_only=True``; for a hub id the default follows
-    ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``.  ``trust_remote_code`` is passed only when True.
+    ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``.  ``trust_remote_code`` is always passed explicitly
+(default False: a directory whose ``auto_map`` needs its own code is refused, never prompted for).
     A local directory is read with ``use_safetensors=True``: one holding only pickled PyTorch weights
     (``pytorch_model.bin``) is refused with an :class:`InputError` before anything is unpickled, unless
     ``allow_pickled_weights=True`` (then ``transformers`` reads them with ``torch.load(weights_only=True)``).
@@ -360,12 +361,17 @@ def load_hf_model(path_or_id: str | os.PathLike, revision: str | None = None, *,
     kw: dict[str, Any] = {"local_files_only": lfo}
     if revision is not None:
         kw["revision"] = revision
-    if trust_remote_code:
-        kw["trust_remote_code"] = True
+    # always explicit: ``None`` would let transformers *ask* on stdin and run the code on "y"
+    kw["trust_remote_code"] = bool(trust_remote_code)
     with quiet_transformers():
         try:
             config = tf.AutoConfig.from_pretrained(source, **kw)
         except (OSError, ValueError) as exc:
+            if not trust_remote_code and "trust_remote_code" in str(exc):
+                raise InputError(f"{source} defines its own model code (config.json 'auto_map'), which originlens "
+                                 "never runs unless asked",
+                                 "use a model of a built-in transformers architecture, or, if you trust the code, "
+                                 "load it from Python with trust_remote_code=True") from None
             if local:
                 raise InputError(f"{source}/config.json could not be read ({' '.join(str(exc).split())[:200]})",
                                  "pass a directory written by save_pretrained") from None

@@ -121,7 +121,7 @@ def auto_tokenizer_codec(directory: str | os.PathLike) -> TextCodec:
     d = Path(directory)
     with quiet_transformers():
         try:
-            tok = tf.AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+            tok = tf.AutoTokenizer.from_pretrained(str(d), local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, ImportError) as exc:
             raise InputError(f"no usable tokenizer in {d} ({' '.join(str(exc).split())[:160]})",
                              "pass --tokenizer (a tokenizer.json file or a directory holding one)") from None
