@@ -207,13 +207,41 @@ def clean_stale_leftovers(path: str | os.PathLike) -> list[str]:
     return done
 
 
+def check_output_directory(path: str | os.PathLike, *, kind_file: str | None = None, kind: str = "output",
+                           inputs: Any = ()) -> None:
+    """Refuse an output directory that would destroy something it does not own.
+
+    ``path`` must not be, or contain, any of ``inputs`` (the command's own input files or directories);
+    an existing ``path`` must be empty or a directory holding ``kind_file`` (the marker every output of
+    this ``kind`` has), i.e. an earlier output of the same command — never a foreign directory or a file.
+    Raises :class:`~originlens.errors.OriginlensError` with the fix; ``kind_file=None`` skips that check.
+    """
+    path = Path(path)
+    target = path.resolve()
+    for item in ([inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs or ())):
+        src = Path(item).resolve()
+        if src == target or target in src.parents:
+            raise OriginlensError(f"the output {path} is {'the input' if src == target else 'a parent of the input'} "
+                                  f"{item}; writing it would delete the input",
+                                  "choose an --out outside the input")
+    if kind_file is not None and os.path.lexists(path):
+        if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+            return                                          # an empty directory holds nothing to lose
+        if path.is_symlink() or not path.is_dir() or not (path / kind_file).is_file():
+            raise OriginlensError(f"{path} exists and is not a {kind} (no {kind_file} in it); refusing to replace it",
+                                  "choose a new --out, or remove that directory yourself")
+
+
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
+def atomic_directory(path: str | os.PathLike, overwrite: bool = True, *, kind_file: str | None = None,
+                     kind: str = "output", inputs: Any = ()) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``path`` only if the block succeeds.
 
     On error (or Ctrl-C / kill) the temporary directory is removed (or, after SIGKILL, left under a
     hidden ``.NAME.partial-PID-*`` name that never looks like a finished output).  Leftovers of earlier
-    killed processes are cleaned up first (:func:`clean_stale_leftovers`).
+    killed processes are cleaned up first (:func:`clean_stale_leftovers`).  ``kind_file`` / ``inputs``:
+    :func:`check_output_directory` runs first, so an existing ``path`` is replaced only when it is an
+    earlier output of the same kind and never when it is (or holds) an input.
     """
     path = Path(path)
     try:
@@ -223,6 +251,7 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = True) -> Iterato
             log(line, level=1)
         if path.exists() and not overwrite:
             raise OriginlensError(f"{path} already exists", "pass --overwrite or choose another --out")
+        check_output_directory(path, kind_file=kind_file, kind=kind, inputs=inputs)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-{os.getpid()}-", dir=path.parent))
         os.chmod(tmp, 0o777 & ~_UMASK)
     except OSError as exc:

@@ -46,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens and args.vocab_size is None:
         raise InputError("--tokens needs --vocab-size", "pass --vocab-size V (ids must be < V)")
     src = Path(args.corpus or args.tokens)
+    from ..stats.io import FILENAME
+    from ..storage import check_output_directory
+    check_output_directory(args.out, kind_file=FILENAME, kind="statistics output", inputs=[src])  # before any work
     tokens, vocab, manifest = load_token_array(src, args.vocab_size)
     V = int(args.vocab_size if args.vocab_size is not None else len(vocab))
     if args.max_windows is not None:
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                     "corpus": manifest}
     if manifest is None:
         out_manifest["corpus"] = {"tokens_file": str(src), "sha256": sha256_file(src)}
-    save_statistics(st, args.out, manifest=out_manifest)
+    save_statistics(st, args.out, manifest=out_manifest, inputs=[src])
     print(f"wrote {Path(args.out) / 'statistics.safetensors'} ({st.size}×{st.size}, T={st.seq_len}, "
           f"{st.n_pairs} pairs, {secs:.1f} s)")
     return 0

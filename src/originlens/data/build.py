@@ -132,6 +132,8 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
     _check_out(out, overwrite)
     if isinstance(sources, (str, Path)):
         sources = [sources]
+    from ..storage import check_output_directory
+    check_output_directory(out, inputs=[s for s in (sources or []) if Path(str(s)).exists()])
     t0 = time.perf_counter()
     stories = None
     if not sources:

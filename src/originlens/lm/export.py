@@ -176,7 +176,7 @@ def save_hf(hf_model: Any, out_dir: str | os.PathLike, *, tokenizer: str | os.Pa
     """Write ``hf_model`` with ``save_pretrained`` into ``out_dir`` atomically (+ ``tokenizer.json``)."""
     tok = _tokenizer_file(tokenizer) if tokenizer is not None else None
     out = Path(out_dir)
-    with atomic_directory(out, overwrite=overwrite) as tmp:
+    with atomic_directory(out, overwrite=overwrite, kind_file="config.json", kind="model directory") as tmp:
         with quiet_transformers():
             hf_model.save_pretrained(tmp)
         if tok is not None:

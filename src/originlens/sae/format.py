@@ -161,7 +161,7 @@ def write_sae(sae: SAE, path: str | os.PathLike, *, overwrite: bool = True) -> P
     dt = DTYPES[sae.cfg.dtype]
     tensors = {k: v.to(dt) for k, v in tensors.items()}
     path = Path(path)
-    with atomic_directory(path, overwrite=overwrite) as tmp:
+    with atomic_directory(path, overwrite=overwrite, kind_file=CFG_FILENAME, kind="SAE directory") as tmp:
         atomic_write_bytes(tmp / WEIGHTS_FILENAME, save(tensors))
         atomic_write_text(tmp / CFG_FILENAME, json.dumps(config_to_dict(sae.cfg), indent=2) + "\n")
     return path

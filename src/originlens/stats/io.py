@@ -26,15 +26,18 @@ def statistics_vocab_hash(stats: CorpusStatistics) -> str:
 
 
 def save_statistics(stats: CorpusStatistics, out: str | Path, *, manifest: dict[str, Any] | None = None,
-                    extra_files: dict[str, Any] | None = None) -> Path:
-    """Write ``out/statistics.safetensors`` (+ vocab.json, manifest.json) atomically; returns ``out``."""
+                    extra_files: dict[str, Any] | None = None, inputs: Any = ()) -> Path:
+    """Write ``out/statistics.safetensors`` (+ vocab.json, manifest.json) atomically; returns ``out``.
+
+    An existing ``out`` is replaced only when it is an earlier statistics output, and never when it is
+    (or contains) one of ``inputs`` (the corpus the statistics were computed from)."""
     out = Path(out)
     meta = {"n_pairs": stats.n_pairs, "vocab_size": stats.vocab_size, "seq_len": stats.seq_len,
             "centering": stats.centering, "size": stats.size,
             "token_ids": None if stats.token_ids is None else [int(i) for i in stats.token_ids],
             "unigram": None if stats.unigram is None else [float(u) for u in stats.unigram],
             "vocab_hash": statistics_vocab_hash(stats), "meta": stats.meta}
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, kind_file=FILENAME, kind="statistics output", inputs=inputs) as tmp:
         save_tensors(tmp / FILENAME, stats.as_dict(), kind="corpus-statistics", metadata=meta)
         if stats.vocab is not None:
             atomic_write_json(tmp / "vocab.json", stats.vocab)
