@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_top(asub)
     _register_train(asub)
     _register_report(asub)
-    p.set_defaults(func=lambda a: (p.print_help(), 0)[1])
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
 # ------------------------------------------------------------------------------------------------ top

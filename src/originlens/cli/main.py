@@ -43,10 +43,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-v", "--verbose", action="store_true", help="progress bars even when not a terminal")
     p.add_argument("--log-to", metavar="SINKS", help="also mirror logged metrics to 'tensorboard' and/or "
                    "'wandb' (comma-separated; the package must be installed; default: env ORIGINLENS_LOG_TO)")
+    from .. import __version__
+    p.add_argument("--version", action="version", version=f"originlens {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return p
+
+
+def _chosen_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The deepest (sub-)parser named by the non-option words of ``argv`` (``ntp experiment`` → its parser)."""
+    current = parser
+    for word in argv:
+        if word.startswith("-"):
+            continue
+        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or word not in subs[0].choices:
+            break
+        current = subs[0].choices[word]
+    return current
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.verbose:
         set_verbosity(2)
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 0 if args.command is None else 2
+        chosen = _chosen_parser(parser, sys.argv[1:] if argv is None else argv)
+        chosen.print_help()                 # a command group without its sub-command: the group's own help
+        return 0 if chosen is parser else 2
     try:
         if args.log_to is not None:
             from ..sinks import set_sinks

@@ -1,0 +1,30 @@
+"""The CLI's front door: ``--version``, and command groups without a sub-command print their own help."""
+from __future__ import annotations
+
+import pytest
+
+import originlens
+from originlens.cli.main import main
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"originlens {originlens.__version__}"
+
+
+@pytest.mark.parametrize("words, usage", [
+    (["lm"], "originlens lm "), (["sae"], "originlens sae "), (["ntp"], "originlens ntp "),
+    (["ntp", "experiment"], "originlens ntp experiment "), (["assoc"], "originlens assoc "),
+    (["-q", "corpus"], "originlens corpus "), (["results"], "originlens results "),
+])
+def test_groups_print_their_own_help(words, usage, capsys):
+    assert main(words) == 2                      # a missing sub-command is a usage error
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: {usage}"), out[:200]
+
+
+def test_no_command_prints_the_top_level_help(capsys):
+    assert main([]) == 0
+    assert capsys.readouterr().out.startswith("usage: originlens [-h]")
