@@ -59,25 +59,73 @@ def git_commit() -> str | None:
     return None
 
 
+LOCK_FILE = ".lock"
+_HELD: dict[str, Any] = {}          # resolved directory -> open lock file of this process
+
+
+def _acquire(p: Path) -> Any:
+    import fcntl
+    import socket
+    from .errors import ConfigError
+    from .storage import _io_error
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fh = open(p / LOCK_FILE, "a+")
+    except OSError as exc:
+        raise _io_error(p, exc, "locking") from None
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        owner = fh.read().strip()
+        fh.close()
+        raise ConfigError(f"{p} is being written by another process ({owner or 'owner unknown'})",
+                          "wait for it to finish, or choose another --out") from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    fh.flush()
+    return fh
+
+
+def hold_lock(path: str | os.PathLike) -> Path:
+    """Lock directory ``path`` (``path/.lock``, ``fcntl.flock``) for the rest of this process: a second
+    writer of the same run is refused with a :class:`ConfigError` naming the owner (pid and host)
+    instead of interleaving its files.  Re-entrant within a process; the lock dies with the process, so
+    a killed run leaves no stale lock (the file stays, unlocked, and is reused)."""
+    p = Path(path)
+    key = str(p.resolve())
+    if key not in _HELD:
+        _HELD[key] = _acquire(p)
+    return p
+
+
+def release_lock(path: str | os.PathLike) -> None:
+    """Give up a lock taken by :func:`hold_lock` (no-op when this process does not hold it)."""
+    fh = _HELD.pop(str(Path(path).resolve()), None)
+    if fh is not None:
+        fh.close()
+
+
+def release_all_locks() -> None:
+    """Give up every lock this process holds (the CLI does this when a command ends)."""
+    for key in list(_HELD):
+        _HELD.pop(key).close()
+
+
 @contextlib.contextmanager
 def exclusive(path: str | os.PathLike) -> Iterator[Path]:
-    """Hold an exclusive lock on directory ``path`` (``path/.lock``, ``fcntl.flock``) for the block: a
-    second writer of the same run or experiment directory is refused with a :class:`ConfigError` instead
-    of interleaving its files.  The lock dies with the process (a killed run leaves no stale lock)."""
-    import fcntl
-    from .errors import ConfigError
+    """:func:`hold_lock` for the block only (re-entrant: a lock this process already holds is kept)."""
     p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    fh = open(p / ".lock", "a+")
+    key = str(p.resolve()) if p.exists() else None
+    if key is not None and key in _HELD:
+        yield p
+        return
+    hold_lock(p)
     try:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"{p} is being written by another process",
-                              "wait for it to finish, or choose another --out") from None
         yield p
     finally:
-        fh.close()
+        release_lock(p)
 
 
 def to_jsonable(obj: Any) -> Any:

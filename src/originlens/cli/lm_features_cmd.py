@@ -178,10 +178,17 @@ def load_corpus(args: argparse.Namespace, adapter: Any, codec: Any) -> tuple[np.
 
 
 def open_run(out: str, overwrite: bool) -> Any:
-    from ..runs import RunDir
+    """The run directory of an ``lm``/``sae`` command, locked for this process; ``--overwrite`` starts
+    its append-only records (``metrics.jsonl``) afresh."""
+    from ..runs import RunDir, hold_lock
     p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"--out {p} is a file", "choose a directory for --out")
+    hold_lock(p)
     if (p / "results.json").exists() and not overwrite:
         raise ConfigError(f"{p} already holds results", "pass --overwrite or choose another --out")
+    if overwrite:
+        (p / "metrics.jsonl").unlink(missing_ok=True)
     return RunDir(p)
 
 

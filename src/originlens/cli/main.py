@@ -87,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         print("originlens: interrupted (partial outputs were not published)", file=sys.stderr)
         return 130
     finally:
+        from ..runs import release_all_locks
         from ..sinks import close_all, reset_sinks
         close_all()
         reset_sinks()
+        release_all_locks()                 # a command's run directories are locked while it runs
     return int(rc or 0)
 
 

@@ -371,7 +371,7 @@ def load_hf_model(path_or_id: str | os.PathLike, revision: str | None = None, *,
                 raise InputError(f"{source} defines its own model code (config.json 'auto_map'), which originlens "
                                  "never runs unless asked",
                                  "use a model of a built-in transformers architecture, or, if you trust the code, "
-                                 "load it from Python with trust_remote_code=True") from None
+                                 "load it from Python with load_hf and its trust_remote_code argument set") from None
             if local:
                 raise InputError(f"{source}/config.json could not be read ({' '.join(str(exc).split())[:200]})",
                                  "pass a directory written by save_pretrained") from None

@@ -254,6 +254,8 @@ def train_sae_run(adapter: Any, tokens: Any, site: int | str, config: SAETrainCo
     from ..storage import atomic_write_json
     from .format import write_sae
     config.validate()
+    from ..runs import hold_lock
+    hold_lock(out)                                    # one writer per run directory
     run = RunDir(out)
     k = adapter.check_site(site)
     info = {"site": f"resid.{k}", "model_name": model_name, "dataset_path": dataset_path,

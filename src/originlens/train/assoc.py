@@ -205,8 +205,8 @@ def run_dir_kind(path: str | Path) -> str:
     if not cfg.exists():
         # RunDir() creates empty checkpoints/ and figures/ before config.json is written: a run killed in
         # between left only that skeleton, which counts as empty (resumable), anything else as foreign
-        skeleton = all(q.is_dir() and q.name in ("checkpoints", "figures") and not any(q.iterdir())
-                       for q in p.iterdir())
+        skeleton = all((q.is_dir() and q.name in ("checkpoints", "figures") and not any(q.iterdir()))
+                       or (q.name == ".lock" and q.is_file()) for q in p.iterdir())
         return "empty" if skeleton else "foreign"
     try:
         old = read_json(cfg)
@@ -393,6 +393,8 @@ class AssocTrainer:
         if kind == "foreign":
             raise ConfigError(f"{path} holds another kind of run (its config.json is not an assoc training config)",
                               "choose another out directory (overwrite only replaces assoc runs)")
+        from ..runs import hold_lock
+        hold_lock(path)                               # one writer per run, before anything is removed
         start = 0
         if kind == "assoc":
             old = read_json(path / "config.json")

@@ -638,7 +638,16 @@ class Trainer:
         return GPT(self.gpt_config).to(self.device)
 
     def run(self) -> TrainResult:
-        """Train to ``config.steps`` (resuming if asked), evaluate, probe, save; returns the result."""
+        """Train to ``config.steps`` (resuming if asked), evaluate, probe, save; returns the result.
+        The run directory's lock (taken when the trainer was made) is given up when this returns."""
+        from ..runs import release_lock
+        try:
+            return self._run()
+        finally:
+            if self._writer:
+                release_lock(self.run_path)
+
+    def _run(self) -> TrainResult:
         cfg = self.config
         self._t_start = time.time()
         dist_.barrier()                               # rank 0 has checked (or cleared) the run directory
@@ -714,6 +723,8 @@ class Trainer:
         p = self.run_path
         if p.exists() and not p.is_dir():
             raise InputError(f"run directory {p} is a file", "choose another --out")
+        from ..runs import hold_lock
+        hold_lock(p)                                  # one writer per run, before anything is read or removed
         cfg_file = p / "config.json"
         if not cfg_file.is_file():
             return
