@@ -319,6 +319,23 @@ def test_language_task_from_a_token_array(tmp_path):
         Trainer(cfg.replace(eval_size=60), tmp_path / "r2")
 
 
+def test_resume_refuses_data_changed_in_place(tmp_path):
+    """A bare token array rewritten in place (same shape and vocabulary, other windows): resuming is a
+    CompatibilityError naming the changed hashes, and environment.json keeps the original ones."""
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "tok.npy", rng.integers(0, 30, size=(60, 9)).astype(np.uint16))
+    cfg = tiny(task="language", corpus=str(tmp_path / "tok.npy"), n_layer=1, eval_size=20, steps=4,
+               eval_every=0, checkpoint_every=2)
+    Trainer(cfg.replace(steps=2), tmp_path / "r").run()
+    env_before = (tmp_path / "r" / "environment.json").read_text()
+    np.save(tmp_path / "tok.npy", rng.integers(0, 30, size=(60, 9)).astype(np.uint16))
+    with pytest.raises(CompatibilityError, match="started on other data .*corpus_array_sha256"):
+        Trainer(cfg, tmp_path / "r", resume=True).run()
+    assert (tmp_path / "r" / "environment.json").read_text() == env_before
+    np.save(tmp_path / "tok.npy", np.random.default_rng(0).integers(0, 30, size=(60, 9)).astype(np.uint16))
+    assert Trainer(cfg, tmp_path / "r", resume=True).run().step == 4        # the original data resumes
+
+
 def test_cli_train_and_resume(tmp_path, capsys):
     args = ["ntp", "train", "--task", "majority", "--regime", "untied", "--out", str(tmp_path / "r"),
             "--steps", "3", "--d-model", "16", "--heads", "2", "--batch-size", "8", "--eval-size", "32",

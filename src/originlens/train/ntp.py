@@ -669,7 +669,7 @@ class Trainer:
             self.data = self._train_data()
         self.eval_data = self._eval_data()
         if self._writer:
-            self._write_environment()
+            self._write_environment(resumed=start > 0)
 
         bar = progress(total=cfg.steps, initial=start, desc=f"{cfg.task}/{cfg.regime}/s{cfg.seed}", unit="step")
         window: list[float] = []
@@ -836,7 +836,21 @@ class Trainer:
         batch = sample(cfg.eval_size, rng)
         return EvalData(batch.tokens, batch)
 
-    def _write_environment(self) -> None:
+    def _write_environment(self, resumed: bool = False) -> None:
+        """Write ``environment.json``; when ``resumed``, first refuse data whose hashes differ from those
+        the run started with (a corpus rebuilt in place, another pool or eval set)."""
+        hashes = self._data_hashes()
+        env = self.rundir.file("environment.json")
+        if resumed and env.is_file():
+            before = read_json(env).get("data_hashes") or {}
+            changed = sorted(k for k in set(before) & set(hashes) if before[k] != hashes[k])
+            if changed:
+                raise CompatibilityError(
+                    f"{self.run_path} was started on other data (differs in: {', '.join(changed)})",
+                    "resume on the data the run started with, or pass --overwrite to start over")
+        self._write_environment_file(hashes)
+
+    def _data_hashes(self) -> dict[str, str]:
         hashes: dict[str, str] = {}
         pool = self.rundir.file("data", "othello-pool.npy")
         if self.config.task == "othello" and self.config.othello_pool and pool.is_file():
@@ -846,8 +860,13 @@ class Trainer:
                 hashes[f"corpus_{k}"] = self._corpus_info[k]
         if isinstance(self.data, _PoolData) and self.config.task in COUNTING_TASKS:
             hashes["train_set_sha256"] = array_sha256(self.data.pool)
+        if self.config.task == LANGUAGE and not self._corpus_info.get("tokens_sha256"):
+            hashes["corpus_array_sha256"] = array_sha256(np.asarray(self._corpus_tokens))  # a bare .npy
         if len(self.eval_data.tokens):
             hashes["eval_tokens_sha256"] = array_sha256(self.eval_data.tokens.astype(np.int64))
+        return hashes
+
+    def _write_environment_file(self, hashes: dict[str, str]) -> None:
         self.rundir.write_environment(
             seeds={"seed": self.config.seed, "eval_seed": self.config.effective_eval_seed,
                    "model_init": f"torch.manual_seed({self.config.seed})",
