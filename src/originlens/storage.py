@@ -320,7 +320,21 @@ def save_tensors(path: str | os.PathLike, tensors: Mapping[str, Any], *, kind: s
     meta = {"format_version": FORMAT_VERSION, "kind": kind}
     for k, v in (metadata or {}).items():
         meta[k] = v if isinstance(v, str) else json.dumps(v, default=_json_default)
-    return atomic_write_bytes(path, np_save(arrays, metadata=meta))
+    return atomic_write_bytes(path, canonical_safetensors(np_save(arrays, metadata=meta)))
+
+
+def canonical_safetensors(blob: bytes) -> bytes:
+    """The same safetensors file with its JSON header in one canonical form (keys sorted, no spaces,
+    padded with spaces to a multiple of 8 bytes).  The ``safetensors`` writer emits the metadata in a
+    per-process hash order, so identical content would otherwise give different bytes in different
+    processes and no checksum could verify a reproduction.  Tensor data are untouched (their offsets are
+    relative to the end of the header)."""
+    import struct
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + blob[8 + n:]
 
 
 def load_tensors(path: str | os.PathLike, *, kind: str | None = None,

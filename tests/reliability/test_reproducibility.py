@@ -210,3 +210,21 @@ def test_nondeterministic_keys_are_only_timings():
     assert NONDETERMINISTIC_KEYS | EXTRA_TIMERS <= {
         "time", "seconds", "wall_seconds", "train_seconds", "build_seconds", "elapsed", "timestamp", "created",
         "duration", "seconds_per_attributed_step", "seconds_breakdown", "timings"}
+
+
+def test_identical_tensors_give_identical_bytes_in_different_processes(tmp_path):
+    """The safetensors writer orders the metadata by a per-process hash; save_tensors canonicalises the
+    header, so three processes writing the same content produce byte-identical files that still load."""
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np; from originlens.storage import save_tensors; "
+            "save_tensors(sys.argv[1], {'w': np.arange(6.0).reshape(2, 3), 'b': np.ones(3, np.float32)}, "
+            "kind='test', metadata={k: i for i, k in enumerate('zyxwvutsrq')})")
+    files = [tmp_path / f"t{i}.safetensors" for i in range(3)]
+    for f in files:
+        subprocess.run([sys.executable, "-c", code, str(f)], check=True)
+    blobs = {f.read_bytes() for f in files}
+    assert len(blobs) == 1
+    from originlens.storage import load_tensors
+    arrays, meta = load_tensors(files[0], kind="test")
+    assert arrays["w"].tolist() == [[0, 1, 2], [3, 4, 5]] and meta["q"] == "9"

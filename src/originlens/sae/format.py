@@ -154,6 +154,7 @@ def is_sae_dir(path: str | os.PathLike) -> bool:
 def write_sae(sae: SAE, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
     """Write ``sae`` as an SAELens directory (atomically: a failed write leaves no partial directory)."""
     from safetensors.torch import save
+    from ..storage import canonical_safetensors
     tensors = {name: getattr(sae, name).detach().to("cpu").contiguous()
                for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
     if sae.threshold is not None:
@@ -162,7 +163,7 @@ def write_sae(sae: SAE, path: str | os.PathLike, *, overwrite: bool = True) -> P
     tensors = {k: v.to(dt) for k, v in tensors.items()}
     path = Path(path)
     with atomic_directory(path, overwrite=overwrite, kind_file=CFG_FILENAME, kind="SAE directory") as tmp:
-        atomic_write_bytes(tmp / WEIGHTS_FILENAME, save(tensors))
+        atomic_write_bytes(tmp / WEIGHTS_FILENAME, canonical_safetensors(save(tensors)))
         atomic_write_text(tmp / CFG_FILENAME, json.dumps(config_to_dict(sae.cfg), indent=2) + "\n")
     return path
 
