@@ -130,3 +130,23 @@ def test_strided_recording_scales_the_sum_of_recorded_updates(ci_run, monkeypatc
             got = agg["means"]["main"]["real"][comp][name]
             assert got["n_items"] == len(vals)
             assert math.isclose(got["mean"], float(np.mean(vals)), rel_tol=1e-9, abs_tol=1e-15)
+
+
+@pytest.mark.slow
+def test_parallel_seeds_match_the_serial_run(ci_run, tmp_path):
+    """``jobs`` = 2 trains and attributes the seeds in two processes (one thread each): the same runs as
+    the serial fixture up to thread-count round-off, and a rerun resumes everything."""
+    cfg, out, s = ci_run
+    par = OthelloConfig(scale="ci", seeds=[0, 1], overrides={"steps": 12, "eval_size": 120}, jobs=2)
+    p = run_othello(par, tmp_path / "par", results=tmp_path / "par.json", command="originlens test")
+    for seed in cfg.seeds:
+        a = s["per_seed"][seed]["train"]["trained"]["final_eval"]
+        b = p["per_seed"][seed]["train"]["trained"]["final_eval"]
+        assert math.isclose(a["eval_loss"], b["eval_loss"], rel_tol=1e-4)
+        ia = s["per_seed"][seed]["aggregates"]["1"]["means"]["main"]["real"]["full"]["useful"]
+        ib = p["per_seed"][seed]["aggregates"]["1"]["means"]["main"]["real"]["full"]["useful"]
+        assert ia["n_items"] == ib["n_items"] and math.isclose(ia["mean"], ib["mean"], rel_tol=1e-3, abs_tol=1e-12)
+    again = run_othello(par, tmp_path / "par", results=tmp_path / "par.json", command="originlens test")
+    assert again["per_seed"][0]["aggregates"] == p["per_seed"][0]["aggregates"]
+    with pytest.raises(ConfigError, match="jobs"):
+        OthelloConfig(scale="ci", jobs=0)

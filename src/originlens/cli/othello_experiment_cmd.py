@@ -20,7 +20,7 @@ def cmd_othello(args: argparse.Namespace) -> int:
                                                "othello_pool", "positions", "attribute_steps", "record_every")
                  if getattr(args, k) is not None}
     cfg = OthelloConfig(scale=args.scale, seeds=args.seeds, layers=args.attr_layers, overrides=overrides,
-                        random_directions=args.random_directions, device=args.device or "cpu",
+                        random_directions=args.random_directions, device=args.device or "cpu", jobs=args.jobs,
                         **({"lr": args.lr} if args.lr is not None else {}))
     s = run_othello(cfg, args.out, results=args.results, command=command_line())
     q = s["quality"]
@@ -49,6 +49,7 @@ def add_parser(esub: Any) -> None:
         g.add_argument(flag, dest=dest, type=typ, default=None)
     o.add_argument("--attr-layers", type=_int_spec, default=None, help="attributed layers (default all)")
     o.add_argument("--random-directions", type=int, default=2, help="null directions per probe (2)")
+    o.add_argument("--jobs", type=int, default=1, help="seeds trained and attributed in parallel processes (1)")
     o.add_argument("--device", default=None, help="cpu | cuda")
     o.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     o.set_defaults(func=cmd_othello)

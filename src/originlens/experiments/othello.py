@@ -93,8 +93,11 @@ class OthelloConfig:
     lr: float = 1e-3
     device: str = "cpu"
     confidence: float = 0.95
+    jobs: int = 1                                   # seeds trained and attributed in parallel processes
 
     def __post_init__(self) -> None:
+        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
+            raise ConfigError(f"jobs must be an integer ≥ 1, got {self.jobs!r}", "e.g. --jobs 2")
         if self.scale not in SCALES:
             raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
         bad = set(self.overrides) - set(SCALES["paper"])
@@ -208,6 +211,36 @@ def recorded_updates(end: int, every: int) -> list[int]:
     return list(range(1 + (every - 1) // 2, end + 1, every))
 
 
+def _prepare_seed(args: tuple["OthelloConfig", int, str, int | None]) -> dict[str, Any]:
+    """Train (and the null) and attribute one seed; a worker of :func:`_prepare_all`."""
+    config, seed, d, threads = args
+    if threads is not None:
+        import torch
+        torch.set_num_threads(threads)
+    trained = _train(config, seed, Path(d))
+    t = time.time()
+    _attribute(config, Path(d) / "run")
+    return {"train": trained, "attribution_seconds_this_call": time.time() - t}
+
+
+def _prepare_all(config: "OthelloConfig", out: Path) -> dict[int, dict[str, Any]]:
+    """Every seed trained and attributed (resuming what exists): in this process for ``jobs`` = 1, else in
+    ``jobs`` spawned processes of one torch thread each."""
+    todo = [(config, seed, str(out / f"seed-{seed}"), None if config.jobs == 1 else 1) for seed in config.seeds]
+    if config.jobs == 1:
+        res = {}
+        for item in todo:
+            log(f"[othello] seed {item[1]}: training (and the untrained-model null), then attributing updates "
+                f"1..{config.attributed_updates} ...")
+            res[item[1]] = _prepare_seed(item)
+        return res
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    log(f"[othello] seeds {config.seeds}: training and attributing in {config.jobs} processes ...")
+    with ProcessPoolExecutor(max_workers=config.jobs, mp_context=mp.get_context("spawn")) as pool:
+        return dict(zip(config.seeds, pool.map(_prepare_seed, todo)))
+
+
 def seed_aggregates(store: Path, n_layer: int, updates: int, fractions: list[float],
                     record_every: int = 1) -> dict[str, Any]:
     """Per-seed means of integrated influence over items, by fraction of the attributed updates, part
@@ -305,18 +338,15 @@ def run_othello(config: OthelloConfig, out: str | Path, *, results: str | Path |
     positions = sorted(config.settings["positions"])
     with exclusive(out):
         per_seed: dict[int, dict[str, Any]] = {}
+        prepared = _prepare_all(config, out)
         for seed in config.seeds:
             d = out / f"seed-{seed}"
-            log(f"[othello] seed {seed}: training (and the untrained-model null) ...")
-            trained = _train(config, seed, d)
-            log(f"[othello] seed {seed}: attributing updates 1..{config.attributed_updates} ...")
-            t = time.time()
-            store = _attribute(config, d / "run")
+            store = d / "run" / "attribution"
             per_seed[seed] = {
-                "train": trained,
+                "train": prepared[seed]["train"],
                 "probes": _probe_quality(d / "run", positions),
                 "initial_probes": _probe_quality(d / "initial", positions),
-                "attribution_seconds_this_call": time.time() - t,
+                "attribution_seconds_this_call": prepared[seed]["attribution_seconds_this_call"],
                 "aggregates": seed_aggregates(store, L, config.attributed_updates, config.fractions,
                                               config.settings["record_every"]),
                 "data_hashes": read_json(d / "run" / "environment.json").get("data_hashes", {}),
