@@ -3,14 +3,14 @@ standard training must learn prev_is_<0> clearly better than myopic training (pr
 source, arXiv 2603.14087 §8).  A change that breaks the direction breaks the build."""
 from __future__ import annotations
 
-import threading
+import subprocess
+import sys
 
 import pytest
 
 from originlens.errors import ConfigError
 from originlens.experiments.results import read_results
 from originlens.experiments.toy_grid import ToyGridConfig, run_toy_grid
-from originlens.runs import exclusive
 
 
 @pytest.fixture(scope="module")
@@ -60,22 +60,16 @@ def test_rerun_resumes_nothing_and_concurrent_writers_are_refused(ci_grid):
     again = run_toy_grid(cfg, out / "exp", results=out / "res2.json", command="originlens test")
     assert again["trained_this_call"] == 0
     assert again["orderings"] == first["orderings"]
-    held, release = threading.Event(), threading.Event()
-
-    def hold():
-        with exclusive(out / "exp"):
-            held.set()
-            release.wait(10)
-
-    th = threading.Thread(target=hold)
-    th.start()
-    held.wait(10)
+    code = ("import sys, time; from originlens.runs import hold_lock; hold_lock(sys.argv[1]); "
+            "print('held', flush=True); time.sleep(60)")
+    other = subprocess.Popen([sys.executable, "-c", code, str(out / "exp")], stdout=subprocess.PIPE, text=True)
     try:
+        assert other.stdout.readline().strip() == "held"        # another process writes the experiment
         with pytest.raises(ConfigError, match="another process"):
             run_toy_grid(cfg, out / "exp", results=out / "res3.json")
     finally:
-        release.set()
-        th.join()
+        other.kill()
+        other.wait()
     assert not (out / "res3.json").exists()
 
 
