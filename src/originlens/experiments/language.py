@@ -49,13 +49,12 @@ the paper's two claims tested as hypotheses over seeds.
 Scales (:data:`SCALES`): ``paper`` is the paper's configuration (4 layers, d = 128, 4 heads, batch 256,
 1,000 steps, T = 64, eval 30,000 windows; attributed positions 30, 34, 38; a GPU job); ``cpu`` keeps the
 model and the window and cuts the batch to 64, the steps to 300, the eval set to 4,000 windows and the
-attributed sites to position 34 of every layer, aimed at ≲ 20 min per standard run (training ≈ 0.8 s and
-attribution ≈ 3–4 s per update, null and probes) on one CPU core — extrapolated from a batch-16
-calibration at the paper's width (attribution ≈ 20 training steps per update at 12 sites × 22 features,
-most of it in the influence JVPs), **not measured at this size**; the myopic runs are trained only;
+attributed sites to position 34 of every layer: measured (3 seeds, 2 runs in parallel on 2 cores)
+≈ 5 min of training and ≈ 25 min of attribution per standard run, ≈ 5 min per myopic run (trained
+only), ≈ 55 min for the whole 3-seed experiment;
 ``ci`` is a seconds-long check that the pipeline runs (2 layers, d = 16, T = 24), not a result.  Every
 departure from the paper is listed in the results file's ``scale.deviations``, always including the
-tokenizer (a 4096-id BPE trained on the shared subset of ~7,100 stories, not the paper's TinyStories
+tokenizer (a 4096-id BPE trained on the data root's ~7,100 stories, not the paper's TinyStories
 tokenizer) and the data (that subset, not the full TinyStories set), so our losses are not on the paper's
 scale (paper: 3.29 ± 0.02 myopic vs 2.53 ± 0.10 standard).
 
@@ -108,8 +107,8 @@ SCALES: dict[str, dict[str, Any]] = {
 SCALE_NOTES = {
     "paper": "the paper's configuration (a GPU job)",
     "cpu": "the paper's model and window at batch 64, 300 steps and 4,000 eval windows, every update attributed "
-           "at position 34 of every layer; aimed at ≲ 20 min per standard run (training, null, attribution) on "
-           "one CPU core — estimated, not measured at this size",
+           "at position 34 of every layer; ≈ 30 min per standard run (training ≈ 5 min, attribution ≈ 25 min) "
+           "with 2 runs in parallel on 2 CPU cores",
     "ci": "a seconds-long check that the pipeline runs; not a result",
 }
 # Task options the experiment sets itself (through its own fields).
@@ -331,13 +330,13 @@ class LanguageExperimentConfig:
         opts = self.task_opts()
         tdef = _task_defaults()
         bpe = int(opts.get("bpe_vocab_size", tdef["bpe_vocab_size"]))
-        out.append(f"tokenizer: a {bpe}-id BPE trained on the shared subset (paper: the TinyStories tokenizer, "
+        out.append(f"tokenizer: a {bpe}-id BPE trained on the data root's stories (paper: the TinyStories tokenizer, "
                    f"50,257 ids), so losses and pos_int are not on the paper's scale")
         task = self.make_task()
         train, held = task.split
         out.append(f"data: the {len(task.data.hashes):,} stories ({int(task.data.tokens.size):,} tokens) of the data "
                    f"root, {len(train):,} train / {len(held):,} held-out by story hash (fraction "
-                   f"{opts.get('heldout_frac', tdef['heldout_frac'])}; the shared subset holds ~7,100 stories; "
+                   f"{opts.get('heldout_frac', tdef['heldout_frac'])}; "
                    "paper: 300,000 windows of the full TinyStories set)")
         if self.annotator == "lingua":
             out.append("syntax annotator: Lingua::EN::Tagger (Penn tags, no dependency labels; paper: spaCy "
