@@ -206,6 +206,24 @@ def test_request_stop_then_resume_and_extend(tokens, tmp_path):
     assert r4.losses == {} and params_equal(r4.model, full.model)
 
 
+def test_resume_with_another_thread_count_warns(tokens, tmp_path, capsys):
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        c = cfg(steps=4, out=str(tmp_path / "r"), checkpoint_every=2)
+        train_assoc(tokens, V, dataclasses.replace(c, steps=2))
+        capsys.readouterr()
+        torch.set_num_threads(2)
+        train_assoc(tokens, V, c, resume=True)
+        err = capsys.readouterr().err
+        assert "started with 1 torch thread(s) and resumes with 2" in err and "--threads 1" in err
+        torch.set_num_threads(1)
+        train_assoc(tokens, V, dataclasses.replace(c, steps=6), resume=True)     # the start's count: silent
+        assert "resumes with" not in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_run_directory_safety(tokens, tmp_path):
     out = tmp_path / "r"
     train_assoc(tokens, V, cfg(steps=2, out=str(out)))

@@ -28,3 +28,20 @@ def test_groups_print_their_own_help(words, usage, capsys):
 def test_no_command_prints_the_top_level_help(capsys):
     assert main([]) == 0
     assert capsys.readouterr().out.startswith("usage: originlens [-h]")
+
+
+@pytest.mark.parametrize("words", [
+    ["ntp", "train", "--task", "majority"], ["ntp", "grid", "--out", "X"], ["ntp", "attribute", "RUN"],
+    ["ntp", "experiment", "othello", "--out", "X"], ["ntp", "experiment", "grid", "--out", "X"], ["ntp", "experiment", "tinystories", "--out", "X"],
+    ["ntp", "experiment", "othello-run", "--out", "X"],
+    ["assoc", "train", "CORPUS", "--out", "X"], ["assoc", "report", "RUN"],
+    ["lm", "compare", "--model", "M", "--corpus", "C", "--out", "X"],
+    ["lm", "qscore", "--model", "M", "--corpus", "C", "--sae", "S", "--out", "X"],
+])
+@pytest.mark.parametrize("bad", ["0", "-2", "two"])
+def test_threads_must_be_a_positive_integer_everywhere(words, bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*words, "--threads", bad])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--threads: expected an integer ≥ 1" in err and "Traceback" not in err

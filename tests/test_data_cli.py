@@ -46,6 +46,29 @@ def test_build_from_files_with_options(tmp_path, capsys):
     assert "stopped at --max-windows 4" in out
 
 
+def test_build_warns_what_it_dropped_and_how_to_keep_it(tmp_path, capsys):
+    src = tmp_path / "d.txt"
+    # 6 documents: 2 too short for T + 1 = 6 tokens, 2 with a word outside the top-3 vocabulary (a, b, c)
+    src.write_text("a b c a b c a\n\na b c a b c\n\na b\n\nb c\n\na b c zebra a b c\n\na yak b c a b c\n")
+    rc, out, err = run(capsys, "corpus", "build", src, "--vocab-size", 3, "--seq-len", 5, "--split-mode", "blank",
+                       "--out", tmp_path / "c")
+    assert rc == 0, err
+    m = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    d = m["counts"]["documents_dropped"]
+    line = [ln for ln in err.splitlines() if ln.startswith("warning:")]
+    assert len(line) == 1, err
+    assert d["oov"] >= 1 and d["too_short"] >= 1, d
+    total = d["oov"] + d["too_short"]
+    assert total > 0 and f"{total} of {m['counts']['documents_read']} documents" in line[0]
+    if d["oov"]:
+        assert f"{d['oov']} oov (--oov unk" in line[0]
+    if d["too_short"]:
+        assert f"{d['too_short']} too short (--windows pack" in line[0]
+    rc, out, err = run(capsys, "corpus", "build", src, "--vocab-size", 3, "--seq-len", 5, "--split-mode", "blank",
+                       "--oov", "unk", "--windows", "pack", "--out", tmp_path / "kept")
+    assert rc == 0 and "warning:" not in err                   # nothing dropped: no warning
+
+
 def test_errors_are_one_line(tmp_path, capsys):
     rc, out, err = run(capsys, "corpus", "build", tmp_path / "missing.txt", "--out", tmp_path / "c")
     assert rc == 2 and err.startswith("originlens: error:") and err.count("\n") == 1

@@ -159,6 +159,24 @@ def test_resume_is_bit_exact(tmp_path, regime):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+def test_resume_with_another_thread_count_warns_and_is_recorded(tmp_path, capsys):
+    cfg = tiny()
+    Trainer(cfg.replace(steps=7), tmp_path / "r").run()          # started with 1 thread (the fixture)
+    env = json.loads((tmp_path / "r" / "environment.json").read_text())
+    assert env["torch_threads_history"] == [1]
+    capsys.readouterr()
+    torch.set_num_threads(2)
+    Trainer(cfg, tmp_path / "r", resume=True).run()
+    err = capsys.readouterr().err
+    assert "started with 1 torch thread(s) and resumes with 2" in err and "--threads 1" in err
+    env = json.loads((tmp_path / "r" / "environment.json").read_text())
+    assert env["torch_threads_history"] == [1, 2] and env["torch_threads"] == 2
+    torch.set_num_threads(1)                                    # the same count as the start: silent
+    Trainer(cfg.replace(steps=14), tmp_path / "r", resume=True).run()
+    assert "resumes with" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "r" / "environment.json").read_text())["torch_threads_history"] == [1, 2, 1]
+
+
 def test_resume_of_a_finished_run_is_a_no_op(tmp_path):
     cfg = tiny(steps=3)
     Trainer(cfg, tmp_path / "r").run()

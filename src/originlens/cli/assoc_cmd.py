@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .options import add_threads, apply_threads
 from ..errors import CompatibilityError, ConfigError, InputError
 from ..stats.assoc import BASES
 
@@ -138,7 +139,7 @@ def _register_train(asub) -> None:
                    help="forward implementation (default auto)")
     t.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N|auto",
                    help="where to train (default cpu; auto = CUDA when available); exact resume on CPU only")
-    t.add_argument("--threads", type=int, help="torch CPU threads")
+    add_threads(t)
     t.add_argument("--resume", action="store_true", help="continue RUN from its last checkpoint")
     t.add_argument("--overwrite", action="store_true", help="replace the run in RUN")
     t.set_defaults(func=run_train)
@@ -223,14 +224,12 @@ def _steps_list(spec: str | None) -> tuple[int, ...]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import torch
     from ..progress import log
     from ..storage import vocab_hash
     from ..train import AssocTrainConfig, train_assoc
     from ..distributed import init
     from ..train.assoc import run_dir_kind
-    if args.threads:
-        torch.set_num_threads(int(args.threads))
+    apply_threads(args)
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other", "pass one of them")
     rank, _ = init()                    # under torchrun: data-parallel over the ranks, rank 0 writes
@@ -342,7 +341,7 @@ def _register_report(asub) -> None:
     r.add_argument("--no-heldout", action="store_true", help="skip the held-out losses")
     r.add_argument("--batch-size", type=int, default=256, help="windows per evaluation batch")
     r.add_argument("--seed", type=int, default=0, help="seed of the random baseline / storyworld")
-    r.add_argument("--threads", type=int, help="torch CPU threads")
+    add_threads(r)
     r.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N|auto",
                    help="where the model runs for the intervention and held-out losses (default cpu)")
     r.add_argument("--out", help="where to write the report (default RUN)")
@@ -350,12 +349,10 @@ def _register_report(asub) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    import torch
     from ..progress import log
     from ..theory.tracking import (EXAMPLE_WORDS, AnalysisConfig, analyse_run, load_run,
                                    resolve_null_statistics, write_report)
-    if args.threads:
-        torch.set_num_threads(int(args.threads))
+    apply_threads(args)
     if args.eval_windows < 0 or args.null_windows < 1 or args.batch_size < 1 or args.k < 1:
         raise ConfigError("--eval-windows must be ≥ 0, --null-windows, --batch-size and -k ≥ 1", "fix the flag")
     from ..train.assoc import resolve_device

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 BUILD_EPILOG = """\
@@ -103,7 +104,28 @@ def _cmd_build(args: argparse.Namespace) -> int:
         split_mode=args.split_mode, errors=args.encoding_errors, wrap=not args.no_wrap,
         overwrite=args.overwrite)
     print(summary(store.manifest, store.path))
+    warning = dropped_warning(store.manifest)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
+
+
+def dropped_warning(m: dict) -> str | None:
+    """A warning line when ``corpus build`` dropped documents, naming how many of each reason and the flag
+    that keeps them; None when nothing was dropped."""
+    c = m.get("counts", {})
+    dropped = {k: int(v) for k, v in (c.get("documents_dropped") or {}).items() if v}
+    if not dropped:
+        return None
+    read = int(c.get("documents_read") or 0)
+    fixes = {"oov": "--oov unk maps out-of-vocabulary tokens to <unk> instead",
+             "too_short": f"--windows pack joins documents shorter than T + 1 = {int(m.get('seq_len', 0)) + 1} "
+                          f"tokens into packed windows"}
+    parts = [f"{v} {k.replace('_', ' ')}" + (f" ({fixes[k]})" if k in fixes else "") for k, v in dropped.items()]
+    total = sum(dropped.values())
+    share = f" ({100 * total / read:.0f} %)" if read else ""
+    return (f"warning: {total} of {read} documents{share} were dropped and are in no window: "
+            + "; ".join(parts))
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

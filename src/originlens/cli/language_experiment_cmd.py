@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .options import apply_threads
 from ..errors import ConfigError
 
 
@@ -23,8 +24,8 @@ def _regimes(s: str) -> list[str]:
 def cmd_tinystories(args: argparse.Namespace) -> int:
     from ..experiments.language import LanguageExperimentConfig, run_language_experiment, summary_lines
     from ..experiments.results import command_line
-    from .ntp_cmd import _overrides, _threads
-    _threads(args)
+    from .ntp_cmd import _overrides
+    apply_threads(args)
     if args.overwrite:
         raise ConfigError("the experiment resumes its runs and never overwrites them",
                           "remove the --out directory to start over")

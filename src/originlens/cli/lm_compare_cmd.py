@@ -23,6 +23,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from .options import add_threads, apply_threads
 from ..errors import ConfigError, InputError
 
 
@@ -204,9 +205,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise InputError("give exactly one of --corpus and --stats",
                          "e.g. --corpus ../shared/data/tinystories --tokenizer tok512.bin")
     check_out(args.out, args.overwrite)
-    if args.threads is not None:
-        import torch
-        torch.set_num_threads(max(1, args.threads))
+    apply_threads(args)
     t0 = time.perf_counter()
     specs = checkpoint_specs(args.model, args.checkpoints, args.checkpoint_dir, args.log_steps)
     grid = CheckpointGrid(specs, on_missing=args.on_missing, hash_weights=not args.no_hash)
@@ -259,7 +258,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--token-chunk", type=int, default=4096, help="tokens per model pass (memory bound)")
     c.add_argument("--device", default="cpu", help="device for the comparison matmuls (cpu, cuda)")
     c.add_argument("--dtype", choices=["float64", "float32"], default="float64")
-    c.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads(c)
     p.add_argument("--out", required=True, help="run directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison run at --out")
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .options import add_threads, apply_threads
 from ..errors import CompatibilityError, ConfigError, InputError
 from ..progress import log
 
@@ -79,7 +80,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corp
                    help="tokenizer (llama2.c .bin, tokenizer.json, corpus or tokenizer directory); "
                         "default: found next to the model")
     g.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads(g)
     if corpus:
         c = p.add_argument_group("corpus")
         c.add_argument("--corpus", required=corpus_required,
@@ -90,11 +91,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corp
 
 
 def setup_torch(args: argparse.Namespace) -> None:
-    if getattr(args, "threads", None) is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be ≥ 1, got {args.threads}", "e.g. --threads 2")
-        import torch
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
 
 
 def load_model_and_codec(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .options import add_threads, apply_threads
 from ..errors import ConfigError
 
 
@@ -99,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--overwrite", action="store_true", help="recompute an existing segment")
     o.add_argument("--report", action="store_true", help="build report.html from the stored segments")
     o.add_argument("--ci", default="t", choices=["t", "bootstrap"], help="interval over items (default t)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (use training's for bit-exact replay)")
+    add_threads(p, help="torch CPU threads (use training's for a bit-exact replay)")
 
 
 def _sites(args: argparse.Namespace) -> Any:
@@ -117,11 +118,7 @@ def _sites(args: argparse.Namespace) -> Any:
 def cmd_attribute(args: argparse.Namespace) -> int:
     from ..attribution.replay import attribute_run
     from ..attribution.store import write_report
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be ≥ 1, got {args.threads}", "e.g. --threads 1")
-        import torch
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     sites = _sites(args)
     if sites is None and not args.report:
         raise ConfigError("nothing to do", "pass --sites (or --layers/--positions) to attribute, and/or --report")

@@ -10,14 +10,16 @@
 ``ntp train`` runs data-parallel under ``torchrun --nproc_per_node W -m originlens ntp train ...``
 (:mod:`originlens.train.parallel`; rank 0 writes and prints).  Every
 :class:`~originlens.train.ntp.NTPConfig` field has a flag; unset flags keep the paper's per-task defaults
-(its hyper-parameter table).  ``--threads N`` sets torch's CPU thread count (process-wide, not recorded in
-the config).
+(its hyper-parameter table).  ``--threads N`` sets torch's CPU thread count (process-wide; not part of the config,
+but recorded in ``environment.json`` at the start and at every resume, and a CPU run resumed with another
+count than it started with warns: its later weights differ in the last bits from an uninterrupted run).
 """
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from .options import add_threads, apply_threads
 from ..errors import ConfigError
 
 def _int_list(s: str) -> list[int]:
@@ -99,7 +101,7 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
     g.add_argument("--task-option", dest="task_options", action="append", type=_task_option, default=None,
                    metavar="KEY=VALUE", help="a task option, repeatable (tinystories: syntax_features=true, "
                                              "annotator=spacy|lingua|gold, spacy_model=NAME, syntax_labels=all|tags|deps)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_threads(p)
     p.add_argument("--overwrite", action="store_true", help="replace runs with a different configuration")
 
 
@@ -114,18 +116,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _threads(args: argparse.Namespace) -> None:
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be ≥ 1, got {args.threads}", "e.g. --threads 1")
-        import torch
-        torch.set_num_threads(args.threads)
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
     from ..distributed import init
     from ..train.ntp import NTPConfig, Trainer
-    _threads(args)
+    apply_threads(args)
     cfg = NTPConfig(task=args.task, regime=args.regime, seed=args.seed, **_overrides(args))
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other", "pass one of them")
@@ -148,7 +142,7 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     if env_world()[1] > 1:
         raise ConfigError("ntp grid does not run under torchrun (every process would train the whole grid)",
                           "run it as one process, or train the runs one by one with torchrun ... ntp train")
-    _threads(args)
+    apply_threads(args)
     regimes = [r.strip() for r in args.regimes.split(",") if r.strip()] if args.regimes else list(REGIMES)
     cfg = GridConfig(task=args.task, regimes=regimes, seeds=args.seeds, overrides=_overrides(args),
                      confidence=args.confidence)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from .options import add_threads, apply_threads
 from ..errors import ConfigError
 
 PAPER = dict(n_layer=6, d_model=256, n_head=4, batch_size=1024, steps=5000, eval_size=20480,
@@ -350,7 +351,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--human-games", default=None, help="WTHOR .wtb file or one game per line (f5d6c3...)")
     h.add_argument("--compare-games", type=int, default=None, help="synthetic games next to them (2000)")
     p.add_argument("--device", default=None, help="cpu | cuda")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_threads(p)
 
 
 def config_from_args(args: argparse.Namespace) -> OthelloExperimentConfig:
@@ -360,11 +361,7 @@ def config_from_args(args: argparse.Namespace) -> OthelloExperimentConfig:
 
 
 def cmd_othello(args: argparse.Namespace) -> int:
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be ≥ 1, got {args.threads}", "e.g. --threads 1")
-        import torch
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     record = run_othello_experiment(config_from_args(args), args.out)
     print("\n".join(summary_lines(record)))
     print(f"{args.out}/experiment.json, {args.out}/report.md, {record['attribution']['report']}")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .options import add_threads, apply_threads
+
 
 def cmd_othello(args: argparse.Namespace) -> int:
     from ..experiments.othello import OthelloConfig, run_othello
     from ..experiments.results import command_line
-    from .ntp_cmd import _threads
-    _threads(args)
+    apply_threads(args)
     overrides = {k: getattr(args, k) for k in ("n_layer", "d_model", "n_head", "batch_size", "steps", "eval_size",
                                                "othello_pool", "positions", "attribute_steps", "record_every")
                  if getattr(args, k) is not None}
@@ -51,5 +52,5 @@ def add_parser(esub: Any) -> None:
     o.add_argument("--random-directions", type=int, default=2, help="null directions per probe (2)")
     o.add_argument("--jobs", type=int, default=1, help="seeds trained and attributed in parallel processes (1)")
     o.add_argument("--device", default=None, help="cpu | cuda")
-    o.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads(o)
     o.set_defaults(func=cmd_othello)

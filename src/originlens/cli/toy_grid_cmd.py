@@ -9,14 +9,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .options import apply_threads
 from ..errors import ConfigError
 
 
 def cmd_grid(args: argparse.Namespace) -> int:
     from ..experiments.results import command_line
     from ..experiments.toy_grid import ToyGridConfig, run_toy_grid
-    from .ntp_cmd import _overrides, _threads
-    _threads(args)
+    from .ntp_cmd import _overrides
+    apply_threads(args)
     if args.overwrite:
         raise ConfigError("the experiment resumes its runs and never overwrites them",
                           "remove the --out directory to start over")

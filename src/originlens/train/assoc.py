@@ -427,7 +427,22 @@ class AssocTrainer:
                        "stats_source": self.stats_source, "device": str(self.device),
                        "device_name": (torch.cuda.get_device_name(self.device)
                                        if self.device.type == "cuda" else "cpu")})
+        else:
+            self._warn_thread_change()
         return start
+
+    def _warn_thread_change(self) -> None:
+        """A CPU run resumed with another torch thread count than it started with (``environment.json``)
+        warns: matrix products reduce in a thread-dependent order, so later weights differ in the last bits
+        from an uninterrupted run."""
+        env = self.run_dir.file("environment.json")
+        if self.device.type != "cpu" or not env.is_file() or dist_.world()[0] != 0:
+            return
+        was, now = read_json(env).get("torch_threads"), torch.get_num_threads()
+        if was is not None and int(was) != now:
+            log(f"warning: {self.run_dir.path} started with {was} torch thread(s) and resumes with {now}; on "
+                f"CPU the weights after this point differ in the last bits from an uninterrupted run "
+                f"(pass --threads {was} for a bit-identical resume)", level=0)
 
     @staticmethod
     def _wipe(path: Path) -> None:

@@ -57,7 +57,6 @@ and evaluates without probes; training in bfloat16/float16 is refused (Adam stat
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import math
@@ -848,7 +847,23 @@ class Trainer:
                 raise CompatibilityError(
                     f"{self.run_path} was started on other data (differs in: {', '.join(changed)})",
                     "resume on the data the run started with, or pass --overwrite to start over")
+        self._thread_history = self._threads_used(env if resumed else None)
         self._write_environment_file(hashes)
+
+    def _threads_used(self, env: Path | None) -> list[int]:
+        """The torch CPU thread counts of the run's start and each resume (this one last).  A CPU run resumed
+        with another count than it started with gets a warning: matrix products reduce in a thread-dependent
+        order, so its later weights differ in the last bits from an uninterrupted run (docs/reliability.md)."""
+        now = torch.get_num_threads()
+        if env is None or not env.is_file():
+            return [now]
+        before = read_json(env)
+        history = [int(t) for t in before.get("torch_threads_history") or [before.get("torch_threads", now)]]
+        if self.device.type == "cpu" and history[0] != now and self._writer:
+            log(f"warning: {self.run_path} started with {history[0]} torch thread(s) and resumes with {now}; "
+                f"on CPU the weights after this point differ in the last bits from an uninterrupted run "
+                f"(pass --threads {history[0]} for a bit-identical resume)", level=0)
+        return history + [now]
 
     def _data_hashes(self) -> dict[str, str]:
         hashes: dict[str, str] = {}
@@ -878,6 +893,7 @@ class Trainer:
                                 f"{self.config.task}.sample({self.config.eval_size}, numpy.random.default_rng("
                                 f"[eval_seed, {EVAL_STREAM}]))"),
                    "device": str(self.device), "torch_threads": torch.get_num_threads(),
+                   "torch_threads_history": getattr(self, "_thread_history", [torch.get_num_threads()]),
                    "processes": dist_.world()[1],
                    "gpt_config": self.gpt_config.to_dict(), "num_params": self.model.num_params(),
                    "corpus": self._corpus_info or None})

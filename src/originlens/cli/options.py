@@ -1,0 +1,35 @@
+"""Command-line options shared by several commands, defined once.
+
+* :func:`add_threads` / :func:`apply_threads`: ``--threads N`` (torch's CPU thread count, process-wide).
+  ``N`` must be an integer ≥ 1; anything else is an argparse error (one line, status 2).  On CPU the
+  thread count can change the last bits of matrix products; ``ntp train`` records it in
+  ``environment.json`` and warns when a run is resumed with another count (docs/reliability.md).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def positive_int(s: str) -> int:
+    """argparse type: an integer ≥ 1."""
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 1, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 1, got {v}")
+    return v
+
+
+def add_threads(p: Any, help: str = "torch CPU threads (default: torch's choice)") -> None:
+    """Add ``--threads N`` to parser or argument group ``p``."""
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N", help=help)
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """Set torch's CPU thread count from ``args.threads`` when given (imports torch only then)."""
+    n = getattr(args, "threads", None)
+    if n is not None:
+        import torch
+        torch.set_num_threads(int(n))
