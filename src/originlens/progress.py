@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, TypeVar
 
-from tqdm.auto import tqdm
+if TYPE_CHECKING:
+    from tqdm.auto import tqdm
 
 T = TypeVar("T")
 _VERBOSITY: int | None = None  # None = automatic, 0 = quiet, 1 = normal, 2 = verbose
@@ -107,12 +108,13 @@ def _duration(seconds: float) -> str:
 
 
 def progress(iterable: Iterable[T] | None = None, *, total: int | None = None, desc: str = "",
-             unit: str = "it", **kw) -> Iterator[T] | tqdm | Heartbeat:
+             unit: str = "it", **kw) -> "Iterator[T] | tqdm | Heartbeat":
     """A tqdm bar with rate and ETA on a terminal; without one (and not asked to be quiet) a
     :class:`Heartbeat`; nothing when quiet."""
     if verbosity() < 1 and _VERBOSITY is None and heartbeat_seconds() > 0:
         return Heartbeat(iterable, total=total, desc=desc, unit=unit, initial=int(kw.get("initial", 0)),
                          every=heartbeat_seconds())
+    from tqdm.auto import tqdm                    # imported on first use: the CLI's start-up stays light
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=verbosity() < 1,
                 dynamic_ncols=True, leave=False, **kw)
 

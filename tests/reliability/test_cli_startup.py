@@ -2,6 +2,8 @@
 ``stats``) never import torch (≈2 s); registering a command imports only what its parser needs."""
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
@@ -52,3 +54,24 @@ def test_lm_help_lists_every_registered_model_format():
     from originlens.lm.loading import MODEL_FORMATS, detect_format
     assert list(lm_cmd.FORMAT_NAMES) == [f.name for f in MODEL_FORMATS]
     assert lm_cmd.MODEL_FORMATS is MODEL_FORMATS and lm_cmd.detect_format is detect_format   # lazy re-exports
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.0, 2.0])
+def test_ctrl_c_at_any_moment_of_start_up_is_one_line(tmp_path, delay):
+    """SIGINT while the interpreter imports the package and torch, parses, or sets a run up: one line, 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from _helpers import SUBPROCESS_ENV
+
+    proc = subprocess.Popen([sys.executable, "-m", "originlens", "ntp", "train", "--task", "majority", "--steps",
+                             "100000", "--out", str(tmp_path / "r")], env=SUBPROCESS_ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("originlens: interrupted"), err

@@ -415,3 +415,87 @@ def test_stats_full_disk_and_read_only_keep_previous(corpus, tmp_path, monkeypat
     err = capsys.readouterr().err
     assert err.startswith("originlens: error: cannot write") and err.count("\n") == 1, err
     assert (out / "statistics.safetensors").read_bytes() == before
+
+
+# ------------------------------------------------------------------ SIGTERM / SIGINT: checkpoint, then stop
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_ntp_train_signal_checkpoints_the_current_update_and_resumes_bit_identically(ntp_ref, tmp_path, sig):
+    from originlens.interrupts import Interrupted
+    from originlens.train.ntp import NTPConfig, Trainer
+
+    cfg = NTPConfig(task="cond-majority", d_model=16, n_head=2, batch_size=16, steps=12, eval_size=64,
+                    log_every=1, eval_every=0, probe_every=0, checkpoint_every=5)
+    run = tmp_path / "run"
+    tr = Trainer(cfg, run)
+    tr.callbacks["on_step_end"].append(lambda t: os.kill(os.getpid(), sig) if t.step == 7 else None)
+    with pytest.raises(Interrupted) as exc:
+        tr.run()
+    name = signal.Signals(sig).name
+    assert exc.value.signal_name == name and exc.value.exit_code == (143 if sig == signal.SIGTERM else 130)
+    assert f"{name} at update 7/12" in exc.value.message and "step-000007.safetensors" in exc.value.message
+    assert (run / "checkpoints" / "step-000007.safetensors").is_file()      # the update it was in
+    assert not (run / "model.safetensors").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL                 # handlers restored
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert in_process([*NTP, "--out", run, "--resume"]) == 0
+    assert_same_tensors(run / "model.safetensors", ntp_ref / "model.safetensors")
+    assert metric_records(run) == metric_records(ntp_ref)
+
+
+def test_ntp_train_sigterm_from_outside_is_one_line_and_resumes(tmp_path):
+    args = [a if a != "12" else "400" for a in NTP]
+    args[args.index("--checkpoint-every") + 1] = "100"
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "originlens", "-q", *args, "--out", str(run)],
+                            env=SUBPROCESS_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    metrics = run / "metrics.jsonl"
+    while (not metrics.exists() or metrics.stat().st_size == 0) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:        # pragma: no cover - the run outpaced the polling
+        pytest.skip("the run finished before the signal")
+    assert proc.returncode == 143, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("originlens: interrupted by SIGTERM at update "), err
+    step = int(lines[0].split("at update ")[1].split("/")[0])
+    assert (run / "checkpoints" / f"step-{step:06d}.safetensors").is_file() and "--resume" in lines[0]
+    assert in_process([*args, "--out", run, "--resume"]) == 0
+    assert json.loads((run / "summary.json").read_text())["finished"]
+
+
+def test_assoc_train_sigterm_checkpoints_and_resumes_bit_identically(tmp_path):
+    import dataclasses as dc
+
+    import numpy as np
+
+    from originlens.interrupts import Interrupted
+    from originlens.train import AssocTrainConfig, train_assoc
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 12, size=(64, 9))
+    c = AssocTrainConfig(steps=10, batch_size=16, lr=0.05, seed=0, data_seed=0, checkpoint_every=4, log_every=1,
+                         out=str(tmp_path / "full"))
+    full = train_assoc(tokens, 12, c)
+
+    class Term:
+        def on_step_end(self, tr):
+            if tr.step == 6:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    cut = dc.replace(c, out=str(tmp_path / "cut"))
+    with pytest.raises(Interrupted) as exc:
+        train_assoc(tokens, 12, cut, callbacks=[Term()])
+    assert "SIGTERM at step 6/10" in exc.value.message and exc.value.exit_code == 143
+    assert (tmp_path / "cut" / "checkpoints" / "step-000006.safetensors").is_file()
+    resumed = train_assoc(tokens, 12, cut, resume=True)
+    assert resumed.resumed_from == 6
+    for k, v in full.model.state_dict().items():
+        assert torch_equal(v, resumed.model.state_dict()[k])
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+    return bool(torch.equal(a, b))

@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from ..errors import OriginlensError
+from ..interrupts import Interrupted, terminate_as_interrupt
 from ..progress import set_verbosity
 
 # One module per concept; each has register(subparsers).
@@ -65,6 +66,16 @@ def _chosen_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status.  Ctrl-C at any
+    moment, parsing and the commands' own imports included, ends with one line and status 130."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:
+        print("originlens: interrupted (partial outputs were not published)", file=sys.stderr)
+        return 143 if str(exc) == "SIGTERM" else 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.quiet:
@@ -79,13 +90,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.log_to is not None:
             from ..sinks import set_sinks
             set_sinks(args.log_to)
-        rc = args.func(args)
+        with terminate_as_interrupt():          # SIGTERM takes the same clean path as Ctrl-C
+            rc = args.func(args)
     except OriginlensError as exc:
         print(f"originlens: error: {exc.one_line()}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except Interrupted as exc:                  # a training loop checkpointed before stopping
+        print(f"originlens: interrupted by {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:
         print("originlens: interrupted (partial outputs were not published)", file=sys.stderr)
-        return 130
+        return 143 if str(exc) == "SIGTERM" else 130
     finally:
         from ..runs import release_all_locks
         from ..sinks import close_all, reset_sinks

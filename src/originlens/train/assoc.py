@@ -62,6 +62,7 @@ import json
 import math
 import re
 import shutil
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -72,6 +73,7 @@ import torch
 from .. import distributed as dist_
 from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
 from ..models.assoc import CHECKPOINT_KIND, MODEL_KIND, AssocConfig, AssocModel
+from ..interrupts import Interrupted, deferred
 from ..progress import log, progress
 from ..runs import RunDir, to_jsonable
 from ..storage import atomic_write_text, load_tensors, read_json, save_tensors, vocab_hash
@@ -680,7 +682,7 @@ class AssocTrainer:
             self.run_dir.log_metrics({"event": "resume", "step": start, "from": str(self.last_checkpoint)})
         bar = progress(total=self.total_steps, desc=f"assoc {self.cfg.optimizer}", unit="step")
         bar.update(start)
-        try:
+        with deferred() as signalled, closing(bar):
             while self.step < self.total_steps:
                 batch = self._next_batch()
                 self.loss = self._train_step(batch)
@@ -693,7 +695,8 @@ class AssocTrainer:
                 if s % 10 == 0 or s == self.total_steps:
                     bar.set_postfix(loss=f"{self.loss:.4f}")
                 self._call("on_step_end")
-                self._stop = dist_.any_rank(self._stop)      # a stop on one rank stops all of them
+                # a stop on one rank stops all of them; SIGINT/SIGTERM is a stop request (checkpoint, then raise)
+                self._stop = dist_.any_rank(self._stop or signalled.requested)
                 if self._is_checkpoint_step(s) or self._stop:
                     parallel.check_in_sync(self.model.parameters(), f"step {s}")
                     cmp = self._compare()
@@ -711,8 +714,10 @@ class AssocTrainer:
                 if self._stop and self.step < self.total_steps:
                     result.stopped_early = True
                     break
-        finally:
-            bar.close()
+        if signalled.requested and result.stopped_early:
+            where = self.last_checkpoint if self.run_dir is not None else "none (no run directory)"
+            raise Interrupted(f"{signalled.signal} at step {self.step}/{self.total_steps}: checkpoint {where} "
+                              f"written; continue with --resume", signalled.signal or "SIGINT")
         result.step = self.step
         if self.run_dir is not None and self.step >= self.total_steps:
             self._save_final()

@@ -61,6 +61,7 @@ import io
 import json
 import math
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -72,6 +73,7 @@ from .. import distributed as dist_
 from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
 from ..models.gpt import GPT, GPTConfig, REGIMES
 from ..probes import ProbeMetrics, ProbeSet, fit_probes
+from ..interrupts import Interrupted, deferred
 from ..progress import log, progress
 from ..runs import RunDir, to_jsonable
 from ..storage import atomic_save_npy, atomic_write_bytes, atomic_write_json, load_tensors, read_json, \
@@ -673,7 +675,7 @@ class Trainer:
         bar = progress(total=cfg.steps, initial=start, desc=f"{cfg.task}/{cfg.regime}/s{cfg.seed}", unit="step")
         window: list[float] = []
         self.model.train()
-        try:
+        with deferred() as stop, closing(bar):
             for b in range(start, cfg.steps):
                 x = torch.from_numpy(self.data.batch(b)).to(self.device)
                 loss = parallel.shard_loss(self.model, x)     # this rank's rows of the global batch
@@ -706,8 +708,8 @@ class Trainer:
                     dist_.rank_zero_only(self._evaluate, probe=probe_now)
                 if _due(self.step, cfg.checkpoint_every):
                     self._checkpoint()
-        finally:
-            bar.close()
+                if dist_.any_rank(stop.requested):
+                    self._stop_on_signal(stop.signal or "SIGINT")
         self.step = cfg.steps
         dist_.rank_zero_only(self._evaluate, probe=self._can_probe())   # probes always at the end
         cks = list_checkpoints(self.run_path)
@@ -1044,6 +1046,16 @@ class Trainer:
         self.last_probe = probe_summary(metrics, self.task.tracked)
         self.rundir.log_metrics({"event": "probe", "step": self.step, **self.last_probe})
         self._fire("on_probe")
+
+    def _stop_on_signal(self, name: str) -> None:
+        """SIGINT/SIGTERM arrived during training: checkpoint the current update (unless it just was) and
+        raise :class:`~originlens.interrupts.Interrupted` naming it."""
+        cks = list_checkpoints(self.run_path)
+        if not cks or cks[-1][0] != self.step:
+            self._checkpoint()
+        where = self.last_checkpoint or checkpoint_path(self.rundir, self.step)
+        raise Interrupted(f"{name} at update {self.step}/{self.config.steps}: checkpoint {where} written; "
+                          f"continue with --resume", name)
 
     def _checkpoint(self) -> None:
         parallel.check_in_sync(self.model.parameters(), f"update {self.step}")
