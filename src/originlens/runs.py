@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import platform
 import subprocess
 import sys
@@ -97,7 +98,40 @@ def hold_lock(path: str | os.PathLike) -> Path:
     key = str(p.resolve())
     if key not in _HELD:
         _HELD[key] = _acquire(p)
+        try:
+            _tidy_run_tree(p)
+        except BaseException:
+            release_lock(p)
+            raise
     return p
+
+
+_ORPHAN_TMP = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp")   # storage.atomic_write's temporary names
+
+
+def _tidy_run_tree(root: Path) -> None:
+    """Run when a process takes a run's lock (so no other writer of the run is alive): refuse symbolic
+    links inside the run (a planted link would make the run write outside its directory) and remove the
+    temporary files of writes a killed process never finished (``.NAME.XXXXXXXX.tmp``).  Sub-directories
+    with their own lock file are other runs (e.g. an experiment's per-seed runs) and are left to their own
+    writer."""
+    from .errors import ConfigError
+    removed = 0
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        d = Path(dirpath)
+        for name in list(dirnames) + filenames:
+            if (d / name).is_symlink():
+                raise ConfigError(f"{d / name} is a symbolic link (to {os.readlink(d / name)}) inside the run "
+                                  f"directory {root}; runs write their files in place, never through links",
+                                  "remove the link (or copy what it points to), or choose another --out")
+        dirnames[:] = [n for n in dirnames if not (d / n / LOCK_FILE).exists()]
+        for name in filenames:
+            if _ORPHAN_TMP.fullmatch(name):
+                (d / name).unlink(missing_ok=True)
+                removed += 1
+    if removed:
+        from .progress import log
+        log(f"{root}: removed {removed} temporary file(s) left by an interrupted write")
 
 
 def release_lock(path: str | os.PathLike) -> None:
