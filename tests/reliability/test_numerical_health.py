@@ -86,3 +86,22 @@ def test_resume_from_the_last_good_checkpoint_after_a_numerical_error(tmp_path):
     resumed.run()
     for (n, a), (_, b) in zip(ref.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.equal(a, b), n
+
+
+def test_resume_refuses_a_checkpoint_with_non_finite_values(tmp_path):
+    """A checkpoint whose weights or Adam state hold NaN/Inf (a disk error, a hand edit) is never resumed
+    from as if it were good: one error naming it and the earlier checkpoint to resume from instead."""
+    from originlens.storage import load_tensors, save_tensors
+    Trainer(NTPConfig(**{**TINY, "steps": 6}), tmp_path / "run").run()
+    last = tmp_path / "run" / "checkpoints" / "step-000006.safetensors"
+    arrays, meta = load_tensors(last)
+    key = next(k for k in arrays if k.startswith("adam.") and arrays[k].ndim == 2)
+    arrays[key] = np.full_like(arrays[key], math.nan)
+    save_tensors(last, arrays, kind=meta.pop("kind"), metadata={k: v for k, v in meta.items() if k != "format_version"})
+    (tmp_path / "run" / "summary.json").unlink()
+    (tmp_path / "run" / "model.safetensors").unlink()
+    with pytest.raises(NumericalError) as ei:
+        Trainer(NTPConfig(**{**TINY, "steps": 8}), tmp_path / "run", resume=True).run()
+    msg = str(ei.value)
+    assert "step-000006.safetensors holds non-finite values" in msg and "adam." in msg
+    assert "delete it to resume from" in msg and "step-000004.safetensors" in msg

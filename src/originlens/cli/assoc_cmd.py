@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .options import add_threads, apply_threads
+from .options import add_threads, apply_threads, utf8_text
 from ..errors import CompatibilityError, ConfigError, InputError
 from ..stats.assoc import BASES
 
@@ -52,7 +52,7 @@ def _register_top(asub) -> None:
                                     "column (what maps to it) in a basis matrix of saved statistics.")
     t.add_argument("--stats", required=True, help="directory written by `originlens stats`")
     t.add_argument("--basis", choices=BASES, default="bigram", help="which matrix (default bigram)")
-    t.add_argument("--word", required=True, action="append",
+    t.add_argument("--word", required=True, action="append", type=utf8_text,
                    help="token string (or integer id); repeat for several")
     t.add_argument("-k", type=int, default=10, help="how many associations (default 10)")
     t.add_argument("--direction", choices=["row", "column", "both"], default="both")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ConfigError, InputError
+from .options import utf8_text
 
 if TYPE_CHECKING:
     from ..lm.adapter import LMAdapter
@@ -163,7 +164,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--tokenizer", default=None,
                    help="tokenizer (llama2.c .bin, tokenizer.json, corpus or tokenizer directory); "
                         "default: found next to the model")
-    g.add_argument("--prompt", default="", help="text to continue (default: none)")
+    g.add_argument("--prompt", type=utf8_text, default="", help="text to continue (default: none)")
     g.add_argument("--max-new-tokens", type=_non_negative_int, default=256, help="default 256")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--greedy", action="store_true", help="always take the most likely token (default)")

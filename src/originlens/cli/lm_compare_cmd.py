@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .options import add_threads, apply_threads
+from .options import add_threads, apply_threads, finite_float
 from ..errors import ConfigError, InputError
 
 
@@ -248,7 +248,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--window", type=int, default=128, help="tokens per text window incl. BOS (default 128)")
     s.add_argument("--max-texts", type=int, default=None, help="use at most N texts / windows")
     s.add_argument("--bos", default="auto", help="auto (the model's BOS) | none | TOKEN_ID")
-    s.add_argument("--centering", type=float, default=None, help="centring constant (default 1/|V| of the model)")
+    s.add_argument("--centering", type=finite_float, default=None, help="centring constant (default 1/|V| of the model)")
     c = p.add_argument_group("comparison")
     c.add_argument("--layers", type=_int_list, default=None, help="1-based layers, e.g. 1-24 (default all)")
     c.add_argument("--heads-layers", type=_int_list, default=None, help="1-based layers for per-head maps, e.g. 2,13,24")

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .options import add_threads, apply_threads
+from .options import add_threads, apply_threads, utf8_text
 from ..errors import CompatibilityError, ConfigError, InputError
 from ..progress import log
 
@@ -559,7 +559,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--samples", type=int, default=64, help="samples per condition (default 64)")
     g.add_argument("--max-new-tokens", type=int, default=20, help="default 20")
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1)")
-    g.add_argument("--prompt", default="", help="text after BOS (default: BOS only)")
+    g.add_argument("--prompt", type=utf8_text, default="", help="text after BOS (default: BOS only)")
     g.add_argument("--seed", type=int, default=42, help="sampling seed, shared by all conditions (default 42)")
     g.add_argument("--show", type=int, default=5, help="samples per condition shown in the report")
     s.set_defaults(func=cmd_steer)

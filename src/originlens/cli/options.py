@@ -33,3 +33,27 @@ def apply_threads(args: argparse.Namespace) -> None:
     if n is not None:
         import torch
         torch.set_num_threads(int(n))
+
+
+def finite_float(s: str) -> float:
+    """argparse type: a finite real number (``nan`` and ``inf`` are usage errors)."""
+    import math
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {s}")
+    return v
+
+
+def utf8_text(s: str) -> str:
+    """argparse type: text that is valid UTF-8 (Python passes undecodable argument bytes as surrogates,
+    which no tokenizer can encode)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = s[exc.start:exc.end].encode("utf-8", "surrogateescape")
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text (bytes {bad!r} at character {exc.start}); "
+                                         f"pass the text in UTF-8") from None
+    return s

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..progress import log
+from .options import finite_float
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", help="an (N, T+1) integer .npy file instead of a corpus directory")
     p.add_argument("--vocab-size", type=int, help="|V| (required with --tokens; default: the corpus's)")
     p.add_argument("--top-k", type=int, help="restrict to the K most frequent tokens (matrices K×K)")
-    p.add_argument("--centering", type=float,
+    p.add_argument("--centering", type=finite_float,
                    help="centring constant c of the targets (default 1/|V|, the model softmax at init)")
     p.add_argument("--pad-id", type=int, help="token id whose pairs are not counted (padding)")
     p.add_argument("--max-windows", type=int, help="use only the first N windows (e.g. the first batch)")

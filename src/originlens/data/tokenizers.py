@@ -260,6 +260,11 @@ class BPETokenizer(_HFBacked):
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(BPE_SPECIALS),
                                       show_progress=False)
         tok.train_from_iterator(docs, trainer=trainer)
+        got = tok.get_vocab_size()
+        if got > vocab_size:    # the trainer always keeps every character it saw, whatever vocab_size says
+            raise ConfigError(f"a BPE vocabulary of {vocab_size} ids cannot cover this text: its special tokens and "
+                              f"the characters it contains already take {got} ids",
+                              f"pass --vocab-size ≥ {got} (or the word tokenizer)")
         return cls(tok, wrap=wrap)
 
     def encode(self, text: str) -> list[int]:

@@ -31,6 +31,7 @@ that of the unrestricted corpus).  Accumulators are float64; ``dtype`` only sets
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -195,6 +196,12 @@ class FirstOrderSums:
         self.table = _remap_table(self.vocab_size, self.token_ids, pad_id)
         self.K = self.vocab_size if self.token_ids is None else len(self.token_ids)
         self.centering = float(1.0 / self.vocab_size if centering is None else centering)
+        if not math.isfinite(self.centering):
+            raise ConfigError(f"centering must be a finite number, got {centering!r}",
+                              "omit it for the paper's 1/|V|, or pass e.g. --centering 0")
+        if pad_id is not None and (isinstance(pad_id, bool) or not 0 <= int(pad_id) < self.vocab_size):
+            raise ConfigError(f"pad id {pad_id!r} is not a token id of this vocabulary (0..{self.vocab_size - 1})",
+                              "pass the id of the padding token, or omit --pad-id")
         self.pad_id = pad_id
         self.n_pairs = 0
         self.unigram = np.zeros(self.K, dtype=np.int64)           # counted x_t in the set
@@ -370,6 +377,8 @@ def corpus_statistics(tokens: np.ndarray | Iterable[np.ndarray], vocab_size: int
     ``mask`` (N, T) marks counted pairs; ``pad_id`` excludes pairs touching a pad.
     ``tokens`` may be a memory-mapped array (read in chunks of ``chunk_size`` windows).
     """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ConfigError(f"chunk size must be an integer ≥ 1, got {chunk_size!r}", "e.g. --chunk-size 1024")
     arr = _check_tokens(tokens, vocab_size)
     if mask is not None and np.asarray(mask).shape != (arr.shape[0], arr.shape[1] - 1):
         raise InputError(f"mask shape {np.asarray(mask).shape} does not match (N, T) = "

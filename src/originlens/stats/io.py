@@ -71,11 +71,59 @@ def load_statistics(path: str | Path, *, expect_vocab_hash: str | None = None) -
     m = {k: _decode(v) for k, v in meta.items() if k not in ("format_version", "kind")}
     vocab_file = file.parent / "vocab.json"
     vocab = read_json(vocab_file) if vocab_file.exists() else None
-    tok = m.get("token_ids")
-    uni = m.get("unigram")
-    return CorpusStatistics(**{k: arrays[k] for k in STAT_KEYS}, n_pairs=int(m["n_pairs"]),
-                            vocab_size=int(m["vocab_size"]), seq_len=int(m["seq_len"]),
-                            centering=float(m["centering"]),
-                            unigram=None if uni is None else np.asarray(uni),
-                            token_ids=None if tok is None else np.asarray(tok, dtype=np.int64),
-                            vocab=vocab, meta=m.get("meta") or {})
+    f = _Fields(file, m)
+    size = int(np.asarray(arrays["bigram"]).shape[0])
+    n_pairs, V, T = f.integer("n_pairs", 0), f.integer("vocab_size", 1), f.integer("seq_len", 1)
+    centering = f.number("centering")
+    tok, uni = m.get("token_ids"), m.get("unigram")
+    token_ids = None if tok is None else f.array("token_ids", np.int64, size, low=0, high=V - 1)
+    unigram = None if uni is None else f.array("unigram", np.float64, size)
+    if size > V or ("size" in m and m["size"] != size):
+        f.bad("size", f"{m.get('size')!r} with {size}×{size} matrices and vocab_size {V}")
+    if not isinstance(m.get("meta") or {}, dict):
+        f.bad("meta", repr(m.get("meta"))[:60])
+    return CorpusStatistics(**{k: arrays[k] for k in STAT_KEYS}, n_pairs=n_pairs, vocab_size=V, seq_len=T,
+                            centering=centering, unigram=unigram, token_ids=token_ids, vocab=vocab,
+                            meta=m.get("meta") or {})
+
+
+class _Fields:
+    """Typed reads of a statistics file's metadata: a missing or malformed field is one InputError."""
+
+    def __init__(self, file: Path, meta: dict[str, Any]) -> None:
+        self.file, self.meta = file, meta
+
+    def bad(self, key: str, got: str) -> None:
+        raise InputError(f"{self.file} has malformed metadata: {key} = {got}",
+                         "the file was edited or written by another program; recompute it with `originlens stats`")
+
+    def _get(self, key: str) -> Any:
+        if key not in self.meta:
+            raise InputError(f"{self.file} lacks the metadata field {key!r}",
+                             "recompute it with `originlens stats`")
+        return self.meta[key]
+
+    def integer(self, key: str, low: int) -> int:
+        v = self._get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            self.bad(key, f"{v!r} (expected an integer ≥ {low})")
+        return int(v)
+
+    def number(self, key: str) -> float:
+        v = self._get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+            self.bad(key, f"{v!r} (expected a finite number)")
+        return float(v)
+
+    def array(self, key: str, dtype: Any, length: int, low: float | None = None,
+              high: float | None = None) -> np.ndarray:
+        v = self.meta[key]
+        try:
+            a = np.asarray(v, dtype=dtype)
+        except (TypeError, ValueError):
+            a = None
+        if (a is None or a.shape != (length,) or not np.all(np.isfinite(a))
+                or (low is not None and a.size and a.min() < low) or (high is not None and a.size and a.max() > high)):
+            self.bad(key, f"{str(v)[:60]!r} (expected {length} numbers"
+                     + (f" in {low:g}..{high:g}" if low is not None and high is not None else "") + ")")
+        return a

@@ -222,12 +222,14 @@ class NTPConfig:
             need_int("eval_seed", 0)
         for name in ("lr", "eps"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ConfigError(f"{name} must be a positive number, got {v!r}", f"e.g. {name}=1e-3")
+            # the upper bound: Adam's bias-corrected step lr / (1 - β1^t) must stay inside float32
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1e30:
+                raise ConfigError(f"{name} must be a positive number ≤ 1e30, got {v!r}", f"e.g. {name}=1e-3")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas!r}", "use (0.9, 0.999)")
-        if not 0 < self.probe_train_frac < 1 or self.probe_alpha < 0:
-            raise ConfigError("need 0 < probe_train_frac < 1 and probe_alpha ≥ 0", "use 0.7 and 1.0")
+        if not 0 < self.probe_train_frac < 1 or not (math.isfinite(self.probe_alpha) and self.probe_alpha >= 0):
+            raise ConfigError(f"need 0 < probe_train_frac < 1 and a finite probe_alpha ≥ 0, got "
+                              f"{self.probe_train_frac!r} and {self.probe_alpha!r}", "use 0.7 and 1.0")
         if self.dtype not in TRAIN_DTYPES:
             raise ConfigError(f"training dtype {self.dtype!r} is not supported",
                               f"use one of: {', '.join(TRAIN_DTYPES)} (Adam state underflows in 16 bits)")
@@ -915,6 +917,15 @@ class Trainer:
         loaded = load_checkpoint(path, self.model, self.optimizer, expect_vocab_hash=self.vocab_hash)
         if loaded != step:
             raise CompatibilityError(f"{path} says step {loaded}", "the checkpoint was renamed; remove it")
+        bad = [n for n, t in [*self.model.named_parameters(), *(
+            (f"adam.{i}.{k}", v) for i, st in enumerate(self.optimizer.state.values())
+            for k, v in st.items() if torch.is_tensor(v))] if not bool(torch.isfinite(t).all())]
+        if bad:
+            earlier = [str(p) for s_, p in cks if s_ < step]
+            raise NumericalError(f"checkpoint {path} holds non-finite values (in {', '.join(bad[:3])}"
+                                 + (" …" if len(bad) > 3 else "") + "); it is not a good checkpoint to resume from",
+                                 f"delete it to resume from {earlier[-1]}" if earlier else
+                                 "delete it, or pass --overwrite to start over")
         if self._writer:
             # Records after the checkpoint are dropped (they are logged again).  The final checkpoint is
             # written after the final eval/probe records of the same step, and run() always evaluates at
