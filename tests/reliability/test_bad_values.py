@@ -117,3 +117,10 @@ def test_malformed_statistics_metadata(corpus, capsys, tmp_path, key, value, nee
     word = json.loads((out / "vocab.json").read_text())[5]
     line = one_error_line(capsys, ["-q", "assoc", "top", "--stats", str(out), "--word", word])
     assert needle in line and "recompute it with `originlens stats`" in line
+
+
+def test_a_capitalised_word_points_to_its_lower_case_form(corpus, capsys):
+    vocab = json.loads((corpus / "s" / "vocab.json").read_text())
+    word = next(w for w in vocab if w.isalpha() and len(w) > 2)
+    line = one_error_line(capsys, ["-q", "assoc", "top", "--stats", str(corpus / "s"), "--word", word.capitalize()])
+    assert f"but '{word}' is" in line and "lower-cases every word" in line

@@ -55,7 +55,8 @@ def _register_top(asub) -> None:
     t.add_argument("--word", required=True, action="append", type=utf8_text,
                    help="token string (or integer id); repeat for several")
     t.add_argument("-k", type=int, default=10, help="how many associations (default 10)")
-    t.add_argument("--direction", choices=["row", "column", "both"], default="both")
+    t.add_argument("--direction", choices=["row", "column", "both"], default="both",
+                   help="what the word maps to (row), what maps to it (column), or both")
     t.add_argument("--include-self", action="store_true", help="keep the token itself in its list")
     t.add_argument("--json", action="store_true", help="print JSON instead of text")
     t.set_defaults(func=run_top)
@@ -118,7 +119,8 @@ def _register_train(asub) -> None:
     b.add_argument("--full-batch", action="store_true", help="full-batch gradient descent (the theory)")
     t.add_argument("--init", choices=("zero", "gaussian"), default="zero", help="initialisation (default zero)")
     t.add_argument("--init-std", type=float, default=0.0, help="std of the Gaussian init")
-    t.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    t.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                   help="precision of the weights and of the training arithmetic")
     t.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps (0: only the "
                    "final step unless --checkpoint-every-epochs)")
     t.add_argument("--checkpoint-every-epochs", type=float, help="checkpoint every E epochs (paper: 2)")

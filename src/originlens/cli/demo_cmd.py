@@ -13,9 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "OthelloGPT gradient-pathway attribution. Writes RUN/report.html.")
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
     p.add_argument("--corpus", default="auto", help="auto | tinystories | storyworld | PATH")
-    p.add_argument("--vocab-size", type=int, default=1000)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab-size", type=int, default=1000, help="word vocabulary |V| of the demo corpus")
+    p.add_argument("--seq-len", type=int, default=64, help="window length T of the demo corpus")
+    p.add_argument("--seed", type=int, default=0, help="seed of every stage (data order, initialisation)")
     p.add_argument("--stages", default="all",
                    help="all, or a comma-separated subset of statistics,leading,regimes,othello")
     p.add_argument("--quick", action="store_true", help="smaller settings (about a minute; used by the tests)")

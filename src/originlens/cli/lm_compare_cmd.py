@@ -257,7 +257,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also the token-centred cosine (mean row removed; not in the paper)")
     c.add_argument("--token-chunk", type=int, default=4096, help="tokens per model pass (memory bound)")
     c.add_argument("--device", default="cpu", help="device for the comparison matmuls (cpu, cuda)")
-    c.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    c.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                   help="precision of the statistics and of the weight comparisons")
     add_threads(c)
     p.add_argument("--out", required=True, help="run directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison run at --out")

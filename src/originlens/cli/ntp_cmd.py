@@ -162,7 +162,7 @@ def register(subparsers: Any) -> None:
                                    "eval metrics, probes and resumable checkpoints in RUN.")
     t.add_argument("--task", required=True, help="majority | cond-majority | othello | tinystories | language")
     t.add_argument("--regime", default="standard", help="standard | myopic | untied | myopic+untied")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="seed of the initialisation, data order and eval set")
     t.add_argument("--out", required=True, help="run directory")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in RUN")
     _add_overrides(t)

@@ -41,13 +41,16 @@ def add_parser(esub: Any) -> None:
     o.add_argument("--out", required=True, help="experiment directory")
     o.add_argument("--results", default=None, help="results file (default results/othello/othello-SCALE.json)")
     g = o.add_argument_group("overrides of the scale")
-    for flag, dest, typ in (("--layers", "n_layer", int), ("--d-model", "d_model", int), ("--heads", "n_head", int),
-                            ("--batch-size", "batch_size", int), ("--steps", "steps", int),
-                            ("--eval-size", "eval_size", int), ("--othello-pool", "othello_pool", int),
-                            ("--positions", "positions", _int_spec), ("--attribute-steps", "attribute_steps", int),
-                            ("--record-every", "record_every", int),
-                            ("--lr", "lr", float)):
-        g.add_argument(flag, dest=dest, type=typ, default=None)
+    for flag, dest, typ, what in (
+            ("--layers", "n_layer", int, "transformer blocks"), ("--d-model", "d_model", int, "residual width"),
+            ("--heads", "n_head", int, "attention heads"), ("--batch-size", "batch_size", int, "games per step"),
+            ("--steps", "steps", int, "training steps"), ("--eval-size", "eval_size", int, "held-out eval games"),
+            ("--othello-pool", "othello_pool", int, "training games generated once per seed"),
+            ("--positions", "positions", _int_spec, "attributed move positions, e.g. 12,24,36"),
+            ("--attribute-steps", "attribute_steps", int, "attribute updates 1..N"),
+            ("--record-every", "record_every", int, "record the influence at every N-th attributed update"),
+            ("--lr", "lr", float, "Adam learning rate")):
+        g.add_argument(flag, dest=dest, type=typ, default=None, help=f"{what} (default: the scale's)")
     o.add_argument("--attr-layers", type=_int_spec, default=None, help="attributed layers (default all)")
     o.add_argument("--random-directions", type=int, default=2, help="null directions per probe (2)")
     o.add_argument("--jobs", type=int, default=1, help="seeds trained and attributed in parallel processes (1)")

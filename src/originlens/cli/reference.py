@@ -44,10 +44,12 @@ def _section(p: argparse.ArgumentParser, path: list[str], parent: argparse.Argum
         if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
             continue
         flags = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}`"
-        default = "" if a.default in (None, argparse.SUPPRESS, False) or not a.option_strings \
-            else f" (default: `{a.default}`)"
-        choices = f" One of: {', '.join(f'`{c}`' for c in a.choices)}." if a.choices else ""
         text = (a.help or "").replace("|", "\\|").replace("\n", " ")
+        flag_only = isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction,
+                                   argparse._CountAction, argparse._VersionAction))
+        default = "" if (a.default is None or a.default is argparse.SUPPRESS or flag_only or not a.option_strings
+                         or "(default" in text) else f" (default: `{a.default}`)"
+        choices = f" One of: {', '.join(f'`{c}`' for c in a.choices)}." if a.choices else ""
         rows.append(f"| {flags} | {text}{choices}{default} |")
     if rows:
         out.append("| argument | meaning |\n|---|---|\n" + "\n".join(rows) + "\n")

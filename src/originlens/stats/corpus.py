@@ -94,6 +94,9 @@ class CorpusStatistics:
         try:
             return self.vocab.index(token)
         except ValueError:
+            if token != token.lower() and token.lower() in self.vocab:
+                raise InputError(f"token '{token}' is not in the vocabulary, but '{token.lower()}' is",
+                                 f"pass '{token.lower()}': the word tokenizer lower-cases every word") from None
             close = [v for v in self.vocab if v.startswith(token[:3])][:5]
             raise InputError(f"token '{token}' is not in the vocabulary",
                              f"pick another word{(' (e.g. ' + ', '.join(close) + ')') if close else ''}") from None
