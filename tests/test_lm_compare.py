@@ -374,3 +374,20 @@ def test_cli_checkpoint_spec_expansion(tmp_path):
         checkpoint_specs("m.bin", None, None, 8)                 # --log-steps needs a hub model
     with pytest.raises(ConfigError):
         checkpoint_specs(None, "a", str(tmp_path), None)
+
+
+def test_the_null_baseline_is_on_by_default_and_null_level_agreement_is_flagged():
+    from originlens.lm.compare import MAPPINGS, ComparisonResult, null_level_warnings
+    assert CompareConfig().variants == ["spec", "null"]
+    assert CompareConfig(null_baseline=False).variants == ["spec"]
+    real = {k: np.array([[0.99, 0.60]]) for k in MAPPINGS}
+    null = {k: np.array([[0.985, 0.20]]) for k in MAPPINGS}
+    res = ComparisonResult(labels=["a", "b"], layers=[1], cosines={"spec": real, "null": null}, heads={})
+    warns = null_level_warnings(res)
+    assert len(warns) == len(MAPPINGS)
+    assert all("within 0.02 of its token-permuted null at 1 of 2" in w and "null-level agreement" in w for w in warns)
+    far = ComparisonResult(labels=["a"], layers=[1], cosines={"spec": {k: np.array([[0.9]]) for k in MAPPINGS},
+                                                             "null": {k: np.array([[0.3]]) for k in MAPPINGS}},
+                           heads={})
+    assert null_level_warnings(far) == []
+    assert null_level_warnings(ComparisonResult(labels=["a"], layers=[1], cosines={"spec": real}, heads={})) == []

@@ -5,7 +5,7 @@
     originlens lm compare (--model SPEC [--checkpoints A,B,C | --log-steps MAX] | --checkpoint-dir DIR)
         (--corpus PATH[,PATH] | --stats DIR) [--tokenizer TOK] [--top-tokens K] [--layers 1-4]
         [--heads-layers 2,4] [--window 128] [--max-texts N] [--bos auto|none|ID] [--centering C]
-        [--on-missing stop|skip] [--null-baseline] [--token-centred] --out RUN
+        [--on-missing stop|skip] [--no-null-baseline] [--token-centred] --out RUN
 
 Checkpoints: ``--checkpoint-dir`` takes every checkpoint file in DIR ordered by step; ``--checkpoints``
 entries are paths or ``hf:ID@REV`` specs, and with ``--model hf:ID`` bare entries are revisions
@@ -252,7 +252,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("comparison")
     c.add_argument("--layers", type=_int_list, default=None, help="1-based layers, e.g. 1-24 (default all)")
     c.add_argument("--heads-layers", type=_int_list, default=None, help="1-based layers for per-head maps, e.g. 2,13,24")
-    c.add_argument("--null-baseline", action="store_true", help="also compare with token-permuted theory")
+    c.add_argument("--null-baseline", action=argparse.BooleanOptionalAction, default=True,
+                   help="also compare with the token-permuted theory, the chance level of the cosine (on by "
+                        "default; --no-null-baseline skips it)")
     c.add_argument("--token-centred", action="store_true",
                    help="also the token-centred cosine (mean row removed; not in the paper)")
     c.add_argument("--token-chunk", type=int, default=4096, help="tokens per model pass (memory bound)")

@@ -46,6 +46,7 @@ def _section(p: argparse.ArgumentParser, path: list[str], parent: argparse.Argum
         flags = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}`"
         text = (a.help or "").replace("|", "\\|").replace("\n", " ")
         flag_only = isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction,
+                                   argparse.BooleanOptionalAction,
                                    argparse._CountAction, argparse._VersionAction))
         default = "" if (a.default is None or a.default is argparse.SUPPRESS or flag_only or not a.option_strings
                          or "(default" in text) else f" (default: `{a.default}`)"
