@@ -443,6 +443,12 @@ def test_cli_qscore_writes_a_run_directory(tmp_path, capsys):
     assert main(base[:6] + [str(tmp_path / "big.npy"), "--sae", str(tmp_path / "sae"),
                             "--out", str(tmp_path / "r3")]) == 2
     assert "vocabulary" in capsys.readouterr().err
+    # nothing can be scored (every feature below the KL floor): one error, no page of nan
+    no_kl = [a if a != "0" or base[i - 1] != "--min-total-kl" else "1e9" for i, a in enumerate(base)]
+    assert main(no_kl + ["--sae", str(tmp_path / "sae"), "--out", str(tmp_path / "r4")]) == 2
+    err = capsys.readouterr().err
+    assert "none of the 6 features could be scored" in err and "--min-total-kl" in err, err
+    assert not (tmp_path / "r4" / "results.json").exists() and not (tmp_path / "r4" / "report.html").exists()
 
 
 def _reference_selection(acts, seqs, f, K, n, pool, dedup, first=1):

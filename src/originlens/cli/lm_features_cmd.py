@@ -302,6 +302,14 @@ def cmd_qscore(args: argparse.Namespace) -> int:
         results[mode] = res
         for f in res.features:
             run.log_metrics({"ablation": mode, **{kk: v for kk, v in f.__dict__.items() if kk != "kl_by_offset"}})
+        if not res.kept():
+            s = res.summary()
+            why = ", ".join(f"{r} {n}" for r, n in s["dropped"].items()) or "no reason recorded"
+            raise InputError(f"none of the {len(res.features)} features could be scored ({mode} ablation; dropped: "
+                             f"{why}); no results or report were written (per-feature records: "
+                             f"{run.file('metrics.jsonl')})",
+                             "use a trained SAE of this model, more corpus text, other --features, or a lower "
+                             "--min-total-kl")
     from ..storage import save_tensors
     for mode, res in results.items():
         save_tensors(run.file(f"examples-{mode}.safetensors"), res.example_arrays(), kind="qscore-examples",
