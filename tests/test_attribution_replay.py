@@ -397,13 +397,27 @@ def test_cli_attribute_and_report(maj, tmp_path, capsys):
     html = (out / "report.html").read_text()
     assert "no ½" in html and "toward its final value" in html and "pre-cached" in html
     assert "<img" in html and "NTP-useful" in html
+    assert "Sign pattern" not in html                 # the Othello pattern is not checked on Majority
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["sign_pattern"] == []
     assert {s["component"] for s in summary["summaries"]} == set(ostore.COMPONENT_ORDER)
     meta = json.loads((out / "meta.json").read_text())
     assert [s["file"] for s in meta["segments"]] == ["segment-000000-000002.parquet", "segment-000002-000004.parquet"]
     assert cli_main(["ntp", "attribute", str(maj)]) == 2                                     # nothing to do
     assert cli_main(["ntp", "attribute", str(maj), "--sites", "1:3", "--features", "nope", "--out", str(out)]) == 2
     assert "unknown feature" in capsys.readouterr().err
+
+
+def test_report_shows_no_interval_over_fewer_than_three_items(maj, tmp_path):
+    out = tmp_path / "store"
+    assert cli_main(["-q", "ntp", "attribute", str(maj), "--sites", "1:3,1:10", "--features", FEATURE, "--segment", "0:2",
+                     "--out", str(out), "--report"]) == 0
+    html = (out / "report.html").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    few = [s for s in summary["summaries"] if s["n_items"] < 3]
+    assert few, "the test needs groups of fewer than 3 items"
+    assert f"— (n = {few[0]['n_items']} &lt; 3)" in html or f"— (n = {few[0]['n_items']} < 3)" in html
+    assert "rest on fewer than 3 items" in html and "[nan, nan]" not in html
 
 
 def test_clear_errors(maj, tmp_path):

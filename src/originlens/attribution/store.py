@@ -393,6 +393,15 @@ def _per_step_means(table: pa.Table) -> dict[tuple[Any, str], tuple[np.ndarray, 
     return out
 
 
+MIN_ITEMS = 3      # fewer items than this: no interval is shown
+
+
+def _interval_text(s: Summary) -> str:
+    if s.n_items < MIN_ITEMS or not (math.isfinite(s.lo) and math.isfinite(s.hi)):
+        return f"— (n = {s.n_items} < {MIN_ITEMS})" if s.n_items < MIN_ITEMS else "— (undefined)"
+    return f"[{s.lo:.4g}, {s.hi:.4g}]"
+
+
 def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Path:
     """Build ``report.html`` (+ ``report.md``, ``figures/``, ``summary.json``) in the store directory.
 
@@ -409,7 +418,9 @@ def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Pat
     integ = integrate(table)
     summ = summarize(integ, ci=ci, level=level)
     per_layer = summarize(integ, by=("site_layer", "type", "component"), ci=ci, level=level)
-    pattern = sign_pattern(summ)
+    # the paper's sign pattern is a claim about Othello's cell types; other tasks get no such table
+    pattern = sign_pattern(summ) if first.get("task") == "othello" else []
+    few = [s for s in summ if s.n_items < MIN_ITEMS]
     method = "Student-t interval" if ci == "t" else "percentile bootstrap"
     steps = sorted(set(table.column("step").to_pylist()))
     rep = Report(f"Gradient-pathway attribution — {first.get('task')} / {first.get('regime')}")
@@ -424,7 +435,11 @@ def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Pat
     rep.section("Integrated influence per component and feature type")
     rep.table(["component", "feature type", "mean", f"{int(level * 100)} % CI", "items"],
               [[COMPONENT_LABELS.get(s.group["component"], s.group["component"]), TYPE_LABELS.get(s.group["type"],
-                str(s.group["type"])), s.mean, f"[{s.lo:.4g}, {s.hi:.4g}]", s.n_items] for s in summ])
+                str(s.group["type"])), s.mean, _interval_text(s), s.n_items] for s in summ])
+    if few:
+        rep.text(f"Warning: {len(few)} of {len(summ)} rows rest on fewer than {MIN_ITEMS} items; their intervals are "
+                 f"not shown (an interval over 1–2 correlated items says nothing). Attribute more sites or "
+                 f"features for intervals.")
     plt = setup_matplotlib()
     shown = [t for t in (2, 1) if any(s.group["type"] == t for s in summ)] or [None]
     comps = [c for c in COMPONENT_ORDER if any(s.group["component"] == c for s in summ)]
@@ -454,7 +469,7 @@ def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Pat
                     "for useless, shared > 0 for both)")
         rep.table(["component", "feature type", "expected", "mean", "CI", "holds", "CI excludes 0"],
                   [[COMPONENT_LABELS[p["component"]], TYPE_LABELS[p["type"]], p["expected"], p["mean"],
-                    f"[{p['lo']:.4g}, {p['hi']:.4g}]", "yes" if p["holds"] else "no",
+                    _interval_text(by[(p["component"], p["type"])]), "yes" if p["holds"] else "no",
                     "yes" if p["significant"] else "no"] for p in pattern])
     rep.section("Cumulative influence over training")
     series = _per_step_means(table)
@@ -477,7 +492,7 @@ def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Pat
     rep.table(["layer k", "feature type", "component", "mean", "CI", "items"],
               [[s.group["site_layer"], TYPE_LABELS.get(s.group["type"], str(s.group["type"])),
                 COMPONENT_LABELS.get(s.group["component"], s.group["component"]), s.mean,
-                f"[{s.lo:.4g}, {s.hi:.4g}]", s.n_items] for s in per_layer])
+                _interval_text(s), s.n_items] for s in per_layer])
     rep.section("Replay checks and cost")
     rep.table(["segment", "replayed from", "losses equal to the log", "checkpoints bit-identical",
                "‖∇L eager − ∇L train‖ / ‖∇L‖", "max rel. err Σ_c Δ_c", "s / attributed update"],
