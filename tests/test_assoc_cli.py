@@ -242,3 +242,12 @@ def test_error_report_statistics_of_another_vocabulary(corpus, trained, tmp_path
         rc, out, err = run_cli(capsys, "assoc", "report", trained, "--device", "cuda", "--out", tmp_path / "rep-gpu")
         one_line_error(rc, err, "CUDA is unavailable")
         assert not (tmp_path / "rep-gpu").exists()
+
+
+def test_an_undefined_cosine_is_named_not_printed_as_nan(corpus, tmp_path, capsys):
+    from originlens.cli.assoc_cmd import cosine_text
+    assert cosine_text("W", float("nan")) == "W undefined (a zero matrix)"
+    assert cosine_text("V", 0.99871) == "V 0.9987" and cosine_text("P", None) == "P —"
+    assert main(["-q", "assoc", "train", str(corpus), "--out", str(tmp_path / "r"), "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "W undefined (a zero matrix)" in out and "nan" not in out      # W is exactly 0 after two GD steps

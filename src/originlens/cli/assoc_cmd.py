@@ -309,9 +309,18 @@ def _summary_line(run: Any, out: Path, V: int, secs: float) -> str:
     elif last_min_cos:
         mc = last_min_cos
     if mc:
-        msg += "; final cosines (min over layers) " + ", ".join(
-            f"{k} {v:.4f}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in mc.items())
+        msg += "; final cosines (min over layers) " + ", ".join(cosine_text(k, v) for k, v in mc.items())
     return msg
+
+
+def cosine_text(name: str, v: Any) -> str:
+    """``name 0.9987``; a cosine that is undefined because a matrix is still zero (W before its third-order
+    leading term has grown, or any weight at step 0) says so instead of printing ``nan``."""
+    if v is None:
+        return f"{name} —"
+    if isinstance(v, (int, float)) and math.isnan(v):
+        return f"{name} undefined (a zero matrix)"
+    return f"{name} {v:.4f}" if isinstance(v, (int, float)) else f"{name} {v}"
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -376,7 +385,7 @@ def run_report(args: argparse.Namespace) -> int:
         return 0
     m = results["min_cosine_over_training"]
     line = (f"wrote {path}; min cosine over training: "
-            + ", ".join(f"{k} {v:.4f}" if v is not None else f"{k} —" for k, v in m.items()))
+            + ", ".join(cosine_text(k, v) for k, v in m.items()))
     it = results.get("intervention")
     if it:
         fin = [(n, v["loss"]) for n, v in it["losses"].items() if v["loss"] is not None]
