@@ -5,21 +5,23 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.originlens-installed
 TEST_STAMP := $(VENV)/.originlens-test-installed
-# torch is pinned to the CPU wheel this machine class carries; the package itself accepts a range.
+# torch is pinned to the CPU wheel this machine class carries; every other package CI installs is pinned
+# by requirements-ci.txt (constraints); the package itself accepts ranges (pyproject.toml).
 TORCH_PIN ?= torch==2.13.0
+CONSTRAINTS := -c requirements-ci.txt
 
 .PHONY: demo test venv clean bench
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -e '.[dev,hf]'
+	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,hf]'
 	touch $(STAMP)
 
 # the tests also check our SAEs / TL adapter against SAELens and TransformerLens themselves (extra [sae])
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[dev,hf,sae]'
+	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,hf,sae]'
 	touch $(TEST_STAMP)
 
 venv: $(STAMP)

@@ -255,3 +255,13 @@ def test_cli_sae_train_and_info(tmp_path, capsys):
     assert "already holds results" in capsys.readouterr().err
     assert main(args + ["--site", "resid.7", "--overwrite"]) == 2
     assert "out of range" in capsys.readouterr().err
+
+
+def test_an_sae_train_run_directory_resolves_to_its_sae(tmp_path):
+    sae = _random_sae("topk")
+    write_sae(sae, tmp_path / "run" / "sae")            # where `sae train --out RUN` puts it
+    for where in (tmp_path / "run", tmp_path / "run" / "sae"):
+        back = read_sae(where)
+        assert torch.equal(back.W_dec, sae.W_dec) and back.cfg.hook_name == sae.cfg.hook_name
+    with pytest.raises(InputError, match="has no cfg.json"):
+        read_sae(tmp_path)                              # two levels up: not an SAE

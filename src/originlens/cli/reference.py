@@ -91,6 +91,7 @@ def api_reference() -> str:
     import importlib
     import inspect
     import originlens
+    from .api_examples import EXAMPLES
     out = ["# Python API\n",
            "Generated from the docstrings by `python -m originlens.cli.reference --api > docs/api.md`; do not "
            "edit by hand. Everything below is importable from `originlens` directly (imported lazily: "
@@ -104,6 +105,9 @@ def api_reference() -> str:
         out.append(f"## `{mod}`\n")
         if doc:
             out.append(doc.split("\n\n")[0].replace("\n", " ") + "\n")
+        if mod in EXAMPLES:
+            out.append("Example (runs as shown; `tests/test_api_examples.py` executes it):\n\n```python\n"
+                       + EXAMPLES[mod].rstrip() + "\n```\n")
         for name in names:
             obj = getattr(module, name)
             kind = "class" if inspect.isclass(obj) else "function" if callable(obj) else "constant"

@@ -168,9 +168,19 @@ def write_sae(sae: SAE, path: str | os.PathLike, *, overwrite: bool = True) -> P
     return path
 
 
-def read_config(path: str | os.PathLike) -> SAEConfig:
-    """The :class:`SAEConfig` of an SAELens directory (``cfg.json`` only)."""
+def resolve_sae_dir(path: str | os.PathLike) -> Path:
+    """``path`` itself when it holds ``cfg.json``; the SAE inside it when ``path`` is an ``sae train`` run
+    directory (``RUN/sae/cfg.json``), so ``--sae RUN`` and ``--sae RUN/sae`` both work."""
     p = Path(path)
+    if not (p / CFG_FILENAME).is_file() and (p / "sae" / CFG_FILENAME).is_file():
+        return p / "sae"
+    return p
+
+
+def read_config(path: str | os.PathLike) -> SAEConfig:
+    """The :class:`SAEConfig` of an SAELens directory (``cfg.json`` only; an ``sae train`` run directory
+    is resolved to its ``sae/``)."""
+    p = resolve_sae_dir(path)
     if not p.is_dir():
         raise InputError(f"SAE directory {p} does not exist" if not p.exists() else f"{p} is not a directory",
                          "pass a directory holding cfg.json and sae_weights.safetensors")
@@ -186,9 +196,10 @@ def read_config(path: str | os.PathLike) -> SAEConfig:
 
 def read_sae(path: str | os.PathLike, *, device: str | torch.device | None = None,
              dtype: torch.dtype | str | None = None) -> SAE:
-    """Load an SAELens directory into an :class:`SAE` (``dtype`` overrides the stored one)."""
+    """Load an SAELens directory (or the SAE of an ``sae train`` run directory) into an :class:`SAE`
+    (``dtype`` overrides the stored one)."""
     from safetensors import safe_open
-    p = Path(path)
+    p = resolve_sae_dir(path)
     cfg = read_config(p)
     wf = p / WEIGHTS_FILENAME
     if not wf.is_file():
