@@ -56,6 +56,28 @@ def test_lm_help_lists_every_registered_model_format():
     assert lm_cmd.MODEL_FORMATS is MODEL_FORMATS and lm_cmd.detect_format is detect_format   # lazy re-exports
 
 
+def test_help_imports_neither_numba_nor_scipy_and_is_fast():
+    """``originlens --help`` builds every parser without the compiled statistics kernels (numba, scipy)."""
+    p = _python("import sys, time, contextlib, io\n"
+                "t = time.perf_counter()\n"
+                "import originlens.cli.main as m\n"
+                "with contextlib.redirect_stdout(io.StringIO()):\n"
+                "    try:\n"
+                "        m.main(['--help'])\n"
+                "    except SystemExit:\n"
+                "        pass\n"
+                "heavy = [n for n in ('numba', 'scipy', 'torch', 'originlens.stats._kernels') if n in sys.modules]\n"
+                "assert not heavy, heavy\n"
+                "print(round(time.perf_counter() - t, 3))\n")
+    assert p.returncode == 0, p.stderr
+
+
+def test_assoc_basis_names_follow_the_statistics():
+    from originlens.cli import assoc_cmd
+    from originlens.stats.assoc import BASES
+    assert assoc_cmd.BASES == BASES
+
+
 @pytest.mark.parametrize("delay", [0.3, 1.0, 2.0])
 def test_ctrl_c_at_any_moment_of_start_up_is_one_line(tmp_path, delay):
     """SIGINT while the interpreter imports the package and torch, parses, or sets a run up: one line, 130."""

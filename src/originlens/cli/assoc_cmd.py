@@ -27,7 +27,9 @@ from typing import Any
 
 from .options import add_threads, apply_threads, utf8_text
 from ..errors import CompatibilityError, ConfigError, InputError
-from ..stats.assoc import BASES
+# the names of originlens.stats.assoc.BASES, kept here so that building the parser does not import the
+# compiled statistics kernels (tests/reliability/test_cli_startup.py checks that both agree)
+BASES = ("bigram", "interchangeability", "context", "value_target", "query_key")
 
 STATS_CHOICES = ("first-batch", "full", "none")
 _OWN_OUTPUTS = ("statistics", "data", "report.html", "report.md", "report.json")
