@@ -90,6 +90,26 @@ def test_demo_on_storyworld(tmp_path, capsys):
     assert json.loads((tmp_path / "demo" / "associations.json").read_text())
 
 
+def test_demo_resumes_finished_stages(tmp_path, capsys):
+    from originlens.demo import DemoConfig, run_demo
+    cfg = dict(out=str(tmp_path / "demo"), corpus="storyworld", stories=300, vocab_size=300, seq_len=32,
+               stages="statistics", quick=True)
+    first = run_demo(DemoConfig(**cfg)).read_text()
+    assert (tmp_path / "demo" / "stages" / "statistics" / "done.json").is_file()
+    stats_file = tmp_path / "demo" / "statistics" / "statistics.safetensors"
+    mtime = stats_file.stat().st_mtime_ns
+    capsys.readouterr()
+    again = run_demo(DemoConfig(**cfg)).read_text()
+    assert "stage statistics: finished in an earlier run" in capsys.readouterr().err
+    assert stats_file.stat().st_mtime_ns == mtime                      # not recomputed
+    assert "1. Corpus statistics" in again and again.count("data:image/png;base64,") == first.count(
+        "data:image/png;base64,") and "statistics (finished earlier)" in again
+    run_demo(DemoConfig(**{**cfg, "vocab_size": 280}))                 # other settings: recomputed
+    assert "finished in an earlier run" not in capsys.readouterr().err
+    run_demo(DemoConfig(**{**cfg, "vocab_size": 280}, restart=True))   # --restart: recomputed
+    assert "finished in an earlier run" not in capsys.readouterr().err
+
+
 def test_demo_nested_commands_keep_the_demo_verbosity(tmp_path, monkeypatch):
     """The demo runs its commands in-process with -q when quiet; that must not change the verbosity the
     demo's own status lines use afterwards (it silenced every later "[demo] stage ... done" line)."""

@@ -13,6 +13,10 @@ would type, listed in the report):
 4. ``othello``: a small OthelloGPT, board probes, and the direct / pre-cached / shared attribution of
    the probed features over its training (``OUT/othello``).
 
+A rerun on the same ``OUT`` resumes: a stage finished earlier with the same settings (its blocks and
+record in ``OUT/stages/<name>/``, ``done.json`` written last) is reused, not recomputed; ``--restart``
+recomputes everything.  Caveat: the record keys on the settings, not on the data root's contents.
+
 The main report (``OUT/report.html``) opens with the reproduction status of both papers, read from the
 committed results files (``results/``; :mod:`originlens.experiments.render`), then gathers every stage's
 figures and tables.  The stages' own runs are **illustrations of the method**, not results: their scales
@@ -48,6 +52,7 @@ class DemoConfig:
     out: str = "runs/demo"
     stages: str = "all"           # "all" or a comma-separated subset of STAGES
     quick: bool = False           # even smaller settings (tests)
+    restart: bool = False         # recompute every stage (default: reuse stages an earlier run finished)
     corpus: str = "auto"          # auto | tinystories | storyworld | PATH
     vocab_size: int = 1000
     seq_len: int = 64
@@ -138,9 +143,21 @@ def run_demo(cfg: DemoConfig) -> Path:
     data_hashes: dict[str, str] = {}
     for name in stages:
         ts = time.perf_counter()
+        done = None if cfg.restart else _finished_stage(cfg, run, name)
+        if done is not None:                   # a rerun resumes: finished stages are not recomputed
+            blocks, cmds, hashes, secs = done
+            rep.blocks.extend(blocks)
+            commands += cmds
+            data_hashes.update(hashes)
+            timings.append([f"{name} (finished earlier)", secs])
+            log(f"[demo] stage {name}: finished in an earlier run ({secs:.1f} s), reused")
+            continue
+        first_block, first_cmd, before = len(rep.blocks), len(commands), dict(data_hashes)
         log(f"[demo] stage {name} ...")
         runners[name](cfg, run, rep, commands, data_hashes)
         timings.append([name, round(time.perf_counter() - ts, 1)])
+        _record_stage(cfg, run, name, rep.blocks[first_block:], commands[first_cmd:],
+                      {k: v for k, v in data_hashes.items() if before.get(k) != v}, timings[-1][1])
         log(f"[demo] stage {name} done in {timings[-1][1]:.1f} s")
     run.write_environment(seeds={"demo": cfg.seed}, data_hashes=data_hashes)
     total = time.perf_counter() - t0
@@ -150,6 +167,45 @@ def run_demo(cfg: DemoConfig) -> Path:
               caption="Wall time of each stage on this machine.")
     run.log_metrics({"stage": "demo", "seconds": total, **{f"seconds_{n}": t for n, t in timings}})
     return rep.write(run.path)
+
+
+STAGE_DIR = "stages"      # RUN/stages/<name>/: a finished stage's report blocks and record (done.json)
+
+
+def _stage_identity(cfg: DemoConfig, name: str) -> dict[str, Any]:
+    """What a stage's result depends on: the demo settings (the output directory and stage list aside)."""
+    from dataclasses import asdict
+    return {"stage": name, **{k: v for k, v in asdict(cfg).items()
+                              if k not in ("out", "stages", "results", "restart")}}
+
+
+def _record_stage(cfg: DemoConfig, run: RunDir, name: str, blocks: list, commands: list[str],
+                  hashes: dict[str, str], seconds: float) -> None:
+    """Keep a finished stage's report blocks and record, written last (``done.json``), so that an
+    interrupted demo resumes after its last finished stage."""
+    from .report import Report
+    from .storage import atomic_write_json
+    d = run.file(STAGE_DIR, name)
+    part = Report(name)
+    part.blocks = list(blocks)
+    part.write(d, run_record=False)
+    atomic_write_json(d / "done.json", {"identity": _stage_identity(cfg, name), "commands": commands,
+                                        "data_hashes": hashes, "seconds": seconds})
+
+
+def _finished_stage(cfg: DemoConfig, run: RunDir, name: str) -> tuple[list, list[str], dict[str, str], float] | None:
+    """The blocks, commands, data hashes and seconds of stage ``name`` when an earlier demo in this
+    directory finished it with the same settings; None otherwise."""
+    from .report import load_report
+    from .storage import read_json
+    d = run.file(STAGE_DIR, name)
+    if not (d / "done.json").is_file():
+        return None
+    rec = read_json(d / "done.json")
+    if rec.get("identity") != json.loads(json.dumps(_stage_identity(cfg, name))):
+        return None
+    return (load_report(d).blocks, list(rec.get("commands", [])), dict(rec.get("data_hashes", {})),
+            float(rec.get("seconds", 0.0)))
 
 
 def reproduction_status(root: str | Path) -> list[list[str]]:

@@ -18,7 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of every stage (data order, initialisation)")
     p.add_argument("--stages", default="all",
                    help="all, or a comma-separated subset of statistics,leading,regimes,othello")
-    p.add_argument("--quick", action="store_true", help="smaller settings (about a minute; used by the tests)")
+    p.add_argument("--quick", action="store_true", help="smaller settings (used by the tests)")
+    p.add_argument("--restart", action="store_true",
+                   help="recompute every stage (default: a rerun reuses the stages an earlier run finished)")
     p.set_defaults(func=run)
 
 
@@ -26,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from ..demo import DemoConfig, run_demo
     path = run_demo(DemoConfig(out=args.out, corpus=args.corpus, vocab_size=args.vocab_size,
                                seq_len=args.seq_len, seed=args.seed, stages=args.stages,
-                               quick=args.quick))
+                               quick=args.quick, restart=args.restart))
     from ..demo import reproduction_status
     rows = reproduction_status("results")
     if rows:                       # always: every claim has a row, with or without a results file
