@@ -503,3 +503,29 @@ def test_load_model_dispatch(tmp_path):
 def test_cli_registered_in_main():
     import originlens.cli.main as cli_main
     assert "originlens.cli.lm_cmd" in cli_main.COMMAND_MODULES
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_cached_generation_equals_prefix_rerun(tmp_path, greedy):
+    """`lm generate` decodes incrementally with the key/value cache; the tokens equal those of re-running
+    the whole prefix at every step (the former path, still used by adapters without a cache)."""
+    from originlens.cli.lm_cmd import _generate_ids
+    from originlens.lm.loading import load_model
+    from originlens.lm.native import Llama2cAdapter
+    path, _, _ = synthetic(tmp_path, shared=True, nkv=2)
+    ad = Llama2cAdapter(load_model(path))
+    assert ad.supports_decode
+
+    class NoCache(Llama2cAdapter):
+        supports_decode = False
+    plain = NoCache(ad.module)
+    kw = dict(greedy=greedy, temperature=0.9, seed=3, stop_ids=())
+    with torch.no_grad():
+        a = _generate_ids(ad, [1, 5, 7], 20, **kw)
+        b = _generate_ids(plain, [1, 5, 7], 20, **kw)
+        assert a == b and len(a) > 3
+        out, cache = ad.decode(torch.tensor([a[:-1]]), None)
+        full = ad.run(torch.tensor([a[:-1]]))
+        torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-5)
+        nxt, _ = ad.decode(torch.tensor([[a[-1]]]), cache)
+        torch.testing.assert_close(nxt[0, -1], ad.run(torch.tensor([a]))[0, -1], rtol=1e-5, atol=1e-5)

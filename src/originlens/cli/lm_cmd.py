@@ -50,7 +50,8 @@ def __getattr__(name: str) -> Any:
 
 def generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens: int, *, greedy: bool = True,
                  temperature: float = 1.0, seed: int = 0, stop_ids: Sequence[int] = ()) -> list[int]:
-    """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens with any adapter (prefix re-run).
+    """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens with any adapter: incrementally with its
+    key/value cache where it has one (:meth:`LMAdapter.decode`; llama2.c), else by re-running the prefix.
 
     Greedy takes the first argmax; otherwise samples ``softmax(logits / temperature)`` with a CPU
     generator seeded by ``seed`` (the same rule as :func:`originlens.lm.llama2c.generate_tokens`).  Stops
@@ -77,10 +78,16 @@ def _generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens:
     limit = adapter.max_seq_len
     gen = torch.Generator(device="cpu").manual_seed(seed)
     ids, stops = list(prompt_ids), set(int(s) for s in stop_ids)
+    cached = adapter.supports_decode        # a key/value cache: one token per step, not the whole prefix
+    cache, fresh = None, list(ids)
     for _ in range(max_new_tokens):
         if limit is not None and len(ids) >= limit:
             break
-        logits = adapter.run(torch.tensor([ids], dtype=torch.long, device=adapter.device))[0, -1].float().cpu()
+        if cached:
+            out, cache = adapter.decode(torch.tensor([fresh], dtype=torch.long, device=adapter.device), cache)
+            logits = out[0, -1].float().cpu()
+        else:
+            logits = adapter.run(torch.tensor([ids], dtype=torch.long, device=adapter.device))[0, -1].float().cpu()
         if greedy:
             nxt = int(torch.argmax(logits))
         else:
@@ -88,6 +95,7 @@ def _generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens:
         if nxt in stops:
             break
         ids.append(nxt)
+        fresh = [nxt]
     return ids
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -133,6 +133,17 @@ class LMAdapter(ABC):
     @property
     def supports_run_from(self) -> bool:
         return type(self).run_from is not LMAdapter.run_from
+
+    def decode(self, tokens: Tensor, cache: Any | None) -> tuple[Tensor, Any]:
+        """Incremental decoding (optional; see :attr:`supports_decode`): ``tokens`` ``(B, T)`` following the
+        positions held by ``cache`` (None: from position 0) → logits ``(B, T, V)`` and the extended cache,
+        equal (to round-off) to :meth:`run` on the whole prefix.  Generation uses it to run one token per
+        step instead of re-running the prefix."""
+        raise NotImplementedError
+
+    @property
+    def supports_decode(self) -> bool:
+        return type(self).decode is not LMAdapter.decode
 
     def run_cached(self, tokens: Tensor, k: int) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]]]:
         """Clean run keeping what :meth:`run_positions_from` needs (optional; see

@@ -21,7 +21,7 @@ from torch import Tensor
 from ..errors import ConfigError
 from ..models.gpt import GPT, causal_self_attention
 from .adapter import LMAdapter, ResidHook, TokenStates, apply_hooks, normalise_hooks, past_attention_mask
-from .llama2c import Llama2cModel, rotary_angles
+from .llama2c import KVCache, Llama2cModel, rotary_angles
 
 
 def _check_layer(layer: int, n_layers: int) -> int:
@@ -173,6 +173,10 @@ class Llama2cAdapter(LMAdapter):
             residuals.append(h)
         logits = self.unembed(h)
         return (logits, residuals) if return_residuals else logits
+
+    def decode(self, tokens: Tensor, cache: KVCache | None) -> tuple[Tensor, KVCache]:
+        cache = KVCache(self.n_layers) if cache is None else cache
+        return self.module(tokens, cache=cache), cache
 
     def run_from(self, k: int, x: Tensor) -> Tensor:
         k = self.check_site(k)
