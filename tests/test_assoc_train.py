@@ -224,6 +224,14 @@ def test_resume_with_another_thread_count_warns(tokens, tmp_path, capsys):
         torch.set_num_threads(old)
 
 
+def test_resume_refuses_another_statistics_source(tokens, tmp_path):
+    c = cfg(steps=2, out=str(tmp_path / "r"), batch_size=8, stats_source="first_batch")
+    train_assoc(tokens, V, c)
+    with pytest.raises(ConfigError, match="another run.*stats_source"):
+        train_assoc(tokens, V, dataclasses.replace(c, steps=4, stats_source="full"), resume=True)
+    assert train_assoc(tokens, V, dataclasses.replace(c, steps=4), resume=True).step == 4
+
+
 def test_run_directory_safety(tokens, tmp_path):
     out = tmp_path / "r"
     train_assoc(tokens, V, cfg(steps=2, out=str(out)))

@@ -82,9 +82,11 @@ from . import parallel
 RNG_KEY = "trainer.data_rng_state"
 _CKPT_RE = re.compile(r"^step-(\d{6,})\.safetensors$")
 STATS_DIR = "statistics"
-# fields that may change when a run is resumed/extended (they do not change the trajectory)
+# fields that may change when a run is resumed/extended (they do not change the trajectory).  The
+# statistics source is not among them: it changes every recorded theory comparison, so a resume with
+# another one would mix two sources in one run's records
 _EXTENDABLE = ("steps", "epochs", "checkpoint_every", "checkpoint_every_epochs", "checkpoint_at",
-               "keep_checkpoints", "log_every", "out", "stats_source", "device")
+               "keep_checkpoints", "log_every", "out", "device")
 GRAD_CHUNK_BUDGET_BYTES = {"cpu": 2 * 1024 ** 3, "cuda": 8 * 1024 ** 3}
 RUN_KIND = "assoc-train-run"
 DEVICES = ("cpu", "cuda", "auto")
