@@ -251,3 +251,15 @@ def test_an_undefined_cosine_is_named_not_printed_as_nan(corpus, tmp_path, capsy
     assert main(["-q", "assoc", "train", str(corpus), "--out", str(tmp_path / "r"), "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "W undefined (a zero matrix)" in out and "nan" not in out      # W is exactly 0 after two GD steps
+
+
+def test_side_files_missing_after_a_kill_are_written_on_resume(corpus, tmp_path, capsys):
+    run = tmp_path / "r"
+    assert main(["-q", "assoc", "train", str(corpus), "--out", str(run), "--steps", "2", "--checkpoint-every", "1"]) == 0
+    held = np.load(run / "data" / "heldout.npy")
+    for name in ("heldout.npy", "source.json"):          # the state of a run killed between two side files
+        (run / "data" / name).unlink()
+    assert main(["-q", "assoc", "train", str(corpus), "--out", str(run), "--steps", "3", "--checkpoint-every", "1",
+                 "--resume"]) == 0
+    assert np.array_equal(np.load(run / "data" / "heldout.npy"), held)
+    assert (run / "data" / "source.json").is_file()

@@ -208,12 +208,16 @@ class _SaveInputs:
             return
         from ..storage import atomic_save_npy, atomic_write_json
         data = trainer.run_dir.path / "data"
+        # each side file is checked on its own and train.npy is written last, so a run killed between
+        # two of them gets the missing ones on resume (the report never takes training windows as held-out)
+        if not (data / "heldout.npy").exists():
+            atomic_save_npy(data / "heldout.npy", self.heldout)
+        if self.vocab is not None and not (data / "vocab.json").exists():
+            atomic_write_json(data / "vocab.json", list(self.vocab))
+        if not (data / "source.json").exists():
+            atomic_write_json(data / "source.json", self.source)
         if not (data / "train.npy").exists():
             atomic_save_npy(data / "train.npy", self.train)
-            atomic_save_npy(data / "heldout.npy", self.heldout)
-            if self.vocab is not None:
-                atomic_write_json(data / "vocab.json", list(self.vocab))
-            atomic_write_json(data / "source.json", self.source)
         self.done = True
 
 
