@@ -90,7 +90,9 @@ def test_demo_on_storyworld(tmp_path, capsys):
     assert json.loads((tmp_path / "demo" / "associations.json").read_text())
 
 
-def test_demo_resumes_finished_stages(tmp_path, capsys):
+def test_demo_resumes_finished_stages(tmp_path, capsys, monkeypatch):
+    from originlens import progress
+    monkeypatch.setattr(progress, "_VERBOSITY", None)   # status lines on
     from originlens.demo import DemoConfig, run_demo
     cfg = dict(out=str(tmp_path / "demo"), corpus="storyworld", stories=300, vocab_size=300, seq_len=32,
                stages="statistics", quick=True)

@@ -17,7 +17,9 @@ def tiny_ntp(steps: int = 6):
                      log_every=1, eval_every=0, probe_every=0, checkpoint_every=3)
 
 
-def test_orphaned_temporaries_are_removed_on_the_next_start(tmp_path, capsys):
+def test_orphaned_temporaries_are_removed_on_the_next_start(tmp_path, capsys, monkeypatch):
+    from originlens import progress
+    monkeypatch.setattr(progress, "_VERBOSITY", None)   # status lines on
     from originlens.train.ntp import Trainer
     run = tmp_path / "run"
     Trainer(tiny_ntp(3), run).run()

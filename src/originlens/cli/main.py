@@ -68,11 +68,15 @@ def _chosen_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status.  Ctrl-C at any
     moment, parsing and the commands' own imports included, ends with one line and status 130."""
+    from .. import progress as _progress
+    saved = _progress._VERBOSITY              # -q/-v apply to this command only, not to later in-process calls
     try:
         return _main(argv)
     except KeyboardInterrupt as exc:
         print("originlens: interrupted (partial outputs were not published)", file=sys.stderr)
         return 143 if str(exc) == "SIGTERM" else 130
+    finally:
+        _progress.set_verbosity(saved)
 
 
 def _main(argv: list[str] | None) -> int:
