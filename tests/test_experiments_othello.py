@@ -150,3 +150,56 @@ def test_parallel_seeds_match_the_serial_run(ci_run, tmp_path):
     assert again["per_seed"][0]["aggregates"] == p["per_seed"][0]["aggregates"]
     with pytest.raises(ConfigError, match="jobs"):
         OthelloConfig(scale="ci", jobs=0)
+
+
+@pytest.mark.slow
+def test_snapshots_are_rates_of_the_stored_sgd_influences(ci_run):
+    """Each snapshot c: the SGD-variant segment c..c+K is stored, and its aggregate is the mean over items
+    of (Σ recorded influences) / (number recorded), recomputed here from the raw rows; the quality at c
+    is the eval record at step c (the untrained model's at c = 0)."""
+    import json
+    cfg, out, s = ci_run
+    assert cfg.snapshot_window == 1 and cfg.snapshot_starts == list(range(10))
+    for seed in cfg.seeds:
+        run = out / "exp" / f"seed-{seed}" / "run"
+        rows = load_observables(run / "attribution-snapshots").to_pylist()
+        assert {r["optimizer"] for r in rows} == {"sgd"}
+        assert sorted({r["step"] for r in rows}) == [c + 1 for c in cfg.snapshot_starts]
+        for c in (0, 5, 9):
+            items: dict = {}
+            for r in rows:
+                if c < r["step"] <= c + 1 and r["type"] in (1, 2) and r["influence"] is not None \
+                        and RANDOM_TAG not in r["feature"] and r["site_layer"] == 1:
+                    items.setdefault((r["site_position"], r["feature"], r["type"], r["component"]), []).append(
+                        r["influence"])
+            got = s["per_seed"][seed]["snapshots"][str(c)]
+            assert got["updates"] == [c + 1, c + 1]
+            for comp in ("direct", "precached", "shared"):
+                vals = [np.mean(v) for (i, f, ty, cc), v in items.items() if cc == comp and ty == 2]
+                g = got["means"]["main"]["real"][comp]["useful"]
+                assert g["n_items"] == len(vals) > 0
+                assert math.isclose(g["mean"], float(np.mean(vals)), rel_tol=1e-9, abs_tol=1e-15)
+        evals = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        at5 = [e for e in evals if e.get("event") == "eval" and e["step"] == 5][-1]
+        assert s["per_seed"][seed]["snapshot_eval"]["5"]["legal_acc"] == at5["legal_acc"]
+        init = s["per_seed"][seed]["train"]["initial"]["final_eval"]["legal_acc"]
+        assert s["per_seed"][seed]["snapshot_eval"]["0"]["legal_acc"] == init
+    rec = read_results(out / "res.json")
+    assert set(rec["numbers"]["snapshots"]) == {str(c) for c in cfg.snapshot_starts}
+    assert set(rec["tests"]["snapshots"]["9"]) == {h[0] for h in HYPOTHESES}
+    assert rec["numbers"]["snapshots"]["9"]["eval"]["legal_acc"]["n"] == 2
+    assert any("SGD-variant influence" in d for d in rec["scale"]["deviations"])
+    from originlens.experiments.othello import render_section
+    text = "\n".join(render_section("othello/x", rec))
+    assert "| checkpoint c | legal-move acc. at c |" in text and text.count("\n| 9 |") == 1
+
+
+def test_snapshot_schedule():
+    cfg = OthelloConfig(scale="cpu")
+    assert cfg.checkpoint_every == 1200 and cfg.snapshot_window == 10
+    assert cfg.snapshot_starts == [j * 1200 for j in range(10)]
+    assert cfg.snapshot_recorded(1200) == [1201, 1203, 1205, 1207, 1209]
+    off = OthelloConfig(scale="ci", overrides={"snapshot_updates": 0})
+    assert off.snapshot_starts == [] and not any("SGD-variant" in d for d in off.deviations())
+    with pytest.raises(ConfigError, match="snapshot_record_every"):
+        OthelloConfig(scale="ci", overrides={"snapshot_record_every": 0})

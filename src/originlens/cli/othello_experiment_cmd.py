@@ -18,7 +18,8 @@ def cmd_othello(args: argparse.Namespace) -> int:
     from ..experiments.results import command_line
     apply_threads(args)
     overrides = {k: getattr(args, k) for k in ("n_layer", "d_model", "n_head", "batch_size", "steps", "eval_size",
-                                               "othello_pool", "positions", "attribute_steps", "record_every")
+                                               "othello_pool", "positions", "attribute_steps", "record_every",
+                                               "snapshot_updates", "snapshot_record_every")
                  if getattr(args, k) is not None}
     cfg = OthelloConfig(scale=args.scale, seeds=args.seeds, layers=args.attr_layers, overrides=overrides,
                         random_directions=args.random_directions, device=args.device or "cpu", jobs=args.jobs,
@@ -49,6 +50,10 @@ def add_parser(esub: Any) -> None:
             ("--positions", "positions", _int_spec, "attributed move positions, e.g. 12,24,36"),
             ("--attribute-steps", "attribute_steps", int, "attribute updates 1..N"),
             ("--record-every", "record_every", int, "record the influence at every N-th attributed update"),
+            ("--snapshot-updates", "snapshot_updates", int,
+             "SGD-variant updates attributed from each 10 % checkpoint (0 = no snapshots)"),
+            ("--snapshot-record-every", "snapshot_record_every", int,
+             "record the snapshot influence at every N-th of those updates"),
             ("--lr", "lr", float, "Adam learning rate")):
         g.add_argument(flag, dest=dest, type=typ, default=None, help=f"{what} (default: the scale's)")
     o.add_argument("--attr-layers", type=_int_spec, default=None, help="attributed layers (default all)")

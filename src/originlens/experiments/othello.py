@@ -11,7 +11,11 @@ training seeds, with nulls and the paper's comparison tested as hypotheses.
 3. **attribute** updates 1..``attribute_steps`` (Adam variant, the paper's; exact replay) at sites
    ``layers × positions`` for the 16 central cells, per feature type (1 = NTP-useless, 2 = NTP-useful: the
    colour-flip definition), with ``random_directions`` null directions of each probe's norm beside every
-   probe (``OUT/seed-<s>/run/attribution``).
+   probe (``OUT/seed-<s>/run/attribution``);
+4. **snapshots** (beside the paper): at each checkpoint c = 0, 10 %, …, 90 % of training, the SGD-variant
+   influence (Δ_c = lr·G_c, no moment history needed) of updates c+1..c+K on the same sites and features
+   (``OUT/seed-<s>/run/attribution-snapshots``), as a rate per update next to the model's eval at c: how
+   the pathways feed the features as the model learns, where the Adam integral covers only a prefix.
 
 Then, with the **seed** as the unit of replication:
 
@@ -62,12 +66,15 @@ COMPONENTS = ("direct", "precached", "shared", "full")
 TYPES = {1: "useless", 2: "useful"}
 SCALES: dict[str, dict[str, Any]] = {
     "paper": dict(n_layer=6, d_model=256, n_head=4, batch_size=1024, steps=5000, eval_size=20480,
-                  othello_pool=500_000, positions=list(range(4, 57, 4)), attribute_steps=None, record_every=1),
+                  othello_pool=500_000, positions=list(range(4, 57, 4)), attribute_steps=None, record_every=1,
+                  snapshot_updates=10, snapshot_record_every=1),
     "cpu": dict(n_layer=4, d_model=128, n_head=4, batch_size=64, steps=12000, eval_size=4096,
-                othello_pool=500_000, positions=[12, 24, 36], attribute_steps=200, record_every=5),
+                othello_pool=500_000, positions=[12, 24, 36], attribute_steps=200, record_every=5,
+                snapshot_updates=10, snapshot_record_every=2),
     "ci": dict(n_layer=2, d_model=32, n_head=2, batch_size=16, steps=30, eval_size=200, othello_pool=2000,
-               positions=[8, 20], attribute_steps=None, record_every=1),
+               positions=[8, 20], attribute_steps=None, record_every=1, snapshot_updates=2, snapshot_record_every=1),
 }
+SNAPSHOTS = 10        # snapshots at the checkpoints 0, 10 %, …, 90 % of training
 ALPHA = 0.05
 # (name, component, type a, type b or None (= against 0), alternative): the paper's Othello pattern
 HYPOTHESES = [
@@ -118,6 +125,11 @@ class OthelloConfig:
         if isinstance(s["record_every"], bool) or not isinstance(s["record_every"], int) or s["record_every"] < 1:
             raise ConfigError(f"record_every={s['record_every']!r} must be an integer ≥ 1",
                               "use 1 to record the influence at every attributed update")
+        for key in ("snapshot_updates", "snapshot_record_every"):
+            v = s[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "snapshot_updates" else 1):
+                raise ConfigError(f"{key}={v!r} must be an integer ≥ {0 if key == 'snapshot_updates' else 1}",
+                                  "snapshot_updates 0 switches the snapshots off")
         if s["attribute_steps"] is not None and not 1 <= s["attribute_steps"] <= s["steps"]:
             raise ConfigError(f"attribute_steps={s['attribute_steps']} outside 1..{s['steps']}",
                               "attribute a prefix of the training run")
@@ -143,8 +155,8 @@ class OthelloConfig:
                          d_model=s["d_model"], n_head=s["n_head"], batch_size=s["batch_size"],
                          steps=0 if initial else s["steps"], lr=self.lr, eval_size=s["eval_size"],
                          othello_pool=s["othello_pool"], probe_positions=sorted(s["positions"]), probe_every=0,
-                         eval_every=0 if initial else max(1, s["steps"] // 10),
-                         checkpoint_every=0 if initial else max(1, s["steps"] // 10),
+                         eval_every=0 if initial else self.checkpoint_every,
+                         checkpoint_every=0 if initial else self.checkpoint_every,
                          keep_checkpoints=0, device=self.device)
 
     def deviations(self) -> list[str]:
@@ -159,9 +171,34 @@ class OthelloConfig:
         if used["attribute_steps"] is not None and used["attribute_steps"] < used["steps"]:
             out.append(f"influence integrated over updates 1..{used['attribute_steps']} of {used['steps']} "
                        "(paper: all)")
+        if self.snapshot_starts:
+            out.append(f"beside it (not in the paper): the SGD-variant influence (Δ_c = lr·G_c) of updates c+1..c+"
+                       f"{self.snapshot_window} at the checkpoints c = 0, 10 %, …, 90 % of training, how the pathways "
+                       "feed the features as the model learns")
         if len(self.seeds) != 1:
             out.append(f"{len(self.seeds)} seeds (paper 1)")
         return out
+
+    @property
+    def checkpoint_every(self) -> int:
+        return max(1, self.settings["steps"] // 10)
+
+    @property
+    def snapshot_window(self) -> int:
+        """Updates attributed from each snapshot checkpoint (≤ the checkpoint interval)."""
+        return min(int(self.settings["snapshot_updates"]), self.checkpoint_every)
+
+    @property
+    def snapshot_starts(self) -> list[int]:
+        """Checkpoint steps c whose updates c+1..c+``snapshot_window`` the snapshots attribute."""
+        K, every, steps = self.snapshot_window, self.checkpoint_every, self.settings["steps"]
+        if K == 0:
+            return []
+        return [j * every for j in range(SNAPSHOTS) if j * every + K <= steps]
+
+    def snapshot_recorded(self, start: int) -> list[int]:
+        """Updates of the snapshot at ``start`` whose influences are recorded."""
+        return list(range(start + 1, start + self.snapshot_window + 1, self.settings["snapshot_record_every"]))
 
     @property
     def name(self) -> str:
@@ -204,6 +241,26 @@ def _attribute(cfg: OthelloConfig, run: Path) -> Path:
     return store
 
 
+def _attribute_snapshots(cfg: OthelloConfig, run: Path) -> Path | None:
+    """SGD-variant influences of updates c+1..c+K at every snapshot checkpoint c (``RUN/attribution-snapshots``);
+    snapshots already stored are kept.  Each replays K updates from its checkpoint (the logged training loss
+    at c+K is checked bit-exactly)."""
+    from ..attribution.replay import attribute_run
+    from ..attribution.store import read_segment_infos
+    if not cfg.snapshot_starts:
+        return None
+    store = run / "attribution-snapshots"
+    K = cfg.snapshot_window
+    done = {(int(i["start"]), int(i["end"])) for i in read_segment_infos(store)} if store.is_dir() else set()
+    sites = [(k, i) for k in cfg.attr_layers for i in cfg.settings["positions"]]
+    for c in cfg.snapshot_starts:
+        if (c, c + K) not in done:
+            attribute_run(run, sites=sites, features="tracked", optimizer="sgd", segment=(c, c + K), types=True,
+                          half=False, out=store, random_directions=cfg.random_directions, overwrite=True,
+                          steps=cfg.snapshot_recorded(c), verify="segment")
+    return store
+
+
 def recorded_updates(end: int, every: int) -> list[int]:
     """Updates whose influences are recorded: every ``every``-th of 1..end, centred in its block of
     ``every`` updates (so the rectangle rule ``every × Σ recorded`` estimates the sum over all updates)."""
@@ -221,7 +278,10 @@ def _prepare_seed(args: tuple["OthelloConfig", int, str, int | None]) -> dict[st
     trained = _train(config, seed, Path(d))
     t = time.time()
     _attribute(config, Path(d) / "run")
-    return {"train": trained, "attribution_seconds_this_call": time.time() - t}
+    t_snap = time.time()
+    _attribute_snapshots(config, Path(d) / "run")
+    return {"train": trained, "attribution_seconds_this_call": t_snap - t,
+            "snapshot_seconds_this_call": time.time() - t_snap}
 
 
 def _prepare_all(config: "OthelloConfig", out: Path) -> dict[int, dict[str, Any]]:
@@ -251,28 +311,13 @@ def seed_aggregates(store: Path, n_layer: int, updates: int, fractions: list[flo
     influence is estimated as ``record_every`` × the sum over recorded updates (rectangle rule)."""
     import pyarrow.compute as pc
     from scipy import stats
-    from ..attribution.store import RANDOM_TAG, integrate, load_observables
+    from ..attribution.store import integrate, load_observables
     table = load_observables(store)
     out: dict[str, Any] = {}
     for frac in fractions:
         cutoff = max(1, int(round(frac * updates)))
         integ = integrate(table.filter(pc.less_equal(table["step"], cutoff))).to_pylist()
-        agg: dict[str, Any] = {}
-        items: dict[tuple, dict[int, float]] = {}
-        for r in integ:
-            if r["type"] not in TYPES or r["integrated"] is None or not math.isfinite(r["integrated"]):
-                continue
-            part = "last_layer" if r["site_layer"] == n_layer else "main"
-            kind = "random" if RANDOM_TAG in r["feature"] else "real"
-            value = record_every * float(r["integrated"])
-            agg.setdefault(part, {}).setdefault(kind, {}).setdefault(r["component"], {}).setdefault(
-                TYPES[r["type"]], []).append(value)
-            if part == "main" and kind == "real":
-                items.setdefault((r["component"], r["site_layer"], r["site_position"], r["feature"]), {})[
-                    r["type"]] = value
-        means = {part: {kind: {c: {t: {"mean": float(np.mean(v)), "n_items": len(v)} for t, v in ts.items()}
-                               for c, ts in comps.items()} for kind, comps in kinds.items()}
-                 for part, kinds in agg.items()}
+        means, items = _item_means(integ, n_layer, lambda r: record_every * float(r["integrated"]))
         wil = {}
         for c in COMPONENTS:
             pairs = [(d[2], d[1]) for (cc, *_), d in items.items() if cc == c and 1 in d and 2 in d]
@@ -281,6 +326,69 @@ def seed_aggregates(store: Path, n_layer: int, updates: int, fractions: list[flo
                 float(stats.wilcoxon(diff, alternative="greater").pvalue) if len(pairs) > 1 and np.any(diff) else None)}
         out[f"{frac:g}"] = {"updates": cutoff, "means": means, "wilcoxon_items": wil}
     return out
+
+
+def _item_means(integ: list[dict[str, Any]], n_layer: int, value_of: Any) -> tuple[dict[str, Any], dict[tuple, dict]]:
+    """Mean over items (layer, position, cell) per part (``main``: k < L, ``last_layer``: k = L), probe kind
+    (``real`` / ``random``), component and type of ``value_of(row)`` for integrated rows; and the main-part
+    real-probe values per item (component, layer, position, feature) → {type: value} for paired tests."""
+    from ..attribution.store import RANDOM_TAG
+    agg: dict[str, Any] = {}
+    items: dict[tuple, dict[int, float]] = {}
+    for r in integ:
+        if r["type"] not in TYPES or r["integrated"] is None or not math.isfinite(r["integrated"]):
+            continue
+        part = "last_layer" if r["site_layer"] == n_layer else "main"
+        kind = "random" if RANDOM_TAG in r["feature"] else "real"
+        value = value_of(r)
+        agg.setdefault(part, {}).setdefault(kind, {}).setdefault(r["component"], {}).setdefault(
+            TYPES[r["type"]], []).append(value)
+        if part == "main" and kind == "real":
+            items.setdefault((r["component"], r["site_layer"], r["site_position"], r["feature"]), {})[
+                r["type"]] = value
+    means = {part: {kind: {c: {t: {"mean": float(np.mean(v)), "n_items": len(v)} for t, v in ts.items()}
+                           for c, ts in comps.items()} for kind, comps in kinds.items()}
+             for part, kinds in agg.items()}
+    return means, items
+
+
+def snapshot_aggregates(store: Path | None, n_layer: int, starts: list[int], window: int) -> dict[str, Any]:
+    """Per snapshot c (key ``str(c)``): mean over items of the influence *per recorded update* of updates
+    c+1..c+``window`` (SGD variant), by part, probe kind, component and type — a rate, comparable across
+    snapshots, where the fractions of :func:`seed_aggregates` are integrals."""
+    import pyarrow.compute as pc
+    from ..attribution.store import integrate, load_observables
+    if store is None or not starts:
+        return {}
+    table = load_observables(store)
+    out: dict[str, Any] = {}
+    for c in starts:
+        sel = table.filter(pc.and_(pc.greater(table["step"], c), pc.less_equal(table["step"], c + window)))
+        means, _ = _item_means(integrate(sel).to_pylist(), n_layer,
+                               lambda r: float(r["integrated"]) / max(1, int(r["n_steps"])))
+        out[str(c)] = {"updates": [c + 1, c + window], "means": means}
+    return out
+
+
+def eval_at(run: Path, initial: Path, step: int) -> dict[str, float | None]:
+    """Held-out eval (loss, legal-move accuracy) of the model after ``step`` updates: the run's eval record
+    at that step, or for step 0 the untrained model's (``initial``, same seed)."""
+    if step == 0:
+        path, want = initial / "metrics.jsonl", None
+    else:
+        path, want = run / "metrics.jsonl", step
+    found: dict[str, float | None] = {"eval_loss": None, "legal_acc": None}
+    if not path.is_file():
+        return found
+    import json
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("event") == "eval" and (want is None or int(rec.get("step", -1)) == want):
+            found = {k: rec.get(k) for k in found}
+    return found
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -294,25 +402,27 @@ def _get(agg: dict[str, Any], frac: str, part: str, kind: str, comp: str, typ: s
         return None
 
 
-def across_seeds(per_seed: dict[int, dict[str, Any]], fractions: list[float], confidence: float) -> dict[str, Any]:
-    """Seed-level intervals per (fraction, part, kind, component, type) and the hypothesis tests."""
+def across_seeds(per_seed: dict[int, dict[str, Any]], fractions: list[float], confidence: float, *,
+                 field: str = "aggregates", labels: list[str] | None = None) -> dict[str, Any]:
+    """Seed-level intervals per (fraction, part, kind, component, type) and the hypothesis tests;
+    ``field="snapshots"`` with ``labels`` (snapshot steps) does the same for the snapshot rates."""
     seeds = sorted(per_seed)
     out: dict[str, Any] = {}
-    for frac in (f"{f:g}" for f in fractions):
+    for frac in (labels if labels is not None else [f"{f:g}" for f in fractions]):
         table: dict[str, Any] = {}
         for part in ("main", "last_layer"):
             for kind in ("real", "random"):
                 for c in COMPONENTS:
                     for t in TYPES.values():
-                        vals = [_get(per_seed[s]["aggregates"], frac, part, kind, c, t) for s in seeds]
+                        vals = [_get(per_seed[s][field], frac, part, kind, c, t) for s in seeds]
                         if any(v is not None for v in vals):
                             table.setdefault(part, {}).setdefault(kind, {}).setdefault(c, {})[t] = \
                                 inference.mean_ci(vals, confidence)
         tests: dict[str, Any] = {}
         for name, comp, a, b, alt in HYPOTHESES:
-            va = [_get(per_seed[s]["aggregates"], frac, "main", "real", comp, TYPES[a]) for s in seeds]
+            va = [_get(per_seed[s][field], frac, "main", "real", comp, TYPES[a]) for s in seeds]
             vb = [0.0] * len(seeds) if b is None else \
-                [_get(per_seed[s]["aggregates"], frac, "main", "real", comp, TYPES[b]) for s in seeds]
+                [_get(per_seed[s][field], frac, "main", "real", comp, TYPES[b]) for s in seeds]
             tests[name] = inference.paired_test(va, vb, alternative=alt, correlation=False, alpha=ALPHA)
         adj = inference.holm({k: v["p_t"] for k, v in tests.items()})
         for k, v in tests.items():
@@ -320,8 +430,8 @@ def across_seeds(per_seed: dict[int, dict[str, Any]], fractions: list[float], co
             v["holds"] = v["p_holm"] is not None and v["p_holm"] < ALPHA
         null_tests = {}
         for t in TYPES.values():
-            va = [_get(per_seed[s]["aggregates"], frac, "main", "real", "full", t) for s in seeds]
-            vb = [_get(per_seed[s]["aggregates"], frac, "main", "random", "full", t) for s in seeds]
+            va = [_get(per_seed[s][field], frac, "main", "real", "full", t) for s in seeds]
+            vb = [_get(per_seed[s][field], frac, "main", "random", "full", t) for s in seeds]
             nt = inference.paired_test(va, vb, alternative="greater", correlation=False, alpha=ALPHA)
             nt["holds"] = nt["p_t"] is not None and nt["p_t"] < ALPHA
             null_tests[f"combined, {t}: real probe > random directions"] = nt
@@ -350,6 +460,10 @@ def run_othello(config: OthelloConfig, out: str | Path, *, results: str | Path |
                 "attribution_seconds_this_call": prepared[seed]["attribution_seconds_this_call"],
                 "aggregates": seed_aggregates(store, L, config.attributed_updates, config.fractions,
                                               config.settings["record_every"]),
+                "snapshot_seconds_this_call": prepared[seed].get("snapshot_seconds_this_call"),
+                "snapshots": snapshot_aggregates(d / "run" / "attribution-snapshots" if config.snapshot_starts
+                                                 else None, L, config.snapshot_starts, config.snapshot_window),
+                "snapshot_eval": {str(c): eval_at(d / "run", d / "initial", c) for c in config.snapshot_starts},
                 "data_hashes": read_json(d / "run" / "environment.json").get("data_hashes", {}),
             }
         layers = sorted({k for s in per_seed.values() for k in s["probes"]}, key=int)
@@ -382,7 +496,13 @@ def run_othello(config: OthelloConfig, out: str | Path, *, results: str | Path |
                                             f"{config.random_directions} random directions per probe",
                              "deviations": config.deviations()},
                    "quality": quality, "by_fraction": across_seeds(per_seed, config.fractions, config.confidence),
+                   "snapshots": _snapshots_across_seeds(config, per_seed),
                    "per_seed": per_seed}
+        if config.snapshot_starts:
+            summary["scale"]["snapshots"] = (
+                f"SGD variant, updates c+1..c+{config.snapshot_window} from the checkpoints c = "
+                f"{', '.join(map(str, config.snapshot_starts))} (influences recorded at every "
+                f"{config.settings['snapshot_record_every']}th; mean per recorded update)")
         atomic_write_json(out / "experiment.json", to_jsonable(summary))
         write_report(summary, out)
         res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
@@ -393,10 +513,13 @@ def run_othello(config: OthelloConfig, out: str | Path, *, results: str | Path |
                                                                                            initial=False).to_dict()},
                       seeds=config.seeds, scale=summary["scale"], quality=quality,
                       numbers={"influence": summary["by_fraction"][full]["influence"],
-                               "by_fraction": {f: v["influence"] for f, v in summary["by_fraction"].items()}},
+                               "by_fraction": {f: v["influence"] for f, v in summary["by_fraction"].items()},
+                               "snapshots": {c: {"eval": v["eval"], "influence": v["influence"]}
+                                             for c, v in summary["snapshots"].items()}},
                       tests={"hypotheses": summary["by_fraction"][full]["tests"],
                              "null": summary["by_fraction"][full]["null_tests"],
                              "by_fraction": {f: v["tests"] for f, v in summary["by_fraction"].items()},
+                             "snapshots": {c: v["tests"] for c, v in summary["snapshots"].items()},
                              "alpha": ALPHA},
                       data_hashes={f"seed-{s}": v["data_hashes"] for s, v in per_seed.items()},
                       runs=[{"seed": s, "final_eval": v["train"]["trained"]["final_eval"],
@@ -411,6 +534,38 @@ def run_othello(config: OthelloConfig, out: str | Path, *, results: str | Path |
     return summary
 
 
+
+
+def _snapshots_across_seeds(config: OthelloConfig, per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Per snapshot step: the models' quality there (eval loss, legal-move accuracy over seeds), the
+    influence rates and the paper's pattern tested over seeds (Holm within each snapshot)."""
+    labels = [str(c) for c in config.snapshot_starts]
+    if not labels:
+        return {}
+    rates = across_seeds(per_seed, [], config.confidence, field="snapshots", labels=labels)
+    out = {}
+    for c in labels:
+        ev = [per_seed[s]["snapshot_eval"][c] for s in sorted(per_seed)]
+        out[c] = {"updates": [int(c) + 1, int(c) + config.snapshot_window],
+                  "eval": {"legal_acc": inference.mean_ci([e.get("legal_acc") for e in ev], config.confidence,
+                                                          bounds=(0, 1)),
+                           "eval_loss": inference.mean_ci([e.get("eval_loss") for e in ev], config.confidence)},
+                  **rates[c]}
+    return out
+
+
+def _snapshot_rows(snapshots: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for c, v in snapshots.items():
+        real = v["influence"].get("main", {}).get("real", {})
+        cells = [_ci(real.get(comp, {}).get(t)) for comp in ("direct", "precached", "shared") for t in ("useful", "useless")]
+        held = [k for k, t in v["tests"].items() if t.get("holds")]
+        rows.append([c, _ci(v["eval"]["legal_acc"]), *cells, f"{len(held)}/{len(v['tests'])}: " + ("; ".join(held) or "none")])
+    return rows
+
+
+SNAPSHOT_HEADER = ["checkpoint c", "legal-move acc. at c", "direct useful", "direct useless", "pre-cached useful",
+                   "pre-cached useless", "shared useful", "shared useless", "paper's pattern (tests that hold)"]
 
 
 def _ci(c: dict[str, Any] | None) -> str:
@@ -449,6 +604,12 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
                   [[k, _f(t["mean_diff"]), _f(t["p_t"], 2), _f(t.get("p_holm"), 2), _f(t["p_wilcoxon"], 2),
                     _f(t["power"], 2), t.get("holds", (t["p_t"] or 1) < ALPHA)] for k, t in {**v["tests"], **v["null_tests"]}.items()],
                   caption="one-sided tests over seeds (the paper's pattern, Holm over its family; then the nulls)")
+    if summary.get("snapshots"):
+        rep.section("How the pathways feed the features as the model learns (snapshots)")
+        rep.text(sc.get("snapshots", ""))
+        rep.table(SNAPSHOT_HEADER, _snapshot_rows(summary["snapshots"]),
+                  caption="influence per update (SGD variant), mean over items (layers k < L) per seed, Student-t "
+                          "over seeds; tests as above, Holm within each snapshot")
     return rep.write(out)
 
 
@@ -496,6 +657,14 @@ def render_section(key: str, rec: dict[str, Any]) -> list[str]:
     out += ["", "How the pattern builds up (hypotheses that hold, by fraction of the attributed updates): "
             + "; ".join(f"{float(f):.0%}: {sum(1 for t in ts.values() if t['holds'])}/{len(ts)}"
                         for f, ts in rec["tests"]["by_fraction"].items()), ""]
+    snaps = rec["numbers"].get("snapshots")
+    if snaps:
+        merged = {c: {**v, "tests": rec["tests"]["snapshots"][c]} for c, v in snaps.items()}
+        out += [f"Snapshots across training — {rec['scale'].get('snapshots', '')}; influence per update, mean over "
+                "items (k < L) per seed, Student-t over seeds; tests Holm within each snapshot:", "",
+                "| " + " | ".join(SNAPSHOT_HEADER) + " |", "|" + "---|" * len(SNAPSHOT_HEADER)]
+        out += ["| " + " | ".join(r) + " |" for r in _snapshot_rows(merged)]
+        out.append("")
     return out
 
 
