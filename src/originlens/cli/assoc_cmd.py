@@ -42,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_top(asub)
     _register_train(asub)
     _register_report(asub)
+    from . import persistence_cmd
+    persistence_cmd.register(asub)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 

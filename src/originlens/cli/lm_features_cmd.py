@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .options import add_threads, apply_threads, utf8_text
+from .options import add_threads, apply_threads, float_list, utf8_text
 from ..errors import CompatibilityError, ConfigError, InputError
 from ..progress import log
 
@@ -62,13 +62,6 @@ def int_spec(s: str) -> list[int] | None:
     if not out:
         raise argparse.ArgumentTypeError(f"no integers in {s!r}")
     return out
-
-
-def float_list(s: str) -> list[float]:
-    try:
-        return [float(v) for v in s.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like 1,100, got {s!r}") from None
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corpus_required: bool = True) -> None:

@@ -1,5 +1,6 @@
 """Command-line options shared by several commands, defined once.
 
+* :func:`float_list`: comma-separated finite numbers (``--lrs``, ``--coefficients``).
 * :func:`add_threads` / :func:`apply_threads`: ``--threads N`` (torch's CPU thread count, process-wide).
   ``N`` must be an integer ≥ 1; anything else is an argparse error (one line, status 2).  On CPU the
   thread count can change the last bits of matrix products; ``ntp train`` records it in
@@ -8,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 
@@ -57,3 +59,14 @@ def utf8_text(s: str) -> str:
         raise argparse.ArgumentTypeError(f"not valid UTF-8 text (bytes {bad!r} at character {exc.start}); "
                                          f"pass the text in UTF-8") from None
     return s
+
+
+def float_list(s: str) -> list[float]:
+    """argparse type: comma-separated finite numbers, e.g. ``1,100`` or ``0.005,0.05``."""
+    try:
+        out = [float(v) for v in s.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 1,100, got {s!r}") from None
+    if not out or not all(math.isfinite(v) for v in out):
+        raise argparse.ArgumentTypeError(f"expected finite numbers like 1,100, got {s!r}")
+    return out

@@ -113,6 +113,12 @@ def judge_othello(rec: dict[str, Any]) -> Verdict:
     return judge(rec)
 
 
+def judge_persistence(rec: dict[str, Any]) -> Verdict:
+    from .persistence import judge
+    return judge(rec)
+
+
+PERSISTENCE_CMD = "originlens assoc experiment persistence --scale cpu --seeds 0-2 --out runs/persistence-cpu"
 LANG_CMD = "originlens ntp experiment tinystories --scale cpu --seeds 0-2 --out runs/tinystories-cpu"
 GRID_CMD = "originlens ntp experiment grid --task {task} --scale cpu --seeds 0-4 --jobs 2 --out runs/toy-grid/{task}-cpu"
 
@@ -152,7 +158,9 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("lt-persistence", "2601.19208 Table 1",
           "Learned weights stay at their leading terms far beyond the theorem's window",
           "cosine ≥ 0.9985 over 3,200 steps at η = 0.005 (t = 16); > 0.9 at epoch 30, > 0.7 at epoch 100 "
-          "(η = 0.05)", note="the earlier CPU runs covered 12 steps (t = 0.06); the paper-scale run needs a GPU"),
+          "(η = 0.05)", sources=("leading-terms/persistence-paper", "leading-terms/persistence-cpu"),
+          judge=judge_persistence, note="the earlier CPU runs covered 12 steps (t = 0.06); not yet rerun",
+          command=PERSISTENCE_CMD),
     Claim("lt-intervention", "2601.19208 Table 3",
           "Removing the leading-term projection hurts W_O ≫ V ≫ W", "loss increase W_O ≫ V ≫ W",
           note="measured before results files existed"),

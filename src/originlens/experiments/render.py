@@ -109,9 +109,15 @@ def _language_section(key: str, rec: dict[str, Any]) -> list[str]:
     return render_section(key, rec)
 
 
+def _persistence_section(key: str, rec: dict[str, Any]) -> list[str]:
+    from .persistence import render_section
+    return render_section(key, rec)
+
+
 SECTIONS: dict[str, Callable[[str, dict[str, Any]], list[str]]] = {"toy-grid": _toy_grid_section,
                                                                    "othello": _othello_section,
-                                                                   "language": _language_section}
+                                                                   "language": _language_section,
+                                                                   "leading-terms": _persistence_section}
 
 
 def results_markdown(results: dict[str, dict[str, Any]]) -> str:
@@ -133,7 +139,8 @@ def results_markdown(results: dict[str, dict[str, Any]]) -> str:
         by_exp.setdefault(key.split("/")[0], []).append(key)
     titles = {"toy-grid": "Gradient pathways (arXiv 2603.14087): toy regime grids",
               "othello": "Gradient pathways (arXiv 2603.14087): OthelloGPT attribution over seeds",
-              "language": "Gradient pathways (arXiv 2603.14087): TinyStories, standard vs myopic"}
+              "language": "Gradient pathways (arXiv 2603.14087): TinyStories, standard vs myopic",
+              "leading-terms": "Leading terms (arXiv 2601.19208): persistence beyond the theorem's window"}
     for exp, keys in by_exp.items():
         section = SECTIONS.get(exp)
         if section is None:

@@ -1,0 +1,174 @@
+"""The leading-terms persistence experiment: per-step cosines against the trainer's own theory comparison,
+the nulls recomputed from their definitions, resume, horizons, results file and verdict rules."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from originlens.errors import ConfigError
+from originlens.experiments import persistence as P
+from originlens.experiments.results import read_results
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pers")
+    cfg = P.PersistenceConfig(scale="ci", seeds=[0, 1, 2], overrides={"steps": 16})
+    s = P.run_persistence(cfg, out / "exp", results=out / "res.json", command="originlens test")
+    return cfg, out, s
+
+
+def _records(run_dir, event):
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r for r in recs if r.get("event") == event]
+
+
+@pytest.mark.slow
+def test_step_cosines_equal_the_trainers_theory_comparison(ci_run):
+    """At every checkpoint the callback's min-over-layers cosines equal ``compare_to_theory``'s (computed by
+    the trainer from the saved weights on another code path)."""
+    cfg, out, _ = ci_run
+    for lr in cfg.lrs:
+        d = P.run_dir_of(out / "exp", lr, 0)
+        cos = {r["step"]: r for r in _records(d, "cosines")}
+        assert sorted(cos) == list(range(1, 17))
+        cks = [r for r in _records(d, "checkpoint") if "min_cos" in r]
+        assert [r["step"] for r in cks] == cfg.logging_points
+        for r in cks:
+            for k in P.KINDS:
+                a, b = cos[r["step"]]["lt"][k], r["min_cos"][k]
+                assert (a is None) == (b is None or (isinstance(b, float) and math.isnan(b)))
+                if a is not None:
+                    assert math.isclose(a, b, rel_tol=0, abs_tol=1e-6)    # float32 weights, float64 products
+
+
+@pytest.mark.slow
+def test_null_cosines_recomputed_from_their_definitions(ci_run):
+    from originlens.data import TokenStore
+    from originlens.stats import corpus_statistics
+    from originlens.storage import load_tensors
+    from originlens.theory.leading_terms import cosine
+    from originlens.theory.tracking import leading_terms
+    import torch
+    cfg, out, _ = ci_run
+    store = TokenStore.open(out / "exp" / "corpus")
+    tokens = np.asarray(store.tokens, dtype=np.int64)
+    V, B = store.vocab_size, cfg.settings["batch_size"]
+    lr, seed = cfg.lrs[-1], 1
+    d = P.run_dir_of(out / "exp", lr, seed)
+    perm = torch.randperm(len(tokens), generator=torch.Generator().manual_seed(42 + seed)).numpy()
+    first = tokens[perm[:B]]
+    shuffled = first.copy()
+    rng = np.random.default_rng(42 + seed)
+    for row in shuffled:
+        rng.shuffle(row)
+    targets = {"lt": leading_terms(corpus_statistics(first, V)),
+               "permuted": leading_terms(corpus_statistics(shuffled, V)),
+               "disjoint": leading_terms(corpus_statistics(tokens[perm[B:2 * B]], V))}
+    w, _ = load_tensors(d / "model.safetensors")
+    final = {r["step"]: r for r in _records(d, "cosines")}[16]
+    for which, lt in targets.items():
+        for k in P.KINDS:
+            names = [n for n in w if n.split(".")[0] == k]
+            want = min(cosine(np.asarray(w[n], dtype=np.float64), lt[k]) for n in names)
+            assert math.isclose(final[which][k], want, rel_tol=0, abs_tol=1e-9), (which, k)
+    # the permuted null keeps each window's tokens and changes their order
+    assert all(sorted(a) == sorted(b) for a, b in zip(first, shuffled)) and (first != shuffled).any()
+    assert P.permuted_windows(first, 42 + seed).tolist() == shuffled.tolist()
+
+
+@pytest.mark.slow
+def test_summary_min_and_horizon_from_the_logged_series(ci_run):
+    cfg, out, s = ci_run
+    for lr in cfg.lrs:
+        for seed in cfg.seeds:
+            d = P.run_dir_of(out / "exp", lr, seed)
+            series = {r["step"]: r["lt"] for r in _records(d, "cosines")}
+            got = s["runs"][f"{lr:g}"][str(seed)]["lt"]
+            for k in P.KINDS:
+                vals = [v[k] for v in series.values() if v[k] is not None]
+                assert got[k]["min_all"] == min(vals)
+                assert got[k]["min_logged"] == min(series[p][k] for p in cfg.logging_points if series[p][k] is not None)
+                for th in P.THRESHOLDS:
+                    below = [st for st in sorted(series) if series[st][k] is not None and series[st][k] < th]
+                    assert got[k]["horizon"][f"{th:g}"] == (below[0] if below else None)
+    rec = read_results(out / "res.json")
+    assert rec["experiment"] == "leading-terms" and rec["name"] == "persistence-ci" and rec["seeds"] == [0, 1, 2]
+    one = rec["numbers"]["by_lr"]["0.05"]["W_O"]
+    assert one["min_logged"]["n"] == 3 and "Fisher z" in one["min_logged"]["interval"]
+    assert set(one["nulls"]) == {"permuted", "disjoint"} and "p_t" in one["nulls"]["permuted"]["test_final"]
+    assert rec["numbers"]["by_lr"]["0.05"]["t"] == pytest.approx(0.8)
+    assert any(x.startswith("steps 16 (paper 3200)") for x in rec["scale"]["deviations"])
+    text = "\n".join(P.render_section("leading-terms/persistence-ci", rec))
+    assert "| η | steps | weight |" in text and text.count("| 0.005 | 16 (t = 0.08") == 3
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_to_the_same_records(ci_run, tmp_path):
+    """A run stopped at step 7 and resumed by rerunning the experiment ends with the cosine and loss
+    records of the uninterrupted fixture run, bit for bit."""
+    from originlens.train.assoc import AssocTrainer
+    cfg, out, _ = ci_run
+    one = P.PersistenceConfig(scale="ci", seeds=[0], lrs=[0.05], overrides={"steps": 16})
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    store = P.build_experiment_corpus(one, exp)
+    tokens = np.asarray(store.tokens, dtype=np.int64)
+
+    class StopAt:
+        def on_step_end(self, tr):
+            if tr.step == 7:
+                tr.request_stop()
+
+    d = P.run_dir_of(exp, 0.05, 0)
+    nulls = P.null_statistics(tokens, store.vocab_size, 32, 42)
+    r = AssocTrainer(tokens, store.vocab_size, one.train_config(0.05, 0, d), [P.StepCosines(nulls), StopAt()],
+                     vocab=list(store.vocab)).run(resume=True)
+    assert r.stopped_early and r.step == 7
+    P.run_persistence(one, exp, results=tmp_path / "r.json", command="t")
+    ref = P.run_dir_of(out / "exp", 0.05, 0)
+    for ev in ("cosines", "step"):
+        a = [{k: v for k, v in x.items() if k != "time"} for x in _records(d, ev)]
+        b = [{k: v for k, v in x.items() if k != "time"} for x in _records(ref, ev)]
+        assert a == b and len(a) == 16
+
+
+def test_horizon_and_schedule():
+    assert P.horizon([(1, None), (2, 0.995), (3, 0.98), (4, 0.5)], 0.99) == 3
+    assert P.horizon([(1, 0.999), (2, 0.995)], 0.99) is None
+    cfg = P.PersistenceConfig(scale="cpu")
+    assert cfg.logging_points == list(range(64, 3201, 64)) and cfg.epoch30_step == 960
+    assert cfg.train_config(0.005, 2, "x").data_seed == 44            # 42 (the paper's) + seed
+
+
+def _fake(small_min=0.995, t=16.0, ep30=0.95, final=0.8, p=0.01):
+    ci = lambda m: {"mean": m, "low": m - 0.001, "high": m + 0.001}   # noqa: E731
+    kind = lambda m: {"min_logged": ci(m), "epoch30": ci(ep30), "final": ci(final),    # noqa: E731
+                      "nulls": {"permuted": {"test_final": {"p_t": p}}}}
+    by = {"0.005": {"t": t, **{k: kind(small_min) for k in P.KINDS}},
+          "0.05": {"t": 10 * t, **{k: kind(small_min) for k in P.KINDS}}}
+    return {"numbers": {"by_lr": by}, "seeds": [0, 1, 2],
+            "scale": {"model": "m", "training": "t", "deviations": []}}
+
+
+def test_verdict_rules():
+    assert P.judge(_fake()).verdict == "reproduced"
+    assert P.judge(_fake(t=0.06)).verdict == "partial"                 # too short a run proves nothing
+    assert P.judge(_fake(p=0.5)).verdict == "partial"                  # no better than permuted tokens
+    assert P.judge(_fake(small_min=0.5, ep30=0.5, final=0.5, p=0.5)).verdict == "not reproduced"
+
+
+def test_bad_configurations():
+    with pytest.raises(ConfigError, match="unknown scale"):
+        P.PersistenceConfig(scale="huge")
+    with pytest.raises(ConfigError, match="override"):
+        P.PersistenceConfig(overrides={"width": 3})
+    with pytest.raises(ConfigError, match="learning rates"):
+        P.PersistenceConfig(lrs=[0.0])
+    with pytest.raises(ConfigError, match="steps"):
+        P.PersistenceConfig(overrides={"steps": 0})
+    with pytest.raises(ConfigError, match="seeds"):
+        P.PersistenceConfig(seeds=[1, 1])
