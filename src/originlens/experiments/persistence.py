@@ -26,10 +26,12 @@ It reports, per η and weight type, over seeds (Fisher-z intervals; cosines live
 Writes ``OUT/experiment.json``, ``OUT/report.html`` and ``results/leading-terms/persistence-<scale>.json``.
 
 Scales (:data:`SCALES`): ``paper`` (|V| = 3,000, T = 200, first window of stories of ≥ 201 in-vocabulary
-tokens, 65,536 windows, batch 2,048, 3,200 steps: a GPU job), ``cpu`` (|V| = 1,000, T = 64, every story
+tokens, 65,536 windows, batch 2,048, 3,200 steps: a GPU job), ``cpu`` (|V| = 500, T = 32, every story
 packed into windows with an end-of-text token and out-of-vocabulary words as ``<unk>`` — the data root's
-TinyStories subset has too few long in-vocabulary stories for the paper's filter — batch 2,048, 3,200
-steps), ``ci`` (a generated story corpus, seconds; a plumbing check, not a result).
+TinyStories subset has too few long in-vocabulary stories for the paper's filter — batch 512, 3,200
+steps: the residual stream of this model is |V|-dimensional, so a step costs ≈ 75 |V|³ + O(B T |V|²)
+operations and |V| = 1,000, T = 64 at batch 2,048 takes ≈ 3.5 s per step on two cores, three hours a
+run), ``ci`` (a generated story corpus, seconds; a plumbing check, not a result).
 Caveat: zero init and plain SGD make a run a deterministic function of the data order, so a seed is a
 data-order seed (``data_seed`` = 42 + seed; 42 is the paper's) and its first batch, which sets the targets.
 """
@@ -61,8 +63,8 @@ PAPER = {"min_cos_small_lr": {"W": 0.999496, "V": 0.999169, "W_O": 0.998486},
 SCALES: dict[str, dict[str, Any]] = {
     "paper": dict(vocab_size=3000, seq_len=200, windows="first", oov="drop", max_windows=65536, layers=3,
                   batch_size=2048, steps=3200, log_every=64, corpus="tinystories"),
-    "cpu": dict(vocab_size=1000, seq_len=64, windows="pack", oov="unk", max_windows=None, layers=3,
-                batch_size=2048, steps=3200, log_every=64, corpus="tinystories"),
+    "cpu": dict(vocab_size=500, seq_len=32, windows="pack", oov="unk", max_windows=None, layers=3,
+                batch_size=512, steps=3200, log_every=64, corpus="tinystories"),
     "ci": dict(vocab_size=80, seq_len=16, windows="pack", oov="unk", max_windows=None, layers=2,
                batch_size=32, steps=24, log_every=4, corpus="storyworld"),
 }
