@@ -39,7 +39,6 @@ def apply_threads(args: argparse.Namespace) -> None:
 
 def finite_float(s: str) -> float:
     """argparse type: a finite real number (``nan`` and ``inf`` are usage errors)."""
-    import math
     try:
         v = float(s)
     except ValueError:

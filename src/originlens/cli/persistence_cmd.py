@@ -1,16 +1,18 @@
-"""``originlens assoc experiment persistence``: the leading terms beyond the theorem's window (arXiv
-2601.19208 Table 1, Fig. 4) over data seeds, with the permuted-token and disjoint-batch nulls.
+"""``originlens assoc experiment persistence | horizon``: the leading terms beyond the theorem's window
+(arXiv 2601.19208 Table 1, Fig. 4) over data seeds with the permuted-token and disjoint-batch nulls, and
+the horizon of agreement over a |V| × T grid.
 
-Parses arguments and calls :func:`originlens.experiments.persistence.run_persistence`, which writes
-``OUT/report.html`` and the results file ``results/leading-terms/persistence-<scale>.json`` (``--results``
-to write elsewhere).  Re-running resumes every run.
+Parses arguments and calls :func:`originlens.experiments.persistence.run_persistence` /
+:func:`originlens.experiments.horizon.run_horizon`, which write ``OUT/report.html`` and the results file
+``results/leading-terms/<persistence|horizon>-<scale>.json`` (``--results`` to write elsewhere).
+Re-running resumes every run.
 """
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from .options import add_threads, apply_threads, float_list, positive_int
+from .options import add_threads, apply_threads, finite_float, float_list, positive_int
 
 
 def cmd_persistence(args: argparse.Namespace) -> int:
@@ -49,6 +51,44 @@ def add_parser(esub: Any) -> None:
     o.set_defaults(func=cmd_persistence)
 
 
+def cmd_horizon(args: argparse.Namespace) -> int:
+    from ..experiments.horizon import HorizonConfig, fit_rows, run_horizon
+    from ..experiments.results import command_line
+    apply_threads(args)
+    overrides = {k: getattr(args, k) for k in ("vocab_sizes", "seq_lens", "layers", "batch_size", "max_steps", "lr")
+                 if getattr(args, k) is not None}
+    cfg = HorizonConfig(scale=args.scale, seeds=args.seeds, overrides=overrides)
+    s = run_horizon(cfg, args.out, results=args.results, command=command_line())
+    for row in fit_rows(s["fits"]):
+        if row[1] == "0.9":
+            print(f"{row[0]}, θ 0.9: exponent of |V| {row[4]}, of T {row[5]} ({row[2]} runs, {row[3]} censored)")
+    print(f"{args.out}/report.html, {s['results_file']}")
+    return 0
+
+
+def add_horizon_parser(esub: Any) -> None:
+    from .ntp_attribute_cmd import _int_spec
+    o = esub.add_parser("horizon", help="when the weights leave their leading terms, over a |V| × T grid",
+                        description="The step at which each weight's cosine with its leading term drops below "
+                                    "0.99 / 0.9 / 0.7, over a grid of vocabulary sizes and sequence lengths, and "
+                                    "a fit of its scaling (originlens.experiments.horizon).")
+    o.add_argument("--scale", default="cpu", help="cpu | ci (a plumbing check)")
+    o.add_argument("--seeds", type=_int_spec, default=[0, 1, 2], help="data-order seeds, e.g. 0-2 (default)")
+    o.add_argument("--out", required=True, help="experiment directory")
+    o.add_argument("--results", default=None, help="results file (default results/leading-terms/horizon-SCALE.json)")
+    g = o.add_argument_group("overrides of the scale")
+    g.add_argument("--vocab-sizes", dest="vocab_sizes", type=_int_spec, default=None,
+                   help="|V| grid, e.g. 150,300,600,1000 (default: the scale's)")
+    g.add_argument("--seq-lens", dest="seq_lens", type=_int_spec, default=None, help="T grid, e.g. 16,32")
+    g.add_argument("--layers", type=positive_int, default=None, help="layers L (default: the scale's)")
+    g.add_argument("--batch-size", dest="batch_size", type=positive_int, default=None, help="SGD minibatch")
+    g.add_argument("--max-steps", dest="max_steps", type=positive_int, default=None,
+                   help="steps after which a run that has not dropped is censored")
+    g.add_argument("--lr", type=finite_float, default=None, help="learning rate η (default: the scale's)")
+    add_threads(o)
+    o.set_defaults(func=cmd_horizon)
+
+
 def register(asub: Any) -> None:
     """``assoc experiment`` and its experiments."""
     p = asub.add_parser("experiment", help="leading-term experiments that write results files",
@@ -56,4 +96,5 @@ def register(asub: Any) -> None:
                                     "writes a results file under results/leading-terms/.")
     esub = p.add_subparsers(dest="assoc_experiment", metavar="EXPERIMENT")
     add_parser(esub)
+    add_horizon_parser(esub)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])

@@ -118,6 +118,12 @@ def judge_persistence(rec: dict[str, Any]) -> Verdict:
     return judge(rec)
 
 
+def judge_horizon(rec: dict[str, Any]) -> Verdict:
+    from .horizon import judge
+    return judge(rec)
+
+
+HORIZON_CMD = "originlens assoc experiment horizon --scale cpu --seeds 0-2 --out runs/horizon-cpu"
 PERSISTENCE_CMD = "originlens assoc experiment persistence --scale cpu --seeds 0-2 --out runs/persistence-cpu"
 LANG_CMD = "originlens ntp experiment tinystories --scale cpu --seeds 0-2 --out runs/tinystories-cpu"
 GRID_CMD = "originlens ntp experiment grid --task {task} --scale cpu --seeds 0-4 --jobs 2 --out runs/toy-grid/{task}-cpu"
@@ -161,6 +167,10 @@ CLAIMS: tuple[Claim, ...] = (
           "(η = 0.05)", sources=("leading-terms/persistence-paper", "leading-terms/persistence-cpu"),
           judge=judge_persistence, note="the earlier CPU runs covered 12 steps (t = 0.06); not yet rerun",
           command=PERSISTENCE_CMD),
+    Claim("lt-horizon", "beyond 2601.19208 (its window depends on T and L only)",
+          "Hypothesis: the horizon of agreement grows with |V| (logits stay small longer)",
+          "— (one (|V|, T) per tokenizer in the paper)", sources=("leading-terms/horizon-cpu",),
+          judge=judge_horizon, note="built; to be run", command=HORIZON_CMD),
     Claim("lt-intervention", "2601.19208 Table 3",
           "Removing the leading-term projection hurts W_O ≫ V ≫ W", "loss increase W_O ≫ V ≫ W",
           note="measured before results files existed"),

@@ -142,12 +142,17 @@ class PersistenceConfig:
 
 def build_experiment_corpus(config: PersistenceConfig, out: Path) -> Any:
     """The scale's corpus under ``OUT/corpus`` (reused when it exists with the same settings)."""
+    return corpus_for(config.settings, out / "corpus")
+
+
+def corpus_for(s: dict[str, Any], d: Path) -> Any:
+    """A word-level corpus in directory ``d`` from settings ``s`` (``vocab_size``, ``seq_len``, ``windows``,
+    ``oov``, ``max_windows``, ``corpus`` = tinystories | storyworld), reused when ``d`` holds one built
+    with the same settings (``d.json`` beside it)."""
     from ..data import TokenStore, build_corpus
     from ..paths import data_root, tinystories_files
-    s = config.settings
-    d = out / "corpus"
-    want = {k: s[k] for k in ("vocab_size", "seq_len", "windows", "oov", "max_windows", "corpus")}
-    marker = out / "corpus.json"
+    want = {k: s.get(k) for k in ("vocab_size", "seq_len", "windows", "oov", "max_windows", "corpus")}
+    marker = d.with_name(d.name + ".json")
     if d.is_dir() and marker.is_file() and read_json(marker) == want:
         return TokenStore.open(d)
     if s["corpus"] == "tinystories":
@@ -159,8 +164,10 @@ def build_experiment_corpus(config: PersistenceConfig, out: Path) -> Any:
         extra: dict[str, Any] = {}
     else:
         sources, extra = None, {"storyworld_stories": 400, "seed": 0}
+    d.parent.mkdir(parents=True, exist_ok=True)
     store = build_corpus(sources, d, tokenizer="words", vocab_size=s["vocab_size"], seq_len=s["seq_len"],
-                         windows=s["windows"], oov=s["oov"], max_windows=s["max_windows"], overwrite=True, **extra)
+                         windows=s["windows"], oov=s["oov"], max_windows=s.get("max_windows"), overwrite=True,
+                         **extra)
     atomic_write_json(marker, want)
     return store
 
@@ -211,6 +218,7 @@ class StepCosines:
     def __init__(self, nulls: dict[str, Any]) -> None:
         self.nulls = nulls
         self.targets: dict[str, dict[str, np.ndarray]] | None = None
+        self.last: dict[str, Any] | None = None          # the latest record (read by other callbacks)
 
     def _cosines(self, weights: dict[str, Any]) -> dict[str, dict[str, float | None]]:
         assert self.targets is not None
@@ -236,7 +244,8 @@ class StepCosines:
         if self.targets is None:
             self.targets = {"lt": _unit_targets(trainer.stats),
                             **{k: _unit_targets(v) for k, v in self.nulls.items()}}
-        trainer.run_dir.log_metrics({"event": "cosines", "step": int(trainer.step), **self._cosines(trainer.model.weights())})
+        self.last = {"event": "cosines", "step": int(trainer.step), **self._cosines(trainer.model.weights())}
+        trainer.run_dir.log_metrics(self.last)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -109,7 +109,10 @@ def _language_section(key: str, rec: dict[str, Any]) -> list[str]:
     return render_section(key, rec)
 
 
-def _persistence_section(key: str, rec: dict[str, Any]) -> list[str]:
+def _leading_terms_section(key: str, rec: dict[str, Any]) -> list[str]:
+    if rec["name"].startswith("horizon"):
+        from .horizon import render_section as horizon_section
+        return horizon_section(key, rec)
     from .persistence import render_section
     return render_section(key, rec)
 
@@ -117,7 +120,7 @@ def _persistence_section(key: str, rec: dict[str, Any]) -> list[str]:
 SECTIONS: dict[str, Callable[[str, dict[str, Any]], list[str]]] = {"toy-grid": _toy_grid_section,
                                                                    "othello": _othello_section,
                                                                    "language": _language_section,
-                                                                   "leading-terms": _persistence_section}
+                                                                   "leading-terms": _leading_terms_section}
 
 
 def results_markdown(results: dict[str, dict[str, Any]]) -> str:
@@ -140,7 +143,7 @@ def results_markdown(results: dict[str, dict[str, Any]]) -> str:
     titles = {"toy-grid": "Gradient pathways (arXiv 2603.14087): toy regime grids",
               "othello": "Gradient pathways (arXiv 2603.14087): OthelloGPT attribution over seeds",
               "language": "Gradient pathways (arXiv 2603.14087): TinyStories, standard vs myopic",
-              "leading-terms": "Leading terms (arXiv 2601.19208): persistence beyond the theorem's window"}
+              "leading-terms": "Leading terms (arXiv 2601.19208): persistence and horizon beyond the theorem's window"}
     for exp, keys in by_exp.items():
         section = SECTIONS.get(exp)
         if section is None:

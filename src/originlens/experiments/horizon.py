@@ -1,0 +1,373 @@
+"""How long do the weights stay at their leading terms, as a function of |V| and T? (beyond arXiv
+2601.19208: its theorem bounds the window by T and L only, its experiments show agreement far past it).
+
+Hypothesis under test: the weights leave their leading terms when the logits stop being small; with
+max |B̄| shrinking like 1/|V| the horizon should grow with |V| (and with T through Φ̄).  The null is no
+dependence (exponents 0).
+
+``run_horizon(HorizonConfig(scale="cpu"), OUT)`` builds one word-level corpus per (|V|, T) and, for every
+cell and seed, trains the one-hot attention model of Def. 3.1 from zero init with plain SGD at one
+learning rate (``OUT/V<|V|>-T<T>/seed-<s>``), recording every step's cosine with the leading terms (the
+same callback as :mod:`originlens.experiments.persistence`); a run stops once every weight type is
+below the lowest threshold, or at ``max_steps``.  The horizon of a weight type at threshold θ is the first
+step s (reported as t = sη) at which its minimum-over-layers cosine drops below θ; a run that never
+drops is *censored* at ``max_steps`` and left out of the fit (their count is reported).
+
+Fit per (type, θ): ordinary least squares of ln t_θ on [1, ln |V|, ln T] over the uncensored runs (seeds
+are independent replicates), exponents with Student-t intervals, R², and the prediction at the paper's
+|V| = 3,000, T = 200 with its 95 % prediction interval — an extrapolation, next to what the paper
+observed there (η = 0.05: every cosine ≥ 0.9 at epoch 30 = t 48 and > 0.7 at epoch 100 = t 160, i.e.
+lower bounds on its horizons).
+
+Writes ``OUT/experiment.json``, ``OUT/report.html`` (with the horizon plot) and
+``results/leading-terms/horizon-<scale>.json``.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..progress import log
+from ..runs import exclusive, to_jsonable
+from ..storage import atomic_write_json, read_json
+from . import inference
+from .formatting import sig as _f
+from .persistence import KINDS, THRESHOLDS, StepCosines, corpus_for, horizon, null_statistics
+from .results import default_results_path, write_results
+
+EXPERIMENT = "leading-terms"
+PAPER_POINT = {"vocab_size": 3000, "seq_len": 200, "lr": 0.05,
+               "observed": {"0.9": "> 48 (every cosine ≥ 0.9 at epoch 30)", "0.7": "> 160 (> 0.7 at epoch 100)"}}
+SCALES: dict[str, dict[str, Any]] = {
+    "cpu": dict(vocab_sizes=[150, 300, 600, 1000], seq_lens=[16, 32], layers=3, batch_size=256, lr=0.05,
+                max_steps=1500, windows="pack", oov="unk", corpus="tinystories"),
+    "ci": dict(vocab_sizes=[40, 80], seq_lens=[8, 16], layers=2, batch_size=32, lr=2.0, max_steps=30,
+               windows="pack", oov="unk", corpus="storyworld"),
+}
+ALPHA = 0.05
+
+
+@dataclass
+class HorizonConfig:
+    """The (|V|, T) grid × seeds at one scale; ``overrides`` replace scale fields."""
+
+    scale: str = "cpu"
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    overrides: dict[str, Any] = field(default_factory=dict)
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.scale not in SCALES:
+            raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
+        bad = set(self.overrides) - set(SCALES["cpu"])
+        if bad:
+            raise ConfigError(f"unknown override(s) {sorted(bad)}", f"use: {', '.join(SCALES['cpu'])}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
+                isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.seeds):
+            raise ConfigError(f"seeds must be distinct non-negative integers, got {self.seeds!r}", "e.g. --seeds 0-2")
+        s = self.settings
+        for key in ("vocab_sizes", "seq_lens"):
+            v = s[key]
+            if not v or any(isinstance(x, bool) or not isinstance(x, int) or x < 2 for x in v):
+                raise ConfigError(f"{key}={v!r} must be a list of integers ≥ 2", "e.g. 150,300,600,1000")
+        for key in ("layers", "batch_size", "max_steps"):
+            if isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 1:
+                raise ConfigError(f"{key}={s[key]!r} must be an integer ≥ 1", f"pass a positive {key}")
+        if not (isinstance(s["lr"], (int, float)) and s["lr"] > 0 and math.isfinite(s["lr"])):
+            raise ConfigError(f"lr={s['lr']!r} must be a positive number", "e.g. 0.05")
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {**SCALES[self.scale], **self.overrides}
+
+    @property
+    def name(self) -> str:
+        return f"horizon-{self.scale}"
+
+    @property
+    def cells(self) -> list[tuple[int, int]]:
+        s = self.settings
+        return [(v, t) for t in s["seq_lens"] for v in s["vocab_sizes"]]
+
+    def train_config(self, seed: int, out: Path) -> Any:
+        from ..train.assoc import AssocTrainConfig
+        s = self.settings
+        return AssocTrainConfig(n_layers=s["layers"], lr=float(s["lr"]), steps=s["max_steps"],
+                                batch_size=s["batch_size"], init="zero", dtype="float32", data_seed=42 + int(seed),
+                                checkpoint_every=max(1, s["max_steps"] // 10), keep_checkpoints=2, log_every=1,
+                                stats_source="first_batch", out=str(out))
+
+
+class StopBelow:
+    """Trainer callback: stop once every weight type's leading-term cosine is below ``threshold`` (read from
+    the :class:`StepCosines` callback's last record)."""
+
+    def __init__(self, cosines: StepCosines, threshold: float) -> None:
+        self.cosines, self.threshold = cosines, threshold
+        self.stopped_at: int | None = None
+
+    def on_step_end(self, trainer: Any) -> None:
+        last = self.cosines.last
+        if last and all(last["lt"].get(k) is not None and last["lt"][k] < self.threshold for k in KINDS):
+            self.stopped_at = int(trainer.step)
+            trainer.request_stop()
+
+
+def _run_cell(config: HorizonConfig, V: int, T: int, seed: int, out: Path) -> dict[str, Any]:
+    """Train one (|V|, T, seed) run until it drops below every threshold (or ``max_steps``), unless its
+    ``done.json`` says it is finished; returns that record."""
+    from ..theory.leading_terms import _stat
+    from ..train.assoc import AssocTrainer
+    d = out / f"V{V}-T{T}" / f"seed-{seed}"
+    done = d / "done.json"
+    if done.is_file():
+        return read_json(done)
+    s = config.settings
+    store = corpus_for({**s, "vocab_size": V, "seq_len": T, "max_windows": None}, out / "corpora" / f"V{V}-T{T}")
+    tokens = np.asarray(store.tokens, dtype=np.int64)
+    Vs = int(store.vocab_size)
+    cfg = config.train_config(seed, d)
+    cos = StepCosines(null_statistics(tokens, Vs, min(cfg.batch_size, tokens.shape[0]), cfg.data_seed))
+    stop = StopBelow(cos, min(THRESHOLDS))
+    t0 = time.time()
+    r = AssocTrainer(tokens, Vs, cfg, [cos, stop], vocab=list(store.vocab)).run(resume=True)
+    timing = d / "seconds.json"                     # training wall time summed over (re)starts
+    secs = time.time() - t0 + (read_json(timing)["seconds"] if timing.is_file() else 0.0)
+    atomic_write_json(timing, {"seconds": secs})
+    import json
+    recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
+    series = {k: [(int(q["step"]), q["lt"][k]) for q in recs if q.get("event") == "cosines"] for k in KINDS}
+    steps_run = int(r.step)
+    rec = {"vocab_size": Vs, "seq_len": T, "seed": seed, "lr": float(s["lr"]), "steps_run": steps_run,
+           "stopped_below_all": stop.stopped_at is not None or steps_run < s["max_steps"],
+           "seconds": secs,
+           "horizon": {k: {f"{th:g}": horizon(series[k], th) for th in THRESHOLDS} for k in KINDS},
+           "max_abs_bigram": float(np.abs(_stat(r.stats, "bigram")).max()) if r.stats is not None else None,
+           "data_hashes": read_json(d / "environment.json").get("data_hashes", {})}
+    atomic_write_json(done, rec)
+    return rec
+
+
+# ----------------------------------------------------------------------------------------------------
+# the fit
+
+
+def fit_horizon(points: list[tuple[int, int, float]], confidence: float = 0.95) -> dict[str, Any]:
+    """OLS of ln t on [1, ln V, ln T] over ``points`` = [(V, T, t), ...]; exponents with Student-t
+    intervals, R², residual sd and the prediction at the paper's (V, T) with its prediction interval.
+    With a single T only the |V| exponent is fitted (ln T dropped)."""
+    from scipy import stats
+    pts = [(v, t, h) for v, t, h in points if h is not None and h > 0]
+    n = len(pts)
+    Ts = sorted({t for _, t, _ in pts})
+    Vs = sorted({v for v, _, _ in pts})
+    cols = ["intercept"] + (["ln |V|"] if len(Vs) > 1 else []) + (["ln T"] if len(Ts) > 1 else [])
+    out: dict[str, Any] = {"n": n, "terms": cols, "coef": None}
+    p = len(cols)
+    if n <= p:
+        out["note"] = f"{n} uncensored runs for {p} coefficients: no fit"
+        return out
+    X = np.array([[1.0] + ([math.log(v)] if "ln |V|" in cols else []) + ([math.log(t)] if "ln T" in cols else [])
+                  for v, t, _ in pts])
+    y = np.array([math.log(h) for _, _, h in pts])
+    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+    resid = y - X @ beta
+    dof = n - p
+    s2 = float(resid @ resid) / dof
+    cov = s2 * np.linalg.inv(X.T @ X)
+    se = np.sqrt(np.diag(cov))
+    q = float(stats.t.ppf(0.5 + confidence / 2, dof))
+    out["coef"] = {c: {"estimate": float(b), "se": float(e), "low": float(b - q * e), "high": float(b + q * e),
+                       "p_zero": float(2 * stats.t.sf(abs(b / e), dof)) if e > 0 else None}
+                   for c, b, e in zip(cols, beta, se)}
+    tss = float(((y - y.mean()) ** 2).sum())
+    out["r2"] = 1 - float(resid @ resid) / tss if tss > 0 else None
+    out["resid_sd"] = math.sqrt(s2)
+    x0 = np.array([1.0] + ([math.log(PAPER_POINT["vocab_size"])] if "ln |V|" in cols else [])
+                  + ([math.log(PAPER_POINT["seq_len"])] if "ln T" in cols else []))
+    mu = float(x0 @ beta)
+    half = q * math.sqrt(s2 + float(x0 @ cov @ x0))
+    out["prediction_paper_point"] = {"t": math.exp(mu), "low": math.exp(mu - half), "high": math.exp(mu + half),
+                                     "extrapolation": f"|V| {PAPER_POINT['vocab_size']} vs fitted {Vs[0]}–{Vs[-1]}, "
+                                                      f"T {PAPER_POINT['seq_len']} vs fitted {Ts[0]}–{Ts[-1]}"}
+    return out
+
+
+def summarise(config: HorizonConfig, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    lr = float(config.settings["lr"])
+    cells: dict[str, Any] = {}
+    for V, T in config.cells:
+        rs = [r for r in runs if r["seq_len"] == T and r["requested_vocab"] == V]
+        cell = {"vocab_size": rs[0]["vocab_size"] if rs else V, "seq_len": T, "steps_run": [r["steps_run"] for r in rs]}
+        for k in KINDS:
+            for th in (f"{x:g}" for x in THRESHOLDS):
+                hs = [r["horizon"][k][th] for r in rs]
+                cell.setdefault(k, {})[th] = {"t": inference.mean_ci([h * lr for h in hs if h is not None],
+                                                                     config.confidence),
+                                              "censored": sum(h is None for h in hs)}
+        cells[f"V{V}-T{T}"] = cell
+    fits = {k: {f"{th:g}": fit_horizon([(r["vocab_size"], r["seq_len"],
+                                         None if r["horizon"][k][f"{th:g}"] is None else r["horizon"][k][f"{th:g}"] * lr)
+                                        for r in runs], config.confidence)
+                for th in THRESHOLDS} for k in KINDS}
+    for k in KINDS:
+        for th in (f"{x:g}" for x in THRESHOLDS):
+            fits[k][th]["censored"] = sum(r["horizon"][k][th] is None for r in runs)
+    return {"cells": cells, "fits": fits}
+
+
+def run_horizon(config: HorizonConfig, out: str | Path, *, results: str | Path | None = None,
+                command: str | None = None) -> dict[str, Any]:
+    """Train every (|V|, T, seed) run (finished runs are kept), fit, write the experiment record, the report
+    and the results file; returns the record."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    s = config.settings
+    with exclusive(out):
+        runs = []
+        for V, T in config.cells:
+            for seed in config.seeds:
+                log(f"[horizon] |V| = {V}, T = {T}, seed {seed} ...")
+                rec = _run_cell(config, V, T, seed, out)
+                runs.append({**rec, "requested_vocab": V})
+        summary = {"scale": {"name": config.scale,
+                             "summary": {"cpu": "a CPU-sized grid", "ci": "a plumbing check, not a result"}[config.scale],
+                             "model": f"one-hot attention-only, L = {s['layers']}, zero init",
+                             "training": f"plain SGD, η = {s['lr']:g}, batch {s['batch_size']}, until every cosine is "
+                                         f"below {min(THRESHOLDS)} or {s['max_steps']} steps",
+                             "grid": f"|V| ∈ {s['vocab_sizes']}, T ∈ {s['seq_lens']}, {len(config.seeds)} seeds "
+                                     f"({s['corpus']}, windows {s['windows']}, out-of-vocabulary {s['oov']})",
+                             "deviations": [f"{len(config.seeds)} data-order seeds per cell",
+                                            "beyond the paper: the paper has one (|V|, T) per tokenizer"]},
+                   **summarise(config, runs), "runs": runs}
+        atomic_write_json(out / "experiment.json", to_jsonable(summary))
+        write_report(summary, out)
+        res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
+        write_results(res_path, experiment=EXPERIMENT, name=config.name,
+                      command=command or f"python: run_horizon({config!r}, {str(out)!r})",
+                      config={"experiment": to_jsonable(config), "settings": s}, seeds=config.seeds,
+                      scale=summary["scale"], numbers={"cells": summary["cells"], "fits": summary["fits"]},
+                      tests={f"{k}/{th}/{c}": v["coef"][c] for k, ths in summary["fits"].items()
+                             for th, v in ths.items() if v.get("coef") for c in v["coef"] if c != "intercept"},
+                      data_hashes={f"V{r['requested_vocab']}-T{r['seq_len']}/{r['seed']}": r["data_hashes"] for r in runs},
+                      runs=[{k: v for k, v in r.items() if k != "data_hashes"} for r in runs],
+                      extra={"paper_point": PAPER_POINT})
+        summary["results_file"] = str(res_path)
+    return summary
+
+
+# ----------------------------------------------------------------------------------------------------
+# report, docs section
+
+
+def _coef_text(fit: dict[str, Any], term: str) -> str:
+    c = (fit.get("coef") or {}).get(term)
+    if not c:
+        return "—"
+    return f"{_f(c['estimate'])} [{_f(c['low'])}, {_f(c['high'])}] (p {_f(c['p_zero'], 2)})"
+
+
+def fit_rows(fits: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for k, ths in fits.items():
+        for th, fit in ths.items():
+            pred = fit.get("prediction_paper_point")
+            rows.append([k, th, str(fit["n"]), str(fit.get("censored", 0)), _coef_text(fit, "ln |V|"),
+                         _coef_text(fit, "ln T"), _f(fit.get("r2")),
+                         f"{_f(pred['t'])} [{_f(pred['low'])}, {_f(pred['high'])}]" if pred else "—",
+                         PAPER_POINT["observed"].get(th, "—")])
+    return rows
+
+
+FIT_HEADER = ["weight", "θ", "runs fitted", "censored", "exponent of |V|", "exponent of T", "R²",
+              "predicted t at |V| 3,000, T 200", "paper (η 0.05)"]
+
+
+def _figure(summary: dict[str, Any], plt: Any) -> Any:
+    fig, axes = plt.subplots(1, len(KINDS), figsize=(4 * len(KINDS), 3.2), squeeze=False)
+    runs = summary["runs"]
+    Ts = sorted({r["seq_len"] for r in runs})
+    for ax, k in zip(axes[0], KINDS):
+        for T in Ts:
+            for th, marker in zip((f"{x:g}" for x in THRESHOLDS), "os^"):
+                pts = [(r["vocab_size"], r["horizon"][k][th] * r["lr"]) for r in runs
+                       if r["seq_len"] == T and r["horizon"][k][th] is not None]
+                if pts:
+                    ax.scatter(*zip(*pts), marker=marker, s=14, label=f"T={T}, θ={th}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("|V|")
+        ax.set_ylabel("horizon t = sη")
+        ax.set_title(k)
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def write_report(summary: dict[str, Any], out: str | Path) -> Path:
+    from ..report import Report
+    sc = summary["scale"]
+    rep = Report(f"Leading-term horizon vs |V| and T ({sc['name']} scale)")
+    rep.text(f"{sc['summary']}: {sc['model']}; {sc['training']}; grid {sc['grid']}.")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig = _figure(summary, plt)
+        rep.figure(fig, "horizon (first t = sη with cosine < θ) per run, log–log", name="horizon.png")
+        plt.close(fig)
+    except ImportError:
+        rep.text("(matplotlib is not installed: no plot)")
+    rep.table(FIT_HEADER, fit_rows(summary["fits"]),
+              caption="OLS of ln t on ln |V| and ln T over uncensored runs; Student-t intervals; prediction "
+                      "interval at the paper's point (an extrapolation)")
+    rep.table(["cell", *[f"{k}, θ {th}" for k in KINDS for th in ("0.9", "0.7")]],
+              [[c, *[_cell_text(v[k][th]) for k in KINDS for th in ("0.9", "0.7")]] for c, v in summary["cells"].items()],
+              caption="horizon t per cell, Student-t over uncensored seeds (censored: never dropped)")
+    return rep.write(out)
+
+
+def _cell_text(v: dict[str, Any]) -> str:
+    t = v["t"]
+    txt = "never" if t["n"] == 0 else (f"{_f(t['mean'])}" + (f" [{_f(t['low'])}, {_f(t['high'])}]" if t["low"] is not None else ""))
+    return txt + (f" ({v['censored']} censored)" if v["censored"] and t["n"] else "")
+
+
+def render_section(key: str, rec: dict[str, Any]) -> list[str]:
+    from .render import _header
+    out = [f"### {rec['name']} (`results/{key}.json`)", "", *_header(rec), f"- grid: {rec['scale']['grid']}", "",
+           "| " + " | ".join(FIT_HEADER) + " |", "|" + "---|" * len(FIT_HEADER)]
+    out += ["| " + " | ".join(r) + " |" for r in fit_rows(rec["numbers"]["fits"])]
+    cells = rec["numbers"]["cells"]
+    head = ["cell", *[f"{k}, θ {th}" for k in KINDS for th in ("0.9", "0.7")]]
+    out += ["", "Horizon t per cell (Student-t over uncensored seeds):", "", "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head)]
+    out += ["| " + " | ".join([c, *[_cell_text(v[k][th]) for k in KINDS for th in ("0.9", "0.7")]]) + " |"
+            for c, v in cells.items()]
+    out.append("")
+    return out
+
+
+def judge(rec: dict[str, Any]) -> Any:
+    """At θ = 0.9 per weight type: the |V| exponent's interval lies above 0 (the horizon grows with |V|).
+    Reproduced (the hypothesis holds): for every type; partial: for some; not reproduced: for none, or no
+    fit."""
+    from .claims import Verdict
+    fits = rec["numbers"]["fits"]
+    held, parts = [], []
+    for k in KINDS:
+        c = ((fits.get(k, {}).get("0.9") or {}).get("coef") or {}).get("ln |V|")
+        parts.append(f"{k} {_f(c['estimate'])} [{_f(c['low'])}, {_f(c['high'])}]" if c else f"{k} —")
+        if c and c["low"] > 0:
+            held.append(k)
+    ours = "exponent of |V| in the θ = 0.9 horizon: " + ", ".join(parts) + f"; > 0 for {len(held)}/{len(KINDS)} types"
+    scale = f"{rec['scale']['model']}; {rec['scale']['training']}; {rec['scale']['grid']}"
+    verdict = "reproduced" if len(held) == len(KINDS) else "partial" if held else "not reproduced"
+    return Verdict(verdict, ours, scale)
+
