@@ -172,3 +172,23 @@ def test_bad_configurations():
         P.PersistenceConfig(overrides={"steps": 0})
     with pytest.raises(ConfigError, match="seeds"):
         P.PersistenceConfig(seeds=[1, 1])
+
+
+@pytest.mark.slow
+def test_bpe_protocol_builds_a_bpe_corpus_and_is_judged_against_table_2(tmp_path):
+    cfg = P.PersistenceConfig(scale="ci", seeds=[0, 1], lrs=[0.005],
+                              overrides={"tokenizer": "bpe", "windows": "first", "vocab_size": 120, "steps": 10,
+                                         "log_every": 5})
+    s = P.run_persistence(cfg, tmp_path / "exp", results=tmp_path / "r.json", command="t")
+    manifest = json.loads((tmp_path / "exp" / "corpus" / "manifest.json").read_text())
+    assert "bpe" in json.dumps(manifest.get("tokenizer", manifest)).lower()
+    assert set(s["by_lr"]) == {"0.005"}
+    bpe = P.PersistenceConfig(scale="cpu-bpe")
+    assert bpe.lrs == [0.005] and bpe.paper_scale == "paper-bpe" and bpe.logging_points[:2] == [5, 10]
+    assert not any(d.startswith(("steps", "tokenizer", "log_every")) for d in bpe.deviations())
+    rec = read_results(tmp_path / "r.json")
+    assert rec["paper_t"] == 16.0 and rec["protocol"] == "paper"          # a ci scale stands for Table 1
+    with pytest.raises(ConfigError, match="tokenizer"):
+        P.PersistenceConfig(scale="ci", overrides={"tokenizer": "sentencepiece"})
+    with pytest.raises(ConfigError, match="override"):
+        P.PersistenceConfig(scale="ci", overrides={"lrs": [0.1]})

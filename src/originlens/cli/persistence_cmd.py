@@ -35,9 +35,11 @@ def add_parser(esub: Any) -> None:
     from .ntp_attribute_cmd import _int_spec
     o = esub.add_parser("persistence", help="leading terms over a long run: min cosines, horizons, nulls",
                         description=__doc__.split("\n\n")[0])
-    o.add_argument("--scale", default="cpu", help="paper (a GPU job) | cpu | ci (a plumbing check)")
+    o.add_argument("--scale", default="cpu",
+                   help="paper | cpu (Table 1, Fig. 4) | paper-bpe | cpu-bpe (Table 2) | ci (a plumbing check)")
     o.add_argument("--seeds", type=_int_spec, default=[0, 1, 2], help="data-order seeds, e.g. 0-2 (default)")
-    o.add_argument("--lrs", type=float_list, default=None, help="learning rates η (default 0.005,0.05)")
+    o.add_argument("--lrs", type=float_list, default=None,
+                   help="learning rates η (default: the scale's, 0.005,0.05; BPE scales 0.005)")
     o.add_argument("--out", required=True, help="experiment directory")
     o.add_argument("--results", default=None,
                    help="results file (default results/leading-terms/persistence-SCALE.json)")

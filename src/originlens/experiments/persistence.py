@@ -25,7 +25,8 @@ It reports, per η and weight type, over seeds (Fisher-z intervals; cosines live
 
 Writes ``OUT/experiment.json``, ``OUT/report.html`` and ``results/leading-terms/persistence-<scale>.json``.
 
-Scales (:data:`SCALES`): ``paper`` (|V| = 3,000, T = 200, first window of stories of ≥ 201 in-vocabulary
+Scales (:data:`SCALES`; ``paper-bpe`` / ``cpu-bpe`` are Table 2's BPE protocol: a corpus-trained BPE
+tokenizer, each story's first T + 1 tokens, η = 0.005, 500 steps, logging every 5): ``paper`` (|V| = 3,000, T = 200, first window of stories of ≥ 201 in-vocabulary
 tokens, 65,536 windows, batch 2,048, 3,200 steps: a GPU job), ``cpu`` (|V| = 500, T = 32, every story
 packed into windows with an end-of-text token and out-of-vocabulary words as ``<unk>`` — the data root's
 TinyStories subset has too few long in-vocabulary stories for the paper's filter — batch 512, 3,200
@@ -59,15 +60,25 @@ THRESHOLDS = (0.99, 0.9, 0.7)
 NULLS = ("permuted", "disjoint")
 PAPER_STEPS_PER_EPOCH = 32
 PAPER = {"min_cos_small_lr": {"W": 0.999496, "V": 0.999169, "W_O": 0.998486},
-         "epoch30_min": 0.9, "epoch100_min": 0.7}
+         "epoch30_min": 0.9, "epoch100_min": 0.7, "t_small_lr": 16.0,
+         "bpe": {"min_cos": {"W": 0.999914, "V": 0.998800, "W_O": 0.997891}, "t": 2.5}}
 SCALES: dict[str, dict[str, Any]] = {
     "paper": dict(vocab_size=3000, seq_len=200, windows="first", oov="drop", max_windows=65536, layers=3,
-                  batch_size=2048, steps=3200, log_every=64, corpus="tinystories"),
+                  batch_size=2048, steps=3200, log_every=64, corpus="tinystories", tokenizer="words",
+                  lrs=[0.005, 0.05]),
     "cpu": dict(vocab_size=500, seq_len=32, windows="pack", oov="unk", max_windows=None, layers=3,
-                batch_size=512, steps=3200, log_every=64, corpus="tinystories"),
+                batch_size=512, steps=3200, log_every=64, corpus="tinystories", tokenizer="words",
+                lrs=[0.005, 0.05]),
+    # Table 2: BPE (HF tokenizers, specials <unk> <pad> <s> </s>, each text wrapped in <s> … </s>), the
+    # first T + 1 tokens of each story, 10 epochs capped at 50 steps, logging every 0.1 epoch, η = 0.005
+    "paper-bpe": dict(vocab_size=10000, seq_len=200, windows="first", oov="drop", max_windows=102400, layers=3,
+                      batch_size=2048, steps=500, log_every=5, corpus="tinystories", tokenizer="bpe", lrs=[0.005]),
+    "cpu-bpe": dict(vocab_size=500, seq_len=32, windows="first", oov="drop", max_windows=None, layers=3,
+                    batch_size=512, steps=500, log_every=5, corpus="tinystories", tokenizer="bpe", lrs=[0.005]),
     "ci": dict(vocab_size=80, seq_len=16, windows="pack", oov="unk", max_windows=None, layers=2,
-               batch_size=32, steps=24, log_every=4, corpus="storyworld"),
+               batch_size=32, steps=24, log_every=4, corpus="storyworld", tokenizer="words", lrs=[0.005, 0.05]),
 }
+PAPER_OF = {"paper": "paper", "cpu": "paper", "ci": "paper", "paper-bpe": "paper-bpe", "cpu-bpe": "paper-bpe"}
 ALPHA = 0.05
 
 
@@ -77,19 +88,22 @@ class PersistenceConfig:
 
     scale: str = "cpu"
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    lrs: list[float] = field(default_factory=lambda: [0.005, 0.05])
+    lrs: list[float] | None = None                  # default: the scale's
     overrides: dict[str, Any] = field(default_factory=dict)
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
             raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
-        bad = set(self.overrides) - set(SCALES["paper"])
+        allowed = set(SCALES["paper"]) - {"lrs"}
+        bad = set(self.overrides) - allowed
         if bad:
-            raise ConfigError(f"unknown override(s) {sorted(bad)}", f"use: {', '.join(SCALES['paper'])}")
+            raise ConfigError(f"unknown override(s) {sorted(bad)}", f"use: {', '.join(sorted(allowed))} (and lrs=)")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
                 isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
             raise ConfigError(f"seeds must be distinct non-negative integers, got {self.seeds!r}", "e.g. --seeds 0-2")
+        if self.lrs is None:
+            self.lrs = list(SCALES[self.scale]["lrs"])
         if not self.lrs or any(not (isinstance(x, (int, float)) and x > 0 and math.isfinite(x)) for x in self.lrs):
             raise ConfigError(f"learning rates must be positive numbers, got {self.lrs!r}", "e.g. --lrs 0.005,0.05")
         s = self.settings
@@ -97,6 +111,8 @@ class PersistenceConfig:
             v = s[key]
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{key}={v!r} must be an integer ≥ 1", f"pass a positive {key}")
+        if s["tokenizer"] not in ("words", "bpe"):
+            raise ConfigError(f"tokenizer {s['tokenizer']!r} unknown", "use words or bpe")
         if s["corpus"] not in ("tinystories", "storyworld"):
             raise ConfigError(f"corpus {s['corpus']!r} unknown", "use tinystories or storyworld")
 
@@ -118,10 +134,16 @@ class PersistenceConfig:
         """The paper's epoch 30 in steps (32 steps per paper epoch), capped at the run's length."""
         return min(30 * PAPER_STEPS_PER_EPOCH, self.settings["steps"])
 
+    @property
+    def paper_scale(self) -> str:
+        """The paper's protocol this scale stands for: ``paper`` (Table 1, Fig. 4) or ``paper-bpe`` (Table 2)."""
+        return PAPER_OF[self.scale]
+
     def deviations(self) -> list[str]:
-        paper, used = SCALES["paper"], self.settings
+        paper, used = SCALES[self.paper_scale], self.settings
         out = [f"{k} {used[k]} (paper {paper[k]})" for k in ("vocab_size", "seq_len", "windows", "oov", "max_windows",
-                                                             "layers", "batch_size", "steps", "corpus")
+                                                             "layers", "batch_size", "steps", "log_every", "corpus",
+                                                             "tokenizer")
                if used[k] != paper[k]]
         if len(self.seeds) != 1:
             out.append(f"{len(self.seeds)} data-order seeds (paper 1, seed 42)")
@@ -152,6 +174,7 @@ def corpus_for(s: dict[str, Any], d: Path) -> Any:
     from ..data import TokenStore, build_corpus
     from ..paths import data_root, tinystories_files
     want = {k: s.get(k) for k in ("vocab_size", "seq_len", "windows", "oov", "max_windows", "corpus")}
+    want["tokenizer"] = s.get("tokenizer", "words")
     marker = d.with_name(d.name + ".json")
     if d.is_dir() and marker.is_file() and read_json(marker) == want:
         return TokenStore.open(d)
@@ -165,7 +188,7 @@ def corpus_for(s: dict[str, Any], d: Path) -> Any:
     else:
         sources, extra = None, {"storyworld_stories": 400, "seed": 0}
     d.parent.mkdir(parents=True, exist_ok=True)
-    store = build_corpus(sources, d, tokenizer="words", vocab_size=s["vocab_size"], seq_len=s["seq_len"],
+    store = build_corpus(sources, d, tokenizer=want["tokenizer"], vocab_size=s["vocab_size"], seq_len=s["seq_len"],
                          windows=s["windows"], oov=s["oov"], max_windows=s.get("max_windows"), overwrite=True,
                          **extra)
     atomic_write_json(marker, want)
@@ -411,7 +434,8 @@ def run_persistence(config: PersistenceConfig, out: str | Path, *, results: str 
                       runs=[{"lr": float(lr), "seed": int(sd), **{k: r[k] for k in ("lt", *NULLS, "loss", "seconds",
                                                                                     "t", "windows_covered") if k in r}}
                             for lr, by in summary["runs"].items() for sd, r in by.items()],
-                      extra={"paper": PAPER})
+                      extra={"paper": PAPER, "protocol": config.paper_scale,
+                             "paper_t": PAPER["bpe"]["t"] if config.paper_scale == "paper-bpe" else PAPER["t_small_lr"]})
         summary["results_file"] = str(res_path)
     return summary
 
@@ -481,15 +505,20 @@ def render_section(key: str, rec: dict[str, Any]) -> list[str]:
             "|---|---|---|---|---|"]
     out += [f"| {lr} | {_ci(v['loss']['first'])} | {_ci(v['loss']['final'])} | {_ci(v['loss']['tail_rel_slope'])} | "
             f"{_ci(v['seconds'], 0)} |" for lr, v in by.items()]
-    out += ["", f"Paper (|V| = 3,000, T = 200): min cosine over 100 epochs at η = 0.005: W {PAPER['min_cos_small_lr']['W']}, "
-            f"V {PAPER['min_cos_small_lr']['V']}, W_O {PAPER['min_cos_small_lr']['W_O']}; at η = 0.05 every cosine "
-            "≥ 0.9 at epoch 30 and > 0.7 at epoch 100.", ""]
+    if rec.get("protocol") == "paper-bpe":
+        b = PAPER["bpe"]["min_cos"]
+        out += ["", f"Paper, Table 2 (BPE, |V| = 10,000, T = 200, η = 0.005, 500 steps, t = 2.5): min cosine W {b['W']}, "
+                f"V {b['V']}, W_O {b['W_O']}.", ""]
+    else:
+        out += ["", f"Paper (|V| = 3,000, T = 200): min cosine over 100 epochs at η = 0.005: W "
+                f"{PAPER['min_cos_small_lr']['W']}, V {PAPER['min_cos_small_lr']['V']}, W_O "
+                f"{PAPER['min_cos_small_lr']['W_O']}; at η = 0.05 every cosine ≥ 0.9 at epoch 30 and > 0.7 at epoch 100.", ""]
     return out
 
 
 def judge(rec: dict[str, Any]) -> Any:
     """Reproduced: at the small η every type's minimum over the logging points has its lower bound ≥ 0.99
-    and the run covers t ≥ 16; at the large η every type is ≥ 0.9 at epoch 30 and > 0.7 at the end (lower
+    and the run covers the paper's t (16 for Table 1, 2.5 for Table 2's BPE); at the large η every type is ≥ 0.9 at epoch 30 and > 0.7 at the end (lower
     bounds); and the leading term beats the permuted-token null for every type (p < 0.05).  Partial: some
     of these hold.  Not reproduced: none."""
     from .claims import Verdict
@@ -497,7 +526,8 @@ def judge(rec: dict[str, Any]) -> Any:
     lrs = sorted(by, key=float)
     small, large = by[lrs[0]], by[lrs[-1]]
     checks = {}
-    checks["small η: min cos ≥ 0.99, t ≥ 16"] = small["t"] >= 16 and all(
+    paper_t = float(rec.get("paper_t", PAPER["t_small_lr"]))
+    checks[f"small η: min cos ≥ 0.99, t ≥ {paper_t:g}"] = small["t"] >= paper_t and all(
         (small[k]["min_logged"].get("low") or -1) >= 0.99 for k in KINDS)
     if len(lrs) > 1:
         checks["large η: ≥ 0.9 at epoch 30"] = all((large[k]["epoch30"].get("low") or -1) >= 0.9 for k in KINDS)
