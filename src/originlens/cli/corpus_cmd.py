@@ -18,7 +18,8 @@ sources:
                       (or --text-field); .gz versions of .txt/.json/.jsonl are read too
   FILE.parquet        column 'text' or 'story' (or --text-field)
   DIR                 every such file below DIR (recursive, sorted, hidden files skipped)
-  hf:NAME[:SPLIT]     a Hugging Face dataset (needs the optional package 'datasets' and network)
+  hf:NAME[/CONFIG][@REV][:SPLIT]
+                      a Hugging Face dataset (needs the optional package 'datasets' and network)
   (none)              the built-in storyworld corpus with planted statistics (--stories, --seed)
 
 examples:
@@ -41,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "directory atomically: nothing appears under --out unless the build succeeds.",
         epilog=BUILD_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("sources", nargs="*", metavar="SOURCE",
-                   help="text files, directories or hf:NAME[:SPLIT]; none = built-in storyworld")
+                   help="text files, directories or hf:NAME[/CONFIG][@REV][:SPLIT]; none = built-in storyworld")
     b.add_argument("--out", required=True, type=Path, metavar="DIR", help="output corpus directory")
     b.add_argument("--tokenizer", default="words", metavar="words|bpe|PATH",
                    help="'words' (the paper's lower-cased word/punctuation tokenizer, default), 'bpe' "

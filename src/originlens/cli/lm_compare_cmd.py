@@ -11,7 +11,10 @@ Checkpoints: ``--checkpoint-dir`` takes every checkpoint file in DIR ordered by 
 entries are paths or ``hf:ID@REV`` specs, and with ``--model hf:ID`` bare entries are revisions
 (``--log-steps 512`` = step1, step2, …, step512).  ``--corpus`` is an originlens corpus directory (its
 vocabulary must be the model's) or raw text (files/directories, ``hf:DATASET``) tokenised with the model's
-tokenizer (``--tokenizer``: llama2.c ``.bin``, ``tokenizer.json`` or an originlens tokenizer directory).
+tokenizer (``--tokenizer``: llama2.c ``.bin``, ``tokenizer.json``, an originlens tokenizer directory or
+``hf:ID[@REV]``; by default the tokenizer stored with the first checkpoint: a Hugging Face directory's or
+hub revision's ``tokenizer.json``).  ``results.json`` records the tokenizer used and, for hub revisions,
+the commit each one resolved to (``grid.commits``).
 Writes RUN/results.json, RUN/figures/*.png and RUN/report.html.
 
 Mounted under the ``lm`` group registered by :mod:`originlens.cli.lm_cmd` (listed after it in
@@ -97,22 +100,36 @@ def _resolve_bos(flag: str, adapter: Any) -> int | None:
 class _Session:
     """State shared by the statistics provider and the per-checkpoint vocabulary check."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, specs: list[str] | None = None) -> None:
         self.args = args
+        self.specs = list(specs or [])
         self.tokenizer: Any = None
         self.corpus_identity: Any = None
         self.tokenizer_size: int | None = None
         self.info: dict[str, Any] = {}
+        self._resolved = False
 
     def _tokenizer(self, adapter: Any) -> Any:
-        from ..lm.compare import load_model_tokenizer, tokenizer_vocab
-        if self.tokenizer is None:
+        """The model's tokenizer, resolved once through the one loader of :mod:`originlens.lm.loading`:
+        ``--tokenizer`` (a path of any kind or ``hf:ID[@REV]``), else the adapter's own, else the one stored
+        next to the first checkpoint (a Hugging Face directory's or hub revision's ``tokenizer.json``)."""
+        from ..errors import OriginlensError
+        from ..lm.compare import tokenizer_vocab
+        from ..lm.loading import load_tokenizer, open_tokenizer
+        if not self._resolved:
+            self._resolved = True
             if self.args.tokenizer is not None:
-                self.tokenizer = load_model_tokenizer(self.args.tokenizer, adapter.vocab_size)
+                self.tokenizer = open_tokenizer(self.args.tokenizer, vocab_size=adapter.vocab_size)
             else:
                 self.tokenizer = getattr(adapter, "tokenizer", None)
+                if self.tokenizer is None and self.specs:
+                    try:
+                        self.tokenizer = load_tokenizer(self.specs[0])
+                    except (OriginlensError, OSError) as exc:
+                        self.info["tokenizer_not_found"] = getattr(exc, "what", None) or str(exc)
             if self.tokenizer is not None:
                 self.tokenizer_size = len(tokenizer_vocab(self.tokenizer))
+                self.info["tokenizer_source"] = getattr(self.tokenizer, "source", None) or type(self.tokenizer).__name__
         return self.tokenizer
 
     def check_model(self, label: str, adapter: Any) -> list[str]:
@@ -175,25 +192,41 @@ class _Session:
             vh = store.vocab_hash
         else:
             if tok is None:
-                raise InputError("raw text needs the model's tokenizer",
-                                 "pass --tokenizer (llama2.c .bin, tokenizer.json or an originlens tokenizer "
-                                 "directory), or an originlens corpus directory as --corpus")
+                why = self.info.get("tokenizer_not_found")
+                raise InputError("raw text needs the model's tokenizer" + (f" (none next to the checkpoint: {why})"
+                                                                           if why else ""),
+                                 "pass --tokenizer (llama2.c .bin, tokenizer.json, an originlens tokenizer "
+                                 "directory or hf:ID[@REV]), or an originlens corpus directory as --corpus")
             if hasattr(tok, "pieces"):                  # llama2.c tokenizer: BOS handled below
                 def encode(text: str) -> list[int]:
                     return tok.encode(text, bos=False)
             else:
                 encode = tok.encode
+            counts: dict[str, int] = {}
             windows, valid = windows_from_texts(iter_documents(sources), encode, bos_id=bos,
-                                                window_tokens=a.window, max_texts=a.max_texts)
+                                                window_tokens=a.window, max_texts=a.max_texts,
+                                                min_tokens=a.min_tokens, min_chars=a.min_chars, counts=counts)
+            self.info["texts"] = counts
             vocab = tokenizer_vocab(tok)
             vocab = vocab + [f"<id:{i}>" for i in range(len(vocab), V)]
             stats = comparison_statistics(windows, V, valid=valid, top_k=K, centering=a.centering,
                                           vocab=vocab[:V])
-            desc = (f"text {', '.join(sources)} tokenised with the model tokenizer ({windows.shape[0]} texts, "
-                    f"cut/padded to {a.window} tokens, BOS {'id ' + str(bos) if bos is not None else 'none'})")
+            desc = (f"text {', '.join(sources)} tokenised with the model tokenizer ({windows.shape[0]} texts"
+                    + (f" of ≥ {a.min_chars} characters and ≥ {a.min_tokens} tokens, {counts['skipped_short']} "
+                       "shorter ones skipped" if a.min_tokens or a.min_chars else "")
+                    + f", cut/padded to {a.window} tokens, BOS {'id ' + str(bos) if bos is not None else 'none'})")
             vh = tokenizer_identity(tok).vocab_hash
         stats.meta.update({"source": desc, "bos_id": bos, "tokenizer_vocab_hash": vh, "top_k": K})
         return stats
+
+
+def _source_records(corpus: str | None) -> list[dict[str, Any]] | None:
+    """What each ``--corpus`` source was: files with sizes and sha256, ``hf:`` datasets with their config,
+    revision, split and the commit the revision resolved to in the local hub cache."""
+    if not corpus:
+        return None
+    from ..data import source_fingerprint
+    return source_fingerprint([s.strip() for s in corpus.split(",") if s.strip()])
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -209,13 +242,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     specs = checkpoint_specs(args.model, args.checkpoints, args.checkpoint_dir, args.log_steps)
     grid = CheckpointGrid(specs, on_missing=args.on_missing, hash_weights=not args.no_hash)
-    session = _Session(args)
+    session = _Session(args, specs)
     cfg = CompareConfig(top_tokens=args.top_tokens or 2000, layers=args.layers, head_layers=args.heads_layers or (),
                         null_baseline=args.null_baseline, token_centred=args.token_centred,
                         token_chunk=args.token_chunk, device=args.device,
                         dtype=args.dtype)
     result = compare_checkpoints(grid, session.statistics, cfg, check_model=session.check_model)
     result.warnings = session.info.get("warnings", []) + result.warnings
+    result.config["tokenizer_source"] = session.info.get("tokenizer_source")
+    result.config["texts"] = session.info.get("texts")
+    result.config["corpus_sources"] = _source_records(args.corpus)
     extra = {"model": args.model, "checkpoints": specs, "corpus": args.corpus, "stats": args.stats,
              "tokenizer": args.tokenizer}
     report = write_comparison(result, args.out, extra=extra, overwrite=args.overwrite)
@@ -237,7 +273,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--checkpoint-dir", default=None, help="every checkpoint file in DIR, ordered by step")
     m.add_argument("--log-steps", type=int, default=None, help="with --model hf:ID: revisions step1, step2, …, stepMAX")
     m.add_argument("--tokenizer", default=None, help="the model's tokenizer (llama2.c .bin, tokenizer.json, "
-                                                     "originlens tokenizer dir)")
+                                                     "originlens tokenizer dir, hf:ID[@REV]; default: the one "
+                                                     "stored with the first checkpoint)")
     m.add_argument("--on-missing", choices=["stop", "skip"], default="stop",
                    help="a missing checkpoint stops the run (default) or is skipped")
     m.add_argument("--no-hash", action="store_true", help="do not hash weights (no duplicate detection)")
@@ -246,7 +283,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--stats", default=None, help="statistics directory from `originlens stats` (model token ids)")
     s.add_argument("--top-tokens", type=int, default=None, help="K most frequent tokens (default 2000)")
     s.add_argument("--window", type=int, default=128, help="tokens per text window incl. BOS (default 128)")
-    s.add_argument("--max-texts", type=int, default=None, help="use at most N texts / windows")
+    s.add_argument("--max-texts", type=int, default=None, help="use at most N texts / windows (texts kept)")
+    s.add_argument("--min-chars", type=int, default=0,
+                   help="skip texts with fewer characters (the paper's OpenWebText filter: 512)")
+    s.add_argument("--min-tokens", type=int, default=0,
+                   help="skip texts with fewer tokens (e.g. 127 with --window 128: only full windows)")
     s.add_argument("--bos", default="auto", help="auto (the model's BOS) | none | TOKEN_ID")
     s.add_argument("--centering", type=finite_float, default=None, help="centring constant (default 1/|V| of the model)")
     c = p.add_argument_group("comparison")

@@ -13,7 +13,8 @@ the largest document (plus a 1 MiB read buffer):
 * Parquet (``.parquet``): record batches of one string column;
 * a directory: every file above, recursively, sorted by relative path; hidden entries and nested
   originlens corpus directories are skipped;
-* ``hf:NAME[:SPLIT]``: a Hugging Face dataset through the optional ``datasets`` package (streaming).
+* ``hf:NAME[/CONFIG][@REVISION][:SPLIT]``: a Hugging Face dataset through the optional ``datasets``
+  package (streaming; :func:`parse_hf`), recorded with the commit its revision resolved to.
 
 Objects take the field ``text_field`` if given, else ``text``, else ``story``; ``null`` values are
 skipped. Documents that are empty or whitespace-only are skipped everywhere. ``split_mode`` applies to
@@ -26,6 +27,8 @@ import codecs
 import gzip
 import json
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator
 
@@ -52,7 +55,7 @@ Source = str | os.PathLike
 
 def iter_documents(source: Source | Iterable[Source], *, text_field: str | None = None,
                    split_mode: str = "auto", errors: str = "strict") -> Iterator[str]:
-    """Iterate over the documents of ``source`` (a path, a directory, ``hf:NAME[:SPLIT]``, or a list).
+    """Iterate over the documents of ``source`` (a path, a directory, ``hf:NAME[/CONFIG][@REV][:SPLIT]``, or a list).
 
     Path problems raise :class:`InputError` immediately; decoding problems when reached. A source that
     yields no document at all raises ``InputError`` at the end of the iteration.
@@ -92,22 +95,69 @@ def source_fingerprint(source: Source | Iterable[Source]) -> list[dict[str, Any]
     out: list[dict[str, Any]] = []
     for s in sources:
         if isinstance(s, str) and s.startswith(HF_PREFIX):
-            name, split = parse_hf(s)
-            out.append({"path": f"{HF_PREFIX}{name}:{split}", "bytes": None, "sha256": None})
+            ds = parse_hf(s)
+            out.append({"path": ds.spec, "bytes": None, "sha256": None, "name": ds.name, "config": ds.config,
+                        "revision": ds.revision, "split": ds.split,
+                        "resolved_commit": dataset_commit(ds.name, ds.revision)})
             continue
         for f in source_files(s):
             out.append({"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)})
     return out
 
 
-def parse_hf(spec: str) -> tuple[str, str]:
-    """``"hf:NAME[:SPLIT]"`` → ``(NAME, SPLIT)`` with SPLIT defaulting to ``"train"``."""
+@dataclass(frozen=True)
+class HFDataset:
+    """A Hugging Face dataset source: ``name`` (``ORG/NAME`` or ``NAME``), ``config`` (the dataset's
+    configuration / subset, e.g. ``sample-10BT``), ``revision`` (branch, tag or commit) and ``split``."""
+
+    name: str
+    config: str | None
+    revision: str | None
+    split: str
+
+    @property
+    def spec(self) -> str:
+        return (f"{HF_PREFIX}{self.name}" + (f"/{self.config}" if self.config else "")
+                + (f"@{self.revision}" if self.revision else "") + f":{self.split}")
+
+
+_HF_PART = r"[A-Za-z0-9][\w.-]*"
+
+
+def parse_hf(spec: str) -> HFDataset:
+    """``"hf:NAME[/CONFIG][@REVISION][:SPLIT]"`` → :class:`HFDataset` (SPLIT defaults to ``"train"``).
+
+    NAME is ``ORG/NAME`` (or a bare NAME); a third path component is the configuration, so
+    ``hf:HuggingFaceFW/fineweb/sample-10BT`` is FineWeb's ``sample-10BT`` (a bare NAME cannot take a
+    configuration this way: write its canonical ``ORG/NAME``)."""
+    fix = ("write hf:NAME[/CONFIG][@REVISION][:SPLIT], e.g. hf:roneneldan/TinyStories:train or "
+           "hf:HuggingFaceFW/fineweb/sample-10BT@main:train")
     rest = spec[len(HF_PREFIX):]
-    name, _, split = rest.partition(":")
-    if not name:
-        raise ConfigError(f"bad Hugging Face source {spec!r}", "write hf:NAME or hf:NAME:SPLIT, "
-                          "e.g. hf:roneneldan/TinyStories:train")
-    return name, split or "train"
+    body, _, split = rest.partition(":")
+    body, _, revision = body.partition("@")
+    parts = body.split("/")
+    if not body or len(parts) > 3 or not all(re.fullmatch(_HF_PART, x) for x in parts) or \
+            (split and not re.fullmatch(r"[\w.\[\]%:+-]+", split)) or ("@" in rest and not revision):
+        raise ConfigError(f"bad Hugging Face source {spec!r}", fix)
+    name, config = ("/".join(parts[:2]), parts[2]) if len(parts) == 3 else (body, None)
+    return HFDataset(name, config, revision or None, split or "train")
+
+
+def dataset_commit(name: str, revision: str | None) -> str | None:
+    """The commit ``revision`` (default ``main``) of dataset ``name`` resolves to in the local hub cache
+    (``datasets--ORG--NAME/refs/REVISION``; a 40-hex revision is its own commit); None when unknown."""
+    if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
+        return revision
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return None
+    ref = Path(constants.HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}" / "refs" / (revision or "main")
+    try:
+        sha = ref.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return sha if re.fullmatch(r"[0-9a-f]{40}", sha) else None
 
 
 # --------------------------------------------------------------------------------------- planning
@@ -121,7 +171,7 @@ def _plan(source: Source, text_field: str | None) -> tuple[str, Any]:
 def _iterate(plans, sources, text_field, split_mode, errors) -> Iterator[str]:
     n = 0
     for kind, arg in plans:
-        docs = _iter_hf(*arg, text_field) if kind == "hf" else (
+        docs = _iter_hf(arg, text_field) if kind == "hf" else (
             d for f in arg for d in _iter_file(f, text_field, split_mode, errors))
         for d in docs:
             if d is not None and d.strip():
@@ -389,21 +439,29 @@ def _hf_fix(name: str) -> str:
             f"pass the file or directory path instead")
 
 
-def _iter_hf(name: str, split: str, text_field: str | None) -> Iterator[str | None]:
+def _iter_hf(src: HFDataset, text_field: str | None) -> Iterator[str | None]:
+    name = src.name
     try:
         import datasets  # optional dependency
     except ImportError:
         raise InputError(f"reading hf:{name} needs the optional package 'datasets', which is not installed",
                          "pip install 'originlens[hf]', or " + _hf_fix(name)) from None
     try:
-        ds = datasets.load_dataset(name, split=split, streaming=True)
+        kw: dict[str, Any] = {"split": src.split, "streaming": True}
+        if src.config:
+            kw["name"] = src.config                  # datasets calls the configuration "name"
+        if src.revision:
+            kw["revision"] = src.revision
+        ds = datasets.load_dataset(name, **kw)
         it = iter(ds)
         for i, row in enumerate(it):
-            yield _field(row, Path(f"hf:{name}:{split}"), f"row {i}", text_field)
+            yield _field(row, Path(src.spec), f"row {i}", text_field)
     except InputError:
         raise
     except Exception as exc:  # network / offline / unknown name: datasets raises many types
         msg = " ".join(str(exc).split())[:200]
-        raise InputError(f"cannot load Hugging Face dataset {name!r} (split {split!r}): "
-                         f"{type(exc).__name__}: {msg}",
+        what = ", ".join(x for x in (f"config {src.config!r}" if src.config else "",
+                                     f"revision {src.revision!r}" if src.revision else "",
+                                     f"split {src.split!r}") if x)
+        raise InputError(f"cannot load Hugging Face dataset {name!r} ({what}): {type(exc).__name__}: {msg}",
                          "check the name and the network (offline?), or " + _hf_fix(name)) from None

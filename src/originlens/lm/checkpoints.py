@@ -294,6 +294,7 @@ class CheckpointGrid:
     on_missing: str = "stop"
     hash_weights: bool = True
     hashes: dict[str, str] = field(default_factory=dict, init=False)
+    commits: dict[str, str] = field(default_factory=dict, init=False)     # label → resolved hub commit
     duplicates: list[Duplicate] = field(default_factory=list, init=False)
     skipped: list[Skipped] = field(default_factory=list, init=False)
 
@@ -349,7 +350,7 @@ class CheckpointGrid:
         self.hashes[label] = digest
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
-        self.hashes, self.duplicates, self.skipped = {}, [], []
+        self.hashes, self.commits, self.duplicates, self.skipped = {}, {}, [], []
         absent = {p.spec for p in self.missing()}
         if absent and self.on_missing == "stop":
             names = ", ".join(sorted(absent))
@@ -363,6 +364,8 @@ class CheckpointGrid:
             if adapter is None:
                 continue
             self._record_hash(p.label, adapter)
+            if getattr(adapter, "commit", None):
+                self.commits[p.label] = str(adapter.commit)
             yield p.label, adapter
             del adapter
             _free()
@@ -381,8 +384,8 @@ class CheckpointGrid:
         return out
 
     def summary(self) -> dict[str, Any]:
-        """JSON-able record: specs, labels, weight hashes, duplicates and skipped checkpoints."""
+        """JSON-able record: specs, labels, weight hashes, resolved hub commits, duplicates and skipped checkpoints."""
         return {"specs": [p.spec for p in self.parsed], "labels": self.labels, "on_missing": self.on_missing,
-                "hashes": dict(self.hashes),
+                "hashes": dict(self.hashes), "commits": dict(self.commits),
                 "duplicates": [vars(d) for d in self.duplicates],
                 "skipped": [vars(s) for s in self.skipped]}

@@ -336,13 +336,23 @@ class VocabIdentity:
 
 
 def tokenizer_vocab(tokenizer: Any) -> list[str]:
-    """Token strings of an originlens tokenizer (``vocab``) or a llama2.c tokenizer (``pieces``)."""
+    """Token strings by id of an originlens tokenizer (``vocab``), a llama2.c tokenizer (``pieces``), a
+    Hugging Face ``tokenizers.Tokenizer`` or ``transformers`` tokenizer (``get_vocab()``; ids without a
+    string become ``<id:N>``), or a :class:`~originlens.lm.loading.TextCodec` wrapping one of them."""
+    inner = getattr(tokenizer, "inner", None)
+    if inner is not None and hasattr(tokenizer, "encode_fn"):
+        return tokenizer_vocab(inner)
     vocab = getattr(tokenizer, "vocab", None)
     if isinstance(vocab, list):
         return vocab
     pieces = getattr(tokenizer, "pieces", None)
     if pieces is not None:
         return [p.decode("utf-8", errors="backslashreplace") for p in pieces]
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if callable(get_vocab):
+        by_id = {int(i): str(t) for t, i in get_vocab().items()}
+        n = max(by_id) + 1 if by_id else 0
+        return [by_id.get(i, f"<id:{i}>") for i in range(n)]
     raise ConfigError(f"cannot read the vocabulary of {type(tokenizer).__name__}",
                       "pass an originlens, tokenizer.json or llama2.c tokenizer")
 
@@ -351,18 +361,6 @@ def tokenizer_identity(tokenizer: Any, source: str = "tokenizer") -> VocabIdenti
     from ..storage import vocab_hash
     vocab = tokenizer_vocab(tokenizer)
     return VocabIdentity(len(vocab), vocab_hash(vocab, len(vocab)), source)
-
-
-def load_model_tokenizer(path: str | Path, vocab_size: int) -> Any:
-    """A llama2.c ``.bin`` tokenizer (``vocab_size`` tokens) or any tokenizer :func:`load_tokenizer` reads."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"tokenizer {p} does not exist", "check the --tokenizer path")
-    if p.is_file() and p.suffix == ".bin":
-        from .llama2c import Llama2cTokenizer
-        return Llama2cTokenizer.from_file(p, vocab_size)
-    from ..data.tokenizers import load_tokenizer
-    return load_tokenizer(p)
 
 
 def model_identity(adapter: Any, tokenizer: Any | None = None) -> VocabIdentity:
@@ -401,18 +399,34 @@ def check_vocab(model: VocabIdentity, corpus: VocabIdentity, what: str, *,
 
 
 def windows_from_texts(texts: Iterable[str], encode: Callable[[str], list[int]], *, bos_id: int | None,
-                       window_tokens: int = 128, max_texts: int | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
+                       window_tokens: int = 128, max_texts: int | None = None, min_tokens: int = 0,
+                       min_chars: int = 0, counts: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each text tokenised, BOS prepended (unless already first), cut or padded to
     ``window_tokens`` tokens.  Returns ``(windows (N, window_tokens) int64, valid (N, window_tokens−1))``;
-    ``valid[n, t]`` marks a real (x_t, x_{t+1}) pair (padding is 0 and not counted)."""
+    ``valid[n, t]`` marks a real (x_t, x_{t+1}) pair (padding is 0 and not counted).
+
+    ``min_chars`` / ``min_tokens``: texts with fewer characters / tokens (before BOS and cutting) are
+    skipped — the paper's OpenWebText protocol keeps texts of ≥ 512 characters; ``min_tokens =
+    window_tokens − 1`` keeps only texts that fill a window; ``max_texts`` counts the texts *kept*;
+    ``counts`` (if given) receives ``read``, ``kept`` and ``skipped_short``."""
     if window_tokens < 2:
         raise ConfigError(f"window_tokens must be ≥ 2 (got {window_tokens})", "e.g. 128")
+    if min_tokens < 0 or min_chars < 0:
+        raise ConfigError(f"min_tokens / min_chars must be ≥ 0 (got {min_tokens} / {min_chars})",
+                          "e.g. --min-chars 512 (the paper's OpenWebText filter)")
     rows, lens = [], []
-    for i, text in enumerate(texts):
-        if max_texts is not None and i >= max_texts:
+    tally = {"read": 0, "kept": 0, "skipped_short": 0}
+    for text in texts:
+        if max_texts is not None and len(rows) >= max_texts:
             break
+        tally["read"] += 1
+        if len(text) < min_chars:
+            tally["skipped_short"] += 1
+            continue
         ids = list(encode(text))
+        if len(ids) < min_tokens:
+            tally["skipped_short"] += 1
+            continue
         if bos_id is not None and (not ids or ids[0] != bos_id):
             ids = [bos_id] + ids
         ids = ids[:window_tokens]
@@ -420,8 +434,13 @@ def windows_from_texts(texts: Iterable[str], encode: Callable[[str], list[int]],
             continue
         lens.append(len(ids))
         rows.append(ids + [0] * (window_tokens - len(ids)))
+    tally["kept"] = len(rows)
+    if counts is not None:
+        counts.update(tally)
     if not rows:
-        raise InputError("no text gave at least two tokens", "pass a corpus with some text")
+        lim = min_tokens or min_chars
+        raise InputError("no text gave at least two tokens" + (" and passed the length filter" if lim else ""),
+                         "pass a corpus with some text" + (", or lower --min-tokens / --min-chars" if lim else ""))
     windows = np.asarray(rows, dtype=np.int64)
     valid = np.arange(window_tokens - 1)[None, :] + 1 < np.asarray(lens)[:, None]
     return windows, valid

@@ -406,4 +406,20 @@ def load_hf(path_or_id: str | os.PathLike, revision: str | None = None, *,
                           trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
                           device=device, allow_pickled_weights=allow_pickled_weights)
     src = str(path_or_id) + (f"@{revision}" if revision else "")
-    return HFAdapter(model, source=src)
+    adapter = HFAdapter(model, source=src)
+    adapter.commit = None if resolve_hf_source(path_or_id)[1] else resolved_commit(str(path_or_id), revision)  # type: ignore[attr-defined]
+    return adapter
+
+
+def resolved_commit(repo_id: str, revision: str | None) -> str | None:
+    """The hub commit that ``revision`` (a branch, tag or commit; default ``main``) of ``repo_id`` resolved
+    to, read from the local cache after a load (``…/snapshots/<commit>/config.json``); None if unknown."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    path = try_to_load_from_cache(repo_id, "config.json", revision=revision or "main")
+    if not isinstance(path, str):
+        return None
+    snap = Path(path).parent
+    return snap.name if snap.parent.name == "snapshots" else None

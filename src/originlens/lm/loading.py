@@ -148,10 +148,13 @@ def originlens_codec(tok: Any, source: str = "") -> TextCodec:
 
 
 def open_tokenizer(path: str | os.PathLike, *, vocab_size: int | None = None) -> TextCodec:
-    """A tokenizer from a path of any kind: llama2.c ``.bin``, ``tokenizer.json`` (or a directory with
-    one), a saved originlens tokenizer directory, or a corpus directory."""
+    """A tokenizer from a path of any kind — llama2.c ``.bin``, ``tokenizer.json`` (or a directory with
+    one), a saved originlens tokenizer directory, a corpus directory — or a hub spec ``hf:ID[@REV]`` (its
+    ``tokenizer.json``; offline from the local cache when ``HF_HUB_OFFLINE`` is set)."""
     from ..data.store import TokenStore, is_corpus_dir
     from ..data.tokenizers import SAVED_NAME, load_saved
+    if isinstance(path, str) and path.startswith(HF_PREFIX):
+        return _hub_tokenizer(*parse_hub_spec(path))
     p = Path(path)
     if not p.exists():
         raise InputError(f"tokenizer {p} does not exist", "check the --tokenizer path")
