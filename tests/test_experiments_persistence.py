@@ -192,3 +192,29 @@ def test_bpe_protocol_builds_a_bpe_corpus_and_is_judged_against_table_2(tmp_path
         P.PersistenceConfig(scale="ci", overrides={"tokenizer": "sentencepiece"})
     with pytest.raises(ConfigError, match="override"):
         P.PersistenceConfig(scale="ci", overrides={"lrs": [0.1]})
+
+
+@pytest.mark.slow
+def test_docs_figure_is_drawn_from_the_results_file_and_checked_by_its_digest(ci_run, tmp_path):
+    import shutil
+    from PIL import Image
+    from originlens.experiments.render import BEGIN, END, render, results_digest
+    cfg, out, _ = ci_run
+    root = tmp_path / "root"
+    (root / "docs").mkdir(parents=True)
+    (root / "README.md").write_text(f"# x\n\n{BEGIN}\n{END}\n")
+    (root / "results" / "leading-terms").mkdir(parents=True)
+    dst = root / "results" / "leading-terms" / "persistence-ci.json"
+    shutil.copy(out / "res.json", dst)
+    changed = {p.name for p in render(root)}
+    png = root / "docs" / "figures" / "leading-terms-persistence-ci.png"
+    assert "leading-terms-persistence-ci.png" in changed and png.is_file()
+    rec = json.loads(dst.read_text())
+    with Image.open(png) as im:
+        assert im.info["Description"] == results_digest(rec)
+    assert "![leading-terms/persistence-ci](figures/leading-terms-persistence-ci.png)" in \
+        (root / "docs" / "results.md").read_text()
+    assert render(root, check=True) == []
+    rec["runs"][0]["curve"]["W"][-1] = 0.5                       # other numbers: the figure is out of date
+    dst.write_text(json.dumps(rec))
+    assert png in render(root, check=True)

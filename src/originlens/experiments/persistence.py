@@ -310,6 +310,8 @@ def run_summary(run_dir: Path, config: PersistenceConfig, lr: float) -> dict[str
                 per[k]["horizon"] = {f"{th:g}": horizon(series, th) for th in THRESHOLDS}
                 per[k]["first_defined"] = next((st for st, c in series if c is not None), None)
         out[which] = per
+    out["curve"] = {"steps": points, **{k: [cos[p]["lt"].get(k) for p in points] for k in KINDS},
+                    "loss": [losses.get(p) for p in points]}
     first, last = losses.get(1), losses.get(steps)
     tail = [losses[st] for st in sorted(losses) if st > 0.9 * steps]
     out["loss"] = {"first": first, "final": last,
@@ -432,7 +434,8 @@ def run_persistence(config: PersistenceConfig, out: str | Path, *, results: str 
                                    **{f"{lr}/{sd}": r["data_hashes"] for lr, by in summary["runs"].items()
                                       for sd, r in by.items()}},
                       runs=[{"lr": float(lr), "seed": int(sd), **{k: r[k] for k in ("lt", *NULLS, "loss", "seconds",
-                                                                                    "t", "windows_covered") if k in r}}
+                                                                                    "t", "windows_covered", "curve")
+                                                                    if k in r}}
                             for lr, by in summary["runs"].items() for sd, r in by.items()],
                       extra={"paper": PAPER, "protocol": config.paper_scale,
                              "paper_t": PAPER["bpe"]["t"] if config.paper_scale == "paper-bpe" else PAPER["t_small_lr"]})
@@ -479,6 +482,33 @@ HEADER = ["η", "steps", "weight", "min cos, logging points", "min cos, all step
           "cos at the end", "horizon (first step below)", "nulls at the end (p: leading term > null)"]
 
 
+def figure(rec: dict[str, Any], plt: Any) -> Any:
+    """Cosine with the leading term vs t = sη at the logging points, one panel per η, one line per weight
+    type (mean over seeds, band: min–max over seeds) — the analogue of the paper's Fig. 4.  ``rec``: a
+    results record or the experiment summary (both carry ``runs`` with their ``curve``)."""
+    runs = rec["runs"] if isinstance(rec["runs"], list) else [
+        {"lr": float(lr), **r} for lr, by in rec["runs"].items() for r in by.values()]
+    lrs = sorted({float(r["lr"]) for r in runs})
+    fig, axes = plt.subplots(1, len(lrs), figsize=(4.2 * len(lrs), 3.2), squeeze=False)
+    for ax, lr in zip(axes[0], lrs):
+        rs = [r for r in runs if float(r["lr"]) == lr and r.get("curve")]
+        if not rs:
+            continue
+        t = np.asarray(rs[0]["curve"]["steps"], dtype=float) * lr
+        for k, colour in zip(KINDS, ("tab:red", "tab:blue", "tab:green")):
+            ys = np.array([[np.nan if v is None else v for v in r["curve"][k]] for r in rs], dtype=float)
+            ax.plot(t, np.nanmean(ys, axis=0), color=colour, label=k)
+            ax.fill_between(t, np.nanmin(ys, axis=0), np.nanmax(ys, axis=0), color=colour, alpha=0.2)
+        ax.set_xlabel("t = sη")
+        ax.set_ylabel("cosine with the leading term")
+        ax.set_title(f"η = {lr:g}")
+        ax.set_ylim(min(0.0, float(np.nanmin([v for r in rs for k in KINDS for v in r["curve"][k] if v is not None]
+                                             or [0.0]))), 1.01)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def write_report(summary: dict[str, Any], out: str | Path) -> Path:
     """``OUT/report.html`` (+ ``report.md``)."""
     from ..report import Report
@@ -486,6 +516,13 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
     rep = Report(f"Leading terms beyond the theorem's window ({sc['name']} scale)")
     rep.text(f"{sc['summary']}: {sc['model']}; {sc['training']}; corpus {sc['corpus']}; {sc['logging']}. "
              f"Deviations: {', '.join(sc['deviations']) or 'none'}.")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = figure(summary, plt)
+    rep.figure(fig, "cosine with the leading term at the logging points (mean over seeds; band: min–max)",
+               name="cosines.png")
+    plt.close(fig)
     rep.table(HEADER, _rows(summary["by_lr"]), caption="Fisher-z intervals over seeds; min over layers per type")
     rep.table(["η", "loss at step 1", "loss at the end", "relative drop over the last 10 %", "seconds per run"],
               [[lr, _ci(v["loss"]["first"]), _ci(v["loss"]["final"]), _ci(v["loss"]["tail_rel_slope"]),

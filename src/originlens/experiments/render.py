@@ -7,7 +7,10 @@
   beside ours and the scale it ran at);
 * ``ROOT/docs/results.md`` entirely (the status table again, then one section per results file: the
   exact command, commit, seeds, every deviation from the paper, the models' own quality, the numbers
-  with their CIs and the tests).
+  with their CIs and the tests);
+* the figures of :data:`FIGURES` under ``ROOT/docs/figures/``, each PNG carrying the sha256 of the
+  results record it was drawn from in its metadata (:func:`results_digest`), so the check compares
+  that, not pixels (which depend on the matplotlib version).
 
 ``render(ROOT, check=True)`` writes nothing and returns the files whose committed text differs from what
 the results files generate; the test suite calls it, so docs and results cannot drift apart.
@@ -123,6 +126,59 @@ SECTIONS: dict[str, Callable[[str, dict[str, Any]], list[str]]] = {"toy-grid": _
                                                                    "leading-terms": _leading_terms_section}
 
 
+def _persistence_figure(rec: dict[str, Any], plt: Any) -> Any:
+    from .persistence import figure
+    return figure(rec, plt)
+
+
+def _horizon_figure(rec: dict[str, Any], plt: Any) -> Any:
+    from .horizon import _figure
+    return _figure(rec, plt)
+
+
+# results key prefix → figure of docs/figures/<key with "/" → "-">.png
+FIGURES: dict[str, Callable[[dict[str, Any], Any], Any]] = {"leading-terms/persistence": _persistence_figure,
+                                                           "leading-terms/horizon": _horizon_figure}
+DIGEST_KEY = "Description"
+
+
+def figure_of(key: str) -> Callable[[dict[str, Any], Any], Any] | None:
+    return next((f for prefix, f in FIGURES.items() if key.startswith(prefix)), None)
+
+
+def figure_file(key: str) -> str:
+    """The docs figure of results ``key``, relative to ``docs/``."""
+    return f"figures/{key.replace('/', '-')}.png"
+
+
+def results_digest(rec: dict[str, Any]) -> str:
+    """sha256 of a results record (canonical JSON): the docs figure drawn from it carries this in its PNG
+    metadata, so a check can tell a figure drawn from other numbers without comparing pixels."""
+    import hashlib
+    import json
+    return "originlens-results sha256 " + hashlib.sha256(
+        json.dumps(rec, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _png_digest(path: Path) -> str | None:
+    try:
+        from PIL import Image
+        with Image.open(path) as im:
+            return im.info.get(DIGEST_KEY)
+    except (OSError, ImportError):
+        return None
+
+
+def _write_figure(path: Path, key: str, rec: dict[str, Any]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = figure_of(key)(rec, plt)  # type: ignore[misc]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110, metadata={DIGEST_KEY: results_digest(rec)})
+    plt.close(fig)
+
+
 def results_markdown(results: dict[str, dict[str, Any]]) -> str:
     """The whole of ``docs/results.md``."""
     out = ["# Results", "",
@@ -152,6 +208,8 @@ def results_markdown(results: dict[str, dict[str, Any]]) -> str:
         out += [f"## {titles.get(exp, exp)}", ""]
         for key in keys:
             out += section(key, results[key])
+            if figure_of(key) is not None:
+                out += [f"![{key}]({figure_file(key)})", ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -179,4 +237,12 @@ def render(root: str | Path = ".", *, check: bool = False) -> list[Path]:
             changed.append(path)
             if not check:
                 path.write_text(text, encoding="utf-8")
+    for key, rec in results.items():
+        if figure_of(key) is None:
+            continue
+        png = root / "docs" / figure_file(key)
+        if _png_digest(png) != results_digest(rec):
+            changed.append(png)
+            if not check:
+                _write_figure(png, key, rec)
     return changed
