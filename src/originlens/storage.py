@@ -44,6 +44,12 @@ def _current_umask() -> int:
 _UMASK = _current_umask()  # mkstemp/mkdtemp create 0600/0700; published files get normal modes
 
 
+def io_error(path: Path, exc: OSError, action: str) -> OriginlensError:
+    """The one-line :class:`OriginlensError` of an ``OSError`` on ``path`` (full disk, read-only or
+    unwritable location, anything else), with its fix."""
+    return _io_error(path, exc, action)
+
+
 def _io_error(path: Path, exc: OSError, action: str) -> OriginlensError:
     if exc.errno == errno.ENOSPC:
         return OriginlensError(f"no space left on device while {action} {path}",

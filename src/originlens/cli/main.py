@@ -99,6 +99,15 @@ def _main(argv: list[str] | None) -> int:
     except OriginlensError as exc:
         print(f"originlens: error: {exc.one_line()}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # an unwritable or read-only location, a full disk, a vanished file met outside the storage layer:
+        # still one line naming the path (the storage layer's wording), never a traceback
+        if exc.filename is None:
+            raise
+        from pathlib import Path
+        from ..storage import io_error
+        print(f"originlens: error: {io_error(Path(exc.filename), exc, 'accessing').one_line()}", file=sys.stderr)
+        return 2
     except Interrupted as exc:                  # a training loop checkpointed before stopping
         print(f"originlens: interrupted by {exc.message}", file=sys.stderr)
         return exc.exit_code
