@@ -259,3 +259,42 @@ def test_missing_transformers_and_unsupported_family(monkeypatch, tmp_path):
         require_transformers()
     with pytest.raises(CompatibilityError, match=r"pip install 'originlens\[hf\]'"):
         load_hf(tmp_path)
+
+
+def _gemma2(cap=5.0):
+    cfg = transformers.Gemma2Config(vocab_size=V, hidden_size=D, intermediate_size=24, num_hidden_layers=L,
+                                    num_attention_heads=H, num_key_value_heads=2, head_dim=6,
+                                    max_position_embeddings=8, final_logit_softcapping=cap,
+                                    attn_logit_softcapping=20.0, query_pre_attn_scalar=6, sliding_window=4,
+                                    bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return _randomise(transformers.Gemma2ForCausalLM(cfg))
+
+
+def test_gemma2_logits_residuals_soft_capped_unembedding_and_token_states():
+    m = _gemma2()
+    ad = HFAdapter(m)
+    assert (ad.n_layers, ad.d_model, ad.n_heads, ad.n_kv_heads, ad.vocab_size) == (L, D, H, 2, V)
+    x = tokens()
+    ref = m(x, output_hidden_states=True)
+    logits, res = ad.run(x, return_residuals=True)
+    torch.testing.assert_close(logits, ref.logits, rtol=0, atol=0)
+    for k in range(L):
+        torch.testing.assert_close(res[k], ref.hidden_states[k], rtol=0, atol=0)
+    # the soft cap is in the unembedding: |logit| < cap, and without it the logits would differ
+    torch.testing.assert_close(ad.unembed(res[L]), ref.logits, rtol=1e-5, atol=1e-5)
+    assert ref.logits.abs().max() < 5.0
+    raw = m.get_output_embeddings()(ad.final_norm(res[L]))
+    torch.testing.assert_close(torch.tanh(raw / 5.0) * 5.0, ad.unembed(res[L]), rtol=1e-6, atol=1e-6)
+    # single-token states: mid = pre + post_attention_layernorm(attn), post = the layer's output
+    ids = torch.arange(V)
+    st = ad.single_token_states(ids)
+    one = m(ids[:, None], output_hidden_states=True)
+    for l, layer in enumerate(ad.layers):
+        torch.testing.assert_close(st.pre[l], one.hidden_states[l][:, 0], rtol=0, atol=0)
+        mid = st.attn[l][:, None]
+        post = mid + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(mid)))
+        torch.testing.assert_close(post[:, 0], st.post[l], rtol=1e-5, atol=1e-5)
+    wq, wk = ad.qk_weights(0)
+    assert wq.shape == (H, 6, D) and wk.shape == (H, 6, D)

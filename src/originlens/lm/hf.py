@@ -9,7 +9,13 @@
   residual ``out = x + attn(ln1 x) + mlp(ln2 x)`` the "no MLP" representation is still
   ``E_attn = resid_pre + attn_out``;
 * ``llama`` (``LlamaForCausalLM``): RMSNorm, rotary positions with ``rotate_half`` pairs ``(j, j + dh/2)``,
-  grouped-query attention (query head h reads key/value head ``h // (H / H_kv)``).
+  grouped-query attention (query head h reads key/value head ``h // (H / H_kv)``);
+* ``gemma2`` (``Gemma2ForCausalLM``, the model of arXiv 2603.14087 §9): Llama's attention layout with
+  ``head_dim`` independent of d/H, embeddings scaled by √d inside the model (the residual sites see the
+  scaled stream), the attention and MLP outputs normalised again before they join the residual
+  (``post_attention_layernorm``: the "no MLP" state is ``resid_pre + post_attention_layernorm(attn_out)``),
+  and final-logit soft-capping ``c · tanh(z / c)`` (applied by :meth:`HFAdapter.unembed` too).  Its
+  attention-logit soft-capping and sliding windows act inside attention and need nothing here.
 
 Residual sites (``resid.k``) are implemented with forward *pre*-hooks on decoder layer k (k < L) and on
 the final normalisation (k = L), so a hook's return value is what the model consumes from there on.
@@ -86,6 +92,8 @@ class _Family:
     attention: Callable[[nn.Module], nn.Module]
     qk: Callable[[Any, nn.Module], tuple[Tensor, Tensor]]   # (W_Q (H, dh, d), W_K (H_kv, dh, d))
     n_kv_heads: Callable[[Any], int]
+    # what the attention module's output adds to the residual stream (Gemma-2 normalises it first)
+    attn_delta: Callable[[nn.Module, Tensor], Tensor] = lambda layer, out: out
 
 
 def _gpt2_qk(cfg: Any, layer: nn.Module) -> tuple[Tensor, Tensor]:
@@ -114,13 +122,16 @@ FAMILIES: dict[str, _Family] = {
                         lambda l: l.attention, _neox_qk, lambda c: c.num_attention_heads),
     "llama": _Family(lambda m: m.model.layers, lambda m: m.model.norm, lambda l: l.self_attn, _llama_qk,
                      lambda c: c.num_key_value_heads or c.num_attention_heads),
+    "gemma2": _Family(lambda m: m.model.layers, lambda m: m.model.norm, lambda l: l.self_attn, _llama_qk,
+                      lambda c: c.num_key_value_heads or c.num_attention_heads,
+                      attn_delta=lambda layer, out: layer.post_attention_layernorm(out)),
 }
 
 
 def _family(model_type: str) -> _Family:
     if model_type not in FAMILIES:
         raise CompatibilityError(f"Hugging Face model type {model_type!r} is not supported",
-                                 f"use one of: {', '.join(FAMILIES)} (GPT-2, GPT-NeoX/Pythia, Llama)")
+                                 f"use one of: {', '.join(FAMILIES)} (GPT-2, GPT-NeoX/Pythia, Llama, Gemma-2)")
     return FAMILIES[model_type]
 
 
@@ -231,9 +242,9 @@ class HFAdapter(LMAdapter):
                 pre[l].append(_first(args, kwargs)[:, 0])
             return fn
 
-        def grab_out(store: list, l: int):
+        def grab_out(store: list, l: int, delta: Callable[[Tensor], Tensor] = lambda x: x):
             def fn(module, args, kwargs, out):
-                store[l].append((out[0] if isinstance(out, tuple) else out)[:, 0])
+                store[l].append(delta((out[0] if isinstance(out, tuple) else out))[:, 0])
             return fn
 
         handles = []
@@ -241,8 +252,8 @@ class HFAdapter(LMAdapter):
             for l, layer in enumerate(self.layers):
                 handles.append(layer.register_forward_pre_hook(grab_pre(l), with_kwargs=True))
                 handles.append(layer.register_forward_hook(grab_out(post, l), with_kwargs=True))
-                handles.append(self.arch.attention(layer).register_forward_hook(grab_out(attn, l),
-                                                                                  with_kwargs=True))
+                handles.append(self.arch.attention(layer).register_forward_hook(
+                    grab_out(attn, l, lambda x, layer=layer: self.arch.attn_delta(layer, x)), with_kwargs=True))
             for chunk in ids.split(_CHUNK):
                 self.module(input_ids=self._check_tokens(chunk[:, None]), use_cache=False)
         finally:
@@ -260,7 +271,11 @@ class HFAdapter(LMAdapter):
         return wq, wk.repeat_interleave(self.n_heads // wk.shape[0], dim=0)
 
     def unembed(self, h: Tensor) -> Tensor:
-        return self.module.get_output_embeddings()(self.final_norm(h))
+        """Logits of residual states ``h`` (..., d): final norm, output embedding, and the final-logit
+        soft-capping ``c · tanh(z / c)`` of models that have one (Gemma-2: ``final_logit_softcapping``)."""
+        z = self.module.get_output_embeddings()(self.final_norm(h))
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        return z if not cap else torch.tanh(z / cap) * cap
 
 
 # --------------------------------------------------------------------------------------------------
