@@ -136,6 +136,12 @@ def test_an_interrupted_run_resumes_to_the_same_records(ci_run, tmp_path):
         assert a == b and len(a) == 16
 
 
+def test_every_scale_has_a_summary_and_a_protocol():
+    assert set(P.SUMMARIES) == set(P.SCALES) == set(P.PAPER_OF)
+    for scale in P.SCALES:
+        assert P.PersistenceConfig(scale=scale).paper_scale in ("paper", "paper-bpe")
+
+
 def test_horizon_and_schedule():
     assert P.horizon([(1, None), (2, 0.995), (3, 0.98), (4, 0.5)], 0.99) == 3
     assert P.horizon([(1, 0.999), (2, 0.995)], 0.99) is None

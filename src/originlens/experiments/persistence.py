@@ -78,6 +78,9 @@ SCALES: dict[str, dict[str, Any]] = {
     "ci": dict(vocab_size=80, seq_len=16, windows="pack", oov="unk", max_windows=None, layers=2,
                batch_size=32, steps=24, log_every=4, corpus="storyworld", tokenizer="words", lrs=[0.005, 0.05]),
 }
+SUMMARIES = {"paper": "the paper's configuration (Table 1, Fig. 4)", "cpu": "a CPU-sized corpus (Table 1, Fig. 4)",
+             "paper-bpe": "the paper's BPE configuration (Table 2)",
+             "cpu-bpe": "a CPU-sized BPE corpus (Table 2's protocol)", "ci": "a plumbing check, not a result"}
 PAPER_OF = {"paper": "paper", "cpu": "paper", "ci": "paper", "paper-bpe": "paper-bpe", "cpu-bpe": "paper-bpe"}
 ALPHA = 0.05
 
@@ -406,8 +409,7 @@ def run_persistence(config: PersistenceConfig, out: str | Path, *, results: str 
         s = config.settings
         manifest = read_json(out / "corpus" / "manifest.json")
         summary = {"scale": {"name": config.scale,
-                             "summary": {"paper": "the paper's configuration", "cpu": "a CPU-sized corpus",
-                                         "ci": "a plumbing check, not a result"}[config.scale],
+                             "summary": SUMMARIES[config.scale],
                              "model": f"one-hot attention-only, L = {s['layers']}, |V| = {store.vocab_size}, "
                                       f"T = {s['seq_len']}, zero init",
                              "training": f"plain SGD, batch {s['batch_size']}, {s['steps']} steps, η ∈ "
