@@ -418,7 +418,8 @@ def run_persistence(config: PersistenceConfig, out: str | Path, *, results: str 
                              "corpus": f"{s['corpus']}: {manifest.get('counts', {}).get('windows')} windows "
                                        f"({s['windows']}, out-of-vocabulary: {s['oov']})",
                              "logging": f"cosines at every step; the paper's logging points every {s['log_every']} "
-                                        "steps (2 paper epochs)",
+                                        "steps (" + ("0.1 paper epoch of 50 steps" if config.paper_scale == "paper-bpe"
+                                                     else "2 paper epochs of 32 steps") + ")",
                              "deviations": config.deviations()},
                    "by_lr": across_seeds(runs, config),
                    "runs": {f"{lr:g}": {str(sd): r for sd, r in by.items()} for lr, by in runs.items()}}
@@ -480,7 +481,7 @@ def _horizon_text(kr: dict[str, Any], th: str, lr: float) -> str:
     return txt + (f", never in {never} seed(s)" if never else "")
 
 
-HEADER = ["η", "steps", "weight", "min cos, logging points", "min cos, all steps", "cos at paper epoch 30",
+HEADER = ["η", "steps", "weight", "min cos, logging points", "min cos, all steps", "cos at paper epoch 30 (step ≤ 960)",
           "cos at the end", "horizon (first step below)", "nulls at the end (p: leading term > null)"]
 
 
