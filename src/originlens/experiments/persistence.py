@@ -505,8 +505,11 @@ def figure(rec: dict[str, Any], plt: Any) -> Any:
         ax.set_xlabel("t = sη")
         ax.set_ylabel("cosine with the leading term")
         ax.set_title(f"η = {lr:g}")
-        ax.set_ylim(min(0.0, float(np.nanmin([v for r in rs for k in KINDS for v in r["curve"][k] if v is not None]
-                                             or [0.0]))), 1.01)
+        lo = float(np.nanmin([v for r in rs for k in KINDS for v in r["curve"][k] if v is not None] or [0.0]))
+        if lo > 0.9:                                   # all close to 1: zoom in, the detail is the story
+            ax.set_ylim(lo - 0.5 * (1 - lo), 1 + 0.1 * (1 - lo))
+        else:
+            ax.set_ylim(min(0.0, lo), 1.01)
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
