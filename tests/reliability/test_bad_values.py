@@ -124,3 +124,36 @@ def test_a_capitalised_word_points_to_its_lower_case_form(corpus, capsys):
     word = next(w for w in vocab if w.isalpha() and len(w) > 2)
     line = one_error_line(capsys, ["-q", "assoc", "top", "--stats", str(corpus / "s"), "--word", word.capitalize()])
     assert f"but '{word}' is" in line and "lower-cases every word" in line
+
+
+def test_devices_are_named_once_and_cuda_on_a_cpu_build_is_one_line(tmp_path, capsys):
+    """Every ``--device`` takes cpu | cuda | cuda:N | auto (checked when parsing); CUDA asked for where torch
+    has none is one error line before anything loads; ``auto`` falls back to the CPU everywhere, the NTP
+    config included."""
+    import torch
+    from originlens.cli.main import main
+    from originlens.devices import check_device_spec, resolve_device
+    from originlens.errors import ConfigError
+    from originlens.train.ntp import NTPConfig
+    assert check_device_spec(" CUDA:1 ") == "cuda:1"
+    with pytest.raises(ConfigError, match="unknown device"):
+        check_device_spec("gpu")
+    NTPConfig(task="majority", device="auto").validate() if hasattr(NTPConfig, "validate") else NTPConfig(
+        task="majority", device="auto")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert resolve_device("auto") == torch.device("cpu")
+    for args in (["lm", "qscore", "--model", str(tmp_path / "m"), "--corpus", str(tmp_path / "c"), "--sae",
+                  str(tmp_path / "s"), "--device", "cuda", "--out", str(tmp_path / "q")],
+                 ["lm", "compare", "--model", str(tmp_path / "m"), "--corpus", str(tmp_path / "c"), "--device", "cuda",
+                  "--out", str(tmp_path / "c2")],
+                 ["ntp", "train", "--task", "majority", "--steps", "1", "--device", "cuda", "--out", str(tmp_path / "n")]):
+        capsys.readouterr()
+        assert main(["-q", *args]) == 2
+        err = capsys.readouterr().err
+        assert "CUDA is unavailable" in err and err.count("\n") == 1 and "Traceback" not in err, err
+    for cmd in (["ntp", "train", "--task", "majority"], ["ntp", "attribute", "x"], ["assoc", "report", "x"]):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main([*cmd, "--device", "tpu", "--out", str(tmp_path / "z")])
+        assert e.value.code == 2 and "unknown device" in capsys.readouterr().err

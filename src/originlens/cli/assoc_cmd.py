@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .options import add_threads, apply_threads, utf8_text
+from .options import add_device, add_threads, apply_threads, utf8_text
 from ..errors import CompatibilityError, ConfigError, InputError
 # the names of originlens.stats.assoc.BASES, kept here so that building the parser does not import the
 # compiled statistics kernels (tests/reliability/test_cli_startup.py checks that both agree)
@@ -143,8 +143,7 @@ def _register_train(asub) -> None:
     t.add_argument("--grad-chunk", type=int, help="sequences per forward pass (default: automatic)")
     t.add_argument("--impl", choices=("auto", "paths", "gather", "dense"), default="auto",
                    help="forward implementation (default auto)")
-    t.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N|auto",
-                   help="where to train (default cpu; auto = CUDA when available); exact resume on CPU only")
+    add_device(t, help="where to train (default cpu; auto = CUDA when available); exact resume on CPU only")
     add_threads(t)
     t.add_argument("--resume", action="store_true", help="continue RUN from its last checkpoint")
     t.add_argument("--overwrite", action="store_true", help="replace the run in RUN")
@@ -361,8 +360,7 @@ def _register_report(asub) -> None:
     r.add_argument("--batch-size", type=int, default=256, help="windows per evaluation batch")
     r.add_argument("--seed", type=int, default=0, help="seed of the random baseline / storyworld")
     add_threads(r)
-    r.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N|auto",
-                   help="where the model runs for the intervention and held-out losses (default cpu)")
+    add_device(r, help="where the model runs for the intervention and held-out losses (default cpu)")
     r.add_argument("--out", help="where to write the report (default RUN)")
     r.set_defaults(func=run_report)
 
@@ -374,7 +372,7 @@ def run_report(args: argparse.Namespace) -> int:
     apply_threads(args)
     if args.eval_windows < 0 or args.null_windows < 1 or args.batch_size < 1 or args.k < 1:
         raise ConfigError("--eval-windows must be ≥ 0, --null-windows, --batch-size and -k ≥ 1", "fix the flag")
-    from ..train.assoc import resolve_device
+    from ..devices import resolve_device
     resolve_device(args.device)                 # fail before the (long) analysis if CUDA is missing
     run = load_run(args.run, stats=args.stats, data=args.data)
     null = None

@@ -26,7 +26,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .options import add_threads, apply_threads, finite_float
+from .options import add_device, add_threads, apply_threads, finite_float
 from ..errors import ConfigError, InputError
 
 
@@ -239,6 +239,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          "e.g. --corpus ../shared/data/tinystories --tokenizer tok512.bin")
     check_out(args.out, args.overwrite)
     apply_threads(args)
+    from ..devices import resolve_device
+    args.device = str(resolve_device(args.device))      # CUDA missing: one line, before any checkpoint loads
     t0 = time.perf_counter()
     specs = checkpoint_specs(args.model, args.checkpoints, args.checkpoint_dir, args.log_steps)
     grid = CheckpointGrid(specs, on_missing=args.on_missing, hash_weights=not args.no_hash)
@@ -299,7 +301,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--token-centred", action="store_true",
                    help="also the token-centred cosine (mean row removed; not in the paper)")
     c.add_argument("--token-chunk", type=int, default=4096, help="tokens per model pass (memory bound)")
-    c.add_argument("--device", default="cpu", help="device for the comparison matmuls (cpu, cuda)")
+    add_device(c, help="device of the comparison matmuls (default cpu)")
     c.add_argument("--dtype", choices=["float64", "float32"], default="float64",
                    help="precision of the statistics and of the weight comparisons")
     add_threads(c)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .options import add_threads, apply_threads, float_list, utf8_text
+from .options import add_device, add_threads, apply_threads, float_list, utf8_text
 from ..errors import CompatibilityError, ConfigError, InputError
 from ..progress import log
 
@@ -72,7 +72,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corp
     g.add_argument("--tokenizer", default=None,
                    help="tokenizer (llama2.c .bin, tokenizer.json, corpus or tokenizer directory); "
                         "default: found next to the model")
-    g.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
+    add_device(g, help="where the model and the SAE run (default cpu)")
     add_threads(g)
     if corpus:
         c = p.add_argument_group("corpus")
@@ -89,7 +89,9 @@ def setup_torch(args: argparse.Namespace) -> None:
 
 def load_model_and_codec(args: argparse.Namespace) -> tuple[Any, Any]:
     """The adapter (on ``--device``) and its tokenizer codec (None when none is found and none was given)."""
+    from ..devices import resolve_device
     from ..lm.loading import load_adapter, load_tokenizer
+    device = resolve_device(args.device)          # before loading anything: CUDA missing is one line
     codec = None
     try:
         codec = load_tokenizer(args.model, args.tokenizer, revision=args.revision)
@@ -98,11 +100,11 @@ def load_model_and_codec(args: argparse.Namespace) -> tuple[Any, Any]:
             raise
         log("note: no tokenizer found next to the model; texts will not be decoded (pass --tokenizer)")
     adapter = load_adapter(args.model, revision=args.revision, tokenizer=codec)
-    if args.device != "cpu":
+    if device.type != "cpu":
         module = getattr(adapter, "module", None)
         if module is None:
             raise ConfigError(f"cannot move a {type(adapter).__name__} to {args.device}", "use --device cpu")
-        module.to(args.device)
+        module.to(device)
     return adapter, codec
 
 
@@ -184,7 +186,8 @@ def open_run(out: str, overwrite: bool) -> Any:
 
 def _load_sae(args: argparse.Namespace, adapter: Any) -> tuple[Any, int]:
     from ..sae import read_sae, sae_site
-    sae = read_sae(args.sae, device=args.device)
+    from ..devices import resolve_device
+    sae = read_sae(args.sae, device=resolve_device(args.device))
     return sae, sae_site(sae, adapter)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import add_threads, apply_threads
+from .options import add_device, add_threads, apply_threads
 from ..errors import ConfigError
 
 
@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--verify", default="next", choices=["next", "segment", "none"],
                    help="checkpoints compared bit-exactly: inside the segment and the next one (default)")
     a.add_argument("--replay-rtol", type=float, default=0.0, help="tolerance of the replay checks (0 = exact)")
-    a.add_argument("--device", default=None, help="cpu | cuda (default: the run's)")
+    add_device(a, default=None, help="where to replay (default: the run's)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="store directory (default RUN/attribution)")
     o.add_argument("--overwrite", action="store_true", help="recompute an existing segment")

@@ -58,6 +58,11 @@ def _betas(s: str) -> tuple[float, float]:
 
 
 # (flag, NTPConfig field, parser, help)
+def _device_arg(s: str) -> str:
+    from ..devices import device_arg
+    return device_arg(s)
+
+
 OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--steps", "steps", int, "optimiser steps (default per task: 3000 / 5000 Othello / 1000 language)"),
     ("--batch-size", "batch_size", int, "sequences per step (256; Othello 1024)"),
@@ -84,7 +89,7 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--checkpoint-every", "checkpoint_every", int, "checkpoint interval (500; 0 = only at the end)"),
     ("--keep-checkpoints", "keep_checkpoints", int, "keep the last N checkpoints (0 = all)"),
     ("--dtype", "dtype", str, "float32 | float64"),
-    ("--device", "device", str, "cpu | cuda"),
+    ("--device", "device", _device_arg, "cpu | cuda | cuda:N | auto"),
     ("--attn-impl", "attn_impl", str, "standard-regime attention kernel: sdpa | eager"),
     ("--othello-pool", "othello_pool", int, "Othello games generated once per run (500000; 0 = fresh "
                                             "games every step)"),

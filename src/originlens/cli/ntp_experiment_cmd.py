@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .options import add_threads, apply_threads
+from .options import add_device, add_threads, apply_threads
 from ..errors import ConfigError
 
 PAPER = dict(n_layer=6, d_model=256, n_head=4, batch_size=1024, steps=5000, eval_size=20480,
@@ -350,7 +350,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h = p.add_argument_group("recorded games")
     h.add_argument("--human-games", default=None, help="WTHOR .wtb file or one game per line (f5d6c3...)")
     h.add_argument("--compare-games", type=int, default=None, help="synthetic games next to them (2000)")
-    p.add_argument("--device", default=None, help="cpu | cuda")
+    add_device(p, default=None, help="where to train (default cpu)")
     add_threads(p)
 
 

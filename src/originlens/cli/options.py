@@ -1,6 +1,7 @@
 """Command-line options shared by several commands, defined once.
 
 * :func:`float_list`: comma-separated finite numbers (``--lrs``, ``--coefficients``).
+* :func:`add_device`: ``--device`` for every command that takes one (the names of :mod:`originlens.devices`).
 * :func:`add_threads` / :func:`apply_threads`: ``--threads N`` (torch's CPU thread count, process-wide).
   ``N`` must be an integer ≥ 1; anything else is an argparse error (one line, status 2).  On CPU the
   thread count can change the last bits of matrix products; ``ntp train`` records it in
@@ -69,3 +70,11 @@ def float_list(s: str) -> list[float]:
     if not out or not all(math.isfinite(v) for v in out):
         raise argparse.ArgumentTypeError(f"expected finite numbers like 1,100, got {s!r}")
     return out
+
+
+def add_device(p: Any, *, default: str | None = "cpu", help: str = "") -> None:
+    """Add ``--device`` (cpu | cuda | cuda:N | auto) to parser or group ``p``: the name is checked when
+    parsing, its availability when the command runs (:func:`originlens.devices.resolve_device`)."""
+    from ..devices import SPECS, device_arg
+    what = help or ("where to compute" + (f" (default {default})" if default else ""))
+    p.add_argument("--device", type=device_arg, default=default, metavar="DEVICE", help=f"{SPECS}: {what}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import add_threads, apply_threads
+from .options import add_device, add_threads, apply_threads
 
 
 def cmd_othello(args: argparse.Namespace) -> int:
@@ -59,6 +59,6 @@ def add_parser(esub: Any) -> None:
     o.add_argument("--attr-layers", type=_int_spec, default=None, help="attributed layers (default all)")
     o.add_argument("--random-directions", type=int, default=2, help="null directions per probe (2)")
     o.add_argument("--jobs", type=int, default=1, help="seeds trained and attributed in parallel processes (1)")
-    o.add_argument("--device", default=None, help="cpu | cuda")
+    add_device(o, default=None, help="where to train and attribute (default cpu)")
     add_threads(o)
     o.set_defaults(func=cmd_othello)

@@ -743,7 +743,7 @@ def analyse_run(run: RunData, cfg: AnalysisConfig | None = None, *, null: tuple[
     timings["tracking_s"] = time.perf_counter() - t0
 
     s_final, w_final, final_path = _final_weights(run)
-    from ..train.assoc import resolve_device
+    from ..devices import resolve_device
     model = AssocModel(AssocConfig(vocab_size=run.vocab_size, seq_len=run.seq_len, n_layers=run.n_layers,
                                    dtype=c.get("dtype", "float32"))).to(resolve_device(cfg.device))
     model.load_weights(w_final)

@@ -71,6 +71,7 @@ import numpy as np
 import torch
 
 from .. import distributed as dist_
+from ..devices import resolve_device
 from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
 from ..models.assoc import CHECKPOINT_KIND, MODEL_KIND, AssocConfig, AssocModel
 from ..interrupts import Interrupted, deferred
@@ -90,33 +91,6 @@ _EXTENDABLE = ("steps", "epochs", "checkpoint_every", "checkpoint_every_epochs",
 GRAD_CHUNK_BUDGET_BYTES = {"cpu": 2 * 1024 ** 3, "cuda": 8 * 1024 ** 3}
 RUN_KIND = "assoc-train-run"
 DEVICES = ("cpu", "cuda", "auto")
-
-
-def resolve_device(spec: str | torch.device | None) -> torch.device:
-    """``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA if available, else CPU) → torch.device.
-
-    Raises :class:`~originlens.errors.ConfigError` for an unknown name or when CUDA is requested but
-    torch sees no CUDA device (CPU-only build, no GPU, or N out of range).
-    """
-    if isinstance(spec, torch.device):
-        spec = str(spec)
-    name = "cpu" if spec is None else str(spec).strip().lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cpu":
-        return torch.device("cpu")
-    m = re.fullmatch(r"cuda(?::(\d+))?", name)
-    if not m:
-        raise ConfigError(f"unknown device '{spec}'", "use cpu, cuda, cuda:N or auto")
-    if not torch.cuda.is_available():
-        why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
-        raise ConfigError(f"device '{spec}' requested but CUDA is unavailable ({why})",
-                          "use --device cpu (or auto, which falls back to the CPU)")
-    idx = int(m.group(1) or 0)
-    if idx >= torch.cuda.device_count():
-        raise ConfigError(f"device '{spec}' requested but only {torch.cuda.device_count()} CUDA device(s) exist",
-                          f"use cuda:0 … cuda:{torch.cuda.device_count() - 1}")
-    return torch.device(f"cuda:{idx}")
 
 
 @dataclass

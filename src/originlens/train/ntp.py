@@ -233,8 +233,8 @@ class NTPConfig:
         if self.dtype not in TRAIN_DTYPES:
             raise ConfigError(f"training dtype {self.dtype!r} is not supported",
                               f"use one of: {', '.join(TRAIN_DTYPES)} (Adam state underflows in 16 bits)")
-        if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
-            raise ConfigError(f"unknown device {self.device!r}", "use cpu or cuda")
+        from ..devices import check_device_spec
+        check_device_spec(self.device)
         if self.probe_size > self.eval_size:
             raise ConfigError(f"probe_size={self.probe_size} exceeds eval_size={self.eval_size}",
                               "probes use the first probe_size eval sequences; lower probe_size")
@@ -606,9 +606,8 @@ class Trainer:
         self.probe_metrics: ProbeMetrics | None = None
         self._seconds_before = 0.0
         self._t_start = time.time()
-        self.device = torch.device(config.device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device cuda requested but torch sees no GPU", "use --device cpu")
+        from ..devices import resolve_device
+        self.device = resolve_device(config.device)
         self.task = None if config.task == LANGUAGE else config.make_task()
         self._writer = dist_.world()[0] == 0          # under torchrun only rank 0 writes (see run())
         if self._writer:

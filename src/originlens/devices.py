@@ -1,0 +1,57 @@
+"""Devices, named once: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (CUDA when torch sees one, else the CPU).
+
+:func:`check_device_spec` validates the *name* without importing torch (argparse types, config
+validation: ``--help`` stays fast); :func:`resolve_device` turns a name into a ``torch.device`` and
+raises one :class:`~originlens.errors.ConfigError` when CUDA is asked for but unavailable (a CPU-only
+torch build, no GPU, or N out of range).  Every command and config that takes a device uses these two.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+from .errors import ConfigError
+
+SPECS = "cpu | cuda | cuda:N | auto"
+_RE = re.compile(r"cpu|auto|cuda(?::\d+)?")
+
+
+def check_device_spec(spec: Any) -> str:
+    """The normalised name (lower case, stripped) of a valid device spec; :class:`ConfigError` otherwise."""
+    name = "cpu" if spec is None else str(spec).strip().lower()
+    if not _RE.fullmatch(name):
+        raise ConfigError(f"unknown device {spec!r}", f"use one of: {SPECS}")
+    return name
+
+
+def device_arg(s: str) -> str:
+    """argparse type of ``--device`` (the name only; availability is checked when the command runs)."""
+    try:
+        return check_device_spec(s)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.what) from None
+
+
+def resolve_device(spec: Any) -> Any:
+    """``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"auto"`` or a ``torch.device`` → ``torch.device``.
+
+    Raises :class:`~originlens.errors.ConfigError` for an unknown name or when CUDA is requested but
+    torch sees no CUDA device (CPU-only build, no GPU, or N out of range)."""
+    import torch
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    name = check_device_spec(spec)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ConfigError(f"device '{spec}' requested but CUDA is unavailable ({why})",
+                          "use --device cpu (or auto, which falls back to the CPU)")
+    idx = int(name.partition(":")[2] or 0)
+    if idx >= torch.cuda.device_count():
+        raise ConfigError(f"device '{spec}' requested but only {torch.cuda.device_count()} CUDA device(s) exist",
+                          f"use cuda:0 … cuda:{torch.cuda.device_count() - 1}")
+    return torch.device(f"cuda:{idx}")
