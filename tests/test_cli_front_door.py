@@ -45,3 +45,19 @@ def test_threads_must_be_a_positive_integer_everywhere(words, bad, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--threads: expected an integer ≥ 1" in err and "Traceback" not in err
+
+
+def test_quiet_and_verbose_work_after_the_sub_command_too():
+    from originlens.cli.main import build_parser
+    p = build_parser()
+    for argv in (["-q", "ntp", "train", "--task", "majority", "--out", "x"],
+                 ["ntp", "train", "--task", "majority", "--out", "x", "-q"],
+                 ["ntp", "experiment", "othello", "--out", "x", "--quiet"]):
+        a = p.parse_args(argv)
+        assert a.quiet is True and a.verbose is False
+    a = p.parse_args(["assoc", "report", "RUN", "-v"])
+    assert a.verbose is True and a.quiet is False
+    a = p.parse_args(["-v", "assoc", "report", "RUN"])            # absent after: the top-level flag stands
+    assert a.verbose is True
+    with pytest.raises(SystemExit):
+        p.parse_args(["stats", "C", "--out", "o", "-q", "-v"])

@@ -49,7 +49,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _verbosity_everywhere(p)
     return p
+
+
+def _verbosity_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``-q`` / ``-v`` also after the sub-command (``originlens ntp train ... -q``): every sub-parser gets
+    the same pair, with suppressed defaults so an absent flag never overwrites the top-level one."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for child in set(action.choices.values()):
+            if not any("-q" in a.option_strings for a in child._actions):
+                g = child.add_mutually_exclusive_group()
+                g.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                               help="no progress bars or status lines (also before the command)")
+                g.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                               help="progress bars even when not a terminal (also before the command)")
+            _verbosity_everywhere(child)
 
 
 def _chosen_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
