@@ -61,3 +61,21 @@ def test_quiet_and_verbose_work_after_the_sub_command_too():
     assert a.verbose is True
     with pytest.raises(SystemExit):
         p.parse_args(["stats", "C", "--out", "o", "-q", "-v"])
+
+
+def test_one_integer_list_grammar():
+    import argparse
+    from originlens.cli.options import int_list, int_list_or_all
+    assert int_list("1,3") == [1, 3] and int_list("1-4") == [1, 2, 3, 4] and int_list("4-16:4") == [4, 8, 12, 16]
+    assert int_list("-1,2") == [-1, 2] and int_list(" 2 , 5-6 ") == [2, 5, 6]
+    assert int_list_or_all("all") is None and int_list_or_all("0-2") == [0, 1, 2]
+    for bad in ("", "a", "1-", "3:2", "1-4:0", ",,"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            int_list(bad)
+    from originlens.cli.main import build_parser
+    p = build_parser()                                   # the same grammar in every command
+    assert p.parse_args(["ntp", "experiment", "othello", "--out", "x", "--seeds", "0-4:2"]).seeds == [0, 2, 4]
+    assert p.parse_args(["lm", "compare", "--model", "m", "--corpus", "c", "--out", "o",
+                         "--heads-layers", "2-24:11"]).heads_layers == [2, 13, 24]
+    assert p.parse_args(["ntp", "train", "--task", "othello", "--out", "o", "--probe-positions", "4-8:2"]
+                        ).ov_probe_positions == [4, 6, 8]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import apply_threads
+from .options import apply_threads, int_list
 from ..errors import ConfigError
 
 
@@ -46,14 +46,13 @@ def cmd_tinystories(args: argparse.Namespace) -> int:
 
 
 def add_parser(esub: Any) -> None:
-    from .ntp_attribute_cmd import _int_spec
     from .ntp_cmd import _add_overrides
     g = esub.add_parser("tinystories", help="TinyStories: standard vs myopic loss, syntax/position probes, "
                                             "pathway attribution per feature group, claims tested over seeds",
                         description=__doc__.split("\n\n")[0])
     g.add_argument("--scale", default="cpu", help="paper (GPU) | cpu (batch 64, 300 steps, position 34 "
                                                   "attributed) | ci (seconds; a pipeline check)")
-    g.add_argument("--seeds", type=_int_spec, default=[0, 1, 2], help="e.g. 0-2 (default) or 0,1,2")
+    g.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="e.g. 0-2 (default) or 0,1,2")
     g.add_argument("--regimes", type=_regimes, default=None, help="comma-separated subset of standard,myopic "
                                                                   "(default both)")
     g.add_argument("--annotator", default="lingua", help="syntax annotator: lingua (default; tags only) | spacy "
@@ -61,9 +60,9 @@ def add_parser(esub: Any) -> None:
     g.add_argument("--syntax-labels", default=None, help="all | tags | deps (default: tags for lingua, all "
                                                          "otherwise)")
     g.add_argument("--spacy-model", default=None, help="spaCy pipeline (default en_core_web_sm)")
-    g.add_argument("--attribute-positions", type=_int_spec, default=None,
+    g.add_argument("--attribute-positions", type=int_list, default=None,
                    help="attributed positions (default paper scale 30,34,38, cpu 34; the paper: 30-39)")
-    g.add_argument("--attribute-layers", type=_int_spec, default=None, help="attributed layers (default 1..L)")
+    g.add_argument("--attribute-layers", type=int_list, default=None, help="attributed layers (default 1..L)")
     g.add_argument("--attribute-steps", type=int, default=None, help="attribute updates 1..N (default: all)")
     g.add_argument("--attribute-regimes", type=_regimes, default=None,
                    help="regimes attributed (default standard; ci: standard,myopic)")

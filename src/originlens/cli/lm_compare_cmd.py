@@ -26,26 +26,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .options import add_device, add_threads, apply_threads, finite_float
+from .options import add_device, add_threads, apply_threads, finite_float, int_list
 from ..errors import ConfigError, InputError
-
-
-def _int_list(s: str) -> list[int]:
-    """``"1,3"`` or ``"1-4"`` → integers."""
-    out: list[int] = []
-    try:
-        for part in s.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                a, b = (int(v) for v in part.split("-"))
-                out += list(range(a, b + 1))
-            else:
-                out.append(int(part))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 2,13,24 or 1-4, got {s!r}") from None
-    return out
 
 
 def checkpoint_specs(model: str | None, checkpoints: str | None, checkpoint_dir: str | None,
@@ -293,8 +275,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--bos", default="auto", help="auto (the model's BOS) | none | TOKEN_ID")
     s.add_argument("--centering", type=finite_float, default=None, help="centring constant (default 1/|V| of the model)")
     c = p.add_argument_group("comparison")
-    c.add_argument("--layers", type=_int_list, default=None, help="1-based layers, e.g. 1-24 (default all)")
-    c.add_argument("--heads-layers", type=_int_list, default=None, help="1-based layers for per-head maps, e.g. 2,13,24")
+    c.add_argument("--layers", type=int_list, default=None, help="1-based layers, e.g. 1-24 (default all)")
+    c.add_argument("--heads-layers", type=int_list, default=None, help="1-based layers for per-head maps, e.g. 2,13,24")
     c.add_argument("--null-baseline", action=argparse.BooleanOptionalAction, default=True,
                    help="also compare with the token-permuted theory, the chance level of the cosine (on by "
                         "default; --no-null-baseline skips it)")

@@ -33,35 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from .options import add_device, add_threads, apply_threads, float_list, utf8_text
+from .options import add_device, add_threads, apply_threads, float_list, int_list_or_all, utf8_text
 from ..errors import CompatibilityError, ConfigError, InputError
 from ..progress import log
 
 
 # ----------------------------------------------------------------------------------------------------
 # shared helpers (also used by sae_cmd)
-
-
-def int_spec(s: str) -> list[int] | None:
-    """``"all"`` → None; ``"1,3"``, ``"0-63"`` → integers (inclusive ranges)."""
-    if s.strip().lower() == "all":
-        return None
-    out: list[int] = []
-    try:
-        for part in s.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part[1:]:
-                a, b = (int(v) for v in part.split("-", 1))
-                out += list(range(a, b + 1))
-            else:
-                out.append(int(part))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected all, 1,5,9 or 0-63, got {s!r}") from None
-    if not out:
-        raise argparse.ArgumentTypeError(f"no integers in {s!r}")
-    return out
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corpus_required: bool = True) -> None:
@@ -537,7 +515,7 @@ def register(subparsers: Any) -> None:
                                    "Q = Σ_{d≥2} KL_d / KL_1 (mean of ratios, ratio of means, median).")
     _common(q)
     g = q.add_argument_group("Q(w)")
-    g.add_argument("--features", type=int_spec, default=None, help="all (default) | 0-63 | 1,5,9")
+    g.add_argument("--features", type=int_list_or_all, default=None, help="all (default) | 0-63 | 1,5,9")
     g.add_argument("--max-features", type=int, default=None, help="only the first N of --features")
     g.add_argument("--contexts", type=int, default=8, help="top-activating contexts per feature (default 8)")
     g.add_argument("--max-offset", type=int, default=10, help="K: offsets d = 1..K (default 10)")
@@ -557,7 +535,7 @@ def register(subparsers: Any) -> None:
                                    "plus an unsteered baseline with the same seed.")
     _common(s, corpus=False)
     g = s.add_argument_group("steering")
-    g.add_argument("--features", type=int_spec, required=True, help="features to steer with, e.g. 3,17")
+    g.add_argument("--features", type=int_list_or_all, required=True, help="features to steer with, e.g. 3,17")
     g.add_argument("--coefficients", type=float_list, default=[1.0, 100.0],
                    help="c values (default 1,100: the reference's effective values)")
     g.add_argument("--samples", type=int, default=64, help="samples per condition (default 64)")
@@ -580,7 +558,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--batch-size", type=int, default=32, help="default 32")
     g.add_argument("--max-positions", type=int, default=None, help="cap on training positions")
     g.add_argument("--seed", type=int, default=0, help="split and shuffling seed")
-    g.add_argument("--features", type=int_spec, default=None, help="features (default: those of --qscore, else all)")
+    g.add_argument("--features", type=int_list_or_all, default=None, help="features (default: those of --qscore, else all)")
     g.add_argument("--qscore", default=None, help="results.json (or run directory) of `lm qscore` to correlate with")
     g.add_argument("--q-aggregate", default="q_median", choices=["q", "q_ratio_of_means", "q_median"],
                    help="which Q to correlate with (default q_median)")

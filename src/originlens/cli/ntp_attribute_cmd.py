@@ -20,30 +20,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import add_device, add_threads, apply_threads
+from .options import add_device, add_threads, apply_threads, int_list
 from ..errors import ConfigError
-
-
-def _int_spec(s: str) -> list[int]:
-    """``"1,3"``, ``"1-6"`` or ``"4-56:4"`` (inclusive ranges) → integers."""
-    out: list[int] = []
-    try:
-        for part in s.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            step = 1
-            if ":" in part:
-                part, st = part.split(":")
-                step = int(st)
-            if "-" in part:
-                a, b = (int(v) for v in part.split("-"))
-                out += list(range(a, b + 1, step))
-            else:
-                out.append(int(part))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,3 or 1-6 or 4-56:4, got {s!r}") from None
-    return out
 
 
 def _pair(s: str) -> tuple[int, int]:
@@ -69,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", metavar="RUN", help="run directory of `originlens ntp train`")
     g = p.add_argument_group("sites and features")
     g.add_argument("--sites", default=None, help="LAYER:POSITION pairs, e.g. 1:4,2:8")
-    g.add_argument("--layers", type=_int_spec, default=None, help="layers k (with --positions), e.g. 1-2")
-    g.add_argument("--positions", type=_int_spec, default=None, help="positions i, e.g. 8,12 or 8-20:4")
+    g.add_argument("--layers", type=int_list, default=None, help="layers k (with --positions), e.g. 1-2")
+    g.add_argument("--positions", type=int_list, default=None, help="positions i, e.g. 8,12 or 8-20:4")
     g.add_argument("--features", default="tracked", help="tracked (default) | all | NAME,NAME,...")
     a = p.add_argument_group("attribution")
     a.add_argument("--optimizer", default="adam", choices=["adam", "sgd"],

@@ -19,22 +19,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import add_threads, apply_threads
+from .options import add_threads, apply_threads, int_list
 from ..errors import ConfigError
 
-def _int_list(s: str) -> list[int]:
-    try:
-        return [int(v) for v in s.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-
-
 def _untie_at(s: str) -> Any:
-    return "all" if s == "all" else _int_list(s)
+    return "all" if s == "all" else int_list(s)
 
 
 def _probe_positions(s: str) -> Any:
-    return s if s in ("all", "tracked") else _int_list(s)
+    return s if s in ("all", "tracked") else int_list(s)
 
 
 def _task_option(s: str) -> tuple[str, Any]:
@@ -179,7 +172,7 @@ def register(subparsers: Any) -> None:
                                    "NTP-useless feature per regime with t-intervals over seeds.")
     g.add_argument("--task", default="cond-majority", help="majority | cond-majority | othello")
     g.add_argument("--regimes", default=None, help="comma-separated (default: all four)")
-    g.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
+    g.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
     g.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
     g.add_argument("--out", required=True, help="grid directory")
     g.add_argument("--report-only", action="store_true", help="aggregate finished runs without training")

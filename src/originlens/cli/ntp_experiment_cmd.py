@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .options import add_device, add_threads, apply_threads
+from .options import add_device, add_threads, apply_threads, int_list
 from ..errors import ConfigError
 
 PAPER = dict(n_layer=6, d_model=256, n_head=4, batch_size=1024, steps=5000, eval_size=20480,
@@ -323,11 +323,6 @@ def _report(record: dict[str, Any], out: Path) -> None:
 # CLI
 
 
-def _ints(s: str) -> list[int]:
-    from .ntp_attribute_cmd import _int_spec
-    return _int_spec(s)
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="experiment directory")
     p.add_argument("--paper", action="store_true",
@@ -343,8 +338,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    ("--seed", "seed", int, "(0)")):
         g.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     a = p.add_argument_group("attribution")
-    a.add_argument("--positions", type=_ints, default=None, help="attributed positions (12,24,36)")
-    a.add_argument("--attr-layers", dest="layers", type=_ints, default=None, help="attributed layers (all)")
+    a.add_argument("--positions", type=int_list, default=None, help="attributed positions (12,24,36)")
+    a.add_argument("--attr-layers", dest="layers", type=int_list, default=None, help="attributed layers (all)")
     a.add_argument("--attribute-steps", type=int, default=None, help="attribute updates 1..N (default: all)")
     a.add_argument("--optimizer", default=None, choices=["adam", "sgd"], help="adam (paper) or sgd")
     h = p.add_argument_group("recorded games")

@@ -1,6 +1,7 @@
 """Command-line options shared by several commands, defined once.
 
 * :func:`float_list`: comma-separated finite numbers (``--lrs``, ``--coefficients``).
+* :func:`int_list` / :func:`int_list_or_all`: the one integer-list grammar (``1,3``, ``1-6``, ``4-56:4``).
 * :func:`add_device`: ``--device`` for every command that takes one (the names of :mod:`originlens.devices`).
 * :func:`add_threads` / :func:`apply_threads`: ``--threads N`` (torch's CPU thread count, process-wide).
   ``N`` must be an integer ≥ 1; anything else is an argparse error (one line, status 2).  On CPU the
@@ -78,3 +79,36 @@ def add_device(p: Any, *, default: str | None = "cpu", help: str = "") -> None:
     from ..devices import SPECS, device_arg
     what = help or ("where to compute" + (f" (default {default})" if default else ""))
     p.add_argument("--device", type=device_arg, default=default, metavar="DEVICE", help=f"{SPECS}: {what}")
+
+
+def int_list(s: str) -> list[int]:
+    """argparse type, the one integer-list grammar of the CLI: comma-separated ``N``, inclusive ranges
+    ``A-B`` and strided ranges ``A-B:S`` (``1,3``, ``1-6``, ``4-56:4``; a leading minus is a sign)."""
+    out: list[int] = []
+    try:
+        for part in s.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            body, _, stride = part.partition(":")
+            step = int(stride) if stride else 1
+            if step < 1:
+                raise ValueError
+            if "-" in body[1:]:
+                i = body.index("-", 1)
+                a, b = int(body[:i]), int(body[i + 1:])
+                out += list(range(a, b + 1, step))
+            elif stride:
+                raise ValueError
+            else:
+                out.append(int(body))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,3 or 1-6 or 4-56:4, got {s!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"no integers in {s!r} (e.g. 1,3 or 1-6)")
+    return out
+
+
+def int_list_or_all(s: str) -> list[int] | None:
+    """:func:`int_list`, or ``all`` → None (every index)."""
+    return None if s.strip().lower() == "all" else int_list(s)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import add_device, add_threads, apply_threads
+from .options import add_device, add_threads, apply_threads, int_list
 
 
 def cmd_othello(args: argparse.Namespace) -> int:
@@ -34,11 +34,10 @@ def cmd_othello(args: argparse.Namespace) -> int:
 
 
 def add_parser(esub: Any) -> None:
-    from .ntp_attribute_cmd import _int_spec
     o = esub.add_parser("othello", help="OthelloGPT over seeds: nulls, attribution, the paper's pattern tested",
                         description=__doc__.split("\n\n")[0])
     o.add_argument("--scale", default="cpu", help="paper (a GPU job) | cpu | ci (a plumbing check)")
-    o.add_argument("--seeds", type=_int_spec, default=[0, 1, 2], help="e.g. 0-2 (default)")
+    o.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="e.g. 0-2 (default)")
     o.add_argument("--out", required=True, help="experiment directory")
     o.add_argument("--results", default=None, help="results file (default results/othello/othello-SCALE.json)")
     g = o.add_argument_group("overrides of the scale")
@@ -47,7 +46,7 @@ def add_parser(esub: Any) -> None:
             ("--heads", "n_head", int, "attention heads"), ("--batch-size", "batch_size", int, "games per step"),
             ("--steps", "steps", int, "training steps"), ("--eval-size", "eval_size", int, "held-out eval games"),
             ("--othello-pool", "othello_pool", int, "training games generated once per seed"),
-            ("--positions", "positions", _int_spec, "attributed move positions, e.g. 12,24,36"),
+            ("--positions", "positions", int_list, "attributed move positions, e.g. 12,24,36"),
             ("--attribute-steps", "attribute_steps", int, "attribute updates 1..N"),
             ("--record-every", "record_every", int, "record the influence at every N-th attributed update"),
             ("--snapshot-updates", "snapshot_updates", int,
@@ -56,7 +55,7 @@ def add_parser(esub: Any) -> None:
              "record the snapshot influence at every N-th of those updates"),
             ("--lr", "lr", float, "Adam learning rate")):
         g.add_argument(flag, dest=dest, type=typ, default=None, help=f"{what} (default: the scale's)")
-    o.add_argument("--attr-layers", type=_int_spec, default=None, help="attributed layers (default all)")
+    o.add_argument("--attr-layers", type=int_list, default=None, help="attributed layers (default all)")
     o.add_argument("--random-directions", type=int, default=2, help="null directions per probe (2)")
     o.add_argument("--jobs", type=int, default=1, help="seeds trained and attributed in parallel processes (1)")
     add_device(o, default=None, help="where to train and attribute (default cpu)")

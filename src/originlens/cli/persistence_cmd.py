@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import add_threads, apply_threads, finite_float, float_list, positive_int
+from .options import add_threads, apply_threads, finite_float, float_list, int_list, positive_int
 
 
 def cmd_persistence(args: argparse.Namespace) -> int:
@@ -32,12 +32,11 @@ def cmd_persistence(args: argparse.Namespace) -> int:
 
 
 def add_parser(esub: Any) -> None:
-    from .ntp_attribute_cmd import _int_spec
     o = esub.add_parser("persistence", help="leading terms over a long run: min cosines, horizons, nulls",
                         description=__doc__.split("\n\n")[0])
     o.add_argument("--scale", default="cpu",
                    help="paper | cpu (Table 1, Fig. 4) | paper-bpe | cpu-bpe (Table 2) | ci (a plumbing check)")
-    o.add_argument("--seeds", type=_int_spec, default=[0, 1, 2], help="data-order seeds, e.g. 0-2 (default)")
+    o.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="data-order seeds, e.g. 0-2 (default)")
     o.add_argument("--lrs", type=float_list, default=None,
                    help="learning rates η (default: the scale's, 0.005,0.05; BPE scales 0.005)")
     o.add_argument("--out", required=True, help="experiment directory")
@@ -69,19 +68,18 @@ def cmd_horizon(args: argparse.Namespace) -> int:
 
 
 def add_horizon_parser(esub: Any) -> None:
-    from .ntp_attribute_cmd import _int_spec
     o = esub.add_parser("horizon", help="when the weights leave their leading terms, over a |V| × T grid",
                         description="The step at which each weight's cosine with its leading term drops below "
                                     "0.99 / 0.9 / 0.7, over a grid of vocabulary sizes and sequence lengths, and "
                                     "a fit of its scaling (originlens.experiments.horizon).")
     o.add_argument("--scale", default="cpu", help="cpu | ci (a plumbing check)")
-    o.add_argument("--seeds", type=_int_spec, default=[0, 1, 2], help="data-order seeds, e.g. 0-2 (default)")
+    o.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="data-order seeds, e.g. 0-2 (default)")
     o.add_argument("--out", required=True, help="experiment directory")
     o.add_argument("--results", default=None, help="results file (default results/leading-terms/horizon-SCALE.json)")
     g = o.add_argument_group("overrides of the scale")
-    g.add_argument("--vocab-sizes", dest="vocab_sizes", type=_int_spec, default=None,
+    g.add_argument("--vocab-sizes", dest="vocab_sizes", type=int_list, default=None,
                    help="|V| grid, e.g. 150,300,600,1000 (default: the scale's)")
-    g.add_argument("--seq-lens", dest="seq_lens", type=_int_spec, default=None, help="T grid, e.g. 16,32")
+    g.add_argument("--seq-lens", dest="seq_lens", type=int_list, default=None, help="T grid, e.g. 16,32")
     g.add_argument("--layers", type=positive_int, default=None, help="layers L (default: the scale's)")
     g.add_argument("--batch-size", dest="batch_size", type=positive_int, default=None, help="SGD minibatch")
     g.add_argument("--max-steps", dest="max_steps", type=positive_int, default=None,

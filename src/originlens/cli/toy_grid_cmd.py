@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import apply_threads
+from .options import apply_threads, int_list
 from ..errors import ConfigError
 
 
@@ -38,13 +38,12 @@ def cmd_grid(args: argparse.Namespace) -> int:
 
 
 def add_parser(esub: Any) -> None:
-    from .ntp_attribute_cmd import _int_spec
     from .ntp_cmd import _add_overrides
     g = esub.add_parser("grid", help="toy regime grid: nulls, CIs over seeds, the paper's orderings tested",
                         description=__doc__.split("\n\n")[0])
     g.add_argument("--task", default="cond-majority", help="cond-majority | majority")
     g.add_argument("--scale", default="cpu", help="paper | cpu (d = 64) | ci (a seconds-long direction check)")
-    g.add_argument("--seeds", type=_int_spec, default=[0, 1, 2, 3, 4], help="e.g. 0-4 (default) or 0,1,2")
+    g.add_argument("--seeds", type=int_list, default=[0, 1, 2, 3, 4], help="e.g. 0-4 (default) or 0,1,2")
     g.add_argument("--regimes", default=None, help="comma-separated (default: all four)")
     g.add_argument("--jobs", type=int, default=1, help="runs trained in parallel, one thread each (1)")
     g.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
