@@ -76,3 +76,27 @@ def test_bad_arguments():
         list(python_source_documents(["npm"]))
     with pytest.raises(ConfigError, match="min_chars"):
         list(python_source_documents(["stdlib"], min_chars=10, max_chars=5))
+
+
+def test_split_windows_stay_inside_their_document_and_are_traced(tmp_path):
+    from originlens.data import TokenStore, build_corpus
+    docs = ["a b c d e f g h i j k", "x y", "l m n o p q r", "a b c d e"]        # 11, 2, 7, 5 words
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    store = build_corpus([str(src)], tmp_path / "c", vocab_size=40, seq_len=2, windows="split")
+    vocab = store.vocab
+    got = [[vocab[i] for i in row] for row in store.tokens]
+    want, owner = [], []
+    for j, d in enumerate(docs):
+        words = d.split()
+        for k in range(0, len(words) - 2, 3):
+            want.append(words[k:k + 3])
+            owner.append(j)
+    assert got == want and store.window_documents.tolist() == owner        # doc 1 (2 words) too short
+    c = store.manifest["counts"]
+    assert c["documents_dropped"]["too_short"] == 1 and c["tokens_discarded_tail"] == 2 + 1 + 2
+    first = build_corpus([str(src)], tmp_path / "f", vocab_size=40, seq_len=2, windows="first")
+    assert first.window_documents.tolist() == [0, 2, 3]
+    packed = build_corpus([str(src)], tmp_path / "p", vocab_size=40, seq_len=2, windows="pack")
+    assert packed.window_documents is None
+    assert TokenStore.open(tmp_path / "c").window_documents.tolist() == owner

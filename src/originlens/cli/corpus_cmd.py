@@ -54,10 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--seq-len", type=int, default=64, metavar="T",
                    help="window length T: each window holds T+1 tokens (inputs x_0..x_{T-1}, targets "
                         "x_1..x_T); default 64, the paper uses 200")
-    b.add_argument("--windows", choices=("first", "pack"), default="first",
+    b.add_argument("--windows", choices=("first", "pack", "split"), default="first",
                    help="'first' (paper): the first T+1 tokens of each document, shorter documents "
                         "skipped; 'pack': documents joined by an end-of-text token and cut into "
-                        "non-overlapping windows (default first)")
+                        "non-overlapping windows; 'split': each document cut into its own windows "
+                        "(none spans two documents) (default first)")
     b.add_argument("--oov", choices=("drop", "unk"), default="drop",
                    help="out-of-vocabulary tokens: 'drop' (paper) discards every document containing one "
                         "(checked over the whole document); 'unk' maps them to <unk> (default drop)")

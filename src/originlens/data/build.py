@@ -8,6 +8,9 @@ Window modes:
 
 * ``"first"`` (paper §5.1.1): one window per document, its first T+1 tokens; documents with fewer
   tokens are skipped (``too_short``).
+* ``"split"``: every document is cut into its own consecutive non-overlapping windows (no window spans two
+  documents, so each has one source, e.g. one domain of a mixed corpus); each document's incomplete tail
+  is discarded, documents shorter than T+1 are skipped.
 * ``"pack"``: documents are concatenated, each followed by the tokenizer's end-of-text id (word
   tokenizer: a reserved ``<eot>`` token, which counts towards ``vocab_size``; BPE: ``</s>``, already
   there when texts are wrapped; pretrained: ``<|endoftext|>``/``</s>``/``<eos>`` if it has one, else
@@ -17,6 +20,10 @@ OOV policy: ``"drop"`` (paper) discards every document that contains an out-of-v
 *anywhere* (the whole document is checked, not only its first window; a document that is both OOV and
 too short counts as ``oov``); ``"unk"`` maps such tokens to ``<unk>``. For BPE/pretrained tokenizers
 "out of vocabulary" means the model's unknown id was produced.
+
+For ``"first"`` and ``"split"`` the directory also holds ``window_documents.npy``: the index of each window's
+source document in reading order (0-based, counting dropped documents), so a window can be traced to its
+document's provenance (:attr:`~originlens.data.store.TokenStore.window_documents`).
 
 The output directory is built under a temporary name and renamed into place only on success
 (:func:`originlens.storage.atomic_directory`), so a failed build leaves nothing at ``out``. An existing
@@ -41,13 +48,14 @@ from .tokenizers import (EOT, OOV_MODES, BPETokenizer, WordTokenizer, count_toke
                          load_tokenizer)
 
 DEFAULT_STORIES = 2000
-WINDOW_MODES = ("first", "pack")
+WINDOW_MODES = ("first", "pack", "split")
+WINDOW_DOCUMENTS = "window_documents.npy"   # first/split: the source document (0-based, reading order) of each window
 _FLUSH = 4096  # windows per write
 
 
 def _check_args(vocab_size, seq_len, windows, oov, max_windows, storyworld_stories) -> None:
     if windows not in WINDOW_MODES:
-        raise ConfigError(f"unknown window mode {windows!r}", "use 'first' or 'pack'")
+        raise ConfigError(f"unknown window mode {windows!r}", "use 'first', 'pack' or 'split'")
     if oov not in OOV_MODES:
         raise ConfigError(f"unknown OOV policy {oov!r}", "use 'drop' or 'unk'")
     if not isinstance(seq_len, int) or seq_len < 1:
@@ -185,7 +193,7 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
                               "longest_in_vocab_document": 0, "stopped_at_max_windows": False}
     if windows == "first":
         del counts["tokens_discarded_tail"]
-    else:
+    elif windows == "pack":
         del counts["documents_dropped"]["too_short"]
     drop = counts["documents_dropped"]
     eot = tok.eot_id if windows == "pack" else None
@@ -196,6 +204,7 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
             w = _Windows(tmp / "tokens.raw", T1, dtype)
             try:
                 pending: list[int] = []
+                window_docs: list[int] = []
                 for doc in progress(_documents(sources, stories, **read_kw), desc="pass 2/2: encoding",
                                     unit="doc", total=n_docs_pass1):
                     counts["documents_read"] += 1
@@ -207,12 +216,20 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
                         drop["oov"] += 1
                         continue
                     counts["longest_in_vocab_document"] = max(counts["longest_in_vocab_document"], len(ids))
-                    if windows == "first":
+                    doc_index = counts["documents_read"] - 1
+                    if windows in ("first", "split"):
                         if len(ids) < T1:
                             drop["too_short"] += 1
                             continue
-                        w.add(ids[:T1])
                         counts["documents_kept"] += 1
+                        stops = [0] if windows == "first" else range(0, len(ids) - T1 + 1, T1)
+                        for k in stops:
+                            if max_windows and w.n >= max_windows:
+                                break
+                            w.add(ids[k:k + T1])
+                            window_docs.append(doc_index)
+                        if windows == "split":
+                            counts["tokens_discarded_tail"] += len(ids) % T1
                     else:
                         counts["documents_kept"] += 1
                         pending.extend(ids)
@@ -233,6 +250,8 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
                 if w.n == 0:
                     raise _no_windows(counts, seq_len, windows)
                 w.finish(tmp / TOKENS)
+                if windows != "pack":
+                    np.save(tmp / WINDOW_DOCUMENTS, np.asarray(window_docs, dtype=np.uint32))
             finally:
                 w.close()
             tok.save(tmp / TOKENIZER_DIR)

@@ -84,6 +84,18 @@ class TokenStore:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
+    @property
+    def window_documents(self) -> np.ndarray | None:
+        """Each window's source document (0-based reading order) for ``first``/``split`` corpora built
+        since it was recorded; None otherwise."""
+        f = self.path / "window_documents.npy"
+        if not f.is_file():
+            return None
+        arr = _load_npy(f)
+        if arr.shape != (len(self),) or not np.issubdtype(arr.dtype, np.integer):
+            raise InputError(f"{f} does not have one integer per window", "rebuild the corpus")
+        return arr
+
     def __repr__(self) -> str:
         return f"TokenStore({str(self.path)!r}, windows={len(self)}, T={self.seq_len}, |V|={self.vocab_size})"
 
