@@ -203,3 +203,41 @@ def test_snapshot_schedule():
     assert off.snapshot_starts == [] and not any("SGD-variant" in d for d in off.deviations())
     with pytest.raises(ConfigError, match="snapshot_record_every"):
         OthelloConfig(scale="ci", overrides={"snapshot_record_every": 0})
+
+
+def test_seed_records_combine_into_the_same_results(ci_run, tmp_path):
+    """Each seed's values are written as a record beside the results file; combining the records (no run
+    directories) gives the same numbers and tests as the run that made them, and a record of another
+    configuration or a missing one is refused."""
+    from originlens.errors import InputError
+    from originlens.experiments.othello import read_seed_record, seed_record_path
+    cfg, out, s = ci_run
+    for seed in cfg.seeds:
+        rec = read_seed_record(seed_record_path(out / "res.json", seed), cfg, seed)
+        assert rec["seed"] == seed and rec["values"]["train"]["trained"]["final_eval"] == \
+            s["per_seed"][seed]["train"]["trained"]["final_eval"]
+    comb = run_othello(cfg, tmp_path / "comb", results=out / "res.json", command="originlens combine",
+                       from_records=True)
+    assert not (tmp_path / "comb" / "seed-0").exists()          # nothing trained
+    again = read_results(out / "res.json")
+    assert again["command"] == "originlens combine"
+    assert comb["by_fraction"] == s["by_fraction"] and comb["quality"] == s["quality"]
+    assert again["runs"][0]["commits"]["command"] == "originlens test"
+    other = OthelloConfig(scale="ci", seeds=[0, 1], overrides={"steps": 14, "eval_size": 120})
+    with pytest.raises(InputError, match="another configuration.*steps"):
+        run_othello(other, tmp_path / "x", results=out / "res.json", from_records=True)
+    more = OthelloConfig(scale="ci", seeds=[0, 1, 7], overrides={"steps": 12, "eval_size": 120})
+    with pytest.raises(InputError, match="no seed record for seed 7"):
+        run_othello(more, tmp_path / "y", results=out / "res.json", from_records=True)
+
+
+def test_too_few_seeds_write_records_but_no_results_file_at_the_default_path(ci_run, tmp_path, monkeypatch):
+    cfg, out, s = ci_run
+    monkeypatch.chdir(tmp_path)
+    one = OthelloConfig(scale="ci", seeds=[0], overrides={"steps": 12, "eval_size": 120})
+    import shutil
+    shutil.copytree(out / "exp" / "seed-0", tmp_path / "exp" / "seed-0")   # finished seed: resumes, no training
+    r = run_othello(one, tmp_path / "exp", command="originlens test")
+    assert r["results_file"] is None
+    assert not (tmp_path / "results" / "othello" / "othello-ci.json").exists()
+    assert (tmp_path / "results" / "othello" / "othello-ci" / "seed-0.json").is_file()

@@ -2,8 +2,9 @@
 random-direction nulls, Adam-variant pathway attribution, the paper's Othello pattern tested over seeds.
 
 Parses arguments and calls :func:`originlens.experiments.othello.run_othello`, which writes
-``OUT/report.html`` and the results file ``results/othello/othello-<scale>.json`` (``--results`` to write
-elsewhere).  Re-running resumes every stage.
+``OUT/report.html``, a record per seed (``results/othello/othello-<scale>/seed-N.json``) and, for ≥ 3 seeds,
+the results file ``results/othello/othello-<scale>.json`` (``--results`` to write elsewhere).  Re-running
+resumes every stage; ``--from-records`` combines seed records made in separate sessions.
 """
 from __future__ import annotations
 
@@ -24,12 +25,12 @@ def cmd_othello(args: argparse.Namespace) -> int:
     cfg = OthelloConfig(scale=args.scale, seeds=args.seeds, layers=args.attr_layers, overrides=overrides,
                         random_directions=args.random_directions, device=args.device or "cpu", jobs=args.jobs,
                         **({"lr": args.lr} if args.lr is not None else {}))
-    s = run_othello(cfg, args.out, results=args.results, command=command_line())
+    s = run_othello(cfg, args.out, results=args.results, command=command_line(), from_records=args.from_records)
     q = s["quality"]
     print(f"legal-move accuracy {q['legal_acc']['mean']:.3f} over {len(cfg.seeds)} seed(s)")
     for k, t in s["by_fraction"][max(s["by_fraction"], key=float)]["tests"].items():
         print(f"{k}: p (Holm) {t['p_holm']}, holds {t['holds']}")
-    print(f"{args.out}/report.html, {s['results_file']}")
+    print(f"{args.out}/report.html, " + (s["results_file"] or "seed records only (fewer than 3 seeds)"))
     return 0
 
 
@@ -39,7 +40,11 @@ def add_parser(esub: Any) -> None:
     o.add_argument("--scale", default="cpu", help="paper (a GPU job) | cpu | ci (a plumbing check)")
     o.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="e.g. 0-2 (default)")
     o.add_argument("--out", required=True, help="experiment directory")
-    o.add_argument("--results", default=None, help="results file (default results/othello/othello-SCALE.json)")
+    o.add_argument("--results", default=None, help="results file (default results/othello/othello-SCALE.json); "
+                   "each seed's record goes beside it (results/othello/othello-SCALE/seed-N.json)")
+    o.add_argument("--from-records", action="store_true",
+                   help="train nothing: combine the seeds' records (seeds run in separate sessions) into the "
+                        "results file")
     g = o.add_argument_group("overrides of the scale")
     for flag, dest, typ, what in (
             ("--layers", "n_layer", int, "transformer blocks"), ("--d-model", "d_model", int, "residual width"),

@@ -439,33 +439,120 @@ def across_seeds(per_seed: dict[int, dict[str, Any]], fractions: list[float], co
     return out
 
 
+MIN_SEEDS = 3          # a combined results file at the default path needs at least this many seeds
+SEED_RECORD_FORMAT = "originlens-seed-record/1"
+
+
+def seed_record_path(results_path: str | Path, seed: int) -> Path:
+    """Where the seed record of ``seed`` lives beside a results file: ``results/othello/othello-cpu.json``
+    → ``results/othello/othello-cpu/seed-<seed>.json``."""
+    p = Path(results_path)
+    return p.parent / p.stem / f"seed-{int(seed)}.json"
+
+
+def config_key(config: OthelloConfig) -> dict[str, Any]:
+    """What must agree between seed records for them to be combined: the experiment's settings and the
+    trainer's configuration, without the seed list, the parallelism, the device."""
+    exp = {k: v for k, v in to_jsonable(config).items() if k not in ("seeds", "jobs", "device")}
+    ntp = {k: v for k, v in config.ntp_config(config.seeds[0], initial=False).to_dict().items()
+           if k not in ("seed", "device")}
+    return {"experiment": exp, "settings": to_jsonable(config.settings), "ntp": to_jsonable(ntp)}
+
+
+def write_seed_record(path: str | Path, config: OthelloConfig, seed: int, values: dict[str, Any], *,
+                      command: str, run_dir: Path | None) -> Path:
+    """One seed's measured values (quality, probes, per-seed influence aggregates, snapshots) with its
+    provenance: the combined analysis over seeds can be redone from seed records alone, so seeds trained in
+    different sessions (each an hour of CPU) combine into one results file without their run directories."""
+    from .results import provenance
+    train_commit = None
+    if run_dir is not None and (run_dir / "environment.json").is_file():
+        train_commit = read_json(run_dir / "environment.json").get("git_commit")
+    record = {"format": SEED_RECORD_FORMAT, "experiment": EXPERIMENT, "name": config.name, "seed": int(seed),
+              "command": command, **provenance(), "train_commit": train_commit, "config_key": config_key(config),
+              "values": to_jsonable(values)}
+    return atomic_write_json(path, record)
+
+
+def read_seed_record(path: str | Path, config: OthelloConfig, seed: int) -> dict[str, Any]:
+    """A seed record checked against ``config`` (same experiment, seed and configuration, else
+    :class:`~originlens.errors.InputError` naming what differs)."""
+    from ..errors import InputError
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no seed record for seed {seed} at {path}",
+                         "train that seed first (the experiment command without --from-records writes its record)")
+    rec = read_json(path)
+    if not isinstance(rec, dict) or rec.get("format") != SEED_RECORD_FORMAT or rec.get("experiment") != EXPERIMENT:
+        raise InputError(f"{path} is not an Othello seed record ({SEED_RECORD_FORMAT})",
+                         "regenerate it with `originlens ntp experiment othello`")
+    if rec.get("seed") != int(seed):
+        raise InputError(f"{path} holds seed {rec.get('seed')}, not {seed}", "check the records directory")
+    want, have = config_key(config), rec.get("config_key", {})
+    if have != want:
+        diff = sorted(f"{part}.{k}" for part in want for k in set(want[part]) | set(have.get(part, {}))
+                      if want[part].get(k) != have.get(part, {}).get(k))
+        raise InputError(f"{path} was made with another configuration (differs in {', '.join(diff) or 'layout'})",
+                         "combine only seeds of one configuration, or rerun that seed")
+    return rec
+
+
+def _seed_values(config: OthelloConfig, d: Path, prepared: dict[str, Any]) -> dict[str, Any]:
+    """The per-seed values of a finished seed directory ``d`` (``d/run``, ``d/initial``)."""
+    L = config.settings["n_layer"]
+    positions = sorted(config.settings["positions"])
+    store = d / "run" / "attribution"
+    return {
+        "train": prepared["train"],
+        "probes": _probe_quality(d / "run", positions),
+        "initial_probes": _probe_quality(d / "initial", positions),
+        "attribution_seconds_this_call": prepared["attribution_seconds_this_call"],
+        "aggregates": seed_aggregates(store, L, config.attributed_updates, config.fractions,
+                                      config.settings["record_every"]),
+        "snapshot_seconds_this_call": prepared.get("snapshot_seconds_this_call"),
+        "snapshots": snapshot_aggregates(d / "run" / "attribution-snapshots" if config.snapshot_starts
+                                         else None, L, config.snapshot_starts, config.snapshot_window),
+        "snapshot_eval": {str(c): eval_at(d / "run", d / "initial", c) for c in config.snapshot_starts},
+        "data_hashes": read_json(d / "run" / "environment.json").get("data_hashes", {}),
+    }
+
+
 def run_othello(config: OthelloConfig, out: str | Path, *, results: str | Path | None = None,
-                command: str | None = None) -> dict[str, Any]:
+                command: str | None = None, from_records: bool = False) -> dict[str, Any]:
     """Train, probe, attribute every seed (resuming what exists), aggregate over seeds, write the
-    experiment record, the report and the results file; returns the record."""
+    experiment record, the report and the results file; returns the record.
+
+    Every seed's values are also written as a *seed record* beside the results file
+    (:func:`seed_record_path`).  ``from_records=True`` trains nothing: every seed is read from its record
+    (checked against ``config``), so seeds run in separate sessions combine into one results file.  With
+    fewer than :data:`MIN_SEEDS` seeds and no explicit ``results`` path the combined file is not written
+    (the seed records are): a results file at the default path is evidence, and evidence needs seeds."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     L = config.settings["n_layer"]
     positions = sorted(config.settings["positions"])
+    res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
+    command = command or f"python: run_othello({config!r}, {str(out)!r})"
     with exclusive(out):
         per_seed: dict[int, dict[str, Any]] = {}
-        prepared = _prepare_all(config, out)
-        for seed in config.seeds:
-            d = out / f"seed-{seed}"
-            store = d / "run" / "attribution"
-            per_seed[seed] = {
-                "train": prepared[seed]["train"],
-                "probes": _probe_quality(d / "run", positions),
-                "initial_probes": _probe_quality(d / "initial", positions),
-                "attribution_seconds_this_call": prepared[seed]["attribution_seconds_this_call"],
-                "aggregates": seed_aggregates(store, L, config.attributed_updates, config.fractions,
-                                              config.settings["record_every"]),
-                "snapshot_seconds_this_call": prepared[seed].get("snapshot_seconds_this_call"),
-                "snapshots": snapshot_aggregates(d / "run" / "attribution-snapshots" if config.snapshot_starts
-                                                 else None, L, config.snapshot_starts, config.snapshot_window),
-                "snapshot_eval": {str(c): eval_at(d / "run", d / "initial", c) for c in config.snapshot_starts},
-                "data_hashes": read_json(d / "run" / "environment.json").get("data_hashes", {}),
-            }
+        seed_commits: dict[int, Any] = {}
+        if from_records:
+            for seed in config.seeds:
+                rec = read_seed_record(seed_record_path(res_path, seed), config, seed)
+                per_seed[seed] = rec["values"]
+                seed_commits[seed] = {"record": rec.get("git_commit"), "train": rec.get("train_commit"),
+                                      "command": rec.get("command")}
+        else:
+            prepared = _prepare_all(config, out)
+            for seed in config.seeds:
+                d = out / f"seed-{seed}"
+                per_seed[seed] = _seed_values(config, d, prepared[seed])
+                path = write_seed_record(seed_record_path(res_path, seed), config, seed, per_seed[seed],
+                                         command=command, run_dir=d / "run")
+                rec = read_json(path)
+                seed_commits[seed] = {"record": rec.get("git_commit"), "train": rec.get("train_commit"),
+                                      "command": command}
+        per_seed = {s: per_seed[s] for s in config.seeds}
         layers = sorted({k for s in per_seed.values() for k in s["probes"]}, key=int)
         quality = {
             "eval_loss": inference.mean_ci([s["train"]["trained"]["final_eval"].get("eval_loss") for s in per_seed.values()],
@@ -505,10 +592,15 @@ def run_othello(config: OthelloConfig, out: str | Path, *, results: str | Path |
                 f"{config.settings['snapshot_record_every']}th; mean per recorded update)")
         atomic_write_json(out / "experiment.json", to_jsonable(summary))
         write_report(summary, out)
-        res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
+        summary["seed_commits"] = seed_commits
+        if results is None and len(config.seeds) < MIN_SEEDS:
+            log(f"[othello] {len(config.seeds)} seed(s) < {MIN_SEEDS}: the seed records are written "
+                f"({seed_record_path(res_path, config.seeds[0]).parent}), the combined results file is not; "
+                f"combine ≥ {MIN_SEEDS} seeds with --from-records")
+            summary["results_file"] = None
+            return summary
         full = f"{1.0:g}" if "1" in summary["by_fraction"] else sorted(summary["by_fraction"])[-1]
-        write_results(res_path, experiment=EXPERIMENT, name=config.name,
-                      command=command or f"python: run_othello({config!r}, {str(out)!r})",
+        write_results(res_path, experiment=EXPERIMENT, name=config.name, command=command,
                       config={"experiment": to_jsonable(config), "ntp": config.ntp_config(config.seeds[0],
                                                                                            initial=False).to_dict()},
                       seeds=config.seeds, scale=summary["scale"], quality=quality,
@@ -522,7 +614,8 @@ def run_othello(config: OthelloConfig, out: str | Path, *, results: str | Path |
                              "snapshots": {c: v["tests"] for c, v in summary["snapshots"].items()},
                              "alpha": ALPHA},
                       data_hashes={f"seed-{s}": v["data_hashes"] for s, v in per_seed.items()},
-                      runs=[{"seed": s, "final_eval": v["train"]["trained"]["final_eval"],
+                      runs=[{"seed": s, "commits": seed_commits.get(s),
+                             "final_eval": v["train"]["trained"]["final_eval"],
                              "train_seconds": v["train"]["trained"]["seconds"], "probes": v["probes"],
                              "initial_probes": v["initial_probes"],
                              "wilcoxon_items": v["aggregates"][full]["wilcoxon_items"]} for s, v in per_seed.items()],
