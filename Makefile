@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.originlens-test-installed
 TORCH_PIN ?= torch==2.13.0
 CONSTRAINTS := -c requirements-ci.txt
 
-.PHONY: demo test venv clean bench
+.PHONY: demo test lint venv clean bench
 
 $(STAMP): pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/originlens demo --out runs/demo
+
+# guard-rails (CI runs them before the tests): lint and formatting, configured in pyproject.toml
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 tests

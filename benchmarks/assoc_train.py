@@ -15,6 +15,7 @@ The per-step losses must agree (float32: relative 1e-4; float64: 1e-10) and the 
 (batch-independent products, the chunked pass over the batch, the products' backward; wall seconds,
 minimum over ``--repeat``) instead of training epochs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ def make_tokens(kind: str, n: int, T: int, V: int, seed: int = 0) -> np.ndarray:
     ranks = np.arange(1, V + 1)
     base = 1.0 / ranks
     base /= base.sum()
-    succ = rng.integers(0, V, (V, 8))                    # each token has 8 favoured successors
+    succ = rng.integers(0, V, (V, 8))  # each token has 8 favoured successors
     out = np.empty((n, T + 1), dtype=np.int64)
     out[:, 0] = rng.choice(V, n, p=base)
     for t in range(1, T + 1):
@@ -48,8 +49,16 @@ def make_tokens(kind: str, n: int, T: int, V: int, seed: int = 0) -> np.ndarray:
 
 
 def run_once(impl: str, tokens: np.ndarray, args) -> tuple[float, np.ndarray, dict]:
-    cfg = AssocTrainConfig(n_layers=args.layers, lr=args.lr, epochs=1, batch_size=args.batch, dtype=args.dtype,
-                           impl=impl, stats_source="none", grad_chunk=args.batch)
+    cfg = AssocTrainConfig(
+        n_layers=args.layers,
+        lr=args.lr,
+        epochs=1,
+        batch_size=args.batch,
+        dtype=args.dtype,
+        impl=impl,
+        stats_source="none",
+        grad_chunk=args.batch,
+    )
     t0 = time.perf_counter()
     run = train_assoc(tokens, args.vocab, cfg)
     secs = time.perf_counter() - t0
@@ -60,12 +69,25 @@ def run_once(impl: str, tokens: np.ndarray, args) -> tuple[float, np.ndarray, di
 def sections(tokens: np.ndarray, args) -> dict[str, float]:
     """Wall seconds of the parts of one paths step (products, pass, products' backward; min over repeats)."""
     from originlens.models import assoc
-    model = assoc.AssocModel(assoc.AssocConfig(vocab_size=args.vocab, seq_len=args.seq_len, n_layers=args.layers,
-                                               init="gaussian", init_std=0.01, dtype=args.dtype, impl="paths"))
-    batch = torch.as_tensor(tokens[:args.batch])
+
+    model = assoc.AssocModel(
+        assoc.AssocConfig(
+            vocab_size=args.vocab,
+            seq_len=args.seq_len,
+            n_layers=args.layers,
+            init="gaussian",
+            init_std=0.01,
+            dtype=args.dtype,
+            impl="paths",
+        )
+    )
+    batch = torch.as_tensor(tokens[: args.batch])
     spent: dict[str, float] = {}
-    originals = {"products": (assoc._Products, "__init__"), "pass": (assoc, "_path_pass"),
-                 "products backward": (assoc._Products, "backward")}
+    originals = {
+        "products": (assoc._Products, "__init__"),
+        "pass": (assoc, "_path_pass"),
+        "products backward": (assoc._Products, "backward"),
+    }
     saved = {k: getattr(o, n) for k, (o, n) in originals.items()}
 
     def timed(key, fn):
@@ -75,9 +97,11 @@ def sections(tokens: np.ndarray, args) -> dict[str, float]:
                 return fn(*a, **k)
             finally:
                 spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
+
         return wrapper
+
     best: dict[str, float] = {}
-    model.accumulate_gradients(batch, impl="paths")         # allocates the scratch buffers
+    model.accumulate_gradients(batch, impl="paths")  # allocates the scratch buffers
     try:
         for k, (o, n) in originals.items():
             setattr(o, n, timed(k, saved[k]))
@@ -106,8 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", default="zipf", choices=["random", "zipf"])
     p.add_argument("--impls", default="paths,dense", help="comma list of paths, gather, dense (dense is the baseline)")
     p.add_argument("--threads", default="2", help="torch threads, or a comma list (e.g. 1,2) measured in turn")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="epochs per implementation, interleaved; the minimum is reported (shared machines)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="epochs per implementation, interleaved; the minimum is reported (shared machines)",
+    )
     p.add_argument("--sections", action="store_true", help="time the parts of one paths step instead")
     args = p.parse_args(argv)
     set_verbosity(0)
@@ -117,9 +145,13 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(threads)
             parts = sections(tokens, args)
             rest = parts["step"] - sum(v for k, v in parts.items() if k != "step")
-            print(f"|V|={args.vocab} T={args.seq_len} L={args.layers} batch={args.batch} threads={threads} "
-                  f"(s, min of {args.repeat}): " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items())
-                  + f", other {rest:.3f}", flush=True)
+            print(
+                f"|V|={args.vocab} T={args.seq_len} L={args.layers} batch={args.batch} threads={threads} "
+                f"(s, min of {args.repeat}): "
+                + ", ".join(f"{k} {v:.3f}" for k, v in parts.items())
+                + f", other {rest:.3f}",
+                flush=True,
+            )
         return 0
     impls = [s.strip() for s in args.impls.split(",") if s.strip()]
     if "dense" not in impls:
@@ -127,24 +159,31 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for threads in [int(t) for t in str(args.threads).split(",") if t.strip()]:
         torch.set_num_threads(threads)
-        print(f"|V|={args.vocab} T={args.seq_len} L={args.layers} N={args.n} batch={args.batch} dtype={args.dtype} "
-              f"tokens={args.tokens} threads={threads} repeat={args.repeat}", flush=True)
+        print(
+            f"|V|={args.vocab} T={args.seq_len} L={args.layers} N={args.n} batch={args.batch} dtype={args.dtype} "
+            f"tokens={args.tokens} threads={threads} repeat={args.repeat}",
+            flush=True,
+        )
         times: dict[str, list[float]] = {i: [] for i in impls}
         losses, weights = {}, {}
-        for r in range(args.repeat):
+        for _ in range(args.repeat):
             for impl in impls:
                 secs, losses[impl], weights[impl] = run_once(impl, tokens, args)
                 times[impl].append(secs)
-                print(f"  {impl:7s} {secs:8.2f} s/epoch  ({len(losses[impl])} steps, final loss "
-                      f"{losses[impl][-1]:.6f})", flush=True)
+                print(
+                    f"  {impl:7s} {secs:8.2f} s/epoch  ({len(losses[impl])} steps, final loss {losses[impl][-1]:.6f})",
+                    flush=True,
+                )
         tol = 1e-4 if args.dtype == "float32" else 1e-10
         for impl in impls:
             err = float(np.max(np.abs(losses[impl] - losses["dense"]) / np.abs(losses["dense"])))
             if err > tol:
                 print(f"  MISMATCH: {impl} losses differ from dense by {err:.2e} (> {tol})")
                 ok = False
-            werr = max(float((w - weights["dense"][k]).norm() / weights["dense"][k].norm().clamp_min(1e-300))
-                       for k, w in weights[impl].items())
+            werr = max(
+                float((w - weights["dense"][k]).norm() / weights["dense"][k].norm().clamp_min(1e-300))
+                for k, w in weights[impl].items()
+            )
             if werr > 100 * tol:
                 print(f"  MISMATCH: {impl} final weights differ from dense by {werr:.2e} (relative Frobenius)")
                 ok = False
@@ -153,8 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         best = {i: min(t) for i, t in times.items()}
         for impl in impls:
             if impl != "dense":
-                print(f"  speed-up {impl} vs dense (min of {args.repeat}): {best['dense']:.2f} / {best[impl]:.2f} s "
-                      f"= {best['dense'] / best[impl]:.2f}x  [threads={threads}, batch={args.batch}]", flush=True)
+                print(
+                    f"  speed-up {impl} vs dense (min of {args.repeat}): {best['dense']:.2f} / {best[impl]:.2f} s "
+                    f"= {best['dense'] / best[impl]:.2f}x  [threads={threads}, batch={args.batch}]",
+                    flush=True,
+                )
     return 0 if ok else 1
 
 

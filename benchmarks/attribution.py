@@ -20,6 +20,7 @@ Usage: ``.venv/bin/python benchmarks/attribution.py [--batch 64] [--threads 1] [
 (``--brute-sites N`` times brute/ref45 on N evenly spread sites and extrapolates linearly; marked).
 Caveat: shared 2-core CPU; expect ±15 % noise.  float32 agreement is ~1e-6, float64 (``--float64``) ~1e-14.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,15 @@ import time
 
 import torch
 
-from originlens.attribution import (COMPONENTS, Probe, decompose, influences, reference_projections,
-                                    sgd_steps, stop_gradient)
+from originlens.attribution import (
+    COMPONENTS,
+    Probe,
+    decompose,
+    influences,
+    reference_projections,
+    sgd_steps,
+    stop_gradient,
+)
 from originlens.models import GPT, GPTConfig
 from originlens.models.gpt import position_losses
 
@@ -55,8 +63,11 @@ def ref45(model, tokens, sites):
         else:
             dr = [torch.zeros_like(p) for p in params]
         pre = [f - s - d for f, s, d in zip(full, sh, dr)]
-        out[(k, i)] = {"direct": dict(zip(names, dr)), "precached": dict(zip(names, pre)),
-                       "shared": dict(zip(names, sh))}
+        out[(k, i)] = {
+            "direct": dict(zip(names, dr)),
+            "precached": dict(zip(names, pre)),
+            "shared": dict(zip(names, sh)),
+        }
     return out
 
 
@@ -89,21 +100,24 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=5, seq_len=21, n_layer=2, d_model=128, n_head=4,
-                    dtype="float64" if args.float64 else "float32")
+    cfg = GPTConfig(
+        vocab_size=5, seq_len=21, n_layer=2, d_model=128, n_head=4, dtype="float64" if args.float64 else "float32"
+    )
     model = GPT(cfg)
-    with torch.no_grad():                                # away from init: all pathways non-trivial
+    with torch.no_grad():  # away from init: all pathways non-trivial
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     tokens = torch.randint(0, 5, (args.batch, cfg.seq_len))
     sites = [(k, i) for k in range(cfg.n_layer + 1) for i in range(cfg.seq_len)]
-    print(f"model: L={cfg.n_layer} d={cfg.d_model} heads={cfg.n_head} T={cfg.seq_len} B={args.batch} "
-          f"params={model.num_params():,} dtype={cfg.dtype} threads={args.threads}; sites={len(sites)}")
+    print(
+        f"model: L={cfg.n_layer} d={cfg.d_model} heads={cfg.n_head} T={cfg.seq_len} B={args.batch} "
+        f"params={model.num_params():,} dtype={cfg.dtype} threads={args.threads}; sites={len(sites)}"
+    )
 
-    decompose(model, tokens, [(1, 3)])                   # warm-up
+    decompose(model, tokens, [(1, 3)])  # warm-up
     fast, t_fast = timed(lambda: decompose(model, tokens, "all", chunk_size=args.chunk_size))
     scale = float(flat(fast[(0, 0)].full).norm())
-    sub = sites if args.brute_sites <= 0 else sites[::max(1, len(sites) // args.brute_sites)][:args.brute_sites]
+    sub = sites if args.brute_sites <= 0 else sites[:: max(1, len(sites) // args.brute_sites)][: args.brute_sites]
     factor = len(sites) / len(sub)
     note = "" if factor == 1 else f" (measured on {len(sub)} sites, ×{factor:.2f} extrapolated)"
     brute, t_brute = timed(lambda: decompose(model, tokens, sub, method="brute"))
@@ -111,10 +125,14 @@ def main() -> None:
     t_brute *= factor
     t_ref *= factor
     print(f"fast  (2 backwards + batched VJPs):        {t_fast:8.2f} s")
-    print(f"brute (stop-gradient definition):         {t_brute:8.2f} s{note}  ratio brute/fast = {t_brute / t_fast:6.1f}×")
+    print(
+        f"brute (stop-gradient definition):         {t_brute:8.2f} s{note}  ratio brute/fast = {t_brute / t_fast:6.1f}×"
+    )
     print(f"ref45 (per-site loop, 3 backwards/site):  {t_ref:8.2f} s{note}  ratio ref45/fast = {t_ref / t_fast:6.1f}×")
-    print(f"worst relative difference: fast vs brute {worst_rel(fast, brute, scale)}; "
-          f"fast vs ref45 {worst_rel(fast, ref, scale)}")
+    print(
+        f"worst relative difference: fast vs brute {worst_rel(fast, brute, scale)}; "
+        f"fast vs ref45 {worst_rel(fast, ref, scale)}"
+    )
 
     for n_probes, n_types in ((3, 0), (16, 3)):
         bench_influences(model, tokens, fast, n_probes, n_types, args.influence_sites)
@@ -124,37 +142,44 @@ def bench_influences(model, tokens, fast, n_probes: int, n_types: int, n_sites: 
     """JVP influences vs one explicit ∇R backward per probe and type subset, on ``n_sites`` sites."""
     cfg = model.config
     tracked = [(k, i) for k in (1, 2) for i in range(2, 20)]
-    tracked = tracked[::max(1, len(tracked) // n_sites)][:n_sites]
+    tracked = tracked[:: max(1, len(tracked) // n_sites)][:n_sites]
     gen = torch.Generator().manual_seed(1)
-    probes = [Probe(f"f{j}@{k},{i}", k, i, torch.randn(cfg.d_model, generator=gen).to(cfg.torch_dtype))
-              for k, i in tracked for j in range(n_probes)]
+    probes = [
+        Probe(f"f{j}@{k},{i}", k, i, torch.randn(cfg.d_model, generator=gen).to(cfg.torch_dtype))
+        for k, i in tracked
+        for j in range(n_probes)
+    ]
     types = {p.name: torch.randint(0, n_types, (tokens.shape[0],), generator=gen) for p in probes} if n_types else None
     refs = reference_projections(GPT(cfg), tokens, probes)
     steps = sgd_steps({s: fast[s] for s in tracked}, lr=1e-3)
-    influences(model, tokens, steps, probes[:1], refs)                  # warm-up (forward-AD setup)
+    influences(model, tokens, steps, probes[:1], refs)  # warm-up (forward-AD setup)
     recs, t_jvp = timed(lambda: influences(model, tokens, steps, probes, refs, types=types))
 
     def explicit():
         params = list(model.parameters())
         names = [n for n, _ in model.named_parameters()]
         out = {}
-        _, res = model(tokens, return_residuals=True, myopic=False)     # one shared forward
-        for p in probes:                                                # one ∇R backward per risk
+        _, res = model(tokens, return_residuals=True, myopic=False)  # one shared forward
+        for p in probes:  # one ∇R backward per risk
             subsets = [(None, slice(None))] + [(t, types[p.name] == t) for t in range(n_types)]
             for tau, rows in subsets:
                 diff = (res[p.layer][:, p.position] @ p.direction - refs[p.name])[rows]
-                R = 0.5 * (diff ** 2).mean()
+                R = 0.5 * (diff**2).mean()
                 g = dict(zip(names, torch.autograd.grad(R, params, retain_graph=True, allow_unused=True)))
                 for c in COMPONENTS:
-                    out[(p.name, tau, c)] = sum(float((steps[p.site][c][n] * g[n]).sum())
-                                                for n in names if g[n] is not None)
+                    out[(p.name, tau, c)] = sum(
+                        float((steps[p.site][c][n] * g[n]).sum()) for n in names if g[n] is not None
+                    )
         return out
+
     want, t_exp = timed(explicit)
     got = {(r.probe, r.feature_type, r.component): r.value for r in recs if r.component != "full"}
     err = max(abs(got[key] - v) / max(abs(v), 1e-12) for key, v in want.items())
-    print(f"influences, {len(tracked)} sites × {n_probes} probes × {1 + n_types} row subsets: "
-          f"JVP {t_jvp:.2f} s vs explicit ∇R per risk {t_exp:.2f} s, ratio explicit/JVP = {t_exp / t_jvp:.1f}×; "
-          f"worst relative difference {err:.1e}")
+    print(
+        f"influences, {len(tracked)} sites × {n_probes} probes × {1 + n_types} row subsets: "
+        f"JVP {t_jvp:.2f} s vs explicit ∇R per risk {t_exp:.2f} s, ratio explicit/JVP = {t_exp / t_jvp:.1f}×; "
+        f"worst relative difference {err:.1e}"
+    )
 
 
 if __name__ == "__main__":

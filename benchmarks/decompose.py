@@ -27,6 +27,7 @@ Agreement: max |ours − ref45| over every site, component and parameter entry, 
 Usage: ``.venv/bin/python benchmarks/decompose.py [--batch 256] [--threads 1] [--repeat 3] [--float64]
 [--sites all|tracked|both]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,6 @@ from originlens.attribution import COMPONENTS, decompose, stop_gradient
 from originlens.models import GPT, GPTConfig
 from originlens.models.gpt import position_losses
 
-
 # ----------------------------------------------------------------------------------------------------
 # the reference algorithm (per site: 1 forward + 3 backwards), plainly
 
@@ -52,7 +52,7 @@ def ref45(model: GPT, tokens: torch.Tensor, sites: list[tuple[int, int]]) -> dic
     """Per site: 1 forward with sg(k, i) + 3 backwards (∇L^{sg}, ∇λ_i^{sg}, ∇λ_i)."""
     params = list(model.parameters())
     names = [n for n, _ in model.named_parameters()]
-    lam = position_losses(model(tokens), tokens).sum(0)            # λ_t, t = 0..T−2 (plain graph)
+    lam = position_losses(model(tokens), tokens).sum(0)  # λ_t, t = 0..T−2 (plain graph)
     full = torch.autograd.grad(lam.sum(), params, retain_graph=True)
     out = {}
     for k, i in sites:
@@ -63,11 +63,14 @@ def ref45(model: GPT, tokens: torch.Tensor, sites: list[tuple[int, int]]) -> dic
             lam_i_sg = torch.autograd.grad(lam_sg[i], params)
             lam_i = torch.autograd.grad(lam[i], params, retain_graph=True)
             direct = [a - b for a, b in zip(lam_i, lam_i_sg)]
-        else:                                                      # no loss at T−1
+        else:  # no loss at T−1
             direct = [torch.zeros_like(p) for p in params]
         pre = [f - s - d for f, s, d in zip(full, shared, direct)]
-        out[(k, i)] = {"direct": dict(zip(names, direct)), "precached": dict(zip(names, pre)),
-                       "shared": dict(zip(names, shared))}
+        out[(k, i)] = {
+            "direct": dict(zip(names, direct)),
+            "precached": dict(zip(names, pre)),
+            "shared": dict(zip(names, shared)),
+        }
     return out
 
 
@@ -100,7 +103,7 @@ def peak_rss_bytes() -> int:
 
 
 def reset_peak_rss() -> None:
-    try:                                                           # Linux ≥ 4.0: reset VmHWM to the current RSS
+    try:  # Linux ≥ 4.0: reset VmHWM to the current RSS
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
@@ -109,8 +112,18 @@ def reset_peak_rss() -> None:
 
 def peak_memory(args: argparse.Namespace, method: str, which: str) -> float:
     """Peak RSS growth (MB) of one call of ``method`` in a fresh worker process."""
-    cmd = [sys.executable, __file__, "--worker", method, "--sites", which, "--batch", str(args.batch),
-           "--threads", str(args.threads)] + (["--float64"] if args.float64 else [])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        method,
+        "--sites",
+        which,
+        "--batch",
+        str(args.batch),
+        "--threads",
+        str(args.threads),
+    ] + (["--float64"] if args.float64 else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
 
@@ -130,31 +143,38 @@ def max_abs_diff(ours: dict, ref: dict) -> float:
 def setup(args: argparse.Namespace):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=5, seq_len=21, n_layer=2, d_model=128, n_head=4,
-                    dtype="float64" if args.float64 else "float32")
+    cfg = GPTConfig(
+        vocab_size=5, seq_len=21, n_layer=2, d_model=128, n_head=4, dtype="float64" if args.float64 else "float32"
+    )
     model = GPT(cfg)
-    with torch.no_grad():                                          # away from init: all pathways non-trivial
+    with torch.no_grad():  # away from init: all pathways non-trivial
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     tokens = torch.randint(0, cfg.vocab_size, (args.batch, cfg.seq_len))
-    site_sets = {"all": [(k, i) for k in range(cfg.n_layer + 1) for i in range(cfg.seq_len)],
-                 "tracked": [(k, i) for k in (1, 2) for i in range(2, 20)]}
-    opt = torch.optim.Adam(model.parameters(), lr=1e-12)           # tiny lr: the weights stay put
+    site_sets = {
+        "all": [(k, i) for k in range(cfg.n_layer + 1) for i in range(cfg.seq_len)],
+        "tracked": [(k, i) for k in (1, 2) for i in range(2, 20)],
+    }
+    opt = torch.optim.Adam(model.parameters(), lr=1e-12)  # tiny lr: the weights stay put
 
     def train_step() -> None:
         loss = model.loss(tokens)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return cfg, model, tokens, site_sets, train_step
 
 
 def worker(args: argparse.Namespace) -> None:
     cfg, model, tokens, site_sets, train_step = setup(args)
     sites = site_sets[args.sites]
-    fn = {"train": train_step, "ours": lambda: decompose(model, tokens, sites),
-          "ref45": lambda: ref45(model, tokens, sites)}[args.worker]
-    decompose(model, tokens, [(1, 3)]) if args.worker == "ours" else None   # imports, allocator warm-up
+    fn = {
+        "train": train_step,
+        "ours": lambda: decompose(model, tokens, sites),
+        "ref45": lambda: ref45(model, tokens, sites),
+    }[args.worker]
+    decompose(model, tokens, [(1, 3)]) if args.worker == "ours" else None  # imports, allocator warm-up
     reset_peak_rss()
     before = rss_bytes()
     fn()
@@ -176,10 +196,12 @@ def main() -> None:
         return worker(args)
     cfg, model, tokens, site_sets, train_step = setup(args)
     wanted = ["all", "tracked"] if args.sites == "both" else [args.sites]
-    print(f"model: L={cfg.n_layer} d={cfg.d_model} heads={cfg.n_head} T={cfg.seq_len} B={args.batch} "
-          f"params={model.num_params():,} dtype={cfg.dtype} threads={args.threads} (torch {torch.__version__})")
+    print(
+        f"model: L={cfg.n_layer} d={cfg.d_model} heads={cfg.n_head} T={cfg.seq_len} B={args.batch} "
+        f"params={model.num_params():,} dtype={cfg.dtype} threads={args.threads} (torch {torch.__version__})"
+    )
     train_step()
-    decompose(model, tokens, [(1, 3)])                             # warm-up
+    decompose(model, tokens, [(1, 3)])  # warm-up
     tol = 1e-10 if args.float64 else 1e-4
     for which in wanted:
         sites = site_sets[which]
@@ -197,14 +219,17 @@ def main() -> None:
         mem = {name: peak_memory(args, name, which) if args.memory else float("nan") for name in res}
         print(f"\nsites={which} ({len(sites)} sites)")
         print(f"  {'':34s} {'CPU s':>8s} {'wall s':>8s} {'peak RSS +MB':>13s}")
-        for name, label in (("train", "one training step (fwd+bwd+Adam)"), ("ours", "decompose (ours)"),
-                            ("ref45", "reference loop (1 fwd + 3 bwd/site)")):
+        for name, label in (
+            ("train", "one training step (fwd+bwd+Adam)"),
+            ("ours", "decompose (ours)"),
+            ("ref45", "reference loop (1 fwd + 3 bwd/site)"),
+        ):
             v = res[name]
             print(f"  {label:34s} {v['cpu']:8.3f} {v['wall']:8.3f} {mem[name]:13.1f}")
-        print(f"  ref45 / ours = {r['cpu'] / o['cpu']:.1f}× (CPU), {r['wall'] / o['wall']:.1f}× (wall)   "
-              f"[target ≥ 10×]")
-        print(f"  ours / train = {o['cpu'] / t['cpu']:.2f}× (CPU), {o['wall'] / t['wall']:.2f}× (wall)   "
-              f"[target ≤ 6×]")
+        print(
+            f"  ref45 / ours = {r['cpu'] / o['cpu']:.1f}× (CPU), {r['wall'] / o['wall']:.1f}× (wall)   [target ≥ 10×]"
+        )
+        print(f"  ours / train = {o['cpu'] / t['cpu']:.2f}× (CPU), {o['wall'] / t['wall']:.2f}× (wall)   [target ≤ 6×]")
         print(f"  max |ours − ref45| = {diff:.2e}  (max |∇L| = {g_max:.2e}; asserted ≤ {tol:g}·max|∇L|)")
         assert diff <= tol * g_max, f"decomposition disagrees with the reference loop: {diff} > {tol * g_max}"
 

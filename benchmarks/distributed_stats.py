@@ -7,6 +7,7 @@ The results are checked equal (counts exactly, floats to 1e-12).
 
 Usage: ``python benchmarks/distributed_stats.py [--windows N] [--vocab V] [--seq-len T]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,10 +22,24 @@ import numpy as np
 
 
 def run(nproc: int, tokens: Path, V: int, out: Path, threads: int) -> float:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads),
-           "ORIGINLENS_QUIET": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "originlens", "-q", "stats", "--tokens", str(tokens), "--vocab-size", str(V), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads), "ORIGINLENS_QUIET": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "originlens",
+        "-q",
+        "stats",
+        "--tokens",
+        str(tokens),
+        "--vocab-size",
+        str(V),
+        "--out",
+        str(out),
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     return time.perf_counter() - t0
@@ -37,6 +52,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=64)
     args = ap.parse_args()
     from originlens.stats import load_statistics
+
     rng = np.random.default_rng(0)
     p = 1.0 / np.arange(1, args.vocab + 1)
     tokens = rng.choice(args.vocab, size=(args.windows, args.seq_len + 1), p=p / p.sum()).astype(np.int32)
@@ -49,7 +65,7 @@ def main() -> None:
         a, b = load_statistics(d / "one"), load_statistics(d / "two")
         np.testing.assert_array_equal(a.bigram, b.bigram)
         worst = 0.0
-        for k, v in a.as_dict().items():   # float sums in another order: round-off only
+        for k, v in a.as_dict().items():  # float sums in another order: round-off only
             np.testing.assert_allclose(b.as_dict()[k], v, rtol=1e-10, atol=1e-15)
             worst = max(worst, float(np.max(np.abs(b.as_dict()[k] - v)) / max(np.max(np.abs(v)), 1e-300)))
     print(f"statistics |V|={args.vocab} T={args.seq_len} N={args.windows} (wall time incl. process start)")

@@ -13,6 +13,7 @@ Usage: ``.venv/bin/python benchmarks/gpt_step.py [--sizes majority,othello] [--s
 Caveat: on a shared CPU wall times swing with other users' load; the ratios use the median process CPU
 time (all threads) and the minimum wall time, both far steadier than the median wall time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,6 +69,7 @@ def step_fn(model: torch.nn.Module, loss_fn):
         opt.zero_grad(set_to_none=True)
         loss_fn().backward()
         opt.step()
+
     return step
 
 
@@ -88,8 +90,10 @@ def time_interleaved(steps_by_name: dict, steps: int, warmup: int) -> dict[str, 
             if i >= warmup:
                 wall[name].append(1000 * (t1 - t0))
                 cpu[name].append(1000 * (c1 - c0))
-    return {n: {"wall": statistics.median(wall[n]), "wall_min": min(wall[n]), "cpu": statistics.median(cpu[n])}
-            for n in steps_by_name}
+    return {
+        n: {"wall": statistics.median(wall[n]), "wall_min": min(wall[n]), "cpu": statistics.median(cpu[n])}
+        for n in steps_by_name
+    }
 
 
 def hf_model(cfg: dict):
@@ -97,9 +101,17 @@ def hf_model(cfg: dict):
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
         return None
-    hc = GPT2Config(vocab_size=cfg["vocab_size"], n_positions=cfg["seq_len"], n_embd=cfg["d_model"],
-                    n_layer=cfg["n_layer"], n_head=cfg["n_head"], resid_pdrop=0.0, embd_pdrop=0.0,
-                    attn_pdrop=0.0, activation_function="gelu_new")
+    hc = GPT2Config(
+        vocab_size=cfg["vocab_size"],
+        n_positions=cfg["seq_len"],
+        n_embd=cfg["d_model"],
+        n_layer=cfg["n_layer"],
+        n_head=cfg["n_head"],
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        activation_function="gelu_new",
+    )
     try:
         return GPT2LMHeadModel(hc, attn_implementation="sdpa")
     except TypeError:  # older transformers
@@ -110,8 +122,10 @@ def hf_model(cfg: dict):
 def run_size(name: str, steps: int, warmup: int) -> None:
     cfg, batch = SIZES[name]
     tokens = torch.randint(0, cfg["vocab_size"], (batch, cfg["seq_len"]), generator=torch.Generator().manual_seed(0))
-    print(f"\n== {name}: L={cfg['n_layer']} d={cfg['d_model']} heads={cfg['n_head']} T={cfg['seq_len']} "
-          f"batch={batch} (median of {steps} steps after {warmup} warm-up)")
+    print(
+        f"\n== {name}: L={cfg['n_layer']} d={cfg['d_model']} heads={cfg['n_head']} T={cfg['seq_len']} "
+        f"batch={batch} (median of {steps} steps after {warmup} warm-up)"
+    )
     runs = {}
     for variant, kw in VARIANTS.items():
         torch.manual_seed(0)
@@ -121,13 +135,18 @@ def run_size(name: str, steps: int, warmup: int) -> None:
     hf = hf_model(cfg)
     if hf is not None:
         hf.train()
-        runs["HF GPT2LMHeadModel"] = (step_fn(hf, lambda: hf(input_ids=tokens, labels=tokens).loss),
-                                      contextlib.nullcontext)
+        runs["HF GPT2LMHeadModel"] = (
+            step_fn(hf, lambda: hf(input_ids=tokens, labels=tokens).loss),
+            contextlib.nullcontext,
+        )
     res = time_interleaved(runs, steps, warmup)
     print(f"  {'variant':20s} {'wall med':>9s} {'wall min':>9s} {'cpu med':>9s}  (ms/step)  cpu ratio vs standard")
     for variant, r in res.items():
-        print(f"  {variant:20s} {r['wall']:9.1f} {r['wall_min']:9.1f} {r['cpu']:9.1f}             "
-              f"×{r['cpu'] / res['standard']['cpu']:.2f}", flush=True)
+        print(
+            f"  {variant:20s} {r['wall']:9.1f} {r['wall_min']:9.1f} {r['cpu']:9.1f}             "
+            f"×{r['cpu'] / res['standard']['cpu']:.2f}",
+            flush=True,
+        )
 
     def ratio(a: str, b: str) -> str:
         return f"{res[a]['cpu'] / res[b]['cpu']:.2f} (cpu), {res[a]['wall_min'] / res[b]['wall_min']:.2f} (min wall)"

@@ -6,6 +6,7 @@ games are checked to be identical.  Prints games/s of both and the ratio (target
 
     .venv/bin/python benchmarks/othello.py [--games 2000] [--plain-games 3] [--no-types]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,15 +32,14 @@ def plain_captures(board, me, c, dr, df):
 
 
 def plain_legal(board, me):
-    return [c for c in range(64) if board[c] == 0
-            and any(plain_captures(board, me, c, dr, df) for dr, df in DIRS)]
+    return [c for c in range(64) if board[c] == 0 and any(plain_captures(board, me, c, dr, df) for dr, df in DIRS)]
 
 
 def plain_game(u_row, with_types=True):
     """One game with per-game Python lists: moves, boards, legal (65), feature types."""
     board = [0] * 64
-    board[27] = board[36] = -1      # white d4, e5
-    board[35] = board[28] = 1       # black d5, e4
+    board[27] = board[36] = -1  # white d4, e5
+    board[35] = board[28] = 1  # black d5, e4
     me = 1
     legal = plain_legal(board, me)
     moves, boards, legals, types = [], [], [], []
@@ -80,7 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     with_types = not args.no_types
 
-    generate_games(64, args.seed, feature_types=with_types)          # warm-up
+    generate_games(64, args.seed, feature_types=with_types)  # warm-up
     t0, c0 = time.perf_counter(), time.process_time()
     games = generate_games(args.games, args.seed, feature_types=with_types)
     t_vec, c_vec = time.perf_counter() - t0, time.process_time() - c0
@@ -90,7 +90,7 @@ def main() -> None:
     plain = [plain_game(u[g], with_types) for g in range(args.plain_games)]
     t_plain, c_plain = time.perf_counter() - t0, time.process_time() - c0
 
-    for g, (m, b, lg, ty) in enumerate(plain):        # same games, same fields
+    for g, (m, b, lg, ty) in enumerate(plain):  # same games, same fields
         assert np.array_equal(games.moves[g], m) and np.array_equal(games.boards[g], b)
         assert np.array_equal(games.legal[g], lg)
         if with_types:
@@ -98,10 +98,11 @@ def main() -> None:
 
     what = "moves+boards+legal" + ("+feature types" if with_types else "")
     print(f"othello generate_games ({what}); wall clock, CPU time in brackets")
-    for label, n, wall, cpu in (("vectorised", args.games, t_vec, c_vec),
-                                ("plain", args.plain_games, t_plain, c_plain)):
-        print(f"  {label:10s} : {n:6d} games in {wall:7.3f} s = {n / wall:9.1f} games/s "
-              f"[{n / cpu:9.1f} games/s]")
+    for label, n, wall, cpu in (
+        ("vectorised", args.games, t_vec, c_vec),
+        ("plain", args.plain_games, t_plain, c_plain),
+    ):
+        print(f"  {label:10s} : {n:6d} games in {wall:7.3f} s = {n / wall:9.1f} games/s [{n / cpu:9.1f} games/s]")
     ratio = (args.games / t_vec) / (args.plain_games / t_plain)
     ratio_cpu = (args.games / c_vec) / (args.plain_games / c_plain)
     print(f"  speed-up   : {ratio:.0f}x [{ratio_cpu:.0f}x] (target >= 100x); outputs identical")

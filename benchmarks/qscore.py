@@ -34,6 +34,7 @@ bounds the speed-up of any method that needs them.  Usage: ``.venv/bin/python be
 [--no-e2e] [--e2e-repeat 1]``.
 Caveat: shared 2-core CPU; single runs vary by ±30 %, hence the minimum.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,15 @@ import numpy as np
 import torch
 
 from originlens.lm.native import GPTAdapter, Llama2cAdapter
-from originlens.lm.qscore import (QScoreConfig, ablation_kl, aggregate, find_top_contexts, kl_divergence, qscore,
-                                  within_edit_distance)
+from originlens.lm.qscore import (
+    QScoreConfig,
+    ablation_kl,
+    aggregate,
+    find_top_contexts,
+    kl_divergence,
+    qscore,
+    within_edit_distance,
+)
 from originlens.sae import SAE, SAEConfig
 from originlens.sae.activations import as_sequences, site_residuals
 
@@ -52,20 +60,21 @@ from originlens.sae.activations import as_sequences, site_residuals
 def build(model: str, n_windows: int, window: int):
     if model == "gpt":
         from originlens.models.gpt import GPT, GPTConfig
+
         torch.manual_seed(0)
-        ad = GPTAdapter(GPT(GPTConfig(vocab_size=512, seq_len=window + 1, n_layer=4, d_model=128, n_head=4)),
-                        bos_id=0)
+        ad = GPTAdapter(GPT(GPTConfig(vocab_size=512, seq_len=window + 1, n_layer=4, d_model=128, n_head=4)), bos_id=0)
         toks = np.random.default_rng(0).integers(1, 512, size=(n_windows, window))
         return ad, toks
     from originlens.lm.llama2c import Llama2cTokenizer, load_llama2c
     from originlens.paths import data_path, tinystories_files
+
     d = data_path("models", "stories260K")
     m = load_llama2c(d / "stories260K.bin")
     tok = Llama2cTokenizer.from_file(d / "tok512.bin", m.cfg.vocab_size)
     rows = []
     for line in tinystories_files()[0].read_text(encoding="utf-8").splitlines():
         ids = tok.encode(line, bos=False)
-        rows += [ids[i:i + window] for i in range(0, len(ids) - window + 1, window)]
+        rows += [ids[i : i + window] for i in range(0, len(ids) - window + 1, window)]
         if len(rows) >= n_windows:
             break
     return Llama2cAdapter(m), np.array(rows[:n_windows])
@@ -88,15 +97,16 @@ def loop_kl(ad, sae, k, seqs, ex, cfg):
     with torch.no_grad():
         for e in range(len(ex)):
             p, f = int(ex.position[e]), int(ex.feature[e])
-            tok = seqs[int(ex.seq_index[e]), :p + K].expand(2, -1)
+            tok = seqs[int(ex.seq_index[e]), : p + K].expand(2, -1)
 
             def hook(x, _k):
                 x = x.clone()
                 a = sae.encode(x[1, p])
                 x[1, p] = x[1, p] - a[f] * sae.W_dec[f]
                 return x
+
             logits = ad.run(tok, hooks={k: hook})
-            out[e] = kl_divergence(logits[0, p:p + K], logits[1, p:p + K]).numpy()
+            out[e] = kl_divergence(logits[0, p : p + K], logits[1, p : p + K]).numpy()
     return out
 
 
@@ -109,21 +119,22 @@ def per_feature_search(ad, sae, k, seqs, feats, cfg):
         for f in feats:
             vals, poss = [], []
             for s in range(0, len(seqs), cfg.scan_batch_size):
-                a = sae.encode(site_residuals(ad, seqs[s:s + cfg.scan_batch_size], k))[:, :, f]   # (B, L)
-                v, p = a[:, 1:L - K].max(dim=1)                                                  # eligible: 1..L-1-K
+                a = sae.encode(site_residuals(ad, seqs[s : s + cfg.scan_batch_size], k))[:, :, f]  # (B, L)
+                v, p = a[:, 1 : L - K].max(dim=1)  # eligible: 1..L-1-K
                 vals.append(v.double()), poss.append(p + 1)
             v, p = torch.cat(vals), torch.cat(poss)
-            order = torch.sort(v, descending=True, stable=True).indices[:cfg.n_contexts * cfg.pool_factor]
+            order = torch.sort(v, descending=True, stable=True).indices[: cfg.n_contexts * cfg.pool_factor]
             kept = []
             for i in order.tolist():
                 if not v[i] > 0 or len(kept) >= cfg.n_contexts:
                     break
-                text = seqs[i, 1:int(p[i]) + K + 1].tolist()
+                text = seqs[i, 1 : int(p[i]) + K + 1].tolist()
                 if any(within_edit_distance(text, t, cfg.dedup_distance) for _, _, t in kept):
                     continue
                 kept.append((i, int(p[i]), text))
                 out.append((f, i, int(p[i]), float(v[i])))
     from originlens.lm.qscore import Examples
+
     arr = np.array([r[:3] for r in out], dtype=np.int64).reshape(-1, 3)
     return Examples(arr[:, 0], arr[:, 1], arr[:, 2], np.array([r[3] for r in out]))
 
@@ -167,15 +178,17 @@ def main() -> None:
     t_scan = min(t_scans)
     n_feat = len(set(ex.feature.tolist()))
     ref = "run_from" if a.method in ("auto", "cached") else None
-    runs = {"batched": lambda: ablation_kl(ad, sae, k, seqs, ex, cfg, method=a.method, streams=streams)[0],
-            "loop": lambda: loop_kl(ad, sae, k, seqs, ex, cfg)}
+    runs = {
+        "batched": lambda: ablation_kl(ad, sae, k, seqs, ex, cfg, method=a.method, streams=streams)[0],
+        "loop": lambda: loop_kl(ad, sae, k, seqs, ex, cfg),
+    }
     if ref:
         runs["full"] = lambda: ablation_kl(ad, sae, k, seqs, ex, cfg, method=a.method)[0]
         runs[ref] = lambda: ablation_kl(ad, sae, k, seqs, ex, cfg, method=ref)[0]
     times: dict[str, list[float]] = {name: [] for name in runs}
     cpu: dict[str, list[float]] = {name: [] for name in runs}
     out = {}
-    for _ in range(max(1, a.repeat)):      # interleaved, so that load changes hit every path alike
+    for _ in range(max(1, a.repeat)):  # interleaved, so that load changes hit every path alike
         for name, fn in runs.items():
             t0, c0 = time.perf_counter(), time.process_time()
             out[name] = fn()
@@ -185,36 +198,56 @@ def main() -> None:
     kl_b, kl_l = out["batched"], out["loop"]
     q_b = np.array([f.q for f in aggregate(ex, kl_b, feats, cfg)[0] if f.n_examples])
     q_l = np.array([f.q for f in aggregate(ex, kl_l, feats, cfg)[0] if f.n_examples])
-    print(f"model {a.model} (d={ad.d_model}, L={ad.n_layers}, V={ad.vocab_size}), SAE d_sae={a.d_sae} on resid.{k}, "
-          f"{n_feat} features x <= {a.contexts} contexts = {len(ex)} examples, K=10, threads={a.threads}")
-    print(f"context search (shared, keeps the site streams of {len(streams.streams)} windows, "
-          f"{streams.nbytes / 2**20:.1f} MiB): {t_scan:.3f} s over {len(seqs)} windows of {seqs.shape[1]} tokens "
-          f"(min of {a.repeat})")
+    print(
+        f"model {a.model} (d={ad.d_model}, L={ad.n_layers}, V={ad.vocab_size}), SAE d_sae={a.d_sae} on resid.{k}, "
+        f"{n_feat} features x <= {a.contexts} contexts = {len(ex)} examples, K=10, threads={a.threads}"
+    )
+    print(
+        f"context search (shared, keeps the site streams of {len(streams.streams)} windows, "
+        f"{streams.nbytes / 2**20:.1f} MiB): {t_scan:.3f} s over {len(seqs)} windows of {seqs.shape[1]} tokens "
+        f"(min of {a.repeat})"
+    )
     print(f"ABLATION STEP; times: min of {a.repeat} (median in brackets)")
-    print(f"batched ({a.method}, clean runs from the search's site streams): {t_b:.3f} s "
-          f"[{np.median(times['batched']):.3f}]  ({n_feat / t_b:.1f} features/s)")
+    print(
+        f"batched ({a.method}, clean runs from the search's site streams): {t_b:.3f} s "
+        f"[{np.median(times['batched']):.3f}]  ({n_feat / t_b:.1f} features/s)"
+    )
     if ref:
         t_f = min(times["full"])
-        print(f"batched ({a.method}, full clean runs, no streams): {t_f:.3f} s [{np.median(times['full']):.3f}]  "
-              f"({n_feat / t_f:.1f} features/s, {t_l / t_f:.1f}x the loop)")
+        print(
+            f"batched ({a.method}, full clean runs, no streams): {t_f:.3f} s [{np.median(times['full']):.3f}]  "
+            f"({n_feat / t_f:.1f} features/s, {t_l / t_f:.1f}x the loop)"
+        )
         t_r = min(times[ref])
-        print(f"batched ({ref}, previous method): {t_r:.3f} s [{np.median(times[ref]):.3f}]  "
-              f"({n_feat / t_r:.1f} features/s, {t_l / t_r:.1f}x the loop)")
+        print(
+            f"batched ({ref}, previous method): {t_r:.3f} s [{np.median(times[ref]):.3f}]  "
+            f"({n_feat / t_r:.1f} features/s, {t_l / t_r:.1f}x the loop)"
+        )
     print(f"loop:    {t_l:.3f} s [{np.median(times['loop']):.3f}]  ({n_feat / t_l:.2f} features/s)")
-    print(f"speed-up: {t_l / t_b:.1f}x (medians: {np.median(times['loop']) / np.median(times['batched']):.1f}x; "
-          f"process CPU time, min: {min(cpu['loop']) / min(cpu['batched']):.1f}x)")
-    print(f"max |KL_batched - KL_loop| = {np.abs(kl_b - kl_l).max():.2e} (max KL {kl_l.max():.3g}); "
-          f"max relative |Q diff| = {np.max(np.abs(q_b - q_l) / np.maximum(np.abs(q_l), 1e-12)):.2e}")
+    print(
+        f"speed-up: {t_l / t_b:.1f}x (medians: {np.median(times['loop']) / np.median(times['batched']):.1f}x; "
+        f"process CPU time, min: {min(cpu['loop']) / min(cpu['batched']):.1f}x)"
+    )
+    print(
+        f"max |KL_batched - KL_loop| = {np.abs(kl_b - kl_l).max():.2e} (max KL {kl_l.max():.3g}); "
+        f"max relative |Q diff| = {np.max(np.abs(q_b - q_l) / np.maximum(np.abs(q_l), 1e-12)):.2e}"
+    )
     if ref:
-        print(f"max |KL_batched - KL_{ref}| = {np.abs(kl_b - out[ref]).max():.2e}; "
-              f"max |KL_batched - KL_full clean runs| = {np.abs(kl_b - out['full']).max():.2e}")
+        print(
+            f"max |KL_batched - KL_{ref}| = {np.abs(kl_b - out[ref]).max():.2e}; "
+            f"max |KL_batched - KL_full clean runs| = {np.abs(kl_b - out['full']).max():.2e}"
+        )
     if getattr(ad, "supports_cached_ablation", False):
         t_c = min(timed(lambda: clean_runs_only(ad, k, seqs, ex, cfg)) for _ in range(max(1, a.repeat)))
-        print(f"clean runs alone (every window's prefix through all blocks, as without streams): {t_c:.3f} s; "
-              f"loop / clean = {t_l / t_c:.1f}x bounds the speed-up of a method that runs them")
+        print(
+            f"clean runs alone (every window's prefix through all blocks, as without streams): {t_c:.3f} s; "
+            f"loop / clean = {t_l / t_c:.1f}x bounds the speed-up of a method that runs them"
+        )
         t_s = min(timed(lambda: clean_runs_only(ad, k, seqs, ex, cfg, streams)) for _ in range(max(1, a.repeat)))
-        print(f"clean runs from the site streams (blocks above the site only, part of 'batched'): {t_s:.3f} s; "
-              f"loop / clean = {t_l / t_s:.1f}x")
+        print(
+            f"clean runs from the site streams (blocks above the site only, part of 'batched'): {t_s:.3f} s; "
+            f"loop / clean = {t_l / t_s:.1f}x"
+        )
     if a.e2e:
         end_to_end(a, ad, sae, k, toks, seqs, feats, cfg, ex, t_scan + t_l)
 
@@ -235,19 +268,27 @@ def end_to_end(a, ad, sae, k, toks, seqs, feats, cfg, ex_ref, t_shared_loop):
     ex = res.examples
     same = all(np.array_equal(getattr(ex, n), getattr(ex_n, n)) for n in ("feature", "seq_index", "position"))
     n_feat = len(set(ex.feature.tolist()))
-    print(f"END TO END ({len(feats)} features requested, {n_feat} with contexts, {len(ex)} examples): "
-          f"qscore() {t_o:.3f} s (min of {a.repeat}; {n_feat / t_o:.1f} features/s) vs per-feature pipeline "
-          f"{t_n:.2f} s (min of {a.e2e_repeat}; {n_feat / t_n:.2f} features/s): speed-up {t_n / t_o:.1f}x")
-    print(f"  for reference: batched search + per-example loop {t_shared_loop:.3f} s "
-          f"({t_shared_loop / t_o:.1f}x qscore()'s time)")
-    print(f"  same contexts as the per-feature search: {same}; same as the shared search above: "
-          f"{all(np.array_equal(getattr(ex, n), getattr(ex_ref, n)) for n in ('feature', 'seq_index', 'position'))}")
+    print(
+        f"END TO END ({len(feats)} features requested, {n_feat} with contexts, {len(ex)} examples): "
+        f"qscore() {t_o:.3f} s (min of {a.repeat}; {n_feat / t_o:.1f} features/s) vs per-feature pipeline "
+        f"{t_n:.2f} s (min of {a.e2e_repeat}; {n_feat / t_n:.2f} features/s): speed-up {t_n / t_o:.1f}x"
+    )
+    print(
+        f"  for reference: batched search + per-example loop {t_shared_loop:.3f} s "
+        f"({t_shared_loop / t_o:.1f}x qscore()'s time)"
+    )
+    print(
+        f"  same contexts as the per-feature search: {same}; same as the shared search above: "
+        f"{all(np.array_equal(getattr(ex, n), getattr(ex_ref, n)) for n in ('feature', 'seq_index', 'position'))}"
+    )
     if same:
         q_o = np.array([f.q for f in res.features if f.n_examples])
         q_n = np.array([f.q for f in aggregate(ex_n, kl_n, feats, cfg)[0] if f.n_examples])
-        print(f"  max |KL_qscore - KL_per-feature| = {np.abs(res.kl - kl_n).max():.2e} (max KL {kl_n.max():.3g}); "
-              f"max relative |Q diff| = {np.max(np.abs(q_o - q_n) / np.maximum(np.abs(q_n), 1e-12)):.2e}; "
-              f"max |activation diff| = {np.abs(ex.activation - ex_n.activation).max():.2e}")
+        print(
+            f"  max |KL_qscore - KL_per-feature| = {np.abs(res.kl - kl_n).max():.2e} (max KL {kl_n.max():.3g}); "
+            f"max relative |Q diff| = {np.max(np.abs(q_o - q_n) / np.maximum(np.abs(q_n), 1e-12)):.2e}; "
+            f"max |activation diff| = {np.abs(ex.activation - ex_n.activation).max():.2e}"
+        )
 
 
 def timed(fn) -> float:
@@ -269,15 +310,15 @@ def clean_runs_only(ad, k, seqs, ex, cfg, streams=None):
             n = max(1, cfg.clean_tokens // need[wins[min(len(wins), i + 1) - 1]])
             while n > 1 and n * need[wins[min(len(wins), i + n) - 1]] > cfg.clean_tokens:
                 n -= 1
-            chunk = wins[i:i + n]
+            chunk = wins[i : i + n]
             if streams is None:
-                ad.run_cached(seqs[torch.tensor(chunk), :need[chunk[-1]]], k)
+                ad.run_cached(seqs[torch.tensor(chunk), : need[chunk[-1]]], k)
             else:
                 T = need[chunk[-1]]
                 x = torch.zeros((len(chunk), T, ad.d_model), dtype=streams.streams[chunk[0]].dtype)
                 for r, w in enumerate(chunk):
                     t = streams.streams[w][:T]
-                    x[r, :t.shape[0]] = t
+                    x[r, : t.shape[0]] = t
                 ad.run_cached_from(k, x)
             i += n
 

@@ -13,6 +13,7 @@ Scenarios (each in its own subprocess so peak memory is measured per scenario):
 
 Usage: ``python benchmarks/stats.py [dense|paper|big|all] [--quick]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ import numpy as np
 def dense_reference(tokens: np.ndarray, V: int):
     """The straightforward implementation: dense one-hot tensors and einsums as defined, torch float64."""
     import torch
+
     t = torch.as_tensor(tokens.astype(np.int64))
     N, T1 = t.shape
     T = T1 - 1
@@ -43,24 +45,30 @@ def dense_reference(tokens: np.ndarray, V: int):
     Sig = B.T @ B
     Vlt = Phi.T @ B.T
     M = torch.einsum("ntv,vw,nkw->ntk", R0, Sig @ Phi, X)
-    J = torch.diag_embed(A0) - A0[:, :, None] * A0[:, None, :]      # (T, T, T) softmax Jacobians
+    J = torch.diag_embed(A0) - A0[:, :, None] * A0[:, None, :]  # (T, T, T) softmax Jacobians
     Qn = torch.einsum("tij,ntj->nti", J, M)
     Q = torch.einsum("ntv,ntj,njw->vw", X, Qn, X) / (N * T)
     Qm = Qn.sum(0) / (N * T)
     Delta = torch.stack([torch.diagonal(Qm, offset=-d).sum() for d in range(T)])
-    return {k: v.numpy() for k, v in dict(bigram=B, context=Phi, interchangeability=Sig, value_target=Vlt,
-                                          query_key=Q, positional=Delta).items()}
+    return {
+        k: v.numpy()
+        for k, v in dict(
+            bigram=B, context=Phi, interchangeability=Sig, value_target=Vlt, query_key=Q, positional=Delta
+        ).items()
+    }
 
 
 def tinystories_windows(vocab_size: int, seq_len: int, tokenizer: str = "words") -> np.ndarray | None:
     from originlens.data import build_corpus
     from originlens.paths import tinystories_files
+
     files = tinystories_files()
     if not files:
         return None
     with tempfile.TemporaryDirectory() as d:
-        store = build_corpus(files, Path(d) / "c", tokenizer=tokenizer, vocab_size=vocab_size,
-                             seq_len=seq_len, windows="pack", oov="unk")
+        store = build_corpus(
+            files, Path(d) / "c", tokenizer=tokenizer, vocab_size=vocab_size, seq_len=seq_len, windows="pack", oov="unk"
+        )
         return np.array(store.tokens), store.vocab_size
 
 
@@ -72,7 +80,9 @@ def zipf_windows(V: int, T: int, N: int, seed: int = 0) -> np.ndarray:
 
 def scenario_dense(quick: bool) -> dict:
     import torch
+
     from originlens.stats import corpus_statistics
+
     torch.set_num_threads(2)
     V, T, N = (300, 48, 256) if quick else (500, 64, 1024)
     got = tinystories_windows(V, T)
@@ -81,7 +91,7 @@ def scenario_dense(quick: bool) -> dict:
     else:
         tokens, V = got[0][:N], got[1]
         src = "tinystories-words"
-    corpus_statistics(tokens[:4], V)                     # compile kernels outside the timing
+    corpus_statistics(tokens[:4], V)  # compile kernels outside the timing
     t0 = time.perf_counter()
     ours = corpus_statistics(tokens, V)
     t_ours = time.perf_counter() - t0
@@ -89,12 +99,22 @@ def scenario_dense(quick: bool) -> dict:
     ref = dense_reference(tokens, V)
     t_dense = time.perf_counter() - t0
     err = max(float(np.abs(getattr(ours, k) - ref[k]).max() / (np.abs(ref[k]).max() or 1)) for k in ref)
-    return {"scenario": "dense", "source": src, "V": V, "T": T, "N": int(tokens.shape[0]),
-            "ours_s": t_ours, "dense_s": t_dense, "speedup": t_dense / t_ours, "max_rel_err": err}
+    return {
+        "scenario": "dense",
+        "source": src,
+        "V": V,
+        "T": T,
+        "N": int(tokens.shape[0]),
+        "ours_s": t_ours,
+        "dense_s": t_dense,
+        "speedup": t_dense / t_ours,
+        "max_rel_err": err,
+    }
 
 
 def scenario_paper(quick: bool) -> dict:
     from originlens.stats import corpus_statistics
+
     V, T, N = 3000, 200, (8192 if quick else 65536)
     got = tinystories_windows(V, T)
     if got is None:
@@ -107,12 +127,20 @@ def scenario_paper(quick: bool) -> dict:
     t0 = time.perf_counter()
     st = corpus_statistics(tokens, V)
     secs = time.perf_counter() - t0
-    return {"scenario": "paper", "source": src, "V": V, "T": T, "N": int(tokens.shape[0]), "ours_s": secs,
-            "n_pairs": st.n_pairs}
+    return {
+        "scenario": "paper",
+        "source": src,
+        "V": V,
+        "T": T,
+        "N": int(tokens.shape[0]),
+        "ours_s": secs,
+        "n_pairs": st.n_pairs,
+    }
 
 
 def scenario_big(quick: bool) -> dict:
     from originlens.stats import corpus_statistics
+
     T, K = 128, 20000
     got = None if quick else tinystories_windows(32000, T, tokenizer="bpe")
     if got is not None and got[1] < K:
@@ -129,8 +157,7 @@ def scenario_big(quick: bool) -> dict:
     t0 = time.perf_counter()
     st = corpus_statistics(tokens, V, top_k=K, dtype=np.float32)
     secs = time.perf_counter() - t0
-    return {"scenario": "big", "source": src, "V": V, "K": st.size, "T": T, "N": int(tokens.shape[0]),
-            "ours_s": secs}
+    return {"scenario": "big", "source": src, "V": V, "K": st.size, "T": T, "N": int(tokens.shape[0]), "ours_s": secs}
 
 
 def main() -> None:
@@ -142,7 +169,7 @@ def main() -> None:
     if a.child:
         fn = {"dense": scenario_dense, "paper": scenario_paper, "big": scenario_big}[a.which]
         res = fn(a.quick)
-        res["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+        res["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
         print(json.dumps(res))
         return
     names = ["dense", "paper", "big"] if a.which == "all" else [a.which]
@@ -155,15 +182,21 @@ def main() -> None:
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         if n == "dense":
-            print(f"dense  V={r['V']} T={r['T']} N={r['N']} ({r['source']}): ours {r['ours_s']:.3f} s, "
-                  f"dense einsum {r['dense_s']:.2f} s, ratio {r['speedup']:.0f}x, max rel err "
-                  f"{r['max_rel_err']:.1e}, peak {r['peak_rss_gb']:.2f} GB")
+            print(
+                f"dense  V={r['V']} T={r['T']} N={r['N']} ({r['source']}): ours {r['ours_s']:.3f} s, "
+                f"dense einsum {r['dense_s']:.2f} s, ratio {r['speedup']:.0f}x, max rel err "
+                f"{r['max_rel_err']:.1e}, peak {r['peak_rss_gb']:.2f} GB"
+            )
         elif n == "paper":
-            print(f"paper  V={r['V']} T={r['T']} N={r['N']} ({r['source']}): all six statistics in "
-                  f"{r['ours_s']:.1f} s, peak {r['peak_rss_gb']:.2f} GB")
+            print(
+                f"paper  V={r['V']} T={r['T']} N={r['N']} ({r['source']}): all six statistics in "
+                f"{r['ours_s']:.1f} s, peak {r['peak_rss_gb']:.2f} GB"
+            )
         else:
-            print(f"big    top-{r['K']} of V={r['V']} T={r['T']} N={r['N']} ({r['source']}), float32: "
-                  f"{r['ours_s']:.1f} s, peak {r['peak_rss_gb']:.2f} GB")
+            print(
+                f"big    top-{r['K']} of V={r['V']} T={r['T']} N={r['N']} ({r['source']}), float32: "
+                f"{r['ours_s']:.1f} s, peak {r['peak_rss_gb']:.2f} GB"
+            )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ difference then grows with training like any perturbation of a chaotic optimiser
 
 Writes nothing; prints one table (the figures quoted in docs/reliability.md and benchmarks/RESULTS.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,12 @@ def train(cfg: NTPConfig, threads: int, out: Path) -> tuple[dict[str, torch.Tens
     tr = Trainer(cfg, out)
     tr.run()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return ({k: v.detach().clone() for k, v in tr.model.state_dict().items()}, float(tr.last_loss),
-            wall / cfg.steps, cpu / cfg.steps)
+    return (
+        {k: v.detach().clone() for k, v in tr.model.state_dict().items()},
+        float(tr.last_loss),
+        wall / cfg.steps,
+        cpu / cfg.steps,
+    )
 
 
 def main() -> None:
@@ -40,8 +45,18 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    cfg = NTPConfig(task=a.task, d_model=a.d_model, batch_size=a.batch_size, steps=a.steps, seed=a.seed,
-                    eval_size=256, eval_every=0, probe_every=0, checkpoint_every=0, log_every=a.steps)
+    cfg = NTPConfig(
+        task=a.task,
+        d_model=a.d_model,
+        batch_size=a.batch_size,
+        steps=a.steps,
+        seed=a.seed,
+        eval_size=256,
+        eval_every=0,
+        probe_every=0,
+        checkpoint_every=0,
+        log_every=a.steps,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         w1, l1, s1, c1 = train(cfg, 1, Path(tmp) / "t1")
         w1b, l1b, _, _ = train(cfg, 1, Path(tmp) / "t1b")
@@ -50,15 +65,20 @@ def main() -> None:
     same_12 = all(torch.equal(w1[k], w2[k]) for k in w1)
     abs_d = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
     rel_d = max(float((w1[k] - w2[k]).norm() / w1[k].norm().clamp_min(1e-30)) for k in w1)
-    print(f"{a.task}, d={a.d_model}, batch {a.batch_size}, {a.steps} steps, seed {a.seed}, "
-          f"torch {torch.__version__}")
+    print(f"{a.task}, d={a.d_model}, batch {a.batch_size}, {a.steps} steps, seed {a.seed}, torch {torch.__version__}")
     print("| comparison | bit-identical | max abs Δw | max rel ‖Δw‖/‖w‖ | Δ final loss |")
     print("|---|---|---|---|---|")
-    print(f"| 1 thread vs 1 thread (control) | {same_1} | "
-          f"{max(float((w1[k] - w1b[k]).abs().max()) for k in w1):.1e} | — | {abs(l1 - l1b):.2e} |")
-    print(f"| 1 thread vs 2 threads | {same_12} | {abs_d:.1e} | {rel_d:.1e} | {abs(l1 - l2):.2e} ({l1:.6f} vs {l2:.6f}) |")
-    print(f"time per step: 1 thread {s1 * 1e3:.1f} ms wall / {c1 * 1e3:.1f} ms CPU; "
-          f"2 threads {s2 * 1e3:.1f} ms wall / {c2 * 1e3:.1f} ms CPU (ratio wall {s1 / s2:.2f}×)")
+    print(
+        f"| 1 thread vs 1 thread (control) | {same_1} | "
+        f"{max(float((w1[k] - w1b[k]).abs().max()) for k in w1):.1e} | — | {abs(l1 - l1b):.2e} |"
+    )
+    print(
+        f"| 1 thread vs 2 threads | {same_12} | {abs_d:.1e} | {rel_d:.1e} | {abs(l1 - l2):.2e} ({l1:.6f} vs {l2:.6f}) |"
+    )
+    print(
+        f"time per step: 1 thread {s1 * 1e3:.1f} ms wall / {c1 * 1e3:.1f} ms CPU; "
+        f"2 threads {s2 * 1e3:.1f} ms wall / {c2 * 1e3:.1f} ms CPU (ratio wall {s1 / s2:.2f}×)"
+    )
 
 
 if __name__ == "__main__":

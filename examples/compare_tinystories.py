@@ -19,6 +19,7 @@ Steps:
 
 ``OUT/summary.json`` records the wall time of every step and the mean cosines.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,6 +33,7 @@ from pathlib import Path
 def cli(argv: list[str]) -> float:
     """Run one ``originlens`` command in-process; returns its wall time (raises on failure)."""
     from originlens.cli.main import main
+
     print("$ originlens " + " ".join(shlex.quote(a) for a in argv), flush=True)
     t0 = time.perf_counter()
     rc = main(argv)
@@ -48,12 +50,20 @@ def train(corpus: Path, ckpt_dir: Path, args: argparse.Namespace) -> dict:
     from originlens.data import TokenStore
     from originlens.lm.checkpoints import log_spaced_steps
     from originlens.models.gpt import GPT, GPTConfig
+
     store = TokenStore.open(corpus)
     tokens = torch.from_numpy(np.asarray(store.tokens).astype(np.int64))
     eot = store.vocab.index("<eot>")
     torch.manual_seed(args.seed)
-    model = GPT(GPTConfig(vocab_size=store.vocab_size, seq_len=store.seq_len + 1, n_layer=args.layers,
-                          d_model=args.d_model, n_head=args.heads))
+    model = GPT(
+        GPTConfig(
+            vocab_size=store.vocab_size,
+            seq_len=store.seq_len + 1,
+            n_layer=args.layers,
+            d_model=args.d_model,
+            n_head=args.heads,
+        )
+    )
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.95))
     save_at = set(log_spaced_steps(args.max_step, include_zero=True))
     meta = {"bos_id": eot, "vocab_hash": store.vocab_hash, "corpus": str(corpus)}
@@ -72,8 +82,15 @@ def train(corpus: Path, ckpt_dir: Path, args: argparse.Namespace) -> dict:
         if step in save_at:
             model.save(ckpt_dir / f"step-{step:06d}.safetensors", {**meta, "step": step})
             print(f"step {step:4d}  loss {np.mean(losses[-8:]):.3f}  ({time.perf_counter() - t0:.0f} s)", flush=True)
-    return {"train_s": round(time.perf_counter() - t0, 1), "loss_first": losses[0], "loss_last": float(np.mean(losses[-16:])),
-            "params": model.num_params(), "windows": len(tokens), "vocab_size": store.vocab_size, "T": store.seq_len}
+    return {
+        "train_s": round(time.perf_counter() - t0, 1),
+        "loss_first": losses[0],
+        "loss_last": float(np.mean(losses[-16:])),
+        "params": model.num_params(),
+        "windows": len(tokens),
+        "vocab_size": store.vocab_size,
+        "T": store.seq_len,
+    }
 
 
 def direct_check(corpus: Path, ckpt: Path, run: Path) -> dict:
@@ -85,6 +102,7 @@ def direct_check(corpus: Path, ckpt: Path, run: Path) -> dict:
     from originlens.data import TokenStore
     from originlens.lm.checkpoints import load_gpt_adapter
     from originlens.lm.compare import checkpoint_cosines, comparison_statistics, prepare_targets, prepend_bos
+
     res = json.loads((run / "results.json").read_text())
     K = res["statistics"]["K"]
     ad = load_gpt_adapter(ckpt)
@@ -125,20 +143,32 @@ def direct_check(corpus: Path, ckpt: Path, run: Path) -> dict:
     err = max(abs(a - b) for k in out for a, b in zip(out[k], fast.values["spec"][k]))
     n = len(res["labels"])
     direct_total, fast_total = direct_theory_s + n * direct_ckpt_s, fast_theory_s + n * fast_ckpt_s
-    print(f"paper statistic, {ad.n_layers} layers, K = {K}: direct float64 transcription {direct_theory_s:.2f} s "
-          f"theory + {direct_ckpt_s:.2f} s per checkpoint; fast path {fast_theory_s:.2f} s + {fast_ckpt_s:.2f} s; "
-          f"per checkpoint {direct_ckpt_s / fast_ckpt_s:.1f}x, {n} checkpoints {direct_total / fast_total:.1f}x; "
-          f"max |difference| {err:.2e}", flush=True)
-    return {"K": K, "layers": ad.n_layers, "direct_theory_s": round(direct_theory_s, 3),
-            "direct_per_checkpoint_s": round(direct_ckpt_s, 3), "fast_theory_s": round(fast_theory_s, 3),
-            "fast_per_checkpoint_s": round(fast_ckpt_s, 3), "ratio_per_checkpoint": round(direct_ckpt_s / fast_ckpt_s, 1),
-            "ratio_sweep": round(direct_total / fast_total, 1), "max_abs_diff": err}
+    print(
+        f"paper statistic, {ad.n_layers} layers, K = {K}: direct float64 transcription {direct_theory_s:.2f} s "
+        f"theory + {direct_ckpt_s:.2f} s per checkpoint; fast path {fast_theory_s:.2f} s + {fast_ckpt_s:.2f} s; "
+        f"per checkpoint {direct_ckpt_s / fast_ckpt_s:.1f}x, {n} checkpoints {direct_total / fast_total:.1f}x; "
+        f"max |difference| {err:.2e}",
+        flush=True,
+    )
+    return {
+        "K": K,
+        "layers": ad.n_layers,
+        "direct_theory_s": round(direct_theory_s, 3),
+        "direct_per_checkpoint_s": round(direct_ckpt_s, 3),
+        "fast_theory_s": round(fast_theory_s, 3),
+        "fast_per_checkpoint_s": round(fast_ckpt_s, 3),
+        "ratio_per_checkpoint": round(direct_ckpt_s / fast_ckpt_s, 1),
+        "ratio_sweep": round(direct_total / fast_total, 1),
+        "max_abs_diff": err,
+    }
 
 
 def means(run: Path) -> dict:
     res = json.loads((run / "results.json").read_text())
-    return {v: {k: [round(sum(col) / len(col), 3) for col in zip(*m)] for k, m in d.items()}
-            for v, d in res["cosines"].items()} | {"labels": res["labels"], "timings": res["timings"]}
+    return {
+        v: {k: [round(sum(col) / len(col), 3) for col in zip(*m)] for k, m in d.items()}
+        for v, d in res["cosines"].items()
+    } | {"labels": res["labels"], "timings": res["timings"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from originlens.data import build_corpus
     from originlens.paths import data_path, tinystories_files
+
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -173,25 +204,70 @@ def main(argv: list[str] | None = None) -> int:
     corpus, ckpts = out / "corpus", out / "checkpoints"
     if not args.skip_train:
         t0 = time.perf_counter()
-        build_corpus(files, corpus, tokenizer="words", vocab_size=args.vocab_size, seq_len=args.seq_len,
-                     windows="pack", oov="unk")
+        build_corpus(
+            files,
+            corpus,
+            tokenizer="words",
+            vocab_size=args.vocab_size,
+            seq_len=args.seq_len,
+            windows="pack",
+            oov="unk",
+        )
         summary["corpus_s"] = round(time.perf_counter() - t0, 1)
         summary["training"] = train(corpus, ckpts, args)
     run = out / "compare-gpt"
-    summary["compare_gpt_s"] = round(cli(["lm", "compare", "--checkpoint-dir", str(ckpts), "--corpus", str(corpus),
-                                          "--top-tokens", str(args.top_tokens), "--heads-layers", f"1-{args.layers}",
-                                          "--null-baseline", "--token-centred", "--out", str(run), "--overwrite"]), 1)
+    summary["compare_gpt_s"] = round(
+        cli(
+            [
+                "lm",
+                "compare",
+                "--checkpoint-dir",
+                str(ckpts),
+                "--corpus",
+                str(corpus),
+                "--top-tokens",
+                str(args.top_tokens),
+                "--heads-layers",
+                f"1-{args.layers}",
+                "--null-baseline",
+                "--token-centred",
+                "--out",
+                str(run),
+                "--overwrite",
+            ]
+        ),
+        1,
+    )
     summary["compare_gpt"] = means(run)
     last = sorted(ckpts.glob("step-*.safetensors"))[-1]
     summary["fast_vs_direct"] = direct_check(corpus, last, run)
     if not args.skip_260k:
         d = data_path("models", "stories260K")
         run260 = out / "compare-stories260K"
-        summary["compare_260k_s"] = round(cli(["lm", "compare", "--model", str(d / "stories260K.bin"), "--tokenizer",
-                                               str(d / "tok512.bin"), "--corpus", ",".join(map(str, files)),
-                                               "--top-tokens", str(args.top_tokens), "--heads-layers", "1-5",
-                                               "--null-baseline", "--token-centred", "--out", str(run260),
-                                               "--overwrite"]), 1)
+        summary["compare_260k_s"] = round(
+            cli(
+                [
+                    "lm",
+                    "compare",
+                    "--model",
+                    str(d / "stories260K.bin"),
+                    "--tokenizer",
+                    str(d / "tok512.bin"),
+                    "--corpus",
+                    ",".join(map(str, files)),
+                    "--top-tokens",
+                    str(args.top_tokens),
+                    "--heads-layers",
+                    "1-5",
+                    "--null-baseline",
+                    "--token-centred",
+                    "--out",
+                    str(run260),
+                    "--overwrite",
+                ]
+            ),
+            1,
+        )
         summary["compare_260k"] = means(run260)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "args"}, indent=1))

@@ -20,6 +20,7 @@ and tests is ``originlens ntp experiment othello``).
 ties uniform) as a WTHOR file and evaluates the probes on them as if they were recorded games: a
 *distribution-shift stand-in*, not human play, for machines without a game database.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,20 +31,35 @@ import numpy as np
 
 from originlens.cli import ntp_experiment_cmd as exp
 
-PAPER_MIDPOINTS = {("direct", 2): 7.61, ("direct", 1): -0.97, ("precached", 2): -0.66, ("precached", 1): 1.80,
-                   ("shared", 2): 8.64, ("shared", 1): 6.42}
+PAPER_MIDPOINTS = {
+    ("direct", 2): 7.61,
+    ("direct", 1): -0.97,
+    ("precached", 2): -0.66,
+    ("precached", 1): 1.80,
+    ("shared", 2): 8.64,
+    ("shared", 1): 6.42,
+}
 
 
 def greedy_games(n: int, seed: int) -> np.ndarray:
     """(n, 60) move tokens of a greedy player: the legal move flipping the most discs (ties uniform)."""
-    from originlens.tasks.othello import (BITS, BLACK_START, PASS, WHITE_START, _flips, _popcount,
-                                          legal_bitboard, unpack_bits)
+    from originlens.tasks.othello import (
+        BITS,
+        BLACK_START,
+        PASS,
+        WHITE_START,
+        _flips,
+        _popcount,
+        legal_bitboard,
+        unpack_bits,
+    )
+
     rng = np.random.default_rng(seed)
     own = np.full(n, BLACK_START, dtype=np.uint64)
     opp = np.full(n, WHITE_START, dtype=np.uint64)
     out = np.full((n, 60), PASS, dtype=np.int64)
     for t in range(60):
-        legal = unpack_bits(legal_bitboard(own, opp)).astype(bool)               # (n, 64)
+        legal = unpack_bits(legal_bitboard(own, opp)).astype(bool)  # (n, 64)
         gain = np.full((n, 64), -1.0)
         for c in range(64):
             rows = legal[:, c]
@@ -61,11 +77,17 @@ def greedy_games(n: int, seed: int) -> np.ndarray:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     exp.add_arguments(ap)
-    ap.add_argument("--greedy-standin", type=int, default=0, metavar="N",
-                    help="evaluate the probes on N greedy-player games (a stand-in, not human games)")
+    ap.add_argument(
+        "--greedy-standin",
+        type=int,
+        default=0,
+        metavar="N",
+        help="evaluate the probes on N greedy-player games (a stand-in, not human games)",
+    )
     args = ap.parse_args(argv)
     if args.threads is not None:
         import torch
+
         torch.set_num_threads(args.threads)
     defaults = dict(steps=500) if not args.paper else {}
     cfg = exp.config_from_args(args)
@@ -74,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(cfg, k, v)
     if args.greedy_standin:
         from originlens.tasks.othello_records import write_wthor
+
         path = Path(args.out) / "greedy-standin.wtb"
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
@@ -86,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     for (c, ty), mid in PAPER_MIDPOINTS.items():
         s = by.get((c, ty))
         if s is not None:
-            print(f"  {c:9s} {exp.TYPE_NAMES[ty]:11s} ours {s['mean']:+.4g}  paper {mid:+.2f}  "
-                  f"{'same sign' if np.sign(s['mean']) == np.sign(mid) else 'opposite sign'}")
+            print(
+                f"  {c:9s} {exp.TYPE_NAMES[ty]:11s} ours {s['mean']:+.4g}  paper {mid:+.2f}  "
+                f"{'same sign' if np.sign(s['mean']) == np.sign(mid) else 'opposite sign'}"
+            )
     if args.greedy_standin:
         print("(recorded-games rows above: greedy-engine stand-in games, NOT human games)")
     return 0

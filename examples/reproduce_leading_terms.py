@@ -29,6 +29,7 @@ Scales:
 The acceptance targets of the issue: η = 0.005 → minimum cosine over training ≥ 0.99 for W, V and W_O;
 η = 0.05 → loss well below ln|V| and the intervention hurts most for W_O, then V, then W.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,16 +40,27 @@ import sys
 import time
 from pathlib import Path
 
-PAPER = {"min_cos": {0.005: {"W": 0.999496, "V": 0.999169, "W_O": 0.998486}},
-         "table3": {"original": 5.349, "W.1": 5.350, "W.2": 5.352, "W.3": 5.361, "V.1": 6.192, "V.2": 6.526,
-                    "V.3": 6.520, "W_O": 8.287},
-         "loss_eta_0.05": (8.00, 5.35)}
+PAPER = {
+    "min_cos": {0.005: {"W": 0.999496, "V": 0.999169, "W_O": 0.998486}},
+    "table3": {
+        "original": 5.349,
+        "W.1": 5.350,
+        "W.2": 5.352,
+        "W.3": 5.361,
+        "V.1": 6.192,
+        "V.2": 6.526,
+        "V.3": 6.520,
+        "W_O": 8.287,
+    },
+    "loss_eta_0.05": (8.00, 5.35),
+}
 KINDS = ("W", "V", "W_O", "P")
 
 
 def cli(argv: list[str], log: list[str]) -> tuple[int, float]:
     """Run one ``originlens`` command in-process; returns (exit status, seconds)."""
     from originlens.cli.main import main
+
     cmd = "originlens " + " ".join(shlex.quote(a) for a in argv)
     print(f"$ {cmd}", flush=True)
     log.append(cmd)
@@ -83,14 +95,18 @@ class _Track:
     def on_step_end(self, tr) -> None:
         from originlens.theory import min_cosines
         from originlens.theory.leading_terms import compare_to_theory
+
         for lab, st in self.targets.items():
             cmp = compare_to_theory(tr.model, st, tr.step, tr.cfg.lr)
-            self.rec[lab][tr.step] = {"min_cos": min_cosines(cmp),
-                                      "norm_ratio": [min(v["norm_ratio"] for v in cmp.values()
-                                                         if math.isfinite(v["norm_ratio"])),
-                                                     max(v["norm_ratio"] for v in cmp.values()
-                                                         if math.isfinite(v["norm_ratio"]))]
-                                      if any(math.isfinite(v["norm_ratio"]) for v in cmp.values()) else None}
+            self.rec[lab][tr.step] = {
+                "min_cos": min_cosines(cmp),
+                "norm_ratio": [
+                    min(v["norm_ratio"] for v in cmp.values() if math.isfinite(v["norm_ratio"])),
+                    max(v["norm_ratio"] for v in cmp.values() if math.isfinite(v["norm_ratio"])),
+                ]
+                if any(math.isfinite(v["norm_ratio"]) for v in cmp.values())
+                else None,
+            }
         self.weights = {k: v.double() for k, v in tr.model.weights().items()}
 
 
@@ -106,6 +122,7 @@ def diagnose(corpus: Path, n_train: int, eta: float, steps: int, batches: tuple[
     """
     import numpy as np
     import torch
+
     from originlens.data import load_token_array
     from originlens.stats import corpus_statistics
     from originlens.theory import cosine, validity_window
@@ -115,31 +132,43 @@ def diagnose(corpus: Path, n_train: int, eta: float, steps: int, batches: tuple[
     toks = np.asarray(toks[:n_train], dtype=np.int64)
     V, T = len(vocab), toks.shape[1] - 1
     full = corpus_statistics(toks, V)
-    out: dict = {"eta": eta, "steps": steps, "validity_window_steps": validity_window(T, 3, eta, V).s_max,
-                 "sampling": {}, "precision": {}, "exact": {}}
+    out: dict = {
+        "eta": eta,
+        "steps": steps,
+        "validity_window_steps": validity_window(T, 3, eta, V).s_max,
+        "sampling": {},
+        "precision": {},
+        "exact": {},
+    }
     first = {}
     for B in batches:
         idx = torch.randperm(toks.shape[0], generator=torch.Generator().manual_seed(42))[:B].numpy()
         first[B] = (idx, corpus_statistics(toks[idx], V))
-        out["sampling"][B] = {k: cosine(getattr(first[B][1], k), getattr(full, k))
-                              for k in ("bigram", "value_target", "query_key", "positional")}
+        out["sampling"][B] = {
+            k: cosine(getattr(first[B][1], k), getattr(full, k))
+            for k in ("bigram", "value_target", "query_key", "positional")
+        }
     B = min(batches)
     idx, st = first[B]
     weights = {}
     for dtype in ("float32", "float64"):
         tr = _Track({"first_batch": st, "all_windows": full})
         t0 = time.perf_counter()
-        train_assoc(toks, V, AssocTrainConfig(lr=eta, steps=steps, batch_size=B, dtype=dtype, stats_source="none"),
-                    [tr])
+        train_assoc(
+            toks, V, AssocTrainConfig(lr=eta, steps=steps, batch_size=B, dtype=dtype, stats_source="none"), [tr]
+        )
         out["precision"][dtype] = {"batch": B, "seconds": time.perf_counter() - t0, "per_step": tr.rec}
         weights[dtype] = tr.weights
     out["precision"]["max_rel_weight_diff_f32_vs_f64"] = max(
         float((weights["float32"][k] - weights["float64"][k]).norm() / weights["float64"][k].norm())
-        for k in weights["float64"] if weights["float64"][k].norm() > 0)
+        for k in weights["float64"]
+        if weights["float64"][k].norm() > 0
+    )
     tr = _Track({"first_batch": st})
-    train_assoc(toks[idx], V, AssocTrainConfig(lr=eta, steps=steps, batch_size=None, dtype="float64",
-                                              stats_source="none"), [tr])
-    out["exact"] = {"windows": int(len(idx)), "per_step": tr.rec["first_batch"]}
+    train_assoc(
+        toks[idx], V, AssocTrainConfig(lr=eta, steps=steps, batch_size=None, dtype="float64", stats_source="none"), [tr]
+    )
+    out["exact"] = {"windows": len(idx), "per_step": tr.rec["first_batch"]}
     return out
 
 
@@ -153,23 +182,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int)
     ap.add_argument("--epochs", type=int, help="epochs per run (default 100, as the paper)")
     ap.add_argument("--runs", help="runs as ETA:EPOCHS,... (default 0.005:E,0.05:E with E = --epochs)")
-    ap.add_argument("--train-windows", type=int,
-                    help="training windows (CPU default: the largest multiple of the batch leaving ≥ 512 held out; "
-                         "paper: all)")
-    ap.add_argument("--checkpoint-every", type=int,
-                    help="checkpoint every N steps instead of every two epochs (long runs at small batch)")
-    ap.add_argument("--early-steps", type=int,
-                    help="also checkpoint every step up to this one (CPU default: two epochs; paper 0)")
+    ap.add_argument(
+        "--train-windows",
+        type=int,
+        help="training windows (CPU default: the largest multiple of the batch leaving ≥ 512 held out; paper: all)",
+    )
+    ap.add_argument(
+        "--checkpoint-every",
+        type=int,
+        help="checkpoint every N steps instead of every two epochs (long runs at small batch)",
+    )
+    ap.add_argument(
+        "--early-steps", type=int, help="also checkpoint every step up to this one (CPU default: two epochs; paper 0)"
+    )
     ap.add_argument("--eval-windows", type=int, help="intervention windows (CPU default 2048, paper 0 = all)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     ap.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: cpu; auto with --paper-scale)")
     ap.add_argument("--null-corpus", default="storyworld")
     ap.add_argument("--threads", type=int)
-    ap.add_argument("--diagnose", type=int, default=0, metavar="STEPS",
-                    help="also run the cheap diagnosis of the η = 0.005 cosines for STEPS steps (see diagnose())")
+    ap.add_argument(
+        "--diagnose",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also run the cheap diagnosis of the η = 0.005 cosines for STEPS steps (see diagnose())",
+    )
     ap.add_argument("--render-only", action="store_true", help="re-render OUT/summary.md from OUT/summary.json")
-    ap.add_argument("--skip-train", action="store_true",
-                    help="reuse finished runs in OUT (only re-run the reports and the summary)")
+    ap.add_argument(
+        "--skip-train", action="store_true", help="reuse finished runs in OUT (only re-run the reports and the summary)"
+    )
     args = ap.parse_args(argv)
 
     if args.render_only:
@@ -178,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render(summary))
         return 0
     from originlens.paths import tinystories_files
+
     paper = args.paper_scale
     V = args.vocab_size or (3000 if paper else 1000)
     T = args.seq_len or (200 if paper else 64)
@@ -186,8 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     eval_windows = args.eval_windows if args.eval_windows is not None else (0 if paper else 2048)
     device = args.device or ("auto" if paper else "cpu")
     try:
-        specs = [(float(a), int(b)) for a, b in (r.split(":") for r in args.runs.split(",") if r.strip())] \
-            if args.runs else [(0.005, E), (0.05, E)]
+        specs = (
+            [(float(a), int(b)) for a, b in (r.split(":") for r in args.runs.split(",") if r.strip())]
+            if args.runs
+            else [(0.005, E), (0.05, E)]
+        )
     except ValueError:
         print(f"--runs must look like 0.005:2,0.05:2 (got {args.runs!r})", file=sys.stderr)
         return 2
@@ -201,10 +246,24 @@ def main(argv: list[str] | None = None) -> int:
     thr = ["--threads", str(args.threads)] if args.threads else []
 
     corpus = out / "corpus"
-    build = ["corpus", "build", *sources, "--vocab-size", str(V), "--seq-len", str(T), "--windows", "first",
-             "--oov", "drop" if paper else "unk", "--out", str(corpus), "--overwrite"]
+    build = [
+        "corpus",
+        "build",
+        *sources,
+        "--vocab-size",
+        str(V),
+        "--seq-len",
+        str(T),
+        "--windows",
+        "first",
+        "--oov",
+        "drop" if paper else "unk",
+        "--out",
+        str(corpus),
+        "--overwrite",
+    ]
     if paper:
-        build += ["--max-windows", str(65536 + 2048)]      # 65,536 training windows + 2,048 held out
+        build += ["--max-windows", str(65536 + 2048)]  # 65,536 training windows + 2,048 held out
     old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
     if args.skip_train and (corpus / "manifest.json").is_file():
         t_build = old.get("corpus_seconds")
@@ -222,23 +281,60 @@ def main(argv: list[str] | None = None) -> int:
         N = max(B, ((total - 512) // B) * B) if total - 512 >= B else total - 1
     holdout = total - N
     if paper and N < 65536:
-        print(f"warning: only {N} windows (the paper uses 65,536); pass the full TinyStories train split "
-              "with --data", file=sys.stderr)
+        print(
+            f"warning: only {N} windows (the paper uses 65,536); pass the full TinyStories train split with --data",
+            file=sys.stderr,
+        )
     spe = -(-N // B)
     early = args.early_steps if args.early_steps is not None else (0 if paper else 2 * spe)
     runs = [(f"eta={e:g}-ep{ep}", e, ep) for e, ep in specs]
-    summary = {"scale": "paper" if paper else "cpu", "vocab_size": manifest["vocab_size"], "seq_len": T,
-               "train_windows": N, "holdout": holdout, "batch_size": B, "steps_per_epoch": spe,
-               "dtype": args.dtype, "device": device, "early_steps": early, "corpus_seconds": t_build,
-               "logging": f"every {args.checkpoint_every} steps" if args.checkpoint_every else "every 2 epochs",
-               "runs": {}}
+    summary = {
+        "scale": "paper" if paper else "cpu",
+        "vocab_size": manifest["vocab_size"],
+        "seq_len": T,
+        "train_windows": N,
+        "holdout": holdout,
+        "batch_size": B,
+        "steps_per_epoch": spe,
+        "dtype": args.dtype,
+        "device": device,
+        "early_steps": early,
+        "corpus_seconds": t_build,
+        "logging": f"every {args.checkpoint_every} steps" if args.checkpoint_every else "every 2 epochs",
+        "runs": {},
+    }
     for label, eta, ep in runs:
         rdir = out / label
-        train = ["assoc", "train", str(corpus), "--layers", "3", "--lr", f"{eta:.6g}", "--epochs", str(ep),
-                 "--batch-size", str(B), "--stats", "first-batch", "--holdout", str(holdout),
-                 "--dtype", args.dtype, "--device", device, "--out", str(rdir), "--overwrite", *thr]
-        train += (["--checkpoint-every", str(args.checkpoint_every)] if args.checkpoint_every
-                  else ["--checkpoint-every-epochs", "2"])
+        train = [
+            "assoc",
+            "train",
+            str(corpus),
+            "--layers",
+            "3",
+            "--lr",
+            f"{eta:.6g}",
+            "--epochs",
+            str(ep),
+            "--batch-size",
+            str(B),
+            "--stats",
+            "first-batch",
+            "--holdout",
+            str(holdout),
+            "--dtype",
+            args.dtype,
+            "--device",
+            device,
+            "--out",
+            str(rdir),
+            "--overwrite",
+            *thr,
+        ]
+        train += (
+            ["--checkpoint-every", str(args.checkpoint_every)]
+            if args.checkpoint_every
+            else ["--checkpoint-every-epochs", "2"]
+        )
         if early:
             train += ["--checkpoint-at", ",".join(str(s) for s in range(1, early + 1))]
         if args.skip_train and (rdir / "model.safetensors").is_file():
@@ -249,26 +345,53 @@ def main(argv: list[str] | None = None) -> int:
         if rc:
             summary["runs"][label] = {"eta": eta, "error": f"train exited {rc}", "train_seconds": t_train}
             continue
-        rep = ["assoc", "report", str(rdir), "--null-corpus", args.null_corpus, "--eval-windows", str(eval_windows),
-               "--device", device, *thr]
+        rep = [
+            "assoc",
+            "report",
+            str(rdir),
+            "--null-corpus",
+            args.null_corpus,
+            "--eval-windows",
+            str(eval_windows),
+            "--device",
+            device,
+            *thr,
+        ]
         rc, t_rep = cli(rep, log)
         res = json.loads((rdir / "report.json").read_text()) if rc == 0 else {}
         recs = res.get("checkpoints", [])
         lc = [r for r in res.get("loss_curve", []) if r[2] is not None]
         summary["runs"][label] = {
-            "eta": eta, "epochs": ep, "steps": ep * spe, "t": eta * ep * spe, "train_seconds": t_train,
-            "seconds_per_step": (t_train / (ep * spe)) if t_train else None, "report_seconds": t_rep,
-            "loss_first": lc[0][2] if lc else None, "loss_last": lc[-1][2] if lc else None,
+            "eta": eta,
+            "epochs": ep,
+            "steps": ep * spe,
+            "t": eta * ep * spe,
+            "train_seconds": t_train,
+            "seconds_per_step": (t_train / (ep * spe)) if t_train else None,
+            "report_seconds": t_rep,
+            "loss_first": lc[0][2] if lc else None,
+            "loss_last": lc[-1][2] if lc else None,
             "min_cos_paper_logging": min_cosines(recs, every=args.checkpoint_every or 2 * spe),
-            "min_cos_paper_logging_full_train": min_cosines(recs, every=args.checkpoint_every or 2 * spe,
-                                                            other="full_train"),
-            "min_cos_all": min_cosines(recs), "min_cos_all_full_train": min_cosines(recs, other="full_train"),
-            "first_steps": [{"step": r["step"], "min_cos": r["min_cos"],
-                             "min_cos_full_train": (r.get("min_cos_vs") or {}).get("full_train")}
-                            for r in recs if r["step"] <= max(early, 6)],
-            "final_theory": res.get("final", {}).get("theory"), "intervention": res.get("intervention"),
-            "heldout": res.get("heldout"), "baselines": res.get("baselines", {}).get("per_weight"),
-            "validity_window": res.get("validity_window")}
+            "min_cos_paper_logging_full_train": min_cosines(
+                recs, every=args.checkpoint_every or 2 * spe, other="full_train"
+            ),
+            "min_cos_all": min_cosines(recs),
+            "min_cos_all_full_train": min_cosines(recs, other="full_train"),
+            "first_steps": [
+                {
+                    "step": r["step"],
+                    "min_cos": r["min_cos"],
+                    "min_cos_full_train": (r.get("min_cos_vs") or {}).get("full_train"),
+                }
+                for r in recs
+                if r["step"] <= max(early, 6)
+            ],
+            "final_theory": res.get("final", {}).get("theory"),
+            "intervention": res.get("intervention"),
+            "heldout": res.get("heldout"),
+            "baselines": res.get("baselines", {}).get("per_weight"),
+            "validity_window": res.get("validity_window"),
+        }
     if args.diagnose:
         t0 = time.perf_counter()
         summary["diagnosis"] = diagnose(corpus, N, 0.005, args.diagnose, (512, B) if B > 512 else (B,))
@@ -288,97 +411,163 @@ def _f(v, nd=4) -> str:
 
 
 def render(s: dict) -> str:
-    lines = [f"# Leading terms on TinyStories ({s['scale']} scale)", "",
-             f"|V| = {s['vocab_size']}, T = {s['seq_len']}, L = 3, {s['train_windows']} training windows "
-             f"({s['holdout']} held out), SGD batch {s['batch_size']} ({s['steps_per_epoch']} steps per epoch), "
-             f"zero init, {s['dtype']}, device {s['device']}, statistics from the first shuffled batch.", "",
-             "## Minimum cosine over training (Table 1)", "",
-             "Paper logging = checkpoints every two epochs (the paper's); all = also every step of the first "
-             f"{s['early_steps']} steps. In brackets: against the leading terms of all training windows.", "",
-             "| run | logged | W | V | W_O | P | loss first → last | s/step | train s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Leading terms on TinyStories ({s['scale']} scale)",
+        "",
+        f"|V| = {s['vocab_size']}, T = {s['seq_len']}, L = 3, {s['train_windows']} training windows "
+        f"({s['holdout']} held out), SGD batch {s['batch_size']} ({s['steps_per_epoch']} steps per epoch), "
+        f"zero init, {s['dtype']}, device {s['device']}, statistics from the first shuffled batch.",
+        "",
+        "## Minimum cosine over training (Table 1)",
+        "",
+        "Paper logging = checkpoints every two epochs (the paper's); all = also every step of the first "
+        f"{s['early_steps']} steps. In brackets: against the leading terms of all training windows.",
+        "",
+        "| run | logged | W | V | W_O | P | loss first → last | s/step | train s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     p = PAPER["min_cos"][0.005]
-    lines.append(f"| paper η=0.005, 3,200 steps (t=16) | every 2 epochs | {p['W']} | {p['V']} | {p['W_O']} | — | "
-                 "8.00 → (n/a) | — | — |")
+    lines.append(
+        f"| paper η=0.005, 3,200 steps (t=16) | every 2 epochs | {p['W']} | {p['V']} | {p['W_O']} | — | "
+        "8.00 → (n/a) | — | — |"
+    )
     lines.append("| paper η=0.05 (t=160) | every 2 epochs | ≥ 0.7 (Fig. 4) | ≥ 0.7 | ≥ 0.7 | — | 8.00 → 5.35 | — | — |")
     for label, r in s["runs"].items():
         if "error" in r:
             lines.append(f"| {label} | {r['error']} | | | | | | | {_f(r['train_seconds'], 0)} |")
             continue
         head = f"{label} (η={r['eta']:g}, {r['steps']} steps, t={r['t']:.3g})"
-        for tag, m, mf in ((s.get("logging", "every 2 epochs"), r["min_cos_paper_logging"],
-                            r["min_cos_paper_logging_full_train"]),
-                           ("all", r["min_cos_all"], r["min_cos_all_full_train"])):
-            cells = " | ".join(_f(m.get(k)) + (f" ({_f(mf.get(k))})" if mf and mf.get(k) is not None else "")
-                               for k in KINDS)
+        for tag, m, mf in (
+            (s.get("logging", "every 2 epochs"), r["min_cos_paper_logging"], r["min_cos_paper_logging_full_train"]),
+            ("all", r["min_cos_all"], r["min_cos_all_full_train"]),
+        ):
+            cells = " | ".join(
+                _f(m.get(k)) + (f" ({_f(mf.get(k))})" if mf and mf.get(k) is not None else "") for k in KINDS
+            )
             loss = f"{_f(r['loss_first'])} → {_f(r['loss_last'])}" if tag == "all" else ""
             tail = f"{_f(r['seconds_per_step'], 2)} | {_f(r['train_seconds'], 0)}" if tag == "all" else " | "
             lines.append(f"| {head if tag != 'all' else ''} | {tag} | {cells} | {loss} | {tail} |")
-    lines += ["", "## First steps (min cosine over layers; in brackets vs all training windows)", "",
-              "| run | step | W | V | W_O | P |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## First steps (min cosine over layers; in brackets vs all training windows)",
+        "",
+        "| run | step | W | V | W_O | P |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, r in s["runs"].items():
         for fs in r.get("first_steps", []):
             full = fs.get("min_cos_full_train") or {}
-            lines.append(f"| {label} | {fs['step']} | " + " | ".join(
-                _f(fs["min_cos"].get(k)) + (f" ({_f(full.get(k))})" if full.get(k) is not None else "")
-                for k in KINDS) + " |")
+            lines.append(
+                f"| {label} | {fs['step']} | "
+                + " | ".join(
+                    _f(fs["min_cos"].get(k)) + (f" ({_f(full.get(k))})" if full.get(k) is not None else "")
+                    for k in KINDS
+                )
+                + " |"
+            )
     names = ["original", "W.1", "W.2", "W.3", "V.1", "V.2", "V.3", "W_O", "P.1", "P.2", "P.3"]
-    lines += ["", "## Causal intervention (Table 3): loss after removing the leading-term projection", "",
-              "| run | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
-              "| paper η=0.05 | " + " | ".join(str(PAPER["table3"].get(n, "—")) for n in names) + " |"]
+    lines += [
+        "",
+        "## Causal intervention (Table 3): loss after removing the leading-term projection",
+        "",
+        "| run | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+        "| paper η=0.05 | " + " | ".join(str(PAPER["table3"].get(n, "—")) for n in names) + " |",
+    ]
     for label, r in s["runs"].items():
         it = r.get("intervention")
         if not it:
             continue
         d = [it["losses"].get(n, {}).get("delta") for n in names[1:]]
-        lines.append(f"| {label} | {_f(it['original'], 4)} | " + " | ".join(
-            "—" if v is None else f"{v:+.1e}" for v in d) + " |")
+        lines.append(
+            f"| {label} | {_f(it['original'], 4)} | " + " | ".join("—" if v is None else f"{v:+.1e}" for v in d) + " |"
+        )
     lines.append("")
     lines.append("(Our rows: original loss, then the loss increase Δ after each removal.)")
-    lines += ["", "## Held-out cross-entropy: trained model vs leading-term model (Eq. 12) and baselines", "",
-              "| run | trained | LT Eq. 12 | LT full L-layer | bigram path | add-1 bigram | uniform |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Held-out cross-entropy: trained model vs leading-term model (Eq. 12) and baselines",
+        "",
+        "| run | trained | LT Eq. 12 | LT full L-layer | bigram path | add-1 bigram | uniform |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, r in s["runs"].items():
         h = r.get("heldout")
         if h:
-            lines.append(f"| {label} | " + " | ".join(_f(h.get(k), 4) for k in (
-                "trained", "leading_term_eq12", "leading_term_full", "bigram_path", "conditional_bigram",
-                "uniform")) + " |")
-    lines += ["", "## Null baselines (final weights, layer 1 and W_O)", "",
-              "| run | weight | leading term | unrelated corpus (shared tokens; true on same tokens) | "
-              "same corpus, disjoint windows | PMI | random |", "|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {label} | "
+                + " | ".join(
+                    _f(h.get(k), 4)
+                    for k in (
+                        "trained",
+                        "leading_term_eq12",
+                        "leading_term_full",
+                        "bigram_path",
+                        "conditional_bigram",
+                        "uniform",
+                    )
+                )
+                + " |"
+            )
+    lines += [
+        "",
+        "## Null baselines (final weights, layer 1 and W_O)",
+        "",
+        "| run | weight | leading term | unrelated corpus (shared tokens; true on same tokens) | "
+        "same corpus, disjoint windows | PMI | random |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, r in s["runs"].items():
         for n, b in (r.get("baselines") or {}).items():
             if n in ("W_O", "V.1", "W.1", "P.1"):
-                lines.append(f"| {label} | {n} | {_f(b.get('leading_term'))} | {_f(b.get('null_corpus'))} "
-                             f"({_f(b.get('leading_term_shared'))}) | {_f(b.get('same_corpus'))} | "
-                             f"{_f(b.get('pmi'))} | {_f(b.get('random'))} |")
+                lines.append(
+                    f"| {label} | {n} | {_f(b.get('leading_term'))} | {_f(b.get('null_corpus'))} "
+                    f"({_f(b.get('leading_term_shared'))}) | {_f(b.get('same_corpus'))} | "
+                    f"{_f(b.get('pmi'))} | {_f(b.get('random'))} |"
+                )
     d = s.get("diagnosis")
     if d:
-        lines += ["", f"## Diagnosis at η = {d['eta']} (validity window: s ≤ {d['validity_window_steps']:.2f} steps)", "",
-                  "Cosine between first-batch leading terms (the targets) and those of all training windows:", "",
-                  "| batch | B̄ | Φ̄ᵀB̄ᵀ | Q̄ | Δ |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## Diagnosis at η = {d['eta']} (validity window: s ≤ {d['validity_window_steps']:.2f} steps)",
+            "",
+            "Cosine between first-batch leading terms (the targets) and those of all training windows:",
+            "",
+            "| batch | B̄ | Φ̄ᵀB̄ᵀ | Q̄ | Δ |",
+            "|---|---|---|---|---|",
+        ]
         for b, c in d["sampling"].items():
-            lines.append(f"| {b} | {_f(c['bigram'])} | {_f(c['value_target'])} | {_f(c['query_key'])} | "
-                         f"{_f(c['positional'])} |")
-        lines += ["", "Min cosine over layers per step (W / V / W_O): SGD against first-batch targets | against all "
-                  "windows; exact = full-batch GD in float64 on the first-batch windows (theorem's setting).", "",
-                  "| step | SGD float32 | SGD float64 | exact GD float64 | exact norm ratios |", "|---|---|---|---|---|"]
+            lines.append(
+                f"| {b} | {_f(c['bigram'])} | {_f(c['value_target'])} | {_f(c['query_key'])} | {_f(c['positional'])} |"
+            )
+        lines += [
+            "",
+            "Min cosine over layers per step (W / V / W_O): SGD against first-batch targets | against all "
+            "windows; exact = full-batch GD in float64 on the first-batch windows (theorem's setting).",
+            "",
+            "| step | SGD float32 | SGD float64 | exact GD float64 | exact norm ratios |",
+            "|---|---|---|---|---|",
+        ]
 
         def trio(r):
             m = r["min_cos"]
             return " / ".join(_f(m.get(k), 5) for k in ("W", "V", "W_O"))
+
         p32, p64 = d["precision"]["float32"]["per_step"], d["precision"]["float64"]["per_step"]
         ex = d["exact"]["per_step"]
         for st in sorted(map(int, p32["first_batch"])):
             k = str(st) if str(st) in p32["first_batch"] else st
             nr = ex[k]["norm_ratio"] if k in ex else None
-            lines.append(f"| {st} | {trio(p32['first_batch'][k])} \\| {trio(p32['all_windows'][k])} | "
-                         f"{trio(p64['first_batch'][k])} \\| {trio(p64['all_windows'][k])} | "
-                         f"{trio(ex[k]) if k in ex else '—'} | "
-                         f"{'—' if not nr else f'{nr[0]:.4f}–{nr[1]:.4f}'} |")
-        lines.append(f"\nfloat32 vs float64 weights after {d['steps']} steps: max relative difference "
-                     f"{d['precision']['max_rel_weight_diff_f32_vs_f64']:.1e}.")
+            lines.append(
+                f"| {st} | {trio(p32['first_batch'][k])} \\| {trio(p32['all_windows'][k])} | "
+                f"{trio(p64['first_batch'][k])} \\| {trio(p64['all_windows'][k])} | "
+                f"{trio(ex[k]) if k in ex else '—'} | "
+                f"{'—' if not nr else f'{nr[0]:.4f}–{nr[1]:.4f}'} |"
+            )
+        lines.append(
+            f"\nfloat32 vs float64 weights after {d['steps']} steps: max relative difference "
+            f"{d['precision']['max_rel_weight_diff_f32_vs_f64']:.1e}."
+        )
     lines += ["", "## Commands", "", "```", *s["commands"], "```", ""]
     return "\n".join(lines)
 

@@ -31,6 +31,7 @@ Deviations from the paper (both scales): the tokenizer is a 4096-id BPE trained 
 afresh every step from the train split instead of a fixed set of 300,000; the spaCy features (POS tags,
 dependency labels) and the influence attribution are not part of this driver.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,7 @@ import numpy as np
 
 REGIMES = ("standard", "myopic")
 TRACKED = list(range(30, 40))
-PAPER = {"standard": (2.53, 0.10), "myopic": (3.29, 0.02)}        # final loss, mean ± sd over 10 seeds
+PAPER = {"standard": (2.53, 0.10), "myopic": (3.29, 0.02)}  # final loss, mean ± sd over 10 seeds
 
 
 @dataclass
@@ -71,11 +72,25 @@ class DriverConfig:
 
     def run_config(self, regime: str, seed: int) -> Any:
         from originlens.train.ntp import NTPConfig
-        return NTPConfig(task="tinystories", regime=regime, seed=seed, n_layer=self.n_layer, d_model=self.d_model,
-                         n_head=self.n_head, batch_size=self.batch_size, steps=self.steps, lr=self.lr,
-                         eval_size=self.eval_size, eval_every=self.eval_every, probe_every=self.probe_every,
-                         probe_positions=self.probe_positions, device=self.device,
-                         checkpoint_every=max(self.steps // 4, 1), log_every=10)
+
+        return NTPConfig(
+            task="tinystories",
+            regime=regime,
+            seed=seed,
+            n_layer=self.n_layer,
+            d_model=self.d_model,
+            n_head=self.n_head,
+            batch_size=self.batch_size,
+            steps=self.steps,
+            lr=self.lr,
+            eval_size=self.eval_size,
+            eval_every=self.eval_every,
+            probe_every=self.probe_every,
+            probe_positions=self.probe_positions,
+            device=self.device,
+            checkpoint_every=max(self.steps // 4, 1),
+            log_every=10,
+        )
 
 
 def run_dir(out: str | Path, regime: str, seed: int) -> Path:
@@ -85,18 +100,30 @@ def run_dir(out: str | Path, regime: str, seed: int) -> Path:
 def _train_one(cfg_dict: dict[str, Any], path: str, threads: int, overwrite: bool) -> dict[str, Any]:
     """Worker: train (or resume / skip) one run; returns the trainer's result summary."""
     import torch
+
     from originlens.train.ntp import NTPConfig, Trainer
+
     torch.set_num_threads(threads)
     cfg = NTPConfig.from_dict(cfg_dict)
     t0 = time.time()
     res = Trainer(cfg, path, resume=not overwrite, overwrite=overwrite).run()
-    return {"run": path, "regime": cfg.regime, "seed": cfg.seed, "skipped": res.skipped,
-            "seconds": res.seconds, "wall": time.time() - t0, "final_eval": res.final_eval}
+    return {
+        "run": path,
+        "regime": cfg.regime,
+        "seed": cfg.seed,
+        "skipped": res.skipped,
+        "seconds": res.seconds,
+        "wall": time.time() - t0,
+        "final_eval": res.final_eval,
+    }
 
 
 def train_all(cfg: DriverConfig, overwrite: bool) -> list[dict[str, Any]]:
-    jobs = [(cfg.run_config(r, s).to_dict(), str(run_dir(cfg.out, r, s)), cfg.threads, overwrite)
-            for s in cfg.seeds for r in REGIMES]
+    jobs = [
+        (cfg.run_config(r, s).to_dict(), str(run_dir(cfg.out, r, s)), cfg.threads, overwrite)
+        for s in cfg.seeds
+        for r in REGIMES
+    ]
     if cfg.jobs <= 1:
         return [_train_one(*j) for j in jobs]
     out = []
@@ -104,8 +131,11 @@ def train_all(cfg: DriverConfig, overwrite: bool) -> list[dict[str, Any]]:
         futs = [ex.submit(_train_one, *j) for j in jobs]
         for f in cf.as_completed(futs):
             r = f.result()
-            print(f"  {r['regime']}/seed-{r['seed']}: {'skipped (finished)' if r['skipped'] else 'trained'} "
-                  f"in {r['wall']:.0f} s; eval {r['final_eval']}", flush=True)
+            print(
+                f"  {r['regime']}/seed-{r['seed']}: {'skipped (finished)' if r['skipped'] else 'trained'} "
+                f"in {r['wall']:.0f} s; eval {r['final_eval']}",
+                flush=True,
+            )
             out.append(r)
     return out
 
@@ -117,8 +147,10 @@ def train_all(cfg: DriverConfig, overwrite: bool) -> list[dict[str, Any]]:
 def per_position_eval(path: Path, cfg_dict: dict[str, Any], task: Any) -> dict[str, Any]:
     """Held-out loss / top-1 accuracy per position t = 0..T−2 of the final model on the trainer's eval set."""
     import torch
+
     from originlens.models import GPT
     from originlens.train.ntp import EVAL_STREAM, NTPConfig
+
     cfg = NTPConfig.from_dict(cfg_dict)
     batch = task.sample_eval(cfg.eval_size, np.random.default_rng([cfg.effective_eval_seed, EVAL_STREAM]))
     model = GPT.load(path / "model.safetensors").eval()
@@ -128,21 +160,27 @@ def per_position_eval(path: Path, cfg_dict: dict[str, Any], task: Any) -> dict[s
     hit_sum = np.zeros(T - 1)
     with torch.no_grad():
         for a in range(0, len(tokens), 128):
-            x = tokens[a:a + 128]
+            x = tokens[a : a + 128]
             logits = model(x).double()
-            ce = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                   x[:, 1:].reshape(-1), reduction="none").view(len(x), T - 1)
+            ce = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none"
+            ).view(len(x), T - 1)
             ce_sum += ce.sum(0).numpy()
             hit_sum += (logits[:, :-1].argmax(-1) == x[:, 1:]).double().sum(0).numpy()
     n = len(tokens)
-    return {"loss": (ce_sum / n).tolist(), "acc": (hit_sum / n).tolist(), "n": n,
-            "stories": int(len(set(batch.metadata["story"].tolist())))}
+    return {
+        "loss": (ce_sum / n).tolist(),
+        "acc": (hit_sum / n).tolist(),
+        "n": n,
+        "stories": len(set(batch.metadata["story"].tolist())),
+    }
 
 
 def analyse_run(path: Path, task: Any, tail: int) -> dict[str, Any]:
     from originlens.runs import RunDir
     from originlens.storage import read_json
     from originlens.train.ntp import load_probe_metrics
+
     rd = RunDir(path, create=False)
     cfg_dict = read_json(path / "config.json")
     summary = read_json(path / "summary.json")
@@ -152,28 +190,36 @@ def analyse_run(path: Path, task: Any, tail: int) -> dict[str, Any]:
     last = cfg_dict["steps"]
     log_every = cfg_dict["log_every"]
     tail_recs = [v for s, v in train if s > last - tail]
-    out: dict[str, Any] = {"regime": cfg_dict["regime"], "seed": cfg_dict["seed"],
-                           "train_curve": train, "eval_curve": evals,
-                           "final_train_loss": float(np.mean(tail_recs)) if tail_recs else float("nan"),
-                           "final_train_loss_window": f"mean of the logged losses of updates {last - tail + 1}..{last} "
-                                                      f"(records every {log_every})",
-                           "heldout_loss": summary["final_eval"]["eval_loss"],
-                           "heldout_acc": summary["final_eval"].get("legal_acc"),
-                           "seconds": summary.get("seconds")}
+    out: dict[str, Any] = {
+        "regime": cfg_dict["regime"],
+        "seed": cfg_dict["seed"],
+        "train_curve": train,
+        "eval_curve": evals,
+        "final_train_loss": float(np.mean(tail_recs)) if tail_recs else float("nan"),
+        "final_train_loss_window": f"mean of the logged losses of updates {last - tail + 1}..{last} "
+        f"(records every {log_every})",
+        "heldout_loss": summary["final_eval"]["eval_loss"],
+        "heldout_acc": summary["final_eval"].get("legal_acc"),
+        "seconds": summary.get("seconds"),
+    }
     pp = per_position_eval(path, cfg_dict, task)
     if not math.isclose(float(np.mean(pp["loss"])), out["heldout_loss"], rel_tol=1e-4):
-        raise RuntimeError(f"{path}: per-position losses average to {np.mean(pp['loss'])}, the trainer's eval "
-                           f"loss is {out['heldout_loss']}")
+        raise RuntimeError(
+            f"{path}: per-position losses average to {np.mean(pp['loss'])}, the trainer's eval "
+            f"loss is {out['heldout_loss']}"
+        )
     out["per_position"] = pp
     pm = load_probe_metrics(path / "probe_metrics.npz")
     probes: dict[str, Any] = {"layers": pm.layers, "positions": pm.positions, "features": pm.feature_names}
     tr = [pm.positions.index(i) for i in TRACKED if i in pm.positions]
     for fi, f in enumerate(pm.feature_names):
-        probes[f] = {"pearson_tracked": np.nanmean(pm.pearson[:, tr, fi], axis=1).tolist(),
-                     "r2_tracked": np.nanmean(pm.r2[:, tr, fi], axis=1).tolist(),
-                     "pearson_all": np.nanmean(pm.pearson[:, :, fi], axis=1).tolist(),
-                     "r2_all": np.nanmean(pm.r2[:, :, fi], axis=1).tolist(),
-                     "pearson_by_position": pm.pearson[:, :, fi].tolist()}
+        probes[f] = {
+            "pearson_tracked": np.nanmean(pm.pearson[:, tr, fi], axis=1).tolist(),
+            "r2_tracked": np.nanmean(pm.r2[:, tr, fi], axis=1).tolist(),
+            "pearson_all": np.nanmean(pm.pearson[:, :, fi], axis=1).tolist(),
+            "r2_all": np.nanmean(pm.r2[:, :, fi], axis=1).tolist(),
+            "pearson_by_position": pm.pearson[:, :, fi].tolist(),
+        }
     out["probes"] = probes
     return out
 
@@ -197,22 +243,32 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         pl = np.array([x["per_position"]["loss"] for x in xs])
         pa = np.array([x["per_position"]["acc"] for x in xs])
-        a = {"seeds": [x["seed"] for x in xs],
-             "final_train_loss": _mean_sd([x["final_train_loss"] for x in xs]),
-             "heldout_loss": _mean_sd([x["heldout_loss"] for x in xs]),
-             "heldout_acc": _mean_sd([x["heldout_acc"] for x in xs]),
-             "loss_by_position": pl.mean(0).tolist(), "acc_by_position": pa.mean(0).tolist(), "probes": {}}
+        a = {
+            "seeds": [x["seed"] for x in xs],
+            "final_train_loss": _mean_sd([x["final_train_loss"] for x in xs]),
+            "heldout_loss": _mean_sd([x["heldout_loss"] for x in xs]),
+            "heldout_acc": _mean_sd([x["heldout_acc"] for x in xs]),
+            "loss_by_position": pl.mean(0).tolist(),
+            "acc_by_position": pa.mean(0).tolist(),
+            "probes": {},
+        }
         for f in xs[0]["probes"]["features"]:
-            a["probes"][f] = {k: np.mean([x["probes"][f][k] for x in xs], axis=0).tolist()
-                              for k in ("pearson_tracked", "r2_tracked", "pearson_all", "r2_all", "pearson_by_position")}
+            a["probes"][f] = {
+                k: np.mean([x["probes"][f][k] for x in xs], axis=0).tolist()
+                for k in ("pearson_tracked", "r2_tracked", "pearson_all", "r2_all", "pearson_by_position")
+            }
         a["layers"] = xs[0]["probes"]["layers"]
         a["positions"] = xs[0]["probes"]["positions"]
         agg[r] = a
     if all(r in agg for r in REGIMES):
         gap = np.array(agg["myopic"]["loss_by_position"]) - np.array(agg["standard"]["loss_by_position"])
         T1 = len(gap)
-        bands = {"positions 0-9": range(0, 10), "positions 10-29": range(10, 30), "positions 30-39": range(30, 40),
-                 f"positions 40-{T1 - 1}": range(40, T1)}
+        bands = {
+            "positions 0-9": range(0, 10),
+            "positions 10-29": range(10, 30),
+            "positions 30-39": range(30, 40),
+            f"positions 40-{T1 - 1}": range(40, T1),
+        }
         agg["gap_by_band"] = {k: float(gap[list(v)].mean()) for k, v in bands.items()}
         agg["gap_by_position"] = gap.tolist()
     return agg
@@ -224,34 +280,58 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def write_report(cfg: DriverConfig, runs: list[dict[str, Any]], agg: dict[str, Any], data: dict[str, Any]) -> Path:
     from originlens.report.html import Report, setup_matplotlib
+
     plt = setup_matplotlib()
     rep = Report("TinyStories: standard vs myopic training")
     rep.section("Setup")
-    rep.text(f"Trainer runs (task tinystories): {cfg.n_layer} layers, d = {cfg.d_model}, {cfg.n_head} heads, "
-             f"T = 64, batch {cfg.batch_size}, {cfg.steps} Adam updates (lr {cfg.lr}, β = (0.9, 0.999), no decay), "
-             f"seeds {cfg.seeds}; held-out evaluation on {cfg.eval_size} windows of held-out stories. Paper: 4 "
-             f"layers, d = 128, batch 256, 1000 updates, 10 seeds, TinyStories-1M tokenizer, 300,000 windows.")
-    rep.text(f"Data: {data['stories']} stories, {data['tokens']} tokens under a {data['vocab_size']}-id BPE; "
-             f"{data['train_stories']} train / {data['heldout_stories']} held-out stories (split by content "
-             f"hash), {data['skipped_short']} shorter than 64 tokens skipped. Tokenisation cache: {data['cache']}.")
-    rep.text("The paper's 20 spaCy features (POS tags, dependency labels) are skipped: spaCy and en_core_web_sm "
-             "are not installed. Only the story-position features pos_int (absolute token index in the story) "
-             "and pos_prop (index / story length) are probed.")
+    rep.text(
+        f"Trainer runs (task tinystories): {cfg.n_layer} layers, d = {cfg.d_model}, {cfg.n_head} heads, "
+        f"T = 64, batch {cfg.batch_size}, {cfg.steps} Adam updates (lr {cfg.lr}, β = (0.9, 0.999), no decay), "
+        f"seeds {cfg.seeds}; held-out evaluation on {cfg.eval_size} windows of held-out stories. Paper: 4 "
+        f"layers, d = 128, batch 256, 1000 updates, 10 seeds, TinyStories-1M tokenizer, 300,000 windows."
+    )
+    rep.text(
+        f"Data: {data['stories']} stories, {data['tokens']} tokens under a {data['vocab_size']}-id BPE; "
+        f"{data['train_stories']} train / {data['heldout_stories']} held-out stories (split by content "
+        f"hash), {data['skipped_short']} shorter than 64 tokens skipped. Tokenisation cache: {data['cache']}."
+    )
+    rep.text(
+        "The paper's 20 spaCy features (POS tags, dependency labels) are skipped: spaCy and en_core_web_sm "
+        "are not installed. Only the story-position features pos_int (absolute token index in the story) "
+        "and pos_prop (index / story length) are probed."
+    )
 
     rep.section("Loss")
     rows = []
     for r in REGIMES:
         if r in agg:
             a = agg[r]
-            rows.append([r, _fmt_ms(*a["final_train_loss"]), _fmt_ms(*a["heldout_loss"]),
-                         _fmt_ms(*a["heldout_acc"]), f"{PAPER[r][0]:.2f} ± {PAPER[r][1]:.2f}"])
-    rep.table(["regime", "final train loss (ours)", "held-out loss (ours)", "held-out top-1 acc (ours)",
-               "final loss (paper, 10 seeds)"], rows,
-              caption="Mean next-token cross-entropy in nats (± sd over seeds when there are several).")
+            rows.append(
+                [
+                    r,
+                    _fmt_ms(*a["final_train_loss"]),
+                    _fmt_ms(*a["heldout_loss"]),
+                    _fmt_ms(*a["heldout_acc"]),
+                    f"{PAPER[r][0]:.2f} ± {PAPER[r][1]:.2f}",
+                ]
+            )
+    rep.table(
+        [
+            "regime",
+            "final train loss (ours)",
+            "held-out loss (ours)",
+            "held-out top-1 acc (ours)",
+            "final loss (paper, 10 seeds)",
+        ],
+        rows,
+        caption="Mean next-token cross-entropy in nats (± sd over seeds when there are several).",
+    )
     if "gap_by_band" in agg:
-        rep.table(["window positions", "held-out loss gap myopic − standard"],
-                  [[k, v] for k, v in agg["gap_by_band"].items()],
-                  caption="Where in the 64-token window the myopic model loses (t predicts token t+1).")
+        rep.table(
+            ["window positions", "held-out loss gap myopic − standard"],
+            [[k, v] for k, v in agg["gap_by_band"].items()],
+            caption="Where in the 64-token window the myopic model loses (t predicts token t+1).",
+        )
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for r in REGIMES:
@@ -269,8 +349,12 @@ def write_report(cfg: DriverConfig, runs: list[dict[str, Any]], agg: dict[str, A
         axes[2].plot(agg["gap_by_position"], color="#D55E00")
         axes[2].axhline(0, color="k", lw=0.8)
     axes[2].set(xlabel="position t", ylabel="myopic − standard (nats)", title="myopic penalty by position")
-    rep.figure(fig, "Training loss curves, held-out loss per window position for both regimes, and the "
-                    "per-position loss difference (myopic minus standard).", name="loss.png")
+    rep.figure(
+        fig,
+        "Training loss curves, held-out loss per window position for both regimes, and the "
+        "per-position loss difference (myopic minus standard).",
+        name="loss.png",
+    )
 
     rep.section("Probes of the story-position features")
     rows = []
@@ -279,17 +363,30 @@ def write_report(cfg: DriverConfig, runs: list[dict[str, Any]], agg: dict[str, A
             continue
         for f, p in agg[r]["probes"].items():
             for li, k in enumerate(agg[r]["layers"]):
-                rows.append([r, f, k, p["pearson_tracked"][li], p["r2_tracked"][li], p["pearson_all"][li],
-                             p["r2_all"][li]])
-    rep.table(["regime", "feature", "layer k", "Pearson r (pos 30-39)", "R² (pos 30-39)", "Pearson r (pos 1-63)",
-               "R² (pos 1-63)"], rows,
-              caption="Ridge probes (alpha 1, fitted on the first 70 % of the held-out windows, scored on the "
-                      "rest); layer k = residual stream after k blocks (k = 0 embeddings).")
+                rows.append(
+                    [r, f, k, p["pearson_tracked"][li], p["r2_tracked"][li], p["pearson_all"][li], p["r2_all"][li]]
+                )
+    rep.table(
+        [
+            "regime",
+            "feature",
+            "layer k",
+            "Pearson r (pos 30-39)",
+            "R² (pos 30-39)",
+            "Pearson r (pos 1-63)",
+            "R² (pos 1-63)",
+        ],
+        rows,
+        caption="Ridge probes (alpha 1, fitted on the first 70 % of the held-out windows, scored on the "
+        "rest); layer k = residual stream after k blocks (k = 0 embeddings).",
+    )
     n_test = cfg.eval_size - int(round(cfg.eval_size * 0.7))
-    rep.text(f"Each Pearson r is scored on {n_test} test windows (standard error ≈ (1 − r²)/√{n_test} ≈ "
-             f"{(1 - 0.45 ** 2) / math.sqrt(max(n_test, 1)):.3f} at r = 0.45, per position; the averages over "
-             f"positions share the same windows, so they are not much more precise). Differences between the "
-             f"regimes smaller than that are noise.")
+    rep.text(
+        f"Each Pearson r is scored on {n_test} test windows (standard error ≈ (1 − r²)/√{n_test} ≈ "
+        f"{(1 - 0.45**2) / math.sqrt(max(n_test, 1)):.3f} at r = 0.45, per position; the averages over "
+        f"positions share the same windows, so they are not much more precise). Differences between the "
+        f"regimes smaller than that are noise."
+    )
     feats = list(agg[REGIMES[0]]["probes"]) if REGIMES[0] in agg else []
     if feats:
         fig, axes = plt.subplots(1, 2 * len(feats), figsize=(13, 3.4))
@@ -308,17 +405,22 @@ def write_report(cfg: DriverConfig, runs: list[dict[str, Any]], agg: dict[str, A
                     ax.plot(agg[r]["positions"], pr[-1], ls, label=f"{r}, layer {agg[r]['layers'][-1]}")
             ax.set(xlabel="position", ylabel="Pearson r", title=f"{f} by position (last layer)")
             ax.legend(fontsize=7)
-        rep.figure(fig, "Probe quality (test Pearson r) of pos_int and pos_prop per layer at the tracked positions "
-                        "30-39, and per position at the last layer, for standard and myopic training.",
-                   name="probes.png")
+        rep.figure(
+            fig,
+            "Probe quality (test Pearson r) of pos_int and pos_prop per layer at the tracked positions "
+            "30-39, and per position at the last layer, for standard and myopic training.",
+            name="probes.png",
+        )
 
     rep.section("Reading")
-    rep.text("Paper (§8): myopic 3.29 ± 0.02 vs standard 2.53 ± 0.10 final loss; the story-position features "
-             "need pre-caching, which myopic training removes. Compare the direction and the per-position "
-             "pattern, not the absolute values: tokenizer, data size and training length differ. The paper's "
-             "statement about the position features concerns the pre-cached share of their influence in standard "
-             "training (attribution), which this driver does not compute; probe quality under myopic training "
-             "is the indirect test shown here.")
+    rep.text(
+        "Paper (§8): myopic 3.29 ± 0.02 vs standard 2.53 ± 0.10 final loss; the story-position features "
+        "need pre-caching, which myopic training removes. Compare the direction and the per-position "
+        "pattern, not the absolute values: tokenizer, data size and training length differ. The paper's "
+        "statement about the position features concerns the pre-cached share of their influence in standard "
+        "training (attribution), which this driver does not compute; probe quality under myopic training "
+        "is the indirect test shown here."
+    )
     return rep.write(cfg.out)
 
 
@@ -337,9 +439,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/tinystories_myopic")
     ap.add_argument("--paper-scale", action="store_true", help="the paper's configuration (GPU advised)")
     ap.add_argument("--quick", action="store_true", help="a smoke run (tiny model, 20 updates)")
-    for flag, typ in (("--layers", int), ("--d-model", int), ("--heads", int), ("--batch-size", int), ("--steps", int),
-                      ("--lr", float), ("--eval-size", int), ("--eval-every", int), ("--probe-every", int),
-                      ("--jobs", int), ("--threads", int), ("--tail", int)):
+    for flag, typ in (
+        ("--layers", int),
+        ("--d-model", int),
+        ("--heads", int),
+        ("--batch-size", int),
+        ("--steps", int),
+        ("--lr", float),
+        ("--eval-size", int),
+        ("--eval-every", int),
+        ("--probe-every", int),
+        ("--jobs", int),
+        ("--threads", int),
+        ("--tail", int),
+    ):
         ap.add_argument(flag, type=typ)
     ap.add_argument("--seeds", type=_seeds, help="e.g. 0 or 0,1,2 or 0-9 (default 0)")
     ap.add_argument("--device", default=None)
@@ -349,15 +462,49 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = DriverConfig(out=args.out)
     if args.paper_scale:
-        cfg = DriverConfig(out=args.out, n_layer=4, d_model=128, n_head=4, batch_size=256, steps=1000,
-                           eval_size=30000, eval_every=0, probe_every=100, probe_positions="all", jobs=1, threads=16)
+        cfg = DriverConfig(
+            out=args.out,
+            n_layer=4,
+            d_model=128,
+            n_head=4,
+            batch_size=256,
+            steps=1000,
+            eval_size=30000,
+            eval_every=0,
+            probe_every=100,
+            probe_positions="all",
+            jobs=1,
+            threads=16,
+        )
     if args.quick:
-        cfg = DriverConfig(out=args.out, n_layer=1, d_model=32, n_head=2, batch_size=8, steps=20, eval_size=64,
-                           eval_every=10, jobs=2, tail=10)
-    for flag, name in (("layers", "n_layer"), ("d_model", "d_model"), ("heads", "n_head"),
-                       ("batch_size", "batch_size"), ("steps", "steps"), ("lr", "lr"), ("eval_size", "eval_size"),
-                       ("eval_every", "eval_every"), ("probe_every", "probe_every"), ("jobs", "jobs"),
-                       ("threads", "threads"), ("tail", "tail"), ("seeds", "seeds"), ("device", "device")):
+        cfg = DriverConfig(
+            out=args.out,
+            n_layer=1,
+            d_model=32,
+            n_head=2,
+            batch_size=8,
+            steps=20,
+            eval_size=64,
+            eval_every=10,
+            jobs=2,
+            tail=10,
+        )
+    for flag, name in (
+        ("layers", "n_layer"),
+        ("d_model", "d_model"),
+        ("heads", "n_head"),
+        ("batch_size", "batch_size"),
+        ("steps", "steps"),
+        ("lr", "lr"),
+        ("eval_size", "eval_size"),
+        ("eval_every", "eval_every"),
+        ("probe_every", "probe_every"),
+        ("jobs", "jobs"),
+        ("threads", "threads"),
+        ("tail", "tail"),
+        ("seeds", "seeds"),
+        ("device", "device"),
+    ):
         v = getattr(args, flag)
         if v is not None:
             setattr(cfg, name, v)
@@ -366,46 +513,64 @@ def main(argv: list[str] | None = None) -> int:
     from originlens.runs import RunDir
     from originlens.storage import atomic_write_json
     from originlens.tasks.tinystories import TinyStoriesTask
+
     try:
         task = TinyStoriesTask()
         data = task.describe()
         for s in cfg.seeds:
             for r in REGIMES:
-                cfg.run_config(r, s)                       # validate before starting anything
+                cfg.run_config(r, s)  # validate before starting anything
     except OriginlensError as exc:
         print(f"tinystories_myopic: error: {exc.one_line()}", file=sys.stderr)
         return 2
     rd = RunDir(cfg.out)
     rd.write_config(asdict(cfg))
-    rd.write_environment(seeds={"seeds": cfg.seeds}, data_hashes={
-        "tinystories_cache_key": data["key"],
-        **{f"tinystories/{d['name']}": d["sha256"] for d in task.data.manifest["key_material"]["data"]}},
-        extra={"data": data})
+    rd.write_environment(
+        seeds={"seeds": cfg.seeds},
+        data_hashes={
+            "tinystories_cache_key": data["key"],
+            **{f"tinystories/{d['name']}": d["sha256"] for d in task.data.manifest["key_material"]["data"]},
+        },
+        extra={"data": data},
+    )
     t0 = time.time()
     if not args.report_only:
-        print(f"training {len(cfg.seeds) * len(REGIMES)} runs under {cfg.out}/runs ({cfg.jobs} in parallel)", flush=True)
+        print(
+            f"training {len(cfg.seeds) * len(REGIMES)} runs under {cfg.out}/runs ({cfg.jobs} in parallel)", flush=True
+        )
         train_all(cfg, args.overwrite)
     runs = []
     for s in cfg.seeds:
         for r in REGIMES:
             p = run_dir(cfg.out, r, s)
             if not (p / "summary.json").is_file():
-                print(f"tinystories_myopic: error: {p} is not finished — fix: run without --report-only",
-                      file=sys.stderr)
+                print(
+                    f"tinystories_myopic: error: {p} is not finished — fix: run without --report-only", file=sys.stderr
+                )
                 return 2
             runs.append(analyse_run(p, task, cfg.tail))
     agg = aggregate(runs)
-    atomic_write_json(Path(cfg.out) / "results.json",
-                      {"config": asdict(cfg), "data": data, "paper": PAPER, "aggregate": agg, "runs": runs,
-                       "wall_seconds": time.time() - t0})
+    atomic_write_json(
+        Path(cfg.out) / "results.json",
+        {
+            "config": asdict(cfg),
+            "data": data,
+            "paper": PAPER,
+            "aggregate": agg,
+            "runs": runs,
+            "wall_seconds": time.time() - t0,
+        },
+    )
     html = write_report(cfg, runs, agg, data)
     for r in REGIMES:
         if r in agg:
             a = agg[r]
             pt = {f: " ".join(f"{v:.2f}" for v in p["pearson_tracked"]) for f, p in a["probes"].items()}
-            print(f"{r:9s} train loss {_fmt_ms(*a['final_train_loss'])}  held-out loss {_fmt_ms(*a['heldout_loss'])}  "
-                  f"acc {_fmt_ms(*a['heldout_acc'])}  (paper {PAPER[r][0]:.2f})  probe r@30-39 by layer: "
-                  + "; ".join(f"{f} {v}" for f, v in pt.items()))
+            print(
+                f"{r:9s} train loss {_fmt_ms(*a['final_train_loss'])}  held-out loss {_fmt_ms(*a['heldout_loss'])}  "
+                f"acc {_fmt_ms(*a['heldout_acc'])}  (paper {PAPER[r][0]:.2f})  probe r@30-39 by layer: "
+                + "; ".join(f"{f} {v}" for f, v in pt.items())
+            )
     if "gap_by_band" in agg:
         print("myopic − standard held-out loss: " + ", ".join(f"{k} {v:+.3f}" for k, v in agg["gap_by_band"].items()))
     print(f"report: {html}")

@@ -1,9 +1,9 @@
 """Every example of the generated API reference runs (``originlens.cli.api_examples``)."""
+
 from __future__ import annotations
 
 import contextlib
 import io
-import os
 
 import pytest
 

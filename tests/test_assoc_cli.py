@@ -1,5 +1,6 @@
 """CLI `originlens assoc train|report|top`: end to end on a tiny storyworld corpus, saved inputs, and the
 one-line errors (mismatched statistics, other run in RUN, diverging lr, corrupted checkpoint)."""
+
 from __future__ import annotations
 
 import json
@@ -49,15 +50,37 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(corpus, tmp_path_factory):
     run = tmp_path_factory.mktemp("r") / "run"
-    rc = main(["-q", "assoc", "train", str(corpus), "--layers", "2", "--lr", "0.5", "--steps", "6",
-               "--batch-size", "32", "--checkpoint-every", "2", "--holdout", "10", "--dtype", "float64",
-               "--out", str(run)])
+    rc = main(
+        [
+            "-q",
+            "assoc",
+            "train",
+            str(corpus),
+            "--layers",
+            "2",
+            "--lr",
+            "0.5",
+            "--steps",
+            "6",
+            "--batch-size",
+            "32",
+            "--checkpoint-every",
+            "2",
+            "--holdout",
+            "10",
+            "--dtype",
+            "float64",
+            "--out",
+            str(run),
+        ]
+    )
     assert rc == 0
     return run
 
 
 def test_train_writes_run_statistics_and_data(corpus, trained):
     from originlens.data import load_token_array
+
     toks, vocab, _ = load_token_array(corpus)
     toks = np.asarray(toks, dtype=np.int64)
     train = np.load(trained / "data" / "train.npy")
@@ -66,7 +89,10 @@ def test_train_writes_run_statistics_and_data(corpus, trained):
     np.testing.assert_array_equal(held, toks[-10:])
     assert json.loads((trained / "data" / "vocab.json").read_text()) == vocab
     assert sorted(p.name for p in (trained / "checkpoints").iterdir()) == [
-        "step-000002.safetensors", "step-000004.safetensors", "step-000006.safetensors"]
+        "step-000002.safetensors",
+        "step-000004.safetensors",
+        "step-000006.safetensors",
+    ]
     # statistics = the first shuffled batch (torch.randperm with the data seed 42), as in the paper
     st = load_statistics(trained / "statistics")
     idx = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(42))[:32].numpy()
@@ -80,11 +106,13 @@ def test_train_writes_run_statistics_and_data(corpus, trained):
 
 def test_report_end_to_end(corpus, trained, tmp_path, capsys):
     from originlens.data import load_token_array
+
     _, vocab, _ = load_token_array(corpus)
     rnd = np.random.default_rng(0).integers(0, len(vocab), (40, 11))
     save_statistics(corpus_statistics(rnd, len(vocab), vocab=vocab), tmp_path / "null")
-    rc, out, err = run_cli(capsys, "assoc", "report", trained, "--json", "--null-corpus", tmp_path / "null",
-                           "--examples", "fish,red,zzz")
+    rc, out, err = run_cli(
+        capsys, "assoc", "report", trained, "--json", "--null-corpus", tmp_path / "null", "--examples", "fish,red,zzz"
+    )
     assert rc == 0, err
     res = json.loads(out)
     html = (trained / "report.html").read_text()
@@ -110,7 +138,8 @@ def test_report_end_to_end(corpus, trained, tmp_path, capsys):
     w = load_file(str(trained / "checkpoints" / "step-000006.safetensors"))
     assert last["cos_vs"]["full_train"]["V.2"] == pytest.approx(cosine(w["V.2"], full.value_target), abs=1e-12)
     assert res["min_cosine_over_training_full_train"]["W_O"] == pytest.approx(
-        min(r["min_cos_vs"]["full_train"]["W_O"] for r in res["checkpoints"]))
+        min(r["min_cos_vs"]["full_train"]["W_O"] for r in res["checkpoints"])
+    )
     # baselines: random unrelated statistics far below the leading term
     b = res["baselines"]["per_weight"]
     for name in ("W_O", "V.1", "W.1"):
@@ -129,28 +158,57 @@ def test_report_end_to_end(corpus, trained, tmp_path, capsys):
 
 
 def test_top_still_works(trained, capsys):
-    rc, out, err = run_cli(capsys, "assoc", "top", "--stats", trained / "statistics", "--word", "fish",
-                           "--basis", "context", "-k", "3", "--json")
+    rc, out, err = run_cli(
+        capsys,
+        "assoc",
+        "top",
+        "--stats",
+        trained / "statistics",
+        "--word",
+        "fish",
+        "--basis",
+        "context",
+        "-k",
+        "3",
+        "--json",
+    )
     assert rc == 0, err
     assert len(json.loads(out)["fish"]["row"]) == 3
 
 
 def test_error_statistics_of_other_vocabulary_or_length(corpus, tmp_path, capsys):
     from originlens.data import load_token_array
+
     toks, vocab, _ = load_token_array(corpus)
     toks = np.asarray(toks, dtype=np.int64)
     save_statistics(corpus_statistics(toks, len(vocab) + 3), tmp_path / "bigger")
     save_statistics(corpus_statistics(toks[:, :6], len(vocab), vocab=vocab), tmp_path / "shorter")
     shuffled = list(reversed(vocab))
     save_statistics(corpus_statistics(toks, len(vocab), vocab=shuffled), tmp_path / "othervocab")
-    for stats, needle in (("bigger", f"|V| = {len(vocab) + 3}"), ("shorter", "T = 5"),
-                          ("othervocab", "another vocabulary")):
-        rc, out, err = run_cli(capsys, "assoc", "train", corpus, "--steps", "1", "--batch-size", "8",
-                               "--stats", tmp_path / stats, "--out", tmp_path / f"r-{stats}")
+    for stats, needle in (
+        ("bigger", f"|V| = {len(vocab) + 3}"),
+        ("shorter", "T = 5"),
+        ("othervocab", "another vocabulary"),
+    ):
+        rc, out, err = run_cli(
+            capsys,
+            "assoc",
+            "train",
+            corpus,
+            "--steps",
+            "1",
+            "--batch-size",
+            "8",
+            "--stats",
+            tmp_path / stats,
+            "--out",
+            tmp_path / f"r-{stats}",
+        )
         one_line_error(rc, err, needle)
         assert not (tmp_path / f"r-{stats}").exists()
-    rc, out, err = run_cli(capsys, "assoc", "train", corpus, "--steps", "1", "--stats", "bogus",
-                           "--out", tmp_path / "r")
+    rc, out, err = run_cli(
+        capsys, "assoc", "train", corpus, "--steps", "1", "--stats", "bogus", "--out", tmp_path / "r"
+    )
     one_line_error(rc, err, "--stats bogus")
 
 
@@ -168,15 +226,44 @@ def test_error_run_dir_holds_other_run_and_resume(corpus, tmp_path, capsys):
 
 
 def test_error_diverging_lr_names_step_and_checkpoint(corpus, tmp_path, capsys):
-    rc, out, err = run_cli(capsys, "assoc", "train", corpus, "--layers", "1", "--lr", "1e30", "--steps", "4",
-                           "--batch-size", "16", "--checkpoint-every", "1", "--out", tmp_path / "r")
+    rc, out, err = run_cli(
+        capsys,
+        "assoc",
+        "train",
+        corpus,
+        "--layers",
+        "1",
+        "--lr",
+        "1e30",
+        "--steps",
+        "4",
+        "--batch-size",
+        "16",
+        "--checkpoint-every",
+        "1",
+        "--out",
+        tmp_path / "r",
+    )
     one_line_error(rc, err, "non-finite")
     assert "at step 2" in err and "step-000001.safetensors" in err
 
 
 def test_error_corrupted_checkpoint(corpus, tmp_path, capsys):
-    args = ["assoc", "train", corpus, "--layers", "1", "--lr", "0.1", "--batch-size", "16",
-            "--checkpoint-every", "1", "--out", tmp_path / "r"]
+    args = [
+        "assoc",
+        "train",
+        corpus,
+        "--layers",
+        "1",
+        "--lr",
+        "0.1",
+        "--batch-size",
+        "16",
+        "--checkpoint-every",
+        "1",
+        "--out",
+        tmp_path / "r",
+    ]
     rc, out, err = run_cli(capsys, *args, "--steps", "2")
     assert rc == 0, err
     (tmp_path / "r" / "checkpoints" / "step-000002.safetensors").write_bytes(b"\x00garbage")
@@ -187,8 +274,25 @@ def test_error_corrupted_checkpoint(corpus, tmp_path, capsys):
 
 
 def test_stats_none_then_report_computes_full_statistics(corpus, tmp_path, capsys):
-    rc, out, err = run_cli(capsys, "assoc", "train", corpus, "--layers", "1", "--lr", "0.5", "--steps", "2",
-                           "--full-batch", "--stats", "none", "--dtype", "float64", "--out", tmp_path / "r")
+    rc, out, err = run_cli(
+        capsys,
+        "assoc",
+        "train",
+        corpus,
+        "--layers",
+        "1",
+        "--lr",
+        "0.5",
+        "--steps",
+        "2",
+        "--full-batch",
+        "--stats",
+        "none",
+        "--dtype",
+        "float64",
+        "--out",
+        tmp_path / "r",
+    )
     assert rc == 0, err
     assert not (tmp_path / "r" / "statistics").exists()
     rc, out, err = run_cli(capsys, "assoc", "report", tmp_path / "r", "--json", "--no-intervention", "--no-heldout")
@@ -201,8 +305,9 @@ def test_stats_none_then_report_computes_full_statistics(corpus, tmp_path, capsy
 
 def test_error_inputs(tmp_path, capsys):
     np.save(tmp_path / "t.npy", np.zeros((4, 5), dtype=np.int64))
-    rc, out, err = run_cli(capsys, "assoc", "train", "--tokens", tmp_path / "t.npy", "--steps", "1",
-                           "--out", tmp_path / "r")
+    rc, out, err = run_cli(
+        capsys, "assoc", "train", "--tokens", tmp_path / "t.npy", "--steps", "1", "--out", tmp_path / "r"
+    )
     one_line_error(rc, err, "--vocab-size")
     rc, out, err = run_cli(capsys, "assoc", "report", tmp_path)
     one_line_error(rc, err, "not a training run")
@@ -229,13 +334,24 @@ def test_error_device_and_foreign_directory(corpus, tmp_path, capsys):
 
 def test_error_report_statistics_of_another_vocabulary(corpus, trained, tmp_path, capsys):
     from originlens.data import load_token_array
+
     toks, vocab, _ = load_token_array(corpus)
     toks = np.asarray(toks, dtype=np.int64)
     save_statistics(corpus_statistics(toks, len(vocab), vocab=list(reversed(vocab))), tmp_path / "othervocab")
     save_statistics(corpus_statistics(toks[:, :6], len(vocab), vocab=vocab), tmp_path / "shorter")
     for stats, needle in (("othervocab", "another vocabulary"), ("shorter", "T = 5")):
-        rc, out, err = run_cli(capsys, "assoc", "report", trained, "--stats", tmp_path / stats,
-                               "--no-intervention", "--no-heldout", "--out", tmp_path / f"rep-{stats}")
+        rc, out, err = run_cli(
+            capsys,
+            "assoc",
+            "report",
+            trained,
+            "--stats",
+            tmp_path / stats,
+            "--no-intervention",
+            "--no-heldout",
+            "--out",
+            tmp_path / f"rep-{stats}",
+        )
         one_line_error(rc, err, needle)
         assert not (tmp_path / f"rep-{stats}").exists()
     if not torch.cuda.is_available():
@@ -246,20 +362,39 @@ def test_error_report_statistics_of_another_vocabulary(corpus, trained, tmp_path
 
 def test_an_undefined_cosine_is_named_not_printed_as_nan(corpus, tmp_path, capsys):
     from originlens.cli.assoc_cmd import cosine_text
+
     assert cosine_text("W", float("nan")) == "W undefined (a zero matrix)"
     assert cosine_text("V", 0.99871) == "V 0.9987" and cosine_text("P", None) == "P —"
     assert main(["-q", "assoc", "train", str(corpus), "--out", str(tmp_path / "r"), "--steps", "2"]) == 0
     out = capsys.readouterr().out
-    assert "W undefined (a zero matrix)" in out and "nan" not in out      # W is exactly 0 after two GD steps
+    assert "W undefined (a zero matrix)" in out and "nan" not in out  # W is exactly 0 after two GD steps
 
 
 def test_side_files_missing_after_a_kill_are_written_on_resume(corpus, tmp_path, capsys):
     run = tmp_path / "r"
-    assert main(["-q", "assoc", "train", str(corpus), "--out", str(run), "--steps", "2", "--checkpoint-every", "1"]) == 0
+    assert (
+        main(["-q", "assoc", "train", str(corpus), "--out", str(run), "--steps", "2", "--checkpoint-every", "1"]) == 0
+    )
     held = np.load(run / "data" / "heldout.npy")
-    for name in ("heldout.npy", "source.json"):          # the state of a run killed between two side files
+    for name in ("heldout.npy", "source.json"):  # the state of a run killed between two side files
         (run / "data" / name).unlink()
-    assert main(["-q", "assoc", "train", str(corpus), "--out", str(run), "--steps", "3", "--checkpoint-every", "1",
-                 "--resume"]) == 0
+    assert (
+        main(
+            [
+                "-q",
+                "assoc",
+                "train",
+                str(corpus),
+                "--out",
+                str(run),
+                "--steps",
+                "3",
+                "--checkpoint-every",
+                "1",
+                "--resume",
+            ]
+        )
+        == 0
+    )
     assert np.array_equal(np.load(run / "data" / "heldout.npy"), held)
     assert (run / "data" / "source.json").is_file()

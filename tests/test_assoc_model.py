@@ -1,5 +1,6 @@
 """The Def. 3.1 model: fast implementations vs a brute-force numpy forward, Lemma D.7 gradients,
 finite differences, weight naming and I/O."""
+
 from __future__ import annotations
 
 import math
@@ -9,15 +10,26 @@ import pytest
 import torch
 
 from originlens.errors import CompatibilityError, ConfigError, InputError
-from originlens.models.assoc import (CHECKPOINT_KIND, MODEL_KIND, AssocConfig, AssocModel, dense_logits,
-                                     diag_matrix, load_assoc, path_cost, weight_names)
+from originlens.models.assoc import (
+    CHECKPOINT_KIND,
+    MODEL_KIND,
+    AssocConfig,
+    AssocModel,
+    dense_logits,
+    diag_matrix,
+    load_assoc,
+    path_cost,
+    weight_names,
+)
 from originlens.storage import save_tensors
 
 
-
 def make(V=9, T=6, L=2, std=0.7, seed=0, dtype="float64", impl="auto") -> AssocModel:
-    return AssocModel(AssocConfig(vocab_size=V, seq_len=T, n_layers=L, init="gaussian", init_std=std,
-                                  seed=seed, dtype=dtype, impl=impl))
+    return AssocModel(
+        AssocConfig(
+            vocab_size=V, seq_len=T, n_layers=L, init="gaussian", init_std=std, seed=seed, dtype=dtype, impl=impl
+        )
+    )
 
 
 def np_weights(m: AssocModel) -> dict[str, np.ndarray]:
@@ -95,7 +107,7 @@ def test_logits_match_numpy_forward(L):
     m = make(V=11, T=7, L=L, seed=L)
     w = np_weights(m)
     rng = np.random.default_rng(L)
-    x = rng.integers(0, 11, (4, 5))                     # T' = 5 < T = 7 also exercised
+    x = rng.integers(0, 11, (4, 5))  # T' = 5 < T = 7 also exercised
     ref = np.stack([np_forward(w, row, L)[0] for row in x])
     for impl in ("paths", "gather", "dense"):
         out = m(torch.from_numpy(x), impl=impl).detach().numpy()
@@ -112,8 +124,7 @@ def test_gradients_match_lemma_D7(L):
         m.zero_grad()
         m.loss(torch.from_numpy(toks), impl=impl).backward()
         for name, p in m.named_weights():
-            np.testing.assert_allclose(-p.grad.numpy(), ref[name], rtol=1e-9, atol=1e-13,
-                                       err_msg=f"{impl} {name}")
+            np.testing.assert_allclose(-p.grad.numpy(), ref[name], rtol=1e-9, atol=1e-13, err_msg=f"{impl} {name}")
 
 
 def test_gradcheck_finite_differences():
@@ -122,19 +133,22 @@ def test_gradcheck_finite_differences():
     names = [n for n, _ in m.named_parameters()]
     params = tuple(p.detach().clone().requires_grad_() for _, p in m.named_parameters())
     for impl in ("paths", "gather"):
+
         def f(*ps):
             return torch.func.functional_call(m, dict(zip(names, ps)), (toks[:, :-1],), {"impl": impl})
+
         assert torch.autograd.gradcheck(f, params, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
 # scratch sizes of the path implementation: one sequence per chunk, one per row block, key-position
 # blocks of 2 (uneven at T' = 7, 9) — or everything in one piece
 SMALL = {"CHUNK_BYTES": 1, "ROWS_BYTES": 1, "ROW_POSITIONS": 2}
-LARGE = {"CHUNK_BYTES": 10 ** 12, "ROWS_BYTES": 10 ** 12, "ROW_POSITIONS": 0}
+LARGE = {"CHUNK_BYTES": 10**12, "ROWS_BYTES": 10**12, "ROW_POSITIONS": 0}
 
 
 def set_sizes(monkeypatch, sizes, kind="cpu"):
     from originlens.models import assoc
+
     for name, value in sizes.items():
         monkeypatch.setitem(getattr(assoc, name), kind, value)
 
@@ -168,7 +182,8 @@ def test_hand_written_path_backward_matches_lemma_D7(monkeypatch, sizes):
 def test_hand_written_products_backward_matches_autograd(L):
     """_Products (the layouts the pass reads, and its hand-written backward) against autograd through
     path_products, for arbitrary incoming gradients (float64)."""
-    from originlens.models.assoc import _Products, _Team, _fresh, _pair_columns
+    from originlens.models.assoc import _fresh, _pair_columns, _Team
+
     V = 6
     m = make(V=V, T=4, L=L, std=0.7, seed=30 + L)
     prods = m.path_products()
@@ -177,12 +192,13 @@ def test_hand_written_products_backward_matches_autograd(L):
         offs, width = _pair_columns(L)
         assert P.Kr.shape == (V * V, width) and P.ZL.shape == (V, 1 << L, V)
         torch.testing.assert_close(P.ZL[:, 0], m.W_O.detach(), rtol=0, atol=0)
-        torch.testing.assert_close(P.ZL[:, 1:].transpose(0, 1).reshape(-1, V), prods[-1].detach(),
-                                   rtol=1e-13, atol=1e-14)
+        torch.testing.assert_close(
+            P.ZL[:, 1:].transpose(0, 1).reshape(-1, V), prods[-1].detach(), rtol=1e-13, atol=1e-14
+        )
         for l in range(L):
-            n2 = 4 ** l
-            torch.testing.assert_close(P.Kr[:, offs[l]:offs[l] + n2].t(), prods[l].detach(), rtol=1e-13, atol=1e-14)
-        assert not P.Kr[:, (4 ** L - 1) // 3:].any()                     # padding
+            n2 = 4**l
+            torch.testing.assert_close(P.Kr[:, offs[l] : offs[l] + n2].t(), prods[l].detach(), rtol=1e-13, atol=1e-14)
+        assert not P.Kr[:, (4**L - 1) // 3 :].any()  # padding
     g = torch.Generator().manual_seed(L)
     dW = torch.randn(V, V, generator=g, dtype=torch.float64)
     dZ = torch.randn(V, (1 << L) - 1, V, generator=g, dtype=torch.float64)
@@ -190,7 +206,7 @@ def test_hand_written_products_backward_matches_autograd(L):
     # autograd reference: ⟨dW, W_O⟩ (the W_O[x] term) + ⟨dZ, Z⟩ + Σ_l ⟨dK_l, K_l⟩
     ref_loss = (dW * m.W_O).sum() + (dZ.transpose(0, 1).reshape(-1, V) * prods[-1]).sum()
     for l in range(L):
-        ref_loss = ref_loss + (dKr[:, offs[l]:offs[l] + 4 ** l].t() * prods[l]).sum()
+        ref_loss = ref_loss + (dKr[:, offs[l] : offs[l] + 4**l].t() * prods[l]).sum()
     names = [n for n, _ in m.named_weights() if not n.startswith("P")]
     ref = dict(zip(names, torch.autograd.grad(ref_loss, [m.param(n) for n in names])))
     with torch.no_grad(), _Team(1) as team:
@@ -217,14 +233,18 @@ def test_threaded_chunk_loop_matches_single_thread(monkeypatch):
             with torch.no_grad():
                 logits = m(toks[:, :-1], impl="paths")
             m2 = make(V=9, T=7, L=3, std=0.5, seed=13)
-            m2.loss(toks, impl="paths").backward()             # autograd path (grad_backward)
-            res = (loss, logits, {n: p.grad.clone() for n, p in m.named_weights()},
-                   {n: p.grad.clone() for n, p in m2.named_weights()})
-            if thr in out:                                     # same thread count: bit-identical
+            m2.loss(toks, impl="paths").backward()  # autograd path (grad_backward)
+            res = (
+                loss,
+                logits,
+                {n: p.grad.clone() for n, p in m.named_weights()},
+                {n: p.grad.clone() for n, p in m2.named_weights()},
+            )
+            if thr in out:  # same thread count: bit-identical
                 assert res[0] == out[thr][0] and torch.equal(res[1], out[thr][1])
                 assert all(torch.equal(res[k][n], out[thr][k][n]) for k in (2, 3) for n in res[2])
             out[thr] = res
-            assert torch.get_num_threads() == thr               # restored after the worker loop
+            assert torch.get_num_threads() == thr  # restored after the worker loop
     finally:
         torch.set_num_threads(prev)
     assert out[3][0] == pytest.approx(out[1][0], rel=1e-14)
@@ -239,7 +259,9 @@ def test_team_lanes_order_errors_and_threads():
     a worker is re-raised in the caller after the running tasks finish; thread count restored."""
     import threading
     import time
+
     from originlens.models.assoc import PAIR_BLOCK, _blocks, _Team
+
     prev = torch.get_num_threads()
     lanes = [list(range(w, 23, 3)) for w in range(3)]
     seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
@@ -254,6 +276,7 @@ def test_team_lanes_order_errors_and_threads():
         time.sleep(0.001 * (k % 3))
         with lock:
             running[lane] -= 1
+
     with _Team(3) as team:
         team.run(fn, lanes)
         assert seen == {w: lanes[w] for w in range(3)}
@@ -262,12 +285,13 @@ def test_team_lanes_order_errors_and_threads():
         def bad(lane, k):
             if k == 7:
                 raise ValueError("task 7")
+
         with pytest.raises(ValueError, match="task 7"):
             team.run(bad, lanes)
-        team.run(fn, [[0], [1]])                                 # still usable
+        team.run(fn, [[0], [1]])  # still usable
         calls = []
         _blocks(team, 10, lambda r0, r1: calls.append((r0, r1)), torch.device("cuda"))
-        assert calls == [(0, 10)]                                # other devices: one block
+        assert calls == [(0, 10)]  # other devices: one block
         _blocks(team, 2 * PAIR_BLOCK + 3, lambda r0, r1: calls.append((r0, r1)), torch.device("cpu"))
         B = PAIR_BLOCK
         assert sorted(calls[1:]) == [(0, B), (B, 2 * B), (2 * B, 2 * B + 3)]
@@ -278,20 +302,21 @@ def test_swap_copy_is_a_bit_exact_transpose():
     """The wide-element copy (int64 / complex128 views) moves bits unchanged, NaN payloads included;
     the element-wise fallback (float64, 4 values) gives the same layout."""
     from originlens.models.assoc import _swap_copy
+
     g = torch.Generator().manual_seed(0)
     for dtype, n in ((torch.float32, 2), (torch.float32, 4), (torch.float64, 2), (torch.float64, 4)):
-        bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (2, 3, 5, 24 * (dtype.itemsize // 4)), generator=g,
-                             dtype=torch.int32)
-        R = bits.view(dtype)                                       # arbitrary bit patterns (NaNs included)
-        src = R[..., :n * n].view(2, 3, 5, n, n)
+        bits = torch.randint(-(2**31), 2**31 - 1, (2, 3, 5, 24 * (dtype.itemsize // 4)), generator=g, dtype=torch.int32)
+        R = bits.view(dtype)  # arbitrary bit patterns (NaNs included)
+        src = R[..., : n * n].view(2, 3, 5, n, n)
         out = torch.empty(2, 3, n, 5, n, dtype=dtype)
         _swap_copy(out, src)
         want = src.transpose(2, 3)
         assert torch.equal(out.view(torch.int32), want.contiguous().view(torch.int32)), (dtype, n)
         back = torch.full_like(R, 0.0)
-        _swap_copy(back[..., :n * n].view(2, 3, 5, n, n), out)       # strided destination
-        assert torch.equal(back[..., :n * n].contiguous().view(torch.int32),
-                           R[..., :n * n].contiguous().view(torch.int32)), (dtype, n)
+        _swap_copy(back[..., : n * n].view(2, 3, 5, n, n), out)  # strided destination
+        assert torch.equal(
+            back[..., : n * n].contiguous().view(torch.int32), R[..., : n * n].contiguous().view(torch.int32)
+        ), (dtype, n)
 
 
 def test_gradcheck_three_layers_paths():
@@ -304,6 +329,7 @@ def test_gradcheck_three_layers_paths():
 
     def f(*ps):
         return torch.func.functional_call(m, dict(zip(names, ps)), (toks[:, :-1],), {"impl": "paths"})
+
     assert torch.autograd.gradcheck(f, params, eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
@@ -315,7 +341,11 @@ def test_fast_equals_dense_reference_logits_and_grads():
         m.zero_grad()
         loss = m.loss(toks, impl=impl)
         loss.backward()
-        res[impl] = (m(toks[:, :-1], impl=impl).detach(), loss.item(), {n: p.grad.clone() for n, p in m.named_weights()})
+        res[impl] = (
+            m(toks[:, :-1], impl=impl).detach(),
+            loss.item(),
+            {n: p.grad.clone() for n, p in m.named_weights()},
+        )
     assert torch.equal(res["dense"][0], dense_logits(m, toks[:, :-1]).detach())
     for impl in ("gather", "paths"):
         torch.testing.assert_close(res[impl][0], res["dense"][0], rtol=1e-12, atol=1e-12)
@@ -368,8 +398,8 @@ def test_workspace_reuse_does_not_alias_results():
         m.accumulate_gradients(toks, chunk=2, impl="paths")
         for n, p in m.named_weights():
             torch.testing.assert_close(p.grad, ref[n], rtol=1e-10, atol=1e-14, msg=n)
-        kept.append(({n: p.grad for n, p in m.named_weights()}, ref))    # .grad objects, not copies
-    for grads, ref in kept:                       # later calls did not write into earlier gradients
+        kept.append(({n: p.grad for n, p in m.named_weights()}, ref))  # .grad objects, not copies
+    for grads, ref in kept:  # later calls did not write into earlier gradients
         for n, g in grads.items():
             torch.testing.assert_close(g, ref[n], rtol=1e-10, atol=1e-14, msg=n)
     m.release_workspace()
@@ -382,8 +412,8 @@ def test_inference_product_cache_follows_parameter_updates():
     x = torch.randint(0, 10, (4, 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         a = m(x, impl="paths")
-        assert torch.equal(m(x, impl="paths"), a)                      # cached products reused
-        for p in (m.V[1], m.W_O, m.W[2]):                             # in-place updates invalidate the cache
+        assert torch.equal(m(x, impl="paths"), a)  # cached products reused
+        for p in (m.V[1], m.W_O, m.W[2]):  # in-place updates invalidate the cache
             p.add_(0.3)
             torch.testing.assert_close(m(x, impl="paths"), m(x, impl="dense"), rtol=1e-12, atol=1e-12)
         m.load_weights({k: v * 0.5 for k, v in m.weights().items()})
@@ -440,13 +470,18 @@ def test_input_and_config_validation():
     with pytest.raises(InputError):
         m(torch.tensor([[0, 6]]))
     with pytest.raises(InputError):
-        m(torch.zeros(2, 6, dtype=torch.long))          # longer than T
+        m(torch.zeros(2, 6, dtype=torch.long))  # longer than T
     with pytest.raises(InputError):
-        m(torch.zeros(2, 3))                             # floats
+        m(torch.zeros(2, 3))  # floats
     with pytest.raises(InputError):
         m.loss(torch.zeros(2, 1, dtype=torch.long))
-    for bad in (dict(init="ones"), dict(init="gaussian", init_std=0.0), dict(dtype="float16"),
-                dict(n_layers=0), dict(impl="magic")):
+    for bad in (
+        dict(init="ones"),
+        dict(init="gaussian", init_std=0.0),
+        dict(dtype="float16"),
+        dict(n_layers=0),
+        dict(impl="magic"),
+    ):
         with pytest.raises(ConfigError):
             AssocModel(AssocConfig(vocab_size=4, seq_len=3, **bad))
 
@@ -461,8 +496,8 @@ def test_gaussian_init_is_seeded():
 
 def test_auto_impl_choice():
     m = AssocModel(AssocConfig(vocab_size=1000, seq_len=64, n_layers=3))
-    assert m.choose_impl(512, 64) == "paths"           # benchmark setting: batch-independent products amortised
-    assert m.choose_impl(1, 64) == "gather"            # one sequence: |V|³ products do not pay off
+    assert m.choose_impl(512, 64) == "paths"  # benchmark setting: batch-independent products amortised
+    assert m.choose_impl(1, 64) == "gather"  # one sequence: |V|³ products do not pay off
     c = path_cost(512, 64, 1000, 3)
     assert c["paths"] < c["gather"] < c["dense"]
     assert AssocModel(AssocConfig(vocab_size=10, seq_len=4, impl="dense")).choose_impl(512, 4) == "dense"
@@ -479,12 +514,13 @@ def test_path_products_shapes():
     # Z for S = {1, 2} (bitmask 3, third non-empty subset) is V1 V2 W_O
     torch.testing.assert_close(prods[3][10:15], m.V[0] @ m.V[1] @ m.W_O)
 
-    def VS(S):                                   # V_S = V_{s1} V_{s2} … in increasing layer order
+    def VS(S):  # V_S = V_{s1} V_{s2} … in increasing layer order
         out = torch.eye(5, dtype=torch.float64)
         for i in range(3):
             if S >> i & 1:
                 out = out @ m.V[i]
         return out.detach()
+
     for l in range(3):
         n = 1 << l
         for S in range(n):
@@ -492,4 +528,4 @@ def test_path_products_shapes():
                 want = VS(S) @ m.W[l].detach() @ VS(S2).T
                 torch.testing.assert_close(prods[l][S * n + S2].reshape(5, 5), want, rtol=1e-12, atol=1e-14)
     for S in range(1, 8):
-        torch.testing.assert_close(prods[3][(S - 1) * 5:S * 5], VS(S) @ m.W_O.detach(), rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(prods[3][(S - 1) * 5 : S * 5], VS(S) @ m.W_O.detach(), rtol=1e-12, atol=1e-14)

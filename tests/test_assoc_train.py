@@ -1,5 +1,6 @@
 """Trainer of the Def. 3.1 model: GD/SGD updates against hand-written loops, data order, checkpoints,
 exact resume, run-directory safety, NaN detection, callbacks."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +17,6 @@ from originlens.storage import load_tensors
 from originlens.train import AssocTrainConfig, steps_per_epoch, train_assoc
 
 V, T = 13, 6
-
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def manual_sgd(tokens, c: AssocTrainConfig) -> AssocModel:
         for i in range(0, N, bs):
             if step == c.steps:
                 break
-            batch = t if c.batch_size is None else t[perm[i:i + bs]]
+            batch = t if c.batch_size is None else t[perm[i : i + bs]]
             m.zero_grad()
             m.loss(batch).backward()
             with torch.no_grad():
@@ -97,7 +97,7 @@ def test_epochs_reshuffle(tokens):
             seen.append(tr._perm.clone())
 
     train_assoc(tokens, V, cfg(epochs=2, steps=None), callbacks=[Rec()])
-    assert len(seen) == 6                                           # 2 epochs × ⌈12/5⌉ steps
+    assert len(seen) == 6  # 2 epochs × ⌈12/5⌉ steps
     assert torch.equal(seen[0], seen[2]) and not torch.equal(seen[0], seen[3])
     g = torch.Generator().manual_seed(42)
     assert torch.equal(seen[0], torch.randperm(12, generator=g))
@@ -126,8 +126,12 @@ def test_run_directory_contents(tokens, tmp_path):
 
     run = train_assoc(tokens, V, c, callbacks=[CB()])
     assert called["step"] == 7
-    assert called["ckpt"] == ["step-000001.safetensors", "step-000003.safetensors", "step-000006.safetensors",
-                              "step-000007.safetensors"]
+    assert called["ckpt"] == [
+        "step-000001.safetensors",
+        "step-000003.safetensors",
+        "step-000006.safetensors",
+        "step-000007.safetensors",
+    ]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == called["ckpt"]
     arrays, meta = load_tensors(out / "checkpoints" / "step-000003.safetensors", kind=CHECKPOINT_KIND)
     assert {"W_O", "W.1", "V.2", "P.2", "trainer.data_rng_state"} <= set(arrays)
@@ -153,12 +157,12 @@ def test_checkpoint_metrics_hold_theory_comparison(tokens, tmp_path):
     ck = [r for r in recs if r["event"] == "checkpoint"]
     assert [r["step"] for r in ck] == [1, 2, 3, 4]
     assert ck[0]["theory"]["W_O"]["cos"] == pytest.approx(1.0, abs=1e-12)
-    assert ck[0]["theory"]["V.1"]["cos"] is None                   # NaN at s = 1 is stored as null
+    assert ck[0]["theory"]["V.1"]["cos"] is None  # NaN at s = 1 is stored as null
     assert ck[-1]["min_cos"]["W"] > 0.9 and ck[-1]["stats_source"] == "full"
     assert set(run.comparisons) == {1, 2, 3, 4}
 
 
-@pytest.mark.parametrize("kill_at", [5, 7])          # resume mid-epoch (from 4) and at an epoch boundary (from 6)
+@pytest.mark.parametrize("kill_at", [5, 7])  # resume mid-epoch (from 4) and at an epoch boundary (from 6)
 def test_resume_is_bit_identical(tokens, tmp_path, kill_at):
     c_full = cfg(steps=9, out=str(tmp_path / "full"), checkpoint_every=2)
     full = train_assoc(tokens, V, c_full)
@@ -180,10 +184,14 @@ def test_resume_is_bit_identical(tokens, tmp_path, kill_at):
     assert params_equal(resumed.model, full.model)
     a = (tmp_path / "full" / "model.safetensors").read_bytes()
     b = (tmp_path / "killed" / "model.safetensors").read_bytes()
-    assert load_tensors(tmp_path / "full" / "model.safetensors")[0]["W_O"].tobytes() == \
-        load_tensors(tmp_path / "killed" / "model.safetensors")[0]["W_O"].tobytes() and len(a) == len(b)
-    losses = lambda p: [(r["step"], r["loss"]) for r in map(json.loads, (p / "metrics.jsonl").read_text().splitlines())
-                        if r["event"] == "step"]
+    assert load_tensors(tmp_path / "full" / "model.safetensors")[0]["W_O"].tobytes() == load_tensors(
+        tmp_path / "killed" / "model.safetensors"
+    )[0]["W_O"].tobytes() and len(a) == len(b)
+    losses = lambda p: [
+        (r["step"], r["loss"])
+        for r in map(json.loads, (p / "metrics.jsonl").read_text().splitlines())
+        if r["event"] == "step"
+    ]
     assert losses(tmp_path / "killed") == losses(tmp_path / "full")
 
 
@@ -200,9 +208,9 @@ def test_request_stop_then_resume_and_extend(tokens, tmp_path):
     assert r1.stopped_early and r1.step == 3 and (tmp_path / "r" / "checkpoints" / "step-000003.safetensors").exists()
     r2 = train_assoc(tokens, V, c, resume=True)
     assert r2.finished and r2.step == 5
-    r3 = train_assoc(tokens, V, dataclasses.replace(c, steps=8), resume=True)   # extend a finished run
+    r3 = train_assoc(tokens, V, dataclasses.replace(c, steps=8), resume=True)  # extend a finished run
     assert r3.resumed_from == 5 and params_equal(r3.model, full.model)
-    r4 = train_assoc(tokens, V, dataclasses.replace(c, steps=8), resume=True)   # nothing left to do
+    r4 = train_assoc(tokens, V, dataclasses.replace(c, steps=8), resume=True)  # nothing left to do
     assert r4.losses == {} and params_equal(r4.model, full.model)
 
 
@@ -218,7 +226,7 @@ def test_resume_with_another_thread_count_warns(tokens, tmp_path, capsys):
         err = capsys.readouterr().err
         assert "started with 1 torch thread(s) and resumes with 2" in err and "--threads 1" in err
         torch.set_num_threads(1)
-        train_assoc(tokens, V, dataclasses.replace(c, steps=6), resume=True)     # the start's count: silent
+        train_assoc(tokens, V, dataclasses.replace(c, steps=6), resume=True)  # the start's count: silent
         assert "resumes with" not in capsys.readouterr().err
     finally:
         torch.set_num_threads(old)
@@ -255,8 +263,10 @@ def test_run_directory_safety(tokens, tmp_path):
 
 def test_keep_checkpoints(tokens, tmp_path):
     train_assoc(tokens, V, cfg(steps=6, out=str(tmp_path / "r"), checkpoint_every=1, keep_checkpoints=2))
-    assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir()) == \
-        ["step-000005.safetensors", "step-000006.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir()) == [
+        "step-000005.safetensors",
+        "step-000006.safetensors",
+    ]
 
 
 def test_nan_detection_names_step_tensor_and_checkpoint(tokens, tmp_path):
@@ -272,19 +282,23 @@ def test_nan_detection_names_step_tensor_and_checkpoint(tokens, tmp_path):
 
 def test_validation(tokens):
     with pytest.raises(ConfigError):
-        train_assoc(tokens, V, cfg(epochs=2))                          # steps and epochs
+        train_assoc(tokens, V, cfg(epochs=2))  # steps and epochs
     with pytest.raises(ConfigError):
         train_assoc(tokens, V, cfg(lr=-1.0))
     with pytest.raises(ConfigError):
         train_assoc(tokens, V, cfg(stats_source="elsewhere"))
     with pytest.raises(InputError):
-        train_assoc(tokens, V - 1, cfg())                              # ids ≥ vocab size
+        train_assoc(tokens, V - 1, cfg())  # ids ≥ vocab size
     with pytest.raises(InputError):
         train_assoc(tokens[:, :1], V, cfg())
     with pytest.raises(InputError):
         train_assoc(tokens.astype(float), V, cfg())
-    wrong = {"bigram": np.zeros((V - 1, V - 1)), "value_target": np.zeros((V - 1, V - 1)),
-             "query_key": np.zeros((V - 1, V - 1)), "positional": np.zeros(T)}
+    wrong = {
+        "bigram": np.zeros((V - 1, V - 1)),
+        "value_target": np.zeros((V - 1, V - 1)),
+        "query_key": np.zeros((V - 1, V - 1)),
+        "positional": np.zeros(T),
+    }
     with pytest.raises(CompatibilityError):
         train_assoc(tokens, V, cfg(), stats=wrong)
 
@@ -294,6 +308,7 @@ def test_validation(tokens):
 
 def test_device_option(tokens, tmp_path):
     from originlens.train.assoc import resolve_device
+
     with pytest.raises(ConfigError, match="unknown device"):
         train_assoc(tokens, V, cfg(device="tpu"))
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -320,13 +335,14 @@ def test_device_option(tokens, tmp_path):
 
 def test_first_batch_statistics_are_the_first_batch_with_the_vocabulary(tokens, tmp_path):
     from originlens.stats import corpus_statistics, load_statistics
+
     vocab = [f"w{i}" for i in range(V)]
     first = []
 
     class Rec:
         def on_step_end(self, tr):
             if tr.step == 1:
-                first.append(tr._perm[: tr.batch].numpy().copy())     # the batch SGD actually used
+                first.append(tr._perm[: tr.batch].numpy().copy())  # the batch SGD actually used
 
     out = tmp_path / "r"
     run = train_assoc(tokens, V, cfg(steps=2, stats_source="first_batch", out=str(out)), [Rec()], vocab=vocab)
@@ -348,6 +364,7 @@ def test_first_batch_statistics_are_the_first_batch_with_the_vocabulary(tokens, 
 
 def test_statistics_of_another_vocabulary_are_rejected(tokens):
     from originlens.stats import corpus_statistics
+
     vocab = [f"w{i}" for i in range(V)]
     with pytest.raises(CompatibilityError, match="vocabulary has"):
         train_assoc(tokens, V, cfg(), vocab=vocab[:-1])
@@ -381,18 +398,30 @@ def test_directory_of_another_kind_is_never_overwritten(tokens, tmp_path):
 
 def _rewrite_checkpoint(path, change):
     from originlens.storage import save_tensors
+
     arrays, meta = load_tensors(path)
     arrays = change(dict(arrays))
-    save_tensors(path, arrays, kind=CHECKPOINT_KIND,
-                 metadata={k: v for k, v in meta.items() if k not in ("kind", "format_version")})
+    save_tensors(
+        path,
+        arrays,
+        kind=CHECKPOINT_KIND,
+        metadata={k: v for k, v in meta.items() if k not in ("kind", "format_version")},
+    )
 
 
-@pytest.mark.parametrize("damage,error,needle", [
-    (lambda a: {k: v for k, v in a.items() if k != "trainer.data_rng_state"}, CompatibilityError, "data-order state"),
-    (lambda a: a | {"W.1": np.full_like(a["W.1"], np.nan)}, InputError, "non-finite values in W.1"),
-    (lambda a: a | {"V.2": np.zeros((V + 1, V + 1))}, CompatibilityError, "'V.2' has shape"),
-    (lambda a: {k: v for k, v in a.items() if k != "P.1"}, CompatibilityError, "lack 'P.1'"),
-])
+@pytest.mark.parametrize(
+    "damage,error,needle",
+    [
+        (
+            lambda a: {k: v for k, v in a.items() if k != "trainer.data_rng_state"},
+            CompatibilityError,
+            "data-order state",
+        ),
+        (lambda a: a | {"W.1": np.full_like(a["W.1"], np.nan)}, InputError, "non-finite values in W.1"),
+        (lambda a: a | {"V.2": np.zeros((V + 1, V + 1))}, CompatibilityError, "'V.2' has shape"),
+        (lambda a: {k: v for k, v in a.items() if k != "P.1"}, CompatibilityError, "lack 'P.1'"),
+    ],
+)
 def test_damaged_checkpoint_names_the_file_and_overwrites_nothing(tokens, tmp_path, damage, error, needle):
     out = tmp_path / "r"
     train_assoc(tokens, V, cfg(steps=2, out=str(out), checkpoint_every=1))
@@ -412,7 +441,7 @@ def test_divergence_keeps_last_good_checkpoint_and_logs_the_error(tokens, tmp_pa
         train_assoc(tokens, V, c)
     step = int(str(ei.value).split("at step ")[1].split()[0])
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert ckpts == [f"step-{s:06d}.safetensors" for s in range(1, step)]     # nothing for the failed step
+    assert ckpts == [f"step-{s:06d}.safetensors" for s in range(1, step)]  # nothing for the failed step
     assert f"step-{step - 1:06d}.safetensors" in str(ei.value)
     assert not (out / "model.safetensors").exists()
     arrays, _ = load_tensors(out / "checkpoints" / ckpts[-1])

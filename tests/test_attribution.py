@@ -5,6 +5,7 @@ per-position losses are recomputed with ``F.cross_entropy``, adjoints with ``aut
 residuals, Adam moments with an explicit loop, ∇R with an explicit backward of the mismatch.  The
 decomposition's fast path is checked against ``method="brute"`` (the spec §2 stop-gradient definition).
 """
+
 from __future__ import annotations
 
 import copy
@@ -12,9 +13,19 @@ import copy
 import pytest
 import torch
 
-from originlens.attribution import (COMPONENTS, AdamAttributor, Probe, decompose, influences,
-                                    pathway_adjoints, reference_projections, sgd_steps, site_jvp,
-                                    stop_gradient, stop_gradient_hooks)
+from originlens.attribution import (
+    COMPONENTS,
+    AdamAttributor,
+    Probe,
+    decompose,
+    influences,
+    pathway_adjoints,
+    reference_projections,
+    sgd_steps,
+    site_jvp,
+    stop_gradient,
+    stop_gradient_hooks,
+)
 from originlens.errors import ConfigError, NumericalError
 from originlens.models import GPT, GPTConfig
 
@@ -42,7 +53,7 @@ def make(seed: int = 0, **kw) -> GPT:
     base.update(kw)
     torch.manual_seed(seed)
     model = GPT(GPTConfig(**base))
-    with torch.no_grad():   # move away from the symmetric init so that every pathway is non-trivial
+    with torch.no_grad():  # move away from the symmetric init so that every pathway is non-trivial
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     return model
@@ -86,13 +97,13 @@ def test_stop_gradient_keeps_values_and_blocks_gradient(regime):
             captured = {}
 
             def capture(h, site, k=k):
-                captured["h"] = h                       # r^k before the rewrite (our hook runs last)
+                captured["h"] = h  # r^k before the rewrite (our hook runs last)
 
             with stop_gradient(model, layer=k, position=i):
                 logits = model(x, hooks={f"resid.{k}": capture})
             assert torch.equal(logits, plain)
             lam = (position_ce(logits, x) / (B * (T - 1))).sum(0)
-            eye = torch.eye(T - 1, dtype=lam.dtype)          # one cotangent per loss position t
+            eye = torch.eye(T - 1, dtype=lam.dtype)  # one cotangent per loss position t
             (g,) = torch.autograd.grad(lam, captured["h"], grad_outputs=eye, is_grads_batched=True)
             assert torch.count_nonzero(g[:, :, i]) == 0, (k, i)
     # without sg the same capture sees a gradient at (k, i) = (1, 2) from λ_2
@@ -106,7 +117,7 @@ def test_stop_gradient_list_form_context_exit_and_loss():
     model, x = make(), toks()
     g_ref = grad_L(model, x)
     with stop_gradient(model, [(0, 1), (2, 3)]):
-        loss = model.loss(x)                             # model.loss goes through the same forward
+        loss = model.loss(x)  # model.loss goes through the same forward
     assert torch.equal(loss, model.loss(x))
     g_sg = dict(zip(dict(model.named_parameters()), torch.autograd.grad(loss, list(model.parameters()))))
     assert not torch.allclose(flat(g_sg), flat(g_ref))
@@ -121,23 +132,22 @@ def test_stop_gradient_list_form_context_exit_and_loss():
 def test_stop_gradient_hook_shifts_absolute_positions():
     """With a KV cache / chunked forward the tensor covers positions a..b−1: mask i − a, skip outside."""
     from originlens.models.gpt import ResidSite
+
     hook = stop_gradient_hooks(make(), [(1, 4), (1, 1)])["resid.1"]
     h = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
-    out = hook(h, ResidSite("resid.1", 1, slice(3, 6)))          # covers positions 3, 4, 5
+    out = hook(h, ResidSite("resid.1", 1, slice(3, 6)))  # covers positions 3, 4, 5
     assert torch.equal(out, h)
     (g,) = torch.autograd.grad(out.sum(), h)
     assert torch.equal(g[:, 1], torch.zeros_like(g[:, 1])) and torch.equal(g[:, [0, 2]], torch.ones_like(g[:, [0, 2]]))
-    assert hook(h, ResidSite("resid.1", 1, slice(5, 8))) is None   # neither 1 nor 4 in this chunk
+    assert hook(h, ResidSite("resid.1", 1, slice(5, 8))) is None  # neither 1 nor 4 in this chunk
 
 
 def test_stop_gradient_rejects_bad_sites():
     model = make()
-    with pytest.raises(ConfigError):
-        with stop_gradient(model, layer=L + 1, position=0):
-            pass
-    with pytest.raises(ConfigError):
-        with stop_gradient(model):
-            pass
+    with pytest.raises(ConfigError), stop_gradient(model, layer=L + 1, position=0):
+        pass
+    with pytest.raises(ConfigError), stop_gradient(model):
+        pass
     with pytest.raises(ConfigError):
         decompose(model, toks(), [(0, T)])
 
@@ -161,9 +171,9 @@ def test_adjoints_match_definitions(regime):
             torch.testing.assert_close(adj.direct[k][:, i], g[:, i], rtol=1e-12, atol=1e-16)
         assert torch.count_nonzero(adj.full[k][:, T - 1]) == 0
         assert torch.count_nonzero(adj.direct[k][:, T - 1]) == 0
-        assert torch.count_nonzero(adj.precached[k][:, T - 2]) == 0       # p^k_{T−2} = 0
-    assert torch.count_nonzero(adj.precached[L]) == 0                      # p^L = 0
-    assert adj.precached[0].abs().max() > 0                                # but pre-caching exists
+        assert torch.count_nonzero(adj.precached[k][:, T - 2]) == 0  # p^k_{T−2} = 0
+    assert torch.count_nonzero(adj.precached[L]) == 0  # p^L = 0
+    assert adj.precached[0].abs().max() > 0  # but pre-caching exists
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -219,8 +229,7 @@ def test_subset_of_sites_equals_all(method):
     scale = float(flat(every[(0, 0)].full).norm())
     for s, pg in some.items():
         for c in COMPONENTS:
-            torch.testing.assert_close(flat(getattr(pg, c)), flat(getattr(every[s], c)), rtol=1e-13,
-                                       atol=1e-15 * scale)
+            torch.testing.assert_close(flat(getattr(pg, c)), flat(getattr(every[s], c)), rtol=1e-13, atol=1e-15 * scale)
 
 
 @pytest.mark.parametrize("regime", ["standard", "untied"])
@@ -235,7 +244,7 @@ def test_causal_prefix_vjps_equal_full_graph_vjps(regime):
 
 
 def test_sdpa_training_graph_agrees_to_rounding():
-    model, x = make(), toks()                            # attn_impl "sdpa" by default
+    model, x = make(), toks()  # attn_impl "sdpa" by default
     eager = decompose(model, x, "all")
     sdpa = decompose(model, x, "all", attn_impl=None)
     scale = float(flat(eager[(0, 0)].full).norm())
@@ -265,10 +274,10 @@ def test_structural_zeros(method):
     g = flat(dec[(0, 0)].full)
     tol = 0.0 if method == "fast" else 1e-13 * float(g.norm())
     for i in range(T):
-        assert float(flat(dec[(L, i)].precached).abs().max()) <= tol           # G_pre(L, i) = 0
+        assert float(flat(dec[(L, i)].precached).abs().max()) <= tol  # G_pre(L, i) = 0
     for k in range(L + 1):
-        assert float(flat(dec[(k, T - 2)].precached).abs().max()) <= tol       # G_pre(k, T−2) = 0
-        last = dec[(k, T - 1)]                                                 # i = T−1
+        assert float(flat(dec[(k, T - 2)].precached).abs().max()) <= tol  # G_pre(k, T−2) = 0
+        last = dec[(k, T - 1)]  # i = T−1
         assert float(flat(last.direct).abs().max()) <= tol
         assert float(flat(last.precached).abs().max()) <= tol
         assert float((flat(last.shared) - g).abs().max()) <= tol
@@ -276,8 +285,9 @@ def test_structural_zeros(method):
 
 @pytest.mark.parametrize("case", ["tied", "untied-head", "untied-everything"])
 def test_direct_at_embedding_is_supported_on_position_rows(case):
-    kw = {"tied": {}, "untied-head": dict(tie_embeddings=False),
-          "untied-everything": REGIMES["untied-everything"]}[case]
+    kw = {"tied": {}, "untied-head": dict(tie_embeddings=False), "untied-everything": REGIMES["untied-everything"]}[
+        case
+    ]
     model, x = make(seed=7, **kw), toks(seed=8)
     fast = decompose(model, x, [(0, i) for i in range(T)])
     brute = decompose(model, x, [(0, i) for i in range(T)], method="brute")
@@ -289,9 +299,9 @@ def test_direct_at_embedding_is_supported_on_position_rows(case):
         for n, p in model.named_parameters():
             m = torch.zeros_like(p, dtype=torch.bool)
             if n == f"embed.{e}.wte.weight":
-                m[x[:, i].unique()] = True                 # rows of the tokens at position i
+                m[x[:, i].unique()] = True  # rows of the tokens at position i
             elif n == f"embed.{e}.wpe.weight":
-                m[i] = True                                # position-embedding row i
+                m[i] = True  # position-embedding row i
             support[n] = m
         for n, m in support.items():
             assert torch.count_nonzero(fast[(0, i)].direct[n][~m]) == 0, (i, n)
@@ -342,8 +352,8 @@ def test_sgd_components_sum_to_real_step():
 def test_adam_attribution_sums_to_real_update(kind, method):
     lr, (b1, b2), eps, wd = 1e-2, (0.9, 0.999), 1e-8, 0.1
     model = make(seed=11)
-    shadow = copy.deepcopy(model)                        # trained by a plain torch optimizer
-    shadow.attn_impl = "eager"                           # the decomposition's kernel (SDPA: rounding differs)
+    shadow = copy.deepcopy(model)  # trained by a plain torch optimizer
+    shadow.attn_impl = "eager"  # the decomposition's kernel (SDPA: rounding differs)
     opt_cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
     extra = {} if kind == "adam" else {"weight_decay": wd}
     opt = opt_cls(model.parameters(), lr=lr, betas=(b1, b2), eps=eps, **extra)
@@ -366,8 +376,9 @@ def test_adam_attribution_sums_to_real_update(kind, method):
         shadow.loss(x).backward()
         opt_shadow.step()
         atol = 1e-15 if method == "autograd" else lr * 1e-16 / eps * 10
-        torch.testing.assert_close(flat(dict(shadow.named_parameters())), flat(dict(model.named_parameters())),
-                                   rtol=1e-13, atol=atol)
+        torch.testing.assert_close(
+            flat(dict(shadow.named_parameters())), flat(dict(model.named_parameters())), rtol=1e-13, atol=atol
+        )
         # explicit per-component Adam (spec §4.3), written out here
         g = dec[sites[0]].full
         for n in names:
@@ -375,12 +386,14 @@ def test_adam_attribution_sums_to_real_update(kind, method):
         for s in sites:
             assert set(steps[s]) == set(COMPONENTS) | ({"decay"} if kind == "adamw" else set())
             total = {n: sum(steps[s][c][n] for c in steps[s]) for n in names}
-            assert rel(flat(total), flat(real), 1.0) <= 1e-12           # Σ_c Δ_c = real update
+            assert rel(flat(total), flat(real), 1.0) <= 1e-12  # Σ_c Δ_c = real update
             for c in COMPONENTS:
                 for n in names:
                     m_ref[s][c][n] = b1 * m_ref[s][c][n] + (1 - b1) * getattr(dec[s], c)[n]
-                want = {n: lr * (m_ref[s][c][n] / (1 - b1 ** step))
-                        / (torch.sqrt(v_ref[n] / (1 - b2 ** step)) + eps) for n in names}
+                want = {
+                    n: lr * (m_ref[s][c][n] / (1 - b1**step)) / (torch.sqrt(v_ref[n] / (1 - b2**step)) + eps)
+                    for n in names
+                }
                 assert rel(flat(steps[s][c]), flat(want), float(flat(real).norm())) < 1e-10
             if kind == "adamw":
                 torch.testing.assert_close(flat(steps[s]["decay"]), lr * wd * flat(before), rtol=1e-15, atol=0)
@@ -396,7 +409,7 @@ def test_adam_attribution_sums_to_real_update(kind, method):
 def test_adam_attribution_float32_within_default_tolerance():
     model = make(seed=12, dtype="float32")
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    att = AdamAttributor(opt, model)                     # default tol 1e-6, float64 moments
+    att = AdamAttributor(opt, model)  # default tol 1e-6, float64 moments
     for step in range(3):
         att.step(decompose(model, toks(seed=200 + step), "all"))
         assert att.last_check < 1e-6
@@ -415,7 +428,7 @@ def test_adam_attributor_refuses_and_detects():
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     att = AdamAttributor(opt, model)
     att.step(decompose(model, x, [(1, 1)]))
-    with pytest.raises(ConfigError):                     # sites must stay the same
+    with pytest.raises(ConfigError):  # sites must stay the same
         att.step(decompose(model, x, [(1, 2)]))
     # stepping on a different gradient than the decomposition's ∇L is caught by the assertion
     model2 = make()
@@ -439,7 +452,7 @@ def explicit_influence(model, x, probe, ref, step_c, half, rows=None):
     diff = res[probe.layer][:, probe.position] @ probe.direction - ref
     if rows is not None:
         diff = diff[rows]
-    R = (0.5 if half else 1.0) * (diff ** 2).mean()
+    R = (0.5 if half else 1.0) * (diff**2).mean()
     names = [n for n, _ in model.named_parameters()]
     g = torch.autograd.grad(R, list(model.parameters()), allow_unused=True)
     return float(R.detach()), sum(float((step_c[n] * gi).sum()) for n, gi in zip(names, g) if gi is not None)
@@ -449,9 +462,11 @@ def _probe_setup(regime="standard"):
     model, final = make(seed=21, **REGIMES[regime]), make(seed=22, **REGIMES[regime])
     x = toks(seed=23, b=6)
     gen = torch.Generator().manual_seed(5)
-    probes = [Probe("f0", 1, 2, torch.randn(8, generator=gen, dtype=torch.float64)),
-              Probe("f1", 1, 2, torch.randn(8, generator=gen, dtype=torch.float64)),
-              Probe("f2", 2, 4, torch.randn(8, generator=gen, dtype=torch.float64))]
+    probes = [
+        Probe("f0", 1, 2, torch.randn(8, generator=gen, dtype=torch.float64)),
+        Probe("f1", 1, 2, torch.randn(8, generator=gen, dtype=torch.float64)),
+        Probe("f2", 2, 4, torch.randn(8, generator=gen, dtype=torch.float64)),
+    ]
     refs = reference_projections(final, x, probes)
     return model, x, probes, refs
 
@@ -471,7 +486,7 @@ def test_jvp_influence_equals_explicit_gradient(regime, half):
         for tau in tys:
             rows = None if tau is None else types[p.name] == tau
             if rows is not None and not rows.any():
-                for c in COMPONENTS + ("full",):          # empty subset: reported missing, not NaN
+                for c in COMPONENTS + ("full",):  # empty subset: reported missing, not NaN
                     rec = by_key[(p.name, tau, c)]
                     assert rec.value is None and rec.risk is None and rec.n_rows == 0
                 continue
@@ -486,7 +501,7 @@ def test_jvp_influence_equals_explicit_gradient(regime, half):
                 checked += 1
             assert by_key[(p.name, tau, "full")].value == pytest.approx(total, rel=1e-10, abs=1e-16)
     assert checked >= 3 * 7
-    assert by_key[("f2", 0, "direct")].value is None      # type 0 never occurs for f2
+    assert by_key[("f2", 0, "direct")].value is None  # type 0 never occurs for f2
 
 
 def test_double_backward_jvp_equals_forward_mode():
@@ -518,21 +533,32 @@ def test_influence_is_first_order_change_of_mismatch():
     for lr in (1e-2, 1e-3):
         dec = decompose(model, x, [p.site])
         steps = sgd_steps(dec, lr=lr)[p.site]
-        rec = [r for r in influences(model, x, {p.site: steps}, [p], refs, half=True)
-               if r.feature_type is None and r.component == "full"][0]
+        rec = [
+            r
+            for r in influences(model, x, {p.site: steps}, [p], refs, half=True)
+            if r.feature_type is None and r.component == "full"
+        ][0]
         stepped = copy.deepcopy(model)
         with torch.no_grad():
             for n, q in stepped.named_parameters():
                 q.sub_(sum(steps[c][n] for c in COMPONENTS))
         with torch.no_grad():
-            R0 = float(0.5 * ((model(x, return_residuals=True)[1][p.layer][:, p.position] @ p.direction
-                               - refs[p.name]) ** 2).mean())
-            R1 = float(0.5 * ((stepped(x, return_residuals=True)[1][p.layer][:, p.position] @ p.direction
-                               - refs[p.name]) ** 2).mean())
+            R0 = float(
+                0.5
+                * (
+                    (model(x, return_residuals=True)[1][p.layer][:, p.position] @ p.direction - refs[p.name]) ** 2
+                ).mean()
+            )
+            R1 = float(
+                0.5
+                * (
+                    (stepped(x, return_residuals=True)[1][p.layer][:, p.position] @ p.direction - refs[p.name]) ** 2
+                ).mean()
+            )
         assert rec.risk == pytest.approx(R0, rel=1e-13)
         errors.append(abs(rec.value - (R0 - R1)))
         assert abs(rec.value - (R0 - R1)) < 0.05 * abs(rec.value)
-    assert errors[1] < errors[0] / 30          # O(‖Δ‖²): a 10× smaller step, ~100× smaller error
+    assert errors[1] < errors[0] / 30  # O(‖Δ‖²): a 10× smaller step, ~100× smaller error
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -541,6 +567,7 @@ def test_influence_is_first_order_change_of_mismatch():
 
 def test_structured_forward_matches_model():
     from originlens.attribution import structured
+
     model, x = make(seed=31), toks(seed=32)
     assert structured.supported(model)
     fw = structured.Forward(model, x)
@@ -552,10 +579,11 @@ def test_structured_forward_matches_model():
 
 def test_structured_not_used_where_unsupported():
     from originlens.attribution import structured
+
     assert not structured.supported(make(**REGIMES["untied"]))
     model = make()
     with stop_gradient(model, layer=1, position=2):
-        assert not structured.supported(model)      # a forward pre-hook is active
+        assert not structured.supported(model)  # a forward pre-hook is active
     assert structured.supported(model)
 
 
@@ -565,15 +593,20 @@ def test_structured_equals_autograd(case, monkeypatch):
     brute-force tests do not cover: one head and MLP ratio 2, a vocabulary above the GEMM threshold of
     the embedding reduction, a frozen parameter, three layers; small groups force several passes."""
     from originlens.attribution import structured
-    kw = {"heads1-mlp2": dict(n_head=1, mlp_ratio=2), "vocab40": dict(vocab_size=40),
-          "frozen": {}, "3layers": dict(n_layer=3, d_model=12, n_head=3),
-          "myopic-3layers": dict(n_layer=3, regime="myopic")}[case]
+
+    kw = {
+        "heads1-mlp2": dict(n_head=1, mlp_ratio=2),
+        "vocab40": dict(vocab_size=40),
+        "frozen": {},
+        "3layers": dict(n_layer=3, d_model=12, n_head=3),
+        "myopic-3layers": dict(n_layer=3, regime="myopic"),
+    }[case]
     model = make(seed=41, **kw)
     if case == "frozen":
         model.blocks[0].copies[0].mlp_in.weight.requires_grad_(False)
     g = torch.Generator().manual_seed(42)
     x = torch.randint(0, model.config.vocab_size, (4, T), generator=g)
-    monkeypatch.setattr(structured, "GROUP_FLOATS", 1)             # one position per group
+    monkeypatch.setattr(structured, "GROUP_FLOATS", 1)  # one position per group
     fast = decompose(model, x, "all", chunk_size=3)
     ref = decompose(model, x, "all", method="autograd")
     names = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -595,8 +628,9 @@ def test_structured_cut_identity_and_subsets_give_the_same_gradient():
     for dec in (with_cut, without):
         torch.testing.assert_close(flat(dec[(1, 2)].full), g, rtol=1e-12, atol=1e-15)
     for c in COMPONENTS:
-        torch.testing.assert_close(flat(getattr(with_cut[(1, 2)], c)), flat(getattr(without[(1, 2)], c)),
-                                   rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(
+            flat(getattr(with_cut[(1, 2)], c)), flat(getattr(without[(1, 2)], c)), rtol=1e-12, atol=1e-15
+        )
 
 
 @pytest.mark.parametrize("regime", ["standard", "myopic"])
@@ -605,8 +639,11 @@ def test_structured_adjoints_equal_autograd_adjoints(regime):
     fast = pathway_adjoints(model, x)
     ref = pathway_adjoints(model, x, method="autograd")
     for k in range(L + 1):
-        for a, b in ((fast.full[k], ref.full[k]), (fast.direct[k], ref.direct[k]),
-                     (fast.precached[k], ref.precached[k])):
+        for a, b in (
+            (fast.full[k], ref.full[k]),
+            (fast.direct[k], ref.direct[k]),
+            (fast.precached[k], ref.precached[k]),
+        ):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-16)
     torch.testing.assert_close(flat(fast.grad), flat(ref.grad), rtol=1e-12, atol=1e-16)
     assert fast.loss == pytest.approx(ref.loss, rel=1e-14)
@@ -617,7 +654,7 @@ def test_zero_entries_are_shared_and_shared_component_reuses_full():
     component with nothing to subtract is ∇L's own tensor (documented: do not modify in place)."""
     model, x = make(), toks()
     dec = decompose(model, x, [(0, 1), (0, 2), (1, 1)])
-    n = "blocks.1.copies.0.mlp_in.weight"                           # block 2: unreachable from layers 0, 1
+    n = "blocks.1.copies.0.mlp_in.weight"  # block 2: unreachable from layers 0, 1
     assert dec[(0, 1)].direct[n] is dec[(0, 2)].direct[n] is dec[(1, 1)].precached[n]
     assert torch.count_nonzero(dec[(0, 1)].direct[n]) == 0
     assert dec[(0, 1)].shared[n] is dec[(0, 1)].full[n]

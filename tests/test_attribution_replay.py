@@ -5,6 +5,7 @@ the documented data-order rule (``default_rng([seed, 7, b])``), the pathway comp
 spec §2 stop-gradient definition (own hook, own per-position losses), Adam's component moments from an
 explicit loop, ∇R from an explicit backward of the mismatch against a forward of the final model.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ from originlens.storage import load_tensors, save_tensors
 from originlens.tasks import get_task
 from originlens.train.ntp import NTPConfig, Trainer
 
-SITES = [(1, 3), (2, 10)]          # Majority: position 3 NTP-useless, 10 NTP-useful; k = 2 = L
+SITES = [(1, 3), (2, 10)]  # Majority: position 3 NTP-useless, 10 NTP-useful; k = 2 = L
 FEATURE = "is_majority_<0>"
 
 
@@ -39,13 +40,25 @@ def one_thread():
     torch.set_num_threads(old)
 
 
-TRAIN_SIZE = 64       # the toy runs' fixed training set (the paper's protocol, scaled down)
+TRAIN_SIZE = 64  # the toy runs' fixed training set (the paper's protocol, scaled down)
 
 
 def _train(path, **kw):
-    base = dict(task="majority", n_layer=2, d_model=8, n_head=2, batch_size=8, steps=4, eval_size=40,
-                train_size=TRAIN_SIZE,
-                log_every=1, eval_every=0, probe_every=0, checkpoint_every=1, dtype="float64")
+    base = dict(
+        task="majority",
+        n_layer=2,
+        d_model=8,
+        n_head=2,
+        batch_size=8,
+        steps=4,
+        eval_size=40,
+        train_size=TRAIN_SIZE,
+        log_every=1,
+        eval_every=0,
+        probe_every=0,
+        checkpoint_every=1,
+        dtype="float64",
+    )
     base.update(kw)
     old = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -63,8 +76,17 @@ def maj(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def oth(tmp_path_factory):
-    return _train(tmp_path_factory.mktemp("oth") / "run", task="othello", train_size=0, n_layer=1, d_model=16, batch_size=6,
-                  steps=2, othello_pool=30, eval_size=30)
+    return _train(
+        tmp_path_factory.mktemp("oth") / "run",
+        task="othello",
+        train_size=0,
+        n_layer=1,
+        d_model=16,
+        batch_size=6,
+        steps=2,
+        othello_pool=30,
+        eval_size=30,
+    )
 
 
 def rows_of(table: pa.Table, **where) -> list[dict]:
@@ -101,7 +123,7 @@ def brute_components(model: GPT, x: torch.Tensor, k: int, i: int) -> dict[str, l
     def lambdas(hooks=None):
         logits = model(x, hooks=hooks)
         ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none")
-        return ce.view(B, T - 1).sum(0) / (B * (T - 1))                      # λ_t
+        return ce.view(B, T - 1).sum(0) / (B * (T - 1))  # λ_t
 
     def sg(h, site):
         m = torch.zeros(1, h.shape[1], 1, dtype=h.dtype)
@@ -153,7 +175,7 @@ def test_replay_checks_losses_and_every_checkpoint(maj, tmp_path):
     res = attribute_run(maj, sites=SITES, features=[FEATURE], segment=(0, 4), out=tmp_path / "a")
     c = res.info["checks"]
     assert c["losses_checked"] == 4 and c["checkpoints_verified"] == [1, 2, 3, 4]
-    assert c["adam_sum_max_rel_err"] < 1e-12                      # Σ_c Δ_c = real Adam update (float64)
+    assert c["adam_sum_max_rel_err"] < 1e-12  # Σ_c Δ_c = real Adam update (float64)
     # a tampered checkpoint or loss log is detected
     bad = tmp_path / "bad"
     shutil.copytree(maj, bad)
@@ -173,16 +195,19 @@ def test_replay_checks_losses_and_every_checkpoint(maj, tmp_path):
             r["last_loss"] += 1e-9
     (bad / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     with pytest.raises(NumericalError, match="logged loss"):
-        attribute_run(bad, sites=SITES, features=[FEATURE], segment=(0, 3), out=tmp_path / "c", optimizer="sgd",
-                      verify="none")
+        attribute_run(
+            bad, sites=SITES, features=[FEATURE], segment=(0, 3), out=tmp_path / "c", optimizer="sgd", verify="none"
+        )
 
 
 def test_adam_and_sgd_influences_equal_bruteforce(maj, tmp_path):
     cfg = json.loads((maj / "config.json").read_text())
-    adam = attribute_run(maj, sites=SITES, features=[FEATURE], segment=(0, 3), out=tmp_path / "adam",
-                         check_identity=True, half=True).table
-    sgd = attribute_run(maj, sites=SITES, features=[FEATURE], segment=(0, 3), out=tmp_path / "sgd",
-                        optimizer="sgd", half=False).table
+    adam = attribute_run(
+        maj, sites=SITES, features=[FEATURE], segment=(0, 3), out=tmp_path / "adam", check_identity=True, half=True
+    ).table
+    sgd = attribute_run(
+        maj, sites=SITES, features=[FEATURE], segment=(0, 3), out=tmp_path / "sgd", optimizer="sgd", half=False
+    ).table
     final = GPT.load(maj / "model.safetensors")
     probes = ProbeSet.load(maj / "probes.safetensors")
     lr, (b1, b2), eps = cfg["lr"], cfg["betas"], cfg["eps"]
@@ -192,19 +217,21 @@ def test_adam_and_sgd_influences_equal_bruteforce(maj, tmp_path):
         model = params_at(maj, s - 1)
         x = majority_batch(cfg["seed"], s - 1, cfg["batch_size"])
         comps = {site: brute_components(model, x, *site) for site in SITES}
-        g2 = [t * t for t in comps[SITES[0]]["full"]]                 # ∇L is the same at every site
+        g2 = [t * t for t in comps[SITES[0]]["full"]]  # ∇L is the same at every site
         v = [(1 - b2) * c for c in g2] if s == 1 else [b2 * a + (1 - b2) * c for a, c in zip(v, g2)]
-        for (k, i) in SITES:
+        for k, i in SITES:
             G = comps[(k, i)]
             w = torch.from_numpy(probes.direction(k, i, FEATURE))
             gR = grad_R(model, final, x, k, i, w)
-            denom = [(a / (1 - b2 ** s)).sqrt() + eps for a in v]
+            denom = [(a / (1 - b2**s)).sqrt() + eps for a in v]
             total = 0.0
             for c in ("direct", "precached", "shared"):
                 prev = m[(k, i)][c]
-                m[(k, i)][c] = [(1 - b1) * g if prev is None else b1 * p + (1 - b1) * g
-                                for p, g in zip(prev or [None] * len(G[c]), G[c])]
-                delta = [lr * (mc / (1 - b1 ** s)) / dn for mc, dn in zip(m[(k, i)][c], denom)]
+                m[(k, i)][c] = [
+                    (1 - b1) * g if prev is None else b1 * p + (1 - b1) * g
+                    for p, g in zip(prev or [None] * len(G[c]), G[c])
+                ]
+                delta = [lr * (mc / (1 - b1**s)) / dn for mc, dn in zip(m[(k, i)][c], denom)]
                 want = dot(delta, gR)
                 total += want
                 (row,) = rows_of(adam, step=s, site_layer=k, site_position=i, type=None, component=c)
@@ -219,14 +246,16 @@ def test_adam_and_sgd_influences_equal_bruteforce(maj, tmp_path):
             assert close(row["influence"], dot(step, gR), scale=1e-3, rtol=1e-6)
             # mismatch columns: R(θ_{s−1}) and R(θ_{s−1} − Σ_c Δ_c) = R(θ_s) on the same batch (§4.4 check)
             assert close(row["mismatch"], mismatch_value(model, final, x, k, i, w), scale=1e-12, rtol=1e-9)
-            assert close(row["mismatch_after"], mismatch_value(params_at(maj, s), final, x, k, i, w), scale=1e-12,
-                         rtol=1e-6)
+            assert close(
+                row["mismatch_after"], mismatch_value(params_at(maj, s), final, x, k, i, w), scale=1e-12, rtol=1e-6
+            )
     # G_pre(L, i) = 0: the site at k = L has no pre-caching influence
     assert all(r["influence"] == 0.0 for r in rows_of(adam, site_layer=2, component="precached"))
 
 
 def test_othello_per_type_influences_equal_explicit_gradients(oth, tmp_path):
     from originlens.tasks.othello import replay, tokens_to_moves
+
     cfg = json.loads((oth / "config.json").read_text())
     feats = ["c3", "d4", "e5", "f6"]
     res = attribute_run(oth, sites=[(1, 8)], features=feats, out=tmp_path / "a", half=True)
@@ -237,7 +266,7 @@ def test_othello_per_type_influences_equal_explicit_gradients(oth, tmp_path):
     for s in (1, 2):
         idx = np.sort(np.random.default_rng([cfg["seed"], 7, s - 1]).integers(0, len(pool), cfg["batch_size"]))
         x = torch.from_numpy(pool[idx].astype(np.int64))
-        types = replay(tokens_to_moves(x[:, 1:].numpy())).feature_types[:, 7]     # position 8 = move 7
+        types = replay(tokens_to_moves(x[:, 1:].numpy())).feature_types[:, 7]  # position 8 = move 7
         before, after = params_at(oth, s - 1), params_at(oth, s)
         step = [a.detach() - b.detach() for a, b in zip(before.parameters(), after.parameters())]
         for f in feats:
@@ -259,8 +288,19 @@ def test_othello_per_type_influences_equal_explicit_gradients(oth, tmp_path):
 
 
 def _sorted(table: pa.Table) -> list[tuple]:
-    return sorted((r["step"], r["site_layer"], r["site_position"], r["feature"], -1 if r["type"] is None else r["type"],
-                   r["component"], r["influence"], r["mismatch"]) for r in table.to_pylist())
+    return sorted(
+        (
+            r["step"],
+            r["site_layer"],
+            r["site_position"],
+            r["feature"],
+            -1 if r["type"] is None else r["type"],
+            r["component"],
+            r["influence"],
+            r["mismatch"],
+        )
+        for r in table.to_pylist()
+    )
 
 
 def test_two_segments_equal_one_pass_and_adam_needs_moments(maj, tmp_path):
@@ -319,10 +359,17 @@ def _synthetic(steps, rng, null_every=7) -> pa.Table:
 
 def test_store_roundtrip_integrate_and_intervals(tmp_path):
     from scipy import stats
+
     rng = np.random.default_rng(0)
     t1, t2 = _synthetic(range(1, 4), rng), _synthetic(range(4, 6), rng)
-    info = {"run_config": {"x": 1}, "sites": [[1, 2], [2, 5]], "features": ["a", "b"], "optimizer": "adam",
-            "types": True, "half": True}
+    info = {
+        "run_config": {"x": 1},
+        "sites": [[1, 2], [2, 5]],
+        "features": ["a", "b"],
+        "optimizer": "adam",
+        "types": True,
+        "half": True,
+    }
     ostore.write_segment(tmp_path, t2, start=3, end=5, info=info)
     ostore.write_segment(tmp_path, t1, start=0, end=3, info=info)
     loaded = ostore.load_observables(tmp_path)
@@ -345,25 +392,31 @@ def test_store_roundtrip_integrate_and_intervals(tmp_path):
         want.setdefault(key, [])
         if r["influence"] is not None:
             want[key].append(r["influence"])
-    got = {(r["site_layer"], r["site_position"], r["feature"], r["type"], r["component"]): r
-           for r in integ.to_pylist()}
+    got = {(r["site_layer"], r["site_position"], r["feature"], r["type"], r["component"]): r for r in integ.to_pylist()}
     assert set(got) == set(want)
     for key, vals in want.items():
         assert got[key]["n_steps"] == len(vals)
-        assert (got[key]["integrated"] is None) if not vals else math.isclose(got[key]["integrated"], sum(vals),
-                                                                               rel_tol=1e-12, abs_tol=1e-12)
+        assert (
+            (got[key]["integrated"] is None)
+            if not vals
+            else math.isclose(got[key]["integrated"], sum(vals), rel_tol=1e-12, abs_tol=1e-12)
+        )
     # per-(type, component) t-interval over the 4 items (2 sites × 2 features), written out here
     summ = {(s.group["type"], s.group["component"]): s for s in ostore.summarize(integ)}
     for (ty, comp), s in summ.items():
-        x = np.array([got[k]["integrated"] for k in got if k[3] == ty and k[4] == comp
-                      and got[k]["integrated"] is not None])
+        x = np.array(
+            [got[k]["integrated"] for k in got if k[3] == ty and k[4] == comp and got[k]["integrated"] is not None]
+        )
         half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
         assert s.n_items == len(x) and math.isclose(s.mean, x.mean(), rel_tol=1e-12)
         assert math.isclose(s.lo, x.mean() - half, rel_tol=1e-9) and math.isclose(s.hi, x.mean() + half, rel_tol=1e-9)
     boot = ostore.summarize(integ, ci="bootstrap", n_boot=2000)
     for s in boot:
-        x = [got[k]["integrated"] for k in got if k[3] == s.group["type"] and k[4] == s.group["component"]
-             and got[k]["integrated"] is not None]
+        x = [
+            got[k]["integrated"]
+            for k in got
+            if k[3] == s.group["type"] and k[4] == s.group["component"] and got[k]["integrated"] is not None
+        ]
         assert min(x) <= s.lo <= s.mean <= s.hi <= max(x)
     with pytest.raises(ConfigError):
         ostore.summarize(integ, ci="wald")
@@ -372,10 +425,16 @@ def test_store_roundtrip_integrate_and_intervals(tmp_path):
 def test_sign_pattern_reads_the_spec_table():
     def mk(comp, ty, mean, lo, hi):
         return ostore.Summary({"type": ty, "component": comp}, mean, lo, hi, 10, 1.0, "t", 0.95)
+
     # spec §8 bar midpoints / CIs
-    summ = [mk("direct", 2, 7.61, 2.85, 12.38), mk("direct", 1, -0.97, -4.69, 2.74),
-            mk("precached", 2, -0.66, -1.99, 0.66), mk("precached", 1, 1.80, 0.55, 3.05),
-            mk("shared", 2, 8.64, 4.80, 12.48), mk("shared", 1, 6.42, 2.93, 9.91)]
+    summ = [
+        mk("direct", 2, 7.61, 2.85, 12.38),
+        mk("direct", 1, -0.97, -4.69, 2.74),
+        mk("precached", 2, -0.66, -1.99, 0.66),
+        mk("precached", 1, 1.80, 0.55, 3.05),
+        mk("shared", 2, 8.64, 4.80, 12.48),
+        mk("shared", 1, 6.42, 2.93, 9.91),
+    ]
     pat = ostore.sign_pattern(summ)
     assert len(pat) == 5 and all(p["holds"] for p in pat)
     assert [p["significant"] for p in pat] == [True, False, True, True, True]
@@ -389,29 +448,84 @@ def test_sign_pattern_reads_the_spec_table():
 
 def test_cli_attribute_and_report(maj, tmp_path, capsys):
     out = tmp_path / "store"
-    assert cli_main(["ntp", "attribute", str(maj), "--layers", "1-2", "--positions", "3,10", "--features", "all",
-                     "--segment", "0:2", "--out", str(out), "--threads", "1"]) == 0
+    assert (
+        cli_main(
+            [
+                "ntp",
+                "attribute",
+                str(maj),
+                "--layers",
+                "1-2",
+                "--positions",
+                "3,10",
+                "--features",
+                "all",
+                "--segment",
+                "0:2",
+                "--out",
+                str(out),
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "2 updates" in capsys.readouterr().out
-    assert cli_main(["ntp", "attribute", str(maj), "--sites", "1:3,1:10,2:3,2:10", "--features", "all", "--segment", "2:4",
-                     "--out", str(out), "--report"]) == 0
+    assert (
+        cli_main(
+            [
+                "ntp",
+                "attribute",
+                str(maj),
+                "--sites",
+                "1:3,1:10,2:3,2:10",
+                "--features",
+                "all",
+                "--segment",
+                "2:4",
+                "--out",
+                str(out),
+                "--report",
+            ]
+        )
+        == 0
+    )
     html = (out / "report.html").read_text()
     assert "no ½" in html and "toward its final value" in html and "pre-cached" in html
     assert "<img" in html and "NTP-useful" in html
-    assert "Sign pattern" not in html                 # the Othello pattern is not checked on Majority
+    assert "Sign pattern" not in html  # the Othello pattern is not checked on Majority
     summary = json.loads((out / "summary.json").read_text())
     assert summary["sign_pattern"] == []
     assert {s["component"] for s in summary["summaries"]} == set(ostore.COMPONENT_ORDER)
     meta = json.loads((out / "meta.json").read_text())
     assert [s["file"] for s in meta["segments"]] == ["segment-000000-000002.parquet", "segment-000002-000004.parquet"]
-    assert cli_main(["ntp", "attribute", str(maj)]) == 2                                     # nothing to do
+    assert cli_main(["ntp", "attribute", str(maj)]) == 2  # nothing to do
     assert cli_main(["ntp", "attribute", str(maj), "--sites", "1:3", "--features", "nope", "--out", str(out)]) == 2
     assert "unknown feature" in capsys.readouterr().err
 
 
 def test_report_shows_no_interval_over_fewer_than_three_items(maj, tmp_path):
     out = tmp_path / "store"
-    assert cli_main(["-q", "ntp", "attribute", str(maj), "--sites", "1:3,1:10", "--features", FEATURE, "--segment", "0:2",
-                     "--out", str(out), "--report"]) == 0
+    assert (
+        cli_main(
+            [
+                "-q",
+                "ntp",
+                "attribute",
+                str(maj),
+                "--sites",
+                "1:3,1:10",
+                "--features",
+                FEATURE,
+                "--segment",
+                "0:2",
+                "--out",
+                str(out),
+                "--report",
+            ]
+        )
+        == 0
+    )
     html = (out / "report.html").read_text()
     summary = json.loads((out / "summary.json").read_text())
     few = [s for s in summary["summaries"] if s["n_items"] < 3]
@@ -463,11 +577,14 @@ def test_random_direction_null_is_attributed_beside_the_probe(maj, tmp_path):
     """Random directions of the probe's norm: their influences equal lr·⟨G_c, ∇R_u⟩ (SGD, no ½) by brute
     force, and adding them leaves the real probe's rows unchanged."""
     from originlens.attribution.replay import RunReplay
+
     cfg = json.loads((maj / "config.json").read_text())
-    plain = attribute_run(maj, sites=SITES, features=[FEATURE], segment=(0, 2), out=tmp_path / "p",
-                          optimizer="sgd").table
-    null = attribute_run(maj, sites=SITES, features=[FEATURE], segment=(0, 2), out=tmp_path / "n",
-                         optimizer="sgd", random_directions=2).table
+    plain = attribute_run(
+        maj, sites=SITES, features=[FEATURE], segment=(0, 2), out=tmp_path / "p", optimizer="sgd"
+    ).table
+    null = attribute_run(
+        maj, sites=SITES, features=[FEATURE], segment=(0, 2), out=tmp_path / "n", optimizer="sgd", random_directions=2
+    ).table
     names = {r["feature"] for r in null.to_pylist()}
     assert names == {FEATURE, f"{FEATURE}~random0", f"{FEATURE}~random1"}
     key = ("step", "site_layer", "site_position", "type", "component")
@@ -476,7 +593,7 @@ def test_random_direction_null_is_attributed_beside_the_probe(maj, tmp_path):
     probes, feature_of, base_of = RunReplay(maj).make_probes(SITES, [FEATURE], random_directions=2)
     by = {p.name: p for p in probes}
     final = GPT.load(maj / "model.safetensors")
-    for (k, i) in SITES:
+    for k, i in SITES:
         w = by[f"L{k}.P{i}.{FEATURE}"].direction
         u = by[f"L{k}.P{i}.{FEATURE}~random1"].direction
         assert math.isclose(float(u.norm()), float(w.norm()), rel_tol=1e-12) and abs(float(u @ w)) < 0.9 * float(w @ w)
@@ -487,8 +604,9 @@ def test_random_direction_null_is_attributed_beside_the_probe(maj, tmp_path):
             G = brute_components(model, x, k, i)
             gR = grad_R(model, final, x, k, i, u)
             for c in ("direct", "precached", "shared"):
-                (row,) = rows_of(null, step=s, site_layer=k, site_position=i, type=None, component=c,
-                                 feature=f"{FEATURE}~random1")
+                (row,) = rows_of(
+                    null, step=s, site_layer=k, site_position=i, type=None, component=c, feature=f"{FEATURE}~random1"
+                )
                 assert close(row["influence"], 2.0 * cfg["lr"] * dot(G[c], gR), scale=1e-6), (s, k, i, c)
     with pytest.raises(ConfigError, match="random_directions"):
         attribute_run(maj, sites=SITES, features=[FEATURE], out=tmp_path / "bad", random_directions=-1)

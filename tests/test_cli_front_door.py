@@ -1,4 +1,5 @@
 """The CLI's front door: ``--version``, and command groups without a sub-command print their own help."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,13 +15,20 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"originlens {originlens.__version__}"
 
 
-@pytest.mark.parametrize("words, usage", [
-    (["lm"], "originlens lm "), (["sae"], "originlens sae "), (["ntp"], "originlens ntp "),
-    (["ntp", "experiment"], "originlens ntp experiment "), (["assoc"], "originlens assoc "),
-    (["-q", "corpus"], "originlens corpus "), (["results"], "originlens results "),
-])
+@pytest.mark.parametrize(
+    "words, usage",
+    [
+        (["lm"], "originlens lm "),
+        (["sae"], "originlens sae "),
+        (["ntp"], "originlens ntp "),
+        (["ntp", "experiment"], "originlens ntp experiment "),
+        (["assoc"], "originlens assoc "),
+        (["-q", "corpus"], "originlens corpus "),
+        (["results"], "originlens results "),
+    ],
+)
 def test_groups_print_their_own_help(words, usage, capsys):
-    assert main(words) == 2                      # a missing sub-command is a usage error
+    assert main(words) == 2  # a missing sub-command is a usage error
     out = capsys.readouterr().out
     assert out.startswith(f"usage: {usage}"), out[:200]
 
@@ -30,14 +38,22 @@ def test_no_command_prints_the_top_level_help(capsys):
     assert capsys.readouterr().out.startswith("usage: originlens [-h]")
 
 
-@pytest.mark.parametrize("words", [
-    ["ntp", "train", "--task", "majority"], ["ntp", "grid", "--out", "X"], ["ntp", "attribute", "RUN"],
-    ["ntp", "experiment", "othello", "--out", "X"], ["ntp", "experiment", "grid", "--out", "X"], ["ntp", "experiment", "tinystories", "--out", "X"],
-    ["ntp", "experiment", "othello-run", "--out", "X"],
-    ["assoc", "train", "CORPUS", "--out", "X"], ["assoc", "report", "RUN"],
-    ["lm", "compare", "--model", "M", "--corpus", "C", "--out", "X"],
-    ["lm", "qscore", "--model", "M", "--corpus", "C", "--sae", "S", "--out", "X"],
-])
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["ntp", "train", "--task", "majority"],
+        ["ntp", "grid", "--out", "X"],
+        ["ntp", "attribute", "RUN"],
+        ["ntp", "experiment", "othello", "--out", "X"],
+        ["ntp", "experiment", "grid", "--out", "X"],
+        ["ntp", "experiment", "tinystories", "--out", "X"],
+        ["ntp", "experiment", "othello-run", "--out", "X"],
+        ["assoc", "train", "CORPUS", "--out", "X"],
+        ["assoc", "report", "RUN"],
+        ["lm", "compare", "--model", "M", "--corpus", "C", "--out", "X"],
+        ["lm", "qscore", "--model", "M", "--corpus", "C", "--sae", "S", "--out", "X"],
+    ],
+)
 @pytest.mark.parametrize("bad", ["0", "-2", "two"])
 def test_threads_must_be_a_positive_integer_everywhere(words, bad, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -49,15 +65,18 @@ def test_threads_must_be_a_positive_integer_everywhere(words, bad, capsys):
 
 def test_quiet_and_verbose_work_after_the_sub_command_too():
     from originlens.cli.main import build_parser
+
     p = build_parser()
-    for argv in (["-q", "ntp", "train", "--task", "majority", "--out", "x"],
-                 ["ntp", "train", "--task", "majority", "--out", "x", "-q"],
-                 ["ntp", "experiment", "othello", "--out", "x", "--quiet"]):
+    for argv in (
+        ["-q", "ntp", "train", "--task", "majority", "--out", "x"],
+        ["ntp", "train", "--task", "majority", "--out", "x", "-q"],
+        ["ntp", "experiment", "othello", "--out", "x", "--quiet"],
+    ):
         a = p.parse_args(argv)
         assert a.quiet is True and a.verbose is False
     a = p.parse_args(["assoc", "report", "RUN", "-v"])
     assert a.verbose is True and a.quiet is False
-    a = p.parse_args(["-v", "assoc", "report", "RUN"])            # absent after: the top-level flag stands
+    a = p.parse_args(["-v", "assoc", "report", "RUN"])  # absent after: the top-level flag stands
     assert a.verbose is True
     with pytest.raises(SystemExit):
         p.parse_args(["stats", "C", "--out", "o", "-q", "-v"])
@@ -65,7 +84,9 @@ def test_quiet_and_verbose_work_after_the_sub_command_too():
 
 def test_one_integer_list_grammar():
     import argparse
+
     from originlens.cli.options import int_list, int_list_or_all
+
     assert int_list("1,3") == [1, 3] and int_list("1-4") == [1, 2, 3, 4] and int_list("4-16:4") == [4, 8, 12, 16]
     assert int_list("-1,2") == [-1, 2] and int_list(" 2 , 5-6 ") == [2, 5, 6]
     assert int_list_or_all("all") is None and int_list_or_all("0-2") == [0, 1, 2]
@@ -73,9 +94,12 @@ def test_one_integer_list_grammar():
         with pytest.raises(argparse.ArgumentTypeError):
             int_list(bad)
     from originlens.cli.main import build_parser
-    p = build_parser()                                   # the same grammar in every command
+
+    p = build_parser()  # the same grammar in every command
     assert p.parse_args(["ntp", "experiment", "othello", "--out", "x", "--seeds", "0-4:2"]).seeds == [0, 2, 4]
-    assert p.parse_args(["lm", "compare", "--model", "m", "--corpus", "c", "--out", "o",
-                         "--heads-layers", "2-24:11"]).heads_layers == [2, 13, 24]
-    assert p.parse_args(["ntp", "train", "--task", "othello", "--out", "o", "--probe-positions", "4-8:2"]
-                        ).ov_probe_positions == [4, 6, 8]
+    assert p.parse_args(
+        ["lm", "compare", "--model", "m", "--corpus", "c", "--out", "o", "--heads-layers", "2-24:11"]
+    ).heads_layers == [2, 13, 24]
+    assert p.parse_args(
+        ["ntp", "train", "--task", "othello", "--out", "o", "--probe-positions", "4-8:2"]
+    ).ov_probe_positions == [4, 6, 8]

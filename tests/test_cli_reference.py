@@ -1,4 +1,5 @@
 """docs/cli.md is generated from the parsers and must be current."""
+
 from pathlib import Path
 
 from originlens.cli.main import build_parser
@@ -21,20 +22,24 @@ def test_reference_mentions_every_command_and_option():
             elif not isinstance(a, argparse._HelpAction):
                 for o in a.option_strings:
                     assert f"`{o}`" in text
+
     walk(root, ["originlens"])
 
 
 def test_docs_cli_md_is_current():
     assert DOC.exists(), "generate it: python -m originlens.cli.reference > docs/cli.md"
-    assert DOC.read_text() == cli_reference(), \
+    assert DOC.read_text() == cli_reference(), (
         "docs/cli.md is out of date: python -m originlens.cli.reference > docs/cli.md"
+    )
 
 
 def test_docs_api_md_is_current():
     from originlens.cli.reference import api_reference
+
     doc = DOC.parent / "api.md"
-    assert doc.exists() and doc.read_text() == api_reference(), \
+    assert doc.exists() and doc.read_text() == api_reference(), (
         "docs/api.md is out of date: python -m originlens.cli.reference --api > docs/api.md"
+    )
 
 
 def _options():
@@ -47,6 +52,7 @@ def _options():
                     yield from walk(sub, [*path, name])
             elif not isinstance(a, argparse._HelpAction) and a.option_strings:
                 yield " ".join(path), a
+
     yield from walk(build_parser(), ["originlens"])
 
 
@@ -60,8 +66,13 @@ def test_defaults_are_shown_once_and_never_for_switches():
     rows = [ln for ln in text.splitlines() if ln.startswith("| `-")]
     assert not [r for r in rows if r.count("(default") > 1], "a default shown twice"
     import argparse
-    switches = {o for _, a in _options() if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction))
-                for o in a.option_strings}
+
+    switches = {
+        o
+        for _, a in _options()
+        if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        for o in a.option_strings
+    }
     shown = [r for r in rows if r.split("|")[1].strip().strip("`") in switches and "(default: `" in r]
     assert not shown, shown[:3]
     assert "| `--seed` | seed of the initialisation, data order and eval set (default: `0`) |" in text  # 0 is shown

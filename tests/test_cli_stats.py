@@ -1,4 +1,5 @@
 """CLI: `originlens stats`, `assoc top`, the demo, and one-line errors."""
+
 from __future__ import annotations
 
 import json
@@ -20,17 +21,20 @@ def test_stats_from_npy_roundtrip(tmp_path, capsys):
     rng = np.random.default_rng(0)
     toks = rng.integers(0, 7, size=(20, 6)).astype(np.uint8)
     np.save(tmp_path / "t.npy", toks)
-    rc, out, err = run_cli(capsys, "stats", "--tokens", str(tmp_path / "t.npy"), "--vocab-size", "7",
-                           "--out", str(tmp_path / "s"))
+    rc, out, err = run_cli(
+        capsys, "stats", "--tokens", str(tmp_path / "t.npy"), "--vocab-size", "7", "--out", str(tmp_path / "s")
+    )
     assert rc == 0, err
     st = load_statistics(tmp_path / "s")
     ref = corpus_statistics(toks, 7)
     for k in ("bigram", "context", "interchangeability", "value_target", "query_key", "positional"):
         np.testing.assert_array_equal(getattr(st, k), getattr(ref, k))
     from safetensors import safe_open
+
     with safe_open(str(tmp_path / "s" / "statistics.safetensors"), "numpy") as f:
-        assert sorted(f.keys()) == sorted(["bigram", "interchangeability", "context", "value_target",
-                                           "query_key", "positional"])
+        assert sorted(f.keys()) == sorted(
+            ["bigram", "interchangeability", "context", "value_target", "query_key", "positional"]
+        )
 
 
 def test_stats_bad_inputs_one_line(tmp_path, capsys):
@@ -49,14 +53,16 @@ def test_stats_bad_inputs_one_line(tmp_path, capsys):
         assert "fix:" in err
         assert not (tmp_path / "o").exists()
     (tmp_path / "bad.npy").write_bytes(b"\x93NUMPY garbage")
-    rc, out, err = run_cli(capsys, "stats", "--tokens", str(tmp_path / "bad.npy"), "--vocab-size", "5",
-                           "--out", str(tmp_path / "o"))
+    rc, out, err = run_cli(
+        capsys, "stats", "--tokens", str(tmp_path / "bad.npy"), "--vocab-size", "5", "--out", str(tmp_path / "o")
+    )
     assert rc == 2 and err.count("\n") == 1
 
 
 def test_statistics_of_another_vocabulary_refused(tmp_path):
     from originlens.errors import CompatibilityError
     from originlens.stats import save_statistics
+
     st = corpus_statistics(np.array([[0, 1, 2, 1]]), 3, vocab=["a", "b", "c"])
     save_statistics(st, tmp_path / "s")
     with pytest.raises(CompatibilityError, match="another vocabulary"):
@@ -64,14 +70,37 @@ def test_statistics_of_another_vocabulary_refused(tmp_path):
 
 
 def test_corpus_stats_assoc_pipeline_on_storyworld(tmp_path, capsys):
-    rc, out, err = run_cli(capsys, "corpus", "build", "--stories", "400", "--vocab-size", "400",
-                           "--seq-len", "32", "--out", str(tmp_path / "c"))
+    rc, out, err = run_cli(
+        capsys,
+        "corpus",
+        "build",
+        "--stories",
+        "400",
+        "--vocab-size",
+        "400",
+        "--seq-len",
+        "32",
+        "--out",
+        str(tmp_path / "c"),
+    )
     assert rc == 0, err
     rc, out, err = run_cli(capsys, "stats", str(tmp_path / "c"), "--out", str(tmp_path / "s"))
     assert rc == 0, err
     assert (tmp_path / "s" / "vocab.json").exists() and (tmp_path / "s" / "manifest.json").exists()
-    rc, out, err = run_cli(capsys, "assoc", "top", "--stats", str(tmp_path / "s"), "--basis", "context",
-                           "--word", "fish", "-k", "10", "--json")
+    rc, out, err = run_cli(
+        capsys,
+        "assoc",
+        "top",
+        "--stats",
+        str(tmp_path / "s"),
+        "--basis",
+        "context",
+        "--word",
+        "fish",
+        "-k",
+        "10",
+        "--json",
+    )
     assert rc == 0, err
     res = json.loads(out)
     row = [t for t, _ in res["fish"]["row"]]
@@ -82,8 +111,18 @@ def test_corpus_stats_assoc_pipeline_on_storyworld(tmp_path, capsys):
 
 def test_demo_on_storyworld(tmp_path, capsys):
     from originlens.demo import DemoConfig, run_demo
-    path = run_demo(DemoConfig(out=str(tmp_path / "demo"), corpus="storyworld", stories=300, vocab_size=300,
-                               seq_len=32, stages="statistics", quick=True))
+
+    path = run_demo(
+        DemoConfig(
+            out=str(tmp_path / "demo"),
+            corpus="storyworld",
+            stories=300,
+            vocab_size=300,
+            seq_len=32,
+            stages="statistics",
+            quick=True,
+        )
+    )
     html = path.read_text()
     assert path.name == "report.html" and "data:image/png;base64," in html and "storyworld" in html
     assert (tmp_path / "demo" / "statistics" / "statistics.safetensors").exists()
@@ -92,10 +131,19 @@ def test_demo_on_storyworld(tmp_path, capsys):
 
 def test_demo_resumes_finished_stages(tmp_path, capsys, monkeypatch):
     from originlens import progress
-    monkeypatch.setattr(progress, "_VERBOSITY", None)   # status lines on
+
+    monkeypatch.setattr(progress, "_VERBOSITY", None)  # status lines on
     from originlens.demo import DemoConfig, run_demo
-    cfg = dict(out=str(tmp_path / "demo"), corpus="storyworld", stories=300, vocab_size=300, seq_len=32,
-               stages="statistics", quick=True)
+
+    cfg = dict(
+        out=str(tmp_path / "demo"),
+        corpus="storyworld",
+        stories=300,
+        vocab_size=300,
+        seq_len=32,
+        stages="statistics",
+        quick=True,
+    )
     first = run_demo(DemoConfig(**cfg)).read_text()
     assert (tmp_path / "demo" / "stages" / "statistics" / "done.json").is_file()
     stats_file = tmp_path / "demo" / "statistics" / "statistics.safetensors"
@@ -103,12 +151,15 @@ def test_demo_resumes_finished_stages(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     again = run_demo(DemoConfig(**cfg)).read_text()
     assert "stage statistics: finished in an earlier run" in capsys.readouterr().err
-    assert stats_file.stat().st_mtime_ns == mtime                      # not recomputed
-    assert "1. Corpus statistics" in again and again.count("data:image/png;base64,") == first.count(
-        "data:image/png;base64,") and "statistics (finished earlier)" in again
-    run_demo(DemoConfig(**{**cfg, "vocab_size": 280}))                 # other settings: recomputed
+    assert stats_file.stat().st_mtime_ns == mtime  # not recomputed
+    assert (
+        "1. Corpus statistics" in again
+        and again.count("data:image/png;base64,") == first.count("data:image/png;base64,")
+        and "statistics (finished earlier)" in again
+    )
+    run_demo(DemoConfig(**{**cfg, "vocab_size": 280}))  # other settings: recomputed
     assert "finished in an earlier run" not in capsys.readouterr().err
-    run_demo(DemoConfig(**{**cfg, "vocab_size": 280}, restart=True))   # --restart: recomputed
+    run_demo(DemoConfig(**{**cfg, "vocab_size": 280}, restart=True))  # --restart: recomputed
     assert "finished in an earlier run" not in capsys.readouterr().err
 
 
@@ -116,11 +167,13 @@ def test_demo_nested_commands_keep_the_demo_verbosity(tmp_path, monkeypatch):
     """The demo runs its commands in-process with -q when quiet; that must not change the verbosity the
     demo's own status lines use afterwards (it silenced every later "[demo] stage ... done" line)."""
     import numpy as np
+
     from originlens import progress
     from originlens.demo import _cli
+
     np.save(tmp_path / "t.npy", np.random.default_rng(0).integers(0, 7, size=(20, 9)).astype(np.int32))
     monkeypatch.setattr(progress, "_VERBOSITY", None)
-    monkeypatch.setenv("CI", "1")                           # automatic verbosity → quiet → nested "-q"
+    monkeypatch.setenv("CI", "1")  # automatic verbosity → quiet → nested "-q"
     _cli(["stats", "--tokens", tmp_path / "t.npy", "--vocab-size", 7, "--out", tmp_path / "st"])
     assert (tmp_path / "st").exists()
     assert progress._VERBOSITY is None

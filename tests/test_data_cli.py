@@ -1,4 +1,5 @@
 """``originlens corpus build|info`` through the real entry point (only the corpus commands registered)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,21 @@ def run(capsys, *argv):
 
 
 def test_build_storyworld_and_info(tmp_path, capsys):
-    rc, out, err = run(capsys, "corpus", "build", "--stories", 30, "--seed", 2, "--vocab-size", 400,
-                       "--seq-len", 32, "--out", tmp_path / "sw")
+    rc, out, err = run(
+        capsys,
+        "corpus",
+        "build",
+        "--stories",
+        30,
+        "--seed",
+        2,
+        "--vocab-size",
+        400,
+        "--seq-len",
+        32,
+        "--out",
+        tmp_path / "sw",
+    )
     assert rc == 0, err
     assert "storyworld" in out and "30 stories, seed 2" in out
     assert "30 x 33 tokens" in out
@@ -35,11 +49,27 @@ def test_build_storyworld_and_info(tmp_path, capsys):
 
 def test_build_from_files_with_options(tmp_path, capsys):
     src = tmp_path / "data.jsonl"
-    src.write_text("\n".join(json.dumps({"body": f"the cat sat on the mat number {'one ' * i}"})
-                             for i in range(1, 8)))
-    rc, out, err = run(capsys, "corpus", "build", src, "--text-field", "body", "--windows", "pack",
-                       "--oov", "unk", "--vocab-size", 8, "--seq-len", 5, "--max-windows", 4,
-                       "--out", tmp_path / "c")
+    src.write_text("\n".join(json.dumps({"body": f"the cat sat on the mat number {'one ' * i}"}) for i in range(1, 8)))
+    rc, out, err = run(
+        capsys,
+        "corpus",
+        "build",
+        src,
+        "--text-field",
+        "body",
+        "--windows",
+        "pack",
+        "--oov",
+        "unk",
+        "--vocab-size",
+        8,
+        "--seq-len",
+        5,
+        "--max-windows",
+        4,
+        "--out",
+        tmp_path / "c",
+    )
     assert rc == 0, err
     m = json.loads((tmp_path / "c" / "manifest.json").read_text())
     assert (m["windows"], m["oov"], m["text_field"], m["shape"]) == ("pack", "unk", "body", [4, 6])
@@ -50,8 +80,20 @@ def test_build_warns_what_it_dropped_and_how_to_keep_it(tmp_path, capsys):
     src = tmp_path / "d.txt"
     # 6 documents: 2 too short for T + 1 = 6 tokens, 2 with a word outside the top-3 vocabulary (a, b, c)
     src.write_text("a b c a b c a\n\na b c a b c\n\na b\n\nb c\n\na b c zebra a b c\n\na yak b c a b c\n")
-    rc, out, err = run(capsys, "corpus", "build", src, "--vocab-size", 3, "--seq-len", 5, "--split-mode", "blank",
-                       "--out", tmp_path / "c")
+    rc, out, err = run(
+        capsys,
+        "corpus",
+        "build",
+        src,
+        "--vocab-size",
+        3,
+        "--seq-len",
+        5,
+        "--split-mode",
+        "blank",
+        "--out",
+        tmp_path / "c",
+    )
     assert rc == 0, err
     m = json.loads((tmp_path / "c" / "manifest.json").read_text())
     d = m["counts"]["documents_dropped"]
@@ -64,9 +106,25 @@ def test_build_warns_what_it_dropped_and_how_to_keep_it(tmp_path, capsys):
         assert f"{d['oov']} oov (--oov unk" in line[0]
     if d["too_short"]:
         assert f"{d['too_short']} too short (--windows pack" in line[0]
-    rc, out, err = run(capsys, "corpus", "build", src, "--vocab-size", 3, "--seq-len", 5, "--split-mode", "blank",
-                       "--oov", "unk", "--windows", "pack", "--out", tmp_path / "kept")
-    assert rc == 0 and "warning:" not in err                   # nothing dropped: no warning
+    rc, out, err = run(
+        capsys,
+        "corpus",
+        "build",
+        src,
+        "--vocab-size",
+        3,
+        "--seq-len",
+        5,
+        "--split-mode",
+        "blank",
+        "--oov",
+        "unk",
+        "--windows",
+        "pack",
+        "--out",
+        tmp_path / "kept",
+    )
+    assert rc == 0 and "warning:" not in err  # nothing dropped: no warning
 
 
 def test_errors_are_one_line(tmp_path, capsys):
@@ -83,8 +141,9 @@ def test_errors_are_one_line(tmp_path, capsys):
     run(capsys, "corpus", "build", tmp_path / "a.txt", "--seq-len", 2, "--out", tmp_path / "c")
     rc, _, err = run(capsys, "corpus", "build", tmp_path / "a.txt", "--seq-len", 2, "--out", tmp_path / "c")
     assert rc == 2 and "--overwrite" in err
-    rc, _, err = run(capsys, "corpus", "build", tmp_path / "a.txt", "--seq-len", 1, "--out", tmp_path / "c",
-                     "--overwrite")
+    rc, _, err = run(
+        capsys, "corpus", "build", tmp_path / "a.txt", "--seq-len", 1, "--out", tmp_path / "c", "--overwrite"
+    )
     assert rc == 0
 
 
@@ -96,4 +155,4 @@ def test_help_texts(capsys):
     out = capsys.readouterr().out
     for needle in ("--vocab-size", "--seq-len", "--windows", "--oov", "hf:NAME", "storyworld", "tokens.npy"):
         assert needle in out
-    assert cli.main(["corpus"]) == 2   # no action: help, non-zero
+    assert cli.main(["corpus"]) == 2  # no action: help, non-zero

@@ -1,4 +1,5 @@
 """Readers: every format, splitting modes, chunk borders, directories, encoding errors, hf: errors."""
+
 from __future__ import annotations
 
 import gzip
@@ -21,6 +22,7 @@ def docs(*a, **k):
 
 
 # ------------------------------------------------------------------------------------------ plain text
+
 
 def test_text_one_document_per_line(tmp_path):
     f = tmp_path / "a.txt"
@@ -80,6 +82,7 @@ def test_bom_is_stripped(tmp_path):
 
 # ------------------------------------------------------------------------------------------ JSON
 
+
 def test_json_list_of_objects_and_strings(tmp_path):
     f = tmp_path / "a.json"
     f.write_text(json.dumps([{"text": "t1", "id": 1}, {"story": "s2"}, "plain", {"text": None}, {"text": " "}]))
@@ -104,15 +107,18 @@ def test_jsonl(tmp_path):
     assert docs(f) == ["one", "two"]
 
 
-@pytest.mark.parametrize("content,needle", [
-    ('[{"text": "a"}, {"text": "b"', "not valid JSON (Expecting ',' delimiter near element 1)"),
-    ('[{"text": "a"}', "unterminated list"),
-    ('[{"text": "a"} {"text": "b"}]', "expected ','"),
-    ('[1, 2]', "element 0 is a int"),
-    ('[{"body": "a"}]', "no field 'text' or 'story' (fields: 'body')"),
-    ('[{"text": 3}]', "field 'text' is a int"),
-    ('"just a string"', "starts with"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ('[{"text": "a"}, {"text": "b"', "not valid JSON (Expecting ',' delimiter near element 1)"),
+        ('[{"text": "a"}', "unterminated list"),
+        ('[{"text": "a"} {"text": "b"}]', "expected ','"),
+        ("[1, 2]", "element 0 is a int"),
+        ('[{"body": "a"}]', "no field 'text' or 'story' (fields: 'body')"),
+        ('[{"text": 3}]', "field 'text' is a int"),
+        ('"just a string"', "starts with"),
+    ],
+)
 def test_json_errors_name_the_problem(tmp_path, content, needle):
     f = tmp_path / "bad.json"
     f.write_text(content)
@@ -129,6 +135,7 @@ def test_jsonl_error_names_line(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ Parquet
+
 
 def _parquet(path, **cols):
     pq.write_table(pa.table(cols), path, row_group_size=700)
@@ -156,6 +163,7 @@ def test_parquet_errors(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ directories
+
 
 def test_directory_recursive_sorted_and_filtered(tmp_path):
     (tmp_path / "b").mkdir()
@@ -190,13 +198,14 @@ def test_empty_directory_and_several_sources(tmp_path):
 
 # ------------------------------------------------------------------------------------------ errors
 
+
 def test_missing_path_raises_at_call_time(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         iter_documents(tmp_path / "nope.txt")  # no iteration needed
 
 
 def test_non_utf8_reports_file_and_byte_offset(tmp_path, monkeypatch):
-    data = "line one ☃\nsecond ".encode("utf-8") + b"\xff\xfe" + b" tail\n"
+    data = "line one ☃\nsecond ".encode() + b"\xff\xfe" + b" tail\n"
     f = tmp_path / "latin.txt"
     f.write_bytes(data)
     offset = data.index(b"\xff")
@@ -211,7 +220,7 @@ def test_non_utf8_reports_file_and_byte_offset(tmp_path, monkeypatch):
 
 def test_truncated_utf8_at_end_of_file(tmp_path):
     f = tmp_path / "t.txt"
-    f.write_bytes("ok ☃".encode("utf-8")[:-1])
+    f.write_bytes("ok ☃".encode()[:-1])
     with pytest.raises(InputError, match="byte offset 3"):
         docs(f)
 
@@ -237,6 +246,7 @@ def test_bad_options(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ Hugging Face
+
 
 def test_hf_without_datasets_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import fails
@@ -281,6 +291,7 @@ def test_hf_bad_spec():
 
 
 # ------------------------------------------------------------------------------------------ fingerprints
+
 
 def test_source_fingerprint(tmp_path):
     (tmp_path / "d").mkdir()

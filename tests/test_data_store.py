@@ -1,4 +1,5 @@
 """build_corpus, TokenStore and load_token_array, checked against brute-force re-implementations."""
+
 from __future__ import annotations
 
 import hashlib
@@ -57,6 +58,7 @@ def no_partials(parent):
 
 # ------------------------------------------------------------------------------------------ first windows
 
+
 @pytest.mark.parametrize("k,T", [(15, 2), (25, 6), (30, 4), (40, 10)])
 def test_first_windows_match_brute_force(tmp_path, k, T):
     src = write_corpus(tmp_path)
@@ -100,6 +102,7 @@ def test_oov_unk_maps_instead_of_dropping(tmp_path):
 
 # ------------------------------------------------------------------------------------------ pack
 
+
 @pytest.mark.parametrize("T", [3, 7])
 def test_pack_windows_match_brute_force(tmp_path, T):
     src = write_corpus(tmp_path)
@@ -107,7 +110,7 @@ def test_pack_windows_match_brute_force(tmp_path, T):
     assert store.vocab[0] == "<eot>" and store.manifest["eot_id"] == 0
     stream = [t for d in STORIES for t in pre_tokenize(d) + ["<eot>"]]
     n = len(stream) // (T + 1)
-    assert as_strings(store) == [stream[i * (T + 1):(i + 1) * (T + 1)] for i in range(n)]
+    assert as_strings(store) == [stream[i * (T + 1) : (i + 1) * (T + 1)] for i in range(n)]
     c = store.manifest["counts"]
     assert c["tokens_discarded_tail"] == len(stream) - n * (T + 1)
     assert c["documents_kept"] == len(STORIES)
@@ -120,7 +123,7 @@ def test_pack_with_bpe_wrapping_adds_no_second_eot(tmp_path):
     assert isinstance(tok, BPETokenizer)
     stream = [i for d in STORIES for i in tok.encode(d)]  # each text is <s> ... </s>
     n = len(stream) // 6
-    assert np.array_equal(store.tokens, np.array(stream[:n * 6]).reshape(n, 6))
+    assert np.array_equal(store.tokens, np.array(stream[: n * 6]).reshape(n, 6))
     assert store.manifest["tokenizer"]["kind"] == "bpe" and store.manifest["eot_id"] == 3
 
 
@@ -145,6 +148,7 @@ def test_pretrained_tokenizer_build(tmp_path):
 
 # ------------------------------------------------------------------------------------------ store format
 
+
 def test_manifest_contents(tmp_path):
     src = write_corpus(tmp_path)
     store = build_corpus([src], tmp_path / "c", vocab_size=30, seq_len=4)
@@ -164,13 +168,18 @@ def test_manifest_contents(tmp_path):
 
 
 def test_smallest_uint():
-    assert [smallest_uint(v) for v in (1, 256, 257, 65536, 65537)] == [np.uint8, np.uint8, np.uint16, np.uint16,
-                                                                      np.uint32]
+    assert [smallest_uint(v) for v in (1, 256, 257, 65536, 65537)] == [
+        np.uint8,
+        np.uint8,
+        np.uint16,
+        np.uint16,
+        np.uint32,
+    ]
 
 
 def test_uint16_store_when_vocabulary_exceeds_256(tmp_path):
-    words = ["".join(p) for p in itertools.product("abcdefg", repeat=3)]   # 343 alphabetic words
-    docs = [" ".join(words[i:i + 9]) for i in range(0, len(words), 7)]
+    words = ["".join(p) for p in itertools.product("abcdefg", repeat=3)]  # 343 alphabetic words
+    docs = [" ".join(words[i : i + 9]) for i in range(0, len(words), 7)]
     src = write_corpus(tmp_path, docs)
     store = build_corpus([src], tmp_path / "c", vocab_size=300, seq_len=4, oov="unk")
     assert store.tokens.dtype == np.uint16 and int(store.tokens.max()) < 300
@@ -178,6 +187,7 @@ def test_uint16_store_when_vocabulary_exceeds_256(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ failures
+
 
 def test_no_window_error_names_longest_document_and_leaves_nothing(tmp_path):
     src = write_corpus(tmp_path)
@@ -204,8 +214,17 @@ def test_decoding_error_mid_build_leaves_nothing(tmp_path):
     assert not (tmp_path / "out").exists() and no_partials(tmp_path)
 
 
-@pytest.mark.parametrize("kw", [dict(windows="sliding"), dict(oov="keep"), dict(seq_len=0), dict(vocab_size=1),
-                                dict(max_windows=0), dict(seq_len=2.5)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(windows="sliding"),
+        dict(oov="keep"),
+        dict(seq_len=0),
+        dict(vocab_size=1),
+        dict(max_windows=0),
+        dict(seq_len=2.5),
+    ],
+)
 def test_bad_configuration(tmp_path, kw):
     src = write_corpus(tmp_path)
     with pytest.raises(ConfigError):
@@ -238,6 +257,7 @@ def test_storyworld_default_source(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ opening
+
 
 def test_open_errors(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
@@ -284,14 +304,17 @@ def test_load_token_array_from_corpus_and_npy(tmp_path):
     assert load_token_array(tmp_path / "t.npy", vocab_size=6)[0].shape == (2, 3)
 
 
-@pytest.mark.parametrize("arr,needle", [
-    (np.zeros((4,), np.int64), "1-D array"),
-    (np.zeros((2, 3), np.float32), "dtype float32"),
-    (np.zeros((2, 3), np.bool_), "dtype bool"),
-    (np.zeros((3, 1), np.int64), "at least 2 are needed"),
-    (np.zeros((0, 5), np.int64), "holds no windows"),
-    (np.array([[1, -1]], np.int64), "negative token id -1"),
-])
+@pytest.mark.parametrize(
+    "arr,needle",
+    [
+        (np.zeros((4,), np.int64), "1-D array"),
+        (np.zeros((2, 3), np.float32), "dtype float32"),
+        (np.zeros((2, 3), np.bool_), "dtype bool"),
+        (np.zeros((3, 1), np.int64), "at least 2 are needed"),
+        (np.zeros((0, 5), np.int64), "holds no windows"),
+        (np.array([[1, -1]], np.int64), "negative token id -1"),
+    ],
+)
 def test_load_token_array_rejects(tmp_path, arr, needle):
     np.save(tmp_path / "t.npy", arr)
     with pytest.raises(InputError, match=needle):

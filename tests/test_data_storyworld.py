@@ -1,4 +1,5 @@
 """Storyworld: determinism, shape of the text, the plants in the text, and their recovery by statistics."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,14 +18,15 @@ def stories():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    return build_corpus(None, tmp_path_factory.mktemp("sw") / "c", storyworld_stories=N_STORIES, seed=0,
-                        vocab_size=500, seq_len=64)
+    return build_corpus(
+        None, tmp_path_factory.mktemp("sw") / "c", storyworld_stories=N_STORIES, seed=0, vocab_size=500, seq_len=64
+    )
 
 
 def test_deterministic_and_seeded():
     a = generate_stories(20, seed=7)
     assert a == generate_stories(20, seed=7)
-    assert a[:5] == generate_stories(5, seed=7)          # story i depends on (seed, i) only
+    assert a[:5] == generate_stories(5, seed=7)  # story i depends on (seed, i) only
     assert a != generate_stories(20, seed=8)
     assert storyworld_corpus(3, 7) == a[:3]
     assert generate_stories(0) == []
@@ -32,12 +34,12 @@ def test_deterministic_and_seeded():
 
 def test_stories_look_like_simple_english(stories):
     words = [len(s.split()) for s in stories]
-    assert 80 <= min(words) and max(words) <= 250
-    assert all(s[0].isupper() and s.rstrip()[-1] in ".!\"" for s in stories)
+    assert min(words) >= 80 and max(words) <= 250
+    assert all(s[0].isupper() and s.rstrip()[-1] in '.!"' for s in stories)
     vocab = {t for s in stories for t in pre_tokenize(s)}
-    assert 150 <= len(vocab) <= 600                        # word-level V of a few hundred covers it all
+    assert 150 <= len(vocab) <= 600  # word-level V of a few hundred covers it all
     assert {".", ",", "!"} <= vocab
-    assert min(len(pre_tokenize(s)) for s in stories) >= 65   # every story gives a T = 64 window
+    assert min(len(pre_tokenize(s)) for s in stories) >= 65  # every story gives a T = 64 window
 
 
 def test_plants_hold_in_the_text(stories):
@@ -52,7 +54,7 @@ def test_plants_hold_in_the_text(stories):
             if b in emotions:
                 assert a == "felt"
         topics = {k for k in PLANTED.topics if k in toks}
-        assert len(topics) == 1                              # one topic token per story
+        assert len(topics) == 1  # one topic token per story
         (topic,) = topics
         own = sum(1 for t in toks if topic_of.get(t) == topic)
         other = sum(1 for t in toks if t in topic_of and topic_of[t] != topic)
@@ -66,11 +68,12 @@ def test_bigram_plant_brute_force(store):
     for adj, nouns in PLANTED.adjective_nouns.items():
         nxt = tok[:, 1:][tok[:, :-1] == ix[adj]]
         counts = np.bincount(nxt, minlength=store.vocab_size)
-        top = {store.vocab[j] for j in np.argsort(-counts, kind="stable")[:len(nouns)]}
+        top = {store.vocab[j] for j in np.argsort(-counts, kind="stable")[: len(nouns)]}
         assert top == set(nouns)
 
 
 # ------------------------------------------------------------------------------------------ with stats
+
 
 def _top(matrix, vocab, word, k, exclude_self=False):
     ix = {w: i for i, w in enumerate(vocab)}
@@ -83,6 +86,7 @@ def _top(matrix, vocab, word, k, exclude_self=False):
 @pytest.fixture(scope="module")
 def stats(store):
     from originlens.stats import corpus_statistics
+
     return corpus_statistics(np.asarray(store.tokens), store.vocab_size)
 
 
@@ -121,5 +125,5 @@ def test_stats_recover_topics(store, stats):
     ix = {w: i for i, w in enumerate(store.vocab)}
     for topic, words in PLANTED.topics.items():
         row = stats.context[ix[topic]]
-        ranked = sorted(content, key=lambda w: -row[ix[w]])[:len(words)]
+        ranked = sorted(content, key=lambda w: -row[ix[w]])[: len(words)]
         assert len(set(ranked) & set(words)) >= len(words) - 1, (topic, ranked)

@@ -3,6 +3,7 @@
 The window counts are checked against a brute-force implementation of the paper's protocol
 (spec §5.1.1: top-K word tokens, whole story in vocabulary, at least T+1 tokens, first T+1 kept).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -15,8 +16,10 @@ from originlens.data.tokenizers import pre_tokenize
 from originlens.paths import tinystories_files
 
 FILES = tinystories_files()
-pytestmark = [pytest.mark.skipif(not FILES, reason="TinyStories files not found (set ORIGINLENS_DATA)"),
-              pytest.mark.slow]
+pytestmark = [
+    pytest.mark.skipif(not FILES, reason="TinyStories files not found (set ORIGINLENS_DATA)"),
+    pytest.mark.slow,
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,7 @@ def brute_windows(tokenised, k, T):
             first.setdefault(t, len(first))
     vocab = sorted(counts, key=lambda t: (-counts[t], first[t]))[:k]
     keep = set(vocab)
-    return vocab, [toks[:T + 1] for toks in tokenised if len(toks) >= T + 1 and keep.issuperset(toks)]
+    return vocab, [toks[: T + 1] for toks in tokenised if len(toks) >= T + 1 and keep.issuperset(toks)]
 
 
 @pytest.mark.parametrize("k,T", [(1000, 64), (3000, 200)])

@@ -1,4 +1,5 @@
 """Tokenizers: exact word pre-tokenisation, vocabulary selection, OOV policy, BPE, pretrained files."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from originlens.data.tokenizers import (BPETokenizer, PretrainedTokenizer, WordTokenizer, load_saved,
-                                        load_tokenizer, pre_tokenize)
+from originlens.data.tokenizers import (
+    BPETokenizer,
+    PretrainedTokenizer,
+    WordTokenizer,
+    load_saved,
+    load_tokenizer,
+    pre_tokenize,
+)
 from originlens.errors import ConfigError, InputError
 
 
@@ -30,28 +37,31 @@ def brute_pre_tokenize(text: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("Hello, World!", ["hello", ",", "world", "!"]),
-    ("don't", ["don", "'", "t"]),
-    ("Lily's dog", ["lily", "'", "s", "dog"]),
-    ("It cost 2023 coins.", ["it", "cost", "2", "0", "2", "3", "coins", "."]),
-    ("x1y", ["x", "1", "y"]),
-    ("café au lait", ["café", "au", "lait"]),
-    ("naïve ÜNÏCÖDÉ", ["naïve", "ünïcödé"]),
-    ("cafe\u0301", ["cafe", "\u0301"]),          # decomposed accent: no normalisation
-    ("我爱猫。", ["我爱猫", "。"]),                    # CJK ideographs are alphabetic
-    ("hi😀!", ["hi", "😀", "!"]),
-    ("x²y", ["x", "²", "y"]),                     # '²' is numeric, not alphabetic
-    ("a_b", ["a", "_", "b"]),
-    ("١٢٣", ["١", "٢", "٣"]),                      # Arabic-Indic digits, one each
-    ("“Hi,” she said—", ["“", "hi", ",", "”", "she", "said", "—"]),
-    ("a\u00a0b\tc\u2003d", ["a", "b", "c", "d"]),  # all Unicode whitespace dropped
-    ("line one\n\n\nline two", ["line", "one", "line", "two"]),
-    ("\n\n  \t", []),
-    ("", []),
-    ("ΟΔΟΣ.", ["οδος", "."]),                      # final sigma from whole-text lower()
-    ("İ", ["i", "\u0307"]),                        # lower() lengthens: i + combining dot
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Hello, World!", ["hello", ",", "world", "!"]),
+        ("don't", ["don", "'", "t"]),
+        ("Lily's dog", ["lily", "'", "s", "dog"]),
+        ("It cost 2023 coins.", ["it", "cost", "2", "0", "2", "3", "coins", "."]),
+        ("x1y", ["x", "1", "y"]),
+        ("café au lait", ["café", "au", "lait"]),
+        ("naïve ÜNÏCÖDÉ", ["naïve", "ünïcödé"]),
+        ("cafe\u0301", ["cafe", "\u0301"]),  # decomposed accent: no normalisation
+        ("我爱猫。", ["我爱猫", "。"]),  # CJK ideographs are alphabetic
+        ("hi😀!", ["hi", "😀", "!"]),
+        ("x²y", ["x", "²", "y"]),  # '²' is numeric, not alphabetic
+        ("a_b", ["a", "_", "b"]),
+        ("١٢٣", ["١", "٢", "٣"]),  # Arabic-Indic digits, one each
+        ("“Hi,” she said—", ["“", "hi", ",", "”", "she", "said", "—"]),
+        ("a\u00a0b\tc\u2003d", ["a", "b", "c", "d"]),  # all Unicode whitespace dropped
+        ("line one\n\n\nline two", ["line", "one", "line", "two"]),
+        ("\n\n  \t", []),
+        ("", []),
+        ("ΟΔΟΣ.", ["οδος", "."]),  # final sigma from whole-text lower()
+        ("İ", ["i", "\u0307"]),  # lower() lengthens: i + combining dot
+    ],
+)
 def test_pre_tokenize_exact(text, expected):
     assert pre_tokenize(text) == expected
     assert brute_pre_tokenize(text) == expected
@@ -85,7 +95,7 @@ def test_pre_tokenize_properties(s):
 
 # ------------------------------------------------------------------------------------------ vocabulary
 
-DOCS = ["b a c a", "c a b d", "e d c", "f"]   # counts: a3 c3 b2 d2 e1 f1; first occurrence b a c d e f
+DOCS = ["b a c a", "c a b d", "e d c", "f"]  # counts: a3 c3 b2 d2 e1 f1; first occurrence b a c d e f
 
 
 def brute_vocab(docs, k):
@@ -106,9 +116,9 @@ def test_vocabulary_top_k_ties_by_first_occurrence():
 
 
 def test_oov_drop_and_unk():
-    drop = WordTokenizer.train(DOCS, 3)           # a c b
+    drop = WordTokenizer.train(DOCS, 3)  # a c b
     assert drop.unk_id is None and drop.vocab == ["a", "c", "b"]
-    assert drop.encode_with_oov("A z, b!") == ([0, 2], 3)   # z , ! dropped
+    assert drop.encode_with_oov("A z, b!") == ([0, 2], 3)  # z , ! dropped
     assert drop.encode("A z, b!") == [0, 2]
     unk = WordTokenizer.train(DOCS, 3, oov="unk")  # <unk> a c  (|V| counts <unk>)
     assert unk.vocab == ["<unk>", "a", "c"] and unk.unk_id == 0 and unk.vocab_size == 3
@@ -144,7 +154,7 @@ def test_word_tokenizer_save_load(tmp_path):
 
 def test_load_tokenizer_factory_errors(tmp_path):
     with pytest.raises(ConfigError):
-        load_tokenizer("words")                       # needs documents
+        load_tokenizer("words")  # needs documents
     with pytest.raises(InputError, match="neither 'words', 'bpe' nor an existing path"):
         load_tokenizer(str(tmp_path / "nothing"))
     assert load_tokenizer("words", docs=DOCS, vocab_size=2).vocab == ["a", "c"]

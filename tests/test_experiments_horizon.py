@@ -1,5 +1,6 @@
 """The leading-term horizon experiment: the log–log fit against a direct least-squares computation,
 horizons from the logged series, early stop, censoring, reuse of finished runs, results and verdict."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,12 @@ from originlens.experiments.results import read_results
 
 def test_fit_recovers_a_power_law_and_matches_least_squares():
     rng = np.random.default_rng(0)
-    pts = [(v, t, 0.3 * v ** 0.8 * t ** -0.5 * math.exp(0.05 * rng.standard_normal()))
-           for v in (100, 200, 400, 800) for t in (16, 32) for _ in range(3)]
+    pts = [
+        (v, t, 0.3 * v**0.8 * t**-0.5 * math.exp(0.05 * rng.standard_normal()))
+        for v in (100, 200, 400, 800)
+        for t in (16, 32)
+        for _ in range(3)
+    ]
     fit = H.fit_horizon(pts)
     X = np.array([[1, math.log(v), math.log(t)] for v, t, _ in pts])
     y = np.log([h for *_, h in pts])
@@ -27,9 +32,12 @@ def test_fit_recovers_a_power_law_and_matches_least_squares():
     for c, b, e in zip(("intercept", "ln |V|", "ln T"), beta, se):
         assert math.isclose(fit["coef"][c]["estimate"], b, rel_tol=1e-9)
         assert math.isclose(fit["coef"][c]["se"], e, rel_tol=1e-9)
-    assert abs(fit["coef"]["ln |V|"]["estimate"] - 0.8) < 0.05 and fit["coef"]["ln |V|"]["low"] < 0.8 < fit["coef"]["ln |V|"]["high"]
+    assert (
+        abs(fit["coef"]["ln |V|"]["estimate"] - 0.8) < 0.05
+        and fit["coef"]["ln |V|"]["low"] < 0.8 < fit["coef"]["ln |V|"]["high"]
+    )
     pred = fit["prediction_paper_point"]
-    assert pred["low"] < 0.3 * 3000 ** 0.8 * 200 ** -0.5 < pred["high"]
+    assert pred["low"] < 0.3 * 3000**0.8 * 200**-0.5 < pred["high"]
     # one T: only the |V| exponent; censored (None) points are left out; too few points: no fit
     one = H.fit_horizon([(v, 16, 2.0 * v) for v in (10, 20, 40)] + [(80, 16, None)])
     assert one["terms"] == ["intercept", "ln |V|"] and one["n"] == 3
@@ -58,9 +66,9 @@ def test_horizons_come_from_the_logged_cosines_and_runs_stop_when_all_dropped(ci
                 below = [q["step"] for q in cos if q["lt"][k] is not None and q["lt"][k] < th]
                 assert r["horizon"][k][f"{th:g}"] == (below[0] if below else None)
         last = cos[-1]["lt"]
-        if r["steps_run"] < cfg.settings["max_steps"]:          # stopped early: everything below 0.7 ...
+        if r["steps_run"] < cfg.settings["max_steps"]:  # stopped early: everything below 0.7 ...
             assert all(last[k] < min(THRESHOLDS) for k in KINDS)
-            prev = cos[-2]["lt"]                                 # ... for the first time at that step
+            prev = cos[-2]["lt"]  # ... for the first time at that step
             assert not all(prev[k] is not None and prev[k] < min(THRESHOLDS) for k in KINDS)
     rec = read_results(out / "res.json")
     assert rec["name"] == "horizon-ci" and rec["experiment"] == "leading-terms"
@@ -80,9 +88,16 @@ def test_finished_runs_are_reused(ci_run):
 
 def test_verdict_and_bad_configurations():
     def rec(lows):
-        return {"numbers": {"fits": {k: {"0.9": {"coef": {"ln |V|": {"estimate": lo + 0.1, "low": lo, "high": lo + 0.2}}}}
-                                     for k, lo in zip(KINDS, lows)}},
-                "scale": {"model": "m", "training": "t", "grid": "g"}}
+        return {
+            "numbers": {
+                "fits": {
+                    k: {"0.9": {"coef": {"ln |V|": {"estimate": lo + 0.1, "low": lo, "high": lo + 0.2}}}}
+                    for k, lo in zip(KINDS, lows)
+                }
+            },
+            "scale": {"model": "m", "training": "t", "grid": "g"},
+        }
+
     assert H.judge(rec([0.1, 0.2, 0.3])).verdict == "reproduced"
     assert H.judge(rec([0.1, -0.2, 0.3])).verdict == "partial"
     assert H.judge(rec([-0.1, -0.2, -0.3])).verdict == "not reproduced"

@@ -1,4 +1,5 @@
 """Inference over seeds: every interval and test against its definition or a simulation."""
+
 from __future__ import annotations
 
 import math
@@ -45,7 +46,7 @@ def test_paired_test_matches_scipy_on_fisher_z():
     t = inf.paired_test(a, b, alternative="greater")
     want = stats.ttest_rel(np.arctanh(a), np.arctanh(b), alternative="greater").pvalue
     assert math.isclose(t["p_t"], want, rel_tol=1e-12)
-    assert math.isclose(t["p_wilcoxon"], 1 / 32)                # all 5 differences positive: exact 2^-5
+    assert math.isclose(t["p_wilcoxon"], 1 / 32)  # all 5 differences positive: exact 2^-5
     d = np.arctanh(a) - np.arctanh(b)
     assert math.isclose(t["dz"], d.mean() / d.std(ddof=1))
     raw = inf.paired_test(a, b, correlation=False, alternative="less")
@@ -63,7 +64,7 @@ def test_power_agrees_with_simulation():
     assert abs(inf.paired_power(dz, n) - float((p < 0.05).mean())) < 0.015
     m = inf.detectable_effect(n)
     assert math.isclose(inf.paired_power(m, n), 0.8, abs_tol=1e-6)
-    assert inf.detectable_effect(10) < m            # more seeds detect smaller effects
+    assert inf.detectable_effect(10) < m  # more seeds detect smaller effects
 
 
 def test_holm_step_down():

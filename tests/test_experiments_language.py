@@ -3,6 +3,7 @@ root of storyworld stories with their gold tags: both regimes, two seeds, initia
 the results file, the per-group aggregation against a brute-force sum over the attribution store, the
 structural zeros of pre-caching (k = L, myopic training), continuations, the verdict rules, and bad input
 refused before anything is written."""
+
 from __future__ import annotations
 
 import pyarrow.parquet as pq
@@ -11,9 +12,17 @@ import pytest
 from originlens.data import generate_stories
 from originlens.errors import ConfigError
 from originlens.experiments import language as lang
-from originlens.experiments.language import (LOSS_TEST, SHARE_TEST, SYNTAX_TEST, LanguageExperimentConfig,
-                                             influence_by_group, judge_features, judge_loss, render_section,
-                                             run_language_experiment)
+from originlens.experiments.language import (
+    LOSS_TEST,
+    SHARE_TEST,
+    SYNTAX_TEST,
+    LanguageExperimentConfig,
+    influence_by_group,
+    judge_features,
+    judge_loss,
+    render_section,
+    run_language_experiment,
+)
 from originlens.experiments.results import read_results
 
 SEEDS = [0, 1]
@@ -52,7 +61,7 @@ def test_results_file_records_what_ran(experiment):
     assert rec["config"]["ntp"]["task"] == "tinystories" and rec["config"]["ntp"]["task_options"]["annotator"] == "gold"
     h = rec["data_hashes"]
     assert len(h["standard/seed-0"]["eval_tokens_sha256"]) == 64
-    assert h["standard/seed-0"] == h["myopic/seed-0"] != h["standard/seed-1"]       # paired by seed
+    assert h["standard/seed-0"] == h["myopic/seed-0"] != h["standard/seed-1"]  # paired by seed
     assert len(h["tinystories"]["tokenisation_key"]) == 64 and h["tinystories"]["files"][0]["name"] == "stories-000.txt"
     for regime in ("standard", "myopic"):
         q = rec["quality"][regime]["eval_loss"]
@@ -97,7 +106,7 @@ def test_group_influence_equals_a_brute_force_sum_over_the_store(experiment):
     for run in rec["runs"]:
         sums = _brute_force(out / "exp" / "trained" / run["regime"] / f"seed-{run['seed']}" / "attribution", L)
         assert {k[0] for k in sums} == {1, 2} and {k[1] for k in sums} == {8, 12}
-        assert len({k[2] for k in sums}) == 22                                      # 10 tags, 10 labels, 2 positions
+        assert len({k[2] for k in sums}) == 22  # 10 tags, 10 labels, 2 positions
         got = run["attribution"]
         for g in ("syntax", "position"):
             for c in lang.COMPONENTS:
@@ -106,17 +115,20 @@ def test_group_influence_equals_a_brute_force_sum_over_the_store(experiment):
                 assert got["influence"][g][c] == pytest.approx(sum(vals) / len(vals), rel=1e-9, abs=1e-300)
                 last = [v for (k, i, f, comp), v in sums.items() if comp == c and _group(f) == g and k == L]
                 assert got["last_layer"][g][c] == pytest.approx(sum(last) / len(last), rel=1e-9, abs=1e-300)
-            b = {c: sum(v for (k, i, f, comp), v in sums.items() if comp == c and _group(f) == g and k < L)
-                 / sum(1 for (k, i, f, comp) in sums if comp == c and _group(f) == g and k < L)
-                 for c in ("direct", "precached", "shared")}
+            b = {
+                c: sum(v for (k, i, f, comp), v in sums.items() if comp == c and _group(f) == g and k < L)
+                / sum(1 for (k, i, f, comp) in sums if comp == c and _group(f) == g and k < L)
+                for c in ("direct", "precached", "shared")
+            }
             share = b["precached"] / (abs(b["direct"]) + abs(b["precached"]) + abs(b["shared"]))
             assert got["precached_share"][g] == pytest.approx(share, rel=1e-9, abs=1e-300)
         # G_pre ≡ 0 at k = L (nothing but the loss at i reads r^L_i), and everywhere under myopic training
         scale = max(abs(v) for (k, i, f, comp), v in sums.items() if comp == "direct")
-        zero = [v for (k, i, f, comp), v in sums.items()
-                if comp == "precached" and (k == L or run["regime"] == "myopic")]
+        zero = [
+            v for (k, i, f, comp), v in sums.items() if comp == "precached" and (k == L or run["regime"] == "myopic")
+        ]
         assert zero and all(abs(v) <= 1e-12 * scale for v in zero)
-        if run["regime"] == "standard":   # pre-caching does act below the last layer
+        if run["regime"] == "standard":  # pre-caching does act below the last layer
             assert any(abs(v) > 1e-9 * scale for (k, i, f, comp), v in sums.items() if comp == "precached" and k < L)
     # over seeds: the interval is of the per-seed values
     for regime in ("standard", "myopic"):
@@ -130,14 +142,24 @@ def test_group_influence_equals_a_brute_force_sum_over_the_store(experiment):
 def test_influence_by_group_on_hand_made_rows():
     def row(k, f, c, v, ty=None):
         return {"site_layer": k, "site_position": 5, "feature": f, "type": ty, "component": c, "integrated": v}
-    rows = [row(1, "tag_NN", "direct", 4.0), row(2, "tag_NN", "direct", 2.0), row(1, "tag_NN", "precached", -1.0),
-            row(2, "tag_NN", "precached", 0.0), row(1, "tag_NN", "shared", 1.0), row(2, "tag_NN", "shared", 5.0),
-            row(1, "pos_int", "direct", 1.0), row(1, "pos_int", "precached", 3.0), row(1, "pos_int", "shared", 0.0),
-            row(1, "tag_NN~random0", "direct", 99.0), row(1, "tag_NN", "direct", 99.0, ty=1),
-            row(1, "dep_det", "direct", None)]
+
+    rows = [
+        row(1, "tag_NN", "direct", 4.0),
+        row(2, "tag_NN", "direct", 2.0),
+        row(1, "tag_NN", "precached", -1.0),
+        row(2, "tag_NN", "precached", 0.0),
+        row(1, "tag_NN", "shared", 1.0),
+        row(2, "tag_NN", "shared", 5.0),
+        row(1, "pos_int", "direct", 1.0),
+        row(1, "pos_int", "precached", 3.0),
+        row(1, "pos_int", "shared", 0.0),
+        row(1, "tag_NN~random0", "direct", 99.0),
+        row(1, "tag_NN", "direct", 99.0, ty=1),
+        row(1, "dep_det", "direct", None),
+    ]
     agg = influence_by_group(rows, n_layer=2)
-    assert agg["influence"]["syntax"]["direct"] == 3.0          # mean over k = 1, 2 (nulls, randoms, typed rows out)
-    assert agg["influence"]["syntax"]["precached"] == -1.0      # k < L only
+    assert agg["influence"]["syntax"]["direct"] == 3.0  # mean over k = 1, 2 (nulls, randoms, typed rows out)
+    assert agg["influence"]["syntax"]["precached"] == -1.0  # k < L only
     assert agg["last_layer"]["syntax"] == {"direct": 2.0, "precached": 0.0, "shared": 5.0, "full": None}
     assert agg["precached_share"]["syntax"] == pytest.approx(-1.0 / (4.0 + 1.0 + 1.0))
     assert agg["precached_share"]["position"] == pytest.approx(3.0 / 4.0)
@@ -156,19 +178,37 @@ def test_continuations_are_stored_and_reproducible(experiment):
         assert set(c["continuations"]) == {"standard", "myopic"}
         for v in c["continuations"].values():
             assert v["greedy"].strip() and v["sampled"].strip()
-    assert lang.continuations(cfg, out / "exp") == conts                  # greedy and seeded sampling
+    assert lang.continuations(cfg, out / "exp") == conts  # greedy and seeded sampling
     md = (out / "exp" / "report.md").read_text()
     assert "Continuations of held-out stories" in md and conts[0]["continuations"]["myopic"]["sampled"] in md
 
 
 def test_rerun_trains_nothing_and_the_cli_reproduces_the_numbers(experiment, data_root, capsys, monkeypatch):
     import sys
+
     from originlens.cli.main import main
+
     cfg, out, first, rec = experiment
-    argv = ["ntp", "experiment", "tinystories", "--scale", "ci", "--seeds", "0-1", "--annotator", "gold",
-            "--out", str(out / "exp"), "--results", str(out / "cli.json"),
-            "--task-option", f"data_root={data_root}", "--task-option", f"cache_dir={data_root / 'cache'}"]
-    monkeypatch.setattr(sys, "argv", ["originlens", *argv])          # the command line the results file records
+    argv = [
+        "ntp",
+        "experiment",
+        "tinystories",
+        "--scale",
+        "ci",
+        "--seeds",
+        "0-1",
+        "--annotator",
+        "gold",
+        "--out",
+        str(out / "exp"),
+        "--results",
+        str(out / "cli.json"),
+        "--task-option",
+        f"data_root={data_root}",
+        "--task-option",
+        f"cache_dir={data_root / 'cache'}",
+    ]
+    monkeypatch.setattr(sys, "argv", ["originlens", *argv])  # the command line the results file records
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "syntax: direct > precached" in printed and "report.html" in printed
@@ -182,9 +222,11 @@ def test_rerun_trains_nothing_and_the_cli_reproduces_the_numbers(experiment, dat
 
 def test_a_stored_attribution_of_other_sites_is_refused(experiment, data_root):
     from originlens.errors import CompatibilityError
+
     cfg, out, _, _ = experiment
-    other = LanguageExperimentConfig(scale="ci", seeds=SEEDS, annotator="gold", task_options=_opts(data_root),
-                                     attribute_layers=[1])
+    other = LanguageExperimentConfig(
+        scale="ci", seeds=SEEDS, annotator="gold", task_options=_opts(data_root), attribute_layers=[1]
+    )
     with pytest.raises(CompatibilityError, match="at sites"):
         run_language_experiment(other, out / "exp", results=out / "other.json")
     assert not (out / "other.json").exists()
@@ -197,11 +239,19 @@ def test_render_section_lists_tables_tests_and_continuations(experiment):
     assert lines[0] == "### tinystories-ci (`results/language/tinystories-ci.json`)"
     assert "- command: `originlens test`" in lines and "- seeds: 0, 1" in lines
     assert any(x.startswith("- deviations from the paper: n_layer 2 (paper 4)") for x in lines)
-    for needle in ("| standard | ", "| myopic | ", "| standard | syntax | ", "| myopic | position | ",
-                   f"| {LOSS_TEST} | loss | ", f"| {SYNTAX_TEST} | features | ", f"| {SHARE_TEST} | features | ",
-                   "| prompt | regime | greedy | sampled |", "2.53 ± 0.10"):
+    for needle in (
+        "| standard | ",
+        "| myopic | ",
+        "| standard | syntax | ",
+        "| myopic | position | ",
+        f"| {LOSS_TEST} | loss | ",
+        f"| {SYNTAX_TEST} | features | ",
+        f"| {SHARE_TEST} | features | ",
+        "| prompt | regime | greedy | sampled |",
+        "2.53 ± 0.10",
+    ):
         assert needle in text, needle
-    assert render_section("language/tinystories-ci", rec) == lines           # deterministic
+    assert render_section("language/tinystories-ci", rec) == lines  # deterministic
 
 
 def _record(loss_holds, syntax_holds, share_holds, with_attr=True):
@@ -209,13 +259,20 @@ def _record(loss_holds, syntax_holds, share_holds, with_attr=True):
 
     def test(h):
         return {"n": 3, "p_t": 0.01 if h else 0.4, "p_holm": 0.02 if h else 0.4, "holds": h, "power": 0.9}
-    rec = {"seeds": [0, 1, 2], "scale": {"model": "4 layers", "training": "Adam", "deviations": ["3 seeds (paper 10)"]},
-           "quality": {"standard": {"eval_loss": ci}, "myopic": {"eval_loss": {**ci, "mean": 2.0}}},
-           "tests": {"loss": {LOSS_TEST: test(loss_holds)}, "features": {}}, "numbers": {"influence": {}}}
+
+    rec = {
+        "seeds": [0, 1, 2],
+        "scale": {"model": "4 layers", "training": "Adam", "deviations": ["3 seeds (paper 10)"]},
+        "quality": {"standard": {"eval_loss": ci}, "myopic": {"eval_loss": {**ci, "mean": 2.0}}},
+        "tests": {"loss": {LOSS_TEST: test(loss_holds)}, "features": {}},
+        "numbers": {"influence": {}},
+    }
     if with_attr:
         rec["tests"]["features"] = {SYNTAX_TEST: test(syntax_holds), SHARE_TEST: test(share_holds)}
-        rec["numbers"]["influence"]["standard"] = {"influence": {"syntax": {"direct": ci, "precached": ci}},
-                                                   "precached_share": {"syntax": ci, "position": ci}}
+        rec["numbers"]["influence"]["standard"] = {
+            "influence": {"syntax": {"direct": ci, "precached": ci}},
+            "precached_share": {"syntax": ci, "position": ci},
+        }
     return rec
 
 
@@ -241,19 +298,22 @@ def _spacy_installed() -> bool:
     return True
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"annotator": "lingua", "syntax_labels": "all"}, "gives no dependency labels|not installed|perl"),
-    ({"annotator": "spacy", "spacy_model": "no_such_pipeline_xyz"}, "spaCy|spacy"),
-    ({"annotator": "treebank"}, "unknown syntax annotator"),
-    ({"annotator": "gold", "syntax_labels": "nouns"}, "unknown syntax label set"),
-    ({"annotator": "gold", "attribute_positions": [30]}, "outside 1..23"),
-    ({"annotator": "gold", "attribute_layers": [3]}, "outside 0..2"),
-    ({"annotator": "gold", "attribute_steps": 5}, "outside 1..4"),
-    ({"annotator": "gold", "overrides": {"probe_positions": [3]}}, "set by the experiment"),
-    ({"annotator": "gold", "task_options": {"annotator": "spacy"}}, "set by the experiment"),
-    ({"annotator": "gold", "regimes": ["standard", "untied"]}, "unknown regime"),
-    ({"annotator": "gold", "overrides": {"stepz": 3}}, "stepz"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"annotator": "lingua", "syntax_labels": "all"}, "gives no dependency labels|not installed|perl"),
+        ({"annotator": "spacy", "spacy_model": "no_such_pipeline_xyz"}, "spaCy|spacy"),
+        ({"annotator": "treebank"}, "unknown syntax annotator"),
+        ({"annotator": "gold", "syntax_labels": "nouns"}, "unknown syntax label set"),
+        ({"annotator": "gold", "attribute_positions": [30]}, "outside 1..23"),
+        ({"annotator": "gold", "attribute_layers": [3]}, "outside 0..2"),
+        ({"annotator": "gold", "attribute_steps": 5}, "outside 1..4"),
+        ({"annotator": "gold", "overrides": {"probe_positions": [3]}}, "set by the experiment"),
+        ({"annotator": "gold", "task_options": {"annotator": "spacy"}}, "set by the experiment"),
+        ({"annotator": "gold", "regimes": ["standard", "untied"]}, "unknown regime"),
+        ({"annotator": "gold", "overrides": {"stepz": 3}}, "stepz"),
+    ],
+)
 def test_bad_input_is_one_config_error_before_anything_is_written(kw, match, data_root, tmp_path):
     opts = {**_opts(data_root), **kw.pop("task_options", {})}
     with pytest.raises(ConfigError, match=match):
@@ -266,10 +326,29 @@ def test_bad_input_is_one_config_error_before_anything_is_written(kw, match, dat
 
 def test_cli_refuses_bad_input_in_one_line_and_writes_nothing(data_root, tmp_path, capsys):
     from originlens.cli.main import main
+
     out = tmp_path / "exp"
-    rc = main(["ntp", "experiment", "tinystories", "--scale", "ci", "--seeds", "0", "--out", str(out),
-               "--annotator", "lingua", "--syntax-labels", "all", "--task-option", f"data_root={data_root}",
-               "--task-option", f"cache_dir={data_root / 'cache'}"])
+    rc = main(
+        [
+            "ntp",
+            "experiment",
+            "tinystories",
+            "--scale",
+            "ci",
+            "--seeds",
+            "0",
+            "--out",
+            str(out),
+            "--annotator",
+            "lingua",
+            "--syntax-labels",
+            "all",
+            "--task-option",
+            f"data_root={data_root}",
+            "--task-option",
+            f"cache_dir={data_root / 'cache'}",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "fix:" in err
     assert not out.exists() and not (tmp_path / "results").exists()
@@ -278,8 +357,14 @@ def test_cli_refuses_bad_input_in_one_line_and_writes_nothing(data_root, tmp_pat
 def test_scales_are_documented():
     assert set(lang.SCALES) == {"paper", "cpu", "ci"}
     paper = lang.SCALES["paper"]["ntp"]
-    assert (paper["n_layer"], paper["d_model"], paper["n_head"], paper["batch_size"], paper["steps"],
-            paper["eval_size"]) == (4, 128, 4, 256, 1000, 30000)
+    assert (
+        paper["n_layer"],
+        paper["d_model"],
+        paper["n_head"],
+        paper["batch_size"],
+        paper["steps"],
+        paper["eval_size"],
+    ) == (4, 128, 4, 256, 1000, 30000)
     cpu = lang.SCALES["cpu"]["ntp"]
     assert (cpu["n_layer"], cpu["d_model"], cpu["n_head"]) == (4, 128, 4) and not lang.SCALES["cpu"]["task"]
     assert 0 < cpu["steps"] < paper["steps"] and 0 < cpu["eval_size"] < paper["eval_size"]

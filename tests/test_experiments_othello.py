@@ -1,5 +1,6 @@
 """The multi-seed Othello experiment: per-seed aggregation against a brute-force recomputation from the
 attribution store, the k = L separation, the random-direction null, results file, verdict rules."""
+
 from __future__ import annotations
 
 import math
@@ -38,13 +39,16 @@ def test_seed_aggregates_equal_a_brute_force_recomputation(ci_run):
                 for t, name in ((1, "useless"), (2, "useful")):
                     for part, layers in (("main", {1}), ("last_layer", {2})):
                         for kind in ("real", "random"):
-                            vals = [v for (k, i, f, ty, c), v in items.items() if c == comp and ty == t and k in layers
-                                    and ((RANDOM_TAG in f) == (kind == "random"))]
+                            vals = [
+                                v
+                                for (k, i, f, ty, c), v in items.items()
+                                if c == comp and ty == t and k in layers and ((RANDOM_TAG in f) == (kind == "random"))
+                            ]
                             got = agg["means"][part][kind][comp][name]
                             assert got["n_items"] == len(vals)
                             assert math.isclose(got["mean"], float(np.mean(vals)), rel_tol=1e-9, abs_tol=1e-15)
             last = agg["means"]["last_layer"]["real"]["precached"]
-            assert last["useful"]["mean"] == 0.0 and last["useless"]["mean"] == 0.0   # G_pre(L, i) ≡ 0
+            assert last["useful"]["mean"] == 0.0 and last["useless"]["mean"] == 0.0  # G_pre(L, i) ≡ 0
 
 
 @pytest.mark.slow
@@ -55,20 +59,26 @@ def test_results_file_and_tests_over_seeds(ci_run):
     assert set(rec["tests"]["hypotheses"]) == {h[0] for h in HYPOTHESES}
     t = rec["tests"]["hypotheses"]["direct: useful > useless"]
     useful = [s["per_seed"][x]["aggregates"]["1"]["means"]["main"]["real"]["direct"]["useful"]["mean"] for x in (0, 1)]
-    useless = [s["per_seed"][x]["aggregates"]["1"]["means"]["main"]["real"]["direct"]["useless"]["mean"] for x in (0, 1)]
+    useless = [
+        s["per_seed"][x]["aggregates"]["1"]["means"]["main"]["real"]["direct"]["useless"]["mean"] for x in (0, 1)
+    ]
     assert math.isclose(t["mean_diff"], float(np.mean(np.subtract(useful, useless))), rel_tol=1e-9)
     assert 0 <= rec["quality"]["legal_acc"]["low"] <= rec["quality"]["legal_acc"]["high"] <= 1
-    assert rec["quality"]["probes"]["1"]["pearson"]["initial"]["n"] == 2          # the untrained null
-    assert any("steps 12 (paper 5000)" == d for d in rec["scale"]["deviations"])
+    assert rec["quality"]["probes"]["1"]["pearson"]["initial"]["n"] == 2  # the untrained null
+    assert any(d == "steps 12 (paper 5000)" for d in rec["scale"]["deviations"])
     assert len(rec["data_hashes"]["seed-0"]["othello_pool_sha256"]) == 64
     # a model that does not play cannot reproduce the claim, whatever its influences
     assert judge(rec).verdict in ("not reproduced", "partial")
 
 
 def _fake(holds: list[bool], acc: float) -> dict:
-    return {"tests": {"hypotheses": {h[0]: {"holds": v} for h, v in zip(HYPOTHESES, holds)}},
-            "quality": {"legal_acc": {"mean": acc}}, "numbers": {"influence": {}}, "seeds": [0, 1, 2],
-            "scale": {"model": "m", "attribution": "a", "deviations": []}}
+    return {
+        "tests": {"hypotheses": {h[0]: {"holds": v} for h, v in zip(HYPOTHESES, holds)}},
+        "quality": {"legal_acc": {"mean": acc}},
+        "numbers": {"influence": {}},
+        "seeds": [0, 1, 2],
+        "scale": {"model": "m", "attribution": "a", "deviations": []},
+    }
 
 
 def test_verdict_rules():
@@ -93,6 +103,7 @@ def test_bad_configurations():
 
 def test_recorded_updates_centre_each_block():
     from originlens.experiments.othello import recorded_updates
+
     assert recorded_updates(12, 1) == list(range(1, 13))
     assert recorded_updates(12, 3) == [2, 5, 8, 11]
     assert recorded_updates(200, 5) == list(range(3, 201, 5))
@@ -108,8 +119,10 @@ def test_strided_recording_scales_the_sum_of_recorded_updates(ci_run, monkeypatc
     from the store of the CI run (which recorded every update), filtered to those updates."""
     import pyarrow as pa
     import pyarrow.compute as pc
+
     import originlens.attribution.store as store_mod
     from originlens.experiments.othello import recorded_updates, seed_aggregates
+
     cfg, out, s = ci_run
     store = out / "exp" / "seed-0" / "run" / "attribution"
     table = load_observables(store)
@@ -117,8 +130,12 @@ def test_strided_recording_scales_the_sum_of_recorded_updates(ci_run, monkeypatc
     sub = table.filter(pc.is_in(table["step"], value_set=keep))
     items: dict = {}
     for r in sub.to_pylist():
-        if r["type"] in (1, 2) and r["influence"] is not None and RANDOM_TAG not in r["feature"] \
-                and r["site_layer"] == 1:
+        if (
+            r["type"] in (1, 2)
+            and r["influence"] is not None
+            and RANDOM_TAG not in r["feature"]
+            and r["site_layer"] == 1
+        ):
             key = (r["site_position"], r["feature"], r["type"], r["component"])
             items[key] = items.get(key, 0.0) + r["influence"]
     assert items
@@ -158,6 +175,7 @@ def test_snapshots_are_rates_of_the_stored_sgd_influences(ci_run):
     of (Σ recorded influences) / (number recorded), recomputed here from the raw rows; the quality at c
     is the eval record at step c (the untrained model's at c = 0)."""
     import json
+
     cfg, out, s = ci_run
     assert cfg.snapshot_window == 1 and cfg.snapshot_starts == list(range(10))
     for seed in cfg.seeds:
@@ -168,10 +186,16 @@ def test_snapshots_are_rates_of_the_stored_sgd_influences(ci_run):
         for c in (0, 5, 9):
             items: dict = {}
             for r in rows:
-                if c < r["step"] <= c + 1 and r["type"] in (1, 2) and r["influence"] is not None \
-                        and RANDOM_TAG not in r["feature"] and r["site_layer"] == 1:
+                if (
+                    c < r["step"] <= c + 1
+                    and r["type"] in (1, 2)
+                    and r["influence"] is not None
+                    and RANDOM_TAG not in r["feature"]
+                    and r["site_layer"] == 1
+                ):
                     items.setdefault((r["site_position"], r["feature"], r["type"], r["component"]), []).append(
-                        r["influence"])
+                        r["influence"]
+                    )
             got = s["per_seed"][seed]["snapshots"][str(c)]
             assert got["updates"] == [c + 1, c + 1]
             for comp in ("direct", "precached", "shared"):
@@ -190,6 +214,7 @@ def test_snapshots_are_rates_of_the_stored_sgd_influences(ci_run):
     assert rec["numbers"]["snapshots"]["9"]["eval"]["legal_acc"]["n"] == 2
     assert any("SGD-variant influence" in d for d in rec["scale"]["deviations"])
     from originlens.experiments.othello import render_section
+
     text = "\n".join(render_section("othello/x", rec))
     assert "| checkpoint c | legal-move acc. at c |" in text and text.count("\n| 9 |") == 1
 
@@ -211,14 +236,18 @@ def test_seed_records_combine_into_the_same_results(ci_run, tmp_path):
     configuration or a missing one is refused."""
     from originlens.errors import InputError
     from originlens.experiments.othello import read_seed_record, seed_record_path
+
     cfg, out, s = ci_run
     for seed in cfg.seeds:
         rec = read_seed_record(seed_record_path(out / "res.json", seed), cfg, seed)
-        assert rec["seed"] == seed and rec["values"]["train"]["trained"]["final_eval"] == \
-            s["per_seed"][seed]["train"]["trained"]["final_eval"]
-    comb = run_othello(cfg, tmp_path / "comb", results=out / "res.json", command="originlens combine",
-                       from_records=True)
-    assert not (tmp_path / "comb" / "seed-0").exists()          # nothing trained
+        assert (
+            rec["seed"] == seed
+            and rec["values"]["train"]["trained"]["final_eval"] == s["per_seed"][seed]["train"]["trained"]["final_eval"]
+        )
+    comb = run_othello(
+        cfg, tmp_path / "comb", results=out / "res.json", command="originlens combine", from_records=True
+    )
+    assert not (tmp_path / "comb" / "seed-0").exists()  # nothing trained
     again = read_results(out / "res.json")
     assert again["command"] == "originlens combine"
     assert comb["by_fraction"] == s["by_fraction"] and comb["quality"] == s["quality"]
@@ -236,7 +265,8 @@ def test_too_few_seeds_write_records_but_no_results_file_at_the_default_path(ci_
     monkeypatch.chdir(tmp_path)
     one = OthelloConfig(scale="ci", seeds=[0], overrides={"steps": 12, "eval_size": 120})
     import shutil
-    shutil.copytree(out / "exp" / "seed-0", tmp_path / "exp" / "seed-0")   # finished seed: resumes, no training
+
+    shutil.copytree(out / "exp" / "seed-0", tmp_path / "exp" / "seed-0")  # finished seed: resumes, no training
     r = run_othello(one, tmp_path / "exp", command="originlens test")
     assert r["results_file"] is None
     assert not (tmp_path / "results" / "othello" / "othello-ci.json").exists()

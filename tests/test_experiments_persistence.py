@@ -1,5 +1,6 @@
 """The leading-terms persistence experiment: per-step cosines against the trainer's own theory comparison,
 the nulls recomputed from their definitions, resume, horizons, results file and verdict rules."""
+
 from __future__ import annotations
 
 import json
@@ -42,17 +43,19 @@ def test_step_cosines_equal_the_trainers_theory_comparison(ci_run):
                 a, b = cos[r["step"]]["lt"][k], r["min_cos"][k]
                 assert (a is None) == (b is None or (isinstance(b, float) and math.isnan(b)))
                 if a is not None:
-                    assert math.isclose(a, b, rel_tol=0, abs_tol=1e-6)    # float32 weights, float64 products
+                    assert math.isclose(a, b, rel_tol=0, abs_tol=1e-6)  # float32 weights, float64 products
 
 
 @pytest.mark.slow
 def test_null_cosines_recomputed_from_their_definitions(ci_run):
+    import torch
+
     from originlens.data import TokenStore
     from originlens.stats import corpus_statistics
     from originlens.storage import load_tensors
     from originlens.theory.leading_terms import cosine
     from originlens.theory.tracking import leading_terms
-    import torch
+
     cfg, out, _ = ci_run
     store = TokenStore.open(out / "exp" / "corpus")
     tokens = np.asarray(store.tokens, dtype=np.int64)
@@ -65,9 +68,11 @@ def test_null_cosines_recomputed_from_their_definitions(ci_run):
     rng = np.random.default_rng(42 + seed)
     for row in shuffled:
         rng.shuffle(row)
-    targets = {"lt": leading_terms(corpus_statistics(first, V)),
-               "permuted": leading_terms(corpus_statistics(shuffled, V)),
-               "disjoint": leading_terms(corpus_statistics(tokens[perm[B:2 * B]], V))}
+    targets = {
+        "lt": leading_terms(corpus_statistics(first, V)),
+        "permuted": leading_terms(corpus_statistics(shuffled, V)),
+        "disjoint": leading_terms(corpus_statistics(tokens[perm[B : 2 * B]], V)),
+    }
     w, _ = load_tensors(d / "model.safetensors")
     final = {r["step"]: r for r in _records(d, "cosines")}[16]
     for which, lt in targets.items():
@@ -111,6 +116,7 @@ def test_an_interrupted_run_resumes_to_the_same_records(ci_run, tmp_path):
     """A run stopped at step 7 and resumed by rerunning the experiment ends with the cosine and loss
     records of the uninterrupted fixture run, bit for bit."""
     from originlens.train.assoc import AssocTrainer
+
     cfg, out, _ = ci_run
     one = P.PersistenceConfig(scale="ci", seeds=[0], lrs=[0.05], overrides={"steps": 16})
     exp = tmp_path / "exp"
@@ -125,8 +131,13 @@ def test_an_interrupted_run_resumes_to_the_same_records(ci_run, tmp_path):
 
     d = P.run_dir_of(exp, 0.05, 0)
     nulls = P.null_statistics(tokens, store.vocab_size, 32, 42)
-    r = AssocTrainer(tokens, store.vocab_size, one.train_config(0.05, 0, d), [P.StepCosines(nulls), StopAt()],
-                     vocab=list(store.vocab)).run(resume=True)
+    r = AssocTrainer(
+        tokens,
+        store.vocab_size,
+        one.train_config(0.05, 0, d),
+        [P.StepCosines(nulls), StopAt()],
+        vocab=list(store.vocab),
+    ).run(resume=True)
     assert r.stopped_early and r.step == 7
     P.run_persistence(one, exp, results=tmp_path / "r.json", command="t")
     ref = P.run_dir_of(out / "exp", 0.05, 0)
@@ -147,23 +158,28 @@ def test_horizon_and_schedule():
     assert P.horizon([(1, 0.999), (2, 0.995)], 0.99) is None
     cfg = P.PersistenceConfig(scale="cpu")
     assert cfg.logging_points == list(range(64, 3201, 64)) and cfg.epoch30_step == 960
-    assert cfg.train_config(0.005, 2, "x").data_seed == 44            # 42 (the paper's) + seed
+    assert cfg.train_config(0.005, 2, "x").data_seed == 44  # 42 (the paper's) + seed
 
 
 def _fake(small_min=0.995, t=16.0, ep30=0.95, final=0.8, p=0.01):
-    ci = lambda m: {"mean": m, "low": m - 0.001, "high": m + 0.001}   # noqa: E731
-    kind = lambda m: {"min_logged": ci(m), "epoch30": ci(ep30), "final": ci(final),    # noqa: E731
-                      "nulls": {"permuted": {"test_final": {"p_t": p}}}}
-    by = {"0.005": {"t": t, **{k: kind(small_min) for k in P.KINDS}},
-          "0.05": {"t": 10 * t, **{k: kind(small_min) for k in P.KINDS}}}
-    return {"numbers": {"by_lr": by}, "seeds": [0, 1, 2],
-            "scale": {"model": "m", "training": "t", "deviations": []}}
+    ci = lambda m: {"mean": m, "low": m - 0.001, "high": m + 0.001}
+    kind = lambda m: {
+        "min_logged": ci(m),
+        "epoch30": ci(ep30),
+        "final": ci(final),
+        "nulls": {"permuted": {"test_final": {"p_t": p}}},
+    }
+    by = {
+        "0.005": {"t": t, **{k: kind(small_min) for k in P.KINDS}},
+        "0.05": {"t": 10 * t, **{k: kind(small_min) for k in P.KINDS}},
+    }
+    return {"numbers": {"by_lr": by}, "seeds": [0, 1, 2], "scale": {"model": "m", "training": "t", "deviations": []}}
 
 
 def test_verdict_rules():
     assert P.judge(_fake()).verdict == "reproduced"
-    assert P.judge(_fake(t=0.06)).verdict == "partial"                 # too short a run proves nothing
-    assert P.judge(_fake(p=0.5)).verdict == "partial"                  # no better than permuted tokens
+    assert P.judge(_fake(t=0.06)).verdict == "partial"  # too short a run proves nothing
+    assert P.judge(_fake(p=0.5)).verdict == "partial"  # no better than permuted tokens
     assert P.judge(_fake(small_min=0.5, ep30=0.5, final=0.5, p=0.5)).verdict == "not reproduced"
 
 
@@ -182,9 +198,12 @@ def test_bad_configurations():
 
 @pytest.mark.slow
 def test_bpe_protocol_builds_a_bpe_corpus_and_is_judged_against_table_2(tmp_path):
-    cfg = P.PersistenceConfig(scale="ci", seeds=[0, 1], lrs=[0.005],
-                              overrides={"tokenizer": "bpe", "windows": "first", "vocab_size": 120, "steps": 10,
-                                         "log_every": 5})
+    cfg = P.PersistenceConfig(
+        scale="ci",
+        seeds=[0, 1],
+        lrs=[0.005],
+        overrides={"tokenizer": "bpe", "windows": "first", "vocab_size": 120, "steps": 10, "log_every": 5},
+    )
     s = P.run_persistence(cfg, tmp_path / "exp", results=tmp_path / "r.json", command="t")
     manifest = json.loads((tmp_path / "exp" / "corpus" / "manifest.json").read_text())
     assert "bpe" in json.dumps(manifest.get("tokenizer", manifest)).lower()
@@ -193,7 +212,7 @@ def test_bpe_protocol_builds_a_bpe_corpus_and_is_judged_against_table_2(tmp_path
     assert bpe.lrs == [0.005] and bpe.paper_scale == "paper-bpe" and bpe.logging_points[:2] == [5, 10]
     assert not any(d.startswith(("steps", "tokenizer", "log_every")) for d in bpe.deviations())
     rec = read_results(tmp_path / "r.json")
-    assert rec["paper_t"] == 16.0 and rec["protocol"] == "paper"          # a ci scale stands for Table 1
+    assert rec["paper_t"] == 16.0 and rec["protocol"] == "paper"  # a ci scale stands for Table 1
     with pytest.raises(ConfigError, match="tokenizer"):
         P.PersistenceConfig(scale="ci", overrides={"tokenizer": "sentencepiece"})
     with pytest.raises(ConfigError, match="override"):
@@ -203,8 +222,11 @@ def test_bpe_protocol_builds_a_bpe_corpus_and_is_judged_against_table_2(tmp_path
 @pytest.mark.slow
 def test_docs_figure_is_drawn_from_the_results_file_and_checked_by_its_digest(ci_run, tmp_path):
     import shutil
+
     from PIL import Image
+
     from originlens.experiments.render import BEGIN, END, render, results_digest
+
     cfg, out, _ = ci_run
     root = tmp_path / "root"
     (root / "docs").mkdir(parents=True)
@@ -218,9 +240,11 @@ def test_docs_figure_is_drawn_from_the_results_file_and_checked_by_its_digest(ci
     rec = json.loads(dst.read_text())
     with Image.open(png) as im:
         assert im.info["Description"] == results_digest(rec)
-    assert "![leading-terms/persistence-ci](figures/leading-terms-persistence-ci.png)" in \
-        (root / "docs" / "results.md").read_text()
+    assert (
+        "![leading-terms/persistence-ci](figures/leading-terms-persistence-ci.png)"
+        in (root / "docs" / "results.md").read_text()
+    )
     assert render(root, check=True) == []
-    rec["runs"][0]["curve"]["W"][-1] = 0.5                       # other numbers: the figure is out of date
+    rec["runs"][0]["curve"]["W"][-1] = 0.5  # other numbers: the figure is out of date
     dst.write_text(json.dumps(rec))
     assert png in render(root, check=True)

@@ -1,9 +1,9 @@
 """Claims, verdicts and the docs generated from results files."""
+
 from __future__ import annotations
 
-import re
-
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +13,7 @@ from originlens.cli.main import main as cli_main
 from originlens.errors import InputError
 from originlens.experiments import inference as inf
 from originlens.experiments.claims import CLAIMS, VERDICTS, claim_status, judge_cond_majority, judge_majority
-from originlens.experiments.render import BEGIN, END, render, status_table
+from originlens.experiments.render import BEGIN, END, render
 from originlens.experiments.results import read_results, write_results
 from originlens.experiments.toy_grid import HYPOTHESES
 
@@ -26,9 +26,16 @@ def fake_grid(task: str, means: dict[str, float], initial: float = 0.4, sd: floa
     rng = np.random.default_rng(seed)
     vals = {r: np.clip(m + sd * rng.standard_normal(5), -0.99, 0.99).tolist() for r, m in means.items()}
     init = np.clip(initial + sd * rng.standard_normal(5), -0.99, 0.99).tolist()
-    numbers = {r: {"useless_r": inf.correlation_ci(v), "useless_r_bootstrap": inf.bootstrap_ci(v),
-                   "initial_useless_r": inf.correlation_ci(init), "useful_r": inf.correlation_ci(v),
-                   "useless_r_by_layer": {}} for r, v in vals.items()}
+    numbers = {
+        r: {
+            "useless_r": inf.correlation_ci(v),
+            "useless_r_bootstrap": inf.bootstrap_ci(v),
+            "initial_useless_r": inf.correlation_ci(init),
+            "useful_r": inf.correlation_ci(v),
+            "useless_r_by_layer": {},
+        }
+        for r, v in vals.items()
+    }
     orderings = {f"{a} > {b}": inf.paired_test(vals[a], vals[b]) for a, b in HYPOTHESES[task]}
     adj = inf.holm({k: v["p_t"] for k, v in orderings.items()})
     for k, v in orderings.items():
@@ -37,16 +44,30 @@ def fake_grid(task: str, means: dict[str, float], initial: float = 0.4, sd: floa
     for r, v in vals.items():
         t = inf.paired_test(v, init)
         learned[f"{r} > initial"] = {**t, "holds": (t["p_t"] or 1) < 0.05}
-    q = {"eval_loss": inf.mean_ci([0.7] * 5), "initial_eval_loss": inf.mean_ci([1.6] * 5),
-         "legal_output_acc": inf.mean_ci([0.99] * 5), "first_output_token_acc": inf.mean_ci([0.9] * 5)}
-    return {"format": "originlens-results/1", "experiment": "toy-grid", "name": f"{task}-cpu",
-            "command": "originlens ntp experiment grid", "created": "2026-01-01T00:00:00+00:00",
-            "git_commit": "abc", "versions": {"torch": "x", "numpy": "y"}, "machine": {"cpus": 2},
-            "config": {}, "seeds": [0, 1, 2, 3, 4],
-            "scale": {"summary": "test", "model": "2 layers", "training": "t", "deviations": ["d_model 64 (paper 128)"]},
-            "numbers": numbers, "quality": {r: q for r in vals}, "metric": "m",
-            "tests": {"orderings": orderings, "learned": learned, "alpha": 0.05, "expected": "e"},
-            "runs": [{"regime": r, "seed": s, "seconds": 1.0} for r in vals for s in range(5)]}
+    q = {
+        "eval_loss": inf.mean_ci([0.7] * 5),
+        "initial_eval_loss": inf.mean_ci([1.6] * 5),
+        "legal_output_acc": inf.mean_ci([0.99] * 5),
+        "first_output_token_acc": inf.mean_ci([0.9] * 5),
+    }
+    return {
+        "format": "originlens-results/1",
+        "experiment": "toy-grid",
+        "name": f"{task}-cpu",
+        "command": "originlens ntp experiment grid",
+        "created": "2026-01-01T00:00:00+00:00",
+        "git_commit": "abc",
+        "versions": {"torch": "x", "numpy": "y"},
+        "machine": {"cpus": 2},
+        "config": {},
+        "seeds": [0, 1, 2, 3, 4],
+        "scale": {"summary": "test", "model": "2 layers", "training": "t", "deviations": ["d_model 64 (paper 128)"]},
+        "numbers": numbers,
+        "quality": {r: q for r in vals},
+        "metric": "m",
+        "tests": {"orderings": orderings, "learned": learned, "alpha": 0.05, "expected": "e"},
+        "runs": [{"regime": r, "seed": s, "seconds": 1.0} for r in vals for s in range(5)],
+    }
 
 
 def test_cond_majority_verdicts_follow_the_written_rules():
@@ -115,8 +136,16 @@ def test_render_refuses_a_readme_without_markers_and_foreign_files(tmp_path):
 
 
 def test_write_results_records_provenance(tmp_path):
-    p = write_results(tmp_path / "e" / "n.json", experiment="e", name="n", command="originlens x", config={"a": 1},
-                      seeds=[0, 1], scale={"summary": "s"}, numbers={"v": 1.0})
+    p = write_results(
+        tmp_path / "e" / "n.json",
+        experiment="e",
+        name="n",
+        command="originlens x",
+        config={"a": 1},
+        seeds=[0, 1],
+        scale={"summary": "s"},
+        numbers={"v": 1.0},
+    )
     rec = read_results(p)
     assert rec["versions"]["numpy"] and rec["machine"]["cpus"] >= 1 and rec["created"].endswith("+00:00")
     assert rec["git_commit"] is None or len(rec["git_commit"].split("+")[0]) == 40

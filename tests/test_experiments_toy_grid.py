@@ -1,6 +1,7 @@
 """The toy regime grid as an experiment, and the regression test of its science: on Conditioned Majority
 standard training must learn prev_is_<0> clearly better than myopic training (pre-caching is its only
 source, arXiv 2603.14087 §8).  A change that breaks the direction breaks the build."""
+
 from __future__ import annotations
 
 import subprocess
@@ -30,7 +31,7 @@ def test_standard_beats_myopic_on_conditioned_majority(ci_grid):
         # both models learn the task's output rule (a model that learned nothing measures nothing)
         assert std["legal_output_acc"] > 0.9 and myo["legal_output_acc"] > 0.9
         assert std["useless_r"] - myo["useless_r"] > 0.08, (seed, std["useless_r"], myo["useless_r"])
-        assert std["useless_r"] - std["initial_useless_r"] > 0.2          # well above the untrained null
+        assert std["useless_r"] - std["initial_useless_r"] > 0.2  # well above the untrained null
     t = s["orderings"]["standard > myopic"]
     assert t["n"] == 2 and t["diff"] > 0
 
@@ -41,12 +42,12 @@ def test_results_file_records_what_ran(ci_grid):
     rec = read_results(out / "res.json")
     assert rec["command"] == "originlens test" and rec["seeds"] == [0, 1]
     assert rec["experiment"] == "toy-grid" and rec["name"] == "cond-majority-ci"
-    assert any("d_model 32 (paper 128)" == d for d in rec["scale"]["deviations"])
+    assert any(d == "d_model 32 (paper 128)" for d in rec["scale"]["deviations"])
     assert "2 seeds (paper 10)" in rec["scale"]["deviations"]
     assert rec["config"]["ntp"]["untie_scope"] == "everything" and rec["config"]["ntp"]["train_size"] == 16384
     hashes = rec["data_hashes"]["standard/seed-0"]
     assert len(hashes["train_set_sha256"]) == 64 and len(hashes["eval_tokens_sha256"]) == 64
-    assert hashes == rec["data_hashes"]["myopic/seed-0"]                  # paired: same data per seed
+    assert hashes == rec["data_hashes"]["myopic/seed-0"]  # paired: same data per seed
     assert hashes != rec["data_hashes"]["standard/seed-1"]
     for regime in ("standard", "myopic"):
         assert rec["quality"][regime]["eval_loss"]["n"] == 2
@@ -60,11 +61,13 @@ def test_rerun_resumes_nothing_and_concurrent_writers_are_refused(ci_grid):
     again = run_toy_grid(cfg, out / "exp", results=out / "res2.json", command="originlens test")
     assert again["trained_this_call"] == 0
     assert again["orderings"] == first["orderings"]
-    code = ("import sys, time; from originlens.runs import hold_lock; hold_lock(sys.argv[1]); "
-            "print('held', flush=True); time.sleep(60)")
+    code = (
+        "import sys, time; from originlens.runs import hold_lock; hold_lock(sys.argv[1]); "
+        "print('held', flush=True); time.sleep(60)"
+    )
     other = subprocess.Popen([sys.executable, "-c", code, str(out / "exp")], stdout=subprocess.PIPE, text=True)
     try:
-        assert other.stdout.readline().strip() == "held"        # another process writes the experiment
+        assert other.stdout.readline().strip() == "held"  # another process writes the experiment
         with pytest.raises(ConfigError, match="another process"):
             run_toy_grid(cfg, out / "exp", results=out / "res3.json")
     finally:

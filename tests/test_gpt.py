@@ -4,6 +4,7 @@ The reference (`ref_forward`) loops over positions and queries and applies the d
 literally: per-position choice of the range copy (untied), and for myopic attention the keys and values
 of positions j ≠ t detached for query t.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,7 +49,7 @@ def _lin(x, mod):
 
 
 def _gelu_tanh(x):
-    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def ref_forward(model: GPT, toks: torch.Tensor, myopic: bool):
@@ -60,21 +61,20 @@ def ref_forward(model: GPT, toks: torch.Tensor, myopic: bool):
     ranges = cfg.ranges()
     copy_of = [next(r for r, (a, e) in enumerate(ranges) if a <= t < e) for t in range(t_len)]
     outer = [copy_of[t] if len(model.embed) > 1 else 0 for t in range(t_len)]
-    xs = [model.embed[outer[t]].wte.weight[toks[:, t]] + model.embed[outer[t]].wpe.weight[t]
-          for t in range(t_len)]
+    xs = [model.embed[outer[t]].wte.weight[toks[:, t]] + model.embed[outer[t]].wpe.weight[t] for t in range(t_len)]
     res = [torch.stack(xs, 1)]
     for block in model.blocks:
         cs = [block.copies[copy_of[t]] for t in range(t_len)]
         qkv = [_lin(_ln(xs[t], cs[t].ln_1), cs[t].attn_qkv) for t in range(t_len)]
         q = [z[:, :d].reshape(b, H, hd) for z in qkv]
-        k = [z[:, d:2 * d].reshape(b, H, hd) for z in qkv]
-        v = [z[:, 2 * d:].reshape(b, H, hd) for z in qkv]
+        k = [z[:, d : 2 * d].reshape(b, H, hd) for z in qkv]
+        v = [z[:, 2 * d :].reshape(b, H, hd) for z in qkv]
         new = []
         for t in range(t_len):
-            live = lambda j, z: z if (j == t or not myopic) else z.detach()  # noqa: E731
+            live = lambda j, z: z if (j == t or not myopic) else z.detach()
             s = torch.stack([(q[t] * live(j, k[j])).sum(-1) / math.sqrt(hd) for j in range(t + 1)], -1)
-            a = torch.softmax(s, -1)                                           # (B, H, t+1)
-            o = sum(a[..., j:j + 1] * live(j, v[j]) for j in range(t + 1))   # (B, H, hd)
+            a = torch.softmax(s, -1)  # (B, H, t+1)
+            o = sum(a[..., j : j + 1] * live(j, v[j]) for j in range(t + 1))  # (B, H, hd)
             h = xs[t] + _lin(o.reshape(b, d), cs[t].attn_out)
             h = h + _lin(_gelu_tanh(_lin(_ln(h, cs[t].ln_2), cs[t].mlp_in)), cs[t].mlp_out)
             new.append(h)
@@ -91,7 +91,7 @@ def ref_forward(model: GPT, toks: torch.Tensor, myopic: bool):
 def ref_loss(logits, toks):
     lp = torch.log_softmax(logits, -1)
     t_len = toks.shape[1]
-    ell = torch.stack([-lp[:, t].gather(1, toks[:, t + 1:t + 2])[:, 0] for t in range(t_len - 1)], 1)
+    ell = torch.stack([-lp[:, t].gather(1, toks[:, t + 1 : t + 2])[:, 0] for t in range(t_len - 1)], 1)
     return ell.mean()
 
 
@@ -105,25 +105,28 @@ def grads(model: GPT, loss: torch.Tensor, retain: bool = True) -> dict[str, torc
 # configuration
 
 
-@pytest.mark.parametrize("kw, needle", [
-    (dict(regime="shortsighted"), "standard, myopic, untied, myopic+untied"),
-    (dict(regime="untied"), "needs untie_at"),
-    (dict(untie_at=[3]), "regime is 'standard'"),
-    (dict(regime="untied", untie_at=[0]), "outside"),
-    (dict(regime="untied", untie_at=[T]), "outside"),
-    (dict(regime="untied", untie_at=[4, 2]), "increasing"),
-    (dict(regime="untied", untie_at=[2, 2]), "increasing"),
-    (dict(regime="untied", untie_at=[]), "non-empty"),
-    (dict(regime="untied", untie_at="some"), "not understood"),
-    (dict(regime="untied", untie_at=[2], untie_scope="heads"), "untie_scope"),
-    (dict(regime="untied", untie_at=[2], untie_init="copy"), "untie_init"),
-    (dict(n_head=3), "divisible"),
-    (dict(attn_impl="flash"), "attn_impl"),
-    (dict(dtype="int8"), "dtype"),
-    (dict(n_positions=T - 1), "n_positions"),
-    (dict(n_layer=0), "n_layer"),
-    (dict(dropout=1.0), "dropout"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        (dict(regime="shortsighted"), "standard, myopic, untied, myopic+untied"),
+        (dict(regime="untied"), "needs untie_at"),
+        (dict(untie_at=[3]), "regime is 'standard'"),
+        (dict(regime="untied", untie_at=[0]), "outside"),
+        (dict(regime="untied", untie_at=[T]), "outside"),
+        (dict(regime="untied", untie_at=[4, 2]), "increasing"),
+        (dict(regime="untied", untie_at=[2, 2]), "increasing"),
+        (dict(regime="untied", untie_at=[]), "non-empty"),
+        (dict(regime="untied", untie_at="some"), "not understood"),
+        (dict(regime="untied", untie_at=[2], untie_scope="heads"), "untie_scope"),
+        (dict(regime="untied", untie_at=[2], untie_init="copy"), "untie_init"),
+        (dict(n_head=3), "divisible"),
+        (dict(attn_impl="flash"), "attn_impl"),
+        (dict(dtype="int8"), "dtype"),
+        (dict(n_positions=T - 1), "n_positions"),
+        (dict(n_layer=0), "n_layer"),
+        (dict(dropout=1.0), "dropout"),
+    ],
+)
 def test_config_validation(kw, needle):
     base = dict(vocab_size=V, seq_len=T, n_layer=2, d_model=8, n_head=2)
     base.update(kw)
@@ -133,8 +136,17 @@ def test_config_validation(kw, needle):
 
 
 def test_config_roundtrip_and_ranges():
-    cfg = GPTConfig(vocab_size=V, seq_len=T, n_layer=1, d_model=8, n_head=2, regime="untied",
-                    untie_at=[2, 4], dtype=torch.float64, n_positions=T + 1)
+    cfg = GPTConfig(
+        vocab_size=V,
+        seq_len=T,
+        n_layer=1,
+        d_model=8,
+        n_head=2,
+        regime="untied",
+        untie_at=[2, 4],
+        dtype=torch.float64,
+        n_positions=T + 1,
+    )
     assert cfg.dtype == "float64" and cfg.untied and not cfg.myopic
     assert set(REGIMES) == {"standard", "myopic", "untied", "myopic+untied"}
     assert cfg.ranges() == [(0, 2), (2, 4), (4, T + 1)]
@@ -201,8 +213,9 @@ CASES = {
     "untied-blocks": dict(regime="untied", untie_at=[2]),
     "untied-everything": dict(regime="untied", untie_at=[2, 4], untie_scope="everything"),
     "untied-all": dict(regime="untied", untie_at="all"),
-    "myopic+untied-everything": dict(regime="myopic+untied", untie_at=[3], untie_scope="everything",
-                                     tie_embeddings=False),
+    "myopic+untied-everything": dict(
+        regime="myopic+untied", untie_at=[3], untie_scope="everything", tie_embeddings=False
+    ),
     "myopic+untied-all": dict(regime="myopic+untied", untie_at="all", untie_scope="everything"),
 }
 
@@ -222,7 +235,7 @@ def test_matches_bruteforce_reference(case):
 
 def test_short_inputs_on_untied_model():
     m = make(regime="untied", untie_at=[4], untie_scope="everything")
-    x = tokens(t=3)                            # shorter than the first range: only copy 0 is used
+    x = tokens(t=3)  # shorter than the first range: only copy 0 is used
     logits = m(x)
     assert torch.allclose(logits, ref_forward(m, x, myopic=False)[0], rtol=0, atol=1e-12)
     g = grads(m, m.loss(x))
@@ -280,7 +293,7 @@ def test_myopic_logits_bit_identical(dtype, tol):
     with m.myopic():
         assert m.regime == "myopic"
         my = m(x)
-    assert torch.equal(my, eager)                       # bit-identical to the eager standard path
+    assert torch.equal(my, eager)  # bit-identical to the eager standard path
     assert torch.allclose(sdpa, eager, rtol=0, atol=tol)  # SDPA differs by rounding only
     # the same state dict in a model built as myopic
     m2 = GPT.from_state_dict(m.state_dict(), GPTConfig(**{**m.config.to_dict(), "regime": "myopic"}))
@@ -320,7 +333,7 @@ def test_myopic_residual_adjoints():
             others = [j for j in range(T) if j != t]
             assert torch.count_nonzero(my[t][k][:, others]) == 0, (t, k)
             assert torch.allclose(my[t][k][:, t], std[t][k][:, t], rtol=1e-10, atol=1e-15), (t, k)
-            assert torch.count_nonzero(std[t][k][:, t + 1:]) == 0          # causality
+            assert torch.count_nonzero(std[t][k][:, t + 1 :]) == 0  # causality
             if k < m.config.n_layer and t > 0:
                 some_cross |= bool(std[t][k][:, :t].abs().max() > 1e-8)
     assert some_cross
@@ -342,9 +355,8 @@ def test_myopic_context_manager_is_per_instance():
             assert cross(a) > 0
         assert cross(a) == 0
     assert not a.is_myopic and cross(a) > 0
-    with pytest.raises(RuntimeError):
-        with a.myopic():
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), a.myopic():
+        raise RuntimeError("boom")
     assert not a.is_myopic and built_myopic.is_myopic
 
 
@@ -374,12 +386,12 @@ def test_stop_gradient_hook_and_hook_api():
 
     plain = m(x)
     logits, res = m.run_with_hooks(x, {f"resid.{k}": sg_at_i}, return_residuals=True)
-    assert torch.equal(plain, logits)                         # value-preserving
+    assert torch.equal(plain, logits)  # value-preserving
     assert seen[0].name == "resid.1" and seen[0].layer == 1 and seen[0].positions == slice(0, T)
-    assert res[k] is not captured["pre"]                      # residuals hold the consumed tensor
+    assert res[k] is not captured["pre"]  # residuals hold the consumed tensor
     total = position_losses(logits, x).sum()
     g_pre, g_post = torch.autograd.grad(total, (captured["pre"], res[k]))
-    assert torch.count_nonzero(g_pre[:, i]) == 0              # blocked at (k, i) for every λ_t
+    assert torch.count_nonzero(g_pre[:, i]) == 0  # blocked at (k, i) for every λ_t
     assert torch.count_nonzero(g_post[:, i]) > 0
     others = [j for j in range(T) if j != i]
     assert torch.equal(g_pre[:, others], g_post[:, others])
@@ -420,13 +432,13 @@ def test_untied_gradient_routing(scope):
     for n in ("attn_out.weight", "ln_2.weight", "mlp_in.weight", "mlp_out.bias"):
         assert torch.count_nonzero(g_late[pre + n]) == 0, n
     qkv = g_late[pre + "attn_qkv.weight"]
-    assert torch.count_nonzero(qkv[:d]) == 0                       # queries of range 0: unused
-    assert torch.count_nonzero(qkv[d:2 * d]) > 0 and torch.count_nonzero(qkv[2 * d:]) > 0  # K, V: read
+    assert torch.count_nonzero(qkv[:d]) == 0  # queries of range 0: unused
+    assert torch.count_nonzero(qkv[d : 2 * d]) > 0 and torch.count_nonzero(qkv[2 * d :]) > 0  # K, V: read
     assert torch.count_nonzero(g_late[pre + "ln_1.weight"]) > 0
     if scope == "everything":
         assert torch.count_nonzero(g_late["head.0.ln_f.weight"]) == 0
         assert torch.count_nonzero(g_late["head.0.ln_f.bias"]) == 0
-        assert torch.count_nonzero(g_late["embed.0.wte.weight"]) > 0   # through K/V of earlier blocks
+        assert torch.count_nonzero(g_late["embed.0.wte.weight"]) > 0  # through K/V of earlier blocks
         assert torch.count_nonzero(g_early["embed.1.wpe.weight"]) == 0
 
 
@@ -457,8 +469,14 @@ def test_untie_all_one_copy_per_position():
             assert (nz > 0) == (r == t), (t, r)
 
 
-@pytest.mark.parametrize("kw", [dict(untie_at=[2]), dict(untie_at=[2, 5], untie_scope="everything"),
-                                dict(untie_at="all", untie_scope="everything")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(untie_at=[2]),
+        dict(untie_at=[2, 5], untie_scope="everything"),
+        dict(untie_at="all", untie_scope="everything"),
+    ],
+)
 def test_untied_replicated_equals_standard(kw):
     std = make(attn_impl="eager")
     cfg = GPTConfig(**{**std.config.to_dict(), "regime": "untied", **kw})
@@ -507,8 +525,9 @@ def test_position_losses_against_definition():
     assert torch.allclose(position_losses(logits, x, w), out * w * B * (T - 1))
     assert torch.isclose(reference_weights(B, T, dtype=torch.float64).sum(), torch.ones((), dtype=torch.float64))
     tg = torch.zeros(B, T - 1, dtype=torch.long)
-    assert torch.allclose(position_losses(logits, x, targets=tg)[:, 0] * B * (T - 1),
-                          -torch.log_softmax(logits[:, 0], -1)[:, 0])
+    assert torch.allclose(
+        position_losses(logits, x, targets=tg)[:, 0] * B * (T - 1), -torch.log_softmax(logits[:, 0], -1)[:, 0]
+    )
     with pytest.raises(InputError):
         position_losses(logits, x, torch.ones(B, T))
     with pytest.raises(InputError):

@@ -4,6 +4,7 @@ The reference implementations below (file parser, float64 forward pass, naive BP
 written independently of the module under test, directly from the format description in
 ``models/stories260K/README.md`` and llama2.c's ``run.c`` semantics.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,15 @@ import pytest
 import torch
 
 from originlens.errors import InputError
-from originlens.lm import (BOS_ID, KVCache, Llama2cTokenizer, generate, generate_tokens, load_llama2c,
-                           read_llama2c_header)
+from originlens.lm import (
+    BOS_ID,
+    KVCache,
+    Llama2cTokenizer,
+    generate,
+    generate_tokens,
+    load_llama2c,
+    read_llama2c_header,
+)
 from originlens.paths import data_path
 
 MODEL_DIR = data_path("models", "stories260K", required=False)
@@ -30,19 +38,32 @@ STORIES = data_path("tinystories", "stories-004.txt", required=False)
 
 needs_model = pytest.mark.skipif(
     not (MODEL_BIN.is_file() and TOK_BIN.is_file() and README.is_file()),
-    reason=f"stories260K model not found under {MODEL_DIR} (set ORIGINLENS_DATA to the shared data root)")
+    reason=f"stories260K model not found under {MODEL_DIR} (set ORIGINLENS_DATA to the shared data root)",
+)
 
 
 # --------------------------------------------------------------------------------------------------
 # Independent references
 # --------------------------------------------------------------------------------------------------
 
+
 def ref_shapes(dim, hidden, L, nh, nkv, vocab, seq, shared):
     hd = dim // nh
-    shapes = [("emb", (vocab, dim)), ("att_norm", (L, dim)), ("wq", (L, dim, dim)), ("wk", (L, nkv * hd, dim)),
-              ("wv", (L, nkv * hd, dim)), ("wo", (L, dim, dim)), ("ffn_norm", (L, dim)),
-              ("w1", (L, hidden, dim)), ("w2", (L, dim, hidden)), ("w3", (L, hidden, dim)), ("final", (dim,)),
-              ("cos", (seq, hd // 2)), ("sin", (seq, hd // 2))]
+    shapes = [
+        ("emb", (vocab, dim)),
+        ("att_norm", (L, dim)),
+        ("wq", (L, dim, dim)),
+        ("wk", (L, nkv * hd, dim)),
+        ("wv", (L, nkv * hd, dim)),
+        ("wo", (L, dim, dim)),
+        ("ffn_norm", (L, dim)),
+        ("w1", (L, hidden, dim)),
+        ("w2", (L, dim, hidden)),
+        ("w3", (L, hidden, dim)),
+        ("final", (dim,)),
+        ("cos", (seq, hd // 2)),
+        ("sin", (seq, hd // 2)),
+    ]
     if not shared:
         shapes.append(("cls", (vocab, dim)))
     return shapes
@@ -58,7 +79,7 @@ def ref_read(path: Path):
     w, off = {}, 0
     for name, shape in ref_shapes(dim, hidden, L, nh, nkv, vocab, seq, shared):
         n = int(np.prod(shape))
-        w[name] = flat[off:off + n].reshape(shape)
+        w[name] = flat[off : off + n].reshape(shape)
         off += n
     assert off == flat.size
     if shared:
@@ -70,9 +91,12 @@ def ref_write(path: Path, cfg: dict, w: dict, shared: bool) -> None:
     """Write a version-0 file from float arrays (for synthetic models)."""
     vocab = cfg["vocab"] if shared else -cfg["vocab"]
     head = struct.pack("<7i", cfg["dim"], cfg["hidden"], cfg["L"], cfg["nh"], cfg["nkv"], vocab, cfg["seq"])
-    body = [w[name].astype("<f4").tobytes()
-            for name, _ in ref_shapes(cfg["dim"], cfg["hidden"], cfg["L"], cfg["nh"], cfg["nkv"],
-                                      cfg["vocab"], cfg["seq"], shared)]
+    body = [
+        w[name].astype("<f4").tobytes()
+        for name, _ in ref_shapes(
+            cfg["dim"], cfg["hidden"], cfg["L"], cfg["nh"], cfg["nkv"], cfg["vocab"], cfg["seq"], shared
+        )
+    ]
     path.write_bytes(head + b"".join(body))
 
 
@@ -101,19 +125,19 @@ def ref_forward(cfg: dict, w: dict, tokens: list[int]):
         for t in range(T):
             xn = rmsnorm(x[t], w["att_norm"][layer])
             q, k, v = w["wq"][layer] @ xn, w["wk"][layer] @ xn, w["wv"][layer] @ xn
-            qs.append(np.concatenate([rotate(q[h * hd:(h + 1) * hd], t) for h in range(nh)]))
-            ks.append(np.concatenate([rotate(k[h * hd:(h + 1) * hd], t) for h in range(nkv)]))
+            qs.append(np.concatenate([rotate(q[h * hd : (h + 1) * hd], t) for h in range(nh)]))
+            ks.append(np.concatenate([rotate(k[h * hd : (h + 1) * hd], t) for h in range(nkv)]))
             vs.append(v)
         new_x = x.copy()
         for t in range(T):
             att_out = np.zeros(dim)
             for h in range(nh):
                 g = h // (nh // nkv)
-                qh = qs[t][h * hd:(h + 1) * hd]
-                scores = np.array([qh @ ks[s][g * hd:(g + 1) * hd] / math.sqrt(hd) for s in range(t + 1)])
+                qh = qs[t][h * hd : (h + 1) * hd]
+                scores = np.array([qh @ ks[s][g * hd : (g + 1) * hd] / math.sqrt(hd) for s in range(t + 1)])
                 a = np.exp(scores - scores.max())
                 a /= a.sum()
-                att_out[h * hd:(h + 1) * hd] = sum(a[s] * vs[s][g * hd:(g + 1) * hd] for s in range(t + 1))
+                att_out[h * hd : (h + 1) * hd] = sum(a[s] * vs[s][g * hd : (g + 1) * hd] for s in range(t + 1))
             h1 = x[t] + w["wo"][layer] @ att_out
             xn = rmsnorm(h1, w["ffn_norm"][layer])
             u = w["w1"][layer] @ xn
@@ -128,8 +152,8 @@ def ref_read_tokenizer(path: Path, vocab: int):
     raw = path.read_bytes()
     pos, pieces, scores = 4, [], []
     for _ in range(vocab):
-        score, n = struct.unpack("<fi", raw[pos:pos + 8])
-        pieces.append(raw[pos + 8:pos + 8 + n])
+        score, n = struct.unpack("<fi", raw[pos : pos + 8])
+        pieces.append(raw[pos + 8 : pos + 8 + n])
         scores.append(score)
         pos += 8 + n
     assert pos == len(raw)
@@ -157,7 +181,7 @@ def ref_encode(pieces: list[bytes], scores: list[float], text: str) -> list[int]
                 best, best_i, best_id = scores[cand], i, cand
         if best_i < 0:
             return ids
-        ids[best_i:best_i + 2] = [best_id]
+        ids[best_i : best_i + 2] = [best_id]
 
 
 def readme_test_vector() -> str:
@@ -172,6 +196,7 @@ def readme_test_vector() -> str:
 # --------------------------------------------------------------------------------------------------
 # Fixtures
 # --------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
@@ -195,9 +220,10 @@ def tokenizer():
 def synthetic(tmp_path: Path, shared: bool, nkv: int, seed: int = 0, seq: int = 16):
     rng = np.random.default_rng(seed)
     cfg = dict(dim=16, hidden=24, L=2, nh=4, nkv=nkv, vocab=11, seq=seq)
-    w = {name: rng.normal(0, 0.5, shape)
-         for name, shape in ref_shapes(cfg["dim"], cfg["hidden"], cfg["L"], cfg["nh"], nkv, cfg["vocab"],
-                                       seq, shared)}
+    w = {
+        name: rng.normal(0, 0.5, shape)
+        for name, shape in ref_shapes(cfg["dim"], cfg["hidden"], cfg["L"], cfg["nh"], nkv, cfg["vocab"], seq, shared)
+    }
     for name in ("att_norm", "ffn_norm", "final"):
         w[name] = 1.0 + 0.1 * rng.normal(size=w[name].shape)
     path = tmp_path / f"synthetic_{int(shared)}_{nkv}.bin"
@@ -212,12 +238,20 @@ def synthetic(tmp_path: Path, shared: bool, nkv: int, seed: int = 0, seq: int = 
 # Reader
 # --------------------------------------------------------------------------------------------------
 
+
 @needs_model
 def test_header_and_layout(model):
     cfg, w = ref_read(MODEL_BIN)
     c = model.cfg
-    assert (c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.max_seq_len) == \
-        (64, 172, 5, 8, 4, 512, 512)
+    assert (c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.max_seq_len) == (
+        64,
+        172,
+        5,
+        8,
+        4,
+        512,
+        512,
+    )
     assert c.shared_classifier and model.output is None
     assert read_llama2c_header(MODEL_BIN) == c
     for layer in (0, 4):
@@ -225,11 +259,12 @@ def test_header_and_layout(model):
         assert wq.shape == (8, 8, 64) and wk.shape == (4, 8, 64)
         assert wq.data_ptr() == model.layers[layer].attention.wq.weight.data_ptr()  # a view
         for h in range(8):
-            np.testing.assert_array_equal(wq[h].detach().double().numpy(), w["wq"][layer][h * 8:(h + 1) * 8])
+            np.testing.assert_array_equal(wq[h].detach().double().numpy(), w["wq"][layer][h * 8 : (h + 1) * 8])
         for h in range(4):
-            np.testing.assert_array_equal(wk[h].detach().double().numpy(), w["wk"][layer][h * 8:(h + 1) * 8])
-        np.testing.assert_array_equal(model.layers[layer].feed_forward.w2.weight.double().detach().numpy(),
-                                      w["w2"][layer])
+            np.testing.assert_array_equal(wk[h].detach().double().numpy(), w["wk"][layer][h * 8 : (h + 1) * 8])
+        np.testing.assert_array_equal(
+            model.layers[layer].feed_forward.w2.weight.double().detach().numpy(), w["w2"][layer]
+        )
     np.testing.assert_array_equal(model.norm.weight.double().detach().numpy(), w["final"])
 
 
@@ -266,6 +301,7 @@ def test_bad_headers(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # Forward pass against the float64 reference
 # --------------------------------------------------------------------------------------------------
+
 
 @needs_model
 def test_forward_matches_float64_reference(model):
@@ -308,13 +344,14 @@ def test_kv_cache_matches_full_forward(model):
     # float64 copy: the cached and the full forward sum in different orders, which in float32 differs by
     # ~2e-5 on some BLAS builds; in float64 any real caching error still shows, round-off does not
     import copy
+
     m64 = copy.deepcopy(model).double()
     tokens = torch.tensor([[1, 400, 33, 260, 9, 301, 45, 12, 88, 270]])
     with torch.no_grad():
         full = m64(tokens)
         cache = KVCache(m64.cfg.n_layers)
         parts = [m64(tokens[:, :4], cache=cache)]
-        parts += [m64(tokens[:, i:i + 1], cache=cache) for i in range(4, 7)]
+        parts += [m64(tokens[:, i : i + 1], cache=cache) for i in range(4, 7)]
         parts.append(m64(tokens[:, 7:], cache=cache))
     assert len(cache) == 10
     assert full.dtype == torch.float64
@@ -324,6 +361,7 @@ def test_kv_cache_matches_full_forward(model):
 # --------------------------------------------------------------------------------------------------
 # Tokenizer
 # --------------------------------------------------------------------------------------------------
+
 
 @needs_model
 def test_tokenizer_file_format(tokenizer):
@@ -349,7 +387,7 @@ TRICKY = [
     "  leading spaces, trailing spaces  ",
     "tabs\tand\nnewlines\r\n and a NUL \x00 byte",
     "literal <0x41> text and <unk> <s> </s>",
-    "Ooooh, a wooooden ball! Hmmm... Pppop lll llll xllly",   # equal-score pairs: leftmost merges first
+    "Ooooh, a wooooden ball! Hmmm... Pppop lll llll xllly",  # equal-score pairs: leftmost merges first
     "x",
     "",
 ]
@@ -370,7 +408,7 @@ def test_tokenizer_byte_fallback_and_spaces(tokenizer):
     ids = tokenizer.encode("😀", bos=False)
     byte_ids = [tokenizer.piece_to_id[f"<0x{b:02X}>".encode()] for b in "😀".encode()]
     assert ids == [tokenizer.piece_to_id[b" "]] + byte_ids
-    assert tokenizer.decode(ids) == " 😀"                     # no BOS before: the dummy space stays
+    assert tokenizer.decode(ids) == " 😀"  # no BOS before: the dummy space stays
     assert tokenizer.decode([BOS_ID] + ids) == "😀"
     assert tokenizer.encode("a", eos=True)[-1] == 2
     assert tokenizer.encode("") == [BOS_ID]
@@ -389,6 +427,7 @@ def test_tokenizer_merges_match_reference_on_random_text(tokenizer):
 # --------------------------------------------------------------------------------------------------
 # Generation and loss
 # --------------------------------------------------------------------------------------------------
+
 
 @needs_model
 def test_greedy_generation_reproduces_readme_test_vector(model, tokenizer):
@@ -430,13 +469,13 @@ def test_sampling_is_seeded_and_low_temperature_is_greedy(model, tokenizer):
     # greedy continuation is the argmax of a full (cache-free) forward at every step
     with torch.no_grad():
         full = model(torch.tensor([greedy]))[0]
-    assert greedy[len(prompt):] == full[len(prompt) - 1:-1].argmax(-1).tolist()
+    assert greedy[len(prompt) :] == full[len(prompt) - 1 : -1].argmax(-1).tolist()
 
 
 def test_generation_stops_at_bos_and_context(tmp_path):
     path, cfg, w = synthetic(tmp_path, shared=False, nkv=2, seq=8)
     m = load_llama2c(path)
-    with torch.no_grad():                      # blocks add nothing; normed residual = (4, 0, ..., 0)
+    with torch.no_grad():  # blocks add nothing; normed residual = (4, 0, ..., 0)
         for layer in m.layers:
             layer.attention.wo.weight.zero_()
             layer.feed_forward.w2.weight.zero_()
@@ -444,10 +483,10 @@ def test_generation_stops_at_bos_and_context(tmp_path):
         m.tok_embeddings.weight[:, 0] = 10.0
         m.norm.weight.fill_(1.0)
         m.output.weight.zero_()
-        m.output.weight[5, 0] = 1.0            # token 5 always wins: runs into the 8-token context
+        m.output.weight[5, 0] = 1.0  # token 5 always wins: runs into the 8-token context
     assert generate_tokens(m, [1, 4], 100) == [1, 4] + [5] * 6
     with torch.no_grad():
-        m.output.weight[BOS_ID, 0] = 2.0       # BOS always wins: stops at once, BOS not kept
+        m.output.weight[BOS_ID, 0] = 2.0  # BOS always wins: stops at once, BOS not kept
     assert generate_tokens(m, [1, 4, 5], 10) == [1, 4, 5]
     assert generate_tokens(m, [1, 4, 5], 0) == [1, 4, 5]
 
@@ -456,8 +495,10 @@ def test_generation_stops_at_bos_and_context(tmp_path):
 # CLI
 # --------------------------------------------------------------------------------------------------
 
+
 def _run_cli(argv):
     from originlens.cli import lm_cmd
+
     p = argparse.ArgumentParser(prog="originlens")
     lm_cmd.register(p.add_subparsers(dest="command"))
     args = p.parse_args(argv)
@@ -466,8 +507,9 @@ def _run_cli(argv):
 
 @needs_model
 def test_cli_generate_greedy(capsys):
-    rc = _run_cli(["lm", "generate", "--model", str(MODEL_BIN), "--tokenizer", str(TOK_BIN),
-                   "--max-new-tokens", "20", "--greedy"])
+    rc = _run_cli(
+        ["lm", "generate", "--model", str(MODEL_BIN), "--tokenizer", str(TOK_BIN), "--max-new-tokens", "20", "--greedy"]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and out.endswith("\n") and len(out) > 40
     assert readme_test_vector().startswith(out[:-1])
@@ -475,8 +517,22 @@ def test_cli_generate_greedy(capsys):
 
 @needs_model
 def test_cli_sampling_and_prompt(capsys):
-    base = ["lm", "generate", "--model", str(MODEL_BIN), "--tokenizer", str(TOK_BIN), "--max-new-tokens", "15",
-            "--prompt", "The dog", "--temperature", "0.8", "--seed", "5"]
+    base = [
+        "lm",
+        "generate",
+        "--model",
+        str(MODEL_BIN),
+        "--tokenizer",
+        str(TOK_BIN),
+        "--max-new-tokens",
+        "15",
+        "--prompt",
+        "The dog",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "5",
+    ]
     _run_cli(base)
     first = capsys.readouterr().out
     _run_cli(base)
@@ -485,8 +541,9 @@ def test_cli_sampling_and_prompt(capsys):
 
 def test_load_model_dispatch(tmp_path):
     from originlens.cli.lm_cmd import detect_format, load_model
+
     path, _, _ = synthetic(tmp_path, shared=True, nkv=2)
-    renamed = tmp_path / "weights.llama"                 # detected by header + exact size
+    renamed = tmp_path / "weights.llama"  # detected by header + exact size
     renamed.write_bytes(path.read_bytes())
     assert detect_format(renamed).name == "llama2c"
     assert load_model(renamed).cfg.dim == 16
@@ -502,6 +559,7 @@ def test_load_model_dispatch(tmp_path):
 
 def test_cli_registered_in_main():
     import originlens.cli.main as cli_main
+
     assert "originlens.cli.lm_cmd" in cli_main.COMMAND_MODULES
 
 
@@ -512,12 +570,14 @@ def test_cached_generation_equals_prefix_rerun(tmp_path, greedy):
     from originlens.cli.lm_cmd import _generate_ids
     from originlens.lm.loading import load_model
     from originlens.lm.native import Llama2cAdapter
+
     path, _, _ = synthetic(tmp_path, shared=True, nkv=2)
     ad = Llama2cAdapter(load_model(path))
     assert ad.supports_decode
 
     class NoCache(Llama2cAdapter):
         supports_decode = False
+
     plain = NoCache(ad.module)
     kw = dict(greedy=greedy, temperature=0.9, seed=3, stop_ids=())
     with torch.no_grad():

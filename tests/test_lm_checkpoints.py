@@ -1,4 +1,5 @@
 """Checkpoint grids: specs and labels, one-at-a-time loading, duplicate detection, missing checkpoints."""
+
 import gc
 import hashlib
 import weakref
@@ -8,8 +9,16 @@ import pytest
 import torch
 
 from originlens.errors import ConfigError, InputError
-from originlens.lm.checkpoints import (CheckpointGrid, checkpoints_in_dir, default_loader, load_gpt_adapter,
-                                       log_spaced_steps, parse_spec, pythia_revisions, weights_hash)
+from originlens.lm.checkpoints import (
+    CheckpointGrid,
+    checkpoints_in_dir,
+    default_loader,
+    load_gpt_adapter,
+    log_spaced_steps,
+    parse_spec,
+    pythia_revisions,
+    weights_hash,
+)
 from originlens.lm.native import GPTAdapter
 from originlens.models.gpt import GPT, GPTConfig
 
@@ -24,7 +33,10 @@ def _brute_hash(tensors):
     buf = b""
     for name in sorted(tensors):
         t = tensors[name]
-        buf += f"{name}|{str(t.dtype).replace('torch.', '')}|{tuple(t.shape)}|".encode() + t.detach().contiguous().numpy().tobytes()
+        buf += (
+            f"{name}|{str(t.dtype).replace('torch.', '')}|{tuple(t.shape)}|".encode()
+            + t.detach().contiguous().numpy().tobytes()
+        )
     return hashlib.sha256(buf).hexdigest()
 
 
@@ -32,11 +44,18 @@ def test_specs_labels_and_log_spaced_steps():
     assert log_spaced_steps(512) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     assert log_spaced_steps(10, include_zero=True) == [0, 1, 2, 4, 8]
     assert pythia_revisions(4) == ["step1", "step2", "step4"]
-    assert pythia_revisions(2, "EleutherAI/pythia-70m") == ["hf:EleutherAI/pythia-70m@step1",
-                                                            "hf:EleutherAI/pythia-70m@step2"]
+    assert pythia_revisions(2, "EleutherAI/pythia-70m") == [
+        "hf:EleutherAI/pythia-70m@step1",
+        "hf:EleutherAI/pythia-70m@step2",
+    ]
     s = parse_spec("hf:EleutherAI/pythia-1.4b-deduped@step8")
-    assert (s.kind, s.repo, s.revision, s.label, s.step) == ("hub", "EleutherAI/pythia-1.4b-deduped", "step8",
-                                                             "step8", 8)
+    assert (s.kind, s.repo, s.revision, s.label, s.step) == (
+        "hub",
+        "EleutherAI/pythia-1.4b-deduped",
+        "step8",
+        "step8",
+        8,
+    )
     p = parse_spec("runs/x/checkpoints/step-000064.safetensors")
     assert (p.kind, p.label, p.step) == ("path", "step64", 64)
     assert parse_spec("models/stories260K.bin").label == "stories260K"
@@ -59,7 +78,7 @@ def test_weights_hash_matches_brute_force_and_detects_changes():
     sd = {k: v.clone() for k, v in _gpt().state_dict().items()}
     h = weights_hash(sd)
     assert h == _brute_hash(sd)
-    assert weights_hash({k: sd[k] for k in reversed(list(sd))}) == h            # order-free
+    assert weights_hash({k: sd[k] for k in reversed(list(sd))}) == h  # order-free
     sd2 = {k: v.clone() for k, v in sd.items()}
     k0 = next(iter(sd2))
     sd2[k0].view(-1)[0] += 1e-7
@@ -74,7 +93,7 @@ def test_grid_detects_duplicates_and_loads_gpt_files(tmp_path):
     a, b = _gpt(0), _gpt(1)
     a.save(tmp_path / "step-000000.safetensors", {"bos_id": 3, "vocab_hash": "abc"})
     b.save(tmp_path / "step-000001.safetensors")
-    a.save(tmp_path / "step-000002.safetensors")                       # same weights as step 0
+    a.save(tmp_path / "step-000002.safetensors")  # same weights as step 0
     grid = CheckpointGrid(checkpoints_in_dir(tmp_path))
     seen = []
     for label, ad in grid:
@@ -127,7 +146,7 @@ def test_missing_checkpoints_stop_or_skip(tmp_path):
 
     with pytest.raises(InputError, match="step-000002"):
         list(CheckpointGrid(specs, loader=loader))
-    assert calls == []                                     # stopped before loading anything
+    assert calls == []  # stopped before loading anything
     grid = CheckpointGrid(specs, loader=loader, on_missing="skip")
     assert [lab for lab, _ in grid] == ["step1"]
     assert [s.label for s in grid.skipped] == ["step2"]
@@ -165,24 +184,31 @@ def test_bad_grid_configuration():
 def test_ntp_train_checkpoints_load_with_their_weights(tmp_path):
     from originlens.storage import save_tensors
     from originlens.train.ntp import CHECKPOINT_KIND
+
     model = _gpt(3)
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     tensors["adam.x.exp_avg"] = torch.zeros(2)
     tensors["rng.torch"] = torch.get_rng_state()
-    save_tensors(tmp_path / "step-000005.safetensors", tensors, kind=CHECKPOINT_KIND,
-                 metadata={"step": 5, "gpt_config": model.config.to_dict()})
-    (label, ad), = list(CheckpointGrid([str(tmp_path / "step-000005.safetensors")]))
+    save_tensors(
+        tmp_path / "step-000005.safetensors",
+        tensors,
+        kind=CHECKPOINT_KIND,
+        metadata={"step": 5, "gpt_config": model.config.to_dict()},
+    )
+    ((label, ad),) = list(CheckpointGrid([str(tmp_path / "step-000005.safetensors")]))
     assert label == "step5" and isinstance(ad, GPTAdapter)
     for k, v in model.state_dict().items():
         torch.testing.assert_close(ad.module.state_dict()[k], v, rtol=0, atol=0)
-    assert weights_hash(ad.named_tensors()) == weights_hash(model.state_dict())    # optimizer state not hashed
+    assert weights_hash(ad.named_tensors()) == weights_hash(model.state_dict())  # optimizer state not hashed
 
 
 def test_vocab_hash_that_looks_like_a_number_is_kept_verbatim(tmp_path):
     """A hex vocabulary hash made of digits and one 'e' is valid JSON (a float); it must stay a string."""
     import torch
+
     from originlens.lm.checkpoints import load_gpt_adapter
     from originlens.models.gpt import GPT, GPTConfig
+
     torch.manual_seed(0)
     g = GPT(GPTConfig(vocab_size=7, seq_len=4, n_layer=1, d_model=8, n_head=2))
     g.save(tmp_path / "m.safetensors", metadata={"vocab_hash": "1234567e89012345", "bos_id": 3})

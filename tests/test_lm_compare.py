@@ -1,6 +1,7 @@
 """The §5.2 comparison: cov_cosine against a float64 transcription of the spec, the fast trace identities,
 mappings of tiny models against a brute-force construction, statistics in the model's tokenizer, and a
 small end-to-end CLI run."""
+
 import json
 from types import SimpleNamespace
 
@@ -9,15 +10,26 @@ import pytest
 import torch
 
 from originlens.errors import CompatibilityError, ConfigError
-from originlens.lm.compare import (VARIANTS, CompareConfig, VocabIdentity, check_vocab, checkpoint_cosines,
-                                   compare_checkpoints, comparison_statistics, cov_cosine, prepare_targets,
-                                   prepend_bos, top_tokens, windows_from_texts)
+from originlens.lm.compare import (
+    VARIANTS,
+    CompareConfig,
+    VocabIdentity,
+    check_vocab,
+    checkpoint_cosines,
+    compare_checkpoints,
+    comparison_statistics,
+    cov_cosine,
+    prepare_targets,
+    prepend_bos,
+    top_tokens,
+    windows_from_texts,
+)
 from originlens.lm.llama2c import Llama2cConfig, Llama2cModel
 from originlens.lm.native import GPTAdapter, Llama2cAdapter
 from originlens.models.gpt import GPT, GPTConfig
 
-
 # ---------------------------------------------------------------------------------------------- brute force
+
 
 def spec_cov_cosine(A, B):
     """Direct float64 transcription of the spec's pseudo-code (§5.2.3)."""
@@ -30,6 +42,7 @@ def spec_cov_cosine(A, B):
         Z = M - M.mean(axis=1, keepdims=True)
         C = Z @ Z.T / (M.shape[1] - 1)
         return C / np.linalg.norm(C)
+
     return float(np.trace(cov(A).T @ cov(B)))
 
 
@@ -43,6 +56,7 @@ def token_centred_cov_cosine(A, B):
     def cov(M):
         Z = M - M.mean(axis=1, keepdims=True)
         return J @ (Z @ Z.T) @ J
+
     CA, CB = cov(A), cov(np.asarray(B, dtype=np.float64))
     return float(np.sum(CA * CB) / (np.linalg.norm(CA) * np.linalg.norm(CB)))
 
@@ -53,9 +67,9 @@ def brute_gpt_scores(model, E, layer):
     d, H = model.config.d_model, model.config.n_head
     with torch.no_grad():
         qkv = c.attn_qkv(E) - c.attn_qkv.bias
-    q, k = qkv[:, :d], qkv[:, d:2 * d]
+    q, k = qkv[:, :d], qkv[:, d : 2 * d]
     dh = d // H
-    return torch.stack([q[:, h * dh:(h + 1) * dh] @ k[:, h * dh:(h + 1) * dh].T for h in range(H)]).numpy()
+    return torch.stack([q[:, h * dh : (h + 1) * dh] @ k[:, h * dh : (h + 1) * dh].T for h in range(H)]).numpy()
 
 
 def brute_llama_scores(model, E, layer):
@@ -80,11 +94,12 @@ def _llama(vocab=30, seed=0):
 
 # ---------------------------------------------------------------------------------------------- the statistic
 
+
 def test_cov_cosine_equals_spec_transcription():
     rng = np.random.default_rng(0)
     for K, m, n in [(30, 30, 8), (25, 40, 25), (12, 5, 60)]:
-        A = rng.normal(size=(K, m)) + rng.normal(size=(1, m))       # shared row component
-        A[2] = 0.0                                                   # a zero theory row stays zero
+        A = rng.normal(size=(K, m)) + rng.normal(size=(1, m))  # shared row component
+        A[2] = 0.0  # a zero theory row stays zero
         B = rng.normal(size=(K, n)) * rng.uniform(0.1, 3, size=(K, 1))
         assert cov_cosine(A, B) == pytest.approx(spec_cov_cosine(A, B), rel=1e-12, abs=1e-14)
         assert cov_cosine(A, B, centre_tokens=True) == pytest.approx(token_centred_cov_cosine(A, B), rel=1e-10)
@@ -95,15 +110,15 @@ def test_cov_cosine_properties():
     A = rng.normal(size=(20, 20))
     B = rng.normal(size=(20, 7))
     unit = A / np.linalg.norm(A, axis=1, keepdims=True)
-    assert cov_cosine(A, unit) == pytest.approx(1.0, abs=1e-12)          # identical up to row normalisation
+    assert cov_cosine(A, unit) == pytest.approx(1.0, abs=1e-12)  # identical up to row normalisation
     assert cov_cosine(A * rng.uniform(0.1, 5, size=(20, 1)), B) == pytest.approx(cov_cosine(A, B), rel=1e-12)
     assert cov_cosine(A, 7.5 * B) == pytest.approx(cov_cosine(A, B), rel=1e-12)
-    assert cov_cosine(A, B + 3.0) == pytest.approx(cov_cosine(A, B), rel=1e-12)   # row centring
+    assert cov_cosine(A, B + 3.0) == pytest.approx(cov_cosine(A, B), rel=1e-12)  # row centring
     v = cov_cosine(A, B)
     assert 0.0 <= v <= 1.0
     # the model is not row-normalised: rescaling B's rows changes the value
     assert cov_cosine(A, B * rng.uniform(0.1, 5, size=(20, 1))) != pytest.approx(v, rel=1e-6)
-    assert np.isnan(cov_cosine(A, np.ones((20, 3))))                     # zero covariance
+    assert np.isnan(cov_cosine(A, np.ones((20, 3))))  # zero covariance
     with pytest.raises(ConfigError):
         cov_cosine(A, B[:5])
 
@@ -128,6 +143,7 @@ def test_fast_trace_identities():
 
 
 # ---------------------------------------------------------------------------------------------- mappings
+
 
 @pytest.mark.parametrize("family", ["gpt", "llama"])
 def test_mappings_match_brute_force(family):
@@ -156,8 +172,9 @@ def test_mappings_match_brute_force(family):
             assert res.values[v]["attention"][l] == pytest.approx(f(Q[p], A_tok), rel=1e-9)
             assert res.values[v]["embedding"][l] == pytest.approx(f(Vt[p], st.post[l].numpy()), rel=1e-9)
             assert res.values[v]["embedding_no_mlp"][l] == pytest.approx(f(Vt[p], st.attn[l].numpy()), rel=1e-9)
-        np.testing.assert_allclose(res.heads[v][L - 1], [f(Q[p], s) for s in scores(model, st.pre[L - 1], L - 1)],
-                                   rtol=1e-9)
+        np.testing.assert_allclose(
+            res.heads[v][L - 1], [f(Q[p], s) for s in scores(model, st.pre[L - 1], L - 1)], rtol=1e-9
+        )
     # orientation guard: the query × key orientation, not its transpose
     A_tok = scores(model, st.pre[0], 0).mean(axis=0)
     assert abs(spec_cov_cosine(Q, A_tok.T) - res.values["spec"]["attention"][0]) > 1e-4
@@ -179,6 +196,7 @@ def test_token_chunking_does_not_change_results():
 
 # ---------------------------------------------------------------------------------------------- statistics
 
+
 def test_windows_bos_padding_and_top_tokens():
     texts = ["a b c", "d", "", "b b b b b b b b"]
     vocab = {"a": 3, "b": 4, "c": 5, "d": 6}
@@ -197,6 +215,7 @@ def test_windows_bos_padding_and_top_tokens():
 
 def test_comparison_statistics_equal_direct_statistics_and_mask_padding():
     from originlens.stats import corpus_statistics
+
     rng = np.random.default_rng(4)
     texts = [" ".join(str(x) for x in rng.integers(2, 12, size=rng.integers(3, 12))) for _ in range(40)]
     w, valid = windows_from_texts(texts, lambda t: [int(x) for x in t.split()], bos_id=1, window_tokens=8)
@@ -206,12 +225,12 @@ def test_comparison_statistics_equal_direct_statistics_and_mask_padding():
     np.testing.assert_allclose(st.value_target, ref.value_target, atol=1e-15)
     assert st.n_pairs == int(valid.sum()) and st.centering == pytest.approx(1 / 12)
     with pytest.raises(CompatibilityError):
-        comparison_statistics(w, 8, valid=valid, top_k=6)      # ids beyond the model's vocabulary
+        comparison_statistics(w, 8, valid=valid, top_k=6)  # ids beyond the model's vocabulary
 
 
 def test_vocabulary_checks():
     assert check_vocab(VocabIdentity(50, "h"), VocabIdentity(50, "h"), "corpus") == []
-    assert check_vocab(VocabIdentity(50, None), VocabIdentity(50, "h"), "corpus")    # a warning, no error
+    assert check_vocab(VocabIdentity(50, None), VocabIdentity(50, "h"), "corpus")  # a warning, no error
     with pytest.raises(CompatibilityError, match="another tokenizer"):
         check_vocab(VocabIdentity(50, None), VocabIdentity(60, None), "corpus X")
     with pytest.raises(CompatibilityError, match="another vocabulary"):
@@ -221,6 +240,7 @@ def test_vocabulary_checks():
 
 
 # ---------------------------------------------------------------------------------------------- end to end
+
 
 class _Grid:
     def __init__(self, items):
@@ -244,8 +264,9 @@ def test_compare_checkpoints_sweep_shapes_and_values():
     assert res.heads["spec"][3].shape == (4, 2)
     with torch.no_grad():
         st = ads[1][1].single_token_states(torch.as_tensor(stats.token_ids))
-    assert res.cosines["spec"]["embedding"][1, 1] == pytest.approx(spec_cov_cosine(stats.value_target, st.post[2]),
-                                                                  rel=1e-9)
+    assert res.cosines["spec"]["embedding"][1, 1] == pytest.approx(
+        spec_cov_cosine(stats.value_target, st.post[2]), rel=1e-9
+    )
     json.dumps(res.to_json())
     with pytest.raises(ConfigError, match="out of range"):
         compare_checkpoints(_Grid(ads), stats, CompareConfig(layers=[4]))
@@ -262,7 +283,7 @@ def _save_checkpoints(tmp, vocab_size, vocab_hash, bos, steps=(0, 1, 2), name="c
             model.save(d / f"step-{s:06d}.safetensors", {"bos_id": bos, "vocab_hash": vocab_hash})
         model.zero_grad()
         model.loss(toks).backward()
-        with torch.no_grad():                  # plain SGD (torch.optim would import torch._dynamo: slow)
+        with torch.no_grad():  # plain SGD (torch.optim would import torch._dynamo: slow)
             for p in model.parameters():
                 p -= 0.5 * p.grad
     return d
@@ -272,13 +293,29 @@ def _save_checkpoints(tmp, vocab_size, vocab_hash, bos, steps=(0, 1, 2), name="c
 def test_cli_end_to_end_on_storyworld(tmp_path, capsys):
     from originlens.cli.main import main
     from originlens.data import storyworld_store
+
     store = storyworld_store(tmp_path / "corpus", n=40, vocab_size=120, seq_len=16, windows="pack", oov="unk")
     eot = store.vocab.index("<eot>")
     ckpts = _save_checkpoints(tmp_path, store.vocab_size, store.vocab_hash, eot)
     (ckpts / "step-000004.safetensors").write_bytes((ckpts / "step-000002.safetensors").read_bytes())
     out = tmp_path / "run"
-    rc = main(["-q", "lm", "compare", "--checkpoint-dir", str(ckpts), "--corpus", str(tmp_path / "corpus"),
-               "--top-tokens", "60", "--heads-layers", "2", "--out", str(out)])
+    rc = main(
+        [
+            "-q",
+            "lm",
+            "compare",
+            "--checkpoint-dir",
+            str(ckpts),
+            "--corpus",
+            str(tmp_path / "corpus"),
+            "--top-tokens",
+            "60",
+            "--heads-layers",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert res["labels"] == ["step0", "step1", "step2", "step4"] and res["layers"] == [1, 2]
@@ -292,6 +329,7 @@ def test_cli_end_to_end_on_storyworld(tmp_path, capsys):
     # the same numbers through the library, with the statistics recomputed independently
     from originlens.lm.checkpoints import load_gpt_adapter
     from originlens.stats import corpus_statistics
+
     windows = prepend_bos(np.asarray(store.tokens), eot)
     ad = load_gpt_adapter(ckpts / "step-000001.safetensors")
     stats = corpus_statistics(windows, store.vocab_size, token_ids=top_tokens(windows, None, store.vocab_size, 60))
@@ -299,42 +337,108 @@ def test_cli_end_to_end_on_storyworld(tmp_path, capsys):
         st = ad.single_token_states(torch.as_tensor(stats.token_ids))
     assert vals[0, 1] == pytest.approx(spec_cov_cosine(stats.value_target, st.post[0].double()), abs=2e-6)
     # an existing run is not overwritten silently (refused before any work)
-    assert main(["-q", "lm", "compare", "--checkpoint-dir", str(ckpts), "--corpus", str(tmp_path / "corpus"),
-                 "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "-q",
+                "lm",
+                "compare",
+                "--checkpoint-dir",
+                str(ckpts),
+                "--corpus",
+                str(tmp_path / "corpus"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
 
 
 def test_cli_bad_inputs(tmp_path, capsys):
     from originlens.cli.main import main
     from originlens.data import storyworld_store
+
     store = storyworld_store(tmp_path / "corpus", n=30, vocab_size=120, seq_len=16, windows="pack", oov="unk")
     ckpts = _save_checkpoints(tmp_path, store.vocab_size, store.vocab_hash, 0, steps=(0,))
     other = storyworld_store(tmp_path / "other", n=30, vocab_size=90, seq_len=16, windows="pack", oov="unk")
     assert other.vocab_size != store.vocab_size
     capsys.readouterr()
     # a corpus in another tokenizer: different size (hash unknown) or different hash
-    rc = main(["-q", "lm", "compare", "--checkpoint-dir", str(ckpts), "--corpus", str(tmp_path / "other"),
-               "--out", str(tmp_path / "run2")])
+    rc = main(
+        [
+            "-q",
+            "lm",
+            "compare",
+            "--checkpoint-dir",
+            str(ckpts),
+            "--corpus",
+            str(tmp_path / "other"),
+            "--out",
+            str(tmp_path / "run2"),
+        ]
+    )
     assert rc == 2 and "was tokenized with another" in capsys.readouterr().err
     unhashed = _save_checkpoints(tmp_path, other.vocab_size, None, None, steps=(0,), name="unhashed")
-    rc = main(["-q", "lm", "compare", "--checkpoint-dir", str(unhashed), "--corpus", str(tmp_path / "corpus"),
-               "--out", str(tmp_path / "run2")])
+    rc = main(
+        [
+            "-q",
+            "lm",
+            "compare",
+            "--checkpoint-dir",
+            str(unhashed),
+            "--corpus",
+            str(tmp_path / "corpus"),
+            "--out",
+            str(tmp_path / "run2"),
+        ]
+    )
     assert rc == 2 and "another tokenizer" in capsys.readouterr().err
     # a missing checkpoint is named and stops the run before anything is loaded
-    rc = main(["-q", "lm", "compare", "--checkpoints", f"{ckpts}/step-000000.safetensors,{ckpts}/nope.safetensors",
-               "--corpus", str(tmp_path / "corpus"), "--out", str(tmp_path / "run3")])
+    rc = main(
+        [
+            "-q",
+            "lm",
+            "compare",
+            "--checkpoints",
+            f"{ckpts}/step-000000.safetensors,{ckpts}/nope.safetensors",
+            "--corpus",
+            str(tmp_path / "corpus"),
+            "--out",
+            str(tmp_path / "run3"),
+        ]
+    )
     assert rc == 2 and "nope.safetensors" in capsys.readouterr().err
     # --corpus and --stats are exclusive; a non-comparison --out is never replaced
     assert main(["-q", "lm", "compare", "--checkpoint-dir", str(ckpts), "--out", str(tmp_path / "r")]) == 2
-    assert main(["-q", "lm", "compare", "--checkpoint-dir", str(ckpts), "--corpus", str(tmp_path / "corpus"),
-                 "--out", str(tmp_path / "corpus"), "--overwrite"]) == 2
+    assert (
+        main(
+            [
+                "-q",
+                "lm",
+                "compare",
+                "--checkpoint-dir",
+                str(ckpts),
+                "--corpus",
+                str(tmp_path / "corpus"),
+                "--out",
+                str(tmp_path / "corpus"),
+                "--overwrite",
+            ]
+        )
+        == 2
+    )
     assert "not a comparison run" in capsys.readouterr().err
 
 
 def _write_llama2c(path, cfg, seed=0):
     from originlens.lm.llama2c import _weight_shapes
+
     n = sum(int(np.prod(s)) for _, s in _weight_shapes(cfg))
-    head = np.array([cfg.dim, cfg.hidden_dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size,
-                     cfg.max_seq_len], dtype="<i4")
+    head = np.array(
+        [cfg.dim, cfg.hidden_dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size, cfg.max_seq_len],
+        dtype="<i4",
+    )
     w = (np.random.default_rng(seed).normal(size=n) * 0.1).astype("<f4")
     path.write_bytes(head.tobytes() + w.tobytes())
 
@@ -342,42 +446,80 @@ def _write_llama2c(path, cfg, seed=0):
 def test_cli_text_corpus_with_llama2c_tokenizer(tmp_path, capsys):
     from originlens.cli.main import main
     from originlens.paths import data_root
+
     tok = data_root() / "models" / "stories260K" / "tok512.bin"
     if not tok.exists():
         pytest.skip("stories260K tokenizer not available")
     cfg = Llama2cConfig(dim=16, hidden_dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, max_seq_len=32)
     _write_llama2c(tmp_path / "tiny.bin", cfg)
     text = tmp_path / "stories.txt"
-    text.write_text("\n".join(["Once upon a time there was a little girl named Lily.",
-                               "Tom had a red ball. He liked to play with it in the park.",
-                               "The cat sat on the mat and looked at the big dog."] * 5))
+    text.write_text(
+        "\n".join(
+            [
+                "Once upon a time there was a little girl named Lily.",
+                "Tom had a red ball. He liked to play with it in the park.",
+                "The cat sat on the mat and looked at the big dog.",
+            ]
+            * 5
+        )
+    )
     out = tmp_path / "run"
-    rc = main(["-q", "lm", "compare", "--model", str(tmp_path / "tiny.bin"), "--tokenizer", str(tok),
-               "--corpus", str(text), "--top-tokens", "30", "--window", "16", "--out", str(out)])
+    rc = main(
+        [
+            "-q",
+            "lm",
+            "compare",
+            "--model",
+            str(tmp_path / "tiny.bin"),
+            "--tokenizer",
+            str(tok),
+            "--corpus",
+            str(text),
+            "--top-tokens",
+            "30",
+            "--window",
+            "16",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert res["statistics"]["meta"]["bos_id"] == 1 and res["statistics"]["K"] == 30
     assert res["statistics"]["tokens_head"][0] and res["labels"] == ["tiny"]
     # the model without its tokenizer cannot read raw text
-    rc = main(["-q", "lm", "compare", "--model", str(tmp_path / "tiny.bin"), "--corpus", str(text),
-               "--out", str(tmp_path / "run2")])
+    rc = main(
+        [
+            "-q",
+            "lm",
+            "compare",
+            "--model",
+            str(tmp_path / "tiny.bin"),
+            "--corpus",
+            str(text),
+            "--out",
+            str(tmp_path / "run2"),
+        ]
+    )
     assert rc == 2 and "tokenizer" in capsys.readouterr().err
 
 
 def test_cli_checkpoint_spec_expansion(tmp_path):
     from originlens.cli.lm_compare_cmd import checkpoint_specs
+
     assert checkpoint_specs("hf:org/m", "step1,step2", None, None) == ["hf:org/m@step1", "hf:org/m@step2"]
     assert checkpoint_specs("hf:org/m", None, None, 4) == ["hf:org/m@step1", "hf:org/m@step2", "hf:org/m@step4"]
     assert checkpoint_specs(str(tmp_path), "a.safetensors", None, None) == [str(tmp_path / "a.safetensors")]
     assert checkpoint_specs("m.bin", None, None, None) == ["m.bin"]
     with pytest.raises(ConfigError):
-        checkpoint_specs("m.bin", None, None, 8)                 # --log-steps needs a hub model
+        checkpoint_specs("m.bin", None, None, 8)  # --log-steps needs a hub model
     with pytest.raises(ConfigError):
         checkpoint_specs(None, "a", str(tmp_path), None)
 
 
 def test_the_null_baseline_is_on_by_default_and_null_level_agreement_is_flagged():
     from originlens.lm.compare import MAPPINGS, ComparisonResult, null_level_warnings
+
     assert CompareConfig().variants == ["spec", "null"]
     assert CompareConfig(null_baseline=False).variants == ["spec"]
     real = {k: np.array([[0.99, 0.60]]) for k in MAPPINGS}
@@ -386,8 +528,11 @@ def test_the_null_baseline_is_on_by_default_and_null_level_agreement_is_flagged(
     warns = null_level_warnings(res)
     assert len(warns) == len(MAPPINGS)
     assert all("within 0.02 of its token-permuted null at 1 of 2" in w and "null-level agreement" in w for w in warns)
-    far = ComparisonResult(labels=["a"], layers=[1], cosines={"spec": {k: np.array([[0.9]]) for k in MAPPINGS},
-                                                             "null": {k: np.array([[0.3]]) for k in MAPPINGS}},
-                           heads={})
+    far = ComparisonResult(
+        labels=["a"],
+        layers=[1],
+        cosines={"spec": {k: np.array([[0.9]]) for k in MAPPINGS}, "null": {k: np.array([[0.3]]) for k in MAPPINGS}},
+        heads={},
+    )
     assert null_level_warnings(far) == []
     assert null_level_warnings(ComparisonResult(labels=["a"], layers=[1], cosines={"spec": real}, heads={})) == []

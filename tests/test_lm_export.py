@@ -1,5 +1,6 @@
 """Export to Hugging Face format: the same weights through the native adapter and through HFAdapter on the
 exported directory give the same logits, residuals, single-token states and attention bilinear forms."""
+
 from __future__ import annotations
 
 import json
@@ -9,19 +10,20 @@ import torch
 
 pytest.importorskip("transformers")
 
-from originlens.errors import ConfigError, OriginlensError  # noqa: E402
-from originlens.lm.export import (gpt_to_hf, llama2c_to_hf, llama2c_to_rotate_half,  # noqa: E402
-                                  rotate_half_to_llama2c)
-from originlens.lm.hf import HFAdapter, load_hf  # noqa: E402
-from originlens.lm.llama2c import Llama2cConfig, Llama2cModel, Llama2cTokenizer, load_llama2c  # noqa: E402
-from originlens.lm.native import GPTAdapter, Llama2cAdapter  # noqa: E402
-from originlens.models.gpt import GPT, GPTConfig  # noqa: E402
-from originlens.paths import data_path  # noqa: E402
+from originlens.errors import ConfigError, OriginlensError
+from originlens.lm.export import gpt_to_hf, llama2c_to_hf, llama2c_to_rotate_half, rotate_half_to_llama2c
+from originlens.lm.hf import HFAdapter, load_hf
+from originlens.lm.llama2c import Llama2cConfig, Llama2cModel, Llama2cTokenizer, load_llama2c
+from originlens.lm.native import GPTAdapter, Llama2cAdapter
+from originlens.models.gpt import GPT, GPTConfig
+from originlens.paths import data_path
 
 MODEL_DIR = data_path("models", "stories260K", required=False)
 STORIES = data_path("tinystories", "stories-004.txt", required=False)
-needs_model = pytest.mark.skipif(not (MODEL_DIR / "stories260K.bin").is_file() or not STORIES.is_file(),
-                                 reason="stories260K / TinyStories not found (set ORIGINLENS_DATA)")
+needs_model = pytest.mark.skipif(
+    not (MODEL_DIR / "stories260K.bin").is_file() or not STORIES.is_file(),
+    reason="stories260K / TinyStories not found (set ORIGINLENS_DATA)",
+)
 
 
 def _perturb(module, seed):
@@ -36,13 +38,22 @@ def _perturb(module, seed):
 
 
 def _gpt(tie=True, dtype="float32"):
-    return _perturb(GPT(GPTConfig(vocab_size=13, seq_len=8, n_layer=2, d_model=16, n_head=4, tie_embeddings=tie,
-                                  dtype=dtype)), 0)
+    return _perturb(
+        GPT(GPTConfig(vocab_size=13, seq_len=8, n_layer=2, d_model=16, n_head=4, tie_embeddings=tie, dtype=dtype)), 0
+    )
 
 
 def _llama(shared=True):
-    cfg = Llama2cConfig(dim=16, hidden_dim=24, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=11, max_seq_len=8,
-                        shared_classifier=shared)
+    cfg = Llama2cConfig(
+        dim=16,
+        hidden_dim=24,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=11,
+        max_seq_len=8,
+        shared_classifier=shared,
+    )
     return _perturb(Llama2cModel(cfg), 1)
 
 
@@ -102,10 +113,10 @@ def test_gpt_export_refusals(tmp_path):
 
 
 def test_rotary_permutation():
-    w = torch.arange(2 * 8 * 3, dtype=torch.float32).view(16, 3)     # 2 heads of dim 8, d = 3
+    w = torch.arange(2 * 8 * 3, dtype=torch.float32).view(16, 3)  # 2 heads of dim 8, d = 3
     p = llama2c_to_rotate_half(w, 2)
     for h in range(2):
-        for j in range(4):           # HF row j <- llama2.c row 2j, row j + 4 <- row 2j + 1
+        for j in range(4):  # HF row j <- llama2.c row 2j, row j + 4 <- row 2j + 1
             assert torch.equal(p[h * 8 + j], w[h * 8 + 2 * j])
             assert torch.equal(p[h * 8 + 4 + j], w[h * 8 + 2 * j + 1])
     assert torch.equal(rotate_half_to_llama2c(p, 2), w)
@@ -156,9 +167,24 @@ def test_stories260k_export_logits_and_greedy_text(tmp_path, capsys):
     torch.testing.assert_close(sb.post, sa.post, rtol=1e-5, atol=1e-5)
     # greedy text through the CLI: llama2.c path == exported Hugging Face path
     from originlens.cli.main import main
+
     texts = []
     for model in (MODEL_DIR / "stories260K.bin", out):
-        assert main(["lm", "generate", "--model", str(model), "--tokenizer", str(MODEL_DIR / "tok512.bin"),
-                     "--max-new-tokens", "40", "--greedy"]) == 0
+        assert (
+            main(
+                [
+                    "lm",
+                    "generate",
+                    "--model",
+                    str(model),
+                    "--tokenizer",
+                    str(MODEL_DIR / "tok512.bin"),
+                    "--max-new-tokens",
+                    "40",
+                    "--greedy",
+                ]
+            )
+            == 0
+        )
         texts.append(capsys.readouterr().out)
     assert texts[0] == texts[1] and texts[0].startswith("Once upon a time")

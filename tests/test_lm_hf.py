@@ -4,6 +4,7 @@ References are computed independently of the adapter: the model's own forward (l
 ``output_hidden_states``, eager ``output_attentions``) and brute-force recomputations from the modules'
 weights written here (value path of a length-1 sequence, attention scores per head).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,19 +35,36 @@ def _randomise(model, seed=0):
 def make(kind: str, *, zero_qk_bias: bool = False):
     torch.manual_seed(0)
     if kind == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=V, n_positions=8, n_embd=D, n_layer=L, n_head=H,
-                                      bos_token_id=0, eos_token_id=0)
+        cfg = transformers.GPT2Config(
+            vocab_size=V, n_positions=8, n_embd=D, n_layer=L, n_head=H, bos_token_id=0, eos_token_id=0
+        )
         cls = transformers.GPT2LMHeadModel
     elif kind.startswith("neox"):
-        cfg = transformers.GPTNeoXConfig(vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
-                                         intermediate_size=32, max_position_embeddings=8, rotary_pct=0.5,
-                                         use_parallel_residual=kind == "neox-parallel",
-                                         bos_token_id=0, eos_token_id=0)
+        cfg = transformers.GPTNeoXConfig(
+            vocab_size=V,
+            hidden_size=D,
+            num_hidden_layers=L,
+            num_attention_heads=H,
+            intermediate_size=32,
+            max_position_embeddings=8,
+            rotary_pct=0.5,
+            use_parallel_residual=kind == "neox-parallel",
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         cls = transformers.GPTNeoXForCausalLM
     else:
-        cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=24, num_hidden_layers=L,
-                                       num_attention_heads=H, num_key_value_heads=2, max_position_embeddings=8,
-                                       bos_token_id=1, eos_token_id=2)
+        cfg = transformers.LlamaConfig(
+            vocab_size=V,
+            hidden_size=D,
+            intermediate_size=24,
+            num_hidden_layers=L,
+            num_attention_heads=H,
+            num_key_value_heads=2,
+            max_position_embeddings=8,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
         cls = transformers.LlamaForCausalLM
     cfg._attn_implementation = "eager"
     model = _randomise(cls(cfg))
@@ -54,7 +72,7 @@ def make(kind: str, *, zero_qk_bias: bool = False):
         with torch.no_grad():
             for layer in HFAdapter(model).layers:
                 if kind == "gpt2":
-                    layer.attn.c_attn.bias[:2 * D].zero_()
+                    layer.attn.c_attn.bias[: 2 * D].zero_()
                 elif kind.startswith("neox"):
                     layer.attention.query_key_value.bias.view(H, 3, D // H)[:, :2].zero_()
     return model
@@ -111,7 +129,7 @@ def test_hooks_replace_the_stream(kind):
     # the hooks were removed: a clean run is unaffected
     torch.testing.assert_close(ad.run(x), ad.run(x), rtol=0, atol=0)
     with pytest.raises(ConfigError):
-        ad.run(torch.zeros(1, 9, dtype=torch.long))          # longer than the context of 8
+        ad.run(torch.zeros(1, 9, dtype=torch.long))  # longer than the context of 8
     with pytest.raises(InputError):
         ad.run(torch.full((1, 2), V))
 
@@ -120,7 +138,7 @@ def _value_path(kind, layer, xn):
     """Attention output of a length-1 sequence (one key, weight 1) from the normalised input."""
     if kind == "gpt2":
         qkv = xn @ layer.attn.c_attn.weight + layer.attn.c_attn.bias
-        return qkv[:, 2 * D:] @ layer.attn.c_proj.weight + layer.attn.c_proj.bias
+        return qkv[:, 2 * D :] @ layer.attn.c_proj.weight + layer.attn.c_proj.bias
     if kind.startswith("neox"):
         a = layer.attention
         qkv = (xn @ a.query_key_value.weight.T + a.query_key_value.bias).view(-1, H, 3, D // H)
@@ -148,9 +166,9 @@ def test_single_token_states_match_length_one_forward(kind):
         ln2 = layer.ln_2 if kind == "gpt2" else layer.post_attention_layernorm
         attn_out = _value_path(kind, layer, ln1(st.pre[l]))
         torch.testing.assert_close(st.attn[l], st.pre[l] + attn_out, rtol=1e-5, atol=1e-5)
-        if kind == "neox-parallel":     # out = x + attn(ln1 x) + mlp(ln2 x)
+        if kind == "neox-parallel":  # out = x + attn(ln1 x) + mlp(ln2 x)
             expect = st.attn[l] + layer.mlp(ln2(st.pre[l]))
-        else:                           # out = h + mlp(ln2 h), h = x + attn
+        else:  # out = h + mlp(ln2 h), h = x + attn
             expect = st.attn[l] + layer.mlp(ln2(st.attn[l]))
         torch.testing.assert_close(st.post[l], expect, rtol=1e-5, atol=1e-5)
     # chunked and unchunked agree
@@ -219,9 +237,10 @@ def test_trust_remote_code_only_when_asked(tmp_path, monkeypatch):
         def spy(*a, _orig=orig, **kw):
             calls.append(kw)
             return _orig(*a, **kw)
+
         monkeypatch.setattr(cls, "from_pretrained", spy)
     load_hf(tmp_path / "m")
-    assert calls and all(kw["trust_remote_code"] is False for kw in calls)   # explicit: never a prompt
+    assert calls and all(kw["trust_remote_code"] is False for kw in calls)  # explicit: never a prompt
     assert all(kw["local_files_only"] for kw in calls)
     calls.clear()
     load_hf(tmp_path / "m", trust_remote_code=True)
@@ -234,13 +253,15 @@ def test_remote_code_never_runs_even_when_stdin_says_yes(tmp_path, monkeypatch):
     import io
     import json
     import sys
+
     d = tmp_path / "remote"
     make("gpt2").save_pretrained(d)
     marker = tmp_path / "pwned"
     (d / "evil_config.py").write_text(
         f"from pathlib import Path\nPath({str(marker)!r}).touch()\n"
         "from transformers import PretrainedConfig\n"
-        "class EvilConfig(PretrainedConfig):\n    model_type = 'evil-remote'\n")
+        "class EvilConfig(PretrainedConfig):\n    model_type = 'evil-remote'\n"
+    )
     cfg = json.loads((d / "config.json").read_text())
     cfg.update(model_type="evil-remote", auto_map={"AutoConfig": "evil_config.EvilConfig"})
     (d / "config.json").write_text(json.dumps(cfg))
@@ -252,6 +273,7 @@ def test_remote_code_never_runs_even_when_stdin_says_yes(tmp_path, monkeypatch):
 
 def test_missing_transformers_and_unsupported_family(monkeypatch, tmp_path):
     from types import SimpleNamespace
+
     with pytest.raises(CompatibilityError, match="model type 'opt'"):
         HFAdapter(SimpleNamespace(config=SimpleNamespace(model_type="opt")))
     monkeypatch.setitem(sys.modules, "transformers", None)
@@ -262,11 +284,23 @@ def test_missing_transformers_and_unsupported_family(monkeypatch, tmp_path):
 
 
 def _gemma2(cap=5.0):
-    cfg = transformers.Gemma2Config(vocab_size=V, hidden_size=D, intermediate_size=24, num_hidden_layers=L,
-                                    num_attention_heads=H, num_key_value_heads=2, head_dim=6,
-                                    max_position_embeddings=8, final_logit_softcapping=cap,
-                                    attn_logit_softcapping=20.0, query_pre_attn_scalar=6, sliding_window=4,
-                                    bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    cfg = transformers.Gemma2Config(
+        vocab_size=V,
+        hidden_size=D,
+        intermediate_size=24,
+        num_hidden_layers=L,
+        num_attention_heads=H,
+        num_key_value_heads=2,
+        head_dim=6,
+        max_position_embeddings=8,
+        final_logit_softcapping=cap,
+        attn_logit_softcapping=20.0,
+        query_pre_attn_scalar=6,
+        sliding_window=4,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     return _randomise(transformers.Gemma2ForCausalLM(cfg))

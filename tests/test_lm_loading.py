@@ -1,5 +1,6 @@
 """Format registry, load_adapter / load_tokenizer dispatch, and ``originlens lm generate``/``export`` for
 every supported format."""
+
 from __future__ import annotations
 
 import json
@@ -8,21 +9,32 @@ import pytest
 import torch
 
 from originlens.errors import CompatibilityError, ConfigError, InputError
-from originlens.lm.loading import (MODEL_FORMATS, TextCodec, detect_format, load_adapter, load_gpt_checkpoint,
-                                   load_model, load_tokenizer, open_tokenizer, parse_hub_spec)
+from originlens.lm.loading import (
+    MODEL_FORMATS,
+    TextCodec,
+    detect_format,
+    load_adapter,
+    load_gpt_checkpoint,
+    load_model,
+    load_tokenizer,
+    open_tokenizer,
+    parse_hub_spec,
+)
 from originlens.lm.native import GPTAdapter, Llama2cAdapter
 from originlens.models.gpt import GPT, GPTConfig
 from originlens.paths import data_path
 
 MODEL_DIR = data_path("models", "stories260K", required=False)
-needs_model = pytest.mark.skipif(not (MODEL_DIR / "stories260K.bin").is_file(),
-                                 reason="stories260K not found (set ORIGINLENS_DATA)")
+needs_model = pytest.mark.skipif(
+    not (MODEL_DIR / "stories260K.bin").is_file(), reason="stories260K not found (set ORIGINLENS_DATA)"
+)
 DOCS = ["the cat sat on the mat .", "the dog sat on the log .", "a cat and a dog ran ."]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     from originlens.data.build import build_corpus
+
     d = tmp_path_factory.mktemp("corpus")
     (d / "docs.txt").write_text("\n".join(DOCS) + "\n")
     return build_corpus([d / "docs.txt"], d / "store", tokenizer="words", vocab_size=50, seq_len=4, windows="pack")
@@ -39,6 +51,7 @@ def _gpt(vocab):
 
 def _run_cli(argv):
     from originlens.cli.main import main
+
     return main(argv)
 
 
@@ -57,6 +70,7 @@ def test_gpt_checkpoints_and_tokenizer_discovery(tmp_path, corpus):
     torch.testing.assert_close(ad.run(toks), g(toks), rtol=0, atol=0)
     # trainer checkpoint (kind "ntp-checkpoint": model.* tensors, Adam state, gpt_config metadata)
     from originlens.train.ntp import NTPConfig, save_checkpoint
+
     opt = torch.optim.Adam(g.parameters())
     save_checkpoint(run / "checkpoints" / "step-000003.safetensors", g, opt, 3, NTPConfig())
     ck = run / "checkpoints" / "step-000003.safetensors"
@@ -98,16 +112,32 @@ def test_recorded_vocabulary_hash_must_match_the_tokenizer(tmp_path, corpus, cap
     """A model file that records the vocabulary hash of its training data (as ``ntp train`` writes) is
     refused with a tokenizer of the same size but other token strings; the right tokenizer passes."""
     from originlens.storage import vocab_hash
+
     g = _gpt(corpus.vocab_size)
     vocab = list(corpus.vocab)
     g.save(tmp_path / "ok.safetensors", metadata={"vocab_hash": vocab_hash(vocab, len(vocab))})
     assert load_adapter(tmp_path / "ok.safetensors", tokenizer=corpus.path).tokenizer is not None
-    swapped = vocab[:-2] + [vocab[-1], vocab[-2]]                       # same size, two ids swapped
+    swapped = vocab[:-2] + [vocab[-1], vocab[-2]]  # same size, two ids swapped
     g.save(tmp_path / "other.safetensors", metadata={"vocab_hash": vocab_hash(swapped, len(swapped))})
     with pytest.raises(CompatibilityError, match="not the model's"):
         load_adapter(tmp_path / "other.safetensors", tokenizer=corpus.path)
-    assert _run_cli(["lm", "generate", "--model", str(tmp_path / "other.safetensors"), "--tokenizer",
-                     str(corpus.path), "--prompt", "the cat", "--max-new-tokens", "2"]) == 2
+    assert (
+        _run_cli(
+            [
+                "lm",
+                "generate",
+                "--model",
+                str(tmp_path / "other.safetensors"),
+                "--tokenizer",
+                str(corpus.path),
+                "--prompt",
+                "the cat",
+                "--max-new-tokens",
+                "2",
+            ]
+        )
+        == 2
+    )
     assert "not the model's" in capsys.readouterr().err
 
 
@@ -125,8 +155,22 @@ def test_cli_generate_gpt_and_exported_hf_agree(tmp_path, corpus, capsys):
             break
         ids.append(nxt)
     expect = tok.decode([i for i in ids if i != tok.eot_id])
-    assert _run_cli(["lm", "generate", "--model", str(tmp_path / "m.safetensors"), "--prompt", "the cat",
-                     "--max-new-tokens", "5", "--greedy"]) == 0
+    assert (
+        _run_cli(
+            [
+                "lm",
+                "generate",
+                "--model",
+                str(tmp_path / "m.safetensors"),
+                "--prompt",
+                "the cat",
+                "--max-new-tokens",
+                "5",
+                "--greedy",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out == expect + "\n"
     # export to a Hugging Face GPT-2 directory, then generate through HFAdapter with the same tokenizer
@@ -134,8 +178,24 @@ def test_cli_generate_gpt_and_exported_hf_agree(tmp_path, corpus, capsys):
     capsys.readouterr()
     assert detect_format(tmp_path / "hf").name == "hf"
     assert type(load_adapter(tmp_path / "hf")).__name__ == "HFAdapter"
-    assert _run_cli(["lm", "generate", "--model", str(tmp_path / "hf"), "--tokenizer", str(corpus.path),
-                     "--prompt", "the cat", "--max-new-tokens", "5", "--greedy"]) == 0
+    assert (
+        _run_cli(
+            [
+                "lm",
+                "generate",
+                "--model",
+                str(tmp_path / "hf"),
+                "--tokenizer",
+                str(corpus.path),
+                "--prompt",
+                "the cat",
+                "--max-new-tokens",
+                "5",
+                "--greedy",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == out
     # a Hugging Face directory without tokenizer and without --tokenizer: clear error
     assert _run_cli(["lm", "generate", "--model", str(tmp_path / "hf")]) == 2
@@ -145,7 +205,9 @@ def test_cli_generate_gpt_and_exported_hf_agree(tmp_path, corpus, capsys):
 def test_hf_dir_tokenizer_json(tmp_path):
     pytest.importorskip("transformers")
     from tokenizers import Tokenizer, models, pre_tokenizers
+
     from originlens.lm.export import gpt_to_hf
+
     vocab = {w: i for i, w in enumerate(["<|endoftext|>", "the", "cat", "sat", "[UNK]"])}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -154,7 +216,7 @@ def test_hf_dir_tokenizer_json(tmp_path):
     gpt_to_hf(_gpt(5), tmp_path / "hf", tokenizer=tmp_path / "tokenizer.json", bos_id=0, eos_id=0)
     codec = load_tokenizer(tmp_path / "hf")
     assert codec.encode("the cat sat") == [1, 2, 3] and codec.bos_id == 0
-    assert codec.decode([0, 1, 2]).split() == ["the", "cat"]          # special tokens dropped
+    assert codec.decode([0, 1, 2]).split() == ["the", "cat"]  # special tokens dropped
     ad = load_adapter(tmp_path / "hf")
     assert ad.bos_id == 0 and ad.stop_ids == (0,)
 
@@ -163,12 +225,12 @@ def test_hf_dir_tokenizer_json(tmp_path):
 def test_llama2c_dispatch_and_tokenizer_autodiscovery():
     ad = load_adapter(MODEL_DIR / "stories260K.bin")
     assert isinstance(ad, Llama2cAdapter)
-    codec = load_tokenizer(MODEL_DIR / "stories260K.bin")               # tok512.bin found next to it
+    codec = load_tokenizer(MODEL_DIR / "stories260K.bin")  # tok512.bin found next to it
     assert codec.vocab_size == 512 and codec.bos_id == 1
     ids = codec.encode("Once upon a time")
     assert ids and ids[0] != 1
     assert codec.decode([1] + ids) == "Once upon a time"
-    explicit = open_tokenizer(MODEL_DIR / "tok512.bin")                  # size counted from the file
+    explicit = open_tokenizer(MODEL_DIR / "tok512.bin")  # size counted from the file
     assert explicit.encode("a big dog") == codec.encode("a big dog")
 
 
@@ -182,11 +244,13 @@ def test_hub_specs_and_errors(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="revisions only apply"):
         load_adapter(tmp_path, revision="step1")
     with pytest.raises(InputError, match="hf:EleutherAI/pythia-70m"):
-        load_adapter("EleutherAI/pythia-70m")                           # not a path: hint at the hub spec
+        load_adapter("EleutherAI/pythia-70m")  # not a path: hint at the hub spec
     pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for call in (lambda: load_adapter("hf:originlens-test/nope@step1"),
-                 lambda: load_tokenizer("hf:originlens-test/nope", revision="step1")):
+    for call in (
+        lambda: load_adapter("hf:originlens-test/nope@step1"),
+        lambda: load_tokenizer("hf:originlens-test/nope", revision="step1"),
+    ):
         with pytest.raises(InputError, match="hub could not be reached"):
             call()
     assert _run_cli(["lm", "generate", "--model", "hf:originlens-test/nope@step1", "--max-new-tokens", "1"]) == 2

@@ -1,12 +1,13 @@
 """Adapters for our GPT and llama2.c models agree with the models' own forward passes."""
-import torch
-import pytest
 
-from originlens.lm.adapter import TokenStates, parse_site, site_from_hook_name, hook_name_from_site
-from originlens.lm.native import GPTAdapter, Llama2cAdapter
-from originlens.lm.llama2c import Llama2cConfig, Llama2cModel
-from originlens.models.gpt import GPT, GPTConfig
+import pytest
+import torch
+
 from originlens.errors import ConfigError
+from originlens.lm.adapter import TokenStates, hook_name_from_site, parse_site, site_from_hook_name
+from originlens.lm.llama2c import Llama2cConfig, Llama2cModel
+from originlens.lm.native import GPTAdapter, Llama2cAdapter
+from originlens.models.gpt import GPT, GPTConfig
 
 
 def _gpt():
@@ -35,9 +36,11 @@ def test_run_matches_model_and_hooks_replace(make):
     torch.testing.assert_close(ad.unembed(res[-1]), ref, rtol=0, atol=1e-12)
     # a hook that zeroes resid.1 changes the logits exactly as running the rest on zeros would
     seen = {}
+
     def hook(x, k):
         seen[k] = x.clone()
         return torch.zeros_like(x)
+
     out2 = ad.run(toks, hooks={1: hook})
     torch.testing.assert_close(seen[1], ref_res[1])
     assert not torch.allclose(out2, ref)
@@ -80,7 +83,7 @@ def test_qk_weights_reproduce_attention_scores(make):
         qkv = model.blocks[1].copies[0].attn_qkv
         d = ad.d_model
         q = (x @ qkv.weight[:d].T).view(5, H, -1)
-        k = (x @ qkv.weight[d:2 * d].T).view(5, H, -1)
+        k = (x @ qkv.weight[d : 2 * d].T).view(5, H, -1)
     else:
         att = model.layers[1].attention
         q = att.wq(x).view(5, H, -1)
@@ -116,7 +119,6 @@ def test_run_from_site_equals_full_run(make):
     # an edited stream continues exactly like a replacing hook
     edit = res[1].clone()
     edit[:, 2] += 1.0
-    torch.testing.assert_close(ad.run_from(1, edit), ad.run(toks, hooks={1: lambda x, k: edit}),
-                               rtol=0, atol=1e-12)
+    torch.testing.assert_close(ad.run_from(1, edit), ad.run(toks, hooks={1: lambda x, k: edit}), rtol=0, atol=1e-12)
     with pytest.raises(ConfigError):
         ad.run_from(ad.n_layers + 1, res[0])

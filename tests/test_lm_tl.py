@@ -4,6 +4,7 @@ The fake re-implements the forward pass from the GPT's weights with TransformerL
 weight layout (``W_Q`` ``(L, H, d, dh)``, ``W_U`` ``(d, V)``), so a wrong site mapping, transpose or
 cache key in the adapter makes it disagree with :class:`GPTAdapter` on the same weights.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,16 +30,17 @@ class FakeHookedTransformer(nn.Module):
     def __init__(self, gpt: GPT, kv_heads: int | None = None) -> None:
         super().__init__()
         self.gpt = gpt
-        self.cfg = SimpleNamespace(n_layers=L, d_model=D, n_heads=H, d_vocab=V, n_ctx=gpt.config.n_positions,
-                                   d_head=D // H)
+        self.cfg = SimpleNamespace(
+            n_layers=L, d_model=D, n_heads=H, d_vocab=V, n_ctx=gpt.config.n_positions, d_head=D // H
+        )
         self.kv_heads = kv_heads
         self.ln_final = gpt.head[0].ln_f
         self.calls: list[str] = []
 
     # weights in TransformerLens layout
     def _qkv(self, l: int, i: int) -> torch.Tensor:
-        w = self.gpt.blocks[l].copies[0].attn_qkv.weight[i * D:(i + 1) * D]        # (H*dh, d)
-        return w.view(H, D // H, D).transpose(1, 2)                                   # (H, d, dh)
+        w = self.gpt.blocks[l].copies[0].attn_qkv.weight[i * D : (i + 1) * D]  # (H*dh, d)
+        return w.view(H, D // H, D).transpose(1, 2)  # (H, d, dh)
 
     @property
     def W_Q(self) -> torch.Tensor:
@@ -47,7 +49,7 @@ class FakeHookedTransformer(nn.Module):
     @property
     def W_K(self) -> torch.Tensor:
         wk = torch.stack([self._qkv(l, 1) for l in range(L)])
-        return wk if self.kv_heads is None else wk[:, ::H // self.kv_heads]          # grouped-query fake
+        return wk if self.kv_heads is None else wk[:, :: H // self.kv_heads]  # grouped-query fake
 
     @property
     def W_U(self) -> torch.Tensor:
@@ -107,8 +109,11 @@ def _pair(kv_heads=None):
 def test_transformer_lens_not_imported():
     # in a fresh interpreter: other tests of the same worker (SAELens) may import transformer_lens
     import subprocess
-    code = ("import sys, originlens, originlens.lm.tl, originlens.lm.native; "
-            "assert 'transformer_lens' not in sys.modules, 'imported'")
+
+    code = (
+        "import sys, originlens, originlens.lm.tl, originlens.lm.native; "
+        "assert 'transformer_lens' not in sys.modules, 'imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     with pytest.raises(CompatibilityError, match="HookedTransformer"):
         TLAdapter(object())
@@ -122,10 +127,21 @@ def test_real_hooked_transformer():
     if not hasattr(tl, "HookedTransformer"):
         pytest.skip("this TransformerLens has no HookedTransformer (4.x)")
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        cfg = tl.HookedTransformerConfig(n_layers=2, d_model=16, n_ctx=8, d_head=4, n_heads=4, d_vocab=11,
-                                         act_fn="gelu", normalization_type="LN", seed=0, dtype=torch.float64)
+        cfg = tl.HookedTransformerConfig(
+            n_layers=2,
+            d_model=16,
+            n_ctx=8,
+            d_head=4,
+            n_heads=4,
+            d_vocab=11,
+            act_fn="gelu",
+            normalization_type="LN",
+            seed=0,
+            dtype=torch.float64,
+        )
         m = tl.HookedTransformer(cfg).eval()
     ad = TLAdapter(m)
     x = torch.randint(0, 11, (3, 8), generator=torch.Generator().manual_seed(1))
@@ -137,20 +153,23 @@ def test_real_hooked_transformer():
         for k in range(2):
             torch.testing.assert_close(res[k], cache[f"blocks.{k}.hook_resid_pre"], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(res[2], cache["blocks.1.hook_resid_post"], rtol=1e-12, atol=1e-12)
+
         # an intervention at site 1: zero position 3 of the stream entering block 1
         def zero3(t, _k):
             t = t.clone()
             t[:, 3] = 0
             return t
+
         hooked = ad.run(x, hooks={1: zero3})
 
         def tl_hook(t, hook):
             t = t.clone()
             t[:, 3] = 0
             return t
+
         ref_hooked = m.run_with_hooks(x, fwd_hooks=[("blocks.1.hook_resid_pre", tl_hook)])
         torch.testing.assert_close(hooked, ref_hooked, rtol=1e-12, atol=1e-12)
-        assert (hooked[:, :3] - logits[:, :3]).abs().max() < 1e-12      # causal: earlier positions unchanged
+        assert (hooked[:, :3] - logits[:, :3]).abs().max() < 1e-12  # causal: earlier positions unchanged
         assert (hooked[:, 3:] - logits[:, 3:]).abs().max() > 1e-6
         # each token alone
         ids = torch.tensor([0, 5, 10])
@@ -158,10 +177,14 @@ def test_real_hooked_transformer():
         _, c1 = m.run_with_cache(ids[:, None])
         for l in range(2):
             torch.testing.assert_close(st.pre[l], c1[f"blocks.{l}.hook_resid_pre"][:, 0], rtol=1e-12, atol=1e-12)
-            torch.testing.assert_close(st.attn[l], c1[f"blocks.{l}.hook_resid_pre"][:, 0]
-                                       + c1[f"blocks.{l}.hook_attn_out"][:, 0], rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(
+                st.attn[l],
+                c1[f"blocks.{l}.hook_resid_pre"][:, 0] + c1[f"blocks.{l}.hook_attn_out"][:, 0],
+                rtol=1e-12,
+                atol=1e-12,
+            )
             torch.testing.assert_close(st.post[l], c1[f"blocks.{l}.hook_resid_post"][:, 0], rtol=1e-12, atol=1e-12)
-            wq, wk = ad.qk_weights(l)                                   # (H, dh, d): q_h = W_Q[h] x
+            wq, wk = ad.qk_weights(l)  # (H, dh, d): q_h = W_Q[h] x
             torch.testing.assert_close(wq, m.W_Q[l].transpose(1, 2))
             torch.testing.assert_close(wk, m.W_K[l].transpose(1, 2))
 
@@ -208,5 +231,5 @@ def test_grouped_query_keys_are_repeated():
     wq, wk = tl.qk_weights(0)
     assert wk.shape == wq.shape == (H, D // H, D)
     full = ref.qk_weights(0)[1]
-    for h in range(H):                     # query head h reads key head h // 2 = full head 2 * (h // 2)
+    for h in range(H):  # query head h reads key head h // 2 = full head 2 * (h // 2)
         torch.testing.assert_close(wk[h], full[2 * (h // 2)], rtol=0, atol=0)

@@ -1,5 +1,6 @@
 """Tests for originlens.train.grid: t-intervals and the NTP-useless selection against hand-written
 references, the expected-ordering checks, and a tiny end-to-end grid that skips finished runs."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from originlens.cli.main import main as cli_main
 from originlens.errors import ConfigError, InputError
 from originlens.probes import ProbeMetrics
 from originlens.tasks import get_task
-from originlens.train.grid import (GridConfig, expectation_checks, run_dir_for, run_grid, t_interval)
+from originlens.train.grid import GridConfig, expectation_checks, run_dir_for, run_grid, t_interval
 from originlens.train.ntp import tracked_quality
 
 
@@ -48,10 +49,18 @@ def _fake_metrics(task_name: str, seed: int = 0) -> tuple[ProbeMetrics, np.ndarr
     rng = np.random.default_rng(seed + 1)
     K, P, F = 3, 20, len(task.feature_names)
     pearson = rng.uniform(-1, 1, size=(K, P, F))
-    types = batch.feature_types[0, 1:]                               # (P, F): constant over sequences
+    types = batch.feature_types[0, 1:]  # (P, F): constant over sequences
     by_type = {t: np.where(types[None] == t, pearson, np.nan) for t in (0, 1, 2)}
-    pm = ProbeMetrics(pearson=pearson, r2=pearson, mse=pearson, accuracy=pearson, by_type=by_type,
-                      layers=[0, 1, 2], positions=list(range(1, 21)), feature_names=task.feature_names)
+    pm = ProbeMetrics(
+        pearson=pearson,
+        r2=pearson,
+        mse=pearson,
+        accuracy=pearson,
+        by_type=by_type,
+        layers=[0, 1, 2],
+        positions=list(range(1, 21)),
+        feature_names=task.feature_names,
+    )
     return pm, pearson
 
 
@@ -76,9 +85,13 @@ def test_cond_majority_useless_selection_is_prev_is_0_at_positions_2_to_19():
 
 
 def test_expectation_checks():
-    s = lambda m, lo, hi: {"mean": m, "low": lo, "high": hi}  # noqa: E731
-    stats_ = {"standard": s(0.9, 0.85, 0.95), "untied": s(0.8, 0.7, 0.9), "myopic": s(0.4, 0.3, 0.5),
-              "myopic+untied": s(0.82, 0.5, 1.1)}
+    s = lambda m, lo, hi: {"mean": m, "low": lo, "high": hi}
+    stats_ = {
+        "standard": s(0.9, 0.85, 0.95),
+        "untied": s(0.8, 0.7, 0.9),
+        "myopic": s(0.4, 0.3, 0.5),
+        "myopic+untied": s(0.82, 0.5, 1.1),
+    }
     c = expectation_checks("cond-majority", stats_)
     assert c["standard > myopic"] == {"holds": True, "ci_separated": True}
     assert c["untied > myopic+untied"] == {"holds": False, "ci_separated": False}
@@ -99,9 +112,32 @@ def test_grid_config_validation(tmp_path):
 @pytest.mark.slow
 def test_tiny_grid_writes_cis_and_skips_finished_runs(tmp_path, capsys):
     out = tmp_path / "g"
-    args = ["ntp", "grid", "--task", "cond-majority", "--regimes", "standard,myopic+untied", "--seeds", "0,1",
-            "--steps", "4", "--d-model", "16", "--heads", "2", "--batch-size", "8", "--eval-size", "40",
-            "--checkpoint-every", "0", "--out", str(out), "--threads", "1"]
+    args = [
+        "ntp",
+        "grid",
+        "--task",
+        "cond-majority",
+        "--regimes",
+        "standard,myopic+untied",
+        "--seeds",
+        "0,1",
+        "--steps",
+        "4",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--batch-size",
+        "8",
+        "--eval-size",
+        "40",
+        "--checkpoint-every",
+        "0",
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+    ]
     assert cli_main(args) == 0
     printed = capsys.readouterr().out
     assert "trained 4, skipped 0" in printed and "myopic+untied" in printed
@@ -118,6 +154,6 @@ def test_tiny_grid_writes_cis_and_skips_finished_runs(tmp_path, capsys):
     assert run_dir_for(out, "myopic+untied", 1).name == "seed-1"
     model = run_dir_for(out, "standard", 0) / "model.safetensors"
     mtime = model.stat().st_mtime_ns
-    assert cli_main(args) == 0                                        # re-run: everything skipped
+    assert cli_main(args) == 0  # re-run: everything skipped
     assert "trained 0, skipped 4" in capsys.readouterr().out
     assert model.stat().st_mtime_ns == mtime

@@ -1,5 +1,6 @@
 """Tests for originlens.train.ntp: defaults, data order, loss and Adam step against hand-written
 references, exact resume, checkpoints, run-dir safety, NaN detection, probes, callbacks, CLI."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,15 @@ from originlens.models import GPT
 from originlens.probes import ProbeSet
 from originlens.storage import load_tensors, save_tensors
 from originlens.tasks import get_task
-from originlens.train.ntp import (CHECKPOINT_KIND, NTPConfig, Trainer, checkpoint_metadata, list_checkpoints,
-                                  load_probe_metrics, othello_pool)
+from originlens.train.ntp import (
+    CHECKPOINT_KIND,
+    NTPConfig,
+    Trainer,
+    checkpoint_metadata,
+    list_checkpoints,
+    load_probe_metrics,
+    othello_pool,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -29,8 +37,18 @@ def one_thread():
 
 
 def tiny(**kw) -> NTPConfig:
-    base = dict(task="cond-majority", d_model=16, n_head=2, batch_size=16, steps=12, eval_size=64,
-                log_every=1, eval_every=0, probe_every=0, checkpoint_every=5)
+    base = dict(
+        task="cond-majority",
+        d_model=16,
+        n_head=2,
+        batch_size=16,
+        steps=12,
+        eval_size=64,
+        log_every=1,
+        eval_every=0,
+        probe_every=0,
+        checkpoint_every=5,
+    )
     base.update(kw)
     return NTPConfig(**base)
 
@@ -41,15 +59,25 @@ def params(model: GPT) -> dict[str, torch.Tensor]:
 
 # ------------------------------------------------------------------------------------------ config
 
+
 def test_defaults_follow_the_spec_table():
     # spec §7: layers, d, heads, T, batch, lr, steps, eval size, probe interval
-    table = {"majority": (2, 128, 4, 21, 256, 3000, 10240, 500),
-             "cond-majority": (2, 128, 4, 21, 256, 3000, 10240, 500),
-             "othello": (6, 256, 4, 61, 1024, 5000, 20480, 1000)}
+    table = {
+        "majority": (2, 128, 4, 21, 256, 3000, 10240, 500),
+        "cond-majority": (2, 128, 4, 21, 256, 3000, 10240, 500),
+        "othello": (6, 256, 4, 61, 1024, 5000, 20480, 1000),
+    }
     for task, (L, d, h, T, B, steps, n_eval, every) in table.items():
         c = NTPConfig(task=task)
-        assert (c.n_layer, c.d_model, c.n_head, c.batch_size, c.steps, c.eval_size, c.probe_every) == \
-            (L, d, h, B, steps, n_eval, every)
+        assert (c.n_layer, c.d_model, c.n_head, c.batch_size, c.steps, c.eval_size, c.probe_every) == (
+            L,
+            d,
+            h,
+            B,
+            steps,
+            n_eval,
+            every,
+        )
         assert c.lr == 1e-3 and c.betas == (0.9, 0.999) and c.eps == 1e-8 and c.probe_alpha == 1.0
         assert c.gpt_config(get_task(task).vocab_size, T).n_positions == T + 1
     assert NTPConfig(task="majority", regime="untied").untie_at == [10]
@@ -63,7 +91,7 @@ def test_bad_names_are_config_errors_listing_valid_ones():
         NTPConfig(task="parity")
     with pytest.raises(ConfigError, match="myopic\\+untied"):
         NTPConfig(task="majority", regime="split-brain")
-    with pytest.raises(ConfigError, match="untie_at"):        # GPTConfig's own validation
+    with pytest.raises(ConfigError, match="untie_at"):  # GPTConfig's own validation
         NTPConfig(task="othello", regime="untied")
     with pytest.raises(ConfigError, match="divisible"):
         NTPConfig(task="majority", d_model=30, n_head=4)
@@ -81,6 +109,7 @@ def test_cli_bad_names_exit_2(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------ data order, loss, Adam
+
 
 def test_counting_tasks_train_on_a_fixed_set_by_default(tmp_path):
     """The paper's protocol: a fixed set of 102,400 sequences per run, task.sample(N, default_rng([seed, 11])),
@@ -101,7 +130,7 @@ def test_counting_tasks_train_on_a_fixed_set_by_default(tmp_path):
 def test_first_update_matches_hand_written_loss_and_adam(tmp_path):
     """Batch 0 comes from default_rng([seed, 7, 0]); the logged loss is the mean CE over T−1 positions;
     one Adam step from zero moments moves every weight by lr·g/(|g| + ε) (bias-corrected)."""
-    cfg = tiny(steps=1, seed=3, checkpoint_every=0, train_size=0)      # fresh sequences every step
+    cfg = tiny(steps=1, seed=3, checkpoint_every=0, train_size=0)  # fresh sequences every step
     tr = Trainer(cfg, tmp_path / "r")
     torch.manual_seed(3)
     ref = GPT(tr.gpt_config)
@@ -110,7 +139,7 @@ def test_first_update_matches_hand_written_loss_and_adam(tmp_path):
     with torch.no_grad():
         logits = ref(toks).double()
     logp = torch.log_softmax(logits[:, :-1], dim=-1)
-    ce = -logp.gather(-1, toks[:, 1:, None]).squeeze(-1)          # (B, T−1)
+    ce = -logp.gather(-1, toks[:, 1:, None]).squeeze(-1)  # (B, T−1)
     loss_ref = ce.mean()
     ref.zero_grad()
     ref(toks).log_softmax(-1)[:, :-1].gather(-1, toks[:, 1:, None]).mean().neg().backward()
@@ -126,12 +155,18 @@ def test_first_update_matches_hand_written_loss_and_adam(tmp_path):
 
 # --------------------------------------------------------------------------------- exact resume
 
+
 def _strip_adam(path):
     arrays, meta = load_tensors(path)
     kept = {k: v for k, v in arrays.items() if not k.startswith("adam.")}
-    save_tensors(path, kept, kind=CHECKPOINT_KIND, metadata={k: json.loads(v) if k in ("step",) else v
-                                                              for k, v in meta.items()
-                                                              if k not in ("kind", "format_version")})
+    save_tensors(
+        path,
+        kept,
+        kind=CHECKPOINT_KIND,
+        metadata={
+            k: json.loads(v) if k in ("step",) else v for k, v in meta.items() if k not in ("kind", "format_version")
+        },
+    )
 
 
 @pytest.mark.parametrize("regime", ["standard", "myopic"])
@@ -139,17 +174,17 @@ def test_resume_is_bit_exact(tmp_path, regime):
     cfg = tiny(regime=regime)
     full = Trainer(cfg, tmp_path / "full")
     full.run()
-    Trainer(cfg.replace(steps=7), tmp_path / "cut").run()        # "killed" after update 7 (checkpoints 5, 7)
+    Trainer(cfg.replace(steps=7), tmp_path / "cut").run()  # "killed" after update 7 (checkpoints 5, 7)
     resumed = Trainer(cfg, tmp_path / "cut", resume=True)
     resumed.run()
     assert resumed.last_checkpoint.name == "step-000012.safetensors"
     a, b = params(full.model), params(resumed.model)
     assert all(torch.equal(a[k], b[k]) for k in a)
     steps = [r["step"] for r in resumed.rundir.read_metrics() if r["event"] == "train"]
-    assert steps == list(range(1, 13))                           # no duplicates after the resume
+    assert steps == list(range(1, 13))  # no duplicates after the resume
     before = float(checkpoint_metadata(tmp_path / "cut" / "checkpoints" / "step-000007.safetensors")["train_seconds"])
     summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
-    assert 0 < before < summary["seconds"]                       # wall time accumulates over sessions
+    assert 0 < before < summary["seconds"]  # wall time accumulates over sessions
     # control: without the Adam state the same resume does not reproduce the run
     Trainer(cfg.replace(steps=7), tmp_path / "ctl").run()
     _strip_adam(list_checkpoints(tmp_path / "ctl")[-1][1])
@@ -161,7 +196,7 @@ def test_resume_is_bit_exact(tmp_path, regime):
 
 def test_resume_with_another_thread_count_warns_and_is_recorded(tmp_path, capsys):
     cfg = tiny()
-    Trainer(cfg.replace(steps=7), tmp_path / "r").run()          # started with 1 thread (the fixture)
+    Trainer(cfg.replace(steps=7), tmp_path / "r").run()  # started with 1 thread (the fixture)
     env = json.loads((tmp_path / "r" / "environment.json").read_text())
     assert env["torch_threads_history"] == [1]
     capsys.readouterr()
@@ -171,7 +206,7 @@ def test_resume_with_another_thread_count_warns_and_is_recorded(tmp_path, capsys
     assert "started with 1 torch thread(s) and resumes with 2" in err and "--threads 1" in err
     env = json.loads((tmp_path / "r" / "environment.json").read_text())
     assert env["torch_threads_history"] == [1, 2] and env["torch_threads"] == 2
-    torch.set_num_threads(1)                                    # the same count as the start: silent
+    torch.set_num_threads(1)  # the same count as the start: silent
     Trainer(cfg.replace(steps=14), tmp_path / "r", resume=True).run()
     assert "resumes with" not in capsys.readouterr().err
     assert json.loads((tmp_path / "r" / "environment.json").read_text())["torch_threads_history"] == [1, 2, 1]
@@ -182,14 +217,15 @@ def test_resume_of_a_finished_run_is_a_no_op(tmp_path):
     Trainer(cfg, tmp_path / "r").run()
     res = Trainer(cfg, tmp_path / "r", resume=True).run()
     assert res.skipped and res.step == 3
-    longer = Trainer(cfg.replace(steps=5), tmp_path / "r", resume=True)   # extending is allowed
+    longer = Trainer(cfg.replace(steps=5), tmp_path / "r", resume=True)  # extending is allowed
     assert longer.run().step == 5
     with pytest.raises(ConfigError, match="already at step 5"):
         Trainer(cfg.replace(steps=4), tmp_path / "r", resume=True).run()
-    assert json.loads((tmp_path / "r" / "summary.json").read_text())["step"] == 5   # left intact
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["step"] == 5  # left intact
 
 
 # --------------------------------------------------------------------------------- checkpoints
+
 
 def test_checkpoint_holds_weights_adam_state_and_rng(tmp_path):
     cfg = tiny(steps=6, checkpoint_every=3)
@@ -214,6 +250,7 @@ def test_checkpoint_holds_weights_adam_state_and_rng(tmp_path):
 
 # ----------------------------------------------------------------------------- run-dir safety
 
+
 def test_wrong_run_dir_is_refused(tmp_path):
     run = tmp_path / "r"
     Trainer(tiny(steps=2), run).run()
@@ -221,7 +258,7 @@ def test_wrong_run_dir_is_refused(tmp_path):
         Trainer(tiny(steps=2, regime="myopic"), run)
     with pytest.raises(CompatibilityError, match=r"task=cond-majority.*task=majority"):
         Trainer(tiny(steps=2, task="majority"), run)
-    with pytest.raises(CompatibilityError, match="--resume"):     # same config, not resuming
+    with pytest.raises(CompatibilityError, match="--resume"):  # same config, not resuming
         Trainer(tiny(steps=2), run)
     tr = Trainer(tiny(steps=2, regime="myopic"), run, overwrite=True)
     tr.run()
@@ -232,6 +269,7 @@ def test_wrong_run_dir_is_refused(tmp_path):
 
 
 # ------------------------------------------------------------------------------ NaN detection
+
 
 def test_injected_nan_names_step_and_last_checkpoint(tmp_path):
     tr = Trainer(tiny(steps=10, checkpoint_every=2), tmp_path / "r")
@@ -253,6 +291,7 @@ def test_huge_learning_rate_is_detected(tmp_path):
 
 # ------------------------------------------------------------------------- metrics and probes
 
+
 def test_metrics_probes_and_callbacks(tmp_path):
     cfg = tiny(steps=6, log_every=2, eval_every=3, probe_every=3, eval_size=80, checkpoint_every=3)
     tr = Trainer(cfg, tmp_path / "r")
@@ -262,8 +301,7 @@ def test_metrics_probes_and_callbacks(tmp_path):
     with pytest.raises(ConfigError):
         tr.add_callback("on_epoch", lambda t: None)
     tr.run()
-    assert seen == {"on_step_end": [1, 2, 3, 4, 5, 6], "on_eval": [3, 6], "on_probe": [3, 6],
-                    "on_checkpoint": [3, 6]}
+    assert seen == {"on_step_end": [1, 2, 3, 4, 5, 6], "on_eval": [3, 6], "on_probe": [3, 6], "on_checkpoint": [3, 6]}
     recs = tr.rundir.read_metrics()
     assert [r["step"] for r in recs if r["event"] == "train"] == [2, 4, 6]
     evals = [r for r in recs if r["event"] == "eval"]
@@ -282,12 +320,12 @@ def test_metrics_probes_and_callbacks(tmp_path):
     pm = load_probe_metrics(tmp_path / "r" / "probe_metrics.npz")
     ps = ProbeSet.load(tmp_path / "r" / "probes.safetensors")
     assert pm.layers == [0, 1, 2] and pm.positions == list(range(1, 21)) and ps.positions == pm.positions
-    k, i, f = 2, 7, 0                                               # layer 2, position 7, prev_is_<0>
+    k, i, f = 2, 7, 0  # layer 2, position 7, prev_is_<0>
     X = res[k][:, i].double().numpy()
     y = batch.features[:, i, f].astype(np.float64)
-    n_tr = 56                                                      # 70 % of 80
+    n_tr = 56  # 70 % of 80
     A = np.hstack([X[:n_tr], np.ones((n_tr, 1))])
-    reg = np.hstack([np.eye(16), np.zeros((16, 1))])                # alpha = 1
+    reg = np.hstack([np.eye(16), np.zeros((16, 1))])  # alpha = 1
     sol = np.linalg.lstsq(np.vstack([A, reg]), np.concatenate([y[:n_tr], np.zeros(16)]), rcond=None)[0]
     pred = X[n_tr:] @ sol[:16] + sol[16]
     r = np.corrcoef(pred, y[n_tr:])[0, 1]
@@ -300,21 +338,20 @@ def test_metrics_probes_and_callbacks(tmp_path):
 
 @pytest.mark.slow
 def test_short_cond_majority_run_learns(tmp_path):
-    cfg = tiny(d_model=32, batch_size=32, steps=300, log_every=10, eval_size=512, eval_every=0,
-               checkpoint_every=0)
+    cfg = tiny(d_model=32, batch_size=32, steps=300, log_every=10, eval_size=512, eval_every=0, checkpoint_every=0)
     tr = Trainer(cfg, tmp_path / "r")
     res = tr.run()
     first = [r for r in tr.rundir.read_metrics() if r["event"] == "train"][0]["loss"]
-    assert first > 1.3                                              # ≈ ln 5 at initialisation
-    assert res.final_eval["eval_loss"] < 0.85                       # inputs ≈ ln 3 / 2, outputs learned
+    assert first > 1.3  # ≈ ln 5 at initialisation
+    assert res.final_eval["eval_loss"] < 0.85  # inputs ≈ ln 3 / 2, outputs learned
     assert res.final_eval["legal_output_acc"] > 0.9
 
 
 # ----------------------------------------------------------------------------- other data paths
 
+
 def test_othello_pool_is_cached_and_indexed_by_the_rule(tmp_path):
-    cfg = tiny(task="othello", n_layer=1, batch_size=4, steps=2, eval_size=24, othello_pool=50,
-               checkpoint_every=1)
+    cfg = tiny(task="othello", n_layer=1, batch_size=4, steps=2, eval_size=24, othello_pool=50, checkpoint_every=1)
     tr = Trainer(cfg, tmp_path / "r")
     tr.run()
     pool = np.load(tmp_path / "r" / "data" / "othello-pool.npy", allow_pickle=False)
@@ -329,8 +366,7 @@ def test_othello_pool_is_cached_and_indexed_by_the_rule(tmp_path):
 def test_language_task_from_a_token_array(tmp_path):
     rng = np.random.default_rng(0)
     np.save(tmp_path / "tok.npy", rng.integers(0, 30, size=(60, 9)).astype(np.uint16))
-    cfg = tiny(task="language", corpus=str(tmp_path / "tok.npy"), n_layer=1, eval_size=20, steps=3,
-               eval_every=0)
+    cfg = tiny(task="language", corpus=str(tmp_path / "tok.npy"), n_layer=1, eval_size=20, steps=3, eval_every=0)
     res = Trainer(cfg, tmp_path / "r").run()
     assert res.step == 3 and math.isfinite(res.final_eval["eval_loss"]) and res.probe_summary == {}
     with pytest.raises(ConfigError, match="eval_size"):
@@ -342,8 +378,15 @@ def test_resume_refuses_data_changed_in_place(tmp_path):
     CompatibilityError naming the changed hashes, and environment.json keeps the original ones."""
     rng = np.random.default_rng(0)
     np.save(tmp_path / "tok.npy", rng.integers(0, 30, size=(60, 9)).astype(np.uint16))
-    cfg = tiny(task="language", corpus=str(tmp_path / "tok.npy"), n_layer=1, eval_size=20, steps=4,
-               eval_every=0, checkpoint_every=2)
+    cfg = tiny(
+        task="language",
+        corpus=str(tmp_path / "tok.npy"),
+        n_layer=1,
+        eval_size=20,
+        steps=4,
+        eval_every=0,
+        checkpoint_every=2,
+    )
     Trainer(cfg.replace(steps=2), tmp_path / "r").run()
     env_before = (tmp_path / "r" / "environment.json").read_text()
     np.save(tmp_path / "tok.npy", rng.integers(0, 30, size=(60, 9)).astype(np.uint16))
@@ -351,17 +394,38 @@ def test_resume_refuses_data_changed_in_place(tmp_path):
         Trainer(cfg, tmp_path / "r", resume=True).run()
     assert (tmp_path / "r" / "environment.json").read_text() == env_before
     np.save(tmp_path / "tok.npy", np.random.default_rng(0).integers(0, 30, size=(60, 9)).astype(np.uint16))
-    assert Trainer(cfg, tmp_path / "r", resume=True).run().step == 4        # the original data resumes
+    assert Trainer(cfg, tmp_path / "r", resume=True).run().step == 4  # the original data resumes
 
 
 def test_cli_train_and_resume(tmp_path, capsys):
-    args = ["ntp", "train", "--task", "majority", "--regime", "untied", "--out", str(tmp_path / "r"),
-            "--steps", "3", "--d-model", "16", "--heads", "2", "--batch-size", "8", "--eval-size", "32",
-            "--checkpoint-every", "2", "--threads", "1"]
+    args = [
+        "ntp",
+        "train",
+        "--task",
+        "majority",
+        "--regime",
+        "untied",
+        "--out",
+        str(tmp_path / "r"),
+        "--steps",
+        "3",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--batch-size",
+        "8",
+        "--eval-size",
+        "32",
+        "--checkpoint-every",
+        "2",
+        "--threads",
+        "1",
+    ]
     assert cli_main(args) == 0
     assert "step 3" in capsys.readouterr().out
     assert json.loads((tmp_path / "r" / "config.json").read_text())["untie_at"] == [10]
-    assert cli_main(args) == 2                                      # exists, neither --resume nor --overwrite
+    assert cli_main(args) == 2  # exists, neither --resume nor --overwrite
     assert cli_main(args + ["--resume"]) == 0
     assert "already finished" in capsys.readouterr().out
 
@@ -369,13 +433,14 @@ def test_cli_train_and_resume(tmp_path, capsys):
 def test_runs_recorded_before_task_options_existed_stay_finished(tmp_path):
     """A field added later is left out of the identity at its default, so earlier runs stay finished."""
     from originlens.train.ntp import is_finished
+
     cfg = tiny(steps=2, checkpoint_every=0)
     Trainer(cfg, tmp_path / "r").run()
     assert "task_options" not in cfg.identity()
     raw = json.loads((tmp_path / "r" / "config.json").read_text())
-    raw.pop("task_options")                                     # as written before the field existed
+    raw.pop("task_options")  # as written before the field existed
     (tmp_path / "r" / "config.json").write_text(json.dumps(raw))
     assert is_finished(tmp_path / "r", cfg)
-    Trainer(cfg, tmp_path / "r", resume=True).run()              # no "different configuration" refusal
+    Trainer(cfg, tmp_path / "r", resume=True).run()  # no "different configuration" refusal
     other = NTPConfig(**{**cfg.to_dict(), "task_options": {"n_symbols": 3}})
     assert other.identity()["task_options"] == {"n_symbols": 3} and not is_finished(tmp_path / "r", other)

@@ -1,13 +1,25 @@
 """Othello generator, replay, tokens and notation against a plain-Python reference engine."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from originlens.errors import ConfigError, InputError
-from originlens.tasks import (OthelloTask, cell_name, format_moves, generate_games, get_task,
-                              legal_accuracy, legal_from_boards, moves_to_tokens, parse_cell,
-                              parse_moves, replay, tokens_to_moves)
+from originlens.tasks import (
+    OthelloTask,
+    cell_name,
+    format_moves,
+    generate_games,
+    get_task,
+    legal_accuracy,
+    legal_from_boards,
+    moves_to_tokens,
+    parse_cell,
+    parse_moves,
+    replay,
+    tokens_to_moves,
+)
 
 # ------------------------------------------------------------------ plain-Python reference engine
 # Board: list of 64 ints in absolute colours (+1 black, -1 white); cell = 8*row + col.
@@ -17,8 +29,8 @@ DIRS = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)]
 
 def ref_start() -> list[int]:
     b = [0] * 64
-    b[8 * 3 + 3] = b[8 * 4 + 4] = -1          # white d4, e5
-    b[8 * 4 + 3] = b[8 * 3 + 4] = 1           # black d5, e4
+    b[8 * 3 + 3] = b[8 * 4 + 4] = -1  # white d4, e5
+    b[8 * 4 + 3] = b[8 * 3 + 4] = 1  # black d5, e4
     return b
 
 
@@ -35,8 +47,7 @@ def ref_captures(board, me, c, dr, df):
 
 
 def ref_legal(board, me) -> list[int]:
-    return [c for c in range(64) if board[c] == 0
-            and any(ref_captures(board, me, c, dr, df) for dr, df in DIRS)]
+    return [c for c in range(64) if board[c] == 0 and any(ref_captures(board, me, c, dr, df) for dr, df in DIRS)]
 
 
 def ref_play(board, me, c) -> list[int]:
@@ -90,6 +101,7 @@ def ref_game(u_row, moves=None, types_at=()):
 
 # --------------------------------------------------------------------------- engine vs reference
 
+
 def test_generated_games_equal_reference_engine():
     n, seed = 80, 3
     games = generate_games(n, seed, feature_types=False)
@@ -107,7 +119,7 @@ def test_feature_types_equal_colour_flip_recomputation():
     games = generate_games(n, seed)
     rng = np.random.default_rng(0)
     for g in range(n):
-        k = 60 if g == 0 else 4                # one whole game, then 4 random positions per game
+        k = 60 if g == 0 else 4  # one whole game, then 4 random positions per game
         ts = tuple(sorted(rng.choice(60, size=k, replace=False).tolist()))
         _, _, _, types = ref_game(None, moves=games.moves[g], types_at=ts)
         for t in ts:
@@ -120,8 +132,9 @@ def test_feature_types_equal_colour_flip_recomputation():
 
 def test_every_move_legal_and_pass_exactly_when_stuck():
     games = generate_games(300, 5, feature_types=False)
-    before = np.concatenate([np.broadcast_to(legal_from_boards(_start_board())[None, None],
-                                             (300, 1, 65)), games.legal[:, :-1]], axis=1)
+    before = np.concatenate(
+        [np.broadcast_to(legal_from_boards(_start_board())[None, None], (300, 1, 65)), games.legal[:, :-1]], axis=1
+    )
     chosen = np.take_along_axis(before, games.moves[..., None], axis=2)[..., 0]
     assert chosen.all()
     np.testing.assert_array_equal(games.moves == 64, before[..., 64])
@@ -130,7 +143,7 @@ def test_every_move_legal_and_pass_exactly_when_stuck():
 
 
 def _start_board() -> np.ndarray:
-    return np.array(ref_start(), dtype=np.int8)      # black (+1) to move
+    return np.array(ref_start(), dtype=np.int8)  # black (+1) to move
 
 
 def test_replay_reproduces_generated_fields():
@@ -154,6 +167,7 @@ def test_determinism_and_prefix():
 
 
 # ------------------------------------------------------------------------- hand-checked positions
+
 
 def test_opening_moves_and_cell_convention():
     # d3 = row 2 (rank 3), col 3 (file d); c4 = (3, 2); f5 = (4, 5); e6 = (5, 4)
@@ -207,9 +221,9 @@ def test_forced_pass_in_a_record():
     assert me == 1 and ref_legal(board, 1) == [] and ref_legal(board, -1)
     games = replay(moves)
     assert games.legal[0, 7, 64] and not games.legal[0, 7, :64].any()
-    assert not games.legal[0, 8, 64]           # white (after black's pass) has moves
+    assert not games.legal[0, 8, 64]  # white (after black's pass) has moves
     with pytest.raises(InputError, match="game 0, move 8"):
-        replay(parse_moves("d3c3b3b2e6a3a1c1e3"))   # skipping the pass is an error
+        replay(parse_moves("d3c3b3b2e6a3a1c1e3"))  # skipping the pass is an error
 
 
 def test_wipeout_game_ends_with_passes():
@@ -230,20 +244,21 @@ def test_game_ends_are_passes():
     m, lg = games.moves, games.legal
     n_over = n_full = 0
     for g in range(len(m)):
-        both = lg[g, :-1, 64] & lg[g, 1:, 64]      # both players stuck in a row: game over
+        both = lg[g, :-1, 64] & lg[g, 1:, 64]  # both players stuck in a row: game over
         if both.any():
             n_over += 1
             t0 = int(np.argmax(both))
-            assert (m[g, t0 + 1:] == 64).all() and lg[g, t0:, 64].all()
+            assert (m[g, t0 + 1 :] == 64).all() and lg[g, t0:, 64].all()
             board = games.boards[g, t0].tolist()
             assert ref_legal(board, 1) == [] and ref_legal(board, -1) == []
-        if not (m[g] == 64).any():             # no pass at all: board full after 60 moves
+        if not (m[g] == 64).any():  # no pass at all: board full after 60 moves
             n_full += 1
             assert (games.boards[g, -1] != 0).all() and lg[g, -1, 64]
     assert n_over > 0 and n_full > 0
 
 
 # ------------------------------------------------------------------------------- errors, tokens
+
 
 def test_illegal_move_error_names_game_and_move():
     games = generate_games(6, 2, feature_types=False)
@@ -258,7 +273,7 @@ def test_illegal_move_error_names_game_and_move():
     with pytest.raises(InputError, match="game 3, move 17"):
         replay(moves)
     with pytest.raises(InputError, match="game 0, move 0"):
-        replay(parse_moves("pass"))            # black has moves at the start
+        replay(parse_moves("pass"))  # black has moves at the start
 
 
 def test_tokens_round_trip_and_errors():
@@ -278,8 +293,7 @@ def test_notation_round_trip_and_errors():
     for row in games.moves:
         np.testing.assert_array_equal(parse_moves(format_moves(row)), row)
     assert format_moves(games.moves[:2]) == [format_moves(games.moves[0]), format_moves(games.moves[1])]
-    np.testing.assert_array_equal(parse_moves("F5 d6,PASS pa -- h8A1"),
-                                  [37, 43, 64, 64, 64, 63, 0])
+    np.testing.assert_array_equal(parse_moves("F5 d6,PASS pa -- h8A1"), [37, 43, 64, 64, 64, 63, 0])
     assert parse_moves("").shape == (0,)
     with pytest.raises(InputError, match="offset 4"):
         parse_moves("f5d6i3")
@@ -306,8 +320,7 @@ def test_othello_task_batch():
     assert legal_accuracy(pred, batch) == 1.0
     tr = task.tracked
     assert tr.layers == (1, 2, 3, 4, 5, 6) and tr.positions == tuple(range(4, 57, 4))
-    assert len(tr.features) == 16 and set(tr.features) == {
-        f"{f}{r}" for f in "cdef" for r in (3, 4, 5, 6)}
+    assert len(tr.features) == 16 and set(tr.features) == {f"{f}{r}" for f in "cdef" for r in (3, 4, 5, 6)}
     fast = get_task("othello", with_feature_types=False).sample(2, np.random.default_rng(0))
     assert fast.feature_types is None
 
@@ -321,9 +334,10 @@ def test_registry_errors():
 
 def test_kth_bit_matches_sorted_list_rule():
     from originlens.tasks.othello import _kth_bit, pack_bits
+
     rng = np.random.default_rng(12)
     cells = rng.random((400, 64)) < rng.random((400, 1))
-    cells[:5] = False                              # empty boards
+    cells[:5] = False  # empty boards
     u = rng.random(400)
     got = _kth_bit(pack_bits(cells), u)
     for r in range(400):
@@ -333,6 +347,7 @@ def test_kth_bit_matches_sorted_list_rule():
 
 def test_render_and_protocol():
     from originlens.tasks import Task, render_board
+
     text = render_board(_start_board())
     rows = text.splitlines()
     assert rows[8 - 4] == "4 . . . O X . . ." and rows[8 - 5] == "5 . . . X O . . ."

@@ -1,5 +1,6 @@
 """WTHOR / transcript readers (originlens.tasks.othello_records) against hand-built bytes and a plain
 Python reference engine written here (pass insertion, black score)."""
+
 from __future__ import annotations
 
 import struct
@@ -9,8 +10,14 @@ import pytest
 
 from originlens.errors import InputError
 from originlens.tasks import format_moves, generate_games, parse_moves
-from originlens.tasks.othello_records import (black_score, complete_passes, read_game_records, read_transcripts,
-                                              read_wthor, write_wthor)
+from originlens.tasks.othello_records import (
+    black_score,
+    complete_passes,
+    read_game_records,
+    read_transcripts,
+    read_wthor,
+    write_wthor,
+)
 
 # ------------------------------------------------------------------ plain-Python reference engine
 DIRS = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)]
@@ -89,11 +96,11 @@ def test_wthor_reader_on_hand_built_bytes(tmp_path, engine_games):
     assert rec.info["created"] == "2001-02-03" and rec.info["theoretical_depth"] == 22
     assert rec.info["black_player"][:2] == [100, 101] and rec.info["tournament"][0] == 7
     assert rec.black_score.tolist() == [33] * 40
-    for g in range(40):                                  # passes re-inserted as the reference engine does
+    for g in range(40):  # passes re-inserted as the reference engine does
         toks, _, usable = ref_replay(cells[g])
         assert rec.moves[g].tolist() == toks and rec.complete_mask[g] == usable
-    np.testing.assert_array_equal(rec.moves, moves)       # the engine's own explicit-pass sequences
-    short = [c[:20] for c in cells[:3]]                   # unfinished records: not usable as LM games
+    np.testing.assert_array_equal(rec.moves, moves)  # the engine's own explicit-pass sequences
+    short = [c[:20] for c in cells[:3]]  # unfinished records: not usable as LM games
     (tmp_path / "short.wtb").write_bytes(wthor_bytes(short))
     rec = read_wthor(tmp_path / "short.wtb")
     assert rec.n_incomplete == 3 and not any(ref_replay(c)[2] for c in short)
@@ -109,7 +116,7 @@ def test_first_moves_decode_to_the_standard_openings(tmp_path):
     path.write_bytes(bytes(raw))
     rec = read_wthor(path)
     assert rec.moves[:, 0].tolist() == [int(parse_moves(m)[0]) for m in ("f5", "d3", "c4", "e6")]
-    assert rec.n_incomplete == 4 and len(rec.complete()) == 0    # one-move records are unfinished
+    assert rec.n_incomplete == 4 and len(rec.complete()) == 0  # one-move records are unfinished
 
 
 def test_write_wthor_round_trip_and_scores(tmp_path, engine_games):
@@ -130,8 +137,11 @@ def test_transcripts_implicit_and_explicit_passes(tmp_path, engine_games):
     implicit = ["".join(s for s in format_moves(row, sep=" ").split() if s != "--") for row in moves]
     p1, p2 = tmp_path / "a.txt", tmp_path / "b.txt"
     p1.write_text("\n".join(explicit))
-    p2.write_text("# human games\n\n" + "\n".join(" ".join(s[i:i + 2] for i in range(0, len(s), 2)).upper()
-                                                   for s in implicit) + "\n")
+    p2.write_text(
+        "# human games\n\n"
+        + "\n".join(" ".join(s[i : i + 2] for i in range(0, len(s), 2)).upper() for s in implicit)
+        + "\n"
+    )
     for p in (p1, p2):
         rec = read_game_records(p)
         np.testing.assert_array_equal(rec.moves, moves)
@@ -150,7 +160,7 @@ def test_illegal_moves_name_game_and_move(tmp_path):
     t.write_text("f5d6c3d3c4\n\n# x\nf5d6c3a1\n")
     with pytest.raises(InputError, match=r"game 2 \(line 4\), move 4"):
         read_transcripts(t)
-    t.write_text("f5 --\n")                              # a pass while moves exist
+    t.write_text("f5 --\n")  # a pass while moves exist
     with pytest.raises(InputError, match=r"game 1 \(line 1\), move 2"):
         read_transcripts(t)
     t.write_text("f5d6z9\n")
@@ -160,9 +170,12 @@ def test_illegal_moves_name_game_and_move(tmp_path):
 
 def test_moves_after_the_end_of_a_game_are_illegal():
     g = generate_games(3000, 5, feature_types=False)
-    finished_early = [[int(c) for c in row if c != 64] for row in g.moves
-                      if (row != 64).sum() < 60 and (row[-2:] == 64).all()]
-    cells = next(c for c in finished_early if not ref_legal(ref_replay(c)[1], 1) and not ref_legal(ref_replay(c)[1], -1))
+    finished_early = [
+        [int(c) for c in row if c != 64] for row in g.moves if (row != 64).sum() < 60 and (row[-2:] == 64).all()
+    ]
+    cells = next(
+        c for c in finished_early if not ref_legal(ref_replay(c)[1], 1) and not ref_legal(ref_replay(c)[1], -1)
+    )
     moves, complete = complete_passes([np.array(cells)])
     assert complete[0] and moves[0].tolist() == ref_replay(cells)[0]
     empty = next(c for c in range(64) if ref_replay(cells)[1][c] == 0)
@@ -173,13 +186,17 @@ def test_moves_after_the_end_of_a_game_are_illegal():
 def test_damaged_files_are_refused(tmp_path, engine_games):
     cells = [[int(c) for c in engine_games.moves[0] if c != 64]]
     good = wthor_bytes(cells)
-    cases = {"short.wtb": good[:10], "trunc.wtb": good[:-5], "count.wtb": wthor_bytes(cells, n_declared=2),
-             "size10.wtb": wthor_bytes(cells, p1=10)}
+    cases = {
+        "short.wtb": good[:10],
+        "trunc.wtb": good[:-5],
+        "count.wtb": wthor_bytes(cells, n_declared=2),
+        "size10.wtb": wthor_bytes(cells, p1=10),
+    }
     bad_byte = bytearray(good)
-    bad_byte[16 + 8 + 2] = 99                           # row 9
+    bad_byte[16 + 8 + 2] = 99  # row 9
     cases["byte.wtb"] = bytes(bad_byte)
     gap = bytearray(wthor_bytes([cells[0][:5]]))
-    gap[16 + 8 + 7] = 56                                # a move after the end marker
+    gap[16 + 8 + 7] = 56  # a move after the end marker
     cases["gap.wtb"] = bytes(gap)
     for name, data in cases.items():
         p = tmp_path / name

@@ -1,4 +1,5 @@
 """The package builds as a wheel that carries every module, the console script and the extras."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,8 +11,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_builds_with_every_module_and_the_console_script(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT),
-                    "-w", str(tmp_path)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            str(ROOT),
+            "-w",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     wheels = list(tmp_path.glob("originlens-*.whl"))
     assert len(wheels) == 1
     names = set(zipfile.ZipFile(wheels[0]).namelist())

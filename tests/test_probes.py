@@ -1,4 +1,5 @@
 """Ridge probes against brute-force least squares and scipy's Pearson r."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,8 @@ def data(seed=0, n=60, K=2, T=4, d=5, F=3):
     rng = np.random.default_rng(seed)
     R = rng.normal(size=(n, K, T, d))
     w = rng.normal(size=(d, F))
-    Y = np.sign(R[:, 1] @ w + 0.05 * rng.normal(size=(n, T, F)))      # {-1, +1} targets from layer 1
-    Y[:, :, 2] = np.round(R[:, 0, :, 0] * 2)                         # an integer-valued target
+    Y = np.sign(R[:, 1] @ w + 0.05 * rng.normal(size=(n, T, F)))  # {-1, +1} targets from layer 1
+    Y[:, :, 2] = np.round(R[:, 0, :, 0] * 2)  # an integer-valued target
     types = rng.integers(0, 3, size=(n, T, F)).astype(np.uint8)
     return R, Y, types
 
@@ -40,8 +41,7 @@ def test_matches_brute_force_ridge_and_pearson():
                 np.testing.assert_allclose(met.mse[k, pi, f], ((y - pred[:, f]) ** 2).mean(), atol=1e-12)
                 m = types[n_tr:, i, f] == 1
                 if len(np.unique(y[m])) > 1:
-                    np.testing.assert_allclose(met.by_type[1][k, pi, f], sst.pearsonr(y[m], pred[m, f])[0],
-                                               atol=1e-10)
+                    np.testing.assert_allclose(met.by_type[1][k, pi, f], sst.pearsonr(y[m], pred[m, f])[0], atol=1e-10)
                 else:
                     assert np.isnan(met.by_type[1][k, pi, f])
     # the planted feature is decodable from layer 1, much better than from layer 0

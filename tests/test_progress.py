@@ -1,4 +1,5 @@
 """Progress without a terminal: heartbeat lines instead of a hidden bar, never when quiet."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,17 +26,17 @@ def auto_verbosity():
 def test_heartbeat_prints_at_most_every_interval_with_rate_eta_and_postfix(capsys):
     clock = Clock()
     hb = pg.Heartbeat(None, total=100, desc="majority/standard/s0", unit="step", initial=20, every=30, clock=clock)
-    for _ in range(10):                      # 10 steps in 20 s: below the interval, silent
+    for _ in range(10):  # 10 steps in 20 s: below the interval, silent
         clock.t += 2
         hb.update(1)
     assert capsys.readouterr().err == ""
     hb.set_postfix(loss="0.6931")
-    clock.t += 10                            # 11 steps in 30 s since the start
+    clock.t += 10  # 11 steps in 30 s since the start
     hb.update(1)
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["majority/standard/s0: 31/100 step, 2.73 s/step, 3 min left, loss 0.6931"]
     clock.t += 1
-    hb.update(1)                             # 1 s after the last line: silent again
+    hb.update(1)  # 1 s after the last line: silent again
     assert capsys.readouterr().err == ""
 
 
@@ -55,14 +56,14 @@ def test_progress_picks_bar_heartbeat_or_nothing(monkeypatch):
     monkeypatch.setattr(pg.sys.stderr, "isatty", lambda: False, raising=False)
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.delenv("ORIGINLENS_HEARTBEAT", raising=False)
-    assert isinstance(pg.progress(total=3), pg.Heartbeat)          # no terminal, not quiet: heartbeat
+    assert isinstance(pg.progress(total=3), pg.Heartbeat)  # no terminal, not quiet: heartbeat
     monkeypatch.setenv("ORIGINLENS_HEARTBEAT", "0")
-    assert not isinstance(pg.progress(total=3), pg.Heartbeat)      # turned off: a hidden bar
+    assert not isinstance(pg.progress(total=3), pg.Heartbeat)  # turned off: a hidden bar
     monkeypatch.setenv("ORIGINLENS_HEARTBEAT", "5")
-    pg.set_verbosity(0)                                            # -q: nothing at all
+    pg.set_verbosity(0)  # -q: nothing at all
     bar = pg.progress(total=3)
     assert isinstance(bar, tqdm) and bar.disable
-    pg.set_verbosity(1)                                            # forced bars
+    pg.set_verbosity(1)  # forced bars
     bar = pg.progress(total=3)
     assert isinstance(bar, tqdm) and not bar.disable
     bar.close()

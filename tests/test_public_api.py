@@ -1,4 +1,5 @@
 """Every name of the public API resolves; importing the package does not import torch."""
+
 import subprocess
 import sys
 

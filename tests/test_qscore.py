@@ -1,4 +1,5 @@
 """Q(w): planted toy ranking, batched numbers against a brute-force per-example loop, context selection."""
+
 import math
 import random
 
@@ -9,13 +10,12 @@ import torch
 from originlens.errors import CompatibilityError, ConfigError, InputError
 from originlens.lm.llama2c import Llama2cConfig, Llama2cModel
 from originlens.lm.native import GPTAdapter, Llama2cAdapter
-from originlens.lm.qscore import (QScoreConfig, ablation_kl, aggregate, find_top_contexts, qscore,
-                                  within_edit_distance)
+from originlens.lm.qscore import QScoreConfig, ablation_kl, aggregate, find_top_contexts, qscore, within_edit_distance
 from originlens.models.gpt import GPT, GPTConfig
 from originlens.sae import SAE, SAEConfig
 
 T, V = 16, 8
-D = T + V + 2          # one-hot positions, one-hot tokens, attention output O, spare
+D = T + V + 2  # one-hot positions, one-hot tokens, attention output O, spare
 O = T + V
 
 
@@ -23,34 +23,45 @@ def planted_model(beta=40.0, alpha=2.0):
     """A hand-built 1-layer GPT: the current token 1 raises the logit of token 3 at the same position
     (immediate effect only); a previous-token attention head copies "token 2" into coordinate O, which
     raises the logit of token 4 at the *next* position (later effect only).  MLP weights are zero."""
-    m = GPT(GPTConfig(vocab_size=V, seq_len=T, n_layer=1, d_model=D, n_head=1, tie_embeddings=False,
-                      dtype="float64", attn_impl="eager"))
+    m = GPT(
+        GPTConfig(
+            vocab_size=V,
+            seq_len=T,
+            n_layer=1,
+            d_model=D,
+            n_head=1,
+            tie_embeddings=False,
+            dtype="float64",
+            attn_impl="eager",
+        )
+    )
     with torch.no_grad():
         for p in m.parameters():
             p.zero_()
         for mod in m.modules():
             if isinstance(mod, torch.nn.LayerNorm):
                 mod.weight.fill_(1.0)
-        m.embed[0].wte.weight[:, T:T + V] = torch.eye(V, dtype=torch.float64)
+        m.embed[0].wte.weight[:, T : T + V] = torch.eye(V, dtype=torch.float64)
         m.embed[0].wpe.weight[:, :T] = torch.eye(T, dtype=torch.float64)
         c = m.blocks[0].copies[0]
-        W = c.attn_qkv.weight                       # rows [W_Q; W_K; W_V]
+        W = c.attn_qkv.weight  # rows [W_Q; W_K; W_V]
         for t in range(1, T):
-            W[t - 1, t] = beta                      # query at t looks for position t-1
+            W[t - 1, t] = beta  # query at t looks for position t-1
         for s in range(T):
-            W[D + s, s] = 1.0                       # key = position
-        W[2 * D + O, T + 2] = 1.0                   # value = "is token 2"
+            W[D + s, s] = 1.0  # key = position
+        W[2 * D + O, T + 2] = 1.0  # value = "is token 2"
         c.attn_out.weight[O, O] = 1.0
         head = m.head[0].lm_head.weight
-        head[3, T + 1] = alpha                      # token 1 now -> token 3 next
-        head[4, O] = alpha                          # token 2 one step back -> token 4 next
+        head[3, T + 1] = alpha  # token 1 now -> token 3 next
+        head[4, O] = alpha  # token 2 one step back -> token 4 next
     return GPTAdapter(m, bos_id=0)
 
 
 def planted_sae():
     """Latents 0, 1, 2 read and write the one-hot directions of tokens 1, 2 and 5 at resid.0."""
-    sae = SAE(SAEConfig(d_in=D, d_sae=3, hook_name="blocks.0.hook_resid_pre", apply_b_dec_to_input=False,
-                        dtype="float64")).requires_grad_(False)
+    sae = SAE(
+        SAEConfig(d_in=D, d_sae=3, hook_name="blocks.0.hook_resid_pre", apply_b_dec_to_input=False, dtype="float64")
+    ).requires_grad_(False)
     with torch.no_grad():
         for f, tok in enumerate([1, 2, 5]):
             sae.W_enc[T + tok, f] = 1.0
@@ -78,8 +89,13 @@ def test_planted_toy_ranks_immediate_below_later():
     assert r.summary()["n_kept"] == 2
     # the faithful (reference) ablation also removes the reconstruction error: here the position code,
     # so every latent shows a large feature-independent KL (pitfall 11)
-    rf = qscore(ad, sae, toks, config=QScoreConfig(n_contexts=6, max_offset=5, dedup_distance=-1,
-                                                      ablation="faithful"), examples=r.examples)
+    rf = qscore(
+        ad,
+        sae,
+        toks,
+        config=QScoreConfig(n_contexts=6, max_offset=5, dedup_distance=-1, ablation="faithful"),
+        examples=r.examples,
+    )
     assert rf.features[2].total_kl > 100 * f2.total_kl and rf.features[2].kept
     assert rf.features[1].q_median > rf.features[0].q_median
     np.testing.assert_array_equal(rf.examples.position, r.examples.position)
@@ -87,7 +103,7 @@ def test_planted_toy_ranks_immediate_below_later():
 
 def brute_force_kl(ad, sae, k, seqs, feature, seq_index, position, K, ablation):
     """One example: clean and ablated runs of the whole window, KL_d from its definition in float64."""
-    tok = seqs[seq_index:seq_index + 1]
+    tok = seqs[seq_index : seq_index + 1]
     p, f = int(position), int(feature)
 
     def hook(x, _k):
@@ -121,6 +137,7 @@ def _check_against_brute_force(ad, sae, toks, cfg, tol, rtol=1e-6, method="auto"
     """``rtol``: aggregates (ratios) vs the brute force; float32 models differ by ~3e-5 relative from
     float64 for *every* path (different kernels round differently), so their tests pass ~1e-4."""
     from originlens.sae.activations import as_sequences
+
     r = qscore(ad, sae, toks, config=cfg)
     seqs = as_sequences(toks, ad, prepend_bos=cfg.prepend_bos)
     ex = r.examples
@@ -128,8 +145,14 @@ def _check_against_brute_force(ad, sae, toks, cfg, tol, rtol=1e-6, method="auto"
         r.kl, r.ablated_activation = ablation_kl(ad, sae, r.site, seqs, ex, cfg, method=method)
         r.features, r.ratio = aggregate(ex, r.kl, [f.feature for f in r.features], cfg)
     assert len(ex) > 0
-    brute = np.stack([brute_force_kl(ad, sae, r.site, seqs, ex.feature[e], ex.seq_index[e], ex.position[e],
-                                     cfg.max_offset, cfg.ablation) for e in range(len(ex))])
+    brute = np.stack(
+        [
+            brute_force_kl(
+                ad, sae, r.site, seqs, ex.feature[e], ex.seq_index[e], ex.position[e], cfg.max_offset, cfg.ablation
+            )
+            for e in range(len(ex))
+        ]
+    )
     # float32 (rtol > 1e-6): logits of magnitude ~20 carry ~1e-6 rounding each, so large KLs (~10) differ
     # by ~1e-5 between kernels; float64 tests compare with rtol=0
     np.testing.assert_allclose(r.kl, brute, rtol=0 if rtol <= 1e-6 else 1e-5, atol=tol)
@@ -158,14 +181,21 @@ def test_batched_matches_brute_force_on_planted_toy(ablation):
 
 def _random_gpt(d=16, vocab=23, seq=20):
     torch.manual_seed(1)
-    return GPTAdapter(GPT(GPTConfig(vocab_size=vocab, seq_len=seq, n_layer=2, d_model=d, n_head=4, dtype="float64",
-                                    tie_embeddings=False)), bos_id=0)
+    return GPTAdapter(
+        GPT(
+            GPTConfig(
+                vocab_size=vocab, seq_len=seq, n_layer=2, d_model=d, n_head=4, dtype="float64", tie_embeddings=False
+            )
+        ),
+        bos_id=0,
+    )
 
 
 def _random_sae(arch, d, m, hook, seed=0, dtype="float64"):
     g = torch.Generator().manual_seed(seed)
-    sae = SAE(SAEConfig(d_in=d, d_sae=m, architecture=arch, k=4 if arch == "topk" else None, hook_name=hook,
-                        dtype=dtype)).requires_grad_(False)
+    sae = SAE(
+        SAEConfig(d_in=d, d_sae=m, architecture=arch, k=4 if arch == "topk" else None, hook_name=hook, dtype=dtype)
+    ).requires_grad_(False)
     with torch.no_grad():
         sae.W_enc.copy_(torch.randn(d, m, generator=g, dtype=torch.float64))
         sae.W_dec.copy_(torch.randn(m, d, generator=g, dtype=torch.float64) * 0.5)
@@ -176,24 +206,41 @@ def _random_sae(arch, d, m, hook, seed=0, dtype="float64"):
     return sae
 
 
-@pytest.mark.parametrize("arch,ablation,method", [("standard", "error_preserving", "auto"),
-                                                  ("jumprelu", "faithful", "auto"),
-                                                  ("topk", "error_preserving", "auto"),
-                                                  ("standard", "faithful", "run_from"),
-                                                  ("topk", "error_preserving", "hooks")])
+@pytest.mark.parametrize(
+    "arch,ablation,method",
+    [
+        ("standard", "error_preserving", "auto"),
+        ("jumprelu", "faithful", "auto"),
+        ("topk", "error_preserving", "auto"),
+        ("standard", "faithful", "run_from"),
+        ("topk", "error_preserving", "hooks"),
+    ],
+)
 def test_batched_matches_brute_force_on_random_gpt(arch, ablation, method):
     ad = _random_gpt()
     sae = _random_sae(arch, 16, 12, "blocks.0.hook_resid_post")
     # tiny blocks and batches: several clean blocks / window groups, ablated chunks and shared windows
-    cfg = QScoreConfig(n_contexts=4, max_offset=3, ablation=ablation, batch_size=5, max_clean_bytes=1,
-                       scan_batch_size=7, position_rule="drop" if arch == "jumprelu" else "restrict")
+    cfg = QScoreConfig(
+        n_contexts=4,
+        max_offset=3,
+        ablation=ablation,
+        batch_size=5,
+        max_clean_bytes=1,
+        scan_batch_size=7,
+        position_rule="drop" if arch == "jumprelu" else "restrict",
+    )
     _check_against_brute_force(ad, sae, _tokens(25, 15, 23, seed=2, low=1), cfg, 1e-10, method=method)
 
 
 def _random_llama(n_layers=2, dim=16, vocab=17, seq=24):
     torch.manual_seed(0)
-    return Llama2cAdapter(Llama2cModel(Llama2cConfig(dim=dim, hidden_dim=24, n_layers=n_layers, n_heads=4,
-                                                     n_kv_heads=2, vocab_size=vocab, max_seq_len=seq)).double())
+    return Llama2cAdapter(
+        Llama2cModel(
+            Llama2cConfig(
+                dim=dim, hidden_dim=24, n_layers=n_layers, n_heads=4, n_kv_heads=2, vocab_size=vocab, max_seq_len=seq
+            )
+        ).double()
+    )
 
 
 @pytest.mark.parametrize("method", ["auto", "run_from"])
@@ -206,7 +253,7 @@ def test_batched_matches_brute_force_on_llama(method):
 
 def _perturbed_prefix_logits(ad, k, res_k, b, s, x_b):
     """Brute force: the whole prefix of row b from site k with positions s.. replaced by x_b."""
-    full = res_k[b:b + 1, :s + x_b.shape[0]].clone()
+    full = res_k[b : b + 1, : s + x_b.shape[0]].clone()
     full[0, s:] = x_b
     return ad.run_from(k, full)[0, s:]
 
@@ -233,7 +280,7 @@ def test_cached_partial_forward_matches_full_runs(make):
             assert all(t.shape[0] == 4 and t.shape[2] == 15 for kv in past for t in kv)
             start, n = torch.tensor([3, 0, 7, 10]), 5
             g = torch.Generator().manual_seed(k)
-            x = torch.stack([res[k][b, s:s + n] for b, s in enumerate(start.tolist())])
+            x = torch.stack([res[k][b, s : s + n] for b, s in enumerate(start.tolist())])
             x = x + torch.randn(x.shape, generator=g, dtype=x.dtype)
             garbage = [tuple(t.clone() for t in kv) for kv in past]
             for kk, vv in garbage:
@@ -250,12 +297,17 @@ def test_cached_partial_forward_matches_full_runs(make):
 def _handmade_examples(n_seqs, length, K, seed):
     """Examples on repeated windows, positions 0 (no BOS) through the last eligible one."""
     from originlens.lm.qscore import Examples
+
     rng = np.random.default_rng(seed)
     E = 23
     pos = rng.integers(0, length - K + 1, size=E)
     pos[:3] = [0, 0, length - K]
-    return Examples(feature=rng.integers(0, 10, size=E), seq_index=rng.integers(0, n_seqs, size=E),
-                    position=pos.astype(np.int64), activation=np.zeros(E))
+    return Examples(
+        feature=rng.integers(0, 10, size=E),
+        seq_index=rng.integers(0, n_seqs, size=E),
+        position=pos.astype(np.int64),
+        activation=np.zeros(E),
+    )
 
 
 @pytest.mark.parametrize("make,site", [("gpt", 0), ("gpt", 2), ("llama", 1), ("llama", 3)])
@@ -270,9 +322,12 @@ def test_methods_agree_with_each_other_and_brute_force(make, site):
     ex = _handmade_examples(6, 14, K, seed=site)
     base = dict(max_offset=K, ablation="faithful" if site % 2 else "error_preserving")
     out = {}
-    for method, extra in [("cached", dict(batch_size=4, clean_tokens=30, max_clean_bytes=2000)),
-                          ("cached", dict(batch_size=64)), ("run_from", dict(batch_size=5)),
-                          ("hooks", dict(batch_size=64))]:
+    for method, extra in [
+        ("cached", dict(batch_size=4, clean_tokens=30, max_clean_bytes=2000)),
+        ("cached", dict(batch_size=64)),
+        ("run_from", dict(batch_size=5)),
+        ("hooks", dict(batch_size=64)),
+    ]:
         kl, act = ablation_kl(ad, sae, site, seqs, ex, QScoreConfig(**base, **extra), method=method)
         if method in out:
             np.testing.assert_allclose(kl, out[method][0], rtol=0, atol=1e-12)
@@ -281,8 +336,7 @@ def test_methods_agree_with_each_other_and_brute_force(make, site):
         np.testing.assert_allclose(out["cached"][0], out[m][0], rtol=0, atol=1e-10)
         np.testing.assert_allclose(out["cached"][1], out[m][1], rtol=0, atol=1e-10)
     for e in range(0, len(ex), 5):
-        brute = brute_force_kl(ad, sae, site, seqs, ex.feature[e], ex.seq_index[e], ex.position[e], K,
-                               base["ablation"])
+        brute = brute_force_kl(ad, sae, site, seqs, ex.feature[e], ex.seq_index[e], ex.position[e], K, base["ablation"])
         np.testing.assert_allclose(out["cached"][0][e], brute, rtol=0, atol=1e-10)
     assert (out["cached"][0] > 0).any()
 
@@ -291,8 +345,21 @@ def test_method_selection_and_fallback():
     """Adapters without the cached capability (untied GPT) fall back to run_from; asking for an
     unsupported or unknown method is a ConfigError."""
     torch.manual_seed(3)
-    untied = GPTAdapter(GPT(GPTConfig(vocab_size=23, seq_len=15, n_layer=2, d_model=16, n_head=4, dtype="float64",
-                                      regime="untied", untie_at=[6])), bos_id=0)
+    untied = GPTAdapter(
+        GPT(
+            GPTConfig(
+                vocab_size=23,
+                seq_len=15,
+                n_layer=2,
+                d_model=16,
+                n_head=4,
+                dtype="float64",
+                regime="untied",
+                untie_at=[6],
+            )
+        ),
+        bos_id=0,
+    )
     assert not untied.supports_cached_ablation and untied.supports_run_from
     assert _random_gpt().supports_cached_ablation and _random_llama().supports_cached_ablation
     sae = _random_sae("standard", 16, 10, "blocks.0.hook_resid_post", seed=4)
@@ -317,6 +384,7 @@ def test_method_selection_and_fallback():
 @pytest.mark.parametrize("rule", ["restrict", "drop"])
 def test_context_selection_matches_definition(rule):
     from originlens.sae.activations import as_sequences
+
     ad = _random_gpt()
     sae = _random_sae("standard", 16, 12, "blocks.1.hook_resid_post", seed=5)
     toks = _tokens(30, 15, 23, seed=4, low=1)
@@ -325,13 +393,13 @@ def test_context_selection_matches_definition(rule):
     seqs = as_sequences(toks, ad)
     ex = find_top_contexts(ad, sae, 2, seqs, list(range(12)), cfg, first=1)
     with torch.no_grad():
-        acts = sae.encode(ad.residuals(seqs)[2]).numpy()            # (N, L, F)
+        acts = sae.encode(ad.residuals(seqs)[2]).numpy()  # (N, L, F)
     L = seqs.shape[1]
     for f in range(12):
         cands = []
         for i in range(len(seqs)):
             lo, hi = 1, (L - 1 - K) if rule == "restrict" else L - 1
-            p = lo + int(np.argmax(acts[i, lo:hi + 1, f]))
+            p = lo + int(np.argmax(acts[i, lo : hi + 1, f]))
             v = acts[i, p, f]
             if p + K <= L - 1 and v > 0:
                 cands.append((-v, i, p))
@@ -373,14 +441,14 @@ def test_edit_distance_threshold_matches_levenshtein():
 def test_dedup_dead_features_and_bad_inputs():
     ad, sae = planted_model(), planted_sae()
     row = np.array([[3, 1, 4, 6, 7, 3, 6, 7, 4, 6, 3, 7, 6, 4, 3]])
-    toks = np.concatenate([row, row, row, _tokens(4, T - 1, V, seed=9, low=6)])   # 3 identical windows
+    toks = np.concatenate([row, row, row, _tokens(4, T - 1, V, seed=9, low=6)])  # 3 identical windows
     r = qscore(ad, sae, toks, features=[0, 2], config=QScoreConfig(n_contexts=3, max_offset=4))
-    assert (r.examples.feature == 0).sum() == 1               # duplicates removed
+    assert (r.examples.feature == 0).sum() == 1  # duplicates removed
     r2 = qscore(ad, sae, toks, features=[0], config=QScoreConfig(n_contexts=3, max_offset=4, dedup_distance=-1))
     assert (r2.examples.feature == 0).sum() == 3
-    assert r.examples.skipped.get(2) == "dead" and r.features[1].reason == "dead"   # token 5 never occurs
+    assert r.examples.skipped.get(2) == "dead" and r.features[1].reason == "dead"  # token 5 never occurs
     late = np.full((3, 15), 6)
-    late[:, -2] = 1                                            # token 1 only where fewer than K tokens follow
+    late[:, -2] = 1  # token 1 only where fewer than K tokens follow
     r3 = qscore(ad, sae, late, features=[0, 2], config=QScoreConfig(n_contexts=3, max_offset=4))
     assert r3.examples.skipped == {0: "no eligible context", 2: "dead"} and len(r3.examples) == 0
     with pytest.raises(InputError, match="windows"):
@@ -396,6 +464,7 @@ def test_dedup_dead_features_and_bad_inputs():
 def test_stories260k_batched_matches_loop():
     from originlens.lm.llama2c import Llama2cTokenizer, load_llama2c
     from originlens.paths import data_path, tinystories_files
+
     model_dir = data_path("models", "stories260K", required=False)
     files = tinystories_files()
     if model_dir is None or not (model_dir / "stories260K.bin").exists() or not files:
@@ -415,20 +484,38 @@ def test_stories260k_batched_matches_loop():
 @pytest.mark.slow
 def test_cli_qscore_writes_a_run_directory(tmp_path, capsys):
     import json
+
     from originlens.cli.main import main
     from originlens.sae import write_sae
+
     torch.manual_seed(0)
     GPT(GPTConfig(vocab_size=13, seq_len=24, n_layer=2, d_model=16, n_head=4)).save(tmp_path / "gpt.safetensors")
     np.save(tmp_path / "toks.npy", _tokens(30, 20, 13, seed=5, low=1).astype(np.uint16))
     write_sae(_random_sae("standard", 16, 10, "blocks.0.hook_resid_post", dtype="float32"), tmp_path / "sae")
-    base = ["-q", "lm", "qscore", "--model", str(tmp_path / "gpt.safetensors"), "--corpus", str(tmp_path / "toks.npy"),
-            "--features", "0-5", "--contexts", "3", "--max-offset", "4", "--min-total-kl", "0"]
+    base = [
+        "-q",
+        "lm",
+        "qscore",
+        "--model",
+        str(tmp_path / "gpt.safetensors"),
+        "--corpus",
+        str(tmp_path / "toks.npy"),
+        "--features",
+        "0-5",
+        "--contexts",
+        "3",
+        "--max-offset",
+        "4",
+        "--min-total-kl",
+        "0",
+    ]
     assert main(base + ["--sae", str(tmp_path / "sae"), "--ablation", "both", "--out", str(tmp_path / "run")]) == 0
     res = json.loads((tmp_path / "run" / "results.json").read_text())
     assert set(res["ablations"]) == {"error_preserving", "faithful"}
     ep = res["ablations"]["error_preserving"]
     assert len(ep["features"]) == 6 and ep["summary"]["n_features"] == 6
     from originlens.storage import load_tensors
+
     a, _ = load_tensors(tmp_path / "run" / ep["examples_file"], kind="qscore-examples")
     b, _ = load_tensors(tmp_path / "run" / "examples-faithful.safetensors", kind="qscore-examples")
     assert a["kl"].shape[1] == 4 and a["kl"].shape[0] == a["feature"].shape[0] > 0
@@ -440,8 +527,9 @@ def test_cli_qscore_writes_a_run_directory(tmp_path, capsys):
     assert main(base + ["--sae", str(tmp_path / "narrow"), "--out", str(tmp_path / "r2")]) == 2
     assert "d_in=12" in capsys.readouterr().err
     np.save(tmp_path / "big.npy", _tokens(5, 20, 40, seed=5).astype(np.uint16))
-    assert main(base[:6] + [str(tmp_path / "big.npy"), "--sae", str(tmp_path / "sae"),
-                            "--out", str(tmp_path / "r3")]) == 2
+    assert (
+        main(base[:6] + [str(tmp_path / "big.npy"), "--sae", str(tmp_path / "sae"), "--out", str(tmp_path / "r3")]) == 2
+    )
     assert "vocabulary" in capsys.readouterr().err
     # nothing can be scored (every feature below the KL floor): one error, no page of nan
     no_kl = [a if a != "0" or base[i - 1] != "--min-total-kl" else "1e9" for i, a in enumerate(base)]
@@ -458,7 +546,7 @@ def _reference_selection(acts, seqs, f, K, n, pool, dedup, first=1):
     L = seqs.shape[1]
     cands = []
     for i in range(len(seqs)):
-        p = first + int(np.argmax(acts[i, first:L - K, f]))
+        p = first + int(np.argmax(acts[i, first : L - K, f]))
         if acts[i, p, f] > 0:
             # activations equal to round-off (1e-9) count as ties, broken by window index: the batched
             # scan and this per-window recomputation may order two such windows either way by one ulp
@@ -467,7 +555,7 @@ def _reference_selection(acts, seqs, f, K, n, pool, dedup, first=1):
     for _, i, p in sorted(cands)[:pool]:
         if len(kept) >= n:
             break
-        text = seqs[i, first:p + K + 1].tolist()
+        text = seqs[i, first : p + K + 1].tolist()
         if dedup >= 0 and any(_levenshtein(text, t) <= dedup for _, _, t in kept):
             continue
         kept.append((i, p, text))
@@ -480,10 +568,11 @@ def test_dedup_selection_and_kept_streams_match_definition(make):
     site streams are the clean stream at the site (float64, 1e-10) of exactly the selected windows,
     covering the prefix their examples need."""
     from originlens.sae.activations import as_sequences
+
     ad = _random_gpt(vocab=7) if make == "gpt" else _random_llama(n_layers=3, vocab=7)
     site = 2
     sae = _random_sae("standard", 16, 12, f"blocks.{site - 1}.hook_resid_post", seed=6)
-    toks = _tokens(40, 15, 5, seed=6, low=1)              # small vocabulary: many near-duplicate windows
+    toks = _tokens(40, 15, 5, seed=6, low=1)  # small vocabulary: many near-duplicate windows
     K, n, pf, dd = 3, 5, 3, 6
     cfg = QScoreConfig(n_contexts=n, max_offset=K, dedup_distance=dd, pool_factor=pf, scan_batch_size=6)
     seqs = as_sequences(toks, ad)
@@ -497,15 +586,22 @@ def test_dedup_selection_and_kept_streams_match_definition(make):
         got = [(i, p) for ff, i, p in zip(ex.feature, ex.seq_index, ex.position) if ff == f]
         assert got == want, f
         n_dropped += len(want) < n
-    assert n_dropped > 0                                   # de-duplication did remove candidates
+    assert n_dropped > 0  # de-duplication did remove candidates
     assert st.site == site and sorted(st.streams) == sorted(set(ex.seq_index.tolist()))
     for w, t in st.streams.items():
         need = int(ex.position[ex.seq_index == w].max()) + K
         assert t.shape[0] >= need
-        torch.testing.assert_close(t, res[w, :t.shape[0]], rtol=0, atol=1e-10)
+        torch.testing.assert_close(t, res[w, : t.shape[0]], rtol=0, atol=1e-10)
     # a budget smaller than one window keeps none; the streams then change nothing
-    _, none = find_top_contexts(ad, sae, site, seqs, list(range(12)), QScoreConfig(
-        n_contexts=n, max_offset=K, dedup_distance=dd, pool_factor=pf, max_stream_bytes=100), return_streams=True)
+    _, none = find_top_contexts(
+        ad,
+        sae,
+        site,
+        seqs,
+        list(range(12)),
+        QScoreConfig(n_contexts=n, max_offset=K, dedup_distance=dd, pool_factor=pf, max_stream_bytes=100),
+        return_streams=True,
+    )
     assert none.streams == {} and none.nbytes == 0
 
 
@@ -515,6 +611,7 @@ def test_cached_ablation_with_kept_streams_matches_brute_force(make):
     runs and the brute force (float64, 1e-10); streams of another site are refused."""
     from originlens.lm.qscore import SiteStreams
     from originlens.sae.activations import as_sequences
+
     ad = _random_gpt() if make == "gpt" else _random_llama(n_layers=3)
     site = 1
     sae = _random_sae("standard", 16, 10, "blocks.0.hook_resid_post", seed=8)
@@ -532,8 +629,7 @@ def test_cached_ablation_with_kept_streams_matches_brute_force(make):
             np.testing.assert_allclose(kl, full, rtol=0, atol=1e-10)
             np.testing.assert_allclose(a, act, rtol=0, atol=1e-10)
     for e in range(0, len(ex), 3):
-        brute = brute_force_kl(ad, sae, site, seqs, ex.feature[e], ex.seq_index[e], ex.position[e], 4,
-                               cfg.ablation)
+        brute = brute_force_kl(ad, sae, site, seqs, ex.feature[e], ex.seq_index[e], ex.position[e], 4, cfg.ablation)
         np.testing.assert_allclose(full[e], brute, rtol=0, atol=1e-10)
     with pytest.raises(ConfigError, match="streams kept at resid.2"):
         ablation_kl(ad, sae, site, seqs, ex, cfg, method="cached", streams=SiteStreams(2, st.streams))

@@ -6,6 +6,7 @@
 * The block after ``<!-- readme-commands:parse -->`` (the papers' scale, hours each) is parsed with the
   real argument parser, ``$ORIGINLENS_DATA`` expanded, so a renamed or removed flag fails here.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,7 +50,7 @@ def test_paper_scale_lines_parse(monkeypatch):
         assert argv[0] == "originlens", line
         try:
             args = build_parser().parse_args(argv[1:])
-        except SystemExit as exc:                       # pragma: no cover - the failure message
+        except SystemExit as exc:  # pragma: no cover - the failure message
             pytest.fail(f"README line does not parse (exit {exc.code}): {line}")
         assert getattr(args, "func", None) is not None, line
 
@@ -61,8 +62,10 @@ def test_tiny_scale_block_runs_as_written(tmp_path):
     timings = []
     for line in block("run"):
         argv = argv_of(line)
-        head = {"originlens": [sys.executable, "-m", "originlens"],
-                "torchrun": [sys.executable, "-m", "torch.distributed.run"]}[argv[0]]
+        head = {
+            "originlens": [sys.executable, "-m", "originlens"],
+            "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+        }[argv[0]]
         t0 = time.perf_counter()
         p = subprocess.run([*head, *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         timings.append((round(time.perf_counter() - t0, 1), line[:60]))
@@ -70,5 +73,6 @@ def test_tiny_scale_block_runs_as_written(tmp_path):
     for d in ("runs/lt", "runs/grid", "runs/side-by-side", "runs/cmp", "runs/q"):
         assert (tmp_path / d / "report.html").is_file(), d
     assert (tmp_path / "runs/oth/attribution/report.html").is_file() or any(
-        (tmp_path / "runs/oth").rglob("report.html"))
+        (tmp_path / "runs/oth").rglob("report.html")
+    )
     print("\n".join(f"{t:7.1f} s  {ln}" for t, ln in timings))

@@ -1,4 +1,5 @@
 """Reports: JSON round trip, run record, rebuild and combination of several runs."""
+
 import json
 
 import numpy as np
@@ -38,7 +39,7 @@ def test_json_round_trip_and_run_record(tmp_path):
     assert rep.to_html() == Report.to_html(rep)  # deterministic
     before = html.read_text()
     rebuild_report(tmp_path / "a")
-    assert html.read_text() == before          # rebuilding reproduces the same bytes
+    assert html.read_text() == before  # rebuilding reproduces the same bytes
     assert text.count("Run record") == 1
 
 
@@ -56,7 +57,7 @@ def test_combine_lists_differing_keys_and_puts_figures_side_by_side(tmp_path):
     assert [r[table["header"].index("regime")] for r in table["rows"]] == ["standard", "myopic"]
     rows = [b for b in data["blocks"] if b["kind"] == "figrow"]
     assert len(rows) == 1 and [i["label"] for i in rows[0]["items"]] == ["std", "myo"]
-    assert html.count("<img") == 4            # side-by-side pair + each run's own figure
+    assert html.count("<img") == 4  # side-by-side pair + each run's own figure
     for item in rows[0]["items"]:
         assert (tmp_path / "both" / "figures" / item["name"]).exists()
 

@@ -4,6 +4,7 @@ the page renders, every image decodes, the console stays clean, and a small scre
 CI installs chromium and chromium-driver (``.ci/run``) and sets ORIGINLENS_REQUIRE_BROWSER=1, so a
 missing browser fails there; elsewhere the test is skipped with the reason.
 """
+
 import io
 import os
 import shutil
@@ -37,11 +38,21 @@ def browser():
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
+
     opts = Options()
     opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              "--disable-dev-shm-usage", "--window-size=640,480"):
+    for a in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=640,480",
+    ):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
@@ -55,7 +66,8 @@ def check_page(driver, path, title):
     state = driver.execute_script(
         "return {ready: document.readyState, h1: (document.querySelector('h1')||{}).textContent,"
         " imgs: Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight]),"
-        " tables: document.querySelectorAll('table').length}")
+        " tables: document.querySelectorAll('table').length}"
+    )
     assert state["ready"] == "complete"
     assert state["h1"] == title, f"page did not render our report: {state['h1']!r}"
     assert state["imgs"], "no images in the report"
@@ -83,7 +95,7 @@ def _run(path, name, loss):
 def test_report_and_combined_report_render(browser, tmp_path):
     a, b = _run(tmp_path / "a", "standard", 1.0), _run(tmp_path / "b", "myopic", 2.0)
     st = check_page(browser, a / "report.html", "run standard")
-    assert st["tables"] >= 2          # the table and the run record
+    assert st["tables"] >= 2  # the table and the run record
     out = combine_reports([a, b], tmp_path / "both", title="both runs")
     st = check_page(browser, out, "both runs")
     assert len(st["imgs"]) == 4
@@ -95,6 +107,7 @@ def test_small_screenshot_is_not_blank(browser, tmp_path):
     browser.set_window_size(480, 360)
     png = browser.get_screenshot_as_png()
     from matplotlib.image import imread
+
     img = imread(io.BytesIO(png), format="png")
     assert img.shape[0] > 100 and img.shape[1] > 100
     grey = img[..., :3].mean(axis=2)
@@ -108,6 +121,7 @@ def test_quick_demo_all_stages_report_opens_in_browser(browser, tmp_path):
     """The README's demo, all four stages at --quick scale (about a minute on 2 idle cores), finishes and
     its report renders with every stage's figures (the full-scale demo runs the same commands, longer)."""
     from originlens.cli.main import main
+
     out = tmp_path / "demo"
     assert main(["-q", "demo", "--quick", "--out", str(out)]) == 0
     assert (out / "leading-terms" / "report.html").exists()
@@ -121,8 +135,10 @@ def test_quick_demo_all_stages_report_opens_in_browser(browser, tmp_path):
     # the report opens with the reproduction status of the committed results files, and labels its own
     # runs as illustrations
     from originlens.experiments.claims import CLAIMS
+
     assert "Reproduction status (from the committed results files)" in html
     assert html.index("Reproduction status") < html.index("1. Corpus statistics")
     import html as html_lib
+
     assert all(html_lib.escape(c.claim.split(":")[0]) in html for c in CLAIMS)
     assert html.count("illustration") >= 4

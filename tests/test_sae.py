@@ -1,4 +1,5 @@
 """SAEs: definitions against brute force, SAELens' on-disk conventions, training on planted data."""
+
 import json
 
 import numpy as np
@@ -8,14 +9,31 @@ import torch
 from originlens.errors import CompatibilityError, ConfigError, InputError
 from originlens.lm.native import GPTAdapter
 from originlens.models.gpt import GPT, GPTConfig
-from originlens.sae import (SAE, SAEConfig, SAETrainConfig, config_from_dict, read_sae, sae_site,
-                            train_sae_on_activations, train_sae_run, write_sae)
+from originlens.sae import (
+    SAE,
+    SAEConfig,
+    SAETrainConfig,
+    config_from_dict,
+    read_sae,
+    sae_site,
+    train_sae_on_activations,
+    train_sae_run,
+    write_sae,
+)
 
 
 def _random_sae(arch, d=6, m=10, dtype="float32", seed=0, **kw):
     g = torch.Generator().manual_seed(seed)
-    cfg = SAEConfig(d_in=d, d_sae=m, architecture=arch, k=3 if arch == "topk" else None,
-                    hook_name="blocks.1.hook_resid_post", model_name="toy", dtype=dtype, **kw)
+    cfg = SAEConfig(
+        d_in=d,
+        d_sae=m,
+        architecture=arch,
+        k=3 if arch == "topk" else None,
+        hook_name="blocks.1.hook_resid_post",
+        model_name="toy",
+        dtype=dtype,
+        **kw,
+    )
     sae = SAE(cfg)
     with torch.no_grad():
         for p in sae.parameters():
@@ -35,7 +53,7 @@ def test_encode_decode_match_definitions(arch):
     x = torch.randn(7, 6, dtype=torch.float64)
     W_enc, b_enc, W_dec, b_dec = (_np(getattr(sae, n)) for n in ("W_enc", "b_enc", "W_dec", "b_dec"))
     xn = x.numpy()
-    pre = (xn - b_dec) @ W_enc + b_enc                   # apply_b_dec_to_input = True (SAELens default)
+    pre = (xn - b_dec) @ W_enc + b_enc  # apply_b_dec_to_input = True (SAELens default)
     if arch == "standard":
         a = np.maximum(pre, 0)
     elif arch == "jumprelu":
@@ -77,7 +95,7 @@ def test_normalisation_and_feature_contribution(mode):
 @pytest.mark.parametrize("arch", ["standard", "jumprelu", "topk"])
 def test_folds_leave_the_reconstruction_unchanged(arch):
     sae = _random_sae(arch, dtype="float64")
-    if arch == "topk":                                   # topk folds are exact for a common norm only
+    if arch == "topk":  # topk folds are exact for a common norm only
         with torch.no_grad():
             sae.W_dec.mul_(2.5 / sae.W_dec.norm(dim=-1, keepdim=True))
     x = torch.randn(9, 6, dtype=torch.float64)
@@ -92,18 +110,35 @@ def test_folds_leave_the_reconstruction_unchanged(arch):
 @pytest.mark.parametrize("arch", ["standard", "jumprelu", "topk"])
 def test_round_trip_and_raw_files_follow_saelens(arch, tmp_path):
     from safetensors import safe_open
+
     sae = _random_sae(arch)
     path = write_sae(sae, tmp_path / "sae")
     # raw files, read without our reader
     cfg = json.loads((path / "cfg.json").read_text())
-    for key in ("architecture", "d_in", "d_sae", "dtype", "device", "model_name", "hook_name", "hook_layer",
-                "apply_b_dec_to_input", "normalize_activations", "activation_fn_str", "activation_fn_kwargs",
-                "prepend_bos", "context_size", "dataset_path", "finetuning_scaling_factor", "hook_head_index"):
+    for key in (
+        "architecture",
+        "d_in",
+        "d_sae",
+        "dtype",
+        "device",
+        "model_name",
+        "hook_name",
+        "hook_layer",
+        "apply_b_dec_to_input",
+        "normalize_activations",
+        "activation_fn_str",
+        "activation_fn_kwargs",
+        "prepend_bos",
+        "context_size",
+        "dataset_path",
+        "finetuning_scaling_factor",
+        "hook_head_index",
+    ):
         assert key in cfg, key
     assert cfg["architecture"] == arch and cfg["d_in"] == 6 and cfg["d_sae"] == 10
     assert cfg["dtype"] == "float32" and cfg["hook_name"] == "blocks.1.hook_resid_post" and cfg["hook_layer"] == 1
     assert cfg["normalize_activations"] == "none" and cfg["finetuning_scaling_factor"] is False
-    assert "sae_lens_version" not in cfg           # SAELens 6 then converts it as a pre-6 config
+    assert "sae_lens_version" not in cfg  # SAELens 6 then converts it as a pre-6 config
     if arch == "topk":
         assert cfg["k"] == 3 and cfg["activation_fn_kwargs"] == {"k": 3} and cfg["activation_fn_str"] == "topk"
     else:
@@ -129,23 +164,44 @@ def test_round_trip_and_raw_files_follow_saelens(arch, tmp_path):
 
 
 def test_reads_both_saelens_config_generations():
-    legacy = {"architecture": "standard", "d_in": 4, "d_sae": 8, "dtype": "torch.float32",
-              "hook_point": "blocks.2.hook_resid_pre",
-              "activation_fn_str": "topk", "activation_fn_kwargs": {"k": 2}, "normalize_activations": False,
-              "model_name": "m", "l1_coefficient": 5}
+    legacy = {
+        "architecture": "standard",
+        "d_in": 4,
+        "d_sae": 8,
+        "dtype": "torch.float32",
+        "hook_point": "blocks.2.hook_resid_pre",
+        "activation_fn_str": "topk",
+        "activation_fn_kwargs": {"k": 2},
+        "normalize_activations": False,
+        "model_name": "m",
+        "l1_coefficient": 5,
+    }
     c = config_from_dict(legacy)
     assert c.architecture == "topk" and c.k == 2 and c.hook_name == "blocks.2.hook_resid_pre"
     assert c.normalize_activations == "none" and c.dtype == "float32" and c.extra["l1_coefficient"] == 5
     for meta_key in ("metadata", "meta"):
-        v6 = {"architecture": "jumprelu", "d_in": 4, "d_sae": 8, "dtype": "float32", "device": "cpu",
-              "apply_b_dec_to_input": False, "normalize_activations": "none", "reshape_activations": "none",
-              meta_key: {"model_name": "gemma-2-2b", "hook_name": "blocks.15.hook_resid_post", "prepend_bos": True,
-                         "sae_lens_version": "6.5.0"}}
+        v6 = {
+            "architecture": "jumprelu",
+            "d_in": 4,
+            "d_sae": 8,
+            "dtype": "float32",
+            "device": "cpu",
+            "apply_b_dec_to_input": False,
+            "normalize_activations": "none",
+            "reshape_activations": "none",
+            meta_key: {
+                "model_name": "gemma-2-2b",
+                "hook_name": "blocks.15.hook_resid_post",
+                "prepend_bos": True,
+                "sae_lens_version": "6.5.0",
+            },
+        }
         c = config_from_dict(v6)
         assert c.architecture == "jumprelu" and c.hook_name == "blocks.15.hook_resid_post"
         assert c.model_name == "gemma-2-2b" and c.apply_b_dec_to_input is False and c.hook_layer == 15
-    c = config_from_dict({"architecture": "topk", "d_in": 4, "d_sae": 8, "k": 3,
-                          "meta": {"hook_name": "blocks.0.hook_resid_post"}})
+    c = config_from_dict(
+        {"architecture": "topk", "d_in": 4, "d_sae": 8, "k": 3, "meta": {"hook_name": "blocks.0.hook_resid_post"}}
+    )
     assert c.k == 3
 
 
@@ -165,8 +221,11 @@ def test_bad_configs_and_files_are_clear_errors(tmp_path):
     with pytest.raises(CompatibilityError, match="shape"):
         read_sae(path)
     from safetensors.torch import save_file
-    save_file({"W_enc": torch.zeros(6, 10), "b_enc": torch.zeros(10), "W_dec": torch.zeros(10, 6),
-               "b_dec": torch.zeros(6)}, str(path / "sae_weights.safetensors"))
+
+    save_file(
+        {"W_enc": torch.zeros(6, 10), "b_enc": torch.zeros(10), "W_dec": torch.zeros(10, 6), "b_dec": torch.zeros(6)},
+        str(path / "sae_weights.safetensors"),
+    )
     cfg["d_sae"] = 10
     (path / "cfg.json").write_text(json.dumps(cfg))
     with pytest.raises(InputError, match="threshold"):
@@ -208,7 +267,7 @@ def test_training_reduces_error_and_recovers_planted_directions(arch, kw):
     res = train_sae_on_activations(x, cfg)
     assert res.history[-1]["fvu"] < 0.5 * res.history[0]["fvu"]
     assert res.metrics["fvu"] < 0.25
-    cos = (D @ res.sae.W_dec.T).max(dim=1).values           # decoder rows are unit norm
+    cos = (D @ res.sae.W_dec.T).max(dim=1).values  # decoder rows are unit norm
     assert int((cos > 0.9).sum()) >= 9, cos
     torch.testing.assert_close(res.sae.W_dec.norm(dim=-1), torch.ones(16))
 
@@ -240,18 +299,37 @@ def test_loads_in_saelens_when_installed(tmp_path):
 
 def test_cli_sae_train_and_info(tmp_path, capsys):
     from originlens.cli.main import main
+
     torch.manual_seed(0)
     GPT(GPTConfig(vocab_size=13, seq_len=24, n_layer=2, d_model=16, n_head=4)).save(tmp_path / "gpt.safetensors")
     np.save(tmp_path / "toks.npy", np.random.default_rng(0).integers(1, 13, size=(30, 20)).astype(np.uint16))
-    args = ["-q", "sae", "train", "--model", str(tmp_path / "gpt.safetensors"), "--corpus", str(tmp_path / "toks.npy"),
-            "--steps", "10", "--batch-size", "64", "--d-sae", "24", "--architecture", "topk", "--k", "3",
-            "--out", str(tmp_path / "run")]
+    args = [
+        "-q",
+        "sae",
+        "train",
+        "--model",
+        str(tmp_path / "gpt.safetensors"),
+        "--corpus",
+        str(tmp_path / "toks.npy"),
+        "--steps",
+        "10",
+        "--batch-size",
+        "64",
+        "--d-sae",
+        "24",
+        "--architecture",
+        "topk",
+        "--k",
+        "3",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(args + ["--site", "blocks.1.hook_resid_pre"]) == 0
     sae = read_sae(tmp_path / "run" / "sae")
     assert sae.cfg.hook_name == "blocks.0.hook_resid_post" and sae.cfg.k == 3 and sae.d_sae == 24  # resid.1
     assert main(["-q", "sae", "info", str(tmp_path / "run" / "sae")]) == 0
     assert json.loads(capsys.readouterr().out.split("report:")[-1].split("\n", 1)[1])["d_sae"] == 24
-    assert main(args + ["--site", "resid.1"]) == 2                     # results exist: needs --overwrite
+    assert main(args + ["--site", "resid.1"]) == 2  # results exist: needs --overwrite
     assert "already holds results" in capsys.readouterr().err
     assert main(args + ["--site", "resid.7", "--overwrite"]) == 2
     assert "out of range" in capsys.readouterr().err
@@ -259,9 +337,9 @@ def test_cli_sae_train_and_info(tmp_path, capsys):
 
 def test_an_sae_train_run_directory_resolves_to_its_sae(tmp_path):
     sae = _random_sae("topk")
-    write_sae(sae, tmp_path / "run" / "sae")            # where `sae train --out RUN` puts it
+    write_sae(sae, tmp_path / "run" / "sae")  # where `sae train --out RUN` puts it
     for where in (tmp_path / "run", tmp_path / "run" / "sae"):
         back = read_sae(where)
         assert torch.equal(back.W_dec, sae.W_dec) and back.cfg.hook_name == sae.cfg.hook_name
     with pytest.raises(InputError, match="has no cfg.json"):
-        read_sae(tmp_path)                              # two levels up: not an SAE
+        read_sae(tmp_path)  # two levels up: not an SAE

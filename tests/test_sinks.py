@@ -1,4 +1,5 @@
 """Optional TensorBoard / W&B mirrors of the metrics log (fake tracker modules stand in for the real ones)."""
+
 import sys
 import types
 
@@ -32,6 +33,7 @@ def _fake_tensorboard(monkeypatch, calls):
 
         def close(self):
             calls.append(("close",))
+
     mod.SummaryWriter = SummaryWriter
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", mod)
 
@@ -53,7 +55,7 @@ def test_metrics_are_mirrored_to_tensorboard(tmp_path, monkeypatch):
     assert calls[0] == ("init", str(tmp_path / "r" / "tensorboard"))
     assert ("loss", 1.5, 3) in calls and ("acc", 0.25, 0) in calls
     assert not any(c[0] in ("name", "ok") for c in calls)
-    assert len(run.read_metrics()) == 2          # the JSONL log is unchanged
+    assert len(run.read_metrics()) == 2  # the JSONL log is unchanged
 
 
 def test_wandb_offline_and_missing_packages(tmp_path, monkeypatch):
@@ -66,6 +68,7 @@ def test_wandb_offline_and_missing_packages(tmp_path, monkeypatch):
 
         def finish(self):
             logged.append("finish")
+
     wandb.init = lambda **kw: (logged.append(kw), Run())[1]
     monkeypatch.setitem(sys.modules, "wandb", wandb)
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -74,7 +77,7 @@ def test_wandb_offline_and_missing_packages(tmp_path, monkeypatch):
     assert logged[0]["mode"] == "offline" and logged[1] == ({"loss": 2.0}, 1)
     sinks.close_all()
     assert logged[-1] == "finish"
-    monkeypatch.setitem(sys.modules, "wandb", None)        # import fails
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import fails
     with pytest.raises(CompatibilityError, match="pip install wandb"):
         RunDir(tmp_path / "w2").log_metrics({"loss": 1.0})
 
@@ -86,4 +89,4 @@ def test_cli_flag_and_env(tmp_path, monkeypatch, capsys):
     (tmp_path / "a").mkdir()
     rc = main(["--log-to", "wandb,nope", "report", str(tmp_path / "a")])
     assert rc == 2 and "nope" in capsys.readouterr().err
-    assert sinks.requested_sinks() == ["tensorboard"]      # the flag does not leak past the command
+    assert sinks.requested_sinks() == ["tensorboard"]  # the flag does not leak past the command

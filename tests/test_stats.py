@@ -1,12 +1,19 @@
 """Corpus statistics against a brute-force float64 one-hot implementation of the spec's definitions."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from originlens.errors import CompatibilityError, ConfigError, InputError
-from originlens.stats import (FirstOrderSums, SecondOrderSums, assemble, corpus_statistics,
-                              most_frequent_tokens, top_associations)
+from originlens.stats import (
+    FirstOrderSums,
+    SecondOrderSums,
+    assemble,
+    corpus_statistics,
+    most_frequent_tokens,
+    top_associations,
+)
 
 
 # ------------------------------------------------------------------ brute force (spec §3.8, dense)
@@ -18,12 +25,12 @@ def brute_force(tokens, V, *, token_ids=None, c=None, valid=None):
     K = len(ids)
     c = 1.0 / V if c is None else c
     sel = np.zeros((V, K))
-    sel[ids, np.arange(K)] = 1.0                      # one-hot in V, projected on the kept set
+    sel[ids, np.arange(K)] = 1.0  # one-hot in V, projected on the kept set
     eye = np.eye(V)
-    X = eye[tokens[:, :-1]] @ sel                     # (N,T,K), out-of-set rows zero
+    X = eye[tokens[:, :-1]] @ sel  # (N,T,K), out-of-set rows zero
     Y = eye[tokens[:, 1:]] @ sel
     valid = np.ones((N, T), bool) if valid is None else valid
-    R0 = (Y - c) * valid[..., None]                   # uncounted pairs contribute nothing
+    R0 = (Y - c) * valid[..., None]  # uncounted pairs contribute nothing
     P = valid.sum()
     A0 = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
     B = np.einsum("ntv,ntw->vw", X, R0) / P
@@ -40,8 +47,9 @@ def brute_force(tokens, V, *, token_ids=None, c=None, valid=None):
     Q = np.einsum("ntv,ntj,njw->vw", X, Qn, X) / P
     Qmean = Qn.sum(0) / P
     Delta = np.array([np.trace(Qmean, offset=-d) for d in range(T)])
-    return dict(bigram=B, context=Phi, interchangeability=Sig, value_target=Vlt, query_key=Q,
-                positional=Delta, Qn=Qn, P=P)
+    return dict(
+        bigram=B, context=Phi, interchangeability=Sig, value_target=Vlt, query_key=Q, positional=Delta, Qn=Qn, P=P
+    )
 
 
 def random_corpus(seed, N=12, T=7, V=9):
@@ -143,8 +151,8 @@ def test_closed_form_qn_equals_jacobian_form():
     M = rng.normal(size=(3, T, T))
     closed = np.zeros_like(M)
     for t in range(T):
-        r = M[:, t, :t + 1].sum(-1)
-        closed[:, t, :t + 1] = M[:, t, :t + 1] / (t + 1) - r[:, None] / (t + 1) ** 2
+        r = M[:, t, : t + 1].sum(-1)
+        closed[:, t, : t + 1] = M[:, t, : t + 1] / (t + 1) - r[:, None] / (t + 1) ** 2
     A0 = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
     dense = np.stack([(np.diag(A0[t]) - np.outer(A0[t], A0[t])) @ M[:, t, :].T for t in range(T)], 1)
     np.testing.assert_allclose(closed, np.transpose(dense, (2, 1, 0)), atol=1e-15)
@@ -218,9 +226,12 @@ def test_statistics_keep_torch_thread_setting():
     torch's setting back (it silently undid --threads 1 in the first training of a process)."""
     import subprocess
     import sys
-    code = ("import numpy as np, torch; torch.set_num_threads(1); assert torch.get_num_threads() == 1; "
-            "from originlens.stats import corpus_statistics; "
-            "corpus_statistics(np.random.default_rng(0).integers(0, 20, size=(50, 9)), 20); "
-            "assert torch.get_num_threads() == 1, torch.get_num_threads()")
+
+    code = (
+        "import numpy as np, torch; torch.set_num_threads(1); assert torch.get_num_threads() == 1; "
+        "from originlens.stats import corpus_statistics; "
+        "corpus_statistics(np.random.default_rng(0).integers(0, 20, size=(50, 9)), 20); "
+        "assert torch.get_num_threads() == 1, torch.get_num_threads()"
+    )
     env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_NUM_THREADS"}
     subprocess.run([sys.executable, "-c", code], check=True, env={**env, "NUMBA_NUM_THREADS": "2"})

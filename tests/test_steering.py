@@ -1,4 +1,5 @@
 """Steering (coefficient applied once, seeded sampling) and look-ahead maps (SVD alignment, correlation)."""
+
 import math
 
 import numpy as np
@@ -8,16 +9,23 @@ import torch
 from originlens.errors import CompatibilityError, InputError
 from originlens.lm.llama2c import generate_tokens
 from originlens.lm.native import GPTAdapter, Llama2cAdapter
-from originlens.lm.steering import (LookaheadConfig, completion_stats, generate_steered, lookahead, steer,
-                                    steering_hook, subspace_alignment, train_lookahead_map)
+from originlens.lm.steering import (
+    LookaheadConfig,
+    completion_stats,
+    generate_steered,
+    lookahead,
+    steer,
+    steering_hook,
+    subspace_alignment,
+    train_lookahead_map,
+)
 from originlens.models.gpt import GPT, GPTConfig
 from originlens.sae import SAE, SAEConfig
 
 
 def _gpt(dtype="float64"):
     torch.manual_seed(0)
-    return GPTAdapter(GPT(GPTConfig(vocab_size=11, seq_len=16, n_layer=2, d_model=16, n_head=4, dtype=dtype)),
-                      bos_id=0)
+    return GPTAdapter(GPT(GPTConfig(vocab_size=11, seq_len=16, n_layer=2, d_model=16, n_head=4, dtype=dtype)), bos_id=0)
 
 
 def _sae(d=16, m=6, hook="blocks.0.hook_resid_post", dtype="float64", seed=0):
@@ -45,8 +53,10 @@ def _manual_sampling(ad, k, direction, c, prompt, n, steps, temperature, seed):
     toks = torch.tensor([prompt] * n)
     out = []
     for _ in range(steps):
+
         def add(x, _k):
             return x + c * direction
+
         logits = ad.run(toks, hooks={k: add})[:, -1].double()
         if temperature == 0:
             nxt = logits.argmax(-1)
@@ -61,16 +71,19 @@ def _manual_sampling(ad, k, direction, c, prompt, n, steps, temperature, seed):
 def test_generation_matches_manual_loop(temperature):
     ad, sae = _gpt(), _sae()
     with torch.no_grad():
-        got = generate_steered(ad, 1, sae.W_dec[4], 3.0, [0, 5], n_samples=5, max_new_tokens=6,
-                               temperature=temperature, seed=42)
+        got = generate_steered(
+            ad, 1, sae.W_dec[4], 3.0, [0, 5], n_samples=5, max_new_tokens=6, temperature=temperature, seed=42
+        )
         want = _manual_sampling(ad, 1, sae.W_dec[4], 3.0, [0, 5], 5, 6, temperature, 42)
     assert torch.equal(got, want)
     # same seed, same samples; c = 0 is the unsteered model
-    again = generate_steered(ad, 1, sae.W_dec[4], 3.0, [0, 5], n_samples=5, max_new_tokens=6,
-                             temperature=temperature, seed=42)
+    again = generate_steered(
+        ad, 1, sae.W_dec[4], 3.0, [0, 5], n_samples=5, max_new_tokens=6, temperature=temperature, seed=42
+    )
     assert torch.equal(got, again)
-    plain = generate_steered(ad, 1, sae.W_dec[4], 0.0, [0, 5], n_samples=5, max_new_tokens=6,
-                             temperature=temperature, seed=42)
+    plain = generate_steered(
+        ad, 1, sae.W_dec[4], 0.0, [0, 5], n_samples=5, max_new_tokens=6, temperature=temperature, seed=42
+    )
     assert torch.equal(plain, _manual_sampling(ad, 1, sae.W_dec[4], 0.0, [0, 5], 5, 6, temperature, 42))
 
 
@@ -80,6 +93,7 @@ def test_steer_runs_baseline_and_all_conditions():
     class Tok:
         def decode(self, ids):
             return "".join("abc.,!0123x"[i] for i in ids)
+
     res = steer(ad, sae, [1, 3], [1.0, 100.0], tokenizer=Tok(), n_samples=4, max_new_tokens=5, seed=1)
     assert [(s.feature, s.coefficient) for s in res] == [(-1, 0.0), (1, 1.0), (1, 100.0), (3, 1.0), (3, 100.0)]
     assert all(len(s.ids) == 4 and len(s.ids[0]) == 5 and len(s.texts) == 4 for s in res)
@@ -93,15 +107,16 @@ def test_steer_runs_baseline_and_all_conditions():
 
 def test_completion_stats_against_counts():
     class Tok:
-        table = {0: "the", 1: ".", 2: " ", 3: "x2", 4: "{"}
+        table = {0: "the", 1: ".", 2: " ", 3: "x2", 4: "{"}  # noqa: RUF012 (read-only)
 
         def decode(self, ids):
             return "".join(self.table[i] for i in ids)
+
     ids = [[0, 1, 1, 3], [4, 2, 0, 0]]
     base = [[0, 0, 0, 0], [0, 0, 0, 3]]
     s = completion_stats(ids, Tok(), base, top=2)
     assert s["n_tokens"] == 8 and s["distinct_frac"] == 5 / 8
-    assert s["punct_frac"] == 4 / 8                # ".", ".", "{", " "
+    assert s["punct_frac"] == 4 / 8  # ".", ".", "{", " "
     assert s["digit_frac"] == 1 / 8
     # lift = ((c+1)/(n+1)) / ((b+1)/(nb+1)): "." (2 vs 0) = 3, "{" and " " (1 vs 0) = 2, "x2" (1 vs 1) = 1
     assert [p["id"] for p in s["promoted"]] == [1, 2] and math.isclose(s["promoted"][0]["lift"], 3.0)
@@ -129,22 +144,24 @@ def test_lookahead_map_training_and_correlation():
     ad = _gpt(dtype="float32")
     sae = _sae(dtype="float32", m=8)
     toks = np.random.default_rng(0).integers(1, 11, size=(40, 15))
-    toks[:, 1::2] = (toks[:, 0::2][:, :7] + 3) % 10 + 1      # token t+1 is a function of token t
+    toks[:, 1::2] = (toks[:, 0::2][:, :7] + 3) % 10 + 1  # token t+1 is a function of token t
     # lr = 0: the map stays the identity
-    from originlens.sae.activations import as_sequences
     from originlens.lm.steering import lookahead_data
+    from originlens.sae.activations import as_sequences
+
     X, Y = lookahead_data(ad, as_sequences(toks, ad), 1, 2)
     assert X.shape[0] == Y.shape[0] == 40 * (16 - 2 - 1)
     m0 = train_lookahead_map(ad, X, Y[:, 0], 1, LookaheadConfig(lr=1e-12, epochs=1, batch_size=64))
     torch.testing.assert_close(m0.weight, torch.eye(16, dtype=torch.float64), rtol=0, atol=1e-6)
     assert math.isclose(m0.val_loss, m0.val_loss_identity, rel_tol=1e-4)
-    assert all(p.grad is None for p in ad.parameters())        # the model itself is not trained
+    assert all(p.grad is None for p in ad.parameters())  # the model itself is not trained
     q = {f: float(v) for f, v in enumerate([0.1, 5.0, 0.3, 2.0, 0.01, 1.0, 9.0, 0.5])}
     res = lookahead(ad, sae, toks, LookaheadConfig(max_offset=2, lr=3e-2, epochs=3, batch_size=32), q=q)
     assert [m.offset for m in res.maps] == [1, 2]
-    assert res.maps[0].val_loss < res.maps[0].val_loss_identity     # the map learns something
+    assert res.maps[0].val_loss < res.maps[0].val_loss_identity  # the map learns something
     assert res.alignment[1].shape == (8, 16)
     from scipy.stats import spearmanr
+
     qa = np.array([q[f] for f in range(8)])
     r = 4
     want = spearmanr(res.alignment[2][:, r - 1], qa)
@@ -158,6 +175,7 @@ def test_lookahead_map_training_and_correlation():
 def test_stories260k_unsteered_greedy_matches_reference_generation():
     from originlens.lm.llama2c import Llama2cTokenizer, load_llama2c
     from originlens.paths import data_path
+
     d = data_path("models", "stories260K", required=False)
     if not (d / "stories260K.bin").exists():
         pytest.skip("shared data not available")
@@ -174,35 +192,83 @@ def test_stories260k_unsteered_greedy_matches_reference_generation():
 
 def test_cli_lookahead_and_steer_errors(tmp_path, capsys):
     import json
+
     from originlens.cli.main import main
     from originlens.sae import write_sae
+
     torch.manual_seed(0)
     GPT(GPTConfig(vocab_size=13, seq_len=24, n_layer=2, d_model=16, n_head=4)).save(tmp_path / "gpt.safetensors")
     np.save(tmp_path / "toks.npy", np.random.default_rng(0).integers(1, 13, size=(20, 16)).astype(np.uint16))
     write_sae(_sae(dtype="float32", hook="blocks.1.hook_resid_post"), tmp_path / "sae")
     model = ["--model", str(tmp_path / "gpt.safetensors"), "--sae", str(tmp_path / "sae")]
-    assert main(["-q", "lm", "lookahead", *model, "--corpus", str(tmp_path / "toks.npy"), "--max-offset", "2",
-                 "--epochs", "1", "--lr", "1e-2", "--out", str(tmp_path / "la")]) == 0
+    assert (
+        main(
+            [
+                "-q",
+                "lm",
+                "lookahead",
+                *model,
+                "--corpus",
+                str(tmp_path / "toks.npy"),
+                "--max-offset",
+                "2",
+                "--epochs",
+                "1",
+                "--lr",
+                "1e-2",
+                "--out",
+                str(tmp_path / "la"),
+            ]
+        )
+        == 0
+    )
     res = json.loads((tmp_path / "la" / "results.json").read_text())
     assert [m["offset"] for m in res["maps"]] == [1, 2] and res["site"] == "resid.2"
     assert (tmp_path / "la" / "figures" / "alignment.png").is_file()
     assert main(["-q", "lm", "steer", *model, "--features", "1", "--out", str(tmp_path / "st")]) == 2
-    assert "BOS" in capsys.readouterr().err                       # our GPT has no BOS and no prompt was given
+    assert "BOS" in capsys.readouterr().err  # our GPT has no BOS and no prompt was given
 
 
 @pytest.mark.slow
 def test_cli_steer_stories260k(tmp_path):
     import json
+
     from originlens.cli.main import main
     from originlens.paths import data_path
     from originlens.sae import write_sae
+
     d = data_path("models", "stories260K", required=False)
     if not (d / "stories260K.bin").exists():
         pytest.skip("shared data not available")
     write_sae(_sae(d=64, m=4, hook="blocks.3.hook_resid_post", dtype="float32"), tmp_path / "sae")
-    assert main(["-q", "lm", "steer", "--model", str(d / "stories260K.bin"), "--tokenizer", str(d / "tok512.bin"),
-                 "--sae", str(tmp_path / "sae"), "--features", "0,2", "--coefficients", "1,100", "--samples", "3",
-                 "--max-new-tokens", "6", "--prompt", "Once upon", "--out", str(tmp_path / "st")]) == 0
+    assert (
+        main(
+            [
+                "-q",
+                "lm",
+                "steer",
+                "--model",
+                str(d / "stories260K.bin"),
+                "--tokenizer",
+                str(d / "tok512.bin"),
+                "--sae",
+                str(tmp_path / "sae"),
+                "--features",
+                "0,2",
+                "--coefficients",
+                "1,100",
+                "--samples",
+                "3",
+                "--max-new-tokens",
+                "6",
+                "--prompt",
+                "Once upon",
+                "--out",
+                str(tmp_path / "st"),
+            ]
+        )
+        == 0
+    )
     res = json.loads((tmp_path / "st" / "results.json").read_text())
     assert len(res["samples"]) == 5 and all(t.startswith("Once upon") for t in res["samples"][0]["texts"])
     assert (tmp_path / "st" / "figures" / "steering-stats.png").is_file()

@@ -1,12 +1,22 @@
 """Majority / Conditioned Majority generators and the task interface, against plain loops."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from originlens.errors import ConfigError, InputError
-from originlens.tasks import (CondMajorityTask, MajorityTask, Task, first_output_accuracy, get_task,
-                              legal_accuracy, output_legal_accuracy, task_metrics, task_names)
+from originlens.tasks import (
+    CondMajorityTask,
+    MajorityTask,
+    Task,
+    first_output_accuracy,
+    get_task,
+    legal_accuracy,
+    output_legal_accuracy,
+    task_metrics,
+    task_names,
+)
 from originlens.tasks.base import choose_uniform
 
 
@@ -29,8 +39,7 @@ def test_vocab_and_layout():
         assert task.vocab == ["<pad>", "<bos>", "<0>", "<1>", "<2>"] and task.vocab_size == 5
         assert task.seq_len == 21
         assert task.tracked.layers == (1, 2) and task.tracked.positions == tuple(range(2, 20))
-    assert get_task("majority").feature_names == ["is_majority_<0>", "is_majority_<1>",
-                                                  "is_majority_<2>"]
+    assert get_task("majority").feature_names == ["is_majority_<0>", "is_majority_<1>", "is_majority_<2>"]
     assert get_task("majority").tracked.features == tuple(get_task("majority").feature_names)
     assert get_task("cond-majority").tracked.features == ("prev_is_<0>",)
     assert task_names() == ["majority", "cond-majority", "othello", "tinystories"]
@@ -81,7 +90,7 @@ def test_cond_majority_against_loop():
     batch = task.sample(n, np.random.default_rng(2))
     _check_common(task, batch, n)
     for b in range(n):
-        syms = (batch.tokens[b] - 2).tolist()       # syms[0] = -1 is <bos>
+        syms = (batch.tokens[b] - 2).tolist()  # syms[0] = -1 is <bos>
         counts = [0, 0, 0]
         for i in range(1, 11):
             if i >= 2 and syms[i - 1] == 0:
@@ -115,7 +124,7 @@ def test_distributions():
     first = batch.tokens[sel, 11] - 2
     assert sel.sum() > 500 and abs((first == 0).mean() - 0.5) < 0.06
     cond = CondMajorityTask().sample(n, np.random.default_rng(4))
-    three = cond.legal[:, 10, 2:].all(-1)              # all counts tied
+    three = cond.legal[:, 10, 2:].all(-1)  # all counts tied
     outs = cond.tokens[three, 11:] - 2
     np.testing.assert_allclose(np.bincount(outs.ravel(), minlength=3) / outs.size, 1 / 3, atol=0.02)
 

@@ -8,6 +8,7 @@ The Lingua tests skip when ``perl`` + Lingua::EN::Tagger are missing (Debian: li
 ``ORIGINLENS_REQUIRE_TAGGER=1`` turns that skip into a failure.  Run ``pytest -s`` to see the measured
 per-tag agreement with the gold tags.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,13 +26,95 @@ from originlens.errors import ConfigError, InputError
 from originlens.paths import tinystories_files
 from originlens.tasks import syntax
 from originlens.tasks import tinystories as ts
-from originlens.tasks.syntax import (DEPS, FEATURE_NAMES, SYNTAX_FEATURES, TAGS, Annotation, GoldAnnotator,
-                                     align, ptb_tokens)
+from originlens.tasks.syntax import (
+    DEPS,
+    FEATURE_NAMES,
+    SYNTAX_FEATURES,
+    TAGS,
+    Annotation,
+    GoldAnnotator,
+    align,
+    ptb_tokens,
+)
 
-PENN = set("CC CD DT EX FW IN JJ JJR JJS LS MD NN NNS NNP NNPS PDT POS PRP PRP$ RB RBR RBS RP SYM TO UH VB VBD "
-           "VBG VBN VBP VBZ WDT WP WP$ WRB . , : `` ''".split())
-CLEAR = set("acl acomp advcl advmod amod attr aux cc ccomp compound conj dative det dobj expl intj mark neg "
-            "npadvmod nsubj nummod pobj poss prep prt punct relcl xcomp ROOT".split())
+PENN = set(
+    [
+        "CC",
+        "CD",
+        "DT",
+        "EX",
+        "FW",
+        "IN",
+        "JJ",
+        "JJR",
+        "JJS",
+        "LS",
+        "MD",
+        "NN",
+        "NNS",
+        "NNP",
+        "NNPS",
+        "PDT",
+        "POS",
+        "PRP",
+        "PRP$",
+        "RB",
+        "RBR",
+        "RBS",
+        "RP",
+        "SYM",
+        "TO",
+        "UH",
+        "VB",
+        "VBD",
+        "VBG",
+        "VBN",
+        "VBP",
+        "VBZ",
+        "WDT",
+        "WP",
+        "WP$",
+        "WRB",
+        ".",
+        ",",
+        ":",
+        "``",
+        "''",
+    ]
+)
+CLEAR = set(
+    [
+        "acl",
+        "acomp",
+        "advcl",
+        "advmod",
+        "amod",
+        "attr",
+        "aux",
+        "cc",
+        "ccomp",
+        "compound",
+        "conj",
+        "dative",
+        "det",
+        "dobj",
+        "expl",
+        "intj",
+        "mark",
+        "neg",
+        "npadvmod",
+        "nsubj",
+        "nummod",
+        "pobj",
+        "poss",
+        "prep",
+        "prt",
+        "punct",
+        "relcl",
+        "xcomp",
+        "ROOT",
+    ]
+)
 
 
 def _one_line(exc: Exception) -> bool:
@@ -73,8 +156,10 @@ def _case(draw):
     n = len(text)
     pos = st.integers(0, n)
     toks = [tuple(sorted(draw(st.tuples(pos, pos)))) for _ in range(draw(st.integers(0, 12)))]
-    spans = [(*sorted(draw(st.tuples(pos, pos))), draw(st.sampled_from([None, *TAGS, "NNS", "."])), draw(_LABELS))
-             for _ in range(draw(st.integers(0, 12)))]
+    spans = [
+        (*sorted(draw(st.tuples(pos, pos))), draw(st.sampled_from([None, *TAGS, "NNS", "."])), draw(_LABELS))
+        for _ in range(draw(st.integers(0, 12)))
+    ]
     return text, toks, spans
 
 
@@ -89,18 +174,28 @@ def test_align_matches_brute_force_overlap(case):
 
 def test_align_on_bpe_tokens_of_stories():
     from originlens.data.tokenizers import BPETokenizer
+
     stories = generate_annotated_stories(30, seed=5)
     texts = [s.text for s in stories] + ["  Tom  ran.\n\nHe fell!  "]
-    tok = BPETokenizer.train(texts, 120, wrap=False)            # small vocabulary: words split into pieces
-    manual = Annotation(texts[-1], ((2, 5, "NNP", "nsubj"), (7, 10, "VBD", "ROOT"), (10, 11, ".", "punct"),
-                                    (13, 15, "PRP", "nsubj"), (16, 20, "VBD", "ROOT"), (20, 21, ".", "punct"),
-                                    (21, 23, "NN", "dep")))
+    tok = BPETokenizer.train(texts, 120, wrap=False)  # small vocabulary: words split into pieces
+    manual = Annotation(
+        texts[-1],
+        (
+            (2, 5, "NNP", "nsubj"),
+            (7, 10, "VBD", "ROOT"),
+            (10, 11, ".", "punct"),
+            (13, 15, "PRP", "nsubj"),
+            (16, 20, "VBD", "ROOT"),
+            (20, 21, ".", "punct"),
+            (21, 23, "NN", "dep"),
+        ),
+    )
     anns = GoldAnnotator().annotate(texts[:-1]) + [manual]
     for s, (text, ann) in enumerate(zip(texts, anns)):
         ids, offsets = tok.encode_offsets(text)
         got = align(ann, offsets, len(ids), story=s)
         assert np.array_equal(got, _brute_align(text, offsets, ann.spans))
-        for j, (a, b) in enumerate(offsets):       # every word piece of a gold word carries the word's tag
+        for j, (a, _b) in enumerate(offsets):  # every word piece of a gold word carries the word's tag
             w = next(w for w in ann.spans if w[0] <= a < w[1])
             if w[2] in TAGS:
                 assert got[j, TAGS.index(w[2])]
@@ -123,6 +218,7 @@ def test_unalignable_story_is_an_input_error():
 
 # ------------------------------------------------------------------------------------------ storyworld gold
 
+
 def test_generate_stories_is_unchanged():
     """The texts are byte-identical to those of the generator before gold annotations existed."""
     digest = hashlib.sha256("\x00".join(generate_stories(50, 0)).encode("utf-8")).hexdigest()
@@ -137,10 +233,10 @@ def test_storyworld_gold_tags():
         text, words = s.text, s.words
         covered = np.zeros(len(text), dtype=int)
         for w in words:
-            assert 0 <= w.start < w.end <= len(text) and text[w.start:w.end].strip() == text[w.start:w.end]
-            covered[w.start:w.end] += 1
+            assert 0 <= w.start < w.end <= len(text) and text[w.start : w.end].strip() == text[w.start : w.end]
+            covered[w.start : w.end] += 1
             assert w.tag in PENN and w.dep in CLEAR
-            word = text[w.start:w.end]
+            word = text[w.start : w.end]
             counts[w.tag] = counts.get(w.tag, 0) + 1
             if word.lower() in ("the", "a", "an", "every"):
                 assert (w.tag, w.dep) == ("DT", "det")
@@ -148,7 +244,7 @@ def test_storyworld_gold_tags():
                 assert (w.tag, w.dep) == (".", "punct")
             if word == ",":
                 assert (w.tag, w.dep) == (",", "punct")
-            if word == "\"":
+            if word == '"':
                 assert w.tag in ("``", "''") and w.dep == "punct"
             if word in ("Lily", "Anna", "Mia", "Tom", "Timmy", "Ben"):
                 assert w.tag == "NNP"
@@ -156,16 +252,21 @@ def test_storyworld_gold_tags():
                 assert (w.tag, w.dep) == ("PRP", "nsubj")
             if word in ("felt", "saw", "went", "loved"):
                 assert w.tag == "VBD"
-        assert np.array_equal(covered, np.array([0 if c.isspace() else 1 for c in text]))   # every char, once
+        assert np.array_equal(covered, np.array([0 if c.isspace() else 1 for c in text]))  # every char, once
         assert [w.start for w in words] == sorted(w.start for w in words)
-        assert annotate_story(text) == words                     # the text alone gives the same gold
+        assert annotate_story(text) == words  # the text alone gives the same gold
         roots = sum(w.dep == "ROOT" for w in words)
-        assert roots == sum(text[w.start:w.end] in ".!" for w in words)      # one per sentence
+        assert roots == sum(text[w.start : w.end] in ".!" for w in words)  # one per sentence
     assert set(TAGS) <= set(counts)
     first = stories[0]
-    head = [(first.text[w.start:w.end], w.tag, w.dep) for w in first.words[:7]]
-    assert head[:5] == [("Once", "RB", "advmod"), ("upon", "IN", "prep"), ("a", "DT", "det"),
-                        ("time", "NN", "pobj"), (",", ",", "punct")]
+    head = [(first.text[w.start : w.end], w.tag, w.dep) for w in first.words[:7]]
+    assert head[:5] == [
+        ("Once", "RB", "advmod"),
+        ("upon", "IN", "prep"),
+        ("a", "DT", "det"),
+        ("time", "NN", "pobj"),
+        (",", ",", "punct"),
+    ]
     assert head[5][1:] == ("NNP", "nsubj") and head[6] == ("was", "VBD", "ROOT")
 
 
@@ -179,6 +280,7 @@ def test_gold_annotator_rejects_other_text():
 
 # ------------------------------------------------------------------------------------------ Lingua
 
+
 def test_ptb_tokens_keep_character_spans():
     text = "Lily's dog didn't see Mr. Brown... \"Hi!\" she said. “Look!” — ice-cream 3.5 dogs' toys."
     toks = ptb_tokens(text)
@@ -187,21 +289,38 @@ def test_ptb_tokens_keep_character_spans():
     assert "Mr." in forms and "..." in forms and "ice-cream" in forms and "3.5" in forms
     assert forms.count("``") == 2 and forms.count("''") == 2 and "--" in forms
     joined = "".join(text[a:b] for a, b, _ in toks)
-    assert joined == "".join(text.split())                    # every non-space character, once, in order
+    assert joined == "".join(text.split())  # every non-space character, once, in order
     assert all(text[a:b].strip() == text[a:b] and a < b for a, b, _ in toks)
 
 
 def test_lingua_tags_a_small_story():
     lingua = _require_lingua()
-    text = ("Once upon a time, there was a little girl named Lily. She didn't like the rain, "
-            "so she stayed home and played with her red ball.")
+    text = (
+        "Once upon a time, there was a little girl named Lily. She didn't like the rain, "
+        "so she stayed home and played with her red ball."
+    )
     (ann,) = lingua.annotate([text])
     got = {text[a:b]: tag for a, b, tag, dep in ann.spans}
     assert all(dep is None for *_, dep in ann.spans)
     assert all(text[a:b].strip() == text[a:b] for a, b, *_ in ann.spans)
-    expect = {"Once": "RB", "a": "DT", "girl": "NN", "Lily": "NNP", "She": "PRP", "did": "VBD", "n't": "RB",
-              "rain": "NN", ",": ",", ".": ".", "and": "CC", "red": "JJ", "little": "JJ", "ball": "NN",
-              "played": "VBD", "with": "IN"}
+    expect = {
+        "Once": "RB",
+        "a": "DT",
+        "girl": "NN",
+        "Lily": "NNP",
+        "She": "PRP",
+        "did": "VBD",
+        "n't": "RB",
+        "rain": "NN",
+        ",": ",",
+        ".": ".",
+        "and": "CC",
+        "red": "JJ",
+        "little": "JJ",
+        "ball": "NN",
+        "played": "VBD",
+        "with": "IN",
+    }
     assert {w: got[w] for w in expect} == expect
     assert lingua.provides == {"tags"} and "lingua-en-tagger-" in lingua.version
     assert lingua.annotate([]) == [] and lingua.annotate(["", "  "])[1].spans == ()
@@ -230,10 +349,20 @@ def test_lingua_agrees_with_storyworld_gold():
     pairs = []
     for s, ann in zip(stories, anns):
         by_span = {(a, b): tag for a, b, tag, _ in ann.spans}
-        assert set(by_span) == {(w.start, w.end) for w in s.words}      # same words on storyworld text
+        assert set(by_span) == {(w.start, w.end) for w in s.words}  # same words on storyworld text
         pairs += [(w.tag, by_span[(w.start, w.end)]) for w in s.words]
-    floor = {"NN": (0.95, 0.9), "VBD": (0.97, 0.97), "DT": (0.97, 0.97), "PRP": (0.99, 0.99), "JJ": (0.9, 0.9),
-             "NNP": (0.99, 0.99), "IN": (0.85, 0.9), "RB": (0.55, 0.7), "VB": (0.6, 0.95), "CC": (0.99, 0.99)}
+    floor = {
+        "NN": (0.95, 0.9),
+        "VBD": (0.97, 0.97),
+        "DT": (0.97, 0.97),
+        "PRP": (0.99, 0.99),
+        "JJ": (0.9, 0.9),
+        "NNP": (0.99, 0.99),
+        "IN": (0.85, 0.9),
+        "RB": (0.55, 0.7),
+        "VB": (0.6, 0.95),
+        "CC": (0.99, 0.99),
+    }
     print("\nLingua::EN::Tagger vs storyworld gold (recall, precision, gold count):")
     for tag in TAGS:
         rec, prec, n = _agreement(pairs, tag)
@@ -244,8 +373,9 @@ def test_lingua_agrees_with_storyworld_gold():
 
 # ------------------------------------------------------------------------------------------ spaCy
 
+
 def test_spacy_absent_is_a_one_line_config_error(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "spacy", None)             # import spacy -> ImportError
+    monkeypatch.setitem(sys.modules, "spacy", None)  # import spacy -> ImportError
     with pytest.raises(ConfigError, match="pip install spacy") as e:
         syntax.get_annotator("spacy")
     assert _one_line(e.value) and "en_core_web_sm" in str(e.value)
@@ -262,7 +392,7 @@ def test_spacy_absent_is_a_one_line_config_error(monkeypatch, tmp_path):
 def test_unknown_spacy_model_is_a_one_line_config_error(monkeypatch):
     try:
         import spacy  # noqa: F401
-    except ImportError:                                        # a stand-in spaCy that knows no pipeline
+    except ImportError:  # a stand-in spaCy that knows no pipeline
         fake = types.ModuleType("spacy")
         fake.util = types.SimpleNamespace(is_package=lambda name: False)
         monkeypatch.setitem(sys.modules, "spacy", fake)
@@ -279,8 +409,10 @@ def test_spacy_annotator_reads_a_saved_pipeline(tmp_path):
     gold words on this text); whitespace tokens are dropped."""
     spacy = pytest.importorskip("spacy")
     from spacy.language import Language
+
     name = "originlens_test_gold_syntax"
     if not Language.has_factory(name):
+
         @Language.component(name)
         def _gold(doc):
             try:
@@ -294,6 +426,7 @@ def test_spacy_annotator_reads_a_saved_pipeline(tmp_path):
                 elif not t.is_space:
                     t.tag_, t.dep_ = "XX", "dep"
             return doc
+
     nlp = spacy.blank("en")
     nlp.add_pipe(name)
     nlp.to_disk(tmp_path / "pipe")
@@ -310,12 +443,14 @@ def test_spacy_annotator_reads_a_saved_pipeline(tmp_path):
 
 # ------------------------------------------------------------------------------------------ the task
 
+
 @pytest.fixture(scope="module")
 def storyworld_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("sw_data")
     (root / "tinystories").mkdir()
-    (root / "tinystories" / "stories-000.txt").write_text("\n".join(generate_stories(160, seed=8)) + "\n",
-                                                          encoding="utf-8")
+    (root / "tinystories" / "stories-000.txt").write_text(
+        "\n".join(generate_stories(160, seed=8)) + "\n", encoding="utf-8"
+    )
     return root
 
 
@@ -328,6 +463,7 @@ def test_task_syntax_features_with_gold_annotator(storyworld_root, tmp_path, mon
     def counting(self, texts):
         calls.append(len(texts))
         return real(self, texts)
+
     monkeypatch.setattr(GoldAnnotator, "annotate", counting)
     kw = dict(data_root=str(storyworld_root), cache_dir=str(tmp_path / "cache"), bpe_vocab_size=300)
     task = ts.TinyStoriesTask(syntax_features=True, annotator="gold", **kw)
@@ -349,13 +485,19 @@ def test_task_syntax_features_with_gold_annotator(storyworld_root, tmp_path, mon
             ids, offsets = task.tokenizer.encode_offsets(text)
             spans = [(w.start, w.end, w.tag, w.dep) for w in gold[text].words]
             off = int(b.metadata["offset"][r])
-            want = _brute_align(text, offsets, spans)[off:off + 64]
+            want = _brute_align(text, offsets, spans)[off : off + 64]
             assert np.array_equal(b.features[r, :, :20], want.astype(np.float32))
     assert sum(calls) == 160
     entry = task.syntax.path
     assert entry.parent == tmp_path / "cache" / "tinystories" and entry.name.startswith("syntax-gold-")
-    assert sorted(p.name for p in entry.iterdir()) == ["dep_ids.npy", "features_packed.npy", "manifest.json",
-                                                      "span_starts.npy", "spans.npy", "tag_ids.npy"]
+    assert sorted(p.name for p in entry.iterdir()) == [
+        "dep_ids.npy",
+        "features_packed.npy",
+        "manifest.json",
+        "span_starts.npy",
+        "spans.npy",
+        "tag_ids.npy",
+    ]
     for f in entry.glob("*.npy"):
         np.load(f, allow_pickle=False)
     # a new process reads the cache: no annotation, same features; another label set selects columns
@@ -378,21 +520,30 @@ def test_task_option_errors(storyworld_root, tmp_path, monkeypatch):
         ts.TinyStoriesTask(syntax_features=True, annotator="gold", syntax_labels="nouns", **kw)
     with pytest.raises(ConfigError, match="syntax features are off"):
         ts.TinyStoriesTask(**kw).syntax
-    monkeypatch.setattr(syntax.LinguaAnnotator, "__init__", lambda self: None)   # as if installed
+    monkeypatch.setattr(syntax.LinguaAnnotator, "__init__", lambda self: None)  # as if installed
     monkeypatch.setattr(syntax.LinguaAnnotator, "version", "stub")
     with pytest.raises(ConfigError, match="no dependency labels.*spacy") as e:
         ts.TinyStoriesTask(syntax_features=True, annotator="lingua", **kw)
     assert _one_line(e.value)
-    assert len(ts.TinyStoriesTask(syntax_features=True, annotator="lingua", syntax_labels="tags",
-                                  **kw).feature_names) == 12
+    assert (
+        len(ts.TinyStoriesTask(syntax_features=True, annotator="lingua", syntax_labels="tags", **kw).feature_names)
+        == 12
+    )
 
 
 def test_task_on_a_non_storyworld_root_with_gold_is_an_input_error(tmp_path):
     (tmp_path / "d" / "tinystories").mkdir(parents=True)
     (tmp_path / "d" / "tinystories" / "stories-000.txt").write_text(
-        " ".join(["The cat sat on the mat."] * 20) + "\n", encoding="utf-8")
-    task = ts.TinyStoriesTask(syntax_features=True, annotator="gold", data_root=str(tmp_path / "d"),
-                              cache_dir=str(tmp_path / "c"), bpe_vocab_size=60, window=8)
+        " ".join(["The cat sat on the mat."] * 20) + "\n", encoding="utf-8"
+    )
+    task = ts.TinyStoriesTask(
+        syntax_features=True,
+        annotator="gold",
+        data_root=str(tmp_path / "d"),
+        cache_dir=str(tmp_path / "c"),
+        bpe_vocab_size=60,
+        window=8,
+    )
     with pytest.raises(InputError, match="not a storyworld story"):
         task.syntax
 
@@ -404,8 +555,7 @@ def test_task_on_the_shared_tinystories_with_lingua(tmp_path):
     _require_lingua()
     ts._LOADED.clear()
     ts._LOADED_SYNTAX.clear()
-    task = ts.TinyStoriesTask(syntax_features=True, annotator="lingua", syntax_labels="tags",
-                              cache_dir=str(tmp_path))
+    task = ts.TinyStoriesTask(syntax_features=True, annotator="lingua", syntax_labels="tags", cache_dir=str(tmp_path))
     plain = ts.TinyStoriesTask(cache_dir=str(tmp_path))
     b = task.sample(8, np.random.default_rng(0))
     p = plain.sample(8, np.random.default_rng(0))

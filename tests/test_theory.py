@@ -4,6 +4,7 @@ The statistics used for the training comparisons come from ``originlens.stats.co
 ``reference_statistics`` below is an independent brute-force float64 implementation of spec §3.8 (dense
 one-hots, explicit softmax Jacobians J_t) used to check that module and the formulas here.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,9 +16,22 @@ import torch
 
 from originlens.errors import ConfigError, InputError
 from originlens.models.assoc import AssocConfig, AssocModel
-from originlens.theory import (LeadingTermModel, attention_coef, attention_count, compare_to_theory,
-                               conditional_bigram_loss, cosine, error_bounds, min_cosines, norm_ratio,
-                               output_coef, position_coef, predicted_weights, validity_window, value_coef)
+from originlens.theory import (
+    LeadingTermModel,
+    attention_coef,
+    attention_count,
+    compare_to_theory,
+    conditional_bigram_loss,
+    cosine,
+    error_bounds,
+    min_cosines,
+    norm_ratio,
+    output_coef,
+    position_coef,
+    predicted_weights,
+    validity_window,
+    value_coef,
+)
 from originlens.train import AssocTrainConfig, train_assoc
 
 # ------------------------------------------------------------------------------------------------
@@ -30,7 +44,7 @@ def markov_topic_corpus(V: int = 48, T: int = 20, N: int = 160, n_topics: int = 
     trans = rng.dirichlet(np.full(V, 0.1), size=V)
     topics = np.full((n_topics, V), 0.05)
     for k in range(n_topics):
-        topics[k, k * V // n_topics:(k + 1) * V // n_topics] = 1.0
+        topics[k, k * V // n_topics : (k + 1) * V // n_topics] = 1.0
     topics /= topics.sum(1, keepdims=True)
     out = np.empty((N, T + 1), dtype=np.int64)
     for n in range(N):
@@ -62,12 +76,21 @@ def reference_statistics(tokens: np.ndarray, V: int) -> SimpleNamespace:
     Q = np.einsum("ntv,ntj,njw->vw", X, Qn, X) / (N * T)
     Qmean = Qn.sum(0) / (N * T)
     Delta = np.array([np.trace(Qmean, offset=-d) for d in range(T)])
-    return SimpleNamespace(bigram=B, interchangeability=Sig, context=Phi, value_target=Phi.T @ B.T,
-                           query_key=Q, positional=Delta, n_pairs=N * T, Qn=Qn)
+    return SimpleNamespace(
+        bigram=B,
+        interchangeability=Sig,
+        context=Phi,
+        value_target=Phi.T @ B.T,
+        query_key=Q,
+        positional=Delta,
+        n_pairs=N * T,
+        Qn=Qn,
+    )
 
 
 def _statistics(tokens: np.ndarray, V: int):
     from originlens.stats import corpus_statistics
+
     return corpus_statistics(tokens, V, dtype=np.float64)
 
 
@@ -150,8 +173,7 @@ def test_reference_helper_matches_entry_formulas(corpus, ref):
     R0 = np.eye(V)[corpus[:, 1:]] - 1.0 / V
     M = np.einsum("ntv,vw,nkw->ntk", R0, ref.interchangeability @ ref.context, np.eye(V)[corpus[:, :-1]])
     t = np.arange(T)[:, None]
-    closed = np.where(np.arange(T)[None, :] <= t,
-                      M / (t + 1) - np.tril(M).sum(-1, keepdims=True) / (t + 1) ** 2, 0.0)
+    closed = np.where(np.arange(T)[None, :] <= t, M / (t + 1) - np.tril(M).sum(-1, keepdims=True) / (t + 1) ** 2, 0.0)
     np.testing.assert_allclose(ref.Qn, closed, atol=1e-15)
     np.testing.assert_allclose(ref.bigram.sum(1), 0, atol=1e-15)
     np.testing.assert_allclose(ref.context.sum(0), 0, atol=1e-15)
@@ -191,14 +213,14 @@ def test_validity_window_paper_setting():
     w = validity_window(200, 3, 0.005, 3000)
     assert w.holds and w.variant == "multi"
     assert w.s_max * 0.005 == pytest.approx(min(5 / (8 * math.sqrt(200)), 1 / 36), rel=1e-12)
-    assert w.s_max * 0.005 == pytest.approx(0.0278, abs=5e-5)      # spec §4.4
+    assert w.s_max * 0.005 == pytest.approx(0.0278, abs=5e-5)  # spec §4.4
     assert w.steps == 5 and w.covers(5) and not w.covers(6)
-    assert validity_window(200, 3, 0.05, 3000).steps == 0           # less than one step
-    bad = validity_window(64, 3, 0.005, 500)                         # L > √T/4
+    assert validity_window(200, 3, 0.05, 3000).steps == 0  # less than one step
+    bad = validity_window(64, 3, 0.005, 500)  # L > √T/4
     assert not bad.holds and not bad.conditions["L <= sqrt(T)/4"]
     assert not validity_window(64, 2, 0.005, 400).conditions["|V| >= 500"]
     one = validity_window(64, 1, 0.01, 500)
-    assert one.variant == "one_layer" and one.s_max == pytest.approx(3 / (8 * 64 ** 0.375) / 0.01)
+    assert one.variant == "one_layer" and one.s_max == pytest.approx(3 / (8 * 64**0.375) / 0.01)
     g = validity_window(64, 2, 0.02, 500, init_std=1e-12)
     assert g.holds and "gaussian" in g.theorem
     assert not validity_window(64, 2, 0.02, 500, init_std=1.0).holds
@@ -207,8 +229,9 @@ def test_validity_window_paper_setting():
 def test_error_bounds_formulas():
     s, e, T = 4, 0.01, 64
     b = error_bounds(s, e, T)
-    assert b == pytest.approx({"W_O": 3 * s**2 * e**2, "V": 12 * s**3 * e**3,
-                               "W": 13 * s**5 * e**5 * T, "P": 13 * s**5 * e**5 * T})
+    assert b == pytest.approx(
+        {"W_O": 3 * s**2 * e**2, "V": 12 * s**3 * e**3, "W": 13 * s**5 * e**5 * T, "P": 13 * s**5 * e**5 * T}
+    )
     b1 = error_bounds(s, e, T, "one_layer")
     assert b1["V"] == pytest.approx(4 * s**3 * e**3) and b1["W"] == pytest.approx(6 * s**5 * e**5 * T)
 
@@ -381,8 +404,10 @@ def test_leading_term_model_tracks_training_loss(corpus, stats, snaps):
     lt = LeadingTermModel(stats, s, eta, n_layers=L0)
     loss_lt = lt.loss(corpus)
     loss_stacked = lt.as_model(L0).loss(torch.from_numpy(corpus)).item()
-    gain = math.log(V0) - loss_trained                      # loss decrease from ln|V|
-    print(f"loss: trained {loss_trained:.8f}, Eq.12 {loss_lt:.8f}, stacked {loss_stacked:.8f}, ln|V| {math.log(V0):.8f}")
+    gain = math.log(V0) - loss_trained  # loss decrease from ln|V|
+    print(
+        f"loss: trained {loss_trained:.8f}, Eq.12 {loss_lt:.8f}, stacked {loss_stacked:.8f}, ln|V| {math.log(V0):.8f}"
+    )
     assert gain > 0
     assert abs(loss_lt - loss_trained) < 0.01 * gain
     assert abs(loss_stacked - loss_trained) < 0.01 * gain

@@ -1,5 +1,6 @@
 """Leading-term tracking over checkpoints (originlens.theory.tracking): cosines against brute-force leading
 terms, projection removal, intervention losses, PMI, token alignment, null baselines."""
+
 from __future__ import annotations
 
 import math
@@ -13,10 +14,20 @@ from originlens.errors import CompatibilityError
 from originlens.models.assoc import AssocConfig, AssocModel
 from originlens.stats import corpus_statistics
 from originlens.theory import attention_coef, cosine, output_coef, value_coef
-from originlens.theory.tracking import (baseline_cosines, checkpoint_files, cooccurrence_counts,
-                                        heldout_losses, intervention_losses, min_over_training, mean_loss,
-                                        pmi_from_counts, project_out, random_cosine, shared_token_index,
-                                        track_checkpoints)
+from originlens.theory.tracking import (
+    baseline_cosines,
+    checkpoint_files,
+    cooccurrence_counts,
+    heldout_losses,
+    intervention_losses,
+    mean_loss,
+    min_over_training,
+    pmi_from_counts,
+    project_out,
+    random_cosine,
+    shared_token_index,
+    track_checkpoints,
+)
 from originlens.train import AssocTrainConfig, train_assoc
 
 V, T, N, L = 24, 8, 40, 2
@@ -70,8 +81,16 @@ def reference_terms(tokens: np.ndarray, vocab: int) -> dict[str, np.ndarray]:
 def gd_run(tmp_path_factory):
     tokens = markov_tokens(N)
     out = tmp_path_factory.mktemp("run") / "r"
-    cfg = AssocTrainConfig(n_layers=L, lr=0.3, steps=6, batch_size=None, dtype="float64", checkpoint_every=1,
-                           stats_source="full", out=str(out))
+    cfg = AssocTrainConfig(
+        n_layers=L,
+        lr=0.3,
+        steps=6,
+        batch_size=None,
+        dtype="float64",
+        checkpoint_every=1,
+        stats_source="full",
+        out=str(out),
+    )
     run = train_assoc(tokens, V, cfg)
     return tokens, out, run
 
@@ -84,7 +103,7 @@ def test_tracked_cosines_equal_bruteforce_from_checkpoint_tensors(gd_run):
     records = track_checkpoints(((s, load_file(str(f))) for s, f in files), run.stats, 0.3)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     for (s, f), rec in zip(files, records):
-        w = load_file(str(f))                     # independent read of the tensors
+        w = load_file(str(f))  # independent read of the tensors
         for name, got in rec["theory"].items():
             kind = name.split(".")[0]
             M = w[name].astype(np.float64)
@@ -95,15 +114,19 @@ def test_tracked_cosines_equal_bruteforce_from_checkpoint_tensors(gd_run):
             want = float(np.sum(M * T_) / (np.linalg.norm(M) * np.linalg.norm(T_)))
             assert got["cos"] == pytest.approx(want, abs=1e-9)
             assert got["cos"] == pytest.approx(cosine(M, T_), abs=1e-9)
-            coef = {"W_O": output_coef(s, 0.3), "V": value_coef(s, 0.3), "W": attention_coef(s, 0.3),
-                    "P": attention_coef(s, 0.3)}[kind]
+            coef = {
+                "W_O": output_coef(s, 0.3),
+                "V": value_coef(s, 0.3),
+                "W": attention_coef(s, 0.3),
+                "P": attention_coef(s, 0.3),
+            }[kind]
             assert got["norm_ratio"] == pytest.approx(np.linalg.norm(M) / (coef * np.linalg.norm(T_)), rel=1e-9)
             assert got["frob_err"] == pytest.approx(np.linalg.norm(M - coef * T_), rel=1e-7, abs=1e-15)
     # GD from zero init: W_O = ηB̄ after one step; cosines near 1 early on (full-batch theory)
     assert records[0]["theory"]["W_O"]["cos"] == pytest.approx(1.0, abs=1e-12)
     assert records[2]["min_cos"]["W"] > 0.999 and records[2]["min_cos"]["V"] > 0.999
     table = min_over_training(records)
-    assert table["W"] == pytest.approx(min(r["min_cos"]["W"] for r in records[2:]))     # NaN steps skipped
+    assert table["W"] == pytest.approx(min(r["min_cos"]["W"] for r in records[2:]))  # NaN steps skipped
     assert len({r["hash"] for r in records}) == len(records)
 
 
@@ -112,7 +135,7 @@ def test_project_out_removes_component():
     M, Tm = rng.standard_normal((7, 5)), rng.standard_normal((7, 5))
     P = project_out(M, Tm)
     assert abs(np.sum(P * Tm)) <= 1e-12 * np.linalg.norm(M) * np.linalg.norm(Tm)
-    d = M - P                                        # removed part is a multiple of T
+    d = M - P  # removed part is a multiple of T
     c = np.sum(M * Tm) / np.sum(Tm * Tm)
     np.testing.assert_allclose(d, c * Tm, rtol=1e-12, atol=1e-14)
     np.testing.assert_array_equal(project_out(M, np.zeros_like(M)), M)
@@ -134,7 +157,7 @@ def test_intervention_matches_bruteforce_and_changes_loss(gd_run):
     model = run.model
     before = {n: p.detach().clone() for n, p in model.named_weights()}
     res = intervention_losses(model, run.stats, tokens, batch_size=16)
-    for n, p in model.named_weights():                              # model restored
+    for n, p in model.named_weights():  # model restored
         assert torch.equal(p, before[n])
     assert res["original"] == pytest.approx(_bruteforce_loss(model, tokens), abs=1e-12)
     ref = reference_terms(tokens, V)
@@ -143,14 +166,14 @@ def test_intervention_matches_bruteforce_and_changes_loss(gd_run):
         w = {k: v.numpy() for k, v in before.items()}
         Mm, Tm = w[name], ref[name.split(".")[0]]
         w[name] = Mm - (np.sum(Mm * Tm) / np.sum(Tm * Tm)) * Tm
-        assert abs(np.sum(w[name] * Tm)) <= 1e-10 * np.linalg.norm(Mm) * np.linalg.norm(Tm)   # ⟨M', T⟩ = 0
+        assert abs(np.sum(w[name] * Tm)) <= 1e-10 * np.linalg.norm(Mm) * np.linalg.norm(Tm)  # ⟨M', T⟩ = 0
         m2.load_weights(w)
         got = res["losses"][name]
         assert got["loss"] == pytest.approx(_bruteforce_loss(m2, tokens), abs=1e-10)
         assert abs(got["residual_cos"]) < 1e-10
     d = {n: v["delta"] for n, v in res["losses"].items()}
     assert d["W_O"] > 0.005 and all(abs(d["W_O"]) > abs(v) for n, v in d.items() if n != "W_O")
-    assert min(d["V.1"], d["V.2"]) > max(abs(d["W.1"]), abs(d["W.2"]))       # output ≫ value ≫ attention
+    assert min(d["V.1"], d["V.2"]) > max(abs(d["W.1"]), abs(d["W.2"]))  # output ≫ value ≫ attention
     assert res["losses"]["W.1"]["loss"] != res["original"]
 
 
@@ -213,7 +236,7 @@ def test_null_baselines_random_statistics_far_below_true(gd_run):
         r = b[name]
         assert r["leading_term"] > 0.99
         assert r["null_corpus"] < r["leading_term"] - 0.3, (name, r)
-        assert r["leading_term_shared"] == pytest.approx(r["leading_term"])      # id alignment: all tokens
+        assert r["leading_term_shared"] == pytest.approx(r["leading_term"])  # id alignment: all tokens
         assert r["same_corpus"] == pytest.approx(r["leading_term"])
         assert abs(r["random"]) < 6 / math.sqrt(w[name].size)
         assert -1 <= r["pmi"] <= 1
@@ -225,7 +248,7 @@ def test_null_baselines_random_statistics_far_below_true(gd_run):
     idx = np.arange(0, V, 2)
     sub = w["W_O"][np.ix_(idx, idx)]
     assert b2["W_O"]["n_shared"] == len(idx)
-    assert b2["W_O"]["null_corpus"] == pytest.approx(cosine(sub, null_small.bigram[:len(idx), :len(idx)]))
+    assert b2["W_O"]["null_corpus"] == pytest.approx(cosine(sub, null_small.bigram[: len(idx), : len(idx)]))
     assert b2["W_O"]["leading_term_shared"] == pytest.approx(cosine(sub, run.stats.bigram[np.ix_(idx, idx)]))
 
 

@@ -4,6 +4,7 @@ Implements the corpus-statistic leading terms of arXiv 2601.19208 and the gradie
 arXiv 2603.14087.  The public API below is imported lazily (``import originlens`` stays cheap and
 does not import torch until a model is used).
 """
+
 from __future__ import annotations
 
 import importlib

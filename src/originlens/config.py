@@ -20,6 +20,7 @@ an integral ``float`` (``2.0``) is not accepted for an ``int``.  Values that are
 Python callers, and the dataclass validates them.  Hints that cannot be resolved or checked (``Any``,
 callables, classes other than the ones above) accept everything.
 """
+
 from __future__ import annotations
 
 import collections.abc as cabc
@@ -27,8 +28,9 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from .errors import ConfigError, OriginlensError
 
@@ -41,8 +43,15 @@ _JSON_CONTAINERS = (list, tuple, dict)
 def _type_name(v: Any) -> str:
     if v is None:
         return "null"
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", tuple: "list",
-            dict: "mapping"}.get(type(v), type(v).__name__)
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "list",
+        tuple: "list",
+        dict: "mapping",
+    }.get(type(v), type(v).__name__)
 
 
 def _describe(v: Any) -> str:
@@ -66,8 +75,9 @@ def _hint_name(h: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(h))
     if origin is not None:
         args = typing.get_args(h)
-        base = {list: "list", tuple: "list", dict: "mapping", cabc.Sequence: "list",
-                cabc.Mapping: "mapping"}.get(origin, getattr(origin, "__name__", str(origin)))
+        base = {list: "list", tuple: "list", dict: "mapping", cabc.Sequence: "list", cabc.Mapping: "mapping"}.get(
+            origin, getattr(origin, "__name__", str(origin))
+        )
         if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
             return f"list of {_hint_name(args[0])}"
         if origin is tuple:
@@ -75,8 +85,15 @@ def _hint_name(h: Any) -> str:
         if origin in (list, cabc.Sequence) and args:
             return f"list of {_hint_name(args[0])}"
         return base
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", tuple: "list",
-            dict: "mapping"}.get(h, getattr(h, "__name__", str(h)))
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "list",
+        tuple: "list",
+        dict: "mapping",
+    }.get(h, getattr(h, "__name__", str(h)))
 
 
 class _Mismatch(Exception):
@@ -96,7 +113,7 @@ def _convert(value: Any, hint: Any, path: str, where: str) -> Any:
     if hint is Any or hint is typing.Any or isinstance(hint, (str, typing.ForwardRef)):
         return value
     if not _is_json_like(value):
-        return value                       # Python objects: the dataclass validates them
+        return value  # Python objects: the dataclass validates them
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -108,7 +125,7 @@ def _convert(value: Any, hint: Any, path: str, where: str) -> Any:
             except _Mismatch as exc:
                 errors.append(exc)
         deeper = [e for e in errors if e.path != path]
-        if len(deeper) == 1:               # only one branch matched the outer container: report inside
+        if len(deeper) == 1:  # only one branch matched the outer container: report inside
             raise deeper[0]
         raise _Mismatch(path, _hint_name(hint), value)
     if origin is typing.Literal:
@@ -158,15 +175,17 @@ def _convert(value: Any, hint: Any, path: str, where: str) -> Any:
         if not args:
             return dict(value)
         kt, vt = args
-        return {_convert(k, kt, f"{path} key {k!r}", where): _convert(v, vt, f"{path}[{k!r}]", where)
-                for k, v in value.items()}
-    return value                           # a hint we do not check (Callable, custom classes, ...)
+        return {
+            _convert(k, kt, f"{path} key {k!r}", where): _convert(v, vt, f"{path}[{k!r}]", where)
+            for k, v in value.items()
+        }
+    return value  # a hint we do not check (Callable, custom classes, ...)
 
 
 def _hints(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls)
-    except Exception:                      # unresolvable forward references: check nothing
+    except Exception:  # unresolvable forward references: check nothing
         return {}
 
 
@@ -196,8 +215,10 @@ def from_mapping(cls: type[T], d: Any, *, where: str = "config") -> T:
         raise TypeError(f"from_mapping needs a dataclass type, got {cls!r}")
     name = cls.__name__
     if not isinstance(d, Mapping):
-        raise ConfigError(f"{where} must be a mapping of {name} keys, got {_type_name(d)}",
-                          "write a JSON object such as {\"key\": value}")
+        raise ConfigError(
+            f"{where} must be a mapping of {name} keys, got {_type_name(d)}",
+            'write a JSON object such as {"key": value}',
+        )
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     bad_keys = [k for k in d if not isinstance(k, str)]
     if bad_keys:
@@ -206,34 +227,43 @@ def from_mapping(cls: type[T], d: Any, *, where: str = "config") -> T:
     if unknown:
         k = unknown[0]
         guess = suggest(k, fields)
-        more = f" (and {len(unknown) - 1} more unknown key(s): {', '.join(map(repr, unknown[1:4]))})" \
-            if len(unknown) > 1 else ""
+        more = (
+            f" (and {len(unknown) - 1} more unknown key(s): {', '.join(map(repr, unknown[1:4]))})"
+            if len(unknown) > 1
+            else ""
+        )
         hint = f"; did you mean {guess!r}?" if guess else ""
-        raise ConfigError(f"unknown key {k!r} in {where}{hint}{more}",
-                          f"valid keys of {name}: {', '.join(sorted(fields))}")
+        raise ConfigError(
+            f"unknown key {k!r} in {where}{hint}{more}", f"valid keys of {name}: {', '.join(sorted(fields))}"
+        )
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for k, v in d.items():
         try:
             kwargs[k] = _convert(v, hints.get(k, Any), k, where)
         except _Mismatch as exc:
-            raise ConfigError(f"{where}: key {exc.path!r} expects {exc.expected}, got {_describe(exc.got)}",
-                              f"fix the value of {k!r}") from None
-    missing = [f for f, spec in fields.items() if f not in d and spec.default is dataclasses.MISSING
-               and spec.default_factory is dataclasses.MISSING]  # type: ignore[misc]
+            raise ConfigError(
+                f"{where}: key {exc.path!r} expects {exc.expected}, got {_describe(exc.got)}", f"fix the value of {k!r}"
+            ) from None
+    missing = [
+        f
+        for f, spec in fields.items()
+        if f not in d and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+    ]  # type: ignore[misc]
     if missing:
-        raise ConfigError(f"{where} lacks required key(s) {', '.join(map(repr, missing))} of {name}",
-                          f"add {missing[0]!r}")
+        raise ConfigError(
+            f"{where} lacks required key(s) {', '.join(map(repr, missing))} of {name}", f"add {missing[0]!r}"
+        )
     try:
         return cls(**kwargs)
     except OriginlensError:
         raise
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ConfigError(f"invalid {name} in {where}: {exc}", "check the values against the documentation") \
-            from None
+        raise ConfigError(f"invalid {name} in {where}: {exc}", "check the values against the documentation") from None
 
 
 def load_config(cls: type[T], path: str | Path) -> T:
     """Read a JSON file (``originlens.storage.read_json``) and build ``cls`` with :func:`from_mapping`."""
     from .storage import read_json
+
     return from_mapping(cls, read_json(path), where=str(path))

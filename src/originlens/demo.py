@@ -22,6 +22,7 @@ committed results files (``results/``; :mod:`originlens.experiments.render`), th
 figures and tables.  The stages' own runs are **illustrations of the method**, not results: their scales
 are chosen to finish in minutes on 2 CPU cores, one seed each, no nulls; the report labels them so.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,9 +40,16 @@ from .runs import RunDir
 
 SPECIALS = ("<unk>", "<eot>", "<pad>", "<s>", "</s>")
 # The paper's Figure 5 examples (basis, word).
-EXAMPLES = [("bigram", "red"), ("bigram", "to"), ("interchangeability", "they"),
-            ("interchangeability", "happy"), ("interchangeability", "wanted"), ("context", "fish"),
-            ("context", "flower"), ("context", "birds")]
+EXAMPLES = [
+    ("bigram", "red"),
+    ("bigram", "to"),
+    ("interchangeability", "they"),
+    ("interchangeability", "happy"),
+    ("interchangeability", "wanted"),
+    ("context", "fish"),
+    ("context", "flower"),
+    ("context", "birds"),
+]
 
 
 STAGES = ("statistics", "leading", "regimes", "othello")
@@ -50,16 +58,16 @@ STAGES = ("statistics", "leading", "regimes", "othello")
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
-    stages: str = "all"           # "all" or a comma-separated subset of STAGES
-    quick: bool = False           # even smaller settings (tests)
-    restart: bool = False         # recompute every stage (default: reuse stages an earlier run finished)
-    corpus: str = "auto"          # auto | tinystories | storyworld | PATH
+    stages: str = "all"  # "all" or a comma-separated subset of STAGES
+    quick: bool = False  # even smaller settings (tests)
+    restart: bool = False  # recompute every stage (default: reuse stages an earlier run finished)
+    corpus: str = "auto"  # auto | tinystories | storyworld | PATH
     vocab_size: int = 1000
     seq_len: int = 64
     top_k: int = 10
-    stories: int = 3000           # storyworld size
-    oov: str = "unk"              # the subset is small: keep stories, map rare words to <unk>
-    results: str = "results"      # committed results files shown as the reproduction status
+    stories: int = 3000  # storyworld size
+    oov: str = "unk"  # the subset is small: keep stories, map rare words to <unk>
+    results: str = "results"  # committed results files shown as the reproduction status
     seed: int = 0
     # stage 2: leading terms
     lt_vocab_size: int = 300
@@ -91,8 +99,10 @@ def _choose_corpus(cfg: DemoConfig) -> tuple[list[Path] | None, str]:
         if files:
             return files, f"TinyStories subset ({len(files)} files under {data_root() / 'tinystories'})"
         if cfg.corpus == "tinystories":
-            raise ConfigError(f"no TinyStories files under {data_root() / 'tinystories'}",
-                              "set ORIGINLENS_DATA to the shared data directory or use --corpus storyworld")
+            raise ConfigError(
+                f"no TinyStories files under {data_root() / 'tinystories'}",
+                "set ORIGINLENS_DATA to the shared data directory or use --corpus storyworld",
+            )
         return None, "storyworld (synthetic; TinyStories not found under the data root)"
     p = Path(cfg.corpus)
     return [p], f"user corpus {p}"
@@ -102,49 +112,65 @@ def _cli(argv: list[str]) -> None:
     """Run one ``originlens`` command in-process (the same code path a user's command takes)."""
     from . import progress as _progress
     from .cli.main import main
-    saved = _progress._VERBOSITY          # a nested "-q" must not silence the demo's own status lines
+
+    saved = _progress._VERBOSITY  # a nested "-q" must not silence the demo's own status lines
     try:
         rc = main((["-q"] if _progress.verbosity() < 1 else []) + [str(a) for a in argv])
     finally:
         _progress.set_verbosity(saved)
     if rc != 0:
         from .errors import OriginlensError
-        raise OriginlensError(f"demo step `originlens {' '.join(map(str, argv))}` failed (exit {rc})",
-                              "see the error above; rerun that command alone to investigate")
+
+        raise OriginlensError(
+            f"demo step `originlens {' '.join(map(str, argv))}` failed (exit {rc})",
+            "see the error above; rerun that command alone to investigate",
+        )
 
 
 def run_demo(cfg: DemoConfig) -> Path:
     """Run the demo; returns the path of the HTML report."""
     from .report import Report
+
     stages = cfg.stage_list()
     t0 = time.perf_counter()
     run = RunDir(cfg.out)
     run.write_config(cfg)
     rep = Report("originlens demo: where do transformer features come from?")
-    rep.text("One run of both papers at CPU scale: corpus statistics and their associations; the leading "
-             "terms of an attention-only model's weights against the learned weights (arXiv 2601.19208); "
-             "training regimes that remove pre-caching or circuit sharing, and the gradient-pathway "
-             "attribution of OthelloGPT's board features (arXiv 2603.14087). Each stage is its own run "
-             "directory with its own report; the commands that made them are listed at the end.")
+    rep.text(
+        "One run of both papers at CPU scale: corpus statistics and their associations; the leading "
+        "terms of an attention-only model's weights against the learned weights (arXiv 2601.19208); "
+        "training regimes that remove pre-caching or circuit sharing, and the gradient-pathway "
+        "attribution of OthelloGPT's board features (arXiv 2603.14087). Each stage is its own run "
+        "directory with its own report; the commands that made them are listed at the end."
+    )
     status = reproduction_status(cfg.results)
     rep.section("Reproduction status (from the committed results files)")
     if not Path(cfg.results).is_dir():
-        rep.text(f"No results files under {cfg.results}/ (run the demo from the repository root); every claim "
-                 "below is therefore shown without one.")
+        rep.text(
+            f"No results files under {cfg.results}/ (run the demo from the repository root); every claim "
+            "below is therefore shown without one."
+        )
     from .experiments.render import STATUS_HEADER
-    rep.text("Each row is a claim of one of the papers, its verdict and the results file behind it; the "
-             "experiment commands that wrote them are in docs/results.md. Everything after this section is "
-             "an illustration of the method at demo scale (one seed, minutes of CPU), not evidence.")
+
+    rep.text(
+        "Each row is a claim of one of the papers, its verdict and the results file behind it; the "
+        "experiment commands that wrote them are in docs/results.md. Everything after this section is "
+        "an illustration of the method at demo scale (one seed, minutes of CPU), not evidence."
+    )
     rep.table(list(STATUS_HEADER), status, caption=f"generated from {cfg.results}/*/*.json")
     timings: list[list] = []
     commands: list[str] = []
-    runners = {"statistics": _stage_statistics, "leading": _stage_leading, "regimes": _stage_regimes,
-               "othello": _stage_othello}
+    runners = {
+        "statistics": _stage_statistics,
+        "leading": _stage_leading,
+        "regimes": _stage_regimes,
+        "othello": _stage_othello,
+    }
     data_hashes: dict[str, str] = {}
     for name in stages:
         ts = time.perf_counter()
         done = None if cfg.restart else _finished_stage(cfg, run, name)
-        if done is not None:                   # a rerun resumes: finished stages are not recomputed
+        if done is not None:  # a rerun resumes: finished stages are not recomputed
             blocks, cmds, hashes, secs = done
             rep.blocks.extend(blocks)
             commands += cmds
@@ -156,41 +182,53 @@ def run_demo(cfg: DemoConfig) -> Path:
         log(f"[demo] stage {name} ...")
         runners[name](cfg, run, rep, commands, data_hashes)
         timings.append([name, round(time.perf_counter() - ts, 1)])
-        _record_stage(cfg, run, name, rep.blocks[first_block:], commands[first_cmd:],
-                      {k: v for k, v in data_hashes.items() if before.get(k) != v}, timings[-1][1])
+        _record_stage(
+            cfg,
+            run,
+            name,
+            rep.blocks[first_block:],
+            commands[first_cmd:],
+            {k: v for k, v in data_hashes.items() if before.get(k) != v},
+            timings[-1][1],
+        )
         log(f"[demo] stage {name} done in {timings[-1][1]:.1f} s")
     run.write_environment(seeds={"demo": cfg.seed}, data_hashes=data_hashes)
     total = time.perf_counter() - t0
     rep.section("Reproduce and timings")
     rep.code("\n".join(commands))
-    rep.table(["stage", "seconds"], timings + [["total", round(total, 1)]],
-              caption="Wall time of each stage on this machine.")
+    rep.table(
+        ["stage", "seconds"], timings + [["total", round(total, 1)]], caption="Wall time of each stage on this machine."
+    )
     run.log_metrics({"stage": "demo", "seconds": total, **{f"seconds_{n}": t for n, t in timings}})
     return rep.write(run.path)
 
 
-STAGE_DIR = "stages"      # RUN/stages/<name>/: a finished stage's report blocks and record (done.json)
+STAGE_DIR = "stages"  # RUN/stages/<name>/: a finished stage's report blocks and record (done.json)
 
 
 def _stage_identity(cfg: DemoConfig, name: str) -> dict[str, Any]:
     """What a stage's result depends on: the demo settings (the output directory and stage list aside)."""
     from dataclasses import asdict
-    return {"stage": name, **{k: v for k, v in asdict(cfg).items()
-                              if k not in ("out", "stages", "results", "restart")}}
+
+    return {"stage": name, **{k: v for k, v in asdict(cfg).items() if k not in ("out", "stages", "results", "restart")}}
 
 
-def _record_stage(cfg: DemoConfig, run: RunDir, name: str, blocks: list, commands: list[str],
-                  hashes: dict[str, str], seconds: float) -> None:
+def _record_stage(
+    cfg: DemoConfig, run: RunDir, name: str, blocks: list, commands: list[str], hashes: dict[str, str], seconds: float
+) -> None:
     """Keep a finished stage's report blocks and record, written last (``done.json``), so that an
     interrupted demo resumes after its last finished stage."""
     from .report import Report
     from .storage import atomic_write_json
+
     d = run.file(STAGE_DIR, name)
     part = Report(name)
     part.blocks = list(blocks)
     part.write(d, run_record=False)
-    atomic_write_json(d / "done.json", {"identity": _stage_identity(cfg, name), "commands": commands,
-                                        "data_hashes": hashes, "seconds": seconds})
+    atomic_write_json(
+        d / "done.json",
+        {"identity": _stage_identity(cfg, name), "commands": commands, "data_hashes": hashes, "seconds": seconds},
+    )
 
 
 def _finished_stage(cfg: DemoConfig, run: RunDir, name: str) -> tuple[list, list[str], dict[str, str], float] | None:
@@ -198,14 +236,19 @@ def _finished_stage(cfg: DemoConfig, run: RunDir, name: str) -> tuple[list, list
     directory finished it with the same settings; None otherwise."""
     from .report import load_report
     from .storage import read_json
+
     d = run.file(STAGE_DIR, name)
     if not (d / "done.json").is_file():
         return None
     rec = read_json(d / "done.json")
     if rec.get("identity") != json.loads(json.dumps(_stage_identity(cfg, name))):
         return None
-    return (load_report(d).blocks, list(rec.get("commands", [])), dict(rec.get("data_hashes", {})),
-            float(rec.get("seconds", 0.0)))
+    return (
+        load_report(d).blocks,
+        list(rec.get("commands", [])),
+        dict(rec.get("data_hashes", {})),
+        float(rec.get("seconds", 0.0)),
+    )
 
 
 def reproduction_status(root: str | Path) -> list[list[str]]:
@@ -213,12 +256,14 @@ def reproduction_status(root: str | Path) -> list[list[str]]:
     claim without a results file, i.e. its blocked verdict)."""
     from .experiments.render import status_rows
     from .experiments.results import load_all
+
     return status_rows(load_all(root), links=False)
 
 
 def _append_stage_report(rep: Any, directory: Path, keep_figures: int | None = None) -> None:
     """Append the blocks of the report in ``directory`` (headings demoted, figures renamed)."""
     from .report import load_report
+
     sub = load_report(directory)
     n_fig = 0
     prefix = directory.name
@@ -238,16 +283,24 @@ def _append_stage_report(rep: Any, directory: Path, keep_figures: int | None = N
             rep.blocks.append((kind, val))
 
 
-def _stage_statistics(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
-                      data_hashes: dict[str, str]) -> None:
+def _stage_statistics(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], data_hashes: dict[str, str]) -> None:
     from .data import build_corpus
     from .report import setup_matplotlib
     from .stats import corpus_statistics, save_statistics, top_associations
+
     sources, corpus_desc = _choose_corpus(cfg)
     log(f"[demo] corpus: {corpus_desc}")
-    store = build_corpus(sources, run.file("corpus"), tokenizer="words", vocab_size=cfg.vocab_size,
-                         seq_len=cfg.seq_len, windows="first", oov=cfg.oov,
-                         storyworld_stories=cfg.stories if sources is None else None, seed=cfg.seed)
+    store = build_corpus(
+        sources,
+        run.file("corpus"),
+        tokenizer="words",
+        vocab_size=cfg.vocab_size,
+        seq_len=cfg.seq_len,
+        windows="first",
+        oov=cfg.oov,
+        storyworld_stories=cfg.stories if sources is None else None,
+        seed=cfg.seed,
+    )
     tokens = np.asarray(store.tokens)
     log(f"[demo] {tokens.shape[0]} windows of T+1={tokens.shape[1]} tokens, |V|={store.vocab_size}")
     t1 = time.perf_counter()
@@ -260,25 +313,32 @@ def _stage_statistics(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str
     for basis, word in EXAMPLES:
         if word not in st.vocab:
             continue
-        assoc.setdefault(basis, {})[word] = top_associations(st, basis, word, cfg.top_k,
-                                                             exclude=SPECIALS)
+        assoc.setdefault(basis, {})[word] = top_associations(st, basis, word, cfg.top_k, exclude=SPECIALS)
     for basis, words in assoc.items():
         for w, lst in words.items():
             print(f"{basis:>18}  {w:>8} → " + ", ".join(t for t, _ in lst))
     (run.file("associations.json")).write_text(json.dumps(assoc, indent=1, ensure_ascii=False))
-    run.log_metrics({"stage": "statistics", "windows": int(tokens.shape[0]), "vocab_size": store.vocab_size,
-                     "seconds": t_stats})
+    run.log_metrics(
+        {"stage": "statistics", "windows": int(tokens.shape[0]), "vocab_size": store.vocab_size, "seconds": t_stats}
+    )
 
     plt = setup_matplotlib()
     rep.section("1. Corpus statistics (arXiv 2601.19208 §3) — illustration")
-    rep.text(f"Corpus: {corpus_desc}. Word-level tokenizer (paper §5.1.1), |V| = "
-             f"{store.vocab_size}, T = {cfg.seq_len}, {tokens.shape[0]} windows "
-             f"(one per story, rare words mapped to <unk>).")
-    rep.text(f"All six statistics computed exactly in {t_stats:.2f} s: bigram B̄, interchangeability Σ = B̄ᵀB̄, "
-             "context Φ̄, value target Φ̄ᵀB̄ᵀ, query-key Q̄ and positional Δ.")
+    rep.text(
+        f"Corpus: {corpus_desc}. Word-level tokenizer (paper §5.1.1), |V| = "
+        f"{store.vocab_size}, T = {cfg.seq_len}, {tokens.shape[0]} windows "
+        f"(one per story, rare words mapped to <unk>)."
+    )
+    rep.text(
+        f"All six statistics computed exactly in {t_stats:.2f} s: bigram B̄, interchangeability Σ = B̄ᵀB̄, "
+        "context Φ̄, value target Φ̄ᵀB̄ᵀ, query-key Q̄ and positional Δ."
+    )
     rows = [[basis, w, ", ".join(t for t, _ in lst)] for basis, words in assoc.items() for w, lst in words.items()]
-    rep.table(["basis", "word", f"top-{cfg.top_k} associations (row)"], rows,
-              caption="Top associations of the paper's example words (Figure 5 of the paper).")
+    rep.table(
+        ["basis", "word", f"top-{cfg.top_k} associations (row)"],
+        rows,
+        caption="Top associations of the paper's example words (Figure 5 of the paper).",
+    )
     ctx = assoc.get("context", {})
     if ctx:
         fig, axes = plt.subplots(1, len(ctx), figsize=(3.2 * len(ctx), 2.8), squeeze=False)
@@ -287,15 +347,20 @@ def _stage_statistics(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str
             ax.barh(names, vals, color="#0072B2")
             ax.set_title(f"context map: '{w}'")
             ax.set_xlabel("context-map entry")
-        rep.figure(fig, "Strongest context associations: the prefix tokens that most raise each word's "
-                        "probability as a target (rows of Φ̄).", "context-top.png")
+        rep.figure(
+            fig,
+            "Strongest context associations: the prefix tokens that most raise each word's "
+            "probability as a target (rows of Φ̄).",
+            "context-top.png",
+        )
     fig, ax = plt.subplots(figsize=(6, 2.6))
     ax.plot(np.arange(st.seq_len), st.positional, color="#D55E00")
     ax.axhline(0, color="k", lw=0.5)
     ax.set_xlabel("offset d (0 = attend to self)")
     ax.set_ylabel("Δ[d]")
-    rep.figure(fig, "Positional leading term Δ: which relative offsets the first attention gradient favours.",
-               "positional.png")
+    rep.figure(
+        fig, "Positional leading term Δ: which relative offsets the first attention gradient favours.", "positional.png"
+    )
     words = [w for w in ["red", "big", "the", "to", "she", "he", "happy", "sad", "fish", "pond"] if w in st.vocab]
     if len(words) >= 3:
         idx = [st.index_of(w) for w in words]
@@ -309,81 +374,161 @@ def _stage_statistics(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str
         ax.set_ylabel("current token")
         ax.grid(False)
         fig.colorbar(im, ax=ax, shrink=0.8)
-        rep.figure(fig, "Bigram map B̄ among a few words (rows: current token, columns: next token).",
-                   "bigram-heatmap.png")
+        rep.figure(
+            fig, "Bigram map B̄ among a few words (rows: current token, columns: next token).", "bigram-heatmap.png"
+        )
     src = " ".join(map(str, sources or []))
-    commands += [f"originlens corpus build {src} --vocab-size {cfg.vocab_size} --seq-len {cfg.seq_len} "
-                 f"--oov {cfg.oov} --out corpus",
-                 "originlens stats corpus --out stats",
-                 "originlens assoc top --stats stats --basis context --word fish"]
+    commands += [
+        f"originlens corpus build {src} --vocab-size {cfg.vocab_size} --seq-len {cfg.seq_len} "
+        f"--oov {cfg.oov} --out corpus",
+        "originlens stats corpus --out stats",
+        "originlens assoc top --stats stats --basis context --word fish",
+    ]
 
 
-def _stage_leading(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
-                   data_hashes: dict[str, str]) -> None:
+def _stage_leading(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], data_hashes: dict[str, str]) -> None:
     sources, corpus_desc = _choose_corpus(cfg)
     corpus, out = run.file("leading-corpus"), run.file("leading-terms")
     steps = max(10, cfg.lt_steps // 3) if cfg.quick else cfg.lt_steps
     every = max(1, steps // 12)
-    build = ["corpus", "build", *(sources or []), "--vocab-size", cfg.lt_vocab_size, "--seq-len", cfg.lt_seq_len,
-             "--oov", "unk", "--out", corpus, "--overwrite"]
+    build = [
+        "corpus",
+        "build",
+        *(sources or []),
+        "--vocab-size",
+        cfg.lt_vocab_size,
+        "--seq-len",
+        cfg.lt_seq_len,
+        "--oov",
+        "unk",
+        "--out",
+        corpus,
+        "--overwrite",
+    ]
     if sources is None:
         build += ["--stories", cfg.stories, "--seed", cfg.seed]
     if cfg.quick:
         build += ["--max-windows", 1024]
-    train = ["assoc", "train", corpus, "--layers", 3, "--lr", cfg.lt_lr, "--steps", steps, "--batch-size",
-             cfg.lt_batch_size, "--checkpoint-every", every, "--out", out, "--overwrite"]
+    train = [
+        "assoc",
+        "train",
+        corpus,
+        "--layers",
+        3,
+        "--lr",
+        cfg.lt_lr,
+        "--steps",
+        steps,
+        "--batch-size",
+        cfg.lt_batch_size,
+        "--checkpoint-every",
+        every,
+        "--out",
+        out,
+        "--overwrite",
+    ]
     report = ["assoc", "report", out]
     for argv in (build, train, report):
         _cli(argv)
         commands.append("originlens " + " ".join(map(str, argv)))
     rep.section("2. Leading terms over training (arXiv 2601.19208 §4–5) — illustration, not a result")
-    rep.text(f"A 3-layer one-hot attention-only transformer trained from zero with SGD (η = {cfg.lt_lr}, batch "
-             f"{cfg.lt_batch_size}, {steps} steps) on {corpus_desc} with |V| = {cfg.lt_vocab_size}, "
-             f"T = {cfg.lt_seq_len}. Each checkpoint's W_O, V⁽ˡ⁾, W⁽ˡ⁾ and P⁽ˡ⁾ is compared with its closed-form "
-             "leading term (sη·B̄, C(s,2)η²·Φ̄ᵀB̄ᵀ, …); cosines near 1 early, drifting as training leaves "
-             "the validity window. Full report: leading-terms/report.html.")
+    rep.text(
+        f"A 3-layer one-hot attention-only transformer trained from zero with SGD (η = {cfg.lt_lr}, batch "
+        f"{cfg.lt_batch_size}, {steps} steps) on {corpus_desc} with |V| = {cfg.lt_vocab_size}, "
+        f"T = {cfg.lt_seq_len}. Each checkpoint's W_O, V⁽ˡ⁾, W⁽ˡ⁾ and P⁽ˡ⁾ is compared with its closed-form "
+        "leading term (sη·B̄, C(s,2)η²·Φ̄ᵀB̄ᵀ, …); cosines near 1 early, drifting as training leaves "
+        "the validity window. Full report: leading-terms/report.html."
+    )
     _append_stage_report(rep, out, keep_figures=3)
 
 
-def _stage_regimes(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
-                   data_hashes: dict[str, str]) -> None:
+def _stage_regimes(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], data_hashes: dict[str, str]) -> None:
     out = run.file("regimes")
     steps = max(50, cfg.regime_steps // 4) if cfg.quick else cfg.regime_steps
-    grid = ["ntp", "grid", "--task", "cond-majority", "--regimes", "standard,myopic,untied,myopic+untied",
-            "--seeds", "0", "--steps", steps, "--d-model", 64, "--layers", 2, "--batch-size", 128,
-            "--out", out, "--overwrite"]
+    grid = [
+        "ntp",
+        "grid",
+        "--task",
+        "cond-majority",
+        "--regimes",
+        "standard,myopic,untied,myopic+untied",
+        "--seeds",
+        "0",
+        "--steps",
+        steps,
+        "--d-model",
+        64,
+        "--layers",
+        2,
+        "--batch-size",
+        128,
+        "--out",
+        out,
+        "--overwrite",
+    ]
     _cli(grid)
     commands.append("originlens " + " ".join(map(str, grid)))
-    rep.section("3. Training regimes on Conditioned Majority (arXiv 2603.14087 §3, §8) — illustration, one seed, not a result")
-    rep.text(f"A 2-layer GPT (d = 64) trained {steps} Adam steps in each regime. Myopic training removes "
-             "pre-caching (gradients from later positions' losses), untied training removes circuit "
-             "sharing across positions; the probe quality of the NTP-useless feature shows which pathway "
-             "builds it. One seed here (the paper's figure uses several): read the direction, not the "
-             "decimals. Full report: regimes/report.html.")
+    rep.section(
+        "3. Training regimes on Conditioned Majority (arXiv 2603.14087 §3, §8) — illustration, one seed, not a result"
+    )
+    rep.text(
+        f"A 2-layer GPT (d = 64) trained {steps} Adam steps in each regime. Myopic training removes "
+        "pre-caching (gradients from later positions' losses), untied training removes circuit "
+        "sharing across positions; the probe quality of the NTP-useless feature shows which pathway "
+        "builds it. One seed here (the paper's figure uses several): read the direction, not the "
+        "decimals. Full report: regimes/report.html."
+    )
     _append_stage_report(rep, out)
 
 
-def _stage_othello(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str],
-                   data_hashes: dict[str, str]) -> None:
+def _stage_othello(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], data_hashes: dict[str, str]) -> None:
     out = run.file("othello")
     steps = max(40, cfg.othello_steps // 5) if cfg.quick else cfg.othello_steps
     every = max(1, steps // 10)
-    train = ["ntp", "train", "--task", "othello", "--steps", steps, "--d-model", cfg.othello_d_model,
-             "--layers", 2, "--heads", 4, "--batch-size", 64, "--checkpoint-every", every,
-             "--probe-every", 0, "--eval-every", steps, "--eval-size", 1024, "--probe-size", 1024,
-             "--out", out, "--overwrite"]
-    attribute = ["ntp", "attribute", out, "--layers", "1-2", "--positions", "12,20",
-                 "--report", "--overwrite"]
+    train = [
+        "ntp",
+        "train",
+        "--task",
+        "othello",
+        "--steps",
+        steps,
+        "--d-model",
+        cfg.othello_d_model,
+        "--layers",
+        2,
+        "--heads",
+        4,
+        "--batch-size",
+        64,
+        "--checkpoint-every",
+        every,
+        "--probe-every",
+        0,
+        "--eval-every",
+        steps,
+        "--eval-size",
+        1024,
+        "--probe-size",
+        1024,
+        "--out",
+        out,
+        "--overwrite",
+    ]
+    attribute = ["ntp", "attribute", out, "--layers", "1-2", "--positions", "12,20", "--report", "--overwrite"]
     for argv in (train, attribute):
         _cli(argv)
         commands.append("originlens " + " ".join(map(str, argv)))
-    rep.section("4. Gradient pathways of OthelloGPT's board features (arXiv 2603.14087 §2, §4) — illustration, not a result")
-    rep.text(f"A 2-layer GPT (d = {cfg.othello_d_model}) trained {steps} steps on synthetic Othello games; "
-             "linear probes read the board from the player-to-move's perspective. Every update of the run "
-             "is replayed from its checkpoints and split exactly into direct, pre-cached and shared "
-             "gradient pathways at residual sites; the influence of each pathway on each probed feature "
-             "is its contribution to moving the feature toward its final value. Full report: "
-             "othello/attribution/report.html (or the directory printed by the command).")
+    rep.section(
+        "4. Gradient pathways of OthelloGPT's board features (arXiv 2603.14087 §2, §4) — illustration, not a result"
+    )
+    rep.text(
+        f"A 2-layer GPT (d = {cfg.othello_d_model}) trained {steps} steps on synthetic Othello games; "
+        "linear probes read the board from the player-to-move's perspective. Every update of the run "
+        "is replayed from its checkpoints and split exactly into direct, pre-cached and shared "
+        "gradient pathways at residual sites; the influence of each pathway on each probed feature "
+        "is its contribution to moving the feature toward its final value. Full report: "
+        "othello/attribution/report.html (or the directory printed by the command)."
+    )
     attr_dirs = sorted(p.parent for p in out.rglob("report.blocks.json") if p.parent != out)
     for d in attr_dirs[:1]:
         _append_stage_report(rep, d)

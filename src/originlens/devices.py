@@ -5,6 +5,7 @@ validation: ``--help`` stays fast); :func:`resolve_device` turns a name into a `
 raises one :class:`~originlens.errors.ConfigError` when CUDA is asked for but unavailable (a CPU-only
 torch build, no GPU, or N out of range).  Every command and config that takes a device uses these two.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,7 @@ def resolve_device(spec: Any) -> Any:
     Raises :class:`~originlens.errors.ConfigError` for an unknown name or when CUDA is requested but
     torch sees no CUDA device (CPU-only build, no GPU, or N out of range)."""
     import torch
+
     if isinstance(spec, torch.device):
         spec = str(spec)
     name = check_device_spec(spec)
@@ -48,10 +50,14 @@ def resolve_device(spec: Any) -> Any:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
-        raise ConfigError(f"device '{spec}' requested but CUDA is unavailable ({why})",
-                          "use --device cpu (or auto, which falls back to the CPU)")
+        raise ConfigError(
+            f"device '{spec}' requested but CUDA is unavailable ({why})",
+            "use --device cpu (or auto, which falls back to the CPU)",
+        )
     idx = int(name.partition(":")[2] or 0)
     if idx >= torch.cuda.device_count():
-        raise ConfigError(f"device '{spec}' requested but only {torch.cuda.device_count()} CUDA device(s) exist",
-                          f"use cuda:0 … cuda:{torch.cuda.device_count() - 1}")
+        raise ConfigError(
+            f"device '{spec}' requested but only {torch.cuda.device_count()} CUDA device(s) exist",
+            f"use cuda:0 … cuda:{torch.cuda.device_count() - 1}",
+        )
     return torch.device(f"cuda:{idx}")

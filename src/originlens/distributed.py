@@ -21,11 +21,13 @@ Caveats: all-gathering the K×K accumulators costs world_size × K² × 8 bytes 
 few thousand tokens; for K = 20,000 prefer one process with more threads).  Communication is between the
 ranks of one job (trusted); nothing is unpickled.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +42,7 @@ def env_world() -> tuple[int, int]:
 def is_distributed() -> bool:
     """True once a process group is initialised with more than one process."""
     import torch.distributed as dist
+
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -54,23 +57,30 @@ def init(backend: str | None = None) -> tuple[int, int]:
         return 0, 1
     import torch
     import torch.distributed as dist
+
     if not dist.is_available():
-        raise ConfigError("torch.distributed is not available in this PyTorch build",
-                          "install a PyTorch build with distributed support or run one process")
+        raise ConfigError(
+            "torch.distributed is not available in this PyTorch build",
+            "install a PyTorch build with distributed support or run one process",
+        )
     if not dist.is_initialized():
         if "MASTER_ADDR" not in os.environ:
-            raise ConfigError("WORLD_SIZE > 1 but MASTER_ADDR is not set",
-                              "start the command with torchrun --nproc_per_node N ...")
-        backend = backend or os.environ.get("ORIGINLENS_DIST_BACKEND") or \
-            ("nccl" if torch.cuda.is_available() else "gloo")
+            raise ConfigError(
+                "WORLD_SIZE > 1 but MASTER_ADDR is not set", "start the command with torchrun --nproc_per_node N ..."
+            )
+        backend = (
+            backend or os.environ.get("ORIGINLENS_DIST_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
+        )
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend)
         import atexit
-        atexit.register(_shutdown)      # tear gloo/nccl down before interpreter exit (see _shutdown)
+
+        atexit.register(_shutdown)  # tear gloo/nccl down before interpreter exit (see _shutdown)
     if dist.get_rank() != 0:
         from .progress import set_verbosity
-        set_verbosity(0)                # one progress bar / status stream: rank 0's
+
+        set_verbosity(0)  # one progress bar / status stream: rank 0's
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -80,9 +90,10 @@ def _shutdown() -> None:
     on a rank after the command had finished and written its output)."""
     try:
         import torch.distributed as dist
+
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - best effort at exit; the command's result is already written
+    except Exception:
         pass
 
 
@@ -91,12 +102,14 @@ def world() -> tuple[int, int]:
     if not is_distributed():
         return 0, 1
     import torch.distributed as dist
+
     return dist.get_rank(), dist.get_world_size()
 
 
 def barrier() -> None:
     if is_distributed():
         import torch.distributed as dist
+
         dist.barrier()
 
 
@@ -131,6 +144,7 @@ def all_reduce_sum(t: Any) -> Any:
     """Sum a tensor over the ranks in place (returned); the identity without a process group."""
     if is_distributed():
         import torch.distributed as dist
+
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
@@ -140,6 +154,7 @@ def any_rank(flag: bool) -> bool:
     if not is_distributed():
         return bool(flag)
     import torch
+
     t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=_collective_device())
     return bool(all_reduce_sum(t).item() > 0)
 
@@ -150,19 +165,23 @@ def same_on_all_ranks(value: int, what: str) -> None:
         return
     import torch
     import torch.distributed as dist
+
     t = torch.tensor([int(value)], dtype=torch.int64, device=_collective_device())
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     values = [int(o.item()) for o in out]
     if len(set(values)) > 1:
-        raise ConfigError(f"the ranks disagree on the {what}: {values} (rank order)",
-                          "give every rank the same files and arguments (a shared run directory)")
+        raise ConfigError(
+            f"the ranks disagree on the {what}: {values} (rank order)",
+            "give every rank the same files and arguments (a shared run directory)",
+        )
 
 
 def _collective_device() -> Any:
     """Where small collective tensors live: the current CUDA device under nccl, else the CPU."""
     import torch
     import torch.distributed as dist
+
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -172,6 +191,7 @@ def _gather_array(a: np.ndarray) -> list[np.ndarray]:
     """All-gather a same-shape numpy array from every rank (rank order)."""
     import torch
     import torch.distributed as dist
+
     t = torch.from_numpy(np.ascontiguousarray(a))
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
@@ -190,7 +210,9 @@ def _gather_ragged(a: np.ndarray) -> list[np.ndarray]:
 def _allgather_first(sums: Any) -> None:
     """Replace ``sums`` (FirstOrderSums of this rank's shard) by the rank-ordered merge of all ranks."""
     import scipy.sparse as sp
+
     from .stats.corpus import FirstOrderSums
+
     coo = sums.joint.tocoo()
     rows, cols, vals = (_gather_ragged(np.asarray(x, dtype=np.int64)) for x in (coo.row, coo.col, coo.data))
     n_pairs = _gather_array(np.array([sums.n_pairs], dtype=np.int64))
@@ -223,11 +245,21 @@ def _allgather_second(sums: Any) -> None:
         sums.delta_parts += parts[r]
 
 
-def corpus_statistics_sharded(tokens: Any, vocab_size: int, n_shards: int, *, gather: Any = None,
-                              shard: int | None = None, token_ids: np.ndarray | None = None,
-                              top_k: int | None = None, centering: float | None = None,
-                              pad_id: int | None = None, dtype: Any = np.float64, chunk_size: int = 1024,
-                              vocab: list[str] | None = None) -> Any:
+def corpus_statistics_sharded(
+    tokens: Any,
+    vocab_size: int,
+    n_shards: int,
+    *,
+    gather: Any = None,
+    shard: int | None = None,
+    token_ids: np.ndarray | None = None,
+    top_k: int | None = None,
+    centering: float | None = None,
+    pad_id: int | None = None,
+    dtype: Any = np.float64,
+    chunk_size: int = 1024,
+    vocab: list[str] | None = None,
+) -> Any:
     """Statistics as the rank-ordered merge of ``n_shards`` contiguous shards of ``tokens`` (N, T+1).
 
     Single process (``shard=None``): every shard is accumulated here, then merged in order — the exact
@@ -235,8 +267,8 @@ def corpus_statistics_sharded(tokens: Any, vocab_size: int, n_shards: int, *, ga
     shard r is accumulated locally.  ``top_k`` is resolved on the full token array on every rank
     (cheap: a bincount).
     """
-    from .stats.corpus import (FirstOrderSums, SecondOrderSums, _check_tokens, _chunks, assemble,
-                               most_frequent_tokens)
+    from .stats.corpus import FirstOrderSums, SecondOrderSums, _check_tokens, _chunks, assemble, most_frequent_tokens
+
     arr = _check_tokens(tokens, vocab_size)
     if top_k is not None:
         if token_ids is not None:
@@ -281,5 +313,6 @@ def distributed_corpus_statistics(tokens: Any, vocab_size: int, **kwargs: Any) -
     rank, world_size = world()
     if world_size == 1:
         return corpus_statistics_sharded(tokens, vocab_size, 1, **kwargs)
-    return corpus_statistics_sharded(tokens, vocab_size, world_size, shard=rank,
-                                     gather=(_allgather_first, _allgather_second), **kwargs)
+    return corpus_statistics_sharded(
+        tokens, vocab_size, world_size, shard=rank, gather=(_allgather_first, _allgather_second), **kwargs
+    )

@@ -6,6 +6,7 @@ single line (``originlens: error: WHAT — fix: FIX``) instead of a traceback; P
 ordinary exception they can catch.  Internal bugs stay ordinary exceptions so they keep their
 traceback.
 """
+
 from __future__ import annotations
 
 

@@ -11,13 +11,14 @@ Handlers can only be installed from the main thread; elsewhere both are no-ops (
 usual effect).  Caveat: under ``torchrun`` every rank must see the stop at the same update, so the loops
 combine ``stop.signal`` over ranks (:func:`originlens.distributed.any_rank`).
 """
+
 from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 
@@ -57,7 +58,7 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
         return
 
-    def handler(signum, frame):                     # noqa: ARG001
+    def handler(signum, frame):
         raise KeyboardInterrupt("SIGTERM")
 
     old = signal.signal(signal.SIGTERM, handler)
@@ -76,7 +77,7 @@ def deferred() -> Iterator[StopRequest]:
         yield stop
         return
 
-    def handler(signum, frame):                     # noqa: ARG001
+    def handler(signum, frame):
         if stop.requested:
             raise KeyboardInterrupt(signal.Signals(signum).name)
         stop.signal = signal.Signals(signum).name

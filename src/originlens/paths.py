@@ -5,6 +5,7 @@ One configurable data root: the environment variable ``ORIGINLENS_DATA`` if set,
 ``../shared/data``).  Tests and benchmarks use :func:`data_path` so users can point everything at their
 own copies of TinyStories or the ``stories260K`` model.
 """
+
 from __future__ import annotations
 
 import os

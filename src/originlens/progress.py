@@ -9,12 +9,14 @@ quiet was not asked for, ``progress`` prints a plain **heartbeat** line instead 
 ``ORIGINLENS_HEARTBEAT`` seconds (default 30; ``0`` turns it off): the description, ``n/total``, the
 rate, the time left and the last ``set_postfix`` values, so a long job in a log is never silent.
 """
+
 from __future__ import annotations
 
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from tqdm.auto import tqdm
@@ -49,11 +51,20 @@ class Heartbeat:
     """The bar's stand-in without a terminal: the methods of tqdm that the package uses (``update``,
     ``set_postfix``, ``close``, iteration), printing one line to stderr at most every ``every`` seconds."""
 
-    def __init__(self, iterable: Iterable[Any] | None, *, total: int | None, desc: str, unit: str,
-                 initial: int = 0, every: float = 30.0, clock=time.monotonic) -> None:
+    def __init__(
+        self,
+        iterable: Iterable[Any] | None,
+        *,
+        total: int | None,
+        desc: str,
+        unit: str,
+        initial: int = 0,
+        every: float = 30.0,
+        clock=time.monotonic,
+    ) -> None:
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
-            self.total = len(iterable)                                    # type: ignore[arg-type]
+            self.total = len(iterable)  # type: ignore[arg-type]
         self.n, self.every, self._clock = int(initial), float(every), clock
         self._start_n, self._t0 = self.n, clock()
         self._last = self._t0
@@ -91,7 +102,7 @@ class Heartbeat:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -107,16 +118,20 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def progress(iterable: Iterable[T] | None = None, *, total: int | None = None, desc: str = "",
-             unit: str = "it", **kw) -> "Iterator[T] | tqdm | Heartbeat":
+def progress(
+    iterable: Iterable[T] | None = None, *, total: int | None = None, desc: str = "", unit: str = "it", **kw
+) -> Iterator[T] | tqdm | Heartbeat:
     """A tqdm bar with rate and ETA on a terminal; without one (and not asked to be quiet) a
     :class:`Heartbeat`; nothing when quiet."""
     if verbosity() < 1 and _VERBOSITY is None and heartbeat_seconds() > 0:
-        return Heartbeat(iterable, total=total, desc=desc, unit=unit, initial=int(kw.get("initial", 0)),
-                         every=heartbeat_seconds())
-    from tqdm.auto import tqdm                    # imported on first use: the CLI's start-up stays light
-    return tqdm(iterable, total=total, desc=desc, unit=unit, disable=verbosity() < 1,
-                dynamic_ncols=True, leave=False, **kw)
+        return Heartbeat(
+            iterable, total=total, desc=desc, unit=unit, initial=int(kw.get("initial", 0)), every=heartbeat_seconds()
+        )
+    from tqdm.auto import tqdm  # imported on first use: the CLI's start-up stays light
+
+    return tqdm(
+        iterable, total=total, desc=desc, unit=unit, disable=verbosity() < 1, dynamic_ncols=True, leave=False, **kw
+    )
 
 
 def log(msg: str, level: int = 1) -> None:

@@ -13,19 +13,21 @@ Layout (created by :class:`RunDir`)::
 The run directory is created in place (not atomically) so a killed run can resume; individual files
 are written atomically.
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
 import os
-import re
 import platform
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from .storage import _json_default, atomic_write_json
 
@@ -33,9 +35,19 @@ from .storage import _json_default, atomic_write_json
 def package_versions() -> dict[str, str]:
     """Versions of the packages that influence results."""
     from importlib import metadata
+
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for name in ("originlens", "numpy", "scipy", "torch", "safetensors", "tokenizers", "transformers",
-                 "datasets", "matplotlib"):
+    for name in (
+        "originlens",
+        "numpy",
+        "scipy",
+        "torch",
+        "safetensors",
+        "tokenizers",
+        "transformers",
+        "datasets",
+        "matplotlib",
+    ):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -49,10 +61,13 @@ def git_commit() -> str | None:
     if not (root / ".git").exists():
         return None
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         if out.returncode == 0:
             return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
@@ -61,17 +76,19 @@ def git_commit() -> str | None:
 
 
 LOCK_FILE = ".lock"
-_HELD: dict[str, Any] = {}          # resolved directory -> open lock file of this process
+_HELD: dict[str, Any] = {}  # resolved directory -> open lock file of this process
 
 
 def _acquire(p: Path) -> Any:
     import fcntl
     import socket
+
     from .errors import ConfigError
     from .storage import _io_error
+
     try:
         p.mkdir(parents=True, exist_ok=True)
-        fh = open(p / LOCK_FILE, "a+")
+        fh = open(p / LOCK_FILE, "a+")  # noqa: SIM115 (held for the lock's lifetime)
     except OSError as exc:
         raise _io_error(p, exc, "locking") from None
     try:
@@ -80,8 +97,10 @@ def _acquire(p: Path) -> Any:
         fh.seek(0)
         owner = fh.read().strip()
         fh.close()
-        raise ConfigError(f"{p} is being written by another process ({owner or 'owner unknown'})",
-                          "wait for it to finish, or choose another --out") from None
+        raise ConfigError(
+            f"{p} is being written by another process ({owner or 'owner unknown'})",
+            "wait for it to finish, or choose another --out",
+        ) from None
     fh.seek(0)
     fh.truncate()
     fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
@@ -106,7 +125,7 @@ def hold_lock(path: str | os.PathLike) -> Path:
     return p
 
 
-_ORPHAN_TMP = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp")   # storage.atomic_write's temporary names
+_ORPHAN_TMP = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp")  # storage.atomic_write's temporary names
 
 
 def _tidy_run_tree(root: Path) -> None:
@@ -116,14 +135,17 @@ def _tidy_run_tree(root: Path) -> None:
     with their own lock file are other runs (e.g. an experiment's per-seed runs) and are left to their own
     writer."""
     from .errors import ConfigError
+
     removed = 0
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         d = Path(dirpath)
         for name in list(dirnames) + filenames:
             if (d / name).is_symlink():
-                raise ConfigError(f"{d / name} is a symbolic link (to {os.readlink(d / name)}) inside the run "
-                                  f"directory {root}; runs write their files in place, never through links",
-                                  "remove the link (or copy what it points to), or choose another --out")
+                raise ConfigError(
+                    f"{d / name} is a symbolic link (to {os.readlink(d / name)}) inside the run "
+                    f"directory {root}; runs write their files in place, never through links",
+                    "remove the link (or copy what it points to), or choose another --out",
+                )
         dirnames[:] = [n for n in dirnames if not (d / n / LOCK_FILE).exists()]
         for name in filenames:
             if _ORPHAN_TMP.fullmatch(name):
@@ -131,6 +153,7 @@ def _tidy_run_tree(root: Path) -> None:
                 removed += 1
     if removed:
         from .progress import log
+
         log(f"{root}: removed {removed} temporary file(s) left by an interrupted write")
 
 
@@ -181,6 +204,7 @@ class RunDir:
         self.path = Path(path)
         if create:
             from .storage import _io_error
+
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
                 (self.path / "checkpoints").mkdir(exist_ok=True)
@@ -194,11 +218,21 @@ class RunDir:
     def write_config(self, config: Any) -> None:
         atomic_write_json(self.file("config.json"), to_jsonable(config))
 
-    def write_environment(self, *, seeds: Mapping[str, Any] | None = None,
-                          data_hashes: Mapping[str, str] | None = None, extra: Mapping[str, Any] | None = None) -> None:
-        env = {"versions": package_versions(), "git_commit": git_commit(), "argv": sys.argv,
-               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seeds": dict(seeds or {}),
-               "data_hashes": dict(data_hashes or {})}
+    def write_environment(
+        self,
+        *,
+        seeds: Mapping[str, Any] | None = None,
+        data_hashes: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        env = {
+            "versions": package_versions(),
+            "git_commit": git_commit(),
+            "argv": sys.argv,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seeds": dict(seeds or {}),
+            "data_hashes": dict(data_hashes or {}),
+        }
         env.update(extra or {})
         atomic_write_json(self.file("environment.json"), to_jsonable(env))
 
@@ -209,11 +243,13 @@ class RunDir:
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())
-        except OSError as exc:   # full disk, read-only directory: one clear line, earlier records intact
+        except OSError as exc:  # full disk, read-only directory: one clear line, earlier records intact
             from .storage import _io_error
+
             raise _io_error(self.file(name), exc, "appending to") from None
         from .sinks import forward
-        forward(self.path, record)     # optional TensorBoard / W&B mirrors (--log-to)
+
+        forward(self.path, record)  # optional TensorBoard / W&B mirrors (--log-to)
 
     def read_metrics(self, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
         p = self.file(name)

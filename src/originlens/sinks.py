@@ -10,11 +10,13 @@ Caveats: only scalar (int/float) fields are forwarded; the x-axis is the record'
 per-run counter).  A requested tracker that is not installed is a :class:`CompatibilityError` naming the
 package to install.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import CompatibilityError, ConfigError
 
@@ -54,8 +56,10 @@ class _TensorBoard:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise CompatibilityError("TensorBoard logging was requested but tensorboard is not installed",
-                                     "pip install tensorboard (or drop --log-to tensorboard)") from None
+            raise CompatibilityError(
+                "TensorBoard logging was requested but tensorboard is not installed",
+                "pip install tensorboard (or drop --log-to tensorboard)",
+            ) from None
         self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
     def log(self, values: Mapping[str, float], step: int) -> None:
@@ -69,10 +73,13 @@ class _WandB:
         try:
             import wandb
         except ImportError:
-            raise CompatibilityError("Weights & Biases logging was requested but wandb is not installed",
-                                     "pip install wandb (or drop --log-to wandb)") from None
-        self.run = wandb.init(dir=str(run_dir), name=run_dir.name, mode=os.environ.get("WANDB_MODE", "offline"),
-                              reinit=True)
+            raise CompatibilityError(
+                "Weights & Biases logging was requested but wandb is not installed",
+                "pip install wandb (or drop --log-to wandb)",
+            ) from None
+        self.run = wandb.init(
+            dir=str(run_dir), name=run_dir.name, mode=os.environ.get("WANDB_MODE", "offline"), reinit=True
+        )
 
     def log(self, values: Mapping[str, float], step: int) -> None:
         self.run.log(dict(values), step=step)
@@ -86,8 +93,11 @@ def forward(run_dir: str | os.PathLike, record: Mapping[str, Any]) -> None:
     names = requested_sinks()
     if not names:
         return
-    values = {k: float(v) for k, v in record.items()
-              if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+    values = {
+        k: float(v)
+        for k, v in record.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+    }
     if not values:
         return
     key = str(Path(run_dir).resolve())

@@ -15,6 +15,7 @@ path (the next run of the same command) puts the old one back first, and removes
 (:func:`clean_stale_leftovers`).  Liveness is judged by PID on this machine: leftovers of a process on
 another host sharing the directory, or whose PID was reused, are left alone.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +26,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -52,13 +54,13 @@ def io_error(path: Path, exc: OSError, action: str) -> OriginlensError:
 
 def _io_error(path: Path, exc: OSError, action: str) -> OriginlensError:
     if exc.errno == errno.ENOSPC:
-        return OriginlensError(f"no space left on device while {action} {path}",
-                               "free disk space or choose another --out; earlier files are intact")
+        return OriginlensError(
+            f"no space left on device while {action} {path}",
+            "free disk space or choose another --out; earlier files are intact",
+        )
     if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
-        return OriginlensError(f"cannot write {path}: {exc.strerror}",
-                               "choose a writable --out directory")
-    return OriginlensError(f"I/O error while {action} {path}: {exc.strerror or exc}",
-                           "check the path and the disk")
+        return OriginlensError(f"cannot write {path}: {exc.strerror}", "choose a writable --out directory")
+    return OriginlensError(f"I/O error while {action} {path}: {exc.strerror or exc}", "check the path and the disk")
 
 
 def _fsync_dir(d: Path) -> None:
@@ -145,6 +147,7 @@ def read_json(path: str | os.PathLike) -> Any:
 def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
     """Save a plain (non-object) array as .npy atomically."""
     import io
+
     if array.dtype == object:
         raise TypeError("object arrays are not allowed (they would need pickle)")
     buf = io.BytesIO()
@@ -162,7 +165,7 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:          # EPERM: it exists (another user's process)
+    except OSError:  # EPERM: it exists (another user's process)
         return True
     return True
 
@@ -188,11 +191,11 @@ def clean_stale_leftovers(path: str | os.PathLike) -> list[str]:
         return []
     for e in entries:
         n = e.name
-        if n.startswith(old_prefix) and n[len(old_prefix):].isdigit():
-            if not _pid_alive(int(n[len(old_prefix):])):
+        if n.startswith(old_prefix) and n[len(old_prefix) :].isdigit():
+            if not _pid_alive(int(n[len(old_prefix) :])):
                 olds.append(e)
         elif n.startswith(partial_prefix):
-            m = _PARTIAL_PID.fullmatch(n[len(partial_prefix):])
+            m = _PARTIAL_PID.fullmatch(n[len(partial_prefix) :])
             if m and not _pid_alive(int(m.group(1))):
                 partials.append(e)
     done = []
@@ -213,8 +216,9 @@ def clean_stale_leftovers(path: str | os.PathLike) -> list[str]:
     return done
 
 
-def check_output_directory(path: str | os.PathLike, *, kind_file: str | None = None, kind: str = "output",
-                           inputs: Any = ()) -> None:
+def check_output_directory(
+    path: str | os.PathLike, *, kind_file: str | None = None, kind: str = "output", inputs: Any = ()
+) -> None:
     """Refuse an output directory that would destroy something it does not own.
 
     ``path`` must not be, or contain, any of ``inputs`` (the command's own input files or directories);
@@ -224,23 +228,33 @@ def check_output_directory(path: str | os.PathLike, *, kind_file: str | None = N
     """
     path = Path(path)
     target = path.resolve()
-    for item in ([inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs or ())):
+    for item in [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs or ()):
         src = Path(item).resolve()
         if src == target or target in src.parents:
-            raise OriginlensError(f"the output {path} is {'the input' if src == target else 'a parent of the input'} "
-                                  f"{item}; writing it would delete the input",
-                                  "choose an --out outside the input")
+            raise OriginlensError(
+                f"the output {path} is {'the input' if src == target else 'a parent of the input'} "
+                f"{item}; writing it would delete the input",
+                "choose an --out outside the input",
+            )
     if kind_file is not None and os.path.lexists(path):
         if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
-            return                                          # an empty directory holds nothing to lose
+            return  # an empty directory holds nothing to lose
         if path.is_symlink() or not path.is_dir() or not (path / kind_file).is_file():
-            raise OriginlensError(f"{path} exists and is not a {kind} (no {kind_file} in it); refusing to replace it",
-                                  "choose a new --out, or remove that directory yourself")
+            raise OriginlensError(
+                f"{path} exists and is not a {kind} (no {kind_file} in it); refusing to replace it",
+                "choose a new --out, or remove that directory yourself",
+            )
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike, overwrite: bool = True, *, kind_file: str | None = None,
-                     kind: str = "output", inputs: Any = ()) -> Iterator[Path]:
+def atomic_directory(
+    path: str | os.PathLike,
+    overwrite: bool = True,
+    *,
+    kind_file: str | None = None,
+    kind: str = "output",
+    inputs: Any = (),
+) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``path`` only if the block succeeds.
 
     On error (or Ctrl-C / kill) the temporary directory is removed (or, after SIGKILL, left under a
@@ -254,6 +268,7 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = True, *, kind_fi
         path.parent.mkdir(parents=True, exist_ok=True)
         for line in clean_stale_leftovers(path):
             from .progress import log
+
             log(line, level=1)
         if path.exists() and not overwrite:
             raise OriginlensError(f"{path} already exists", "pass --overwrite or choose another --out")
@@ -264,7 +279,7 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = True, *, kind_fi
         raise _io_error(path, exc, "creating") from None
     try:
         yield tmp
-        _fsync_tree(tmp)   # files written inside with plain open() must be on disk before the rename
+        _fsync_tree(tmp)  # files written inside with plain open() must be on disk before the rename
         old = None
         if path.exists():
             old = path.parent / f".{path.name}.old-{os.getpid()}"
@@ -310,14 +325,16 @@ def vocab_hash(vocab: list[str] | None, vocab_size: int) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
-def save_tensors(path: str | os.PathLike, tensors: Mapping[str, Any], *, kind: str,
-                 metadata: Mapping[str, Any] | None = None) -> Path:
+def save_tensors(
+    path: str | os.PathLike, tensors: Mapping[str, Any], *, kind: str, metadata: Mapping[str, Any] | None = None
+) -> Path:
     """Write numpy arrays / torch tensors to a safetensors file atomically.
 
     ``metadata`` values are JSON-encoded into the safetensors string metadata; ``kind`` and
     ``format_version`` are always added.
     """
     from safetensors.numpy import save as np_save
+
     arrays = {}
     for k, v in tensors.items():
         if hasattr(v, "detach"):
@@ -336,39 +353,46 @@ def canonical_safetensors(blob: bytes) -> bytes:
     processes and no checksum could verify a reproduction.  Tensor data are untouched (their offsets are
     relative to the end of the header)."""
     import struct
+
     n = struct.unpack("<Q", blob[:8])[0]
-    header = json.loads(blob[8:8 + n])
+    header = json.loads(blob[8 : 8 + n])
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text + blob[8 + n:]
+    return struct.pack("<Q", len(text)) + text + blob[8 + n :]
 
 
-def load_tensors(path: str | os.PathLike, *, kind: str | None = None,
-                 expect_vocab_hash: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def load_tensors(
+    path: str | os.PathLike, *, kind: str | None = None, expect_vocab_hash: str | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Read a safetensors file written by :func:`save_tensors` (no code execution possible).
 
     Checks ``kind``, ``format_version`` and (optionally) the vocabulary hash, with clear errors.
     """
     from safetensors import safe_open
+
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path} not found", "check the path (expected a .safetensors file)")
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = dict(f.metadata() or {})
-            arrays = {k: f.get_tensor(k) for k in f.keys()}
+            arrays = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (a safetensors handle)
     except Exception as exc:  # safetensors raises its own error types
-        raise InputError(f"{path} is not a readable safetensors file ({exc})",
-                         "originlens only reads safetensors; re-create the file with originlens") from None
+        raise InputError(
+            f"{path} is not a readable safetensors file ({exc})",
+            "originlens only reads safetensors; re-create the file with originlens",
+        ) from None
     if kind is not None and meta.get("kind") not in (None, kind):
-        raise CompatibilityError(f"{path} holds '{meta.get('kind')}', expected '{kind}'",
-                                 "pass the right file")
+        raise CompatibilityError(f"{path} holds '{meta.get('kind')}', expected '{kind}'", "pass the right file")
     fv = meta.get("format_version")
     if fv is not None and fv != FORMAT_VERSION:
-        raise CompatibilityError(f"{path} has format version {fv}; this originlens reads {FORMAT_VERSION}",
-                                 "re-create the file with this version of originlens")
+        raise CompatibilityError(
+            f"{path} has format version {fv}; this originlens reads {FORMAT_VERSION}",
+            "re-create the file with this version of originlens",
+        )
     if expect_vocab_hash is not None and meta.get("vocab_hash") not in (None, expect_vocab_hash):
         raise CompatibilityError(
             f"{path} was computed for another vocabulary (hash {meta.get('vocab_hash')}, expected {expect_vocab_hash})",
-            "recompute it from this corpus / tokenizer")
+            "recompute it from this corpus / tokenizer",
+        )
     return arrays, meta

@@ -1,5 +1,6 @@
 """Helpers shared by the reliability tests: running the CLI in a subprocess (optionally killed at a chosen
 point by ``_killpoint.py``), comparing safetensors files bytewise, normalising JSON records."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -17,8 +19,12 @@ KILLPOINT = HERE / "_killpoint.py"
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 
 
-COMMAND_MODULE = {"corpus": "originlens.cli.corpus_cmd", "stats": "originlens.cli.stats_cmd",
-                  "ntp": "originlens.cli.ntp_cmd", "assoc": "originlens.cli.assoc_cmd"}
+COMMAND_MODULE = {
+    "corpus": "originlens.cli.corpus_cmd",
+    "stats": "originlens.cli.stats_cmd",
+    "ntp": "originlens.cli.ntp_cmd",
+    "assoc": "originlens.cli.assoc_cmd",
+}
 
 
 def run_cli(args: Iterable[Any], *, kill: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -26,8 +32,11 @@ def run_cli(args: Iterable[Any], *, kill: dict | None = None, timeout: float = 1
     args = ["-q", *map(str, args)]
     if kill and args[1] in COMMAND_MODULE:
         kill = {**kill, "modules": [COMMAND_MODULE[args[1]]]}
-    cmd = [sys.executable, str(KILLPOINT), json.dumps(kill), "--", *args] if kill else \
-        [sys.executable, "-m", "originlens", *args]
+    cmd = (
+        [sys.executable, str(KILLPOINT), json.dumps(kill), "--", *args]
+        if kill
+        else [sys.executable, "-m", "originlens", *args]
+    )
     return subprocess.run(cmd, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=timeout)
 
 
@@ -41,6 +50,7 @@ def assert_ok(p: subprocess.CompletedProcess) -> None:
 
 def tensors(path: str | Path) -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
+
     return load_file(str(path))
 
 
@@ -57,8 +67,9 @@ def assert_same_tensors(a: str | Path, b: str | Path, ignore: frozenset[str] = f
 
 
 # Fields that legitimately differ between two otherwise identical runs (wall-clock times).
-NONDETERMINISTIC_KEYS = frozenset({"time", "seconds", "wall_seconds", "train_seconds", "build_seconds",
-                                   "elapsed", "timestamp", "created", "duration"})
+NONDETERMINISTIC_KEYS = frozenset(
+    {"time", "seconds", "wall_seconds", "train_seconds", "build_seconds", "elapsed", "timestamp", "created", "duration"}
+)
 
 
 def normalise(obj: Any, roots: dict[str, str] | None = None) -> Any:

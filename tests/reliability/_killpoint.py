@@ -18,6 +18,7 @@ The kill is ``os.kill(getpid(), SIGKILL)``: no ``finally`` blocks, ``atexit`` ha
 run, exactly as when the machine or the OOM killer stops the process.  If the point is never reached
 the command runs to completion and its exit status is returned.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -28,7 +29,7 @@ import signal
 import sys
 
 spec = json.loads(sys.argv[1])
-argv = sys.argv[sys.argv.index("--") + 1:]
+argv = sys.argv[sys.argv.index("--") + 1 :]
 _count = 0
 
 
@@ -115,6 +116,6 @@ else:  # pragma: no cover
 
 import originlens.cli.main as cli  # noqa: E402
 
-if spec.get("modules"):      # register only the command under test (same code path, faster start-up)
+if spec.get("modules"):  # register only the command under test (same code path, faster start-up)
     cli.COMMAND_MODULES = list(spec["modules"])
 sys.exit(cli.main(argv))

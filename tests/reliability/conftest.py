@@ -1,4 +1,5 @@
 """Fixtures of the reliability tests (helpers live in ``_helpers.py``)."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,10 @@ def read_only():
         d.chmod(0o500)
         undo.append(lambda: d.chmod(0o700))
         if os.geteuid() == 0:
-            if not shutil.which("chattr") or subprocess.run(["chattr", "+i", str(d)],
-                                                             capture_output=True).returncode != 0:
+            if (
+                not shutil.which("chattr")
+                or subprocess.run(["chattr", "+i", str(d)], capture_output=True).returncode != 0
+            ):
                 pytest.skip("root without a working chattr: cannot make a directory read-only")
             undo.append(lambda: subprocess.run(["chattr", "-i", str(d)], capture_output=True))
 

@@ -1,4 +1,5 @@
 """Atomic artefact writes: failures leave previous files intact and no half-written outputs."""
+
 from __future__ import annotations
 
 import errno
@@ -18,13 +19,14 @@ def test_failed_write_keeps_previous_file(tmp_path, monkeypatch):
 
     def full_disk(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(os, "fsync", full_disk)
     with pytest.raises(OriginlensError, match="no space left"):
         save_tensors(target, {"w": np.zeros(3)}, kind="test")
     monkeypatch.setattr(os, "fsync", real_fsync)
     arrays, _ = load_tensors(target)
     np.testing.assert_array_equal(arrays["w"], np.arange(3.0))
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.safetensors"]   # no temp litter
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.safetensors"]  # no temp litter
 
 
 def _make_read_only(d):
@@ -33,6 +35,7 @@ def _make_read_only(d):
     if os.geteuid() == 0:
         import shutil
         import subprocess
+
         if not shutil.which("chattr") or subprocess.run(["chattr", "+i", str(d)]).returncode != 0:
             pytest.skip("root without chattr: cannot make a directory read-only")
         return lambda: subprocess.run(["chattr", "-i", str(d)])
@@ -64,18 +67,16 @@ def test_read_only_path_gives_clear_error(tmp_path):
 
 def test_atomic_directory_publishes_only_on_success(tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(RuntimeError):
-        with atomic_directory(out) as d:
-            (d / "half.txt").write_text("x")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), atomic_directory(out) as d:
+        (d / "half.txt").write_text("x")
+        raise RuntimeError("boom")
     assert not out.exists() and list(tmp_path.iterdir()) == []
     with atomic_directory(out) as d:
         (d / "a.txt").write_text("1")
-    with pytest.raises(RuntimeError):
-        with atomic_directory(out) as d:
-            (d / "a.txt").write_text("2")
-            raise RuntimeError("boom")
-    assert (out / "a.txt").read_text() == "1"       # the previous complete output survives
+    with pytest.raises(RuntimeError), atomic_directory(out) as d:
+        (d / "a.txt").write_text("2")
+        raise RuntimeError("boom")
+    assert (out / "a.txt").read_text() == "1"  # the previous complete output survives
     with atomic_directory(out) as d:
         (d / "a.txt").write_text("3")
     assert (out / "a.txt").read_text() == "3"
@@ -86,6 +87,7 @@ def _dead_pid() -> int:
     """The PID of a process that has exited (reaped), i.e. of a run killed earlier."""
     import subprocess
     import sys
+
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     return p.pid
@@ -100,14 +102,14 @@ def test_stale_leftovers_of_a_killed_replacement_are_repaired(tmp_path):
     with atomic_directory(out) as d:
         (d / "a.txt").write_text("1")
     dead = _dead_pid()
-    os.replace(out, tmp_path / f".out.old-{dead}")             # the state after a kill between the renames
+    os.replace(out, tmp_path / f".out.old-{dead}")  # the state after a kill between the renames
     (tmp_path / f".out.partial-{dead}-x1y2").mkdir()
     (tmp_path / f".out.partial-{dead}-x1y2" / "a.txt").write_text("2")
-    live = tmp_path / f".out.partial-{os.getppid()}-live"      # a concurrent build of a running process
+    live = tmp_path / f".out.partial-{os.getppid()}-live"  # a concurrent build of a running process
     live.mkdir()
-    other = tmp_path / f".other.old-{dead}"                    # another output's leftovers are not ours
+    other = tmp_path / f".other.old-{dead}"  # another output's leftovers are not ours
     other.mkdir()
-    with pytest.raises(OriginlensError, match="already exists"):   # the previous output is back in place
+    with pytest.raises(OriginlensError, match="already exists"):  # the previous output is back in place
         with atomic_directory(out, overwrite=False):
             pass
     assert (out / "a.txt").read_text() == "1"

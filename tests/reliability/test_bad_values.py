@@ -1,5 +1,6 @@
 """Values that used to be accepted silently or to end in a traceback: each is now one clear error line
 (``originlens: error: ... — fix: ...`` with status 2, or an argparse usage line with status 2)."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,26 @@ from originlens.cli.main import main
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad-values")
-    assert main(["-q", "corpus", "build", "--stories", "20", "--vocab-size", "100", "--seq-len", "16", "--oov", "unk",
-                 "--out", str(d / "c")]) == 0
+    assert (
+        main(
+            [
+                "-q",
+                "corpus",
+                "build",
+                "--stories",
+                "20",
+                "--vocab-size",
+                "100",
+                "--seq-len",
+                "16",
+                "--oov",
+                "unk",
+                "--out",
+                str(d / "c"),
+            ]
+        )
+        == 0
+    )
     assert main(["-q", "stats", str(d / "c"), "--out", str(d / "s")]) == 0
     return d
 
@@ -34,11 +53,14 @@ def one_error_line(capsys, argv, *, usage: bool = False) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["--chunk-size", "0"], "chunk size must be an integer ≥ 1"),
-    (["--pad-id", "100"], "pad id 100 is not a token id of this vocabulary (0..99)"),
-    (["--pad-id", "-1"], "pad id -1 is not a token id"),
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--chunk-size", "0"], "chunk size must be an integer ≥ 1"),
+        (["--pad-id", "100"], "pad id 100 is not a token id of this vocabulary (0..99)"),
+        (["--pad-id", "-1"], "pad id -1 is not a token id"),
+    ],
+)
 def test_stats_values(corpus, capsys, flags, needle, tmp_path):
     line = one_error_line(capsys, ["-q", "stats", str(corpus / "c"), "--out", str(tmp_path / "s"), *flags])
     assert needle in line and " — fix: " in line
@@ -47,61 +69,105 @@ def test_stats_values(corpus, capsys, flags, needle, tmp_path):
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_centering_must_be_finite(corpus, capsys, value, tmp_path):
-    line = one_error_line(capsys, ["-q", "stats", str(corpus / "c"), "--out", str(tmp_path / "s"),
-                                   f"--centering={value}"], usage=True)
+    line = one_error_line(
+        capsys, ["-q", "stats", str(corpus / "c"), "--out", str(tmp_path / "s"), f"--centering={value}"], usage=True
+    )
     assert "--centering: expected a finite number" in line
 
 
 def test_library_rejects_a_non_finite_centering():
     from originlens.errors import ConfigError
     from originlens.stats import corpus_statistics
+
     with pytest.raises(ConfigError, match="centering must be a finite number"):
         corpus_statistics(np.zeros((2, 5), dtype=np.int64), 4, centering=float("nan"))
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["--lr", "3e37"], "lr must be a positive number ≤ 1e30"),
-    (["--lr", "nan"], "lr must be a positive number"),
-    (["--eps", "0"], "eps must be a positive number"),
-    (["--probe-alpha", "nan"], "a finite probe_alpha ≥ 0"),
-    (["--probe-alpha", "-1"], "a finite probe_alpha ≥ 0"),
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--lr", "3e37"], "lr must be a positive number ≤ 1e30"),
+        (["--lr", "nan"], "lr must be a positive number"),
+        (["--eps", "0"], "eps must be a positive number"),
+        (["--probe-alpha", "nan"], "a finite probe_alpha ≥ 0"),
+        (["--probe-alpha", "-1"], "a finite probe_alpha ≥ 0"),
+    ],
+)
 def test_ntp_train_values(capsys, flags, needle, tmp_path):
-    line = one_error_line(capsys, ["-q", "ntp", "train", "--task", "majority", "--steps", "2", "--d-model", "16",
-                                   "--batch-size", "8", "--out", str(tmp_path / "r"), *flags])
+    line = one_error_line(
+        capsys,
+        [
+            "-q",
+            "ntp",
+            "train",
+            "--task",
+            "majority",
+            "--steps",
+            "2",
+            "--d-model",
+            "16",
+            "--batch-size",
+            "8",
+            "--out",
+            str(tmp_path / "r"),
+            *flags,
+        ],
+    )
     assert needle in line
     assert not (tmp_path / "r" / "config.json").exists()
 
 
 def test_bpe_vocabulary_smaller_than_the_alphabet(capsys, tmp_path):
-    line = one_error_line(capsys, ["-q", "corpus", "build", "--stories", "20", "--tokenizer", "bpe", "--vocab-size",
-                                   "5", "--seq-len", "16", "--out", str(tmp_path / "c")])
+    line = one_error_line(
+        capsys,
+        [
+            "-q",
+            "corpus",
+            "build",
+            "--stories",
+            "20",
+            "--tokenizer",
+            "bpe",
+            "--vocab-size",
+            "5",
+            "--seq-len",
+            "16",
+            "--out",
+            str(tmp_path / "c"),
+        ],
+    )
     assert "a BPE vocabulary of 5 ids cannot cover this text" in line and "--vocab-size ≥ " in line
     assert not (tmp_path / "c").exists()
 
 
-@pytest.mark.parametrize("argv", [
-    ["lm", "generate", "--model", "M", "--prompt", "Once \udcff\udcfe upon"],
-    ["assoc", "top", "--stats", "S", "--word", "\udcff"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["lm", "generate", "--model", "M", "--prompt", "Once \udcff\udcfe upon"],
+        ["assoc", "top", "--stats", "S", "--word", "\udcff"],
+    ],
+)
 def test_text_arguments_must_be_utf8(capsys, argv):
     # how Python passes the bytes b"\xff\xfe" of a non-UTF-8 command line
     line = one_error_line(capsys, ["-q", *argv], usage=True)
     assert "not valid UTF-8 text" in line
 
 
-@pytest.mark.parametrize("key, value, needle", [
-    ("vocab_size", "abc", "vocab_size = 'abc' (expected an integer ≥ 1)"),
-    ("centering", "xyz", "centering = 'xyz' (expected a finite number)"),
-    ("centering", "NaN", "centering = nan"),
-    ("unigram", "[1,2", "unigram = '[1,2' (expected 100 numbers)"),
-    ("token_ids", "[0, 1]", "token_ids = '[0, 1]' (expected 100 numbers in 0..99)"),
-    ("seq_len", None, "lacks the metadata field 'seq_len'"),
-    ("meta", "notjson", "meta = 'notjson'"),
-    ("n_pairs", "-5", "n_pairs = -5"),
-    ("size", "7", "size = 7 with 100×100 matrices"),
-    ("vocab_size", "5", "vocab_size 5"),
-])
+@pytest.mark.parametrize(
+    "key, value, needle",
+    [
+        ("vocab_size", "abc", "vocab_size = 'abc' (expected an integer ≥ 1)"),
+        ("centering", "xyz", "centering = 'xyz' (expected a finite number)"),
+        ("centering", "NaN", "centering = nan"),
+        ("unigram", "[1,2", "unigram = '[1,2' (expected 100 numbers)"),
+        ("token_ids", "[0, 1]", "token_ids = '[0, 1]' (expected 100 numbers in 0..99)"),
+        ("seq_len", None, "lacks the metadata field 'seq_len'"),
+        ("meta", "notjson", "meta = 'notjson'"),
+        ("n_pairs", "-5", "n_pairs = -5"),
+        ("size", "7", "size = 7 with 100×100 matrices"),
+        ("vocab_size", "5", "vocab_size 5"),
+    ],
+)
 def test_malformed_statistics_metadata(corpus, capsys, tmp_path, key, value, needle):
     src = corpus / "s" / "statistics.safetensors"
     out = tmp_path / "s"
@@ -131,23 +197,50 @@ def test_devices_are_named_once_and_cuda_on_a_cpu_build_is_one_line(tmp_path, ca
     has none is one error line before anything loads; ``auto`` falls back to the CPU everywhere, the NTP
     config included."""
     import torch
+
     from originlens.cli.main import main
     from originlens.devices import check_device_spec, resolve_device
     from originlens.errors import ConfigError
     from originlens.train.ntp import NTPConfig
+
     assert check_device_spec(" CUDA:1 ") == "cuda:1"
     with pytest.raises(ConfigError, match="unknown device"):
         check_device_spec("gpu")
     NTPConfig(task="majority", device="auto").validate() if hasattr(NTPConfig, "validate") else NTPConfig(
-        task="majority", device="auto")
+        task="majority", device="auto"
+    )
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     assert resolve_device("auto") == torch.device("cpu")
-    for args in (["lm", "qscore", "--model", str(tmp_path / "m"), "--corpus", str(tmp_path / "c"), "--sae",
-                  str(tmp_path / "s"), "--device", "cuda", "--out", str(tmp_path / "q")],
-                 ["lm", "compare", "--model", str(tmp_path / "m"), "--corpus", str(tmp_path / "c"), "--device", "cuda",
-                  "--out", str(tmp_path / "c2")],
-                 ["ntp", "train", "--task", "majority", "--steps", "1", "--device", "cuda", "--out", str(tmp_path / "n")]):
+    for args in (
+        [
+            "lm",
+            "qscore",
+            "--model",
+            str(tmp_path / "m"),
+            "--corpus",
+            str(tmp_path / "c"),
+            "--sae",
+            str(tmp_path / "s"),
+            "--device",
+            "cuda",
+            "--out",
+            str(tmp_path / "q"),
+        ],
+        [
+            "lm",
+            "compare",
+            "--model",
+            str(tmp_path / "m"),
+            "--corpus",
+            str(tmp_path / "c"),
+            "--device",
+            "cuda",
+            "--out",
+            str(tmp_path / "c2"),
+        ],
+        ["ntp", "train", "--task", "majority", "--steps", "1", "--device", "cuda", "--out", str(tmp_path / "n")],
+    ):
         capsys.readouterr()
         assert main(["-q", *args]) == 2
         err = capsys.readouterr().err

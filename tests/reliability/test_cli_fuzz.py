@@ -9,12 +9,14 @@ traceback.
   ``assoc top``, ``lm generate``, ``sae train``, ``ntp attribute`` on paths that hold nothing valid):
   ``main`` returns 0 or 2 (one ``originlens: error`` line), never raises.
 """
+
 from __future__ import annotations
 
 import argparse
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from originlens.cli.main import build_parser, main
 
@@ -31,17 +33,45 @@ def leaf_commands() -> dict[str, argparse.ArgumentParser]:
             return
         for name, sub in subs[0].choices.items():
             walk(sub, [*path, name])
+
     walk(build_parser(), [])
     return out
 
 
 LEAVES = leaf_commands()
 values = st.one_of(
-    st.integers(-3, 3).map(str), st.sampled_from(["0", "-1", "99999999999999999999", "1e308", "nan", "inf", "-inf",
-                                                  "", " ", "--", "-x", "1,2,,3", "0-", "3-1", "a-b", "1:2:3", "all",
-                                                  "hf:", "hf:x@", "@", "/", ".", "../..", "\x00"]),
-    st.text(st.characters(codec=None), max_size=12),                    # includes lone surrogates
-    st.floats(allow_nan=True, allow_infinity=True).map(repr))
+    st.integers(-3, 3).map(str),
+    st.sampled_from(
+        [
+            "0",
+            "-1",
+            "99999999999999999999",
+            "1e308",
+            "nan",
+            "inf",
+            "-inf",
+            "",
+            " ",
+            "--",
+            "-x",
+            "1,2,,3",
+            "0-",
+            "3-1",
+            "a-b",
+            "1:2:3",
+            "all",
+            "hf:",
+            "hf:x@",
+            "@",
+            "/",
+            ".",
+            "../..",
+            "\x00",
+        ]
+    ),
+    st.text(st.characters(codec=None), max_size=12),  # includes lone surrogates
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+)
 
 
 def option_args(parser: argparse.ArgumentParser):
@@ -53,12 +83,16 @@ def option_args(parser: argparse.ArgumentParser):
         for a in draw(st.lists(st.sampled_from(opts), max_size=6)) if opts else []:
             argv.append(draw(st.sampled_from(a.option_strings)))
             if a.nargs != 0:
-                if draw(st.integers(0, 9)):                              # usually a value, sometimes none
+                if draw(st.integers(0, 9)):  # usually a value, sometimes none
                     argv.append(draw(values))
-        positionals = [a for a in parser._actions if not a.option_strings and not isinstance(
-            a, (argparse._HelpAction, argparse._SubParsersAction))]
+        positionals = [
+            a
+            for a in parser._actions
+            if not a.option_strings and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+        ]
         argv += [draw(values) for _ in positionals if draw(st.booleans())]
         return draw(st.permutations(argv)) if draw(st.booleans()) else argv
+
     return build()
 
 
@@ -74,16 +108,25 @@ def test_parsing_random_flags_never_raises(command, capsys):
         except SystemExit as exc:
             assert exc.code in (0, 2)
         capsys.readouterr()
+
     check()
 
 
-FAST = {   # command, fixed leading arguments (inputs that hold nothing valid)
+FAST = {  # command, fixed leading arguments (inputs that hold nothing valid)
     "stats": ["stats", "{tmp}/missing-corpus", "--out", "{tmp}/out"],
     "corpus info": ["corpus", "info", "{tmp}/missing-corpus"],
     "assoc top": ["assoc", "top", "--stats", "{tmp}/missing-stats", "--word", "fish"],
     "lm generate": ["lm", "generate", "--model", "{tmp}/missing.safetensors"],
-    "sae train": ["sae", "train", "--model", "{tmp}/missing.safetensors", "--corpus", "{tmp}/missing.npy",
-                  "--out", "{tmp}/sae"],
+    "sae train": [
+        "sae",
+        "train",
+        "--model",
+        "{tmp}/missing.safetensors",
+        "--corpus",
+        "{tmp}/missing.npy",
+        "--out",
+        "{tmp}/sae",
+    ],
     "ntp attribute": ["ntp", "attribute", "{tmp}/missing-run", "--sites", "1:3", "--out", "{tmp}/store"],
 }
 
@@ -100,7 +143,7 @@ def test_running_with_random_flags_is_a_result_or_one_error_line(command, tmp_pa
         argv = [a for a in argv if a not in fixed]
         try:
             rc = main(["-q", *base, *argv])
-        except SystemExit as exc:                # argparse: a usage error
+        except SystemExit as exc:  # argparse: a usage error
             assert exc.code in (0, 2)
             capsys.readouterr()
             return
@@ -109,4 +152,5 @@ def test_running_with_random_flags_is_a_result_or_one_error_line(command, tmp_pa
         if rc == 2:
             lines = [ln for ln in err.splitlines() if ln.strip()]
             assert len(lines) == 1 and lines[0].startswith("originlens: error:"), (argv, err)
+
     check()

@@ -1,49 +1,52 @@
 """Start-up cost of the CLI: ``originlens --help`` and the commands that need no model (``corpus build``,
 ``stats``) never import torch (≈2 s); registering a command imports only what its parser needs."""
-from __future__ import annotations
 
-import pytest
+from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
 from _helpers import SUBPROCESS_ENV
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env=SUBPROCESS_ENV, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-c", code], env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=120)
 
 
 def test_help_and_parser_do_not_import_torch():
-    p = _python("import sys, contextlib, io\n"
-                "import originlens.cli.main as m\n"
-                "parser = m.build_parser()\n"
-                "assert 'torch' not in sys.modules, 'building the parser imported torch'\n"
-                "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
-                "    try:\n"
-                "        m.main(['--help'])\n"
-                "    except SystemExit as e:\n"
-                "        assert e.code == 0\n"
-                "assert 'COMMAND' in out.getvalue()\n"
-                "for argv in (['lm', 'generate', '--help'], ['ntp', 'train', '--help'], ['assoc', 'train', '--help']):\n"
-                "    with contextlib.redirect_stdout(io.StringIO()):\n"
-                "        try:\n"
-                "            m.main(argv)\n"
-                "        except SystemExit:\n"
-                "            pass\n"
-                "assert 'torch' not in sys.modules, 'a --help imported torch'\n")
+    p = _python(
+        "import sys, contextlib, io\n"
+        "import originlens.cli.main as m\n"
+        "parser = m.build_parser()\n"
+        "assert 'torch' not in sys.modules, 'building the parser imported torch'\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    try:\n"
+        "        m.main(['--help'])\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0\n"
+        "assert 'COMMAND' in out.getvalue()\n"
+        "for argv in (['lm', 'generate', '--help'], ['ntp', 'train', '--help'], ['assoc', 'train', '--help']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n"
+        "            m.main(argv)\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "assert 'torch' not in sys.modules, 'a --help imported torch'\n"
+    )
     assert p.returncode == 0, p.stderr
 
 
 def test_corpus_build_and_stats_do_not_import_torch(tmp_path):
-    p = _python("import sys\n"
-                "import originlens.cli.main as m\n"
-                f"out = {str(tmp_path)!r}\n"
-                "assert m.main(['-q', 'corpus', 'build', '--stories', '40', '--vocab-size', '40', '--seq-len', '8',\n"
-                "               '--oov', 'unk', '--out', out + '/corpus']) == 0\n"
-                "assert m.main(['-q', 'stats', out + '/corpus', '--out', out + '/stats']) == 0\n"
-                "assert 'torch' not in sys.modules, 'corpus build / stats imported torch'\n")
+    p = _python(
+        "import sys\n"
+        "import originlens.cli.main as m\n"
+        f"out = {str(tmp_path)!r}\n"
+        "assert m.main(['-q', 'corpus', 'build', '--stories', '40', '--vocab-size', '40', '--seq-len', '8',\n"
+        "               '--oov', 'unk', '--out', out + '/corpus']) == 0\n"
+        "assert m.main(['-q', 'stats', out + '/corpus', '--out', out + '/stats']) == 0\n"
+        "assert 'torch' not in sys.modules, 'corpus build / stats imported torch'\n"
+    )
     assert p.returncode == 0, p.stderr
 
 
@@ -52,29 +55,33 @@ def test_lm_help_lists_every_registered_model_format():
     registry."""
     from originlens.cli import lm_cmd
     from originlens.lm.loading import MODEL_FORMATS, detect_format
+
     assert list(lm_cmd.FORMAT_NAMES) == [f.name for f in MODEL_FORMATS]
-    assert lm_cmd.MODEL_FORMATS is MODEL_FORMATS and lm_cmd.detect_format is detect_format   # lazy re-exports
+    assert lm_cmd.MODEL_FORMATS is MODEL_FORMATS and lm_cmd.detect_format is detect_format  # lazy re-exports
 
 
 def test_help_imports_neither_numba_nor_scipy_and_is_fast():
     """``originlens --help`` builds every parser without the compiled statistics kernels (numba, scipy)."""
-    p = _python("import sys, time, contextlib, io\n"
-                "t = time.perf_counter()\n"
-                "import originlens.cli.main as m\n"
-                "with contextlib.redirect_stdout(io.StringIO()):\n"
-                "    try:\n"
-                "        m.main(['--help'])\n"
-                "    except SystemExit:\n"
-                "        pass\n"
-                "heavy = [n for n in ('numba', 'scipy', 'torch', 'originlens.stats._kernels') if n in sys.modules]\n"
-                "assert not heavy, heavy\n"
-                "print(round(time.perf_counter() - t, 3))\n")
+    p = _python(
+        "import sys, time, contextlib, io\n"
+        "t = time.perf_counter()\n"
+        "import originlens.cli.main as m\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        m.main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = [n for n in ('numba', 'scipy', 'torch', 'originlens.stats._kernels') if n in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "print(round(time.perf_counter() - t, 3))\n"
+    )
     assert p.returncode == 0, p.stderr
 
 
 def test_assoc_basis_names_follow_the_statistics():
     from originlens.cli import assoc_cmd
     from originlens.stats.assoc import BASES
+
     assert assoc_cmd.BASES == BASES
 
 
@@ -88,9 +95,25 @@ def test_ctrl_c_at_any_moment_of_start_up_is_one_line(tmp_path, delay):
 
     from _helpers import SUBPROCESS_ENV
 
-    proc = subprocess.Popen([sys.executable, "-m", "originlens", "ntp", "train", "--task", "majority", "--steps",
-                             "100000", "--out", str(tmp_path / "r")], env=SUBPROCESS_ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "originlens",
+            "ntp",
+            "train",
+            "--task",
+            "majority",
+            "--steps",
+            "100000",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        env=SUBPROCESS_ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

@@ -16,6 +16,7 @@
 
 Everything runs on CPU with one thread; the subprocesses dominate the time (≈3 s of imports each).
 """
+
 from __future__ import annotations
 
 import errno
@@ -28,15 +29,37 @@ import time
 from pathlib import Path
 
 import pytest
+from _helpers import SUBPROCESS_ENV, assert_killed, assert_same_tensors, jsonl, normalise, run_cli, tensors
 
-from _helpers import (SUBPROCESS_ENV, assert_killed, assert_ok, assert_same_tensors, jsonl, normalise, run_cli,
-                      tensors)
 from originlens.cli.main import main as cli_main
 from originlens.storage import load_tensors
 
-NTP = ["ntp", "train", "--task", "cond-majority", "--d-model", "16", "--heads", "2", "--batch-size", "16",
-       "--steps", "12", "--eval-size", "64", "--log-every", "1", "--eval-every", "0", "--probe-every", "0",
-       "--checkpoint-every", "5", "--threads", "1"]
+NTP = [
+    "ntp",
+    "train",
+    "--task",
+    "cond-majority",
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--batch-size",
+    "16",
+    "--steps",
+    "12",
+    "--eval-size",
+    "64",
+    "--log-every",
+    "1",
+    "--eval-every",
+    "0",
+    "--probe-every",
+    "0",
+    "--checkpoint-every",
+    "5",
+    "--threads",
+    "1",
+]
 NTP_CKPTS = ("step-000005", "step-000010", "step-000012")
 
 
@@ -69,14 +92,34 @@ def ntp_ref(tmp_path_factory):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     from originlens.data import build_corpus
+
     d = tmp_path_factory.mktemp("corpus") / "corpus"
     build_corpus(None, d, storyworld_stories=120, vocab_size=80, seq_len=10, oov="unk")
     return d
 
 
 def assoc_args(corpus: Path) -> list:
-    return ["assoc", "train", corpus, "--layers", "2", "--lr", "0.5", "--steps", "6", "--batch-size", "32",
-            "--checkpoint-every", "2", "--holdout", "10", "--dtype", "float64", "--threads", "1"]
+    return [
+        "assoc",
+        "train",
+        corpus,
+        "--layers",
+        "2",
+        "--lr",
+        "0.5",
+        "--steps",
+        "6",
+        "--batch-size",
+        "32",
+        "--checkpoint-every",
+        "2",
+        "--holdout",
+        "10",
+        "--dtype",
+        "float64",
+        "--threads",
+        "1",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +144,7 @@ def assert_same_assoc_run(run: Path, ref: Path) -> None:
 
 # --------------------------------------------------------------------------------------------- ntp train
 
+
 @pytest.mark.slow
 def test_ntp_train_killed_at_four_points_resumes_bit_identically(ntp_ref, tmp_path):
     run = tmp_path / "run"
@@ -109,20 +153,31 @@ def test_ntp_train_killed_at_four_points_resumes_bit_identically(ntp_ref, tmp_pa
     assert_killed(run_cli([*NTP, "--out", run], kill={"op": "call", "target": "originlens.runs:RunDir.write_config"}))
     assert not (run / "config.json").exists()
     # 2. killed right after the first checkpoint was published
-    assert_killed(run_cli([*NTP, "--out", run, "--resume"],
-                          kill={"op": "replace", "match": "*/checkpoints/step-000005.safetensors", "when": "after"}))
+    assert_killed(
+        run_cli(
+            [*NTP, "--out", run, "--resume"],
+            kill={"op": "replace", "match": "*/checkpoints/step-000005.safetensors", "when": "after"},
+        )
+    )
     assert_same_tensors(ck / "step-000005.safetensors", ntp_ref / "checkpoints" / "step-000005.safetensors")
     assert not (run / "model.safetensors").exists() and not (run / "summary.json").exists()
     # 3. killed in the middle of writing the second checkpoint: a torn temporary file, never the final name
-    assert_killed(run_cli([*NTP, "--out", run, "--resume"],
-                          kill={"op": "write", "match": "*/checkpoints/.step-000010.safetensors.*.tmp"}))
+    assert_killed(
+        run_cli(
+            [*NTP, "--out", run, "--resume"],
+            kill={"op": "write", "match": "*/checkpoints/.step-000010.safetensors.*.tmp"},
+        )
+    )
     torn = [p for p in ck.iterdir() if p.name.startswith(".step-000010")]
     assert torn and not (ck / "step-000010.safetensors").exists()
     assert torn[0].stat().st_size < (ntp_ref / "checkpoints" / "step-000010.safetensors").stat().st_size
     assert_same_tensors(ck / "step-000005.safetensors", ntp_ref / "checkpoints" / "step-000005.safetensors")
     # 4. killed near the end: final model written, summary not yet
-    assert_killed(run_cli([*NTP, "--out", run, "--resume"],
-                          kill={"op": "replace", "match": "*/model.safetensors", "when": "after"}))
+    assert_killed(
+        run_cli(
+            [*NTP, "--out", run, "--resume"], kill={"op": "replace", "match": "*/model.safetensors", "when": "after"}
+        )
+    )
     assert not (run / "summary.json").exists()
     # the same command with --resume finishes the run
     assert in_process([*NTP, "--out", run, "--resume"]) == 0
@@ -135,7 +190,7 @@ def test_ntp_resume_after_the_final_checkpoint_does_not_duplicate_metrics(ntp_re
     run = tmp_path / "run"
     assert in_process([*NTP, "--out", run]) == 0
     for name in ("summary.json", "model.safetensors", "probes.safetensors", "probe_metrics.npz"):
-        (run / name).unlink()                    # the state of a run killed right after its last checkpoint
+        (run / name).unlink()  # the state of a run killed right after its last checkpoint
     assert in_process([*NTP, "--out", run, "--resume"]) == 0
     assert [r["event"] for r in metric_records(run)][-3:] == ["train", "eval", "probe"]
     assert_same_ntp_run(run, ntp_ref)
@@ -143,19 +198,23 @@ def test_ntp_resume_after_the_final_checkpoint_does_not_duplicate_metrics(ntp_re
 
 @pytest.mark.slow
 def test_ntp_train_killed_from_outside_when_a_checkpoint_appears(tmp_path):
-    args = [a if a != "12" else "80" for a in NTP]          # 80 steps: long enough to be caught mid-way
+    args = [a if a != "12" else "80" for a in NTP]  # 80 steps: long enough to be caught mid-way
     ref = tmp_path / "ref"
     assert in_process([*args, "--out", ref]) == 0
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "originlens", "-q", *args, "--out", str(run)],
-                            env=SUBPROCESS_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "originlens", "-q", *args, "--out", str(run)],
+        env=SUBPROCESS_ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     first = run / "checkpoints" / "step-000005.safetensors"
     deadline = time.time() + 120
     while not first.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    if proc.returncode == 0:        # pragma: no cover - the run outpaced the polling; nothing to resume
+    if proc.returncode == 0:  # pragma: no cover - the run outpaced the polling; nothing to resume
         pytest.skip("the run finished before it could be killed")
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
     assert not (run / "model.safetensors").exists()
@@ -176,6 +235,7 @@ def _fsync_fails_for(monkeypatch, pattern: str) -> None:
         if pattern in path:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd)
+
     monkeypatch.setattr(os, "fsync", fsync)
 
 
@@ -187,9 +247,9 @@ def test_ntp_full_disk_at_checkpoint_keeps_previous_and_resumes(ntp_ref, tmp_pat
     assert err.startswith("originlens: error: no space left on device") and err.count("\n") == 1, err
     assert "step-000010" in err
     ck = run / "checkpoints"
-    assert sorted(p.name for p in ck.iterdir()) == ["step-000005.safetensors"]       # no temp litter
+    assert sorted(p.name for p in ck.iterdir()) == ["step-000005.safetensors"]  # no temp litter
     assert_same_tensors(ck / "step-000005.safetensors", ntp_ref / "checkpoints" / "step-000005.safetensors")
-    monkeypatch.undo()                                                                # space freed
+    monkeypatch.undo()  # space freed
     assert in_process([*NTP, "--out", run, "--resume"]) == 0
     assert_same_ntp_run(run, ntp_ref)
 
@@ -204,14 +264,15 @@ def test_ntp_full_disk_while_logging_metrics_is_a_clear_error(tmp_path, monkeypa
 
 def test_ntp_read_only_checkpoint_directory(ntp_ref, tmp_path, read_only, capsys):
     run = tmp_path / "run"
-    short = [a if a != "12" else "5" for a in NTP]           # a finished 5-step run, then extended to 12
+    short = [a if a != "12" else "5" for a in NTP]  # a finished 5-step run, then extended to 12
     assert in_process([*short, "--out", run]) == 0
     read_only(run / "checkpoints")
     assert in_process([*NTP, "--out", run, "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("originlens: error: cannot write") and "step-000010" in err and err.count("\n") == 1, err
-    assert_same_tensors(run / "checkpoints" / "step-000005.safetensors",
-                        ntp_ref / "checkpoints" / "step-000005.safetensors")
+    assert_same_tensors(
+        run / "checkpoints" / "step-000005.safetensors", ntp_ref / "checkpoints" / "step-000005.safetensors"
+    )
 
 
 def test_ntp_read_only_output_parent(tmp_path, read_only, capsys):
@@ -225,19 +286,21 @@ def test_ntp_read_only_output_parent(tmp_path, read_only, capsys):
 
 # ------------------------------------------------------------------------------------------- assoc train
 
+
 @pytest.mark.slow
 def test_assoc_train_killed_at_three_points_resumes_bit_identically(corpus, assoc_ref, tmp_path):
     run = tmp_path / "run"
     args = [*assoc_args(corpus), "--out", run]
     ck = run / "checkpoints"
-    assert_killed(run_cli(args, kill={"op": "replace", "match": "*/checkpoints/step-000002.safetensors",
-                                      "when": "after"}))
+    assert_killed(
+        run_cli(args, kill={"op": "replace", "match": "*/checkpoints/step-000002.safetensors", "when": "after"})
+    )
     assert_same_tensors(ck / "step-000002.safetensors", assoc_ref / "checkpoints" / "step-000002.safetensors")
-    assert_killed(run_cli([*args, "--resume"],
-                          kill={"op": "write", "match": "*/checkpoints/.step-000004.safetensors.*.tmp"}))
+    assert_killed(
+        run_cli([*args, "--resume"], kill={"op": "write", "match": "*/checkpoints/.step-000004.safetensors.*.tmp"})
+    )
     assert not (ck / "step-000004.safetensors").exists()
-    assert_killed(run_cli([*args, "--resume"], kill={"op": "replace", "match": "*/model.safetensors",
-                                                     "when": "after"}))
+    assert_killed(run_cli([*args, "--resume"], kill={"op": "replace", "match": "*/model.safetensors", "when": "after"}))
     assert in_process([*args, "--resume"]) == 0
     assert_same_assoc_run(run, assoc_ref)
 
@@ -257,16 +320,18 @@ def test_assoc_checkpoint_record_follows_its_file(corpus, assoc_ref, tmp_path, m
     the resumed run logs it again."""
     from originlens.runs import RunDir
     from originlens.train.assoc import CHECKPOINT_KIND
+
     seen = []
     real = RunDir.log_metrics
 
     def log_metrics(self, record, name="metrics.jsonl"):
         if record.get("event") == "checkpoint":
             f = self.path / record["path"]
-            load_tensors(f, kind=CHECKPOINT_KIND)                    # complete and readable
-            assert not [p for p in f.parent.iterdir() if p.name.startswith(".")]   # no temporary left
+            load_tensors(f, kind=CHECKPOINT_KIND)  # complete and readable
+            assert not [p for p in f.parent.iterdir() if p.name.startswith(".")]  # no temporary left
             seen.append(record["step"])
         return real(self, record, name)
+
     monkeypatch.setattr(RunDir, "log_metrics", log_metrics)
     run = tmp_path / "run"
     args = [*assoc_args(corpus), "--out", run]
@@ -276,8 +341,9 @@ def test_assoc_checkpoint_record_follows_its_file(corpus, assoc_ref, tmp_path, m
     # killed after the step-4 file is published, before its record: the record is absent, then re-logged
     run2 = tmp_path / "run2"
     args2 = [*assoc_args(corpus), "--out", run2]
-    assert_killed(run_cli(args2, kill={"op": "replace", "match": "*/checkpoints/step-000004.safetensors",
-                                       "when": "after"}))
+    assert_killed(
+        run_cli(args2, kill={"op": "replace", "match": "*/checkpoints/step-000004.safetensors", "when": "after"})
+    )
     assert [r["step"] for r in jsonl(run2 / "metrics.jsonl") if r["event"] == "checkpoint"] == [2]
     assert in_process([*args2, "--resume"]) == 0
     assert_same_assoc_run(run2, assoc_ref)
@@ -297,8 +363,7 @@ def test_assoc_resumed_when_finished_reports_the_real_losses(corpus, tmp_path, c
     assert "final cosines" in line and line.split("final cosines")[1] == first_line.split("final cosines")[1]
 
 
-def test_assoc_full_disk_at_checkpoint_keeps_previous_and_resumes(corpus, assoc_ref, tmp_path, monkeypatch,
-                                                                  capsys):
+def test_assoc_full_disk_at_checkpoint_keeps_previous_and_resumes(corpus, assoc_ref, tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     args = [*assoc_args(corpus), "--out", run]
     _fsync_fails_for(monkeypatch, ".step-000004.safetensors.")
@@ -306,14 +371,16 @@ def test_assoc_full_disk_at_checkpoint_keeps_previous_and_resumes(corpus, assoc_
     err = capsys.readouterr().err
     assert err.startswith("originlens: error: no space left on device") and err.count("\n") == 1, err
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002.safetensors"]
-    assert_same_tensors(run / "checkpoints" / "step-000002.safetensors",
-                        assoc_ref / "checkpoints" / "step-000002.safetensors")
+    assert_same_tensors(
+        run / "checkpoints" / "step-000002.safetensors", assoc_ref / "checkpoints" / "step-000002.safetensors"
+    )
     monkeypatch.undo()
     assert in_process([*args, "--resume"]) == 0
     assert_same_assoc_run(run, assoc_ref)
 
 
 # ------------------------------------------------------------------------------------ corpus build, stats
+
 
 def _visible(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if not p.name.startswith("."))
@@ -333,8 +400,9 @@ def test_corpus_build_killed_never_leaves_a_complete_looking_directory(tmp_path)
     parent = tmp_path / "work"
     out = parent / "corpus"
     # mid-way through encoding (50th window): only a hidden partial directory exists
-    assert_killed(run_cli([*CORPUS, "--out", out], kill={"op": "call", "target": "originlens.data.build:_Windows.add",
-                                                         "nth": 50}))
+    assert_killed(
+        run_cli([*CORPUS, "--out", out], kill={"op": "call", "target": "originlens.data.build:_Windows.add", "nth": 50})
+    )
     assert _visible(parent) == [] and all(".corpus.partial-" in n for n in _hidden(parent))
     # a complete build succeeds next to the debris
     assert in_process([*CORPUS, "--out", out]) == 0
@@ -342,14 +410,22 @@ def test_corpus_build_killed_never_leaves_a_complete_looking_directory(tmp_path)
     assert previous == (ref / "corpus" / "tokens.npy").read_bytes()
     # rebuilding over it (--overwrite), killed when the new version is complete but not yet published:
     # the previous version stays
-    assert_killed(run_cli([*CORPUS, "--seed", "1", "--out", out, "--overwrite"],
-                          kill={"op": "replace", "match": str(parent / ".corpus.old-*"), "when": "before"}))
+    assert_killed(
+        run_cli(
+            [*CORPUS, "--seed", "1", "--out", out, "--overwrite"],
+            kill={"op": "replace", "match": str(parent / ".corpus.old-*"), "when": "before"},
+        )
+    )
     assert (out / "tokens.npy").read_bytes() == previous
     assert json.loads((out / "manifest.json").read_text())["seed"] == 0
     # killed after the previous version was moved aside (storage.atomic_directory's caveat: renaming over a
     # directory is not atomic): the final name does not exist at all, nothing half-written is visible
-    assert_killed(run_cli([*CORPUS, "--seed", "1", "--out", out, "--overwrite"],
-                          kill={"op": "replace", "match": str(parent / ".corpus.old-*"), "when": "after"}))
+    assert_killed(
+        run_cli(
+            [*CORPUS, "--seed", "1", "--out", out, "--overwrite"],
+            kill={"op": "replace", "match": str(parent / ".corpus.old-*"), "when": "after"},
+        )
+    )
     assert _visible(parent) == []
     assert in_process([*CORPUS, "--out", out, "--overwrite"]) == 0
     assert (out / "tokens.npy").read_bytes() == previous
@@ -361,8 +437,12 @@ def test_stats_killed_keeps_previous_statistics_and_rerun_succeeds(corpus, tmp_p
     assert in_process(["stats", corpus, "--out", out]) == 0
     before = tensors(out / "statistics.safetensors")
     # a different computation (first 20 windows) torn while writing its statistics file
-    assert_killed(run_cli(["stats", corpus, "--max-windows", "20", "--out", out],
-                          kill={"op": "write", "match": "*/.stats.partial-*/.statistics.safetensors.*.tmp"}))
+    assert_killed(
+        run_cli(
+            ["stats", corpus, "--max-windows", "20", "--out", out],
+            kill={"op": "write", "match": "*/.stats.partial-*/.statistics.safetensors.*.tmp"},
+        )
+    )
     assert _visible(tmp_path) == ["stats"]
     after = tensors(out / "statistics.safetensors")
     assert all(after[k].tobytes() == before[k].tobytes() for k in before)
@@ -409,7 +489,7 @@ def test_stats_full_disk_and_read_only_keep_previous(corpus, tmp_path, monkeypat
     assert capsys.readouterr().err.startswith("originlens: error: no space left on device")
     monkeypatch.undo()
     assert (out / "statistics.safetensors").read_bytes() == before and _visible(out.parent) == ["stats"]
-    assert _hidden(out.parent) == []                                  # the partial directory was removed
+    assert _hidden(out.parent) == []  # the partial directory was removed
     read_only(out.parent)
     assert in_process(["stats", corpus, "--max-windows", "20", "--out", out]) == 2
     err = capsys.readouterr().err
@@ -419,13 +499,24 @@ def test_stats_full_disk_and_read_only_keep_previous(corpus, tmp_path, monkeypat
 
 # ------------------------------------------------------------------ SIGTERM / SIGINT: checkpoint, then stop
 
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_ntp_train_signal_checkpoints_the_current_update_and_resumes_bit_identically(ntp_ref, tmp_path, sig):
     from originlens.interrupts import Interrupted
     from originlens.train.ntp import NTPConfig, Trainer
 
-    cfg = NTPConfig(task="cond-majority", d_model=16, n_head=2, batch_size=16, steps=12, eval_size=64,
-                    log_every=1, eval_every=0, probe_every=0, checkpoint_every=5)
+    cfg = NTPConfig(
+        task="cond-majority",
+        d_model=16,
+        n_head=2,
+        batch_size=16,
+        steps=12,
+        eval_size=64,
+        log_every=1,
+        eval_every=0,
+        probe_every=0,
+        checkpoint_every=5,
+    )
     run = tmp_path / "run"
     tr = Trainer(cfg, run)
     tr.callbacks["on_step_end"].append(lambda t: os.kill(os.getpid(), sig) if t.step == 7 else None)
@@ -434,9 +525,9 @@ def test_ntp_train_signal_checkpoints_the_current_update_and_resumes_bit_identic
     name = signal.Signals(sig).name
     assert exc.value.signal_name == name and exc.value.exit_code == (143 if sig == signal.SIGTERM else 130)
     assert f"{name} at update 7/12" in exc.value.message and "step-000007.safetensors" in exc.value.message
-    assert (run / "checkpoints" / "step-000007.safetensors").is_file()      # the update it was in
+    assert (run / "checkpoints" / "step-000007.safetensors").is_file()  # the update it was in
     assert not (run / "model.safetensors").exists()
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL                 # handlers restored
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert in_process([*NTP, "--out", run, "--resume"]) == 0
     assert_same_tensors(run / "model.safetensors", ntp_ref / "model.safetensors")
@@ -447,15 +538,20 @@ def test_ntp_train_sigterm_from_outside_is_one_line_and_resumes(tmp_path):
     args = [a if a != "12" else "400" for a in NTP]
     args[args.index("--checkpoint-every") + 1] = "100"
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "originlens", "-q", *args, "--out", str(run)],
-                            env=SUBPROCESS_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "originlens", "-q", *args, "--out", str(run)],
+        env=SUBPROCESS_ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     metrics = run / "metrics.jsonl"
     while (not metrics.exists() or metrics.stat().st_size == 0) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    if proc.returncode == 0:        # pragma: no cover - the run outpaced the polling
+    if proc.returncode == 0:  # pragma: no cover - the run outpaced the polling
         pytest.skip("the run finished before the signal")
     assert proc.returncode == 143, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -476,8 +572,16 @@ def test_assoc_train_sigterm_checkpoints_and_resumes_bit_identically(tmp_path):
 
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 12, size=(64, 9))
-    c = AssocTrainConfig(steps=10, batch_size=16, lr=0.05, seed=0, data_seed=0, checkpoint_every=4, log_every=1,
-                         out=str(tmp_path / "full"))
+    c = AssocTrainConfig(
+        steps=10,
+        batch_size=16,
+        lr=0.05,
+        seed=0,
+        data_seed=0,
+        checkpoint_every=4,
+        log_every=1,
+        out=str(tmp_path / "full"),
+    )
     full = train_assoc(tokens, 12, c)
 
     class Term:
@@ -498,4 +602,5 @@ def test_assoc_train_sigterm_checkpoints_and_resumes_bit_identically(tmp_path):
 
 def torch_equal(a, b) -> bool:
     import torch
+
     return bool(torch.equal(a, b))

@@ -6,6 +6,7 @@ and non-finite gradients injected into one named parameter through a tensor hook
 finite, so only the gradient check can catch it).  The assoc trainer has the same checks
 (``tests/test_assoc_cli.py::test_error_diverging_lr_names_step_and_checkpoint``).
 """
+
 from __future__ import annotations
 
 import math
@@ -13,21 +14,57 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from _helpers import tensors
+
 from originlens.cli.main import main as cli_main
 from originlens.errors import NumericalError
 from originlens.train.ntp import NTPConfig, Trainer, list_checkpoints
 
-TINY = dict(task="cond-majority", d_model=16, n_head=2, batch_size=16, steps=12, eval_size=64, log_every=1,
-            eval_every=0, probe_every=0, checkpoint_every=2)
+TINY = dict(
+    task="cond-majority",
+    d_model=16,
+    n_head=2,
+    batch_size=16,
+    steps=12,
+    eval_size=64,
+    log_every=1,
+    eval_every=0,
+    probe_every=0,
+    checkpoint_every=2,
+)
 
 
 def test_diverging_learning_rate_stops_with_step_tensor_and_checkpoint(tmp_path, capsys):
     run = tmp_path / "run"
-    rc = cli_main(["-q", "ntp", "train", "--task", "cond-majority", "--d-model", "16", "--heads", "2",
-                   "--batch-size", "16", "--steps", "12", "--eval-size", "64", "--eval-every", "0",
-                   "--probe-every", "0", "--checkpoint-every", "1", "--lr", "1e30", "--out", str(run)])
+    rc = cli_main(
+        [
+            "-q",
+            "ntp",
+            "train",
+            "--task",
+            "cond-majority",
+            "--d-model",
+            "16",
+            "--heads",
+            "2",
+            "--batch-size",
+            "16",
+            "--steps",
+            "12",
+            "--eval-size",
+            "64",
+            "--eval-every",
+            "0",
+            "--probe-every",
+            "0",
+            "--checkpoint-every",
+            "1",
+            "--lr",
+            "1e30",
+            "--out",
+            str(run),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("originlens: error: training loss is") and err.count("\n") == 1, err
     cks = list_checkpoints(run)
@@ -39,26 +76,28 @@ def test_diverging_learning_rate_stops_with_step_tensor_and_checkpoint(tmp_path,
     assert not (run / "model.safetensors").exists() and not (run / "summary.json").exists()
 
 
-@pytest.mark.parametrize("bad, param", [(math.nan, "blocks.1.copies.0.mlp_in.weight"),
-                                        (math.inf, "embed.0.wpe.weight")])
+@pytest.mark.parametrize(
+    "bad, param", [(math.nan, "blocks.1.copies.0.mlp_in.weight"), (math.inf, "embed.0.wpe.weight")]
+)
 def test_non_finite_gradient_names_the_parameter(tmp_path, bad, param):
     trainer = Trainer(NTPConfig(**TINY), tmp_path / "run")
     target = dict(trainer.model.named_parameters())[param]
 
     def poison(t):
-        if t.step == 4:       # the gradient of update 5 becomes non-finite; the loss stays finite
+        if t.step == 4:  # the gradient of update 5 becomes non-finite; the loss stays finite
             target.register_hook(lambda g: g + bad)
+
     trainer.add_callback("on_step_end", poison)
     with pytest.raises(NumericalError) as ei:
         trainer.run()
     msg = str(ei.value)
     assert f"non-finite gradient of parameter {param!r} at update 5 " in msg, msg
     assert "step-000004.safetensors" in msg and "fix:" in msg
-    assert trainer.step == 4                                        # the poisoned update was not applied
+    assert trainer.step == 4  # the poisoned update was not applied
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [2, 4]
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     arrays = tensors(tmp_path / "run" / "checkpoints" / "step-000004.safetensors")
-    assert np.array_equal(arrays[f"model.{param}"], target.detach().numpy())   # = the last good weights
+    assert np.array_equal(arrays[f"model.{param}"], target.detach().numpy())  # = the last good weights
 
 
 def test_nan_weights_are_caught_at_the_next_update(tmp_path):
@@ -68,6 +107,7 @@ def test_nan_weights_are_caught_at_the_next_update(tmp_path):
         if t.step == 3:
             with torch.no_grad():
                 dict(t.model.named_parameters())["head.0.ln_f.bias"].fill_(math.nan)
+
     trainer.add_callback("on_step_end", poison)
     with pytest.raises(NumericalError, match=r"training loss is nan at update 4 .*step-000002\.safetensors"):
         trainer.run()
@@ -92,6 +132,7 @@ def test_resume_refuses_a_checkpoint_with_non_finite_values(tmp_path):
     """A checkpoint whose weights or Adam state hold NaN/Inf (a disk error, a hand edit) is never resumed
     from as if it were good: one error naming it and the earlier checkpoint to resume from instead."""
     from originlens.storage import load_tensors, save_tensors
+
     Trainer(NTPConfig(**{**TINY, "steps": 6}), tmp_path / "run").run()
     last = tmp_path / "run" / "checkpoints" / "step-000006.safetensors"
     arrays, meta = load_tensors(last)

@@ -1,5 +1,6 @@
 """Output safety: an output directory is new, empty, or an earlier output of the same kind — never the
 input, a parent of the input, or a foreign directory (whose files would be replaced)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,6 +19,7 @@ def _files(d: Path) -> dict[str, bytes]:
 @pytest.fixture()
 def corpus(tmp_path):
     from originlens.data import build_corpus
+
     d = tmp_path / "corpus"
     build_corpus(None, d, storyworld_stories=60, vocab_size=60, seq_len=8, oov="unk")
     return d
@@ -58,6 +60,7 @@ def test_stats_replaces_an_earlier_statistics_output_and_accepts_an_empty_direct
 def test_corpus_build_refuses_an_output_holding_its_source(corpus):
     """Even an earlier corpus directory is not replaced when the new build reads a file inside it."""
     from originlens.data import build_corpus
+
     (corpus / "extra.txt").write_text("the cat sat on the mat . " * 50)
     before = _files(corpus)
     with pytest.raises(OriginlensError, match="would delete the input"):
@@ -72,10 +75,9 @@ def test_check_output_directory_rules(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path)
     with pytest.raises(OriginlensError, match="is not a"):
         check_output_directory(tmp_path / "link", kind_file="marker")
-    check_output_directory(tmp_path / "new", kind_file="marker")               # absent: fine
+    check_output_directory(tmp_path / "new", kind_file="marker")  # absent: fine
     (tmp_path / "ours").mkdir()
     (tmp_path / "ours" / "marker").write_text("")
-    check_output_directory(tmp_path / "ours", kind_file="marker")              # same kind: fine
-    with pytest.raises(OriginlensError, match="refusing"):
-        with atomic_directory(tmp_path, kind_file="marker"):
-            pass
+    check_output_directory(tmp_path / "ours", kind_file="marker")  # same kind: fine
+    with pytest.raises(OriginlensError, match="refusing"), atomic_directory(tmp_path, kind_file="marker"):
+        pass

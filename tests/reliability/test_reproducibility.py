@@ -19,6 +19,7 @@ Legitimately non-deterministic (and therefore ignored):
 * safetensors string metadata with timings (``train_seconds`` in NTP checkpoints, ``meta.seconds`` in
   statistics), so files are compared tensor by tensor, not as raw bytes.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from _helpers import NONDETERMINISTIC_KEYS, assert_ok, assert_same_tensors, jsonl, normalise, run_cli, tensors
+
 from originlens.cli.main import main as cli_main
 
-EXTRA_TIMERS = {"seconds_per_attributed_step", "seconds_breakdown", "timings"}   # dicts of wall times
+EXTRA_TIMERS = {"seconds_per_attributed_step", "seconds_breakdown", "timings"}  # dicts of wall times
 
 
 def run(*args) -> int:
@@ -39,12 +40,14 @@ def run(*args) -> int:
 
 def norm(obj, a: Path, b: Path):
     """Normalise a JSON value from run A or B (their roots become <OUT>)."""
+
     def strip(o):
         if isinstance(o, dict):
             return {k: strip(v) for k, v in o.items() if k not in EXTRA_TIMERS}
         if isinstance(o, list):
             return [strip(v) for v in o]
         return o
+
     return strip(normalise(obj, {str(a): "<OUT>", str(b): "<OUT>"}))
 
 
@@ -65,7 +68,7 @@ def assert_same_tree(a: Path, b: Path, skip: tuple[str, ...] = (), roots: tuple[
             continue
         pa, pb = a / rel, b / rel
         if rel.name.endswith(".blocks.json") or rel.suffix in (".html", ".md", ".png"):
-            continue                # rendered reports (incl. a timings table): built from the compared numbers
+            continue  # rendered reports (incl. a timings table): built from the compared numbers
         if rel.suffix == ".safetensors":
             assert_same_tensors(pa, pb)
         elif rel.suffix in (".json", ".jsonl"):
@@ -81,6 +84,7 @@ def assert_same_tree(a: Path, b: Path, skip: tuple[str, ...] = (), roots: tuple[
                 assert za.files == zb.files and all(za[k].tobytes() == zb[k].tobytes() for k in za.files), rel
         elif rel.suffix == ".parquet":
             import pyarrow.parquet as pq
+
             assert pq.read_table(pa).equals(pq.read_table(pb)), rel
         else:
             assert pa.read_bytes() == pb.read_bytes(), rel
@@ -103,22 +107,53 @@ def twice(tmp_path_factory):
     """Corpus build → stats → assoc train → assoc report, twice into A and B (shared by the tests)."""
     base = tmp_path_factory.mktemp("repro")
     src = base / "input.txt"
-    src.write_text("\n".join(f"the cat saw a bird number {i % 7} and the bird sat on the red mat near the "
-                             f"{'big' if i % 3 else 'small'} tree" for i in range(200)), encoding="utf-8")
+    src.write_text(
+        "\n".join(
+            f"the cat saw a bird number {i % 7} and the bird sat on the red mat near the "
+            f"{'big' if i % 3 else 'small'} tree"
+            for i in range(200)
+        ),
+        encoding="utf-8",
+    )
     out = {}
     for side in ("A", "B"):
         d = base / side
-        assert run("corpus", "build", src, "--vocab-size", "40", "--seq-len", "10", "--oov", "unk",
-                   "--out", d / "corpus") == 0
+        assert (
+            run("corpus", "build", src, "--vocab-size", "40", "--seq-len", "10", "--oov", "unk", "--out", d / "corpus")
+            == 0
+        )
         assert run("stats", d / "corpus", "--out", d / "stats") == 0
-        assert run("assoc", "train", d / "corpus", "--layers", "2", "--lr", "0.5", "--steps", "4", "--batch-size",
-                   "32", "--checkpoint-every", "2", "--holdout", "10", "--dtype", "float64", "--threads", "1",
-                   "--out", d / "assoc") == 0
+        assert (
+            run(
+                "assoc",
+                "train",
+                d / "corpus",
+                "--layers",
+                "2",
+                "--lr",
+                "0.5",
+                "--steps",
+                "4",
+                "--batch-size",
+                "32",
+                "--checkpoint-every",
+                "2",
+                "--holdout",
+                "10",
+                "--dtype",
+                "float64",
+                "--threads",
+                "1",
+                "--out",
+                d / "assoc",
+            )
+            == 0
+        )
         out[side] = d
     return base, out["A"], out["B"]
 
 
-@pytest.mark.slow   # builds the shared fixture: corpus, stats and assoc runs, twice
+@pytest.mark.slow  # builds the shared fixture: corpus, stats and assoc runs, twice
 def test_corpus_build(twice):
     _, a, b = twice
     assert_same_tree(a / "corpus", b / "corpus", roots=(a, b))
@@ -145,16 +180,54 @@ def test_assoc_report_json(twice, capsys):
     outs = []
     for d in (a, b):
         capsys.readouterr()
-        assert run("assoc", "report", d / "assoc", "--json", "--eval-windows", "32", "--null-windows", "32",
-                   "--batch-size", "32", "--threads", "1", "--out", d / "report") == 0
+        assert (
+            run(
+                "assoc",
+                "report",
+                d / "assoc",
+                "--json",
+                "--eval-windows",
+                "32",
+                "--null-windows",
+                "32",
+                "--batch-size",
+                "32",
+                "--threads",
+                "1",
+                "--out",
+                d / "report",
+            )
+            == 0
+        )
         outs.append(json.loads(capsys.readouterr().out))
     assert norm(outs[0], a, b) == norm(outs[1], a, b)
     assert_same_tree(a / "report", b / "report", roots=(a, b))
 
 
-NTP = ["--task", "cond-majority", "--d-model", "16", "--heads", "2", "--batch-size", "16", "--steps", "6",
-       "--eval-size", "64", "--log-every", "1", "--eval-every", "3", "--probe-every", "3",
-       "--checkpoint-every", "2", "--threads", "1"]
+NTP = [
+    "--task",
+    "cond-majority",
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--batch-size",
+    "16",
+    "--steps",
+    "6",
+    "--eval-size",
+    "64",
+    "--log-every",
+    "1",
+    "--eval-every",
+    "3",
+    "--probe-every",
+    "3",
+    "--checkpoint-every",
+    "2",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -168,18 +241,39 @@ def ntp_twice(tmp_path_factory):
 def test_ntp_train(ntp_twice):
     a, b = ntp_twice
     assert_same_tree(a / "run", b / "run")
-    assert_records_environment(a / "run" / "environment.json", seeds=("seed", "eval_seed", "model_init"),
-                               data_hash=True)    # the fixed training set and the eval tokens are hashed
+    assert_records_environment(
+        a / "run" / "environment.json", seeds=("seed", "eval_seed", "model_init"), data_hash=True
+    )  # the fixed training set and the eval tokens are hashed
 
 
-@pytest.mark.slow   # two subprocesses (torch import each)
+@pytest.mark.slow  # two subprocesses (torch import each)
 def test_ntp_checkpoints_are_identical_across_processes(tmp_path):
     """Two processes, same command: every checkpoint tensor is identical, including the recorded state of
     NumPy's legacy global RNG (seeded by the trainer; unseeded it differs between processes)."""
     for side in ("A", "B"):
-        assert_ok(run_cli(["ntp", "train", *NTP[:NTP.index("--steps")], "--steps", "2", "--eval-size", "16",
-                           "--eval-every", "0", "--probe-every", "0", "--checkpoint-every", "2", "--threads", "1",
-                           "--out", tmp_path / side]))
+        assert_ok(
+            run_cli(
+                [
+                    "ntp",
+                    "train",
+                    *NTP[: NTP.index("--steps")],
+                    "--steps",
+                    "2",
+                    "--eval-size",
+                    "16",
+                    "--eval-every",
+                    "0",
+                    "--probe-every",
+                    "0",
+                    "--checkpoint-every",
+                    "2",
+                    "--threads",
+                    "1",
+                    "--out",
+                    tmp_path / side,
+                ]
+            )
+        )
     ck = Path("checkpoints") / "step-000002.safetensors"
     assert "rng.numpy" in tensors(tmp_path / "A" / ck)
     assert_same_tensors(tmp_path / "A" / ck, tmp_path / "B" / ck)
@@ -190,8 +284,23 @@ def test_ntp_checkpoints_are_identical_across_processes(tmp_path):
 def test_ntp_attribute(ntp_twice):
     a, b = ntp_twice
     for d in (a, b):
-        assert run("ntp", "attribute", d / "run", "--sites", "1:3,2:10", "--features", "all", "--check-identity",
-                   "--threads", "1", "--out", d / "attr") == 0
+        assert (
+            run(
+                "ntp",
+                "attribute",
+                d / "run",
+                "--sites",
+                "1:3,2:10",
+                "--features",
+                "all",
+                "--check-identity",
+                "--threads",
+                "1",
+                "--out",
+                d / "attr",
+            )
+            == 0
+        )
     assert any((a / "attr").glob("*.parquet"))
     assert_same_tree(a / "attr", b / "attr", roots=(a, b))
 
@@ -199,17 +308,54 @@ def test_ntp_attribute(ntp_twice):
 @pytest.mark.slow
 def test_ntp_grid(tmp_path):
     for side in ("A", "B"):
-        assert run("ntp", "grid", "--task", "cond-majority", "--regimes", "standard,myopic", "--seeds", "0,1",
-                   "--d-model", "16", "--heads", "2", "--batch-size", "16", "--steps", "6", "--eval-size", "64",
-                   "--checkpoint-every", "3", "--threads", "1", "--out", tmp_path / side) == 0
+        assert (
+            run(
+                "ntp",
+                "grid",
+                "--task",
+                "cond-majority",
+                "--regimes",
+                "standard,myopic",
+                "--seeds",
+                "0,1",
+                "--d-model",
+                "16",
+                "--heads",
+                "2",
+                "--batch-size",
+                "16",
+                "--steps",
+                "6",
+                "--eval-size",
+                "64",
+                "--checkpoint-every",
+                "3",
+                "--threads",
+                "1",
+                "--out",
+                tmp_path / side,
+            )
+            == 0
+        )
     assert_same_tree(tmp_path / "A", tmp_path / "B")
 
 
 def test_nondeterministic_keys_are_only_timings():
     """Guard against hiding real differences: the ignored keys are wall-clock measurements only."""
-    assert NONDETERMINISTIC_KEYS | EXTRA_TIMERS <= {
-        "time", "seconds", "wall_seconds", "train_seconds", "build_seconds", "elapsed", "timestamp", "created",
-        "duration", "seconds_per_attributed_step", "seconds_breakdown", "timings"}
+    assert {
+        "time",
+        "seconds",
+        "wall_seconds",
+        "train_seconds",
+        "build_seconds",
+        "elapsed",
+        "timestamp",
+        "created",
+        "duration",
+        "seconds_per_attributed_step",
+        "seconds_breakdown",
+        "timings",
+    } >= NONDETERMINISTIC_KEYS | EXTRA_TIMERS
 
 
 def test_identical_tensors_give_identical_bytes_in_different_processes(tmp_path):
@@ -217,14 +363,18 @@ def test_identical_tensors_give_identical_bytes_in_different_processes(tmp_path)
     header, so three processes writing the same content produce byte-identical files that still load."""
     import subprocess
     import sys
-    code = ("import sys, numpy as np; from originlens.storage import save_tensors; "
-            "save_tensors(sys.argv[1], {'w': np.arange(6.0).reshape(2, 3), 'b': np.ones(3, np.float32)}, "
-            "kind='test', metadata={k: i for i, k in enumerate('zyxwvutsrq')})")
+
+    code = (
+        "import sys, numpy as np; from originlens.storage import save_tensors; "
+        "save_tensors(sys.argv[1], {'w': np.arange(6.0).reshape(2, 3), 'b': np.ones(3, np.float32)}, "
+        "kind='test', metadata={k: i for i, k in enumerate('zyxwvutsrq')})"
+    )
     files = [tmp_path / f"t{i}.safetensors" for i in range(3)]
     for f in files:
         subprocess.run([sys.executable, "-c", code, str(f)], check=True)
     blobs = {f.read_bytes() for f in files}
     assert len(blobs) == 1
     from originlens.storage import load_tensors
+
     arrays, meta = load_tensors(files[0], kind="test")
     assert arrays["w"].tolist() == [[0, 1, 2], [3, 4, 5]] and meta["q"] == "9"

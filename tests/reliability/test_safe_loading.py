@@ -1,4 +1,5 @@
 """Safe loading: nothing the project reads from outside can execute code; artefacts are checked."""
+
 from __future__ import annotations
 
 import os
@@ -36,6 +37,7 @@ def test_malicious_pickle_disguised_as_checkpoint_is_refused(tmp_path):
 
 def test_malicious_pickle_disguised_as_tokens_is_refused(tmp_path):
     from originlens.data import load_token_array
+
     marker = tmp_path / "pwned"
     # an object-dtype .npy file: loading it would need pickle
     arr = np.empty(2, dtype=object)
@@ -54,6 +56,7 @@ def test_malicious_pickle_disguised_as_tokens_is_refused(tmp_path):
 def test_malicious_pickle_as_statistics_and_probes(tmp_path):
     from originlens.probes import ProbeSet
     from originlens.stats import load_statistics
+
     marker = tmp_path / "pwned"
     (tmp_path / "s").mkdir()
     _write_evil(tmp_path / "s" / "statistics.safetensors", marker)
@@ -70,6 +73,7 @@ def test_kind_and_format_version_are_checked(tmp_path):
     with pytest.raises(CompatibilityError, match="expected 'corpus-statistics'"):
         load_tensors(tmp_path / "a.safetensors", kind="corpus-statistics")
     from safetensors.numpy import save_file
+
     save_file({"x": np.zeros(2)}, str(tmp_path / "b.safetensors"), metadata={"format_version": "999"})
     with pytest.raises(CompatibilityError, match="format version 999"):
         load_tensors(tmp_path / "b.safetensors")
@@ -98,12 +102,36 @@ def test_source_never_unpickles_or_evals():
 # ------------------------------------------------------------------------------------------------------
 # Every reader of outside artefacts, fed a malicious pickle under the name it expects.
 
+
 def test_malicious_pickle_as_ntp_checkpoint_on_resume(tmp_path, capsys):
     from originlens.cli.main import main
+
     run = tmp_path / "run"
-    args = ["-q", "ntp", "train", "--task", "cond-majority", "--d-model", "8", "--heads", "2", "--batch-size", "4",
-            "--steps", "2", "--eval-size", "16", "--eval-every", "0", "--probe-every", "0", "--checkpoint-every", "1",
-            "--out", str(run)]
+    args = [
+        "-q",
+        "ntp",
+        "train",
+        "--task",
+        "cond-majority",
+        "--d-model",
+        "8",
+        "--heads",
+        "2",
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+        "--eval-size",
+        "16",
+        "--eval-every",
+        "0",
+        "--probe-every",
+        "0",
+        "--checkpoint-every",
+        "1",
+        "--out",
+        str(run),
+    ]
     assert main(args) == 0
     marker = tmp_path / "pwned"
     _write_evil(run / "checkpoints" / "step-000002.safetensors", marker)
@@ -121,6 +149,7 @@ def test_malicious_pickle_as_models_sae_tokenizers_and_configs(tmp_path):
     from originlens.lm.llama2c import Llama2cTokenizer, load_llama2c
     from originlens.models import GPT, load_assoc
     from originlens.train.ntp import NTPConfig, load_probe_metrics
+
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.bin"
     _write_evil(evil, marker)
@@ -149,12 +178,23 @@ def test_malicious_pickle_as_models_sae_tokenizers_and_configs(tmp_path):
 
 def test_malicious_pickle_as_sae_weights(tmp_path):
     import json
+
     from originlens.sae.format import read_sae
+
     marker = tmp_path / "pwned"
     d = tmp_path / "sae"
     d.mkdir()
-    (d / "cfg.json").write_text(json.dumps({"d_in": 4, "d_sae": 8, "architecture": "standard", "dtype": "float32",
-                                                   "hook_name": "blocks.0.hook_resid_post"}))
+    (d / "cfg.json").write_text(
+        json.dumps(
+            {
+                "d_in": 4,
+                "d_sae": 8,
+                "architecture": "standard",
+                "dtype": "float32",
+                "hook_name": "blocks.0.hook_resid_post",
+            }
+        )
+    )
     _write_evil(d / "sae_weights.safetensors", marker)
     with pytest.raises(InputError, match="not a readable safetensors"):
         read_sae(d)
@@ -167,14 +207,26 @@ def test_malicious_pickle_in_a_hugging_face_directory(tmp_path, capsys):
     one-line InputError (convert to safetensors) before anything is unpickled (lm/hf.py)."""
     pytest.importorskip("transformers")
     import json
+
     from originlens.cli.main import main
     from originlens.lm.hf import load_hf, load_hf_model
+
     marker = tmp_path / "pwned"
     d = tmp_path / "hf"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 8,
-                                               "vocab_size": 11, "n_positions": 16,
-                                               "architectures": ["GPT2LMHeadModel"]}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "gpt2",
+                "n_layer": 1,
+                "n_head": 2,
+                "n_embd": 8,
+                "vocab_size": 11,
+                "n_positions": 16,
+                "architectures": ["GPT2LMHeadModel"],
+            }
+        )
+    )
     _write_evil(d / "pytorch_model.bin", marker)
     for load in (load_hf_model, load_hf):
         with pytest.raises(InputError, match="only pickled PyTorch weights.*convert them to safetensors") as ei:
@@ -182,6 +234,7 @@ def test_malicious_pickle_in_a_hugging_face_directory(tmp_path, capsys):
         assert "\n" not in ei.value.one_line()
     assert not marker.exists()
     from tokenizers import Tokenizer, models
+
     Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(d / "tokenizer.json"))
     capsys.readouterr()
     assert main(["-q", "lm", "generate", "--model", str(d), "--prompt", "a", "--max-new-tokens", "1"]) == 2
@@ -204,9 +257,11 @@ def test_everything_written_is_safetensors_or_plain_arrays():
 # ------------------------------------------------------------------------------------------------------
 # GPT checkpoints carry the vocabulary hash; a model is never used with data of another vocabulary.
 
+
 def _word_corpus(path: Path, words: list[str], tmp: Path):
     """A corpus whose vocabulary is exactly ``words`` (+ <unk>), in a fixed frequency order."""
     from originlens.data import build_corpus
+
     rng = np.random.default_rng(0)
     p = np.arange(len(words), 0, -1, dtype=float)
     lines = [" ".join(rng.choice(words, size=12, p=p / p.sum())) for _ in range(200)]
@@ -219,9 +274,10 @@ def _strip_vocab_hash(path: Path) -> None:
     """Rewrite a safetensors file as written before the vocabulary hash was recorded."""
     from safetensors import safe_open
     from safetensors.numpy import save_file
+
     with safe_open(str(path), framework="numpy") as f:
         meta = {k: v for k, v in (f.metadata() or {}).items() if k != "vocab_hash"}
-        arrays = {k: f.get_tensor(k) for k in f.keys()}
+        arrays = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (a safetensors handle)
     save_file(arrays, str(path), metadata=meta)
 
 
@@ -232,11 +288,21 @@ def test_gpt_checkpoints_carry_the_vocabulary_hash_and_refuse_other_data(tmp_pat
     from originlens.storage import vocab_hash
     from originlens.tasks import get_task
     from originlens.train.ntp import CHECKPOINT_KIND, NTPConfig, Trainer, checkpoint_metadata
+
     corpus = tmp_path / "corpus"
     store = _word_corpus(corpus, [f"w{chr(97 + i)}x" for i in range(20)], tmp_path)
     h = store.vocab_hash
-    tiny = dict(task="language", corpus=str(corpus), n_layer=1, d_model=8, n_head=2, batch_size=8, eval_size=16,
-                log_every=1, checkpoint_every=1)
+    tiny = dict(
+        task="language",
+        corpus=str(corpus),
+        n_layer=1,
+        d_model=8,
+        n_head=2,
+        batch_size=8,
+        eval_size=16,
+        log_every=1,
+        checkpoint_every=1,
+    )
     run = tmp_path / "run"
     Trainer(NTPConfig(**tiny, steps=2), run).run()
     for f in (run / "checkpoints" / "step-000002.safetensors", run / "model.safetensors"):
@@ -265,8 +331,20 @@ def test_gpt_checkpoints_carry_the_vocabulary_hash_and_refuse_other_data(tmp_pat
         Trainer(NTPConfig(**tiny, steps=4), run, resume=True)
     # synthetic tasks record the task's vocabulary
     syn = tmp_path / "syn"
-    Trainer(NTPConfig(task="majority", n_layer=1, d_model=8, n_head=2, batch_size=4, steps=1, eval_size=16,
-                      eval_every=0, probe_every=0), syn).run()
+    Trainer(
+        NTPConfig(
+            task="majority",
+            n_layer=1,
+            d_model=8,
+            n_head=2,
+            batch_size=4,
+            steps=1,
+            eval_size=16,
+            eval_every=0,
+            probe_every=0,
+        ),
+        syn,
+    ).run()
     task = get_task("majority")
     _, meta = load_tensors(syn / "checkpoints" / "step-000001.safetensors", kind=CHECKPOINT_KIND)
     assert meta["vocab_hash"] == vocab_hash(list(task.vocab), task.vocab_size)

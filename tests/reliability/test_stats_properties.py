@@ -1,8 +1,10 @@
 """Property-based invariants of the corpus statistics (hypothesis)."""
+
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from originlens.stats import FirstOrderSums, SecondOrderSums, assemble, corpus_statistics
 
@@ -22,11 +24,11 @@ def test_invariants(c):
     toks, V = c
     s = corpus_statistics(toks, V)
     tol = 1e-13
-    assert np.abs(s.bigram.sum(1)).max() < tol            # bigram rows sum to zero
-    assert np.abs(s.context.sum(0)).max() < tol           # context columns sum to zero
+    assert np.abs(s.bigram.sum(1)).max() < tol  # bigram rows sum to zero
+    assert np.abs(s.context.sum(0)).max() < tol  # context columns sum to zero
     S = s.interchangeability
-    assert np.abs(S - S.T).max() < 1e-16                  # symmetric
-    assert np.linalg.eigvalsh(S).min() > -1e-14           # positive semi-definite
+    assert np.abs(S - S.T).max() < 1e-16  # symmetric
+    assert np.linalg.eigvalsh(S).min() > -1e-14  # positive semi-definite
     scale = max(np.abs(s.query_key).max(), 1e-300)
     assert np.abs(s.query_key.sum(1)).max() <= 1e-12 * scale * V + 1e-15
     assert abs(s.positional.sum()) <= 1e-12 * np.abs(s.positional).max() * len(s.positional) + 1e-15

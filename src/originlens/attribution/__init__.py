@@ -13,21 +13,54 @@ steps, influence; see ``docs/concepts.md``).
   checkpoints and data order (segments; bit-exact checks); :mod:`.store` — Parquet observables,
   integrated influence with CIs, report.
 """
-from .decompose import (COMPONENTS, Adjoints, PathwayGradients, attention_impl, decompose, pathway_adjoints,
-                        trainable_parameters)
-from .influence import (Influence, Probe, influences, mismatch, projections, reference_projections,
-                        site_jvp)
+
+from .decompose import (
+    COMPONENTS,
+    Adjoints,
+    PathwayGradients,
+    attention_impl,
+    decompose,
+    pathway_adjoints,
+    trainable_parameters,
+)
+from .influence import Influence, Probe, influences, mismatch, projections, reference_projections, site_jvp
 from .steps import AdamAttributor, sgd_steps, step_sum
 from .stopgrad import stop_gradient, stop_gradient_hooks
 
-__all__ = ["COMPONENTS", "AdamAttributor", "Adjoints", "Influence", "PathwayGradients", "Probe",
-           "attention_impl", "decompose", "influences", "mismatch", "pathway_adjoints", "projections",
-           "reference_projections", "sgd_steps", "site_jvp", "step_sum", "stop_gradient",
-           "stop_gradient_hooks", "trainable_parameters"]
+__all__ = [
+    "COMPONENTS",
+    "AdamAttributor",
+    "Adjoints",
+    "Influence",
+    "PathwayGradients",
+    "Probe",
+    "attention_impl",
+    "decompose",
+    "influences",
+    "mismatch",
+    "pathway_adjoints",
+    "projections",
+    "reference_projections",
+    "sgd_steps",
+    "site_jvp",
+    "step_sum",
+    "stop_gradient",
+    "stop_gradient_hooks",
+    "trainable_parameters",
+]
 
 # Replay of a saved training run and the observable store (attribution/replay.py, attribution/store.py).
-from .replay import RunReplay, SegmentResult, attribute_run, attribute_segments, segment_bounds  # noqa: E402
-from .store import integrate, load_observables, summarize, write_report  # noqa: E402
+from .replay import RunReplay, SegmentResult, attribute_run, attribute_segments, segment_bounds
+from .store import integrate, load_observables, summarize, write_report
 
-__all__ += ["RunReplay", "SegmentResult", "attribute_run", "attribute_segments", "segment_bounds", "integrate", "load_observables", "summarize",
-            "write_report"]
+__all__ += [
+    "RunReplay",
+    "SegmentResult",
+    "attribute_run",
+    "attribute_segments",
+    "integrate",
+    "load_observables",
+    "segment_bounds",
+    "summarize",
+    "write_report",
+]

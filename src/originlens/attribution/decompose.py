@@ -44,11 +44,13 @@ site (decompose the tracked sites, not "all", at Othello/TinyStories scale), plu
 sources' intermediates during a pass.  The autograd and brute methods switch the attention kernel to
 eager for the call (per instance, restored), see :func:`attention_impl`.
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Literal
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -129,8 +131,10 @@ def _fill(grads: Iterable[torch.Tensor | None], params: list[torch.Tensor]) -> l
 def _check_model(model: nn.Module, myopic: bool | None) -> bool:
     cfg = getattr(model, "config", None)
     if model.training and getattr(cfg, "dropout", 0.0) > 0.0:
-        raise ConfigError("the decomposition needs a deterministic forward but dropout is active",
-                          "call model.eval() or use dropout=0")
+        raise ConfigError(
+            "the decomposition needs a deterministic forward but dropout is active",
+            "call model.eval() or use dropout=0",
+        )
     if myopic is None:
         myopic = bool(getattr(model, "is_myopic", False))
     return bool(myopic)
@@ -145,7 +149,7 @@ def resolve_sites(model: nn.Module, tokens: torch.Tensor, sites: str | Site | It
         if sites != "all":
             raise ConfigError(f"sites={sites!r} is not understood", "pass 'all' or a list of (k, i) pairs")
         return [(k, i) for k in range(len(model.hook_names)) for i in range(T)]
-    return list(dict.fromkeys(normalise_sites(model, sites, seq_len=T)))   # duplicates dropped, order kept
+    return list(dict.fromkeys(normalise_sites(model, sites, seq_len=T)))  # duplicates dropped, order kept
 
 
 def auto_chunk_size(model: nn.Module, tokens: torch.Tensor, chunk_bytes: int = 1 << 30) -> int:
@@ -171,9 +175,16 @@ def _position_loss_matrix(model: nn.Module, tokens: torch.Tensor, weights, targe
 # adjoints (one backward through the training graph, one through the myopic graph)
 
 
-def pathway_adjoints(model: nn.Module, tokens: torch.Tensor, *, weights: torch.Tensor | None = None,
-                     targets: torch.Tensor | None = None, myopic: bool | None = None,
-                     attn_impl: str | None = "eager", method: Literal["fast", "autograd"] = "fast") -> Adjoints:
+def pathway_adjoints(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    *,
+    weights: torch.Tensor | None = None,
+    targets: torch.Tensor | None = None,
+    myopic: bool | None = None,
+    attn_impl: str | None = "eager",
+    method: Literal["fast", "autograd"] = "fast",
+) -> Adjoints:
     """All adjoints a^k, d^k, p^k (k = 0..L) from two backward passes.
 
     tokens (B, T); weights ω (B, T−1) (default 1/(B(T−1))); ``myopic`` = training graph (default: the
@@ -203,14 +214,13 @@ def _adjoints_with_graph(model, tokens, weights, targets, myopic: bool):
         losses, res = _position_loss_matrix(model, tokens, weights, targets, return_residuals=True, myopic=myopic)
         loss = losses.sum()
         g = torch.autograd.grad(loss, params + list(res), retain_graph=True, allow_unused=True)
-        full = dict(zip(names, _fill(g[:len(params)], params)))
-        a = _fill(g[len(params):], list(res))
+        full = dict(zip(names, _fill(g[: len(params)], params)))
+        a = _fill(g[len(params) :], list(res))
         if myopic:
             d = a
             p = [torch.zeros_like(x) for x in a]
         else:
-            losses_m, res_m = _position_loss_matrix(model, tokens, weights, targets,
-                                                    return_residuals=True, myopic=True)
+            losses_m, res_m = _position_loss_matrix(model, tokens, weights, targets, return_residuals=True, myopic=True)
             d = _fill(torch.autograd.grad(losses_m.sum(), list(res_m), allow_unused=True), list(res_m))
             p = [ak - dk for ak, dk in zip(a, d)]
     return Adjoints(full=a, direct=d, precached=p, loss=float(loss.detach()), grad=full), res, params
@@ -220,11 +230,20 @@ def _adjoints_with_graph(model, tokens, weights, targets, myopic: bool):
 # decomposition
 
 
-def decompose(model: nn.Module, tokens: torch.Tensor, sites: str | Site | Iterable[Site] = "all", *,
-              weights: torch.Tensor | None = None, targets: torch.Tensor | None = None,
-              method: Literal["fast", "autograd", "brute"] = "fast", myopic: bool | None = None,
-              chunk_size: int | None = None, chunk_bytes: int = 1 << 30,
-              attn_impl: str | None = "eager", causal_prefix: bool = True) -> dict[Site, PathwayGradients]:
+def decompose(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    sites: str | Site | Iterable[Site] = "all",
+    *,
+    weights: torch.Tensor | None = None,
+    targets: torch.Tensor | None = None,
+    method: Literal["fast", "autograd", "brute"] = "fast",
+    myopic: bool | None = None,
+    chunk_size: int | None = None,
+    chunk_bytes: int = 1 << 30,
+    attn_impl: str | None = "eager",
+    causal_prefix: bool = True,
+) -> dict[Site, PathwayGradients]:
     """Exact pathway components of ∇L at every requested site.
 
     tokens (B, T); ``sites`` = ``"all"`` (k = 0..L × i = 0..T−1) or (k, i) pairs; weights ω (B, T−1);
@@ -246,14 +265,12 @@ def decompose(model: nn.Module, tokens: torch.Tensor, sites: str | Site | Iterab
     if method not in ("fast", "autograd", "brute"):
         raise ConfigError(f"unknown method {method!r}", "use method='fast', 'autograd' or 'brute'")
     if method == "fast" and structured.supported(model):
-        return _decompose_structured(model, tokens, site_list, weights, targets, use_myopic, chunk_size,
-                                     chunk_bytes)
+        return _decompose_structured(model, tokens, site_list, weights, targets, use_myopic, chunk_size, chunk_bytes)
     if chunk_size is None:
         chunk_size = auto_chunk_size(model, tokens, chunk_bytes)
     with attention_impl(model, attn_impl):
         if method in ("fast", "autograd"):
-            return _decompose_fast(model, tokens, site_list, weights, targets, use_myopic, chunk_size,
-                                   causal_prefix)
+            return _decompose_fast(model, tokens, site_list, weights, targets, use_myopic, chunk_size, causal_prefix)
         return _decompose_brute(model, tokens, site_list, weights, targets, use_myopic)
 
 
@@ -302,7 +319,7 @@ def _decompose_fast(model, tokens, sites, weights, targets, myopic, chunk_size, 
             srcs = [("direct", adj.direct[k])] + ([] if myopic else [("precached", adj.precached[k])])
             for comp, src in srcs:
                 row = src[:, i]
-                if torch.count_nonzero(row) == 0:       # e.g. i = T−1: exactly zero component
+                if torch.count_nonzero(row) == 0:  # e.g. i = T−1: exactly zero component
                     out[(k, i)][comp] = {n: torch.zeros_like(p) for n, p in zip(names, params)}
                 else:
                     jobs.setdefault(k, []).append(((k, i), comp, row))
@@ -324,15 +341,15 @@ def _decompose_fast(model, tokens, sites, weights, targets, myopic, chunk_size, 
 def _batched_vjps(H, jobs, params, names, chunk_size, out) -> None:
     """``J_{k,i}ᵀ c`` for jobs ``(site, component, c (B, d))`` sharing the output H^k (B, T', d)."""
     for c0 in range(0, len(jobs), chunk_size):
-        chunk = jobs[c0:c0 + chunk_size]
+        chunk = jobs[c0 : c0 + chunk_size]
         cots = H.new_zeros((len(chunk),) + tuple(H.shape))
         for j, ((_, i), _, row) in enumerate(chunk):
             cots[j, :, i] = row
-        g = torch.autograd.grad(H, params, grad_outputs=cots, is_grads_batched=True,
-                                retain_graph=True, allow_unused=True)
+        g = torch.autograd.grad(
+            H, params, grad_outputs=cots, is_grads_batched=True, retain_graph=True, allow_unused=True
+        )
         for j, (site, comp, _) in enumerate(chunk):
-            out[site][comp] = {n: (torch.zeros_like(p) if gp is None else gp[j])
-                               for n, p, gp in zip(names, params, g)}
+            out[site][comp] = {n: (torch.zeros_like(p) if gp is None else gp[j]) for n, p, gp in zip(names, params, g)}
 
 
 def _prefix_vjps(model, tokens, res, jobs, params, names, myopic, chunk_size, out) -> None:
@@ -347,15 +364,17 @@ def _prefix_vjps(model, tokens, res, jobs, params, names, myopic, chunk_size, ou
         if i == T - 1:
             res_i = res
         else:
-            _, res_i = model(tokens[:, :i + 1], return_residuals=True, myopic=myopic)
+            _, res_i = model(tokens[:, : i + 1], return_residuals=True, myopic=myopic)
         for k, layer_jobs in by_pos[i].items():
             _batched_vjps(res_i[k], layer_jobs, params, names, chunk_size, out)
         del res_i
 
 
 def _per_position_grads(lam: torch.Tensor, params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    return [_fill(torch.autograd.grad(lam[t], params, retain_graph=True, allow_unused=True), params)
-            for t in range(lam.shape[0])]
+    return [
+        _fill(torch.autograd.grad(lam[t], params, retain_graph=True, allow_unused=True), params)
+        for t in range(lam.shape[0])
+    ]
 
 
 def _decompose_brute(model, tokens, sites, weights, targets, myopic):
@@ -363,7 +382,7 @@ def _decompose_brute(model, tokens, sites, weights, targets, myopic):
     with torch.enable_grad():
         losses, _ = _position_loss_matrix(model, tokens, weights, targets, myopic=myopic)
         full_list = _fill(torch.autograd.grad(losses.sum(), params, retain_graph=True, allow_unused=True), params)
-        g = _per_position_grads(losses.sum(0), params)            # ∇λ_t, t = 0..T−2
+        g = _per_position_grads(losses.sum(0), params)  # ∇λ_t, t = 0..T−2
         full = dict(zip(names, [x.detach() for x in full_list]))
         result = {}
         for k, i in sites:
@@ -374,8 +393,7 @@ def _decompose_brute(model, tokens, sites, weights, targets, myopic):
             direct, pre, shared = {}, {}, {}
             for j, name in enumerate(names):
                 direct[name] = g[i][j] - g_sg[i][j] if i < n_t else torch.zeros_like(params[j])
-                pre[name] = sum((g[t][j] - g_sg[t][j] for t in range(n_t) if t != i),
-                                torch.zeros_like(params[j]))
+                pre[name] = sum((g[t][j] - g_sg[t][j] for t in range(n_t) if t != i), torch.zeros_like(params[j]))
                 shared[name] = sum((g_sg[t][j] for t in range(n_t)), torch.zeros_like(params[j]))
             result[(k, i)] = PathwayGradients(direct=direct, precached=pre, shared=shared, full=full)
     return result

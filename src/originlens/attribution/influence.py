@@ -23,11 +23,13 @@ myopically trained models), with eager attention (SDPA has no forward-mode AD; v
 Type-restricted risks use the rows whose feature type equals τ; an empty subset is reported as missing
 (``value=None``), never NaN.  The ``"full"`` component is Σ_c I_c.
 """
+
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -60,10 +62,10 @@ class Influence:
     position: int
     feature_type: int | None
     component: str
-    value: float | None        # I_c = ⟨Δ_c, ∇R⟩ (positive: moves the feature toward its final value)
-    risk: float | None         # R(θ) on the subset
+    value: float | None  # I_c = ⟨Δ_c, ∇R⟩ (positive: moves the feature toward its final value)
+    risk: float | None  # R(θ) on the subset
     n_rows: int
-    factor: float              # f: 1.0 (paper, default) or 0.5 (half=True)
+    factor: float  # f: 1.0 (paper, default) or 0.5 (half=True)
 
 
 def _check_probes(model: nn.Module, tokens: torch.Tensor, probes: Sequence[Probe]) -> None:
@@ -73,8 +75,10 @@ def _check_probes(model: nn.Module, tokens: torch.Tensor, probes: Sequence[Probe
     for p in probes:
         normalise_sites(model, [p.site], seq_len=tokens.shape[1])
         if p.direction.dim() != 1 or (d is not None and p.direction.shape[0] != d):
-            raise InputError(f"probe {p.name!r} direction has shape {tuple(p.direction.shape)}, expected ({d},)",
-                             "pass the probe's coefficient row (intercept dropped)")
+            raise InputError(
+                f"probe {p.name!r} direction has shape {tuple(p.direction.shape)}, expected ({d},)",
+                "pass the probe's coefficient row (intercept dropped)",
+            )
 
 
 def projections(model: nn.Module, tokens: torch.Tensor, probes: Sequence[Probe]) -> dict[str, torch.Tensor]:
@@ -85,14 +89,22 @@ def projections(model: nn.Module, tokens: torch.Tensor, probes: Sequence[Probe])
     return {p.name: res[p.layer][:, p.position] @ p.direction.to(res[0].dtype) for p in probes}
 
 
-def reference_projections(final_model: nn.Module, tokens: torch.Tensor,
-                          probes: Sequence[Probe]) -> dict[str, torch.Tensor]:
+def reference_projections(
+    final_model: nn.Module, tokens: torch.Tensor, probes: Sequence[Probe]
+) -> dict[str, torch.Tensor]:
     """``⟨w_p, r^k_{b,i}(θ*)⟩`` (B,) per probe: no-grad forward of the final model on this batch."""
     return projections(final_model, tokens, probes)
 
 
-def mismatch(model: nn.Module, tokens: torch.Tensor, probe: Probe, reference: torch.Tensor, *,
-             half: bool = False, rows: torch.Tensor | None = None) -> torch.Tensor:
+def mismatch(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    probe: Probe,
+    reference: torch.Tensor,
+    *,
+    half: bool = False,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
     """R(θ) as a differentiable scalar (non-myopic graph); ``rows`` (B,) bool restricts the mean."""
     _, res = model(tokens, return_residuals=True, myopic=False)
     diff = res[probe.layer][:, probe.position] @ probe.direction.to(res[0].dtype) - reference
@@ -118,26 +130,32 @@ class _Reached(Exception):
 def _stop_at(k: int) -> dict[str, Callable]:
     def hook(h: torch.Tensor, site) -> None:
         raise _Reached(h)
+
     return {f"resid.{k}": hook}
 
 
-def _site_forward(model: nn.Module, tokens: torch.Tensor, site: Site, params: ParamDict | None = None
-                  ) -> torch.Tensor:
+def _site_forward(model: nn.Module, tokens: torch.Tensor, site: Site, params: ParamDict | None = None) -> torch.Tensor:
     """r^k_i (B, d), non-myopic, computing only positions ≤ i and blocks ≤ k (causality)."""
     k, i = site
     kwargs = {"hooks": _stop_at(k), "myopic": False}
     try:
         if params is None:
-            model(tokens[:, :i + 1], **kwargs)
+            model(tokens[:, : i + 1], **kwargs)
         else:
-            torch.func.functional_call(model, params, (tokens[:, :i + 1],), kwargs)
+            torch.func.functional_call(model, params, (tokens[:, : i + 1],), kwargs)
     except _Reached as stop:
         return stop.tensor[:, i]
-    raise RuntimeError("the residual hook was not called")   # pragma: no cover
+    raise RuntimeError("the residual hook was not called")  # pragma: no cover
 
 
-def site_jvp(model: nn.Module, tokens: torch.Tensor, site: Site, tangents: Sequence[ParamDict], *,
-             jvp: Literal["auto", "forward", "double_backward"] = "auto") -> torch.Tensor:
+def site_jvp(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    site: Site,
+    tangents: Sequence[ParamDict],
+    *,
+    jvp: Literal["auto", "forward", "double_backward"] = "auto",
+) -> torch.Tensor:
     """``J_{k,i} v`` for each tangent v (name → tensor): returns (n, B, d), non-myopic eager graph."""
     names, params = trainable_parameters(model)
     if jvp not in ("auto", "forward", "double_backward"):
@@ -149,8 +167,9 @@ def site_jvp(model: nn.Module, tokens: torch.Tensor, site: Site, tangents: Seque
 
             def f(p: ParamDict) -> torch.Tensor:
                 return _site_forward(model, tokens, site, p)
+
             try:
-                with warnings.catch_warnings():   # torch's forward-AD internals call torch.jit.script
+                with warnings.catch_warnings():  # torch's forward-AD internals call torch.jit.script
                     warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=DeprecationWarning)
                     return torch.func.vmap(lambda tan: torch.func.jvp(f, (primal,), (tan,))[1])(stacked)
             except (NotImplementedError, RuntimeError):
@@ -168,8 +187,9 @@ def _jvp_double_backward(model, tokens, site, params, stacked) -> torch.Tensor:
         used = [(gj, vj) for gj, vj in zip(g, stacked) if gj is not None]
         out = []
         for j in range(stacked[0].shape[0]):
-            (jv,) = torch.autograd.grad([gj for gj, _ in used], u, grad_outputs=[vj[j] for _, vj in used],
-                                        retain_graph=True, allow_unused=True)
+            (jv,) = torch.autograd.grad(
+                [gj for gj, _ in used], u, grad_outputs=[vj[j] for _, vj in used], retain_graph=True, allow_unused=True
+            )
             out.append(torch.zeros_like(r) if jv is None else jv.detach())
     return torch.stack(out)
 
@@ -178,11 +198,18 @@ def _jvp_double_backward(model, tokens, site, params, stacked) -> torch.Tensor:
 # influences
 
 
-def influences(model: nn.Module, tokens: torch.Tensor, steps: Mapping[Site, Mapping[str, ParamDict]],
-               probes: Sequence[Probe], references: Mapping[str, torch.Tensor], *,
-               types: Mapping[str, torch.Tensor] | None = None, type_values: Sequence[int] | None = None,
-               half: bool = False, jvp: Literal["auto", "forward", "double_backward"] = "auto"
-               ) -> list[Influence]:
+def influences(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    steps: Mapping[Site, Mapping[str, ParamDict]],
+    probes: Sequence[Probe],
+    references: Mapping[str, torch.Tensor],
+    *,
+    types: Mapping[str, torch.Tensor] | None = None,
+    type_values: Sequence[int] | None = None,
+    half: bool = False,
+    jvp: Literal["auto", "forward", "double_backward"] = "auto",
+) -> list[Influence]:
     """Influences ``I_c = ⟨Δ_c, ∇R_p⟩`` of every step component at every probe (and type subset).
 
     tokens (B, T); ``steps[(k, i)][c][name]`` = Δ_c (from :func:`sgd_steps` / ``AdamAttributor``) for
@@ -198,34 +225,38 @@ def influences(model: nn.Module, tokens: torch.Tensor, steps: Mapping[Site, Mapp
     by_site: dict[Site, list[Probe]] = {}
     for p in probes:
         if p.site not in steps:
-            raise ConfigError(f"no component steps for probe {p.name!r} at site {p.site}",
-                              "decompose and attribute that site")
+            raise ConfigError(
+                f"no component steps for probe {p.name!r} at site {p.site}", "decompose and attribute that site"
+            )
         ref = references.get(p.name)
         if ref is None or ref.shape != (B,):
-            raise InputError(f"reference projections for probe {p.name!r} missing or not of shape ({B},)",
-                             "compute them with reference_projections(final_model, tokens, probes)")
+            raise InputError(
+                f"reference projections for probe {p.name!r} missing or not of shape ({B},)",
+                "compute them with reference_projections(final_model, tokens, probes)",
+            )
         by_site.setdefault(p.site, []).append(p)
     out: list[Influence] = []
     for site, site_probes in by_site.items():
         comps = list(steps[site])
-        jv = site_jvp(model, tokens, site, [steps[site][c] for c in comps], jvp=jvp)   # (C, B, d)
+        jv = site_jvp(model, tokens, site, [steps[site][c] for c in comps], jvp=jvp)  # (C, B, d)
         for p in site_probes:
             w = p.direction.to(jv.dtype)
-            diff = (current[p.name] - references[p.name].to(jv.dtype))            # (B,)
-            moved = jv @ w                                                         # (C, B)
+            diff = current[p.name] - references[p.name].to(jv.dtype)  # (B,)
+            moved = jv @ w  # (C, B)
             subsets: list[tuple[int | None, torch.Tensor]] = [(None, torch.ones(B, dtype=torch.bool))]
             if types is not None and p.name in types:
                 ty = types[p.name].reshape(-1)
                 if ty.shape != (B,):
-                    raise InputError(f"types for probe {p.name!r} have shape {tuple(ty.shape)}, expected ({B},)",
-                                     "pass one feature type per batch row")
+                    raise InputError(
+                        f"types for probe {p.name!r} have shape {tuple(ty.shape)}, expected ({B},)",
+                        "pass one feature type per batch row",
+                    )
                 values = sorted({int(v) for v in ty.tolist()}) if type_values is None else list(type_values)
                 subsets += [(int(tau), ty.cpu() == tau) for tau in values]
             for tau, rows in subsets:
                 rows = rows.to(diff.device)
                 n = int(rows.sum())
-                base = dict(probe=p.name, layer=p.layer, position=p.position, feature_type=tau,
-                            n_rows=n, factor=f)
+                base = dict(probe=p.name, layer=p.layer, position=p.position, feature_type=tau, n_rows=n, factor=f)
                 if n == 0:
                     out += [Influence(component=c, value=None, risk=None, **base) for c in comps + ["full"]]
                     continue

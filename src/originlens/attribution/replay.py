@@ -52,15 +52,17 @@ order cannot drift from the trainer's rule.  ``check_identity=True`` also evalua
 R(θ_{s−1} − Σ_c Δ_c) on the same batch (column ``mismatch_after``): Σ_c I_c ≈ R before − R after up to
 O(‖Δ‖²) (a first-order sanity check).
 """
+
 from __future__ import annotations
 
 import copy
 import json
 import math
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -91,13 +93,15 @@ MOMENTS_KIND = "attribution-moments"
 def _feature_types_fn(task_name: str, task: Any):
     """tokens (B, T) int → feature types (B, T, F) uint8 for the task's features."""
     if task_name == "othello":
-        from ..tasks.othello import replay as othello_replay, tokens_to_moves
+        from ..tasks.othello import replay as othello_replay
+        from ..tasks.othello import tokens_to_moves
 
         def othello_types(tokens: np.ndarray) -> np.ndarray:
             games = othello_replay(tokens_to_moves(tokens[:, 1:]), feature_types=True)
             out = np.zeros((tokens.shape[0], tokens.shape[1], 64), dtype=np.uint8)
             out[:, 1:] = games.feature_types
             return out
+
         return othello_types
     # counting tasks (Majority, Conditioned Majority of arXiv 2603.14087): types depend on the position
     # only; tasks without a useful/useless typing (tinystories) have none
@@ -108,6 +112,7 @@ def _feature_types_fn(task_name: str, task: Any):
 
     def positional_types(tokens: np.ndarray) -> np.ndarray:
         return np.broadcast_to(row[None], (tokens.shape[0], *row.shape)).copy()
+
     return positional_types
 
 
@@ -117,37 +122,47 @@ class RunReplay:
     def __init__(self, run_dir: str | Path, *, device: str | None = None) -> None:
         from ..tasks import get_task
         from ..train.ntp import LANGUAGE, NTPConfig, Trainer, checkpoint_metadata, list_checkpoints
+
         p = Path(run_dir)
         if not p.is_dir():
             raise InputError(f"run directory {p} not found", "pass the --out directory of `originlens ntp train`")
         if not (p / "config.json").is_file():
-            raise InputError(f"{p} is not a run directory (no config.json)",
-                             "pass the --out directory of `originlens ntp train`")
+            raise InputError(
+                f"{p} is not a run directory (no config.json)", "pass the --out directory of `originlens ntp train`"
+            )
         raw = read_json(p / "config.json")
         try:
             cfg = NTPConfig.from_dict(raw)
         except (ConfigError, TypeError) as exc:
             what = getattr(exc, "what", str(exc))
-            raise CompatibilityError(f"{p} does not hold a next-token-prediction run ({what})",
-                                     "attribute a run written by `originlens ntp train`") from None
+            raise CompatibilityError(
+                f"{p} does not hold a next-token-prediction run ({what})",
+                "attribute a run written by `originlens ntp train`",
+            ) from None
         if cfg.task == LANGUAGE:
-            raise ConfigError(f"{p} is a language-task run: it has no per-token features or probes to attribute",
-                              "attribute a majority, cond-majority or othello run")
+            raise ConfigError(
+                f"{p} is a language-task run: it has no per-token features or probes to attribute",
+                "attribute a majority, cond-majority or othello run",
+            )
         for name, what in (("model.safetensors", "final model (θ*)"), ("probes.safetensors", "final probes")):
             if not (p / name).is_file():
-                raise InputError(f"{p} has no {what} ({name}): the run is unfinished",
-                                 "finish it with `originlens ntp train ... --resume`")
+                raise InputError(
+                    f"{p} has no {what} ({name}): the run is unfinished",
+                    "finish it with `originlens ntp train ... --resume`",
+                )
         if device is not None:
             cfg = cfg.replace(device=device)
         self.path, self.config = p, cfg
         self.final_step = int(json.loads(checkpoint_metadata(p / "model.safetensors").get("step", str(cfg.steps))))
         self.checkpoints = {s: path for s, path in list_checkpoints(p)}
         if not self.checkpoints:
-            raise InputError(f"{p} has no checkpoints: the replay could not be verified against the training run",
-                             "retrain with checkpoints (`ntp train --checkpoint-every N`; the last one is always kept)")
+            raise InputError(
+                f"{p} has no checkpoints: the replay could not be verified against the training run",
+                "retrain with checkpoints (`ntp train --checkpoint-every N`; the last one is always kept)",
+            )
         rng_state = torch.get_rng_state()
         try:
-            self.trainer = Trainer(cfg, p, resume=True)        # the trainer's own init, optimizer, data rule
+            self.trainer = Trainer(cfg, p, resume=True)  # the trainer's own init, optimizer, data rule
         finally:
             torch.set_rng_state(rng_state)
         self.model, self.optimizer = self.trainer.model, self.trainer.optimizer
@@ -160,8 +175,10 @@ class RunReplay:
         self.probes = ProbeSet.load(p / "probes.safetensors")
         self.final_model = GPT.load(p / "model.safetensors").to(self.device).eval()
         if self.final_model.config.to_dict() != self.model.config.to_dict():
-            raise CompatibilityError(f"{p}/model.safetensors has another architecture than config.json",
-                                     "re-train the run (its files do not belong together)")
+            raise CompatibilityError(
+                f"{p}/model.safetensors has another architecture than config.json",
+                "re-train the run (its files do not belong together)",
+            )
         self.logged_loss: dict[int, float] = {}
         for r in RunDir(p, create=False).read_metrics():
             if r.get("event") == "train" and "last_loss" in r:
@@ -172,12 +189,18 @@ class RunReplay:
         env = read_json(env_file) if env_file.is_file() else {}
         threads = env.get("torch_threads")
         if int(env.get("processes", 1)) > 1:
-            log(f"note: {self.path} was trained data-parallel by {env['processes']} processes; the one-process "
+            log(
+                f"note: {self.path} was trained data-parallel by {env['processes']} processes; the one-process "
                 "replay (whole batches) equals it to round-off only: pass --replay-rtol (e.g. 1e-9 in float64, "
-                "1e-4 in float32)", level=1)
+                "1e-4 in float32)",
+                level=1,
+            )
         if threads is not None and int(threads) != torch.get_num_threads() and self.device.type == "cpu":
-            log(f"note: {self.path} was trained with {threads} torch threads, replaying with "
-                f"{torch.get_num_threads()}; if the replay checks fail, pass --threads {threads}", level=1)
+            log(
+                f"note: {self.path} was trained with {threads} torch threads, replaying with "
+                f"{torch.get_num_threads()}; if the replay checks fail, pass --threads {threads}",
+                level=1,
+            )
         self._check_pool()
 
     def _check_pool(self) -> None:
@@ -186,8 +209,10 @@ class RunReplay:
         if env_file.is_file() and pool.is_file():
             want = read_json(env_file).get("data_hashes", {}).get("othello_pool_sha256")
             if want and sha256_file(pool) != want:
-                raise CompatibilityError(f"{pool} differs from the pool the run was trained on (sha256)",
-                                         "delete it: it is regenerated deterministically from the seed")
+                raise CompatibilityError(
+                    f"{pool} differs from the pool the run was trained on (sha256)",
+                    "delete it: it is regenerated deterministically from the seed",
+                )
 
     # -- pieces ----------------------------------------------------------------------------------------
     def batch(self, b: int) -> torch.Tensor:
@@ -206,12 +231,18 @@ class RunReplay:
     def restore(self, at_most: int) -> int:
         """Model and optimizer at the latest checkpoint ≤ ``at_most`` (or the initialisation); returns its step."""
         from ..train.ntp import load_checkpoint
+
         usable = [s for s in self.checkpoints if s <= at_most]
         if not usable:
             return 0
         s = max(usable)
-        got = load_checkpoint(self.checkpoints[s], self.model, self.optimizer, restore_rng=False,
-                              expect_vocab_hash=getattr(self.trainer, "vocab_hash", None))
+        got = load_checkpoint(
+            self.checkpoints[s],
+            self.model,
+            self.optimizer,
+            restore_rng=False,
+            expect_vocab_hash=getattr(self.trainer, "vocab_hash", None),
+        )
         if got != s:
             raise CompatibilityError(f"{self.checkpoints[s]} says step {got}", "the checkpoint was renamed; remove it")
         return s
@@ -219,6 +250,7 @@ class RunReplay:
     def verify_checkpoint(self, step: int, rtol: float = 0.0) -> None:
         """Replayed weights and Adam state == the saved checkpoint at ``step`` (``NumericalError`` if not)."""
         from ..train.ntp import CHECKPOINT_KIND
+
         arrays, _ = load_tensors(self.checkpoints[step], kind=CHECKPOINT_KIND)
         pairs = [(f"model.{k}", v) for k, v in self.model.state_dict().items()]
         for name, p in self.model.named_parameters():
@@ -247,7 +279,8 @@ class RunReplay:
                 f"replay diverged from checkpoint step {step} of {self.path}: {len(bad)} tensors differ "
                 f"(first {bad[0]}, max |Δ| {worst:.3g})",
                 "replay with the torch version, device and thread count of training (environment.json); "
-                "bit-exact replay is guaranteed on CPU only (pass replay_rtol / --replay-rtol on GPUs)")
+                "bit-exact replay is guaranteed on CPU only (pass replay_rtol / --replay-rtol on GPUs)",
+            )
 
     def check_loss(self, step: int, value: float, rtol: float = 0.0) -> bool:
         """Replayed loss == the logged ``last_loss`` of ``step`` (if logged); returns whether it was checked."""
@@ -255,14 +288,16 @@ class RunReplay:
         if logged is None:
             return False
         if not abs(value - logged) <= rtol * abs(logged):
-            raise NumericalError(f"replayed loss {value!r} differs from the logged loss {logged!r} at update {step} "
-                                 f"of {self.path}",
-                                 "replay with the torch version, device and thread count of training "
-                                 "(environment.json); check that the data files were not changed")
+            raise NumericalError(
+                f"replayed loss {value!r} differs from the logged loss {logged!r} at update {step} of {self.path}",
+                "replay with the torch version, device and thread count of training "
+                "(environment.json); check that the data files were not changed",
+            )
         return True
 
-    def make_probes(self, sites: Sequence[Site], features: Sequence[str], *,
-                    random_directions: int = 0) -> tuple[list[Probe], dict[str, str], dict[str, str]]:
+    def make_probes(
+        self, sites: Sequence[Site], features: Sequence[str], *, random_directions: int = 0
+    ) -> tuple[list[Probe], dict[str, str], dict[str, str]]:
         """Probes at ``sites`` × ``features`` and, per (site, feature), ``random_directions`` null
         directions: uniformly random unit vectors (``default_rng([seed, 17, k, i, f_index, j])``) scaled to
         the norm of the feature's probe at that site, named ``f~random{j}``.  Returns (probes, probe name →
@@ -274,8 +309,9 @@ class RunReplay:
                 w = np.asarray(self.probes.direction(k, i, f), dtype=np.float64)
                 variants = [(f, w)]
                 for j in range(random_directions):
-                    u = np.random.default_rng([int(self.config.seed), 17, k, i,
-                                               self.probes.feature_names.index(f), j]).standard_normal(w.shape)
+                    u = np.random.default_rng(
+                        [int(self.config.seed), 17, k, i, self.probes.feature_names.index(f), j]
+                    ).standard_normal(w.shape)
                     variants.append((f"{f}{ostore.RANDOM_TAG}{j}", u * (np.linalg.norm(w) / np.linalg.norm(u))))
                 for name, vec in variants:
                     probe = Probe(f"L{k}.P{i}.{name}", k, i, torch.as_tensor(vec, dtype=dtype, device=self.device))
@@ -294,8 +330,9 @@ def parse_sites(sites: Any) -> list[Site]:
         try:
             pairs = [tuple(int(v) for v in s.split(":")) for s in sites.split(",") if s.strip()]
         except ValueError:
-            raise ConfigError(f"sites {sites!r} are not understood",
-                              "write LAYER:POSITION pairs, e.g. 1:4,2:8") from None
+            raise ConfigError(
+                f"sites {sites!r} are not understood", "write LAYER:POSITION pairs, e.g. 1:4,2:8"
+            ) from None
     else:
         pairs = [tuple(int(v) for v in s) for s in (sites or [])]
     if not pairs or any(len(s) != 2 for s in pairs):
@@ -317,9 +354,10 @@ def resolve_features(run: RunReplay, features: Any) -> list[str]:
         raise ConfigError("no features to attribute", "pass features='all', 'tracked' or feature names")
     unknown = [f for f in feats if f not in names]
     if unknown:
-        raise ConfigError(f"unknown feature name(s) {unknown} for task {run.config.task}",
-                          f"valid: all, tracked, or names such as {', '.join(names[:6])}"
-                          + (", ..." if len(names) > 6 else ""))
+        raise ConfigError(
+            f"unknown feature name(s) {unknown} for task {run.config.task}",
+            f"valid: all, tracked, or names such as {', '.join(names[:6])}" + (", ..." if len(names) > 6 else ""),
+        )
     return feats
 
 
@@ -330,9 +368,11 @@ def _check_sites(run: RunReplay, sites: Sequence[Site]) -> None:
             raise ConfigError(f"site layer {k} outside 0..{L}", "k counts blocks applied (0 = embeddings)")
         if k not in run.probes.layers or i not in run.probes.positions:
             ps = run.probes.positions
-            raise InputError(f"the run has no probe at layer {k}, position {i} (probed positions "
-                             f"{ps[:8]}{' ...' if len(ps) > 8 else ''})",
-                             "choose probed sites, or retrain with --probe-positions covering them")
+            raise InputError(
+                f"the run has no probe at layer {k}, position {i} (probed positions "
+                f"{ps[:8]}{' ...' if len(ps) > 8 else ''})",
+                "choose probed sites, or retrain with --probe-positions covering them",
+            )
 
 
 def _resolve_steps(steps: Iterable[int] | None, start: int, end: int) -> list[int]:
@@ -341,8 +381,10 @@ def _resolve_steps(steps: Iterable[int] | None, start: int, end: int) -> list[in
     chosen = sorted({int(s) for s in steps})
     bad = [s for s in chosen if not start < s <= end]
     if bad:
-        raise ConfigError(f"steps {bad[:5]} lie outside the segment's updates {start + 1}..{end}",
-                          "choose steps inside the segment (updates are 1-based)")
+        raise ConfigError(
+            f"steps {bad[:5]} lie outside the segment's updates {start + 1}..{end}",
+            "choose steps inside the segment (updates are 1-based)",
+        )
     if not chosen:
         raise ConfigError("no steps selected", "select at least one update")
     return chosen
@@ -379,8 +421,15 @@ def _copy_params(dst: torch.nn.Module, src: torch.nn.Module) -> None:
             a.copy_(b)
 
 
-def _influence_rows(rows: dict[str, list], step: int, infl, feature_of: dict[str, str], optimizer: str,
-                    half: bool, after: dict[tuple[str, int | None], float] | None) -> None:
+def _influence_rows(
+    rows: dict[str, list],
+    step: int,
+    infl,
+    feature_of: dict[str, str],
+    optimizer: str,
+    half: bool,
+    after: dict[tuple[str, int | None], float] | None,
+) -> None:
     for r in infl:
         rows["step"].append(step)
         rows["site_layer"].append(r.layer)
@@ -396,8 +445,14 @@ def _influence_rows(rows: dict[str, list], step: int, infl, feature_of: dict[str
         rows["half"].append(bool(half))
 
 
-def _risks_after(shadow: GPT, tokens: torch.Tensor, probes: Sequence[Probe], refs: dict[str, torch.Tensor],
-                 types: dict[str, torch.Tensor] | None, half: bool) -> dict[tuple[str, int | None], float]:
+def _risks_after(
+    shadow: GPT,
+    tokens: torch.Tensor,
+    probes: Sequence[Probe],
+    refs: dict[str, torch.Tensor],
+    types: dict[str, torch.Tensor] | None,
+    half: bool,
+) -> dict[tuple[str, int | None], float]:
     """R on every probe/type subset at the shadow model's parameters (no grad)."""
     cur = projections(shadow, tokens, probes)
     f = 0.5 if half else 1.0
@@ -412,13 +467,27 @@ def _risks_after(shadow: GPT, tokens: torch.Tensor, probes: Sequence[Probe], ref
     return out
 
 
-def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: str = "adam",
-                  steps: Iterable[int] | None = None, segment: tuple[int, int] | None = None,
-                  types: bool = True, half: bool = False, check_identity: bool = False,
-                  out: str | Path | None = None, warm: bool = False, verify: str = "next",
-                  device: str | None = None, overwrite: bool = False, replay_rtol: float = 0.0,
-                  chunk_size: int | None = None, index: bool = True,
-                  random_directions: int = 0) -> SegmentResult:
+def attribute_run(
+    run_dir: str | Path,
+    *,
+    sites: Any,
+    features: Any,
+    optimizer: str = "adam",
+    steps: Iterable[int] | None = None,
+    segment: tuple[int, int] | None = None,
+    types: bool = True,
+    half: bool = False,
+    check_identity: bool = False,
+    out: str | Path | None = None,
+    warm: bool = False,
+    verify: str = "next",
+    device: str | None = None,
+    overwrite: bool = False,
+    replay_rtol: float = 0.0,
+    chunk_size: int | None = None,
+    index: bool = True,
+    random_directions: int = 0,
+) -> SegmentResult:
     """Attribute the updates ``segment = (start, end)`` (updates start+1..end) of a finished run.
 
     ``sites``: [(k, i), ...] or ``"1:4,2:8"`` (probed sites of the run); ``features``: ``"all"``,
@@ -441,8 +510,9 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
     if verify not in VERIFY:
         raise ConfigError(f"unknown verify mode {verify!r}", f"use one of: {', '.join(VERIFY)}")
     if isinstance(random_directions, bool) or not isinstance(random_directions, int) or random_directions < 0:
-        raise ConfigError(f"random_directions must be an integer ≥ 0, got {random_directions!r}",
-                          "e.g. --random-directions 4")
+        raise ConfigError(
+            f"random_directions must be an integer ≥ 0, got {random_directions!r}", "e.g. --random-directions 4"
+        )
     if not replay_rtol >= 0:
         raise ConfigError(f"replay_rtol={replay_rtol!r} must be ≥ 0", "use 0 (bit-exact) on CPU")
     run = RunReplay(run_dir, device=device)
@@ -451,20 +521,31 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
     feats = resolve_features(run, features)
     start, end = (0, run.final_step) if segment is None else (int(segment[0]), int(segment[1]))
     if not 0 <= start < end <= run.final_step:
-        raise ConfigError(f"segment {start}:{end} is not inside the run's updates 0:{run.final_step}",
-                          f"use 0 ≤ START < END ≤ {run.final_step}")
+        raise ConfigError(
+            f"segment {start}:{end} is not inside the run's updates 0:{run.final_step}",
+            f"use 0 ≤ START < END ≤ {run.final_step}",
+        )
     recorded = _resolve_steps(steps, start, end)
     store = Path(out) if out is not None else run.path / "attribution"
     store.mkdir(parents=True, exist_ok=True)
-    settings = {"run": str(run.path), "run_config": run.config.identity(), "sites": [list(s) for s in site_list],
-                "features": feats, "optimizer": optimizer, "types": bool(types), "half": bool(half),
-                "random_directions": int(random_directions)}
+    settings = {
+        "run": str(run.path),
+        "run_config": run.config.identity(),
+        "sites": [list(s) for s in site_list],
+        "features": feats,
+        "optimizer": optimizer,
+        "types": bool(types),
+        "half": bool(half),
+        "random_directions": int(random_directions),
+    }
     seg_name = ostore.segment_path(store, start, end).name
     for info in ostore.read_segment_infos(store):
         ostore.check_settings(info, settings, str(store))
         if info["file"] != seg_name and int(info["start"]) < end and start < int(info["end"]):
-            raise CompatibilityError(f"segment {start}:{end} overlaps the stored segment {info['start']}:{info['end']}",
-                                     "choose non-overlapping segments, or another --out")
+            raise CompatibilityError(
+                f"segment {start}:{end} overlaps the stored segment {info['start']}:{info['end']}",
+                "choose non-overlapping segments, or another --out",
+            )
     seg_file = ostore.segment_path(store, start, end)
     if seg_file.exists() and not overwrite:
         raise CompatibilityError(f"{seg_file} already exists", "pass overwrite=True (--overwrite) to recompute it")
@@ -473,7 +554,7 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
     attributor = None
     moments_from = start
     if optimizer == "adam":
-        attributor = AdamAttributor(run.optimizer, run.model)       # before any optimizer state is loaded
+        attributor = AdamAttributor(run.optimizer, run.model)  # before any optimizer state is loaded
         if start > 0:
             have = [s for s, _ in ostore.list_moments(store) if s <= start]
             if start in have:
@@ -485,7 +566,8 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
                     f"Adam attribution of segment {start}:{end} needs the per-component moments after update "
                     f"{start} ({ostore.moments_path(store, start).name}), written by the segment that ends at {start}",
                     f"run segment ?:{start} first, or pass warm=True (--warm) to recompute them from an earlier "
-                    f"state (a decomposition at every earlier update)")
+                    f"state (a decomposition at every earlier update)",
+                )
     replay_from = checkpoint_from = run.restore(moments_from)
     if attributor is not None and moments_from > 0:
         _plain_steps(run, replay_from, moments_from, replay_rtol, verify != "none")
@@ -493,7 +575,7 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
         _load_moments(attributor, ostore.moments_path(store, moments_from), moments_from, settings)
     names, _ = trainable_parameters(run.model)
     probes, feature_of, base_of = run.make_probes(site_list, feats, random_directions=random_directions)
-    shadow = copy.deepcopy(run.model)                        # θ_{s−1} for the influences (Adam's Δ_c needs v')
+    shadow = copy.deepcopy(run.model)  # θ_{s−1} for the influences (Adam's Δ_c needs v')
     lr = float(run.optimizer.param_groups[0]["lr"])
     record_set = set(recorded)
     rows: dict[str, list] = {f.name: [] for f in ostore.SCHEMA}
@@ -501,8 +583,11 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
     checks = {"losses_checked": 0, "checkpoints_verified": [], "max_grad_rel_diff": 0.0, "adam_sum_max_rel_err": 0.0}
     n_attributed = 0
     run.model.train()
-    log(f"attributing {run.path} updates {start + 1}..{end} ({len(recorded)} recorded, {len(site_list)} sites × "
-        f"{len(feats)} features, {optimizer}); replay from step {replay_from}", level=2)
+    log(
+        f"attributing {run.path} updates {start + 1}..{end} ({len(recorded)} recorded, {len(site_list)} sites × "
+        f"{len(feats)} features, {optimizer}); replay from step {replay_from}",
+        level=2,
+    )
     bar = progress(total=end - replay_from, desc=f"attribute {start}:{end}", unit="step")
     t_seg = time.perf_counter()
     try:
@@ -518,7 +603,7 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
                     _copy_params(shadow, run.model)
                 pathways = decompose(run.model, x, site_list, chunk_size=chunk_size)
                 t0 = timer.add("decompose", t0)
-            loss = run.model.loss(x)                              # the trainer's step, verbatim
+            loss = run.model.loss(x)  # the trainer's step, verbatim
             value = float(loss.detach())
             if not math.isfinite(value):
                 raise NumericalError(f"replayed loss is {value} at update {s}", "the run itself diverged there")
@@ -548,8 +633,10 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
                 if types and run.has_types:
                     ft = run.feature_types(x)
                     fidx = {f: run.feature_names.index(f) for f in feats}
-                    type_map = {p.name: torch.from_numpy(ft[:, p.position, fidx[base_of[p.name]]].astype(np.int64))
-                                for p in probes}
+                    type_map = {
+                        p.name: torch.from_numpy(ft[:, p.position, fidx[base_of[p.name]]].astype(np.int64))
+                        for p in probes
+                    }
                 infl = influences(shadow, x, site_steps, probes, refs, types=type_map, half=half)
                 after = None
                 if check_identity:
@@ -574,18 +661,35 @@ def attribute_run(run_dir: str | Path, *, sites: Any, features: Any, optimizer: 
             _plain_steps(run, end, min(later), replay_rtol, True)
             checks["checkpoints_verified"].append(min(later))
     table = ostore.observables_table(rows)
-    info = {**settings, "replay_from_checkpoint": checkpoint_from, "moments_from": moments_from if attributor else None,
-            "n_recorded_steps": len(recorded), "recorded_steps": _compact(recorded), "rows": table.num_rows,
-            "seconds": seg_seconds,
-            "seconds_per_attributed_step": timer.total.get("recorded_steps", 0.0) / max(1, n_attributed),
-            "seconds_breakdown": timer.total, "checks": checks, "check_identity": bool(check_identity),
-            "lr": lr, "device": str(run.device), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "sign": ostore.SIGN_CONVENTION, "mismatch": ostore.mismatch_factor_text(half),
-            "task": run.config.task, "regime": run.config.regime, "final_step": run.final_step}
+    info = {
+        **settings,
+        "replay_from_checkpoint": checkpoint_from,
+        "moments_from": moments_from if attributor else None,
+        "n_recorded_steps": len(recorded),
+        "recorded_steps": _compact(recorded),
+        "rows": table.num_rows,
+        "seconds": seg_seconds,
+        "seconds_per_attributed_step": timer.total.get("recorded_steps", 0.0) / max(1, n_attributed),
+        "seconds_breakdown": timer.total,
+        "checks": checks,
+        "check_identity": bool(check_identity),
+        "lr": lr,
+        "device": str(run.device),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "sign": ostore.SIGN_CONVENTION,
+        "mismatch": ostore.mismatch_factor_text(half),
+        "task": run.config.task,
+        "regime": run.config.regime,
+        "final_step": run.final_step,
+    }
     if moments_state is not None:
-        moments_file = save_tensors(ostore.moments_path(store, end), moments_state, kind=MOMENTS_KIND,
-                                    metadata={"step": end, "sites": settings["sites"],
-                                              "run_config": settings["run_config"]})
+        moments_file = save_tensors(
+            ostore.moments_path(store, end),
+            moments_state,
+            kind=MOMENTS_KIND,
+            metadata={"step": end, "sites": settings["sites"], "run_config": settings["run_config"]},
+        )
     path = ostore.write_segment(store, table, start=start, end=end, info=info, overwrite=overwrite)
     if index:
         ostore.update_meta(store, settings, {**info, "file": path.name, "start": start, "end": end})
@@ -598,8 +702,9 @@ def _compact(steps: list[int]) -> Any:
     return steps
 
 
-def _with_training_gradient(pathways: dict[Site, PathwayGradients], real: dict[str, torch.Tensor]
-                            ) -> tuple[dict[Site, PathwayGradients], float]:
+def _with_training_gradient(
+    pathways: dict[Site, PathwayGradients], real: dict[str, torch.Tensor]
+) -> tuple[dict[Site, PathwayGradients], float]:
     """Components with full = the training kernel's ∇L and G_sh = full − G_dir − G_pre; also
     ‖∇L_eager − ∇L_train‖ / ‖∇L_train‖."""
     first = next(iter(pathways.values())).full
@@ -632,10 +737,13 @@ def _load_moments(attributor: AdamAttributor, path: Path, step: int, settings: d
     arrays, meta = load_tensors(path, kind=MOMENTS_KIND)
     if int(json.loads(meta.get("step", "-1"))) != step:
         raise CompatibilityError(f"{path} does not hold the moments after update {step}", "delete it and recompute")
-    if json.loads(meta.get("sites", "null")) != settings["sites"] or \
-            json.loads(meta.get("run_config", "null")) != json.loads(json.dumps(settings["run_config"])):
-        raise CompatibilityError(f"{path} was written for other sites or another run",
-                                 "use the same --sites as the earlier segments, or another --out")
+    if json.loads(meta.get("sites", "null")) != settings["sites"] or json.loads(
+        meta.get("run_config", "null")
+    ) != json.loads(json.dumps(settings["run_config"])):
+        raise CompatibilityError(
+            f"{path} was written for other sites or another run",
+            "use the same --sites as the earlier segments, or another --out",
+        )
     dev = attributor.params[0].device
     attributor.load_state_dict({k: torch.from_numpy(np.array(v)).to(dev) for k, v in arrays.items()})
     if attributor.num_steps != step:
@@ -649,14 +757,23 @@ def _load_moments(attributor: AdamAttributor, path: Path, step: int, settings: d
 def segment_bounds(start: int, end: int, n: int) -> list[tuple[int, int]]:
     """``n`` contiguous segments (a, b] covering the updates start+1..end (sizes differ by at most one)."""
     if not 1 <= int(n) <= end - start:
-        raise ConfigError(f"cannot cut the updates {start + 1}..{end} into {n} segments",
-                          f"use 1 ≤ --segments ≤ {end - start}")
+        raise ConfigError(
+            f"cannot cut the updates {start + 1}..{end} into {n} segments", f"use 1 ≤ --segments ≤ {end - start}"
+        )
     return [(start + a, start + b) for a, b in (shard_bounds(end - start, i, int(n)) for i in range(int(n)))]
 
 
-def attribute_segments(run_dir: str | Path, *, segments: int | None = None, segment: tuple[int, int] | None = None,
-                       steps: Iterable[int] | None = None, out: str | Path | None = None, warm: bool = False,
-                       overwrite: bool = False, **kwargs: Any) -> list[SegmentResult]:
+def attribute_segments(
+    run_dir: str | Path,
+    *,
+    segments: int | None = None,
+    segment: tuple[int, int] | None = None,
+    steps: Iterable[int] | None = None,
+    out: str | Path | None = None,
+    warm: bool = False,
+    overwrite: bool = False,
+    **kwargs: Any,
+) -> list[SegmentResult]:
     """:func:`attribute_run` over ``segments`` contiguous segments of ``segment`` (default: the whole run).
 
     One process: the segments in order (Adam: each continues from the moments the previous one stored).
@@ -669,16 +786,17 @@ def attribute_segments(run_dir: str | Path, *, segments: int | None = None, segm
     0 (the other ranks' read back from their files, ``moments_path`` None) and of its own elsewhere.
     """
     from ..train.ntp import checkpoint_metadata
+
     rank, world_size = world()
     n = world_size if segments is None else int(segments)
     p = Path(run_dir)
-    raw_step = checkpoint_metadata(p / "model.safetensors").get("step") \
-        if (p / "model.safetensors").is_file() else None
+    raw_step = checkpoint_metadata(p / "model.safetensors").get("step") if (p / "model.safetensors").is_file() else None
     final = int(json.loads(raw_step)) if raw_step is not None else RunReplay(p).final_step  # (or its error)
     start, end = (0, final) if segment is None else (int(segment[0]), int(segment[1]))
     if not 0 <= start < end <= final:
-        raise ConfigError(f"segment {start}:{end} is not inside the run's updates 0:{final}",
-                          f"use 0 ≤ START < END ≤ {final}")
+        raise ConfigError(
+            f"segment {start}:{end} is not inside the run's updates 0:{final}", f"use 0 ≤ START < END ≤ {final}"
+        )
     bounds = segment_bounds(start, end, n)
     chosen = None if steps is None else sorted({int(s) for s in steps})
     per_segment = [None if chosen is None else [s for s in chosen if a < s <= b] for a, b in bounds]
@@ -686,31 +804,53 @@ def attribute_segments(run_dir: str | Path, *, segments: int | None = None, segm
         _resolve_steps(chosen, start, end)
         empty = [f"{a}:{b}" for (a, b), st in zip(bounds, per_segment) if not st]
         if empty:
-            raise ConfigError(f"segments {', '.join(empty)} contain none of the selected steps",
-                              "use fewer --segments or select steps in every segment")
+            raise ConfigError(
+                f"segments {', '.join(empty)} contain none of the selected steps",
+                "use fewer --segments or select steps in every segment",
+            )
     store = Path(out) if out is not None else p / "attribution"
     planned = {ostore.segment_path(store, a, b).name for a, b in bounds}
-    for info in ostore.read_segment_infos(store) if store.is_dir() else ():   # fail on every rank, up front
+    for info in ostore.read_segment_infos(store) if store.is_dir() else ():  # fail on every rank, up front
         if info["file"] in planned and not overwrite:
-            raise CompatibilityError(f"{store / info['file']} already exists",
-                                     "pass overwrite=True (--overwrite) to recompute it")
+            raise CompatibilityError(
+                f"{store / info['file']} already exists", "pass overwrite=True (--overwrite) to recompute it"
+            )
         if info["file"] not in planned and int(info["start"]) < end and start < int(info["end"]):
-            raise CompatibilityError(f"the stored segment {info['start']}:{info['end']} overlaps the updates "
-                                     f"{start + 1}..{end}", "delete it, choose other segments, or another --out")
-    if kwargs.get("optimizer", "adam") == "adam" and start > 0 and not warm and \
-            not ostore.moments_path(store, start).is_file():              # segment 0's own check, on every rank
-        raise ConfigError(f"Adam attribution from update {start + 1} needs the per-component moments after update "
-                          f"{start} ({ostore.moments_path(store, start).name})",
-                          f"attribute the updates ..{start} first, or pass warm=True (--warm)")
+            raise CompatibilityError(
+                f"the stored segment {info['start']}:{info['end']} overlaps the updates {start + 1}..{end}",
+                "delete it, choose other segments, or another --out",
+            )
+    if (
+        kwargs.get("optimizer", "adam") == "adam"
+        and start > 0
+        and not warm
+        and not ostore.moments_path(store, start).is_file()
+    ):  # segment 0's own check, on every rank
+        raise ConfigError(
+            f"Adam attribution from update {start + 1} needs the per-component moments after update "
+            f"{start} ({ostore.moments_path(store, start).name})",
+            f"attribute the updates ..{start} first, or pass warm=True (--warm)",
+        )
     results = []
     for i, ((a, b), st) in enumerate(zip(bounds, per_segment)):
         if i % world_size == rank:
-            results.append(attribute_run(p, segment=(a, b), steps=st, out=store, overwrite=overwrite,
-                                         warm=warm if i == 0 or world_size == 1 else True, index=False, **kwargs))
-    barrier()                                               # every segment file is written
+            results.append(
+                attribute_run(
+                    p,
+                    segment=(a, b),
+                    steps=st,
+                    out=store,
+                    overwrite=overwrite,
+                    warm=warm if i == 0 or world_size == 1 else True,
+                    index=False,
+                    **kwargs,
+                )
+            )
+    barrier()  # every segment file is written
     if rank == 0:
-        settings = {k: results[0].info[k] for k in ("run", "run_config", "sites", "features", "optimizer",
-                                                    "types", "half")}
+        settings = {
+            k: results[0].info[k] for k in ("run", "run_config", "sites", "features", "optimizer", "types", "half")
+        }
         ostore.update_meta(store, settings, {})
         own = {r.path.name: r for r in results}
         results = []

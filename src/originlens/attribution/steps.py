@@ -25,10 +25,11 @@ decoupled.  The attributor must see **every** optimizer step from the first one 
 accumulate); it refuses an optimizer that already has a step count it did not observe.
 Memory: one parameter-sized buffer per site and component.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.nn as nn
@@ -37,7 +38,7 @@ from ..errors import ConfigError, NumericalError
 from .decompose import COMPONENTS, ParamDict, PathwayGradients, trainable_parameters
 from .stopgrad import Site
 
-SiteSteps = dict[str, ParamDict]          # component -> parameter name -> Δ_c
+SiteSteps = dict[str, ParamDict]  # component -> parameter name -> Δ_c
 
 
 def _norm(tensors) -> float:
@@ -47,8 +48,10 @@ def _norm(tensors) -> float:
 def sgd_steps(pathways: Mapping[Site, PathwayGradients], lr: float) -> dict[Site, SiteSteps]:
     """``Δ_c = lr · G_c`` for c in (direct, precached, shared) at every site (plain SGD, no momentum)."""
     lr = float(lr)
-    return {s: {c: {n: lr * g for n, g in comp.items()} for c, comp in pg.components().items()}
-            for s, pg in pathways.items()}
+    return {
+        s: {c: {n: lr * g for n, g in comp.items()} for c, comp in pg.components().items()}
+        for s, pg in pathways.items()
+    }
 
 
 def step_sum(steps: SiteSteps) -> ParamDict:
@@ -81,31 +84,49 @@ class AdamAttributor:
     yourself (with gradient ∇L), call :meth:`attribute` right after instead.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, *, tol: float = 1e-6,
-                 check: bool = True, moment_dtype: torch.dtype | None = torch.float64) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        *,
+        tol: float = 1e-6,
+        check: bool = True,
+        moment_dtype: torch.dtype | None = torch.float64,
+    ) -> None:
         if not isinstance(optimizer, torch.optim.Adam):
-            raise ConfigError(f"AdamAttributor needs torch.optim.Adam or AdamW, got {type(optimizer).__name__}",
-                              "use sgd_steps for plain SGD, or train with Adam/AdamW")
+            raise ConfigError(
+                f"AdamAttributor needs torch.optim.Adam or AdamW, got {type(optimizer).__name__}",
+                "use sgd_steps for plain SGD, or train with Adam/AdamW",
+            )
         if len(optimizer.param_groups) != 1:
-            raise ConfigError(f"optimizer has {len(optimizer.param_groups)} parameter groups",
-                              "use a single parameter group (one lr/betas/eps for all parameters)")
+            raise ConfigError(
+                f"optimizer has {len(optimizer.param_groups)} parameter groups",
+                "use a single parameter group (one lr/betas/eps for all parameters)",
+            )
         group = optimizer.param_groups[0]
         if group.get("amsgrad") or group.get("maximize"):
-            raise ConfigError("amsgrad/maximize Adam variants are not attributable",
-                              "use amsgrad=False, maximize=False")
+            raise ConfigError(
+                "amsgrad/maximize Adam variants are not attributable", "use amsgrad=False, maximize=False"
+            )
         self.decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
         if float(group["weight_decay"]) != 0.0 and not self.decoupled:
-            raise ConfigError("Adam with (L2) weight_decay changes the gradient and breaks Σ_c G_c = ∇L",
-                              "use weight_decay=0, or AdamW (decoupled decay becomes a 'decay' component)")
+            raise ConfigError(
+                "Adam with (L2) weight_decay changes the gradient and breaks Σ_c G_c = ∇L",
+                "use weight_decay=0, or AdamW (decoupled decay becomes a 'decay' component)",
+            )
         names, params = trainable_parameters(model)
         by_id = {id(p): n for n, p in zip(names, params)}
         opt_ids = [id(p) for p in group["params"]]
         if sorted(opt_ids) != sorted(by_id) or len(opt_ids) != len(by_id):
-            raise ConfigError("the optimizer's parameters are not exactly the model's trainable parameters",
-                              "build the optimizer from model.parameters()")
+            raise ConfigError(
+                "the optimizer's parameters are not exactly the model's trainable parameters",
+                "build the optimizer from model.parameters()",
+            )
         if any(int(optimizer.state.get(p, {}).get("step", 0)) for p in group["params"]):
-            raise ConfigError("the optimizer has already taken steps; the per-component moments would miss them",
-                              "create the AdamAttributor before the first optimizer step")
+            raise ConfigError(
+                "the optimizer has already taken steps; the per-component moments would miss them",
+                "create the AdamAttributor before the first optimizer step",
+            )
         if not (tol > 0):
             raise ConfigError(f"tol={tol!r} must be positive", "e.g. tol=1e-6")
         self.optimizer, self.model = optimizer, model
@@ -115,7 +136,7 @@ class AdamAttributor:
         self.moments: dict[Site, dict[str, ParamDict]] = {}
         self.sites: list[Site] | None = None
         self.num_steps = 0
-        self.last_check: float = 0.0   # worst relative error of Σ_c Δ_c at the last step
+        self.last_check: float = 0.0  # worst relative error of Σ_c Δ_c at the last step
 
     @property
     def component_names(self) -> tuple[str, ...]:
@@ -131,8 +152,9 @@ class AdamAttributor:
         self.optimizer.step()
         return self.attribute(pathways, params_before=before)
 
-    def attribute(self, pathways: Mapping[Site, PathwayGradients], *,
-                  params_before: Mapping[str, torch.Tensor] | None = None) -> dict[Site, SiteSteps]:
+    def attribute(
+        self, pathways: Mapping[Site, PathwayGradients], *, params_before: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[Site, SiteSteps]:
         """Attribute the optimizer step just taken (with gradient ∇L) to the pathway components.
 
         ``params_before`` (name → θ before the step) is needed for AdamW's decay component.
@@ -143,41 +165,52 @@ class AdamAttributor:
         if self.sites is None:
             self.sites = sites
         elif set(sites) != set(self.sites):
-            raise ConfigError("the sites differ from the previous steps' (moments must accumulate every step)",
-                              "decompose the same sites at every step")
+            raise ConfigError(
+                "the sites differ from the previous steps' (moments must accumulate every step)",
+                "decompose the same sites at every step",
+            )
         group = self.optimizer.param_groups[0]
         lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
         beta1, beta2 = (float(b) for b in group["betas"])
         states = [self.optimizer.state.get(p, {}) for p in self.params]
         if any("exp_avg" not in st for st in states):
-            raise ConfigError("the optimizer has not stepped (no moments)", "call optimizer.step() first, or use step()")
+            raise ConfigError(
+                "the optimizer has not stepped (no moments)", "call optimizer.step() first, or use step()"
+            )
         taus = {int(st["step"]) for st in states}
         if taus != {self.num_steps + 1}:
-            raise ConfigError(f"optimizer step count {sorted(taus)} but this attributor saw {self.num_steps} steps",
-                              "call attribute() exactly once after every optimizer step")
+            raise ConfigError(
+                f"optimizer step count {sorted(taus)} but this attributor saw {self.num_steps} steps",
+                "call attribute() exactly once after every optimizer step",
+            )
         tau = self.num_steps + 1
         if self.decoupled and wd != 0.0 and params_before is None:
-            raise ConfigError("AdamW decay attribution needs the parameters before the step",
-                              "pass params_before= or use AdamAttributor.step()")
-        bc1, bc2 = 1.0 - beta1 ** tau, 1.0 - beta2 ** tau
+            raise ConfigError(
+                "AdamW decay attribution needs the parameters before the step",
+                "pass params_before= or use AdamAttributor.step()",
+            )
+        bc1, bc2 = 1.0 - beta1**tau, 1.0 - beta2**tau
         step_size = lr / bc1
         md = {n: self.moment_dtype or p.dtype for n, p in zip(self.names, self.params)}
-        denom = {n: (st["exp_avg_sq"].to(md[n]).sqrt() / bc2 ** 0.5).add_(eps) for n, st in zip(self.names, states)}
+        denom = {n: (st["exp_avg_sq"].to(md[n]).sqrt() / bc2**0.5).add_(eps) for n, st in zip(self.names, states)}
         real = {n: step_size * st["exp_avg"].to(md[n]) / denom[n] for n, st in zip(self.names, states)}
         decay = None
         if self.decoupled:
-            decay = {n: (lr * wd) * (params_before[n].to(md[n]) if params_before is not None
-                                     else torch.zeros_like(p, dtype=md[n]))
-                     for n, p in zip(self.names, self.params)}
+            decay = {
+                n: (lr * wd)
+                * (params_before[n].to(md[n]) if params_before is not None else torch.zeros_like(p, dtype=md[n]))
+                for n, p in zip(self.names, self.params)
+            }
             real = {n: real[n] + decay[n] for n in self.names}
         real_norm = _norm(real.values())
         out: dict[Site, SiteSteps] = {}
         worst = 0.0
         for s in sites:
             comps = _components_in(pathways[s], self.names, md)
-            mom = self.moments.setdefault(s, {c: {n: torch.zeros_like(p, dtype=md[n])
-                                                  for n, p in zip(self.names, self.params)}
-                                              for c in COMPONENTS})
+            mom = self.moments.setdefault(
+                s,
+                {c: {n: torch.zeros_like(p, dtype=md[n]) for n, p in zip(self.names, self.params)} for c in COMPONENTS},
+            )
             steps: SiteSteps = {}
             for c in COMPONENTS:
                 for n in self.names:
@@ -190,10 +223,12 @@ class AdamAttributor:
                 err = _norm(total[n] - real[n] for n in self.names) / max(real_norm, 1e-300)
                 worst = max(worst, err)
                 if err > self.tol:
-                    raise NumericalError(f"Σ_c Δ_c differs from the real Adam update at site {s} "
-                                         f"(relative error {err:.3g} > tol {self.tol:g}, step {tau})",
-                                         "pass the decomposition of the same batch the optimizer stepped on "
-                                         "(gradient = ∇L), every step, or raise tol for low precision")
+                    raise NumericalError(
+                        f"Σ_c Δ_c differs from the real Adam update at site {s} "
+                        f"(relative error {err:.3g} > tol {self.tol:g}, step {tau})",
+                        "pass the decomposition of the same batch the optimizer stepped on "
+                        "(gradient = ∇L), every step, or raise tol for low precision",
+                    )
             out[s] = steps
         self.num_steps = tau
         self.last_check = worst
@@ -217,8 +252,10 @@ class AdamAttributor:
                 continue
             k, i, c, n = key.split(".", 3)
             if c not in COMPONENTS or n not in self.names:
-                raise ConfigError(f"unexpected AdamAttributor state entry {key!r}",
-                                  "load a state written by AdamAttributor.state_dict for this model")
+                raise ConfigError(
+                    f"unexpected AdamAttributor state entry {key!r}",
+                    "load a state written by AdamAttributor.state_dict for this model",
+                )
             moments.setdefault((int(k), int(i)), {}).setdefault(c, {})[n] = t.clone()
         self.moments = moments
         self.sites = list(moments) or None

@@ -20,10 +20,12 @@ KV cache or a chunked forward the mask is shifted, and a site outside the chunk 
 Caveat: works with any module following the GPT hook protocol (``hook_names`` = ``resid.0..L`` and a
 ``hooks=`` forward keyword); other models raise ``ConfigError``.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -37,8 +39,10 @@ def normalise_sites(model: nn.Module, sites: Site | Iterable[Site], *, seq_len: 
     """Validate ``(k, i)`` or a list of them against the model's layers (and ``seq_len`` if given)."""
     names = getattr(model, "hook_names", None)
     if not names:
-        raise ConfigError(f"{type(model).__name__} exposes no residual hook sites",
-                          "use originlens.models.GPT (or a model with hook_names and a hooks= keyword)")
+        raise ConfigError(
+            f"{type(model).__name__} exposes no residual hook sites",
+            "use originlens.models.GPT (or a model with hook_names and a hooks= keyword)",
+        )
     n_sites = len(names)
     if isinstance(sites, tuple) and len(sites) == 2 and all(isinstance(v, int) for v in sites):
         sites = [sites]
@@ -49,8 +53,9 @@ def normalise_sites(model: nn.Module, sites: Site | Iterable[Site], *, seq_len: 
         except (TypeError, ValueError):
             raise ConfigError(f"site {s!r} is not a (layer, position) pair", "pass sites as (k, i) tuples") from None
         if not 0 <= k < n_sites:
-            raise ConfigError(f"site layer k={k} outside 0..{n_sites - 1}",
-                              "k counts blocks applied: 0 = embeddings, L = last block")
+            raise ConfigError(
+                f"site layer k={k} outside 0..{n_sites - 1}", "k counts blocks applied: 0 = embeddings, L = last block"
+            )
         if i < 0 or (seq_len is not None and i >= seq_len):
             bound = f"0..{seq_len - 1}" if seq_len is not None else "non-negative positions"
             raise ConfigError(f"site position i={i} outside {bound}", "use a 0-based position inside the sequence")
@@ -87,25 +92,33 @@ def _merge(user: Any, ours: dict[str, Callable]) -> dict[str, list[Callable]]:
     for name, fns in dict(user or {}).items():
         merged[name] = [fns] if callable(fns) else list(fns)
     for name, fn in ours.items():
-        merged.setdefault(name, []).append(fn)   # ours last: it rewrites what downstream consumes
+        merged.setdefault(name, []).append(fn)  # ours last: it rewrites what downstream consumes
     return merged
 
 
 @contextlib.contextmanager
-def stop_gradient(model: nn.Module, sites: Site | Iterable[Site] | None = None, *,
-                  layer: int | None = None, position: int | None = None) -> Iterator[nn.Module]:
+def stop_gradient(
+    model: nn.Module,
+    sites: Site | Iterable[Site] | None = None,
+    *,
+    layer: int | None = None,
+    position: int | None = None,
+) -> Iterator[nn.Module]:
     """Context manager: forwards of ``model`` block the gradient at r^k_i, values unchanged.
 
     ``stop_gradient(model, layer=k, position=i)`` or ``stop_gradient(model, [(k, i), ...])``.
     """
     if sites is None:
         if layer is None or position is None:
-            raise ConfigError("stop_gradient needs sites=[(k, i), ...] or layer= and position=",
-                              "e.g. stop_gradient(model, layer=1, position=3)")
+            raise ConfigError(
+                "stop_gradient needs sites=[(k, i), ...] or layer= and position=",
+                "e.g. stop_gradient(model, layer=1, position=3)",
+            )
         sites = [(layer, position)]
     elif layer is not None or position is not None:
-        raise ConfigError("pass either sites or layer/position to stop_gradient, not both",
-                          "drop one of the two spellings")
+        raise ConfigError(
+            "pass either sites or layer/position to stop_gradient, not both", "drop one of the two spellings"
+        )
     ours = stop_gradient_hooks(model, sites)
 
     def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -28,14 +28,16 @@ mean with a 95 % Student-t interval over items (``ci="t"``) or a percentile boot
 (``ci="bootstrap"``).  Items of one run are not independent (same trajectory, correlated cells), so
 the intervals describe the spread over cells/sites, not over training seeds.
 """
+
 from __future__ import annotations
 
 import io
 import json
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -50,31 +52,38 @@ META_KEY = b"originlens"
 COMPONENT_ORDER = ("direct", "precached", "shared", "full")
 ITEM_KEYS = ("site_layer", "site_position", "feature")
 POOLING_UNIT = "item = integrated influence of one (layer k, position i, feature); items pooled per (type, component)"
-SIGN_CONVENTION = ("positive influence = the component moves the probed feature toward its final value "
-                   "(update θ ← θ − Σ_c Δ_c, I_c = ⟨Δ_c, ∇R⟩)")
+SIGN_CONVENTION = (
+    "positive influence = the component moves the probed feature toward its final value "
+    "(update θ ← θ − Σ_c Δ_c, I_c = ⟨Δ_c, ∇R⟩)"
+)
 # Settings that must agree across the segments of one store.
 SETTING_KEYS = ("run_config", "sites", "features", "optimizer", "types", "half", "random_directions")
-RANDOM_TAG = "~random"        # feature "c3~random0": null direction 0 of feature c3 (same site, same norm)
+RANDOM_TAG = "~random"  # feature "c3~random0": null direction 0 of feature c3 (same site, same norm)
 
-SCHEMA = pa.schema([
-    ("step", pa.int32()),
-    ("site_layer", pa.int16()),
-    ("site_position", pa.int16()),
-    ("feature", pa.string()),
-    ("type", pa.int8()),
-    ("component", pa.string()),
-    ("influence", pa.float64()),
-    ("mismatch", pa.float64()),
-    ("mismatch_after", pa.float64()),
-    ("n_rows", pa.int32()),
-    ("optimizer", pa.string()),
-    ("half", pa.bool_()),
-])
+SCHEMA = pa.schema(
+    [
+        ("step", pa.int32()),
+        ("site_layer", pa.int16()),
+        ("site_position", pa.int16()),
+        ("feature", pa.string()),
+        ("type", pa.int8()),
+        ("component", pa.string()),
+        ("influence", pa.float64()),
+        ("mismatch", pa.float64()),
+        ("mismatch_after", pa.float64()),
+        ("n_rows", pa.int32()),
+        ("optimizer", pa.string()),
+        ("half", pa.bool_()),
+    ]
+)
 
 
 def mismatch_factor_text(half: bool) -> str:
-    return ("R = ½·mean_b(⟨w,r(θ)⟩ − ⟨w,r(θ*)⟩)² (factor ½: values ½ of the paper's)" if half else
-            "R = mean_b(⟨w,r(θ)⟩ − ⟨w,r(θ*)⟩)² (the paper's convention, no ½)")
+    return (
+        "R = ½·mean_b(⟨w,r(θ)⟩ − ⟨w,r(θ*)⟩)² (factor ½: values ½ of the paper's)"
+        if half
+        else "R = mean_b(⟨w,r(θ)⟩ − ⟨w,r(θ*)⟩)² (the paper's convention, no ½)"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -126,8 +135,9 @@ def observables_table(rows: Mapping[str, Sequence[Any]]) -> pa.Table:
     return pa.table(cols, schema=SCHEMA)
 
 
-def write_segment(directory: str | Path, table: pa.Table, *, start: int, end: int,
-                  info: Mapping[str, Any], overwrite: bool = False) -> Path:
+def write_segment(
+    directory: str | Path, table: pa.Table, *, start: int, end: int, info: Mapping[str, Any], overwrite: bool = False
+) -> Path:
     """Write one segment atomically (Parquet, settings and checks in the key-value metadata)."""
     path = segment_path(directory, start, end)
     if path.exists() and not overwrite:
@@ -136,13 +146,20 @@ def write_segment(directory: str | Path, table: pa.Table, *, start: int, end: in
         if other["file"] != path.name:
             check_settings(other, info, str(directory))
         if other["file"] != path.name and int(other["start"]) < end and start < int(other["end"]):
-            raise CompatibilityError(f"segment {start}:{end} overlaps the stored segment "
-                                     f"{other['start']}:{other['end']}",
-                                     "choose non-overlapping segments, or another --out")
+            raise CompatibilityError(
+                f"segment {start}:{end} overlaps the stored segment {other['start']}:{other['end']}",
+                "choose non-overlapping segments, or another --out",
+            )
     if table.schema != SCHEMA:
         table = table.cast(SCHEMA)
-    meta = {"format": STORE_FORMAT, "version": STORE_VERSION, "start": int(start), "end": int(end),
-            "file": path.name, **info}
+    meta = {
+        "format": STORE_FORMAT,
+        "version": STORE_VERSION,
+        "start": int(start),
+        "end": int(end),
+        "file": path.name,
+        **info,
+    }
     table = table.replace_schema_metadata({META_KEY: json.dumps(meta, default=_json).encode("utf-8")})
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
@@ -171,8 +188,10 @@ def read_segment(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
         raise CompatibilityError(f"{path} has no originlens metadata", "recompute it with originlens ntp attribute")
     info = json.loads(raw.decode("utf-8"))
     if info.get("format") != STORE_FORMAT or int(info.get("version", -1)) != STORE_VERSION:
-        raise CompatibilityError(f"{path} is format {info.get('format')} v{info.get('version')}, expected "
-                                 f"{STORE_FORMAT} v{STORE_VERSION}", "recompute it with this originlens")
+        raise CompatibilityError(
+            f"{path} is format {info.get('format')} v{info.get('version')}, expected {STORE_FORMAT} v{STORE_VERSION}",
+            "recompute it with this originlens",
+        )
     return table.replace_schema_metadata(None), info
 
 
@@ -192,17 +211,21 @@ def read_segment_infos(directory: str | Path) -> list[dict[str, Any]]:
 
 def check_settings(stored: Mapping[str, Any], new: Mapping[str, Any], where: str) -> None:
     """Raise ``CompatibilityError`` if ``new`` differs from ``stored`` in a :data:`SETTING_KEYS` field."""
-    defaults = {"random_directions": 0}          # segments written before the setting existed
-    diff = [k for k in SETTING_KEYS
-            if json.dumps(stored.get(k, defaults.get(k)), default=_json)
-            != json.dumps(new.get(k, defaults.get(k)), default=_json)]
+    defaults = {"random_directions": 0}  # segments written before the setting existed
+    diff = [
+        k
+        for k in SETTING_KEYS
+        if json.dumps(stored.get(k, defaults.get(k)), default=_json)
+        != json.dumps(new.get(k, defaults.get(k)), default=_json)
+    ]
     if diff:
         parts = "; ".join(f"{k}: {stored.get(k)!r} there vs {new.get(k)!r}" for k in diff if k != "run_config")
         if "run_config" in diff:
             parts = ("the run's configuration differs; " + parts).strip("; ")
-        raise CompatibilityError(f"{where} holds attribution with other settings ({parts})",
-                                 "use the same --sites/--features/--optimizer/--no-types/--half/--random-directions, "
-                                 "or another --out")
+        raise CompatibilityError(
+            f"{where} holds attribution with other settings ({parts})",
+            "use the same --sites/--features/--optimizer/--no-types/--half/--random-directions, or another --out",
+        )
 
 
 def load_observables(path: str | Path) -> pa.Table:
@@ -216,8 +239,9 @@ def load_observables(path: str | Path) -> pa.Table:
     d = store_dir(p)
     files = sorted(d.glob("segment-*.parquet"))
     if not files:
-        raise InputError(f"no attribution segments under {d}",
-                         "run `originlens ntp attribute RUN --sites ... --features ...` first")
+        raise InputError(
+            f"no attribution segments under {d}", "run `originlens ntp attribute RUN --sites ... --features ...` first"
+        )
     tables, infos = [], []
     for f in files:
         t, info = read_segment(f)
@@ -228,8 +252,9 @@ def load_observables(path: str | Path) -> pa.Table:
     order = sorted(range(len(infos)), key=lambda j: int(infos[j]["start"]))
     for a, b in zip(order, order[1:]):
         if int(infos[b]["start"]) < int(infos[a]["end"]):
-            raise CompatibilityError(f"segments {infos[a]['file']} and {infos[b]['file']} overlap",
-                                     "delete one of them")
+            raise CompatibilityError(
+                f"segments {infos[a]['file']} and {infos[b]['file']} overlap", "delete one of them"
+            )
     return pa.concat_tables([tables[j] for j in order])
 
 
@@ -242,12 +267,30 @@ def update_meta(directory: str | Path, settings: Mapping[str, Any], segment_info
     """Rewrite ``meta.json``: settings, conventions and the index of segments (rebuilt from the files)."""
     d = Path(directory)
     infos = read_segment_infos(d)
-    meta = {"format": STORE_FORMAT, "version": STORE_VERSION, **{k: settings[k] for k in settings},
-            "sign": SIGN_CONVENTION, "mismatch": mismatch_factor_text(bool(settings.get("half", True))),
-            "pooling_unit": POOLING_UNIT,
-            "segments": [{k: i.get(k) for k in ("file", "start", "end", "n_recorded_steps", "rows",
-                                                  "seconds", "seconds_per_attributed_step", "checks")}
-                         for i in infos]}
+    meta = {
+        "format": STORE_FORMAT,
+        "version": STORE_VERSION,
+        **{k: settings[k] for k in settings},
+        "sign": SIGN_CONVENTION,
+        "mismatch": mismatch_factor_text(bool(settings.get("half", True))),
+        "pooling_unit": POOLING_UNIT,
+        "segments": [
+            {
+                k: i.get(k)
+                for k in (
+                    "file",
+                    "start",
+                    "end",
+                    "n_recorded_steps",
+                    "rows",
+                    "seconds",
+                    "seconds_per_attributed_step",
+                    "checks",
+                )
+            }
+            for i in infos
+        ],
+    }
     if segment_info and not any(i["file"] == segment_info.get("file") for i in infos):
         meta["segments"].append(dict(segment_info))
     return atomic_write_json(d / "meta.json", meta)
@@ -264,11 +307,16 @@ def integrate(table: pa.Table) -> pa.Table:
     integrated, n_steps, first_step, last_step`` (``integrated`` null when no step had the subset).
     """
     keys = ["site_layer", "site_position", "feature", "type", "component", "optimizer", "half"]
-    g = table.group_by(keys).aggregate([("influence", "sum"), ("influence", "count"), ("step", "min"),
-                                        ("step", "max")])
-    return g.rename_columns([c.replace("influence_sum", "integrated").replace("influence_count", "n_steps")
-                             .replace("step_min", "first_step").replace("step_max", "last_step")
-                             for c in g.column_names])
+    g = table.group_by(keys).aggregate([("influence", "sum"), ("influence", "count"), ("step", "min"), ("step", "max")])
+    return g.rename_columns(
+        [
+            c.replace("influence_sum", "integrated")
+            .replace("influence_count", "n_steps")
+            .replace("step_min", "first_step")
+            .replace("step_max", "last_step")
+            for c in g.column_names
+        ]
+    )
 
 
 @dataclass
@@ -287,6 +335,7 @@ class Summary:
 
 def _t_interval(x: np.ndarray, level: float) -> tuple[float, float]:
     from scipy import stats
+
     n = len(x)
     if n < 2:
         return math.nan, math.nan
@@ -303,8 +352,15 @@ def _bootstrap(x: np.ndarray, level: float, n_boot: int, seed: int) -> tuple[flo
     return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
 
 
-def summarize(integrated: pa.Table, *, by: Sequence[str] = ("type", "component"), ci: str = "t",
-              level: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> list[Summary]:
+def summarize(
+    integrated: pa.Table,
+    *,
+    by: Sequence[str] = ("type", "component"),
+    ci: str = "t",
+    level: float = 0.95,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> list[Summary]:
     """Mean integrated influence over items in each ``by`` group with a ``level`` interval.
 
     ``ci="t"``: Student-t interval over items; ``"bootstrap"``: percentile bootstrap over items
@@ -339,15 +395,36 @@ def summarize(integrated: pa.Table, *, by: Sequence[str] = ("type", "component")
     for key in sorted(groups, key=order):
         x = np.asarray(groups[key], dtype=np.float64)
         lo, hi = _t_interval(x, level) if ci == "t" else _bootstrap(x, level, n_boot, seed)
-        out.append(Summary(group=dict(zip(by, key)), mean=float(x.mean()), lo=lo, hi=hi, n_items=len(x),
-                           std=float(x.std(ddof=1)) if len(x) > 1 else math.nan, method=ci, level=level))
+        out.append(
+            Summary(
+                group=dict(zip(by, key)),
+                mean=float(x.mean()),
+                lo=lo,
+                hi=hi,
+                n_items=len(x),
+                std=float(x.std(ddof=1)) if len(x) > 1 else math.nan,
+                method=ci,
+                level=level,
+            )
+        )
     return out
 
 
 def summary_records(summaries: Iterable[Summary]) -> list[dict[str, Any]]:
     """Plain dicts (JSON-ready) of :func:`summarize` output."""
-    return [{**s.group, "mean": s.mean, "lo": s.lo, "hi": s.hi, "n_items": s.n_items, "std": s.std,
-             "method": s.method, "level": s.level} for s in summaries]
+    return [
+        {
+            **s.group,
+            "mean": s.mean,
+            "lo": s.lo,
+            "hi": s.hi,
+            "n_items": s.n_items,
+            "std": s.std,
+            "method": s.method,
+            "level": s.level,
+        }
+        for s in summaries
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -356,8 +433,13 @@ def summary_records(summaries: Iterable[Summary]) -> list[dict[str, Any]]:
 TYPE_LABELS = {None: "all rows", 0: "empty (type 0)", 1: "NTP-useless (type 1)", 2: "NTP-useful (type 2)"}
 COMPONENT_LABELS = {"direct": "direct", "precached": "pre-cached", "shared": "shared", "full": "combined"}
 # the Othello pattern of arXiv 2603.14087: (component, type, expected sign of the integrated influence)
-SIGN_EXPECTATIONS = (("direct", 2, "> 0"), ("direct", 1, "≤ 0"), ("precached", 1, "> 0"),
-                     ("shared", 2, "> 0"), ("shared", 1, "> 0"))
+SIGN_EXPECTATIONS = (
+    ("direct", 2, "> 0"),
+    ("direct", 1, "≤ 0"),
+    ("precached", 1, "> 0"),
+    ("shared", 2, "> 0"),
+    ("shared", 1, "> 0"),
+)
 
 
 def sign_pattern(summaries: Sequence[Summary]) -> list[dict[str, Any]]:
@@ -374,8 +456,18 @@ def sign_pattern(summaries: Sequence[Summary]) -> list[dict[str, Any]]:
             holds, sig = s.mean > 0, s.lo > 0
         else:
             holds, sig = s.mean <= 0, s.hi <= 0
-        out.append({"component": comp, "type": ty, "expected": want, "mean": s.mean, "lo": s.lo, "hi": s.hi,
-                    "holds": bool(holds), "significant": bool(sig)})
+        out.append(
+            {
+                "component": comp,
+                "type": ty,
+                "expected": want,
+                "mean": s.mean,
+                "lo": s.lo,
+                "hi": s.hi,
+                "holds": bool(holds),
+                "significant": bool(sig),
+            }
+        )
     return out
 
 
@@ -393,7 +485,7 @@ def _per_step_means(table: pa.Table) -> dict[tuple[Any, str], tuple[np.ndarray, 
     return out
 
 
-MIN_ITEMS = 3      # fewer items than this: no interval is shown
+MIN_ITEMS = 3  # fewer items than this: no interval is shown
 
 
 def _interval_text(s: Summary) -> str:
@@ -410,6 +502,7 @@ def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Pat
     training, the paper's Othello sign pattern and the replay checks.  Returns the HTML path.
     """
     from ..report import Report, setup_matplotlib
+
     d = store_dir(path)
     table = load_observables(d)
     infos = read_segment_infos(d)
@@ -424,22 +517,39 @@ def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Pat
     method = "Student-t interval" if ci == "t" else "percentile bootstrap"
     steps = sorted(set(table.column("step").to_pylist()))
     rep = Report(f"Gradient-pathway attribution — {first.get('task')} / {first.get('regime')}")
-    variant = ("per-component Adam moments, Σ_c Δ_c = real Adam update" if first.get("optimizer") == "adam"
-               else "Δ_c = lr·G_c")
-    rep.text(f"Run: {first.get('run')}.  Optimizer variant: {first.get('optimizer')} ({variant}).  "
-             f"Updates recorded: {len(steps)} ({steps[0]}..{steps[-1]}) of {first.get('final_step')}; sites "
-             f"{first.get('sites')}; {len(first.get('features', []))} features.")
-    rep.text(f"Mismatch: {mismatch_factor_text(half)}.  Sign convention: {SIGN_CONVENTION}.  "
-             f"Integrated influence = Σ over recorded updates.  Pooling: {POOLING_UNIT}; "
-             f"{int(level * 100)} % {method} over items.")
+    variant = (
+        "per-component Adam moments, Σ_c Δ_c = real Adam update" if first.get("optimizer") == "adam" else "Δ_c = lr·G_c"
+    )
+    rep.text(
+        f"Run: {first.get('run')}.  Optimizer variant: {first.get('optimizer')} ({variant}).  "
+        f"Updates recorded: {len(steps)} ({steps[0]}..{steps[-1]}) of {first.get('final_step')}; sites "
+        f"{first.get('sites')}; {len(first.get('features', []))} features."
+    )
+    rep.text(
+        f"Mismatch: {mismatch_factor_text(half)}.  Sign convention: {SIGN_CONVENTION}.  "
+        f"Integrated influence = Σ over recorded updates.  Pooling: {POOLING_UNIT}; "
+        f"{int(level * 100)} % {method} over items."
+    )
     rep.section("Integrated influence per component and feature type")
-    rep.table(["component", "feature type", "mean", f"{int(level * 100)} % CI", "items"],
-              [[COMPONENT_LABELS.get(s.group["component"], s.group["component"]), TYPE_LABELS.get(s.group["type"],
-                str(s.group["type"])), s.mean, _interval_text(s), s.n_items] for s in summ])
+    rep.table(
+        ["component", "feature type", "mean", f"{int(level * 100)} % CI", "items"],
+        [
+            [
+                COMPONENT_LABELS.get(s.group["component"], s.group["component"]),
+                TYPE_LABELS.get(s.group["type"], str(s.group["type"])),
+                s.mean,
+                _interval_text(s),
+                s.n_items,
+            ]
+            for s in summ
+        ],
+    )
     if few:
-        rep.text(f"Warning: {len(few)} of {len(summ)} rows rest on fewer than {MIN_ITEMS} items; their intervals are "
-                 f"not shown (an interval over 1–2 correlated items says nothing). Attribute more sites or "
-                 f"features for intervals.")
+        rep.text(
+            f"Warning: {len(few)} of {len(summ)} rows rest on fewer than {MIN_ITEMS} items; their intervals are "
+            f"not shown (an interval over 1–2 correlated items says nothing). Attribute more sites or "
+            f"features for intervals."
+        )
     plt = setup_matplotlib()
     shown = [t for t in (2, 1) if any(s.group["type"] == t for s in summ)] or [None]
     comps = [c for c in COMPONENT_ORDER if any(s.group["component"] == c for s in summ)]
@@ -461,16 +571,33 @@ def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Pat
     ax.set_xticks(range(len(comps)), [COMPONENT_LABELS[c] for c in comps])
     ax.set_ylabel("integrated influence")
     ax.legend()
-    rep.figure(fig, f"Integrated influence per pathway component (bars: mean over items; error bars: "
-                    f"{int(level * 100)} % {method}); positive = toward the final feature value; "
-                    f"{'factor ½' if half else 'no ½ factor'}.", name="influence-bars.png")
+    rep.figure(
+        fig,
+        f"Integrated influence per pathway component (bars: mean over items; error bars: "
+        f"{int(level * 100)} % {method}); positive = toward the final feature value; "
+        f"{'factor ½' if half else 'no ½ factor'}.",
+        name="influence-bars.png",
+    )
     if pattern:
-        rep.section("Sign pattern of arXiv 2603.14087 (Othello: direct > 0 only for useful, pre-cached > 0 "
-                    "for useless, shared > 0 for both)")
-        rep.table(["component", "feature type", "expected", "mean", "CI", "holds", "CI excludes 0"],
-                  [[COMPONENT_LABELS[p["component"]], TYPE_LABELS[p["type"]], p["expected"], p["mean"],
-                    _interval_text(by[(p["component"], p["type"])]), "yes" if p["holds"] else "no",
-                    "yes" if p["significant"] else "no"] for p in pattern])
+        rep.section(
+            "Sign pattern of arXiv 2603.14087 (Othello: direct > 0 only for useful, pre-cached > 0 "
+            "for useless, shared > 0 for both)"
+        )
+        rep.table(
+            ["component", "feature type", "expected", "mean", "CI", "holds", "CI excludes 0"],
+            [
+                [
+                    COMPONENT_LABELS[p["component"]],
+                    TYPE_LABELS[p["type"]],
+                    p["expected"],
+                    p["mean"],
+                    _interval_text(by[(p["component"], p["type"])]),
+                    "yes" if p["holds"] else "no",
+                    "yes" if p["significant"] else "no",
+                ]
+                for p in pattern
+            ],
+        )
     rep.section("Cumulative influence over training")
     series = _per_step_means(table)
     types_present = sorted({k[0] for k in series}, key=lambda t: -1 if t is None else t)
@@ -486,22 +613,61 @@ def write_report(path: str | Path, *, ci: str = "t", level: float = 0.95) -> Pat
         ax.axhline(0, color="black", linewidth=0.6)
     axes[0][0].set_ylabel("cumulative mean influence")
     axes[0][0].legend()
-    rep.figure(fig, "Cumulative influence (mean over items at each update, summed over updates) per component.",
-               name="influence-cumulative.png")
+    rep.figure(
+        fig,
+        "Cumulative influence (mean over items at each update, summed over updates) per component.",
+        name="influence-cumulative.png",
+    )
     rep.section("Per layer")
-    rep.table(["layer k", "feature type", "component", "mean", "CI", "items"],
-              [[s.group["site_layer"], TYPE_LABELS.get(s.group["type"], str(s.group["type"])),
-                COMPONENT_LABELS.get(s.group["component"], s.group["component"]), s.mean,
-                _interval_text(s), s.n_items] for s in per_layer])
+    rep.table(
+        ["layer k", "feature type", "component", "mean", "CI", "items"],
+        [
+            [
+                s.group["site_layer"],
+                TYPE_LABELS.get(s.group["type"], str(s.group["type"])),
+                COMPONENT_LABELS.get(s.group["component"], s.group["component"]),
+                s.mean,
+                _interval_text(s),
+                s.n_items,
+            ]
+            for s in per_layer
+        ],
+    )
     rep.section("Replay checks and cost")
-    rep.table(["segment", "replayed from", "losses equal to the log", "checkpoints bit-identical",
-               "‖∇L eager − ∇L train‖ / ‖∇L‖", "max rel. err Σ_c Δ_c", "s / attributed update"],
-              [[f"{i['start']}:{i['end']}", i.get("replay_from_checkpoint"), i["checks"]["losses_checked"],
+    rep.table(
+        [
+            "segment",
+            "replayed from",
+            "losses equal to the log",
+            "checkpoints bit-identical",
+            "‖∇L eager − ∇L train‖ / ‖∇L‖",
+            "max rel. err Σ_c Δ_c",
+            "s / attributed update",
+        ],
+        [
+            [
+                f"{i['start']}:{i['end']}",
+                i.get("replay_from_checkpoint"),
+                i["checks"]["losses_checked"],
                 ", ".join(str(c) for c in i["checks"]["checkpoints_verified"]) or "none",
-                i["checks"]["max_grad_rel_diff"], i["checks"]["adam_sum_max_rel_err"],
-                i.get("seconds_per_attributed_step")] for i in infos])
-    atomic_write_json(d / "summary.json", {"sign": SIGN_CONVENTION, "mismatch": mismatch_factor_text(half),
-                                           "pooling_unit": POOLING_UNIT, "ci": method, "level": level,
-                                           "summaries": summary_records(summ), "sign_pattern": pattern,
-                                           "per_layer": summary_records(per_layer)})
+                i["checks"]["max_grad_rel_diff"],
+                i["checks"]["adam_sum_max_rel_err"],
+                i.get("seconds_per_attributed_step"),
+            ]
+            for i in infos
+        ],
+    )
+    atomic_write_json(
+        d / "summary.json",
+        {
+            "sign": SIGN_CONVENTION,
+            "mismatch": mismatch_factor_text(half),
+            "pooling_unit": POOLING_UNIT,
+            "ci": method,
+            "level": level,
+            "summaries": summary_records(summ),
+            "sign_pattern": pattern,
+            "per_layer": summary_records(per_layer),
+        },
+    )
     return rep.write(d)

@@ -38,11 +38,12 @@ stop-gradient definition to float64 round-off (tests).  Caveat: this module mirr
 (pre-LN, GELU-tanh MLP, learned positions); an architecture change must be mirrored here (the tests
 compare it with the model and with the brute-force definition).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 import torch.nn as nn
@@ -52,18 +53,16 @@ from ..models.gpt import GPT, position_losses
 
 Site = tuple[int, int]
 ParamDict = dict[str, torch.Tensor]
-GROUP_FLOATS = 16 << 20     # floats per group of positions (batched fresh pass working set)
+GROUP_FLOATS = 16 << 20  # floats per group of positions (batched fresh pass working set)
 
 
 def supported(model: nn.Module) -> bool:
     """Whether the structured path applies (an originlens GPT with one parameter range, no hooks)."""
     if not isinstance(model, GPT) or len(model.ranges) != 1:
         return False
-    if model._forward_pre_hooks or model._forward_hooks:      # e.g. inside a stop_gradient context
+    if model._forward_pre_hooks or model._forward_hooks:  # e.g. inside a stop_gradient context
         return False
-    if model.training and model.config.dropout > 0.0:
-        return False
-    return True
+    return not (model.training and model.config.dropout > 0.0)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -74,25 +73,25 @@ def supported(model: nn.Module) -> bool:
 class _Block:
     """Forward values of one block (B, T, ...), its weights and its parameter-name prefix."""
 
-    x1: torch.Tensor        # LN1 input r^{m−1} (B, T, d)
-    mean1: torch.Tensor     # (B, T, 1)
-    xhat1: torch.Tensor     # LN1 normalised input
-    rstd1: torch.Tensor     # (B, T, 1)
-    a: torch.Tensor         # LN1 output
-    q: torch.Tensor         # (B, H, T, hd)
+    x1: torch.Tensor  # LN1 input r^{m−1} (B, T, d)
+    mean1: torch.Tensor  # (B, T, 1)
+    xhat1: torch.Tensor  # LN1 normalised input
+    rstd1: torch.Tensor  # (B, T, 1)
+    a: torch.Tensor  # LN1 output
+    q: torch.Tensor  # (B, H, T, hd)
     k: torch.Tensor
     v: torch.Tensor
-    att: torch.Tensor       # (B, H, T, T)
-    o: torch.Tensor         # (B, T, d) heads merged, before W_o
-    x2: torch.Tensor        # LN2 input y
+    att: torch.Tensor  # (B, H, T, T)
+    o: torch.Tensor  # (B, T, d) heads merged, before W_o
+    x2: torch.Tensor  # LN2 input y
     mean2: torch.Tensor
     xhat2: torch.Tensor
     rstd2: torch.Tensor
-    c: torch.Tensor         # LN2 output
+    c: torch.Tensor  # LN2 output
     gelu_grad: torch.Tensor  # GELU'(pre-activation) (B, T, F)
-    h: torch.Tensor         # GELU output (B, T, F)
-    prefix: str             # "blocks.{m}.copies.0."
-    mod: nn.Module          # the BlockCopy
+    h: torch.Tensor  # GELU output (B, T, F)
+    prefix: str  # "blocks.{m}.copies.0."
+    mod: nn.Module  # the BlockCopy
 
 
 def _layer_norm(x: torch.Tensor, ln: nn.LayerNorm) -> tuple[torch.Tensor, ...]:
@@ -112,7 +111,7 @@ class Forward:
         self.scale = 1.0 / math.sqrt(self.hd)
         B, T = tokens.shape
         self.B, self.T = B, T
-        self._z0: torch.Tensor | None = None                           # W_qkv(γ⊙x̂) of block 1, on demand
+        self._z0: torch.Tensor | None = None  # W_qkv(γ⊙x̂) of block 1, on demand
         with torch.no_grad():
             x = model.embed[0](tokens, 0)
             self.residuals = [x]
@@ -123,7 +122,7 @@ class Forward:
                 a, xhat1, rstd1, mean1 = _layer_norm(x, c.ln_1)
                 qkv = c.attn_qkv(a)
                 q, k, v = (t.view(B, T, self.H, self.hd).transpose(1, 2) for t in qkv.split(self.d, dim=2))
-                scores = q @ k.transpose(-2, -1)                   # as GPT's eager attention
+                scores = q @ k.transpose(-2, -1)  # as GPT's eager attention
                 att = torch.softmax((scores * self.scale).masked_fill(future, float("-inf")), dim=-1)
                 o = (att @ v).transpose(1, 2).reshape(B, T, self.d)
                 y = x + c.attn_out(o)
@@ -132,25 +131,48 @@ class Forward:
                 h = F.gelu(hpre, approximate="tanh")
                 gg = torch.ops.aten.gelu_backward(hpre.new_ones(()).expand_as(hpre), hpre, approximate="tanh")
                 x = y + c.mlp_out(h)
-                self.blocks.append(_Block(x1=self.residuals[-1], mean1=mean1, xhat1=xhat1, rstd1=rstd1, a=a,
-                                          q=q, k=k, v=v, att=att, o=o, x2=y, mean2=mean2, xhat2=xhat2,
-                                          rstd2=rstd2, c=cc, gelu_grad=gg, h=h, prefix=f"blocks.{m}.copies.0.",
-                                          mod=c))
+                self.blocks.append(
+                    _Block(
+                        x1=self.residuals[-1],
+                        mean1=mean1,
+                        xhat1=xhat1,
+                        rstd1=rstd1,
+                        a=a,
+                        q=q,
+                        k=k,
+                        v=v,
+                        att=att,
+                        o=o,
+                        x2=y,
+                        mean2=mean2,
+                        xhat2=xhat2,
+                        rstd2=rstd2,
+                        c=cc,
+                        gelu_grad=gg,
+                        h=h,
+                        prefix=f"blocks.{m}.copies.0.",
+                        mod=c,
+                    )
+                )
                 self.residuals.append(x)
 
     @property
     def n_layer(self) -> int:
         return len(self.blocks)
 
-    def head_backward(self, weights: torch.Tensor | None, targets: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, float, ParamDict]:
+    def head_backward(
+        self, weights: torch.Tensor | None, targets: torch.Tensor | None
+    ) -> tuple[torch.Tensor, float, ParamDict]:
         """∂L/∂r^L (B, T, d), L, and the gradients of the head parameters (final LN, LM head / tied wte)."""
         model = self.model
         xL = self.residuals[-1].detach().requires_grad_(True)
         head = model.head[0]
         named = [("head.0.ln_f.weight", head.ln_f.weight), ("head.0.ln_f.bias", head.ln_f.bias)]
-        named.append(("embed.0.wte.weight", model.embed[0].wte.weight) if head.lm_head is None else
-                     ("head.0.lm_head.weight", head.lm_head.weight))
+        named.append(
+            ("embed.0.wte.weight", model.embed[0].wte.weight)
+            if head.lm_head is None
+            else ("head.0.lm_head.weight", head.lm_head.weight)
+        )
         named = [(n, p) for n, p in named if p.requires_grad]
         with torch.enable_grad():
             logits = model._logits(0, xL)
@@ -164,19 +186,31 @@ class Forward:
 # building blocks (leading source axis n)
 
 
-def _ln_backward(blk: _Block, which: int, g: torch.Tensor, sel, sums: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def _ln_backward(
+    blk: _Block, which: int, g: torch.Tensor, sel, sums: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Adjoint of the input of LayerNorm ``which`` (1 or 2) of a block from the adjoint g (n, ..., d) of its
     output, for the cached rows ``sel(t)`` matching g's middle axes (native fused kernel); with ``sums``
     also the per-source weight/bias gradients Σ g⊙x̂ and Σ g over all but the leading axis."""
     ln = blk.mod.ln_1 if which == 1 else blk.mod.ln_2
-    x, mean, rstd, xhat = (sel(t) for t in ((blk.x1, blk.mean1, blk.rstd1, blk.xhat1) if which == 1 else
-                                            (blk.x2, blk.mean2, blk.rstd2, blk.xhat2)))
+    x, mean, rstd, xhat = (
+        sel(t)
+        for t in (
+            (blk.x1, blk.mean1, blk.rstd1, blk.xhat1) if which == 1 else (blk.x2, blk.mean2, blk.rstd2, blk.xhat2)
+        )
+    )
     shp = g.shape
     stat = shp[:-1] + (1,)
     out = torch.ops.aten.native_layer_norm_backward(
-        g, x.expand(shp), [shp[-1]], mean.expand(stat).contiguous(), rstd.expand(stat).contiguous(),
-        ln.weight, None, [True, False, False])[0]
+        g,
+        x.expand(shp),
+        [shp[-1]],
+        mean.expand(stat).contiguous(),
+        rstd.expand(stat).contiguous(),
+        ln.weight,
+        None,
+        [True, False, False],
+    )[0]
     if not sums:
         return out, None, None
     return out, _sum(g * xhat), _sum(g)
@@ -187,7 +221,7 @@ def _wgrad(delta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     or x (n, ..., i) per source → (n, o, i)."""
     n, o, i = delta.shape[0], delta.shape[-1], x.shape[-1]
     dt = delta.reshape(n, -1, o).transpose(1, 2)
-    if x.dim() == delta.dim():                                         # per-source rows
+    if x.dim() == delta.dim():  # per-source rows
         return dt @ x.reshape(n, -1, i)
     return dt @ x.reshape(-1, i)
 
@@ -210,9 +244,9 @@ def _merge(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class _MLPBack:
-    dy: torch.Tensor        # adjoint of y (after the attention residual add)
-    dh: torch.Tensor        # adjoint of the MLP pre-activation
-    dc: torch.Tensor        # adjoint of the LN2 output
+    dy: torch.Tensor  # adjoint of y (after the attention residual add)
+    dh: torch.Tensor  # adjoint of the MLP pre-activation
+    dc: torch.Tensor  # adjoint of the LN2 output
     ln_w: torch.Tensor | None
     ln_b: torch.Tensor | None
 
@@ -250,8 +284,9 @@ def _put_mlp(g: _Grads, mb: _MLPBack, E: torch.Tensor, h: torch.Tensor, c: torch
 # dense (spread) block backward
 
 
-def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False, wgrad: bool = True,
-                   to_embedding: bool = False) -> tuple[_Grads, torch.Tensor | None]:
+def dense_backward(
+    fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False, wgrad: bool = True, to_embedding: bool = False
+) -> tuple[_Grads, torch.Tensor | None]:
     """Backward of block m (0-based) for adjoints E (n, B, P, d) at its output over positions < P, with
     per-source weight gradients (unless ``wgrad=False``).  ``myopic``: keys/values of other positions
     detached.  Returns (grads (n, ...), adjoint (n, B, P, d) at the block input).  ``to_embedding``
@@ -259,7 +294,7 @@ def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False
     are returned among the grads instead (:func:`_qkv_to_embedding`) and the adjoint is None."""
     blk = fw.blocks[m]
     P = E.shape[2]
-    pre = lambda t: t[:, :P]                                           # noqa: E731
+    pre = lambda t: t[:, :P]
     g = _Grads(blk)
     mb = _mlp_backward(blk, E, pre, wgrad)
     dy = mb.dy
@@ -267,10 +302,10 @@ def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False
         _put_mlp(g, mb, E, blk.h[:, :P], blk.c[:, :P])
         g.put("attn_out.weight", _wgrad(dy, blk.o[:, :P]))
         g.put("attn_out.bias", _sum(dy))
-    do = _heads(dy @ blk.mod.attn_out.weight, fw.H)                    # (n, B, H, P, hd)
+    do = _heads(dy @ blk.mod.attn_out.weight, fw.H)  # (n, B, H, P, hd)
     A = blk.att[:, :, :P, :P]
     q, k, v = blk.q[:, :, :P], blk.k[:, :, :P], blk.v[:, :, :P]
-    dA = do @ v.transpose(-2, -1)                                      # (n, B, H, P, P)
+    dA = do @ v.transpose(-2, -1)  # (n, B, H, P, P)
     dS = A * (dA - (A * dA).sum(-1, keepdim=True)) * fw.scale
     dq = dS @ k
     if myopic:
@@ -279,7 +314,7 @@ def dense_backward(fw: Forward, m: int, E: torch.Tensor, *, myopic: bool = False
     else:
         dk = dS.transpose(-2, -1) @ q
         dv = A.transpose(-2, -1) @ do
-    dqkv = torch.cat([_merge(dq), _merge(dk), _merge(dv)], dim=-1)     # (n, B, P, 3d)
+    dqkv = torch.cat([_merge(dq), _merge(dk), _merge(dv)], dim=-1)  # (n, B, P, 3d)
     if to_embedding:
         g.update(_qkv_to_embedding(fw, blk, dqkv, dy))
         return g, None
@@ -305,30 +340,38 @@ def _qkv_to_embedding(fw: Forward, blk: _Block, dqkv: torch.Tensor, dy: torch.Te
     W, gamma, beta = blk.mod.attn_qkv.weight, blk.mod.ln_1.weight, blk.mod.ln_1.bias
     n, B, P, d3 = dqkv.shape
     d = d3 // 3
-    xhat, rstd = blk.xhat1[:, :P], blk.rstd1[:, :P]                    # (B, P, d), (B, P, 1)
-    G = _wgrad(dqkv, xhat)                                             # (n, 3d, d)
-    gb = _sum(dqkv)                                                    # (n, 3d)
+    xhat, rstd = blk.xhat1[:, :P], blk.rstd1[:, :P]  # (B, P, d), (B, P, 1)
+    G = _wgrad(dqkv, xhat)  # (n, 3d, d)
+    gb = _sum(dqkv)  # (n, 3d)
     pre = blk.prefix
-    out = {pre + "attn_qkv.weight": G * gamma + gb.unsqueeze(-1) * beta, pre + "attn_qkv.bias": gb,
-           pre + "ln_1.weight": (G * W).sum(1), pre + "ln_1.bias": gb @ W}
+    out = {
+        pre + "attn_qkv.weight": G * gamma + gb.unsqueeze(-1) * beta,
+        pre + "attn_qkv.bias": gb,
+        pre + "ln_1.weight": (G * W).sum(1),
+        pre + "ln_1.bias": gb @ W,
+    }
     if fw._z0 is None:
-        fw._z0 = (blk.xhat1 * gamma) @ W.t()                           # (B, T, 3d)
-    w1 = (dqkv @ (W @ gamma)).unsqueeze(-1) * rstd / d                 # (n, B, P, 1): rstd·m1
-    w2 = (dqkv * fw._z0[:, :P]).sum(-1, keepdim=True) * rstd / d       # rstd·m2
-    rq = dqkv * rstd                                                   # (n, B, P, 3d)
+        fw._z0 = (blk.xhat1 * gamma) @ W.t()  # (B, T, 3d)
+    w1 = (dqkv @ (W @ gamma)).unsqueeze(-1) * rstd / d  # (n, B, P, 1): rstd·m1
+    w2 = (dqkv * fw._z0[:, :P]).sum(-1, keepdim=True) * rstd / d  # rstd·m2
+    rq = dqkv * rstd  # (n, B, P, 3d)
     emb = fw.model.embed[0]
     V = emb.wte.weight.shape[0]
     wpe = dqkv.new_zeros((n,) + tuple(emb.wpe.weight.shape))
-    wpe[:, :P] = (rq.sum(1) @ W) * gamma - w1.sum(1) + dy.sum(1) \
+    wpe[:, :P] = (
+        (rq.sum(1) @ W) * gamma
+        - w1.sum(1)
+        + dy.sum(1)
         - (w2[..., 0].permute(2, 0, 1) @ xhat.transpose(0, 1)).transpose(0, 1)
+    )
     idx = (fw.tokens[:, :P].reshape(1, -1) + V * torch.arange(n, device=dqkv.device)[:, None]).reshape(-1)
     t1 = dqkv.new_zeros((n * V, d3)).index_add_(0, idx, rq.reshape(-1, d3))
     wte = (t1 @ W) * gamma
     wte.index_add_(0, idx, dy.reshape(-1, d) - w1.reshape(-1, 1))
-    if V <= 32:                                                        # Σ_{rows of v} rstd·m2·x̂ as a GEMM
+    if V <= 32:  # Σ_{rows of v} rstd·m2·x̂ as a GEMM
         onehot = torch.zeros(B * P, V, dtype=dqkv.dtype, device=dqkv.device)
         onehot[torch.arange(B * P, device=dqkv.device), fw.tokens[:, :P].reshape(-1)] = 1.0
-        Ow = (w2.reshape(n, B * P, 1) * onehot).transpose(1, 2)       # (n, V, B·P)
+        Ow = (w2.reshape(n, B * P, 1) * onehot).transpose(1, 2)  # (n, V, B·P)
         wte -= (Ow @ xhat.reshape(B * P, d)).reshape(n * V, d)
     else:
         wte.index_add_(0, idx, (w2 * xhat).reshape(-1, d), alpha=-1.0)
@@ -346,8 +389,9 @@ def _gather(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return t.index_select(1, pos).transpose(0, 1)
 
 
-def fresh_backward(fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, myopic: bool
-                   ) -> tuple[_Grads, "torch.Tensor | FreshSpread"]:
+def fresh_backward(
+    fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, myopic: bool
+) -> tuple[_Grads, torch.Tensor | FreshSpread]:
     """Backward of block m for cotangents e (N, B, d) at per-source positions ``pos`` (N,) of its output.
 
     Returns (grads (N, ...), adjoint at the block input): under ``myopic`` a tensor (N, B, d) at each
@@ -359,25 +403,25 @@ def fresh_backward(fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, m
     N, B = e.shape[0], e.shape[1]
     P = int(pos.max()) + 1
     ar = torch.arange(N, device=e.device)
-    at = lambda t: _gather(t, pos)                                     # noqa: E731
+    at = lambda t: _gather(t, pos)
     g = _Grads(blk)
     mb = _mlp_backward(blk, e, at, True)
     _put_mlp(g, mb, e, at(blk.h), at(blk.c))
-    dy = mb.dy                                                         # (N, B, d)
+    dy = mb.dy  # (N, B, d)
     g.put("attn_out.weight", _wgrad(dy, at(blk.o)))
     g.put("attn_out.bias", _sum(dy))
     # attention pieces in (B, H, N, ·) layout: the cached keys/values (B, H, P, hd) are shared by sources
-    do = (dy @ blk.mod.attn_out.weight).view(N, B, H, hd).permute(1, 2, 0, 3)     # (B, H, N, hd)
-    A = blk.att[:, :, :, :P].index_select(2, pos)                      # (B, H, N, P): row pos[n]
-    q_i = blk.q.index_select(2, pos)                                   # (B, H, N, hd)
-    k, v = blk.k[:, :, :P], blk.v[:, :, :P]                            # (B, H, P, hd)
-    dA = do @ v.transpose(-2, -1)                                      # (B, H, N, P)
+    do = (dy @ blk.mod.attn_out.weight).view(N, B, H, hd).permute(1, 2, 0, 3)  # (B, H, N, hd)
+    A = blk.att[:, :, :, :P].index_select(2, pos)  # (B, H, N, P): row pos[n]
+    q_i = blk.q.index_select(2, pos)  # (B, H, N, hd)
+    k, v = blk.k[:, :, :P], blk.v[:, :, :P]  # (B, H, P, hd)
+    dA = do @ v.transpose(-2, -1)  # (B, H, N, P)
     dS = A * (dA - (A * dA).sum(-1, keepdim=True)) * fw.scale
     dq = (dS @ k).permute(2, 0, 1, 3).reshape(N, B, d)
     W = blk.mod.attn_qkv.weight
-    a_i = at(blk.a)                                                    # (N, B, d)
+    a_i = at(blk.a)  # (N, B, d)
     if myopic:
-        dS_ii = dS[:, :, ar, pos].unsqueeze(-1)                        # (B, H, N, 1)
+        dS_ii = dS[:, :, ar, pos].unsqueeze(-1)  # (B, H, N, 1)
         A_ii = A[:, :, ar, pos].unsqueeze(-1)
         dk = (dS_ii * q_i).permute(2, 0, 1, 3).reshape(N, B, d)
         dv = (A_ii * do).permute(2, 0, 1, 3).reshape(N, B, d)
@@ -390,18 +434,18 @@ def fresh_backward(fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, m
         return g, dln.add_(dy)
     # key/value weights through attention-weighted input averages Σ_j δS_ij a_j and Σ_j A_ij a_j
     R = 2 * H
-    coef = torch.cat([dS, A], dim=1)                                   # (B, 2H, N, P): δS (K), A (V)
-    left = torch.cat([q_i, do], dim=1)                                 # (B, 2H, N, hd): q_i (K), δo (V)
-    avg = coef.reshape(B, R * N, P) @ blk.a[:, :P]                     # (B, 2H·N, d)
+    coef = torch.cat([dS, A], dim=1)  # (B, 2H, N, P): δS (K), A (V)
+    left = torch.cat([q_i, do], dim=1)  # (B, 2H, N, hd): q_i (K), δo (V)
+    avg = coef.reshape(B, R * N, P) @ blk.a[:, :P]  # (B, 2H·N, d)
     gkv = left.permute(1, 2, 3, 0).reshape(R * N, hd, B) @ avg.view(B, R, N, d).permute(1, 2, 0, 3).reshape(R * N, B, d)
-    gkv = gkv.view(R, N, hd, d).permute(1, 0, 2, 3).reshape(N, 2 * d, d)   # rows: K heads, then V heads
+    gkv = gkv.view(R, N, hd, d).permute(1, 0, 2, 3).reshape(N, 2 * d, d)  # rows: K heads, then V heads
     g.put("attn_qkv.weight", torch.cat([_wgrad(dq, a_i), gkv], dim=1))
-    bkv = (left * coef.sum(-1, keepdim=True)).sum(0)                   # (2H, N, hd): Σ_b Σ_j of δk_j, δv_j
+    bkv = (left * coef.sum(-1, keepdim=True)).sum(0)  # (2H, N, hd): Σ_b Σ_j of δk_j, δv_j
     g.put("attn_qkv.bias", torch.cat([_sum(dq), bkv.permute(1, 0, 2).reshape(N, 2 * d)], dim=1))
     # adjoint of the LN1 output: Σ_h δS_hj β_h + A_hj α_h at positions ≤ i, plus the query path at i
-    W_kv = W[d:].view(R, hd, d)                                        # per head: W_K[h] then W_V[h]
-    ba = (left.permute(1, 2, 0, 3).reshape(R, N * B, hd) @ W_kv).view(R, N, B, d)   # β_h, α_h
-    qa = dq @ W[:d]                                                    # (N, B, d): query path at pos
+    W_kv = W[d:].view(R, hd, d)  # per head: W_K[h] then W_V[h]
+    ba = (left.permute(1, 2, 0, 3).reshape(R, N * B, hd) @ W_kv).view(R, N, B, d)  # β_h, α_h
+    qa = dq @ W[:d]  # (N, B, d): query path at pos
     return g, FreshSpread(blk, coef, ba, qa, dy, pos)
 
 
@@ -412,8 +456,9 @@ class FreshSpread:
     :meth:`materialize` builds it over positions 0..i for the sources at position i only (the dense
     pass below works per position), together with their LN1 weight/bias gradients."""
 
-    def __init__(self, blk: _Block, coef: torch.Tensor, ba: torch.Tensor, qa: torch.Tensor, dy: torch.Tensor,
-                 pos: torch.Tensor) -> None:
+    def __init__(
+        self, blk: _Block, coef: torch.Tensor, ba: torch.Tensor, qa: torch.Tensor, dy: torch.Tensor, pos: torch.Tensor
+    ) -> None:
         self.blk, self.coef, self.ba, self.qa, self.dy, self.pos = blk, coef, ba, qa, dy, pos
 
     def rows_at(self) -> dict[int, list[int]]:
@@ -426,9 +471,9 @@ class FreshSpread:
         """(E (n, B, i+1, d), Σ da⊙x̂ (n, d), Σ da (n, d)) for sources ``rows`` (all at position i)."""
         P = i + 1
         idx = torch.tensor(rows, dtype=torch.long, device=self.qa.device)
-        c = self.coef.index_select(2, idx)[..., :P].permute(2, 0, 3, 1)   # (n, B, P, R)
+        c = self.coef.index_select(2, idx)[..., :P].permute(2, 0, 3, 1)  # (n, B, P, R)
         b = self.ba.index_select(1, idx).transpose(0, 1).transpose(1, 2)  # (n, B, R, d)
-        da = c @ b                                                         # (n, B, P, d)
+        da = c @ b  # (n, B, P, d)
         da[:, :, i] += self.qa.index_select(0, idx)
         E, lw, lb = _ln_backward(self.blk, 1, da, lambda t: t[:, :P], True)
         E[:, :, i] += self.dy.index_select(0, idx)
@@ -449,7 +494,7 @@ def embedding_grads(fw: Forward, E: torch.Tensor, pos: torch.Tensor | None = Non
         wte.index_add_(0, idx, E.reshape(-1, d))
         wpe[:, :P] = E.sum(1)
     else:
-        tok = fw.tokens[:, pos].transpose(0, 1)                        # (n, B)
+        tok = fw.tokens[:, pos].transpose(0, 1)  # (n, B)
         idx = (tok + V * torch.arange(n, device=E.device)[:, None]).reshape(-1)
         wte.index_add_(0, idx, E.reshape(-1, d))
         wpe[torch.arange(n, device=E.device), pos] = E.sum(1)
@@ -471,8 +516,9 @@ class StructuredAdjoints:
     grad: ParamDict
 
 
-def _adjoint_block(fw: Forward, m: int, d: torch.Tensor, p: torch.Tensor | None, wgrad: bool
-                   ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+def _adjoint_block(
+    fw: Forward, m: int, d: torch.Tensor, p: torch.Tensor | None, wgrad: bool
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """One step of the standard-regime recursions through block m (0-based): d^{m−1} = M(d^m),
     p^{m−1} = F(p^m) + X(d^m) (``p=None``: p^m = 0) and, with ``wgrad``, the block's weight gradients
     of a^m = d^m + p^m (its part of ∇L).
@@ -481,12 +527,16 @@ def _adjoint_block(fw: Forward, m: int, d: torch.Tensor, p: torch.Tensor | None,
     at and after a position.
     """
     blk = fw.blocks[m]
-    E = d[None] if p is None else torch.stack([d, p])                  # (1 or 2, B, T, d)
+    E = d[None] if p is None else torch.stack([d, p])  # (1 or 2, B, T, d)
     mb = _mlp_backward(blk, E, lambda t: t, False)
     g = _Grads(blk)
     if wgrad:
-        E_a, dh_a, dc_a, dy_a = E.sum(0, keepdim=True), mb.dh.sum(0, keepdim=True), \
-            mb.dc.sum(0, keepdim=True), mb.dy.sum(0, keepdim=True)
+        E_a, dh_a, dc_a, dy_a = (
+            E.sum(0, keepdim=True),
+            mb.dh.sum(0, keepdim=True),
+            mb.dc.sum(0, keepdim=True),
+            mb.dy.sum(0, keepdim=True),
+        )
         g.put("mlp_out.weight", _wgrad(E_a, blk.h))
         g.put("mlp_out.bias", _sum(E_a))
         g.put("mlp_in.weight", _wgrad(dh_a, blk.c))
@@ -495,26 +545,30 @@ def _adjoint_block(fw: Forward, m: int, d: torch.Tensor, p: torch.Tensor | None,
         g.put("ln_2.bias", _sum(dc_a))
         g.put("attn_out.weight", _wgrad(dy_a, blk.o))
         g.put("attn_out.bias", _sum(dy_a))
-    do = _heads(mb.dy @ blk.mod.attn_out.weight, fw.H)                 # (n, B, H, T, hd)
+    do = _heads(mb.dy @ blk.mod.attn_out.weight, fw.H)  # (n, B, H, T, hd)
     A, q, k, v = blk.att, blk.q, blk.k, blk.v
     dA = do @ v.transpose(-2, -1)
     dS = A * (dA - (A * dA).sum(-1, keepdim=True)) * fw.scale
-    dq = dS @ k                                                        # queries are live in both graphs
+    dq = dS @ k  # queries are live in both graphs
     eye = torch.eye(fw.T, dtype=torch.bool, device=d.device)
     dk_myo = dS[0].diagonal(dim1=-2, dim2=-1).unsqueeze(-1) * q
     dv_myo = A.diagonal(dim1=-2, dim2=-1).unsqueeze(-1) * do[0]
-    dk_x = dS[0].masked_fill(eye, 0.0).transpose(-2, -1) @ q           # off-diagonal reads of d
+    dk_x = dS[0].masked_fill(eye, 0.0).transpose(-2, -1) @ q  # off-diagonal reads of d
     dv_x = A.masked_fill(eye, 0.0).transpose(-2, -1) @ do[0]
     if p is None:
-        rows = [torch.cat([_merge(dq[0]), _merge(dk_myo), _merge(dv_myo)], dim=-1),
-                torch.cat([torch.zeros_like(_merge(dq[0])), _merge(dk_x), _merge(dv_x)], dim=-1)]
+        rows = [
+            torch.cat([_merge(dq[0]), _merge(dk_myo), _merge(dv_myo)], dim=-1),
+            torch.cat([torch.zeros_like(_merge(dq[0])), _merge(dk_x), _merge(dv_x)], dim=-1),
+        ]
     else:
         dk_p = dS[1].transpose(-2, -1) @ q
         dv_p = A.transpose(-2, -1) @ do[1]
-        rows = [torch.cat([_merge(dq[0]), _merge(dk_myo), _merge(dv_myo)], dim=-1),
-                torch.cat([_merge(dq[1]), _merge(dk_p + dk_x), _merge(dv_p + dv_x)], dim=-1)]
-    dqkv = torch.stack(rows)                                           # (2, B, T, 3d): d (myopic), p
-    da = dqkv @ blk.mod.attn_qkv.weight                                # (2, B, T, d)
+        rows = [
+            torch.cat([_merge(dq[0]), _merge(dk_myo), _merge(dv_myo)], dim=-1),
+            torch.cat([_merge(dq[1]), _merge(dk_p + dk_x), _merge(dv_p + dv_x)], dim=-1),
+        ]
+    dqkv = torch.stack(rows)  # (2, B, T, 3d): d (myopic), p
+    da = dqkv @ blk.mod.attn_qkv.weight  # (2, B, T, d)
     if wgrad:
         dqkv_a, da_a = dqkv.sum(0, keepdim=True), da.sum(0, keepdim=True)
         g.put("attn_qkv.weight", _wgrad(dqkv_a, blk.a))
@@ -529,8 +583,14 @@ def _adjoint_block(fw: Forward, m: int, d: torch.Tensor, p: torch.Tensor | None,
 
 
 @torch.no_grad()
-def adjoints(fw: Forward, names: Iterable[str], weights: torch.Tensor | None, targets: torch.Tensor | None,
-             myopic: bool, block_grads: bool = True) -> StructuredAdjoints:
+def adjoints(
+    fw: Forward,
+    names: Iterable[str],
+    weights: torch.Tensor | None,
+    targets: torch.Tensor | None,
+    myopic: bool,
+    block_grads: bool = True,
+) -> StructuredAdjoints:
     """All adjoints and ∇L of the training graph (myopic or standard) from the cached forward.
 
     ``block_grads=False`` skips the gradients of the blocks and embeddings (``grad`` then holds the head
@@ -543,7 +603,7 @@ def adjoints(fw: Forward, names: Iterable[str], weights: torch.Tensor | None, ta
     p: list = [None] * (L + 1)
     a[L], d[L], p[L] = gL, gL, torch.zeros_like(gL)
     grads: dict[str, torch.Tensor] = {}
-    for m in range(L - 1, -1, -1):                                     # block m+1 (0-based m)
+    for m in range(L - 1, -1, -1):  # block m+1 (0-based m)
         if myopic:
             g, a_in = dense_backward(fw, m, a[m + 1][None], myopic=True, wgrad=block_grads)
             a[m], d[m], p[m] = a_in[0], a_in[0], torch.zeros_like(gL)
@@ -568,12 +628,13 @@ def adjoints(fw: Forward, names: Iterable[str], weights: torch.Tensor | None, ta
 class _Job:
     site: Site
     comp: str
-    cot: torch.Tensor       # (B, d) cotangent at r^k_i
+    cot: torch.Tensor  # (B, d) cotangent at r^k_i
 
 
 @torch.no_grad()
-def site_components(fw: Forward, adj: StructuredAdjoints, sites: list[Site], names: list[str], myopic: bool,
-                    chunk_size: int) -> tuple[dict[Site, dict[str, ParamDict]], ParamDict]:
+def site_components(
+    fw: Forward, adj: StructuredAdjoints, sites: list[Site], names: list[str], myopic: bool, chunk_size: int
+) -> tuple[dict[Site, dict[str, ParamDict]], ParamDict]:
     """``{site: {"direct": G_dir, "precached": G_pre}}`` for every site (name → tensor) and the zero
     tensors used for every exactly-zero entry (one per parameter, shared by all sites: parameters a
     site's cotangent cannot reach, and components whose cotangent vanishes).
@@ -599,8 +660,11 @@ def site_components(fw: Forward, adj: StructuredAdjoints, sites: list[Site], nam
     for j, job in enumerate(jobs):
         group.append(job)
         nxt = jobs[j + 1] if j + 1 < len(jobs) else None
-        if nxt is None or len(group) >= chunk_size or \
-                (nxt.site[1] != job.site[1] and (len(group) + 1) * per_source > GROUP_FLOATS):
+        if (
+            nxt is None
+            or len(group) >= chunk_size
+            or (nxt.site[1] != job.site[1] and (len(group) + 1) * per_source > GROUP_FLOATS)
+        ):
             _group_pass(fw, group, names, zero, myopic, out)
             group = []
     return out, zero
@@ -631,7 +695,7 @@ def _group_pass(fw: Forward, jobs: list[_Job], names: list[str], zero: ParamDict
             Es.append(E)
         return idx, Es[0] if len(Es) == 1 else torch.cat(Es)
 
-    pending: dict[int, list] = {}                                      # position → adjoint parts at r^k
+    pending: dict[int, list] = {}  # position → adjoint parts at r^k
     for k in range(L, -1, -1):
         fresh = [j for j, job in enumerate(jobs) if job.site[0] == k]
         pos_f = torch.tensor([jobs[j].site[1] for j in fresh], dtype=torch.long, device=dev)
@@ -639,21 +703,25 @@ def _group_pass(fw: Forward, jobs: list[_Job], names: list[str], zero: ParamDict
         if k == 0:
             for i in sorted(pending):
                 idx, E = gather(i, pending[i])
-                keep(idx, embedding_grads(fw, E, torch.full((len(idx),), i, dtype=torch.long, device=dev)
-                                          if myopic else None))
+                keep(
+                    idx,
+                    embedding_grads(
+                        fw, E, torch.full((len(idx),), i, dtype=torch.long, device=dev) if myopic else None
+                    ),
+                )
             if fresh:
                 keep(fresh, embedding_grads(fw, e_f, pos_f))
             break
         m = k - 1
         new: dict[int, list] = {}
-        if myopic and pending:                                         # everything stays at its position
+        if myopic and pending:  # everything stays at its position
             idx = [j for parts in pending.values() for ids, _ in parts for j in ids]
             E = torch.cat([E for parts in pending.values() for _, E in parts])
             pos = torch.tensor([jobs[j].site[1] for j in idx], dtype=torch.long, device=dev)
             g, E_in = fresh_backward(fw, m, E, pos, myopic=True)
             keep(idx, g)
             for r, j in enumerate(idx):
-                new.setdefault(jobs[j].site[1], []).append(([j], E_in[r:r + 1]))
+                new.setdefault(jobs[j].site[1], []).append(([j], E_in[r : r + 1]))
         else:
             for i in sorted(pending):
                 idx, E = gather(i, pending[i])
@@ -666,7 +734,7 @@ def _group_pass(fw: Forward, jobs: list[_Job], names: list[str], zero: ParamDict
             keep(fresh, g)
             if myopic:
                 for r, j in enumerate(fresh):
-                    new.setdefault(jobs[j].site[1], []).append(([j], spread[r:r + 1]))
+                    new.setdefault(jobs[j].site[1], []).append(([j], spread[r : r + 1]))
             else:
                 for i, rows in spread.rows_at().items():
                     new.setdefault(i, []).append(([fresh[r] for r in rows], spread, rows))

@@ -14,6 +14,7 @@
 
 Heavy modules are imported inside the command functions so that ``originlens --help`` stays fast.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .options import add_device, add_threads, apply_threads, utf8_text
 from ..errors import CompatibilityError, ConfigError, InputError
+from .options import add_device, add_threads, apply_threads, utf8_text
+
 # the names of originlens.stats.assoc.BASES, kept here so that building the parser does not import the
 # compiled statistics kernels (tests/reliability/test_cli_startup.py checks that both agree)
 BASES = ("bigram", "interchangeability", "context", "value_target", "query_key")
@@ -36,13 +38,17 @@ _OWN_OUTPUTS = ("statistics", "data", "report.html", "report.md", "report.json")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("assoc", help="token associations and the one-hot attention model (leading terms)",
-                       description="Leading-term tools of arXiv 2601.19208.")
+    p = sub.add_parser(
+        "assoc",
+        help="token associations and the one-hot attention model (leading terms)",
+        description="Leading-term tools of arXiv 2601.19208.",
+    )
     asub = p.add_subparsers(dest="assoc_command", metavar="ASSOC_COMMAND")
     _register_top(asub)
     _register_train(asub)
     _register_report(asub)
     from . import persistence_cmd
+
     persistence_cmd.register(asub)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
@@ -51,16 +57,28 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_top(asub) -> None:
-    t = asub.add_parser("top", help="top associations of a word under a basis map",
-                        description="Print the k strongest entries of a token's row (what it maps to) and "
-                                    "column (what maps to it) in a basis matrix of saved statistics.")
+    t = asub.add_parser(
+        "top",
+        help="top associations of a word under a basis map",
+        description="Print the k strongest entries of a token's row (what it maps to) and "
+        "column (what maps to it) in a basis matrix of saved statistics.",
+    )
     t.add_argument("--stats", required=True, help="directory written by `originlens stats`")
     t.add_argument("--basis", choices=BASES, default="bigram", help="which matrix (default bigram)")
-    t.add_argument("--word", required=True, action="append", type=utf8_text,
-                   help="token string (or integer id); repeat for several")
+    t.add_argument(
+        "--word",
+        required=True,
+        action="append",
+        type=utf8_text,
+        help="token string (or integer id); repeat for several",
+    )
     t.add_argument("-k", type=int, default=10, help="how many associations (default 10)")
-    t.add_argument("--direction", choices=["row", "column", "both"], default="both",
-                   help="what the word maps to (row), what maps to it (column), or both")
+    t.add_argument(
+        "--direction",
+        choices=["row", "column", "both"],
+        default="both",
+        help="what the word maps to (row), what maps to it (column), or both",
+    )
     t.add_argument("--include-self", action="store_true", help="keep the token itself in its list")
     t.add_argument("--json", action="store_true", help="print JSON instead of text")
     t.set_defaults(func=run_top)
@@ -72,15 +90,23 @@ def _token(w: str) -> str | int:
 
 def run_top(args: argparse.Namespace) -> int:
     from ..stats import load_statistics, top_associations
+
     st = load_statistics(args.stats)
     dirs = ["row", "column"] if args.direction == "both" else [args.direction]
     result = {}
     for w in args.word:
-        result[w] = {d: top_associations(st, args.basis, _token(w), args.k, direction=d,
-                                         exclude_self=not args.include_self) for d in dirs}
+        result[w] = {
+            d: top_associations(st, args.basis, _token(w), args.k, direction=d, exclude_self=not args.include_self)
+            for d in dirs
+        }
     if args.json:
-        print(json.dumps({w: {d: [[t, v] for t, v in lst] for d, lst in r.items()} for w, r in result.items()},
-                         ensure_ascii=False, indent=1))
+        print(
+            json.dumps(
+                {w: {d: [[t, v] for t, v in lst] for d, lst in r.items()} for w, r in result.items()},
+                ensure_ascii=False,
+                indent=1,
+            )
+        )
         return 0
     arrow = {"row": "→", "column": "←"}
     for w, r in result.items():
@@ -104,11 +130,14 @@ examples:
 
 def _register_train(asub) -> None:
     t = asub.add_parser(
-        "train", help="train the attention-only model (Def. 3.1) with GD or SGD from zero init",
+        "train",
+        help="train the attention-only model (Def. 3.1) with GD or SGD from zero init",
         description="Train the one-hot attention-only transformer of arXiv 2601.19208 and compare every "
-                    "checkpoint with the leading terms. Writes RUN/ (config, metrics, checkpoints, "
-                    "model.safetensors, statistics/, data/).",
-        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "checkpoint with the leading terms. Writes RUN/ (config, metrics, checkpoints, "
+        "model.safetensors, statistics/, data/).",
+        epilog=TRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     t.add_argument("corpus", nargs="?", help="corpus directory written by `originlens corpus build`")
     t.add_argument("--tokens", help="an (N, T+1) integer .npy file instead of a corpus directory")
     t.add_argument("--vocab-size", type=int, help="|V| (required with --tokens; default: the corpus's)")
@@ -123,26 +152,49 @@ def _register_train(asub) -> None:
     b.add_argument("--full-batch", action="store_true", help="full-batch gradient descent (the theory)")
     t.add_argument("--init", choices=("zero", "gaussian"), default="zero", help="initialisation (default zero)")
     t.add_argument("--init-std", type=float, default=0.0, help="std of the Gaussian init")
-    t.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                   help="precision of the weights and of the training arithmetic")
-    t.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps (0: only the "
-                   "final step unless --checkpoint-every-epochs)")
+    t.add_argument(
+        "--dtype",
+        choices=("float32", "float64"),
+        default="float32",
+        help="precision of the weights and of the training arithmetic",
+    )
+    t.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="checkpoint every N steps (0: only the final step unless --checkpoint-every-epochs)",
+    )
     t.add_argument("--checkpoint-every-epochs", type=float, help="checkpoint every E epochs (paper: 2)")
-    t.add_argument("--checkpoint-at", metavar="S1,S2,...",
-                   help="also checkpoint at these steps (e.g. 1,2,3,4,5,6 for the first steps)")
+    t.add_argument(
+        "--checkpoint-at",
+        metavar="S1,S2,...",
+        help="also checkpoint at these steps (e.g. 1,2,3,4,5,6 for the first steps)",
+    )
     t.add_argument("--keep-checkpoints", type=int, help="keep only the newest K checkpoint files")
-    t.add_argument("--stats", default="first-batch", metavar="first-batch|full|none|DIR",
-                   help="target statistics: from the first shuffled batch (paper, default), the full training "
-                        "set, none, or a statistics directory of the same corpus")
+    t.add_argument(
+        "--stats",
+        default="first-batch",
+        metavar="first-batch|full|none|DIR",
+        help="target statistics: from the first shuffled batch (paper, default), the full training "
+        "set, none, or a statistics directory of the same corpus",
+    )
     t.add_argument("--max-windows", type=int, help="use only the first N windows of the corpus")
-    t.add_argument("--holdout", type=int, default=0,
-                   help="hold out the last N windows (never trained on) for the report's held-out losses")
+    t.add_argument(
+        "--holdout",
+        type=int,
+        default=0,
+        help="hold out the last N windows (never trained on) for the report's held-out losses",
+    )
     t.add_argument("--seed", type=int, default=0, help="seed of the Gaussian init")
     t.add_argument("--data-seed", type=int, default=42, help="seed of the batch order (paper: 42)")
     t.add_argument("--log-every", type=int, default=1, help="log the loss every N steps")
     t.add_argument("--grad-chunk", type=int, help="sequences per forward pass (default: automatic)")
-    t.add_argument("--impl", choices=("auto", "paths", "gather", "dense"), default="auto",
-                   help="forward implementation (default auto)")
+    t.add_argument(
+        "--impl",
+        choices=("auto", "paths", "gather", "dense"),
+        default="auto",
+        help="forward implementation (default auto)",
+    )
     add_device(t, help="where to train (default cpu; auto = CUDA when available); exact resume on CPU only")
     add_threads(t)
     t.add_argument("--resume", action="store_true", help="continue RUN from its last checkpoint")
@@ -152,30 +204,38 @@ def _register_train(asub) -> None:
 
 def _load_windows(args: argparse.Namespace):
     from ..data import load_token_array
+
     if bool(args.corpus) == bool(args.tokens):
-        raise InputError("give either a corpus directory or --tokens FILE.npy (exactly one)",
-                         "e.g. `originlens assoc train corpora/ts --epochs 2 --out runs/lt`")
+        raise InputError(
+            "give either a corpus directory or --tokens FILE.npy (exactly one)",
+            "e.g. `originlens assoc train corpora/ts --epochs 2 --out runs/lt`",
+        )
     if args.tokens and args.vocab_size is None:
         raise InputError("--tokens needs --vocab-size", "pass --vocab-size V (ids must be < V)")
     src = Path(args.corpus or args.tokens)
     tokens, vocab, manifest = load_token_array(src, args.vocab_size)
     if vocab is not None and args.vocab_size is not None and args.vocab_size != len(vocab):
-        raise CompatibilityError(f"--vocab-size {args.vocab_size} differs from the corpus vocabulary ({len(vocab)})",
-                                 "drop --vocab-size when training on a corpus directory")
+        raise CompatibilityError(
+            f"--vocab-size {args.vocab_size} differs from the corpus vocabulary ({len(vocab)})",
+            "drop --vocab-size when training on a corpus directory",
+        )
     V = int(args.vocab_size if args.vocab_size is not None else len(vocab))
     return src, tokens, vocab, manifest, V
 
 
 def _split(tokens, max_windows, holdout):
     import numpy as np
+
     if max_windows is not None:
         if max_windows < 1:
             raise ConfigError(f"--max-windows must be ≥ 1 (got {max_windows})", "pass a positive number")
         tokens = tokens[:max_windows]
     tokens = np.asarray(tokens)
     if holdout < 0 or holdout >= tokens.shape[0]:
-        raise ConfigError(f"--holdout {holdout} must lie in 0..{tokens.shape[0] - 1} (there are "
-                          f"{tokens.shape[0]} windows)", "hold out fewer windows")
+        raise ConfigError(
+            f"--holdout {holdout} must lie in 0..{tokens.shape[0] - 1} (there are {tokens.shape[0]} windows)",
+            "hold out fewer windows",
+        )
     n = tokens.shape[0] - holdout
     return tokens[:n], tokens[n:]
 
@@ -183,16 +243,20 @@ def _split(tokens, max_windows, holdout):
 def _given_statistics(spec: str, vocab, V: int, T: int):
     """Load ``--stats DIR`` and check it belongs to this corpus (size, length, vocabulary)."""
     from ..stats import load_statistics
+
     st = load_statistics(spec)
     if st.size != V or st.vocab_size != V or st.seq_len != T or st.token_ids is not None:
         raise CompatibilityError(
             f"statistics in {spec} are for |V| = {st.vocab_size} ({st.size} kept tokens), T = {st.seq_len}; the "
             f"model has |V| = {V}, T = {T}",
             "compute them on this corpus without --top-k (`originlens stats CORPUS --out DIR`) or use "
-            "--stats first-batch")
+            "--stats first-batch",
+        )
     if vocab is not None and st.vocab is not None and list(st.vocab) != list(vocab):
-        raise CompatibilityError(f"statistics in {spec} were computed with another vocabulary",
-                                 "compute them on this corpus, or use --stats first-batch")
+        raise CompatibilityError(
+            f"statistics in {spec} were computed with another vocabulary",
+            "compute them on this corpus, or use --stats first-batch",
+        )
     return st
 
 
@@ -208,6 +272,7 @@ class _SaveInputs:
         if self.done or trainer.run_dir is None:
             return
         from ..storage import atomic_save_npy, atomic_write_json
+
         data = trainer.run_dir.path / "data"
         # each side file is checked on its own and train.npy is written last, so a run killed between
         # two of them gets the missing ones on resume (the report never takes training windows as held-out)
@@ -228,20 +293,22 @@ def _steps_list(spec: str | None) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in spec.split(",") if v.strip())
     except ValueError:
-        raise ConfigError(f"--checkpoint-at must be comma-separated step numbers (got {spec!r})",
-                          "e.g. --checkpoint-at 1,2,3,4") from None
+        raise ConfigError(
+            f"--checkpoint-at must be comma-separated step numbers (got {spec!r})", "e.g. --checkpoint-at 1,2,3,4"
+        ) from None
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from ..distributed import init
     from ..progress import log
     from ..storage import vocab_hash
     from ..train import AssocTrainConfig, train_assoc
-    from ..distributed import init
     from ..train.assoc import run_dir_kind
+
     apply_threads(args)
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other", "pass one of them")
-    rank, _ = init()                    # under torchrun: data-parallel over the ranks, rank 0 writes
+    rank, _ = init()  # under torchrun: data-parallel over the ranks, rank 0 writes
     src, tokens, vocab, manifest, V = _load_windows(args)
     train, heldout = _split(tokens, args.max_windows, args.holdout)
     T = train.shape[1] - 1
@@ -249,37 +316,63 @@ def run_train(args: argparse.Namespace) -> int:
     stats_source = {"first-batch": "first_batch", "full": "full", "none": "none"}.get(args.stats)
     if stats_source is None:
         if not Path(args.stats).exists():
-            raise InputError(f"--stats {args.stats} is neither first-batch, full, none nor an existing directory",
-                             "pass one of those, or compute statistics with `originlens stats`")
+            raise InputError(
+                f"--stats {args.stats} is neither first-batch, full, none nor an existing directory",
+                "pass one of those, or compute statistics with `originlens stats`",
+            )
         given = _given_statistics(args.stats, vocab, V, T)
         stats_source = "none"
     batch = None if args.full_batch else int(args.batch_size)
     cfg = AssocTrainConfig(
-        n_layers=args.layers, lr=args.lr, steps=args.steps, epochs=args.epochs, batch_size=batch,
-        init=args.init, init_std=args.init_std, dtype=args.dtype, seed=args.seed, data_seed=args.data_seed,
-        checkpoint_every=args.checkpoint_every, checkpoint_every_epochs=args.checkpoint_every_epochs,
+        n_layers=args.layers,
+        lr=args.lr,
+        steps=args.steps,
+        epochs=args.epochs,
+        batch_size=batch,
+        init=args.init,
+        init_std=args.init_std,
+        dtype=args.dtype,
+        seed=args.seed,
+        data_seed=args.data_seed,
+        checkpoint_every=args.checkpoint_every,
+        checkpoint_every_epochs=args.checkpoint_every_epochs,
         checkpoint_at=_steps_list(args.checkpoint_at),
-        keep_checkpoints=args.keep_checkpoints, log_every=args.log_every, stats_source=stats_source,
-        grad_chunk=args.grad_chunk, impl=args.impl, out=str(args.out), device=args.device)
+        keep_checkpoints=args.keep_checkpoints,
+        log_every=args.log_every,
+        stats_source=stats_source,
+        grad_chunk=args.grad_chunk,
+        impl=args.impl,
+        out=str(args.out),
+        device=args.device,
+    )
     cfg.validate()
     out = Path(args.out)
-    if args.overwrite and rank == 0 and run_dir_kind(out) == "assoc":   # never touch a directory we did not write
-        for name in _OWN_OUTPUTS:   # the trainer wipes its own files; these are ours
+    if args.overwrite and rank == 0 and run_dir_kind(out) == "assoc":  # never touch a directory we did not write
+        for name in _OWN_OUTPUTS:  # the trainer wipes its own files; these are ours
             f = out / name
             shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
 
-    source = {"source": str(src), "vocab_size": V, "seq_len": T, "max_windows": args.max_windows,
-              "holdout": args.holdout, "train_windows": int(train.shape[0]), "heldout_windows": int(heldout.shape[0]),
-              "vocab_hash": vocab_hash(vocab, V) if vocab is not None else None,
-              "corpus_manifest_tokens_sha256": (manifest or {}).get("tokens_sha256"),
-              "stats": str(args.stats)}
+    source = {
+        "source": str(src),
+        "vocab_size": V,
+        "seq_len": T,
+        "max_windows": args.max_windows,
+        "holdout": args.holdout,
+        "train_windows": int(train.shape[0]),
+        "heldout_windows": int(heldout.shape[0]),
+        "vocab_hash": vocab_hash(vocab, V) if vocab is not None else None,
+        "corpus_manifest_tokens_sha256": (manifest or {}).get("tokens_sha256"),
+        "stats": str(args.stats),
+    }
     saver = _SaveInputs(train, heldout, vocab, source)
-    log(f"assoc train: {train.shape[0]} windows × T={T}, |V|={V}, L={args.layers}, η={args.lr}, "
-        + ("full-batch GD" if batch is None else f"SGD batch {batch}") + f", statistics: {args.stats}, "
-        f"device: {args.device}")
+    log(
+        f"assoc train: {train.shape[0]} windows × T={T}, |V|={V}, L={args.layers}, η={args.lr}, "
+        + ("full-batch GD" if batch is None else f"SGD batch {batch}")
+        + f", statistics: {args.stats}, "
+        f"device: {args.device}"
+    )
     t0 = time.perf_counter()
-    run = train_assoc(train, V, cfg, [saver], stats=given, vocab=vocab, resume=args.resume,
-                      overwrite=args.overwrite)
+    run = train_assoc(train, V, cfg, [saver], stats=given, vocab=vocab, resume=args.resume, overwrite=args.overwrite)
     secs = time.perf_counter() - t0
     if rank != 0:
         return 0
@@ -293,6 +386,7 @@ def _summary_line(run: Any, out: Path, V: int, secs: float) -> str:
     A resumed run only holds this session's losses in memory; the earlier ones come from ``metrics.jsonl``
     (so a run resumed when already finished reports its real losses, not NaN)."""
     from ..runs import RunDir
+
     losses: dict[int, float] = {}
     last_min_cos = None
     for r in RunDir(out, create=False).read_metrics():
@@ -300,8 +394,8 @@ def _summary_line(run: Any, out: Path, V: int, secs: float) -> str:
             losses[int(r["step"])] = float(r["loss"])
         elif r.get("event") == "checkpoint" and r.get("min_cos"):
             last_min_cos = r["min_cos"]
-    losses.update(run.losses)                 # this session's losses of every step (not only the logged ones)
-    if run.resumed_from is not None and run.resumed_from >= run.total_steps:    # nothing left to train
+    losses.update(run.losses)  # this session's losses of every step (not only the logged ones)
+    if run.resumed_from is not None and run.resumed_from >= run.total_steps:  # nothing left to train
         msg = f"{out}: already finished at step {run.step}/{run.total_steps} ({run.optimizer})"
     else:
         msg = f"trained {out}: step {run.step}/{run.total_steps} ({run.optimizer})"
@@ -312,6 +406,7 @@ def _summary_line(run: Any, out: Path, V: int, secs: float) -> str:
     mc = None
     if run.comparisons:
         from ..theory import min_cosines
+
         mc = min_cosines(run.comparisons[max(run.comparisons)])
     elif last_min_cos:
         mc = last_min_cos
@@ -335,25 +430,35 @@ def cosine_text(name: str, v: Any) -> str:
 
 def _register_report(asub) -> None:
     r = asub.add_parser(
-        "report", help="leading-term analysis of a training run: tracking, null baselines, intervention",
+        "report",
+        help="leading-term analysis of a training run: tracking, null baselines, intervention",
         description="Compare every checkpoint of RUN with the leading terms (cosine, norm ratio, Frobenius "
-                    "error), compute null baselines (unrelated corpus, disjoint windows, PMI, random), the "
-                    "causal intervention of Table 3 and the leading-term model's loss; write RUN/report.html, "
-                    "report.md and report.json.")
+        "error), compute null baselines (unrelated corpus, disjoint windows, PMI, random), the "
+        "causal intervention of Table 3 and the leading-term model's loss; write RUN/report.html, "
+        "report.md and report.json.",
+    )
     r.add_argument("run", help="run directory written by `originlens assoc train`")
     r.add_argument("--json", action="store_true", help="print all numbers as JSON on stdout")
-    r.add_argument("--null-corpus", metavar="storyworld|DIR|STATS",
-                   help="statistics of an unrelated corpus (aligned with the run by token string): "
-                        "'storyworld', a corpus directory or a statistics directory")
-    r.add_argument("--examples", default=None,
-                   help="comma-separated example words (default: the paper's red,to,they,happy,wanted,fish,"
-                        "flower,birds)")
+    r.add_argument(
+        "--null-corpus",
+        metavar="storyworld|DIR|STATS",
+        help="statistics of an unrelated corpus (aligned with the run by token string): "
+        "'storyworld', a corpus directory or a statistics directory",
+    )
+    r.add_argument(
+        "--examples",
+        default=None,
+        help="comma-separated example words (default: the paper's red,to,they,happy,wanted,fish,flower,birds)",
+    )
     r.add_argument("-k", type=int, default=10, help="associations per example word (default 10)")
     r.add_argument("--stats", help="target statistics (default RUN/statistics)")
     r.add_argument("--data", help="corpus directory or .npy with the training windows (default RUN/data)")
-    r.add_argument("--eval-windows", type=int, default=2048,
-                   help="training windows for the intervention (first N, unshuffled; 0 = all as in the paper; "
-                        "default 2048)")
+    r.add_argument(
+        "--eval-windows",
+        type=int,
+        default=2048,
+        help="training windows for the intervention (first N, unshuffled; 0 = all as in the paper; default 2048)",
+    )
     r.add_argument("--null-windows", type=int, default=2048, help="windows for null statistics (default 2048)")
     r.add_argument("--no-intervention", action="store_true", help="skip the causal intervention")
     r.add_argument("--no-heldout", action="store_true", help="skip the held-out losses")
@@ -367,22 +472,38 @@ def _register_report(asub) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     from ..progress import log
-    from ..theory.tracking import (EXAMPLE_WORDS, AnalysisConfig, analyse_run, load_run,
-                                   resolve_null_statistics, write_report)
+    from ..theory.tracking import (
+        EXAMPLE_WORDS,
+        AnalysisConfig,
+        analyse_run,
+        load_run,
+        resolve_null_statistics,
+        write_report,
+    )
+
     apply_threads(args)
     if args.eval_windows < 0 or args.null_windows < 1 or args.batch_size < 1 or args.k < 1:
         raise ConfigError("--eval-windows must be ≥ 0, --null-windows, --batch-size and -k ≥ 1", "fix the flag")
     from ..devices import resolve_device
-    resolve_device(args.device)                 # fail before the (long) analysis if CUDA is missing
+
+    resolve_device(args.device)  # fail before the (long) analysis if CUDA is missing
     run = load_run(args.run, stats=args.stats, data=args.data)
     null = None
     if args.null_corpus:
         log(f"assoc report: null statistics from {args.null_corpus}")
         null = resolve_null_statistics(args.null_corpus, run.seq_len, windows=args.null_windows, seed=args.seed)
     words = tuple(w.strip() for w in args.examples.split(",") if w.strip()) if args.examples else EXAMPLE_WORDS
-    cfg = AnalysisConfig(eval_windows=args.eval_windows, null_windows=args.null_windows, examples=words,
-                         top_k=args.k, seed=args.seed, intervention=not args.no_intervention,
-                         heldout=not args.no_heldout, batch_size=args.batch_size, device=args.device)
+    cfg = AnalysisConfig(
+        eval_windows=args.eval_windows,
+        null_windows=args.null_windows,
+        examples=words,
+        top_k=args.k,
+        seed=args.seed,
+        intervention=not args.no_intervention,
+        heldout=not args.no_heldout,
+        batch_size=args.batch_size,
+        device=args.device,
+    )
     results = analyse_run(run, cfg, null=null)
     path = write_report(results, args.out or args.run)
     if args.json:
@@ -390,8 +511,7 @@ def run_report(args: argparse.Namespace) -> int:
         print()
         return 0
     m = results["min_cosine_over_training"]
-    line = (f"wrote {path}; min cosine over training: "
-            + ", ".join(cosine_text(k, v) for k, v in m.items()))
+    line = f"wrote {path}; min cosine over training: " + ", ".join(cosine_text(k, v) for k, v in m.items())
     it = results.get("intervention")
     if it:
         fin = [(n, v["loss"]) for n, v in it["losses"].items() if v["loss"] is not None]

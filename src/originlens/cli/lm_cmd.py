@@ -17,12 +17,14 @@ Registration imports neither torch nor :mod:`originlens.lm` (``originlens --help
 do not need torch start fast); they are imported when a command runs.  The format names in the help text
 are :data:`FORMAT_NAMES`, kept equal to ``originlens.lm.loading.MODEL_FORMATS`` by a test.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, InputError
 from .options import utf8_text
@@ -32,24 +34,48 @@ if TYPE_CHECKING:
     from ..lm.loading import TextCodec
 
 # detect_format, load_model and ModelFormat are re-exported for callers of the former CLI-local registry
-__all__ = ["register", "generate_ids", "generate_text", "MODEL_FORMATS", "ModelFormat", "detect_format",
-           "load_model"]
+__all__ = [  # noqa: F822 (the lazy names resolve through __getattr__)
+    "MODEL_FORMATS",
+    "ModelFormat",
+    "detect_format",
+    "generate_ids",
+    "generate_text",
+    "load_model",
+    "register",
+]
 # the names of originlens.lm.loading.MODEL_FORMATS, for the help text (tests/reliability/test_cli_startup.py)
 FORMAT_NAMES = ("llama2c", "originlens-gpt", "hf")
-_LAZY = {"MODEL_FORMATS", "ModelFormat", "detect_format", "load_model", "load_adapter", "load_tokenizer",
-         "check_vocab", "TextCodec"}
+_LAZY = {
+    "MODEL_FORMATS",
+    "ModelFormat",
+    "detect_format",
+    "load_model",
+    "load_adapter",
+    "load_tokenizer",
+    "check_vocab",
+    "TextCodec",
+}
 
 
 def __getattr__(name: str) -> Any:
     """The re-exported names of :mod:`originlens.lm.loading`, imported on first use (it imports torch)."""
     if name in _LAZY:
         from ..lm import loading
+
         return getattr(loading, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens: int, *, greedy: bool = True,
-                 temperature: float = 1.0, seed: int = 0, stop_ids: Sequence[int] = ()) -> list[int]:
+def generate_ids(
+    adapter: LMAdapter,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    greedy: bool = True,
+    temperature: float = 1.0,
+    seed: int = 0,
+    stop_ids: Sequence[int] = (),
+) -> list[int]:
     """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens with any adapter: incrementally with its
     key/value cache where it has one (:meth:`LMAdapter.decode`; llama2.c), else by re-running the prefix.
 
@@ -67,18 +93,29 @@ def generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens: 
     if limit is not None and len(prompt_ids) > limit:
         raise ConfigError(f"prompt of {len(prompt_ids)} tokens exceeds the context of {limit}", "shorten the prompt")
     import torch
+
     with torch.no_grad():
-        return _generate_ids(adapter, prompt_ids, max_new_tokens, greedy=greedy, temperature=temperature,
-                             seed=seed, stop_ids=stop_ids)
+        return _generate_ids(
+            adapter, prompt_ids, max_new_tokens, greedy=greedy, temperature=temperature, seed=seed, stop_ids=stop_ids
+        )
 
 
-def _generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens: int, *, greedy: bool,
-                  temperature: float, seed: int, stop_ids: Sequence[int]) -> list[int]:
+def _generate_ids(
+    adapter: LMAdapter,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    greedy: bool,
+    temperature: float,
+    seed: int,
+    stop_ids: Sequence[int],
+) -> list[int]:
     import torch
+
     limit = adapter.max_seq_len
     gen = torch.Generator(device="cpu").manual_seed(seed)
     ids, stops = list(prompt_ids), set(int(s) for s in stop_ids)
-    cached = adapter.supports_decode        # a key/value cache: one token per step, not the whole prefix
+    cached = adapter.supports_decode  # a key/value cache: one token per step, not the whole prefix
     cache, fresh = None, list(ids)
     for _ in range(max_new_tokens):
         if limit is not None and len(ids) >= limit:
@@ -99,35 +136,52 @@ def _generate_ids(adapter: LMAdapter, prompt_ids: Sequence[int], max_new_tokens:
     return ids
 
 
-def generate_text(adapter: LMAdapter, codec: TextCodec, prompt: str = "", max_new_tokens: int = 256, *,
-                  greedy: bool = True, temperature: float = 1.0, seed: int = 0) -> str:
+def generate_text(
+    adapter: LMAdapter,
+    codec: TextCodec,
+    prompt: str = "",
+    max_new_tokens: int = 256,
+    *,
+    greedy: bool = True,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> str:
     """Prompt plus continuation as text, for any adapter (see the module docstring for the rules)."""
     from ..lm.llama2c import generate_tokens
     from ..lm.loading import check_vocab
     from ..lm.native import Llama2cAdapter
+
     check_vocab(adapter, codec)
     bos = adapter.bos_id if adapter.bos_id is not None else codec.bos_id
     ids = ([bos] if bos is not None else []) + codec.encode(prompt)
     if isinstance(adapter, Llama2cAdapter):  # KV cache; stops at BOS like llama2.c
-        out = generate_tokens(adapter.module, ids, max_new_tokens, greedy=greedy, temperature=temperature,
-                              seed=seed)
+        out = generate_tokens(adapter.module, ids, max_new_tokens, greedy=greedy, temperature=temperature, seed=seed)
     else:
         stops = tuple(getattr(adapter, "stop_ids", ()) or ())
         if not stops and codec.eos_id is not None:
             stops = (codec.eos_id,)
-        out = generate_ids(adapter, ids, max_new_tokens, greedy=greedy, temperature=temperature, seed=seed,
-                           stop_ids=stops)
+        out = generate_ids(
+            adapter, ids, max_new_tokens, greedy=greedy, temperature=temperature, seed=seed, stop_ids=stops
+        )
     return codec.decode(out)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from ..lm.loading import load_adapter, load_tokenizer
+
     tok = None if args.tokenizer is None else Path(args.tokenizer)
     codec = load_tokenizer(args.model, tok, revision=args.revision)
     adapter = load_adapter(args.model, revision=args.revision)
     greedy = args.temperature is None
-    text = generate_text(adapter, codec, args.prompt, args.max_new_tokens, greedy=greedy,
-                         temperature=1.0 if greedy else args.temperature, seed=args.seed)
+    text = generate_text(
+        adapter,
+        codec,
+        args.prompt,
+        args.max_new_tokens,
+        greedy=greedy,
+        temperature=1.0 if greedy else args.temperature,
+        seed=args.seed,
+    )
     sys.stdout.write(text + "\n")
     return 0
 
@@ -136,10 +190,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from ..lm.export import export_to_hf
     from ..lm.loading import load_model
     from ..models.gpt import GPT
+
     model = load_model(args.model)
     if not isinstance(model, GPT) and args.tokenizer is not None:
-        raise InputError("--tokenizer is only copied for GPT exports (a tokenizer.json)",
-                         "drop --tokenizer; pass the llama2.c tokenizer .bin to `lm generate --tokenizer`")
+        raise InputError(
+            "--tokenizer is only copied for GPT exports (a tokenizer.json)",
+            "drop --tokenizer; pass the llama2.c tokenizer .bin to `lm generate --tokenizer`",
+        )
     out = export_to_hf(model, args.out, tokenizer=args.tokenizer, overwrite=args.overwrite)
     sys.stdout.write(f"{out}\n")
     return 0
@@ -163,27 +220,39 @@ def register(subparsers: Any) -> None:
     formats = ", ".join(FORMAT_NAMES)
     lm = subparsers.add_parser("lm", help="pretrained language models (llama2.c, originlens GPT, Hugging Face)")
     lm_sub = lm.add_subparsers(dest="lm_command", metavar="LM_COMMAND")
-    g = lm_sub.add_parser("generate", help="generate text from BOS (and an optional prompt)",
-                          description="Print the prompt and its continuation; generation starts from BOS "
-                                      "and stops at a stop token, a full context, or after N new tokens.")
-    g.add_argument("--model", required=True,
-                   help=f"checkpoint path or hf:ID[@REVISION]; formats: {formats}")
+    g = lm_sub.add_parser(
+        "generate",
+        help="generate text from BOS (and an optional prompt)",
+        description="Print the prompt and its continuation; generation starts from BOS "
+        "and stops at a stop token, a full context, or after N new tokens.",
+    )
+    g.add_argument("--model", required=True, help=f"checkpoint path or hf:ID[@REVISION]; formats: {formats}")
     g.add_argument("--revision", default=None, help="hub revision (branch, tag or commit) for hf:ID")
-    g.add_argument("--tokenizer", default=None,
-                   help="tokenizer (llama2.c .bin, tokenizer.json, corpus or tokenizer directory); "
-                        "default: found next to the model")
+    g.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer (llama2.c .bin, tokenizer.json, corpus or tokenizer directory); "
+        "default: found next to the model",
+    )
     g.add_argument("--prompt", type=utf8_text, default="", help="text to continue (default: none)")
     g.add_argument("--max-new-tokens", type=_non_negative_int, default=256, help="default 256")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--greedy", action="store_true", help="always take the most likely token (default)")
-    mode.add_argument("--temperature", type=_positive_float, default=None,
-                      help="sample from softmax(logits / T) instead of greedy decoding")
+    mode.add_argument(
+        "--temperature",
+        type=_positive_float,
+        default=None,
+        help="sample from softmax(logits / T) instead of greedy decoding",
+    )
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     g.set_defaults(func=_cmd_generate)
 
-    e = lm_sub.add_parser("export", help="write a GPT or llama2.c checkpoint as a Hugging Face directory",
-                          description="GPT checkpoint -> GPT-2 directory; llama2.c checkpoint -> Llama "
-                                      "directory (rotary rows permuted to Hugging Face's layout).")
+    e = lm_sub.add_parser(
+        "export",
+        help="write a GPT or llama2.c checkpoint as a Hugging Face directory",
+        description="GPT checkpoint -> GPT-2 directory; llama2.c checkpoint -> Llama "
+        "directory (rotary rows permuted to Hugging Face's layout).",
+    )
     e.add_argument("--model", required=True, help="GPT .safetensors or llama2.c .bin")
     e.add_argument("--out", required=True, help="output directory")
     e.add_argument("--tokenizer", default=None, help="tokenizer.json to copy into the directory (GPT only)")

@@ -5,6 +5,7 @@ such a module defines ``register(subparsers)`` which adds parsers whose ``func``
 with the parsed arguments.  User errors (:class:`~originlens.errors.OriginlensError`) are printed as one
 line and exit with status 2; anything else is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,15 +37,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="originlens",
         description="Where do transformer features come from? Corpus statistics and leading terms "
-                    "(arXiv 2601.19208) and gradient pathways (arXiv 2603.14087).",
+        "(arXiv 2601.19208) and gradient pathways (arXiv 2603.14087).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bars or status lines")
     g.add_argument("-v", "--verbose", action="store_true", help="progress bars even when not a terminal")
-    p.add_argument("--log-to", metavar="SINKS", help="also mirror logged metrics to 'tensorboard' and/or "
-                   "'wandb' (comma-separated; the package must be installed; default: env ORIGINLENS_LOG_TO)")
+    p.add_argument(
+        "--log-to",
+        metavar="SINKS",
+        help="also mirror logged metrics to 'tensorboard' and/or "
+        "'wandb' (comma-separated; the package must be installed; default: env ORIGINLENS_LOG_TO)",
+    )
     from .. import __version__
+
     p.add_argument("--version", action="version", version=f"originlens {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
@@ -62,10 +68,20 @@ def _verbosity_everywhere(parser: argparse.ArgumentParser) -> None:
         for child in set(action.choices.values()):
             if not any("-q" in a.option_strings for a in child._actions):
                 g = child.add_mutually_exclusive_group()
-                g.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                               help="no progress bars or status lines (also before the command)")
-                g.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                               help="progress bars even when not a terminal (also before the command)")
+                g.add_argument(
+                    "-q",
+                    "--quiet",
+                    action="store_true",
+                    default=argparse.SUPPRESS,
+                    help="no progress bars or status lines (also before the command)",
+                )
+                g.add_argument(
+                    "-v",
+                    "--verbose",
+                    action="store_true",
+                    default=argparse.SUPPRESS,
+                    help="progress bars even when not a terminal (also before the command)",
+                )
             _verbosity_everywhere(child)
 
 
@@ -86,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status.  Ctrl-C at any
     moment, parsing and the commands' own imports included, ends with one line and status 130."""
     from .. import progress as _progress
-    saved = _progress._VERBOSITY              # -q/-v apply to this command only, not to later in-process calls
+
+    saved = _progress._VERBOSITY  # -q/-v apply to this command only, not to later in-process calls
     try:
         return _main(argv)
     except KeyboardInterrupt as exc:
@@ -105,13 +122,14 @@ def _main(argv: list[str] | None) -> int:
         set_verbosity(2)
     if not getattr(args, "func", None):
         chosen = _chosen_parser(parser, sys.argv[1:] if argv is None else argv)
-        chosen.print_help()                 # a command group without its sub-command: the group's own help
+        chosen.print_help()  # a command group without its sub-command: the group's own help
         return 0 if chosen is parser else 2
     try:
         if args.log_to is not None:
             from ..sinks import set_sinks
+
             set_sinks(args.log_to)
-        with terminate_as_interrupt():          # SIGTERM takes the same clean path as Ctrl-C
+        with terminate_as_interrupt():  # SIGTERM takes the same clean path as Ctrl-C
             rc = args.func(args)
     except OriginlensError as exc:
         print(f"originlens: error: {exc.one_line()}", file=sys.stderr)
@@ -122,10 +140,12 @@ def _main(argv: list[str] | None) -> int:
         if exc.filename is None:
             raise
         from pathlib import Path
+
         from ..storage import io_error
+
         print(f"originlens: error: {io_error(Path(exc.filename), exc, 'accessing').one_line()}", file=sys.stderr)
         return 2
-    except Interrupted as exc:                  # a training loop checkpointed before stopping
+    except Interrupted as exc:  # a training loop checkpointed before stopping
         print(f"originlens: interrupted by {exc.message}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:
@@ -134,9 +154,10 @@ def _main(argv: list[str] | None) -> int:
     finally:
         from ..runs import release_all_locks
         from ..sinks import close_all, reset_sinks
+
         close_all()
         reset_sinks()
-        release_all_locks()                 # a command's run directories are locked while it runs
+        release_all_locks()  # a command's run directories are locked while it runs
     return int(rc or 0)
 
 

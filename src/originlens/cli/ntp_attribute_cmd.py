@@ -15,13 +15,14 @@
 Registered as a top-level command; :func:`add_arguments` and :func:`cmd_attribute` let the ``ntp``
 group mount the same command as ``ntp attribute``.
 """
+
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from .options import add_device, add_threads, apply_threads, int_list
 from ..errors import ConfigError
+from .options import add_device, add_threads, apply_threads, int_list
 
 
 def _pair(s: str) -> tuple[int, int]:
@@ -51,26 +52,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--positions", type=int_list, default=None, help="positions i, e.g. 8,12 or 8-20:4")
     g.add_argument("--features", default="tracked", help="tracked (default) | all | NAME,NAME,...")
     a = p.add_argument_group("attribution")
-    a.add_argument("--optimizer", default="adam", choices=["adam", "sgd"],
-                   help="adam: per-component Adam moments (paper); sgd: Δ_c = lr·G_c")
+    a.add_argument(
+        "--optimizer",
+        default="adam",
+        choices=["adam", "sgd"],
+        help="adam: per-component Adam moments (paper); sgd: Δ_c = lr·G_c",
+    )
     a.add_argument("--segment", type=_pair, default=None, help="updates START+1..END (default: the whole run)")
-    a.add_argument("--segments", type=int, default=None,
-                   help="cut them into N contiguous segments (default: 1; under torchrun: one per process, "
-                        "segment i on rank i mod W)")
-    a.add_argument("--steps", type=_steps, default=None,
-                   help="record influences only at FIRST:LAST[:STRIDE] (SGD also skips the decomposition elsewhere)")
+    a.add_argument(
+        "--segments",
+        type=int,
+        default=None,
+        help="cut them into N contiguous segments (default: 1; under torchrun: one per process, "
+        "segment i on rank i mod W)",
+    )
+    a.add_argument(
+        "--steps",
+        type=_steps,
+        default=None,
+        help="record influences only at FIRST:LAST[:STRIDE] (SGD also skips the decomposition elsewhere)",
+    )
     a.add_argument("--no-types", dest="types", action="store_false", help="skip per-feature-type influences")
-    a.add_argument("--half", dest="half", action="store_true",
-                   help="mismatch with a ½ (values ½ of the paper's convention, which has none)")
-    a.add_argument("--random-directions", type=int, default=0, metavar="N",
-                   help="null: also attribute N random directions of each probe's norm per site and feature "
-                        "(features F~random0..)")
-    a.add_argument("--check-identity", action="store_true",
-                   help="also store R after the attributed step (Σ_c I_c ≈ R before − R after)")
-    a.add_argument("--warm", action="store_true",
-                   help="Adam: recompute missing component moments from an earlier segment or update 1")
-    a.add_argument("--verify", default="next", choices=["next", "segment", "none"],
-                   help="checkpoints compared bit-exactly: inside the segment and the next one (default)")
+    a.add_argument(
+        "--half",
+        dest="half",
+        action="store_true",
+        help="mismatch with a ½ (values ½ of the paper's convention, which has none)",
+    )
+    a.add_argument(
+        "--random-directions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="null: also attribute N random directions of each probe's norm per site and feature "
+        "(features F~random0..)",
+    )
+    a.add_argument(
+        "--check-identity",
+        action="store_true",
+        help="also store R after the attributed step (Σ_c I_c ≈ R before − R after)",
+    )
+    a.add_argument(
+        "--warm",
+        action="store_true",
+        help="Adam: recompute missing component moments from an earlier segment or update 1",
+    )
+    a.add_argument(
+        "--verify",
+        default="next",
+        choices=["next", "segment", "none"],
+        help="checkpoints compared bit-exactly: inside the segment and the next one (default)",
+    )
     a.add_argument("--replay-rtol", type=float, default=0.0, help="tolerance of the replay checks (0 = exact)")
     add_device(a, default=None, help="where to replay (default: the run's)")
     o = p.add_argument_group("output")
@@ -96,36 +128,66 @@ def _sites(args: argparse.Namespace) -> Any:
 def cmd_attribute(args: argparse.Namespace) -> int:
     from ..attribution.replay import attribute_run
     from ..attribution.store import write_report
+
     apply_threads(args)
     sites = _sites(args)
     if sites is None and not args.report:
         raise ConfigError("nothing to do", "pass --sites (or --layers/--positions) to attribute, and/or --report")
     store = args.out
     from ..distributed import init
-    rank, world_size = init()          # under torchrun: the segments are spread over the ranks
+
+    rank, world_size = init()  # under torchrun: the segments are spread over the ranks
     if sites is not None and (args.segments is not None or world_size > 1):
         from ..attribution.replay import attribute_segments
+
         res_list = attribute_segments(
-            args.run, segments=args.segments, segment=args.segment, sites=sites, features=args.features,
-            optimizer=args.optimizer, steps=args.steps, types=args.types, half=args.half,
-            check_identity=args.check_identity, out=args.out, warm=args.warm, verify=args.verify,
-            device=args.device, overwrite=args.overwrite, replay_rtol=args.replay_rtol,
-            random_directions=args.random_directions)
+            args.run,
+            segments=args.segments,
+            segment=args.segment,
+            sites=sites,
+            features=args.features,
+            optimizer=args.optimizer,
+            steps=args.steps,
+            types=args.types,
+            half=args.half,
+            check_identity=args.check_identity,
+            out=args.out,
+            warm=args.warm,
+            verify=args.verify,
+            device=args.device,
+            overwrite=args.overwrite,
+            replay_rtol=args.replay_rtol,
+            random_directions=args.random_directions,
+        )
         if rank != 0:
             return 0
         store = res_list[0].store
         for res in res_list:
             _print_segment(res.path, res.info)
     elif sites is not None:
-        res = attribute_run(args.run, sites=sites, features=args.features, optimizer=args.optimizer,
-                            steps=args.steps, segment=args.segment, types=args.types, half=args.half,
-                            check_identity=args.check_identity, out=args.out, warm=args.warm, verify=args.verify,
-                            device=args.device, overwrite=args.overwrite, replay_rtol=args.replay_rtol,
-                            random_directions=args.random_directions)
+        res = attribute_run(
+            args.run,
+            sites=sites,
+            features=args.features,
+            optimizer=args.optimizer,
+            steps=args.steps,
+            segment=args.segment,
+            types=args.types,
+            half=args.half,
+            check_identity=args.check_identity,
+            out=args.out,
+            warm=args.warm,
+            verify=args.verify,
+            device=args.device,
+            overwrite=args.overwrite,
+            replay_rtol=args.replay_rtol,
+            random_directions=args.random_directions,
+        )
         _print_segment(res.path, res.info)
         store = res.store
     if args.report and rank == 0:
         from pathlib import Path
+
         html = write_report(store if store is not None else Path(args.run), ci=args.ci)
         print(f"report: {html}")
     return 0
@@ -133,17 +195,21 @@ def cmd_attribute(args: argparse.Namespace) -> int:
 
 def _print_segment(path: Any, info: dict) -> None:
     c = info["checks"]
-    print(f"{path}: {info['rows']} rows, {info['n_recorded_steps']} updates, "
-          f"{info['seconds_per_attributed_step']:.3f} s per attributed update; replay: "
-          f"{c['losses_checked']} losses equal to the log, checkpoints "
-          f"{c['checkpoints_verified'] or 'none'} bit-identical")
+    print(
+        f"{path}: {info['rows']} rows, {info['n_recorded_steps']} updates, "
+        f"{info['seconds_per_attributed_step']:.3f} s per attributed update; replay: "
+        f"{c['losses_checked']} losses equal to the log, checkpoints "
+        f"{c['checkpoints_verified'] or 'none'} bit-identical"
+    )
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "attribute", help="attribute a training run's updates to gradient pathways (influence on probed features)",
+        "attribute",
+        help="attribute a training run's updates to gradient pathways (influence on probed features)",
         description="Replay a finished `ntp train` run from its checkpoints and data order, decompose every "
-                    "update into direct / pre-cached / shared pathways at residual sites, and store the "
-                    "influence of each on the probed features (positive = toward the final value).")
+        "update into direct / pre-cached / shared pathways at residual sites, and store the "
+        "influence of each on the probed features (positive = toward the final value).",
+    )
     add_arguments(p)
     p.set_defaults(func=cmd_attribute)

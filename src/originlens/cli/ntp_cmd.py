@@ -14,13 +14,15 @@
 but recorded in ``environment.json`` at the start and at every resume, and a CPU run resumed with another
 count than it started with warns: its later weights differ in the last bits from an uninterrupted run).
 """
+
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from .options import add_threads, apply_threads, int_list
 from ..errors import ConfigError
+from .options import add_threads, apply_threads, int_list
+
 
 def _untie_at(s: str) -> Any:
     return "all" if s == "all" else int_list(s)
@@ -33,6 +35,7 @@ def _probe_positions(s: str) -> Any:
 def _task_option(s: str) -> tuple[str, Any]:
     """``KEY=VALUE``; VALUE is read as JSON when it parses (true, 3, "x"), else kept as a string."""
     import json
+
     key, sep, value = s.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {s!r}")
@@ -53,6 +56,7 @@ def _betas(s: str) -> tuple[float, float]:
 # (flag, NTPConfig field, parser, help)
 def _device_arg(s: str) -> str:
     from ..devices import device_arg
+
     return device_arg(s)
 
 
@@ -65,27 +69,42 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--d-model", "d_model", int, "residual width (128; Othello 256)"),
     ("--layers", "n_layer", int, "transformer blocks (2; Othello 6; language 4)"),
     ("--heads", "n_head", int, "attention heads (4)"),
-    ("--untie-at", "untie_at", _untie_at, "untied regimes: boundaries M1,M2,... | all (default 10 on the "
-                                          "majority tasks)"),
-    ("--untie-scope", "untie_scope", str, "untied copies of: everything (paper: a second complete model) | "
-                                          "blocks"),
-    ("--train-size", "train_size", int, "counting tasks: fixed training set of N sequences (102400, the "
-                                        "paper's; 0 = fresh sequences every step)"),
+    (
+        "--untie-at",
+        "untie_at",
+        _untie_at,
+        "untied regimes: boundaries M1,M2,... | all (default 10 on the majority tasks)",
+    ),
+    ("--untie-scope", "untie_scope", str, "untied copies of: everything (paper: a second complete model) | blocks"),
+    (
+        "--train-size",
+        "train_size",
+        int,
+        "counting tasks: fixed training set of N sequences (102400, the paper's; 0 = fresh sequences every step)",
+    ),
     ("--log-every", "log_every", int, "train-loss log interval (10)"),
     ("--eval-every", "eval_every", int, "eval interval in steps (500; 0 = only at the end)"),
     ("--probe-every", "probe_every", int, "probe interval in steps (500; Othello 1000; 0 = only at the end)"),
     ("--eval-size", "eval_size", int, "eval sequences (10240; Othello 20480)"),
     ("--probe-size", "probe_size", int, "eval sequences used for probes (default: all)"),
-    ("--probe-positions", "probe_positions", _probe_positions, "all | tracked | I,J,... (default: all; "
-                                                                "Othello tracked)"),
+    (
+        "--probe-positions",
+        "probe_positions",
+        _probe_positions,
+        "all | tracked | I,J,... (default: all; Othello tracked)",
+    ),
     ("--probe-alpha", "probe_alpha", float, "ridge penalty (1.0)"),
     ("--checkpoint-every", "checkpoint_every", int, "checkpoint interval (500; 0 = only at the end)"),
     ("--keep-checkpoints", "keep_checkpoints", int, "keep the last N checkpoints (0 = all)"),
     ("--dtype", "dtype", str, "float32 | float64"),
     ("--device", "device", _device_arg, "cpu | cuda | cuda:N | auto"),
     ("--attn-impl", "attn_impl", str, "standard-regime attention kernel: sdpa | eager"),
-    ("--othello-pool", "othello_pool", int, "Othello games generated once per run (500000; 0 = fresh "
-                                            "games every step)"),
+    (
+        "--othello-pool",
+        "othello_pool",
+        int,
+        "Othello games generated once per run (500000; 0 = fresh games every step)",
+    ),
     ("--eval-seed", "eval_seed", int, "seed of the eval set (default: --seed)"),
     ("--corpus", "corpus", str, "token store directory for --task language"),
 ]
@@ -94,11 +113,24 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
 def _add_overrides(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("overrides of the paper's defaults")
     for flag, dest, typ, help_ in OVERRIDES:
-        g.add_argument(flag, dest=f"ov_{dest}", type=typ, default=None, help=help_,
-                       metavar=flag.lstrip("-").upper().replace("-", "_"))
-    g.add_argument("--task-option", dest="task_options", action="append", type=_task_option, default=None,
-                   metavar="KEY=VALUE", help="a task option, repeatable (tinystories: syntax_features=true, "
-                                             "annotator=spacy|lingua|gold, spacy_model=NAME, syntax_labels=all|tags|deps)")
+        g.add_argument(
+            flag,
+            dest=f"ov_{dest}",
+            type=typ,
+            default=None,
+            help=help_,
+            metavar=flag.lstrip("-").upper().replace("-", "_"),
+        )
+    g.add_argument(
+        "--task-option",
+        dest="task_options",
+        action="append",
+        type=_task_option,
+        default=None,
+        metavar="KEY=VALUE",
+        help="a task option, repeatable (tinystories: syntax_features=true, "
+        "annotator=spacy|lingua|gold, spacy_model=NAME, syntax_labels=all|tags|deps)",
+    )
     add_threads(p)
     p.add_argument("--overwrite", action="store_true", help="replace runs with a different configuration")
 
@@ -117,11 +149,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_train(args: argparse.Namespace) -> int:
     from ..distributed import init
     from ..train.ntp import NTPConfig, Trainer
+
     apply_threads(args)
     cfg = NTPConfig(task=args.task, regime=args.regime, seed=args.seed, **_overrides(args))
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other", "pass one of them")
-    rank, _ = init()                    # under torchrun: data-parallel over the ranks, rank 0 writes
+    rank, _ = init()  # under torchrun: data-parallel over the ranks, rank 0 writes
     res = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite).run()
     if rank != 0:
         return 0
@@ -137,27 +170,35 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     from ..distributed import env_world
     from ..models.gpt import REGIMES
     from ..train.grid import GridConfig, format_grid_table, run_grid
+
     if env_world()[1] > 1:
-        raise ConfigError("ntp grid does not run under torchrun (every process would train the whole grid)",
-                          "run it as one process, or train the runs one by one with torchrun ... ntp train")
+        raise ConfigError(
+            "ntp grid does not run under torchrun (every process would train the whole grid)",
+            "run it as one process, or train the runs one by one with torchrun ... ntp train",
+        )
     apply_threads(args)
     regimes = [r.strip() for r in args.regimes.split(",") if r.strip()] if args.regimes else list(REGIMES)
-    cfg = GridConfig(task=args.task, regimes=regimes, seeds=args.seeds, overrides=_overrides(args),
-                     confidence=args.confidence)
+    cfg = GridConfig(
+        task=args.task, regimes=regimes, seeds=args.seeds, overrides=_overrides(args), confidence=args.confidence
+    )
     res = run_grid(cfg, args.out, overwrite=args.overwrite, report_only=args.report_only)
     print(format_grid_table(res.summary))
-    print(f"trained {len(res.trained)}, skipped {len(res.skipped)} (finished) in "
-          f"{res.summary['wall_seconds']:.1f} s; {args.out}/grid.json, {args.out}/report.html")
+    print(
+        f"trained {len(res.trained)}, skipped {len(res.skipped)} (finished) in "
+        f"{res.summary['wall_seconds']:.1f} s; {args.out}/grid.json, {args.out}/report.html"
+    )
     return 0
 
 
 def register(subparsers: Any) -> None:
-    ntp = subparsers.add_parser("ntp", help="next-token-prediction training and the regime grid (gradient "
-                                            "pathways)")
+    ntp = subparsers.add_parser("ntp", help="next-token-prediction training and the regime grid (gradient pathways)")
     sub = ntp.add_subparsers(dest="ntp_command", metavar="NTP_COMMAND")
-    t = sub.add_parser("train", help="train one model in one regime",
-                       description="Train a GPT on a synthetic task (or a token store) in one regime, with "
-                                   "eval metrics, probes and resumable checkpoints in RUN.")
+    t = sub.add_parser(
+        "train",
+        help="train one model in one regime",
+        description="Train a GPT on a synthetic task (or a token store) in one regime, with "
+        "eval metrics, probes and resumable checkpoints in RUN.",
+    )
     t.add_argument("--task", required=True, help="majority | cond-majority | othello | tinystories | language")
     t.add_argument("--regime", default="standard", help="standard | myopic | untied | myopic+untied")
     t.add_argument("--seed", type=int, default=0, help="seed of the initialisation, data order and eval set")
@@ -166,10 +207,13 @@ def register(subparsers: Any) -> None:
     _add_overrides(t)
     t.set_defaults(func=_cmd_train)
 
-    g = sub.add_parser("grid", help="regimes × seeds; probe quality of the NTP-useless feature with CIs",
-                       description="Train every regime × seed under DIR (finished runs are skipped, "
-                                   "interrupted ones resumed) and report the probe quality of the "
-                                   "NTP-useless feature per regime with t-intervals over seeds.")
+    g = sub.add_parser(
+        "grid",
+        help="regimes × seeds; probe quality of the NTP-useless feature with CIs",
+        description="Train every regime × seed under DIR (finished runs are skipped, "
+        "interrupted ones resumed) and report the probe quality of the "
+        "NTP-useless feature per regime with t-intervals over seeds.",
+    )
     g.add_argument("--task", default="cond-majority", help="majority | cond-majority | othello")
     g.add_argument("--regimes", default=None, help="comma-separated (default: all four)")
     g.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
@@ -180,4 +224,5 @@ def register(subparsers: Any) -> None:
     g.set_defaults(func=_cmd_grid)
 
     from . import ntp_attribute_cmd  # `ntp attribute RUN ...`: pathway attribution by replay
+
     ntp_attribute_cmd.register(sub)

@@ -28,21 +28,32 @@ Mounted as ``ntp experiment`` through :data:`originlens.cli.main.COMMAND_MODULES
 the ``ntp`` group registered by ``ntp_cmd``).  :func:`run_othello_experiment` is the library entry
 point (also used by ``examples/othello_pathways.py``).
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from .options import add_device, add_threads, apply_threads, int_list
 from ..errors import ConfigError
+from .options import add_device, add_threads, apply_threads, int_list
 
-PAPER = dict(n_layer=6, d_model=256, n_head=4, batch_size=1024, steps=5000, eval_size=20480,
-             othello_pool=500_000, checkpoint_every=500, positions=list(range(4, 57, 4)))
+PAPER = dict(
+    n_layer=6,
+    d_model=256,
+    n_head=4,
+    batch_size=1024,
+    steps=5000,
+    eval_size=20480,
+    othello_pool=500_000,
+    checkpoint_every=500,
+    positions=list(range(4, 57, 4)),
+)
 
 
 @dataclass
@@ -59,16 +70,16 @@ class OthelloExperimentConfig:
     othello_pool: int = 20000
     checkpoint_every: int = 100
     seed: int = 0
-    positions: list[int] = field(default_factory=lambda: [12, 24, 36])   # attributed positions
-    layers: list[int] | None = None              # attributed layers (default 1..n_layer)
-    attribute_steps: int | None = None           # updates 1..N attributed (default: all)
+    positions: list[int] = field(default_factory=lambda: [12, 24, 36])  # attributed positions
+    layers: list[int] | None = None  # attributed layers (default 1..n_layer)
+    attribute_steps: int | None = None  # updates 1..N attributed (default: all)
     optimizer: str = "adam"
     human_games: str | None = None
-    compare_games: int = 2000                    # synthetic games next to the human ones (at most)
+    compare_games: int = 2000  # synthetic games next to the human ones (at most)
     device: str = "cpu"
 
     @classmethod
-    def paper(cls, **overrides: Any) -> "OthelloExperimentConfig":
+    def paper(cls, **overrides: Any) -> OthelloExperimentConfig:
         """The paper's configuration (its hyper-parameter table; all 14 positions 4..56; a GPU job)."""
         return cls(**{**PAPER, **overrides})
 
@@ -86,8 +97,10 @@ class OthelloExperimentConfig:
         if any(not 1 <= k <= self.n_layer for k in layers):
             raise ConfigError(f"attributed layers {layers} outside 1..{self.n_layer}", "e.g. --attr-layers 1-3")
         if self.attribute_steps is not None and not 1 <= self.attribute_steps <= self.steps:
-            raise ConfigError(f"attribute_steps={self.attribute_steps} outside 1..{self.steps}",
-                              "attribute a prefix of the training run")
+            raise ConfigError(
+                f"attribute_steps={self.attribute_steps} outside 1..{self.steps}",
+                "attribute a prefix of the training run",
+            )
         if self.optimizer not in ("adam", "sgd"):
             raise ConfigError(f"unknown optimizer variant {self.optimizer!r}", "use adam or sgd")
 
@@ -107,11 +120,25 @@ class OthelloExperimentConfig:
 
 def _train(cfg: OthelloExperimentConfig, run: Path) -> dict[str, Any]:
     from ..train.ntp import NTPConfig, Trainer
-    ncfg = NTPConfig(task="othello", regime="standard", seed=cfg.seed, n_layer=cfg.n_layer, d_model=cfg.d_model,
-                     n_head=cfg.n_head, batch_size=cfg.batch_size, steps=cfg.steps, lr=cfg.lr,
-                     eval_size=cfg.eval_size, probe_positions=cfg.probe_positions, probe_every=0,
-                     eval_every=0, checkpoint_every=cfg.checkpoint_every, othello_pool=cfg.othello_pool,
-                     device=cfg.device)
+
+    ncfg = NTPConfig(
+        task="othello",
+        regime="standard",
+        seed=cfg.seed,
+        n_layer=cfg.n_layer,
+        d_model=cfg.d_model,
+        n_head=cfg.n_head,
+        batch_size=cfg.batch_size,
+        steps=cfg.steps,
+        lr=cfg.lr,
+        eval_size=cfg.eval_size,
+        probe_positions=cfg.probe_positions,
+        probe_every=0,
+        eval_every=0,
+        checkpoint_every=cfg.checkpoint_every,
+        othello_pool=cfg.othello_pool,
+        device=cfg.device,
+    )
     res = Trainer(ncfg, run, resume=True).run()
     return {"steps": res.step, "final_eval": res.final_eval, "seconds": res.seconds, "skipped": res.skipped}
 
@@ -121,41 +148,72 @@ def probe_quality(run: Path, layers: Sequence[int], positions: Sequence[int]) ->
     within NTP-useless (type 1) and NTP-useful (type 2) cells."""
     from ..tasks.othello import CENTRAL_CELLS
     from ..train.ntp import load_probe_metrics, tracked_quality
+
     pm = load_probe_metrics(run / "probe_metrics.npz")
     per_layer = {int(k): tracked_quality(pm, [k], positions, CENTRAL_CELLS) for k in pm.layers}
-    return {"positions": list(positions), "per_layer": per_layer,
-            "attributed_layers": tracked_quality(pm, layers, positions, CENTRAL_CELLS)}
+    return {
+        "positions": list(positions),
+        "per_layer": per_layer,
+        "attributed_layers": tracked_quality(pm, layers, positions, CENTRAL_CELLS),
+    }
 
 
 def _attribute(cfg: OthelloExperimentConfig, run: Path) -> dict[str, Any]:
     from ..attribution.replay import attribute_run
-    from ..attribution.store import (integrate, load_observables, read_segment_infos, sign_pattern, summarize,
-                                     summary_records, write_report)
+    from ..attribution.store import (
+        integrate,
+        load_observables,
+        read_segment_infos,
+        sign_pattern,
+        summarize,
+        summary_records,
+        write_report,
+    )
+
     store = run / "attribution"
     end = cfg.attribute_steps or cfg.steps
     sites = [(k, i) for k in cfg.attr_layers for i in cfg.positions]
-    done = [s for s in read_segment_infos(store) if int(s["start"]) == 0 and int(s["end"]) == end] \
-        if store.is_dir() else []
+    done = (
+        [s for s in read_segment_infos(store) if int(s["start"]) == 0 and int(s["end"]) == end]
+        if store.is_dir()
+        else []
+    )
     t0 = time.time()
     if not done:
-        attribute_run(run, sites=sites, features="tracked", optimizer=cfg.optimizer, segment=(0, end),
-                      types=True, half=False, out=store)
+        attribute_run(
+            run,
+            sites=sites,
+            features="tracked",
+            optimizer=cfg.optimizer,
+            segment=(0, end),
+            types=True,
+            half=False,
+            out=store,
+        )
     table = load_observables(store)
     integ = integrate(table)
     summ = summarize(integ, ci="t")
     per_layer = summarize(integ, by=("site_layer", "type", "component"), ci="t")
     html = write_report(store, ci="t")
     info = read_segment_infos(store)[0]
-    return {"sites": [list(s) for s in sites], "updates": [1, end], "optimizer": cfg.optimizer,
-            "summary": summary_records(summ), "sign_pattern": sign_pattern(summ),
-            "per_layer": summary_records(per_layer), "checks": info.get("checks"),
-            "seconds_per_attributed_step": info.get("seconds_per_attributed_step"),
-            "seconds": time.time() - t0 if not done else info.get("seconds"), "report": str(html)}
+    return {
+        "sites": [list(s) for s in sites],
+        "updates": [1, end],
+        "optimizer": cfg.optimizer,
+        "summary": summary_records(summ),
+        "sign_pattern": sign_pattern(summ),
+        "per_layer": summary_records(per_layer),
+        "checks": info.get("checks"),
+        "seconds_per_attributed_step": info.get("seconds_per_attributed_step"),
+        "seconds": time.time() - t0 if not done else info.get("seconds"),
+        "report": str(html),
+    }
 
 
 def _pearson(y, p, mask=None):
     """Pearson r over axis 0 (rows where ``mask``), NaN when the target is constant on the rows."""
     import numpy as np
+
     m = np.ones(y.shape, dtype=bool) if mask is None else mask
     w = m.astype(np.float64)
     cnt = w.sum(0)
@@ -177,8 +235,10 @@ def evaluate_games(model: Any, probes: Any, batch: Any, *, chunk: int = 256) -> 
     """
     import numpy as np
     import torch
+
     from ..tasks import task_metrics
     from ..tasks.othello import CENTRAL_CELLS
+
     tokens = batch.tokens
     n = len(tokens)
     fidx = [probes.feature_names.index(c) for c in CENTRAL_CELLS]
@@ -186,14 +246,14 @@ def evaluate_games(model: Any, probes: Any, batch: Any, *, chunk: int = 256) -> 
     model.eval()
     with torch.no_grad():
         for a in range(0, n, chunk):
-            x = torch.from_numpy(tokens[a:a + chunk]).to(next(model.parameters()).device)
+            x = torch.from_numpy(tokens[a : a + chunk]).to(next(model.parameters()).device)
             logits, res = model(x, return_residuals=True)
-            arg[a:a + chunk] = logits.argmax(-1).cpu().numpy()
+            arg[a : a + chunk] = logits.argmax(-1).cpu().numpy()
             R = torch.stack([res[k] for k in probes.layers], 1)[:, :, probes.positions].double()  # (b, K, P, d)
-            W = torch.from_numpy(probes.weights[:, :, fidx]).to(R)                         # (K, P, F, d)
+            W = torch.from_numpy(probes.weights[:, :, fidx]).to(R)  # (K, P, F, d)
             b = torch.from_numpy(probes.intercepts[:, :, fidx]).to(R)
             preds.append((torch.einsum("nkpd,kpfd->nkpf", R, W) + b).cpu().numpy())
-    pred = np.concatenate(preds)                                                            # (n, K, P, F)
+    pred = np.concatenate(preds)  # (n, K, P, F)
     y = np.broadcast_to(batch.features[:, probes.positions][:, :, fidx][:, None], pred.shape)
     types = np.broadcast_to(batch.feature_types[:, probes.positions][:, :, fidx][:, None], pred.shape)
     out: dict[str, Any] = {"n_games": int(n), "legal_acc": task_metrics(arg, batch)["legal_acc"], "per_layer": {}}
@@ -203,33 +263,48 @@ def evaluate_games(model: Any, probes: Any, batch: Any, *, chunk: int = 256) -> 
         return float(np.nanmean(a)) if np.isfinite(a).any() else float("nan")
 
     for j, k in enumerate(probes.layers):
-        out["per_layer"][int(k)] = {"pearson": mean(r_all[j]), "pearson_type1": mean(r_t1[j]),
-                                    "pearson_type2": mean(r_t2[j])}
+        out["per_layer"][int(k)] = {
+            "pearson": mean(r_all[j]),
+            "pearson_type1": mean(r_t1[j]),
+            "pearson_type2": mean(r_t2[j]),
+        }
     return out
 
 
 def _human(cfg: OthelloExperimentConfig, run: Path) -> dict[str, Any]:
     import numpy as np
+
     from ..models import GPT
     from ..probes import ProbeSet
     from ..tasks import get_task
     from ..tasks.othello_records import read_game_records
+
     recs = read_game_records(cfg.human_games)
     usable = recs.complete()
     if len(usable) == 0:
-        raise ConfigError(f"{cfg.human_games}: none of the {len(recs)} games is complete",
-                          "pass records that reach the end of the game")
+        raise ConfigError(
+            f"{cfg.human_games}: none of the {len(recs)} games is complete",
+            "pass records that reach the end of the game",
+        )
     task = get_task("othello")
     human = task.batch_from_games(usable.games(feature_types=True))
     n_syn = min(cfg.compare_games, len(usable)) if cfg.compare_games else len(usable)
     synthetic = task.sample(n_syn, np.random.default_rng([cfg.seed, 99]))
     from ..storage import vocab_hash
-    model = GPT.load(run / "model.safetensors",   # refuses a model of another vocabulary than the games'
-                     expect_vocab_hash=vocab_hash([str(t) for t in task.vocab], task.vocab_size)).to(cfg.device)
+
+    model = GPT.load(
+        run / "model.safetensors",  # refuses a model of another vocabulary than the games'
+        expect_vocab_hash=vocab_hash([str(t) for t in task.vocab], task.vocab_size),
+    ).to(cfg.device)
     probes = ProbeSet.load(run / "probes.safetensors")
-    return {"file": str(cfg.human_games), "n_records": len(recs), "n_incomplete_dropped": recs.n_incomplete,
-            "human": evaluate_games(model, probes, human), "synthetic": evaluate_games(model, probes, synthetic),
-            "note": "same probes (fitted on synthetic eval games), same statistic on both sets"}
+    return {
+        "file": str(cfg.human_games),
+        "n_records": len(recs),
+        "n_incomplete_dropped": recs.n_incomplete,
+        "human": evaluate_games(model, probes, human),
+        "synthetic": evaluate_games(model, probes, synthetic),
+        "note": "same probes (fitted on synthetic eval games), same statistic on both sets",
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -240,21 +315,29 @@ def run_othello_experiment(cfg: OthelloExperimentConfig, out: str | Path, *, log
     """Train → probe → attribute → (human games) → report; returns the experiment record (also written
     to ``OUT/experiment.json``)."""
     from ..storage import atomic_write_json
+
     cfg.validate()
     out = Path(out)
     run = out / "run"
-    record: dict[str, Any] = {"config": dataclasses.asdict(cfg), "sign": "positive influence = toward the final "
-                              "feature value; mismatch without a ½ (the paper's convention)", "stages": {}}
+    record: dict[str, Any] = {
+        "config": dataclasses.asdict(cfg),
+        "sign": "positive influence = toward the final feature value; mismatch without a ½ (the paper's convention)",
+        "stages": {},
+    }
     t = time.time()
     log(f"[1/4] training {cfg.n_layer}×{cfg.d_model} on synthetic Othello, {cfg.steps} steps of {cfg.batch_size} ...")
     record["train"] = _train(cfg, run)
     record["stages"]["train_s"] = time.time() - t
     record["probes"] = probe_quality(run, cfg.attr_layers, cfg.positions)
-    log("[2/4] probes (central cells): " + ", ".join(
-        f"L{k} r={v['pearson']:.3f}" for k, v in record["probes"]["per_layer"].items()))
+    log(
+        "[2/4] probes (central cells): "
+        + ", ".join(f"L{k} r={v['pearson']:.3f}" for k, v in record["probes"]["per_layer"].items())
+    )
     t = time.time()
-    log(f"[3/4] attributing updates 1..{cfg.attribute_steps or cfg.steps} at layers {cfg.attr_layers} × "
-        f"positions {cfg.positions} ({cfg.optimizer}) ...")
+    log(
+        f"[3/4] attributing updates 1..{cfg.attribute_steps or cfg.steps} at layers {cfg.attr_layers} × "
+        f"positions {cfg.positions} ({cfg.optimizer}) ..."
+    )
     record["attribution"] = _attribute(cfg, run)
     record["stages"]["attribute_s"] = time.time() - t
     if cfg.human_games:
@@ -279,14 +362,18 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     lines = []
     tr = record["train"]
     ev = tr.get("final_eval", {})
-    lines.append(f"training: {tr['steps']} steps; eval loss {_fmt(ev.get('eval_loss'))}, legal-move accuracy "
-                 f"{_fmt(ev.get('legal_acc'))}")
+    lines.append(
+        f"training: {tr['steps']} steps; eval loss {_fmt(ev.get('eval_loss'))}, legal-move accuracy "
+        f"{_fmt(ev.get('legal_acc'))}"
+    )
     lines.append("probe Pearson r (16 central cells, attributed positions): layer: all / useless / useful")
     for k, v in record["probes"]["per_layer"].items():
         lines.append(f"  L{k}: {_fmt(v['pearson'])} / {_fmt(v.get('pearson_type1'))} / {_fmt(v.get('pearson_type2'))}")
     at = record["attribution"]
-    lines.append(f"integrated influence, updates {at['updates'][0]}..{at['updates'][1]} ({at['optimizer']}), "
-                 f"mean over items [95 % t-interval]:")
+    lines.append(
+        f"integrated influence, updates {at['updates'][0]}..{at['updates'][1]} ({at['optimizer']}), "
+        f"mean over items [95 % t-interval]:"
+    )
     lines.append(f"  {'component':11s} {'NTP-useful (type 2)':32s} {'NTP-useless (type 1)':32s}")
     by = {(s["component"], s["type"]): s for s in at["summary"]}
     for c in ("direct", "precached", "shared", "full"):
@@ -296,27 +383,38 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
             cells.append("—" if s is None else f"{_fmt(s['mean'])} [{_fmt(s['lo'])}, {_fmt(s['hi'])}]")
         lines.append(f"  {c:11s} {cells[0]:32s} {cells[1]:32s}")
     for p in at["sign_pattern"]:
-        lines.append(f"  expected {p['component']} {p['expected']} for {TYPE_NAMES[p['type']]}: "
-                     f"{'holds' if p['holds'] else 'does NOT hold'}"
-                     f"{' (CI excludes 0)' if p['significant'] else ''}")
+        lines.append(
+            f"  expected {p['component']} {p['expected']} for {TYPE_NAMES[p['type']]}: "
+            f"{'holds' if p['holds'] else 'does NOT hold'}"
+            f"{' (CI excludes 0)' if p['significant'] else ''}"
+        )
     hg = record.get("human_games")
     if hg:
-        lines.append(f"recorded games {hg['file']}: {hg['human']['n_games']} used ({hg['n_incomplete_dropped']} "
-                     f"incomplete dropped); legal-move acc recorded {_fmt(hg['human']['legal_acc'])} vs synthetic "
-                     f"{_fmt(hg['synthetic']['legal_acc'])}")
+        lines.append(
+            f"recorded games {hg['file']}: {hg['human']['n_games']} used ({hg['n_incomplete_dropped']} "
+            f"incomplete dropped); legal-move acc recorded {_fmt(hg['human']['legal_acc'])} vs synthetic "
+            f"{_fmt(hg['synthetic']['legal_acc'])}"
+        )
         for k in hg["human"]["per_layer"]:
             h, s = hg["human"]["per_layer"][k], hg["synthetic"]["per_layer"][k]
-            lines.append(f"  L{k} probe r: recorded {_fmt(h['pearson'])} vs synthetic {_fmt(s['pearson'])} "
-                         f"(useful {_fmt(h['pearson_type2'])} vs {_fmt(s['pearson_type2'])}, useless "
-                         f"{_fmt(h['pearson_type1'])} vs {_fmt(s['pearson_type1'])})")
+            lines.append(
+                f"  L{k} probe r: recorded {_fmt(h['pearson'])} vs synthetic {_fmt(s['pearson'])} "
+                f"(useful {_fmt(h['pearson_type2'])} vs {_fmt(s['pearson_type2'])}, useless "
+                f"{_fmt(h['pearson_type1'])} vs {_fmt(s['pearson_type1'])})"
+            )
     return lines
 
 
 def _report(record: dict[str, Any], out: Path) -> None:
     from ..storage import atomic_write_text
+
     body = "\n".join(summary_lines(record))
-    atomic_write_text(out / "report.md", "# OthelloGPT gradient-pathway experiment\n\n```\n" + body +
-                      f"\n```\n\nAttribution report: {record['attribution']['report']}\n")
+    atomic_write_text(
+        out / "report.md",
+        "# OthelloGPT gradient-pathway experiment\n\n```\n"
+        + body
+        + f"\n```\n\nAttribution report: {record['attribution']['report']}\n",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -325,17 +423,25 @@ def _report(record: dict[str, Any], out: Path) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="experiment directory")
-    p.add_argument("--paper", action="store_true",
-                   help="the paper's configuration: 6 layers × 256, batch 1024, 5000 steps, eval 20480, "
-                        "positions 4..56 (use a GPU: --device cuda)")
+    p.add_argument(
+        "--paper",
+        action="store_true",
+        help="the paper's configuration: 6 layers × 256, batch 1024, 5000 steps, eval 20480, "
+        "positions 4..56 (use a GPU: --device cuda)",
+    )
     g = p.add_argument_group("model and training (defaults: CPU scale)")
-    for flag, dest, typ, help_ in (("--layers", "n_layer", int, "blocks (3)"), ("--d-model", "d_model", int, "width (64)"),
-                                   ("--heads", "n_head", int, "heads (4)"), ("--batch-size", "batch_size", int, "(64)"),
-                                   ("--steps", "steps", int, "Adam steps (400)"), ("--lr", "lr", float, "(1e-3)"),
-                                   ("--eval-size", "eval_size", int, "eval/probe games (3000)"),
-                                   ("--othello-pool", "othello_pool", int, "training games generated once (20000)"),
-                                   ("--checkpoint-every", "checkpoint_every", int, "(100)"),
-                                   ("--seed", "seed", int, "(0)")):
+    for flag, dest, typ, help_ in (
+        ("--layers", "n_layer", int, "blocks (3)"),
+        ("--d-model", "d_model", int, "width (64)"),
+        ("--heads", "n_head", int, "heads (4)"),
+        ("--batch-size", "batch_size", int, "(64)"),
+        ("--steps", "steps", int, "Adam steps (400)"),
+        ("--lr", "lr", float, "(1e-3)"),
+        ("--eval-size", "eval_size", int, "eval/probe games (3000)"),
+        ("--othello-pool", "othello_pool", int, "training games generated once (20000)"),
+        ("--checkpoint-every", "checkpoint_every", int, "(100)"),
+        ("--seed", "seed", int, "(0)"),
+    ):
         g.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     a = p.add_argument_group("attribution")
     a.add_argument("--positions", type=int_list, default=None, help="attributed positions (12,24,36)")
@@ -365,20 +471,28 @@ def cmd_othello(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     ntp = subparsers.choices.get("ntp")
-    if ntp is None:                                                   # pragma: no cover (module order)
+    if ntp is None:  # pragma: no cover (module order)
         raise RuntimeError("ntp_experiment_cmd must come after ntp_cmd in COMMAND_MODULES")
     sub = next(a for a in ntp._actions if isinstance(a, argparse._SubParsersAction))
-    e = sub.add_parser("experiment", help="reproduction experiments (othello, grid)",
-                       description="End-to-end reproduction experiments of the gradient-pathways paper.")
+    e = sub.add_parser(
+        "experiment",
+        help="reproduction experiments (othello, grid)",
+        description="End-to-end reproduction experiments of the gradient-pathways paper.",
+    )
     esub = e.add_subparsers(dest="experiment", metavar="EXPERIMENT")
-    o = esub.add_parser("othello-run", help="one OthelloGPT run: train, probe the board, attribute the central "
-                                            "cells, probe recorded human games (the multi-seed experiment with "
-                                            "nulls and tests is `othello`)",
-                        description=__doc__.split("\n\n")[0])
+    o = esub.add_parser(
+        "othello-run",
+        help="one OthelloGPT run: train, probe the board, attribute the central "
+        "cells, probe recorded human games (the multi-seed experiment with "
+        "nulls and tests is `othello`)",
+        description=__doc__.split("\n\n")[0],
+    )
     add_arguments(o)
     o.set_defaults(func=cmd_othello)
     from . import othello_experiment_cmd, toy_grid_cmd
+
     toy_grid_cmd.add_parser(esub)
     from . import language_experiment_cmd
+
     language_experiment_cmd.add_parser(esub)
     othello_experiment_cmd.add_parser(esub)

@@ -8,6 +8,7 @@
   thread count can change the last bits of matrix products; ``ntp train`` records it in
   ``environment.json`` and warns when a run is resumed with another count (docs/reliability.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,6 +37,7 @@ def apply_threads(args: argparse.Namespace) -> None:
     n = getattr(args, "threads", None)
     if n is not None:
         import torch
+
         torch.set_num_threads(int(n))
 
 
@@ -56,9 +58,10 @@ def utf8_text(s: str) -> str:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as exc:
-        bad = s[exc.start:exc.end].encode("utf-8", "surrogateescape")
-        raise argparse.ArgumentTypeError(f"not valid UTF-8 text (bytes {bad!r} at character {exc.start}); "
-                                         f"pass the text in UTF-8") from None
+        bad = s[exc.start : exc.end].encode("utf-8", "surrogateescape")
+        raise argparse.ArgumentTypeError(
+            f"not valid UTF-8 text (bytes {bad!r} at character {exc.start}); pass the text in UTF-8"
+        ) from None
     return s
 
 
@@ -77,6 +80,7 @@ def add_device(p: Any, *, default: str | None = "cpu", help: str = "") -> None:
     """Add ``--device`` (cpu | cuda | cuda:N | auto) to parser or group ``p``: the name is checked when
     parsing, its availability when the command runs (:func:`originlens.devices.resolve_device`)."""
     from ..devices import SPECS, device_arg
+
     what = help or ("where to compute" + (f" (default {default})" if default else ""))
     p.add_argument("--device", type=device_arg, default=default, metavar="DEVICE", help=f"{SPECS}: {what}")
 
@@ -96,7 +100,7 @@ def int_list(s: str) -> list[int]:
                 raise ValueError
             if "-" in body[1:]:
                 i = body.index("-", 1)
-                a, b = int(body[:i]), int(body[i + 1:])
+                a, b = int(body[:i]), int(body[i + 1 :])
                 out += list(range(a, b + 1, step))
             elif stride:
                 raise ValueError

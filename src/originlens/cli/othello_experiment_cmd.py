@@ -4,8 +4,9 @@ random-direction nulls, Adam-variant pathway attribution, the paper's Othello pa
 Parses arguments and calls :func:`originlens.experiments.othello.run_othello`, which writes
 ``OUT/report.html``, a record per seed (``results/othello/othello-<scale>/seed-N.json``) and, for ≥ 3 seeds,
 the results file ``results/othello/othello-<scale>.json`` (``--results`` to write elsewhere).  Re-running
-resumes every stage; ``--from-records`` combines seed records made in separate sessions.
+resumes every stage; ``--from-records`` combines seed records made at different times or on different machines.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,14 +18,36 @@ from .options import add_device, add_threads, apply_threads, int_list
 def cmd_othello(args: argparse.Namespace) -> int:
     from ..experiments.othello import OthelloConfig, run_othello
     from ..experiments.results import command_line
+
     apply_threads(args)
-    overrides = {k: getattr(args, k) for k in ("n_layer", "d_model", "n_head", "batch_size", "steps", "eval_size",
-                                               "othello_pool", "positions", "attribute_steps", "record_every",
-                                               "snapshot_updates", "snapshot_record_every")
-                 if getattr(args, k) is not None}
-    cfg = OthelloConfig(scale=args.scale, seeds=args.seeds, layers=args.attr_layers, overrides=overrides,
-                        random_directions=args.random_directions, device=args.device or "cpu", jobs=args.jobs,
-                        **({"lr": args.lr} if args.lr is not None else {}))
+    overrides = {
+        k: getattr(args, k)
+        for k in (
+            "n_layer",
+            "d_model",
+            "n_head",
+            "batch_size",
+            "steps",
+            "eval_size",
+            "othello_pool",
+            "positions",
+            "attribute_steps",
+            "record_every",
+            "snapshot_updates",
+            "snapshot_record_every",
+        )
+        if getattr(args, k) is not None
+    }
+    cfg = OthelloConfig(
+        scale=args.scale,
+        seeds=args.seeds,
+        layers=args.attr_layers,
+        overrides=overrides,
+        random_directions=args.random_directions,
+        device=args.device or "cpu",
+        jobs=args.jobs,
+        **({"lr": args.lr} if args.lr is not None else {}),
+    )
     s = run_othello(cfg, args.out, results=args.results, command=command_line(), from_records=args.from_records)
     q = s["quality"]
     print(f"legal-move accuracy {q['legal_acc']['mean']:.3f} over {len(cfg.seeds)} seed(s)")
@@ -35,30 +58,51 @@ def cmd_othello(args: argparse.Namespace) -> int:
 
 
 def add_parser(esub: Any) -> None:
-    o = esub.add_parser("othello", help="OthelloGPT over seeds: nulls, attribution, the paper's pattern tested",
-                        description=__doc__.split("\n\n")[0])
+    o = esub.add_parser(
+        "othello",
+        help="OthelloGPT over seeds: nulls, attribution, the paper's pattern tested",
+        description=__doc__.split("\n\n")[0],
+    )
     o.add_argument("--scale", default="cpu", help="paper (a GPU job) | cpu | ci (a plumbing check)")
     o.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="e.g. 0-2 (default)")
     o.add_argument("--out", required=True, help="experiment directory")
-    o.add_argument("--results", default=None, help="results file (default results/othello/othello-SCALE.json); "
-                   "each seed's record goes beside it (results/othello/othello-SCALE/seed-N.json)")
-    o.add_argument("--from-records", action="store_true",
-                   help="train nothing: combine the seeds' records (seeds run in separate sessions) into the "
-                        "results file")
+    o.add_argument(
+        "--results",
+        default=None,
+        help="results file (default results/othello/othello-SCALE.json); "
+        "each seed's record goes beside it (results/othello/othello-SCALE/seed-N.json)",
+    )
+    o.add_argument(
+        "--from-records",
+        action="store_true",
+        help="train nothing: combine the seeds' records (seeds run at different times or on different machines) into the results file",
+    )
     g = o.add_argument_group("overrides of the scale")
     for flag, dest, typ, what in (
-            ("--layers", "n_layer", int, "transformer blocks"), ("--d-model", "d_model", int, "residual width"),
-            ("--heads", "n_head", int, "attention heads"), ("--batch-size", "batch_size", int, "games per step"),
-            ("--steps", "steps", int, "training steps"), ("--eval-size", "eval_size", int, "held-out eval games"),
-            ("--othello-pool", "othello_pool", int, "training games generated once per seed"),
-            ("--positions", "positions", int_list, "attributed move positions, e.g. 12,24,36"),
-            ("--attribute-steps", "attribute_steps", int, "attribute updates 1..N"),
-            ("--record-every", "record_every", int, "record the influence at every N-th attributed update"),
-            ("--snapshot-updates", "snapshot_updates", int,
-             "SGD-variant updates attributed from each 10 % checkpoint (0 = no snapshots)"),
-            ("--snapshot-record-every", "snapshot_record_every", int,
-             "record the snapshot influence at every N-th of those updates"),
-            ("--lr", "lr", float, "Adam learning rate")):
+        ("--layers", "n_layer", int, "transformer blocks"),
+        ("--d-model", "d_model", int, "residual width"),
+        ("--heads", "n_head", int, "attention heads"),
+        ("--batch-size", "batch_size", int, "games per step"),
+        ("--steps", "steps", int, "training steps"),
+        ("--eval-size", "eval_size", int, "held-out eval games"),
+        ("--othello-pool", "othello_pool", int, "training games generated once per seed"),
+        ("--positions", "positions", int_list, "attributed move positions, e.g. 12,24,36"),
+        ("--attribute-steps", "attribute_steps", int, "attribute updates 1..N"),
+        ("--record-every", "record_every", int, "record the influence at every N-th attributed update"),
+        (
+            "--snapshot-updates",
+            "snapshot_updates",
+            int,
+            "SGD-variant updates attributed from each 10 % checkpoint (0 = no snapshots)",
+        ),
+        (
+            "--snapshot-record-every",
+            "snapshot_record_every",
+            int,
+            "record the snapshot influence at every N-th of those updates",
+        ),
+        ("--lr", "lr", float, "Adam learning rate"),
+    ):
         g.add_argument(flag, dest=dest, type=typ, default=None, help=f"{what} (default: the scale's)")
     o.add_argument("--attr-layers", type=int_list, default=None, help="attributed layers (default all)")
     o.add_argument("--random-directions", type=int, default=2, help="null directions per probe (2)")

@@ -4,6 +4,7 @@ argparse parsers and the public API's docstrings.
 ``python -m originlens.cli.reference > docs/cli.md`` and ``... --api > docs/api.md`` regenerate them; a
 test fails when a committed file is out of date, so the references cannot drift from the code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,9 @@ def _help_of(p: argparse.ArgumentParser, name: str) -> str:
     return ""
 
 
-def _section(p: argparse.ArgumentParser, path: list[str], parent: argparse.ArgumentParser | None,
-             out: list[str]) -> None:
+def _section(
+    p: argparse.ArgumentParser, path: list[str], parent: argparse.ArgumentParser | None, out: list[str]
+) -> None:
     name = " ".join(path)
     level = "#" * min(2 + len(path) - 1, 4)
     out.append(f"{level} `{name}`\n")
@@ -45,11 +47,28 @@ def _section(p: argparse.ArgumentParser, path: list[str], parent: argparse.Argum
             continue
         flags = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}`"
         text = (a.help or "").replace("|", "\\|").replace("\n", " ")
-        flag_only = isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction,
-                                   argparse.BooleanOptionalAction,
-                                   argparse._CountAction, argparse._VersionAction))
-        default = "" if (a.default is None or a.default is argparse.SUPPRESS or flag_only or not a.option_strings
-                         or "(default" in text) else f" (default: `{a.default}`)"
+        flag_only = isinstance(
+            a,
+            (
+                argparse._StoreTrueAction,
+                argparse._StoreFalseAction,
+                argparse._StoreConstAction,
+                argparse.BooleanOptionalAction,
+                argparse._CountAction,
+                argparse._VersionAction,
+            ),
+        )
+        default = (
+            ""
+            if (
+                a.default is None
+                or a.default is argparse.SUPPRESS
+                or flag_only
+                or not a.option_strings
+                or "(default" in text
+            )
+            else f" (default: `{a.default}`)"
+        )
         choices = f" One of: {', '.join(f'`{c}`' for c in a.choices)}." if a.choices else ""
         rows.append(f"| {flags} | {text}{choices}{default} |")
     if rows:
@@ -61,9 +80,11 @@ def _section(p: argparse.ArgumentParser, path: list[str], parent: argparse.Argum
 def cli_reference() -> str:
     """Markdown reference of every ``originlens`` command and option."""
     import os
+
     from .main import build_parser
+
     old = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "100"          # argparse wraps usage lines to the terminal width
+    os.environ["COLUMNS"] = "100"  # argparse wraps usage lines to the terminal width
     try:
         root = build_parser()
         text = _render(root)
@@ -76,26 +97,31 @@ def cli_reference() -> str:
 
 
 def _render(root: argparse.ArgumentParser) -> str:
-    out = ["# CLI reference\n",
-           "Generated from the parsers by `python -m originlens.cli.reference > docs/cli.md`; "
-           "do not edit by hand. Every command prints one line `originlens: error: ...` (what is wrong, "
-           "how to fix it) and exits with status 2 on bad input.\n"]
+    out = [
+        "# CLI reference\n",
+        "Generated from the parsers by `python -m originlens.cli.reference > docs/cli.md`; "
+        "do not edit by hand. Every command prints one line `originlens: error: ...` (what is wrong, "
+        "how to fix it) and exits with status 2 on bad input.\n",
+    ]
     _section(root, ["originlens"], None, out)
     return "\n".join(out)
-
-
 
 
 def api_reference() -> str:
     """Markdown reference of the public Python API (``originlens.__all__``): signature + summary."""
     import importlib
     import inspect
+
     import originlens
+
     from .api_examples import EXAMPLES
-    out = ["# Python API\n",
-           "Generated from the docstrings by `python -m originlens.cli.reference --api > docs/api.md`; do not "
-           "edit by hand. Everything below is importable from `originlens` directly (imported lazily: "
-           "`import originlens` does not import torch).\n"]
+
+    out = [
+        "# Python API\n",
+        "Generated from the docstrings by `python -m originlens.cli.reference --api > docs/api.md`; do not "
+        "edit by hand. Everything below is importable from `originlens` directly (imported lazily: "
+        "`import originlens` does not import torch).\n",
+    ]
     by_module: dict[str, list[str]] = {}
     for name, mod in originlens._API.items():
         by_module.setdefault(mod, []).append(name)
@@ -106,8 +132,11 @@ def api_reference() -> str:
         if doc:
             out.append(doc.split("\n\n")[0].replace("\n", " ") + "\n")
         if mod in EXAMPLES:
-            out.append("Example (runs as shown; `tests/test_api_examples.py` executes it):\n\n```python\n"
-                       + EXAMPLES[mod].rstrip() + "\n```\n")
+            out.append(
+                "Example (runs as shown; `tests/test_api_examples.py` executes it):\n\n```python\n"
+                + EXAMPLES[mod].rstrip()
+                + "\n```\n"
+            )
         for name in names:
             obj = getattr(module, name)
             kind = "class" if inspect.isclass(obj) else "function" if callable(obj) else "constant"

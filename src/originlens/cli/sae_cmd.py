@@ -11,6 +11,7 @@
 metrics.jsonl and report.html (see :mod:`originlens.sae.train`); ``info`` prints an SAE directory's
 configuration.  Model and corpus options as for ``originlens lm qscore``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,26 +23,48 @@ from .lm_features_cmd import add_model_arguments, load_corpus, load_model_and_co
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ..sae.train import SAETrainConfig, train_sae_run
+
     setup_torch(args)
     run = open_run(args.out, args.overwrite)
     adapter, codec = load_model_and_codec(args)
     k = adapter.check_site(args.site)
     tokens, desc = load_corpus(args, adapter, codec)
-    cfg = SAETrainConfig(architecture=args.architecture, d_sae=args.d_sae, expansion=args.expansion,
-                         l1_coefficient=args.l1, k=args.k, lr=args.lr, steps=args.steps, batch_size=args.batch_size,
-                         seed=args.seed, log_every=args.log_every)
-    result, sae_dir = train_sae_run(adapter, tokens, k, cfg, run.path, prepend_bos=args.bos,
-                                    max_tokens=args.max_tokens, model_name=args.model_name or str(args.model),
-                                    dataset_path=args.corpus, extra_config={"corpus": desc, "model": args.model})
+    cfg = SAETrainConfig(
+        architecture=args.architecture,
+        d_sae=args.d_sae,
+        expansion=args.expansion,
+        l1_coefficient=args.l1,
+        k=args.k,
+        lr=args.lr,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        log_every=args.log_every,
+    )
+    result, sae_dir = train_sae_run(
+        adapter,
+        tokens,
+        k,
+        cfg,
+        run.path,
+        prepend_bos=args.bos,
+        max_tokens=args.max_tokens,
+        model_name=args.model_name or str(args.model),
+        dataset_path=args.corpus,
+        extra_config={"corpus": desc, "model": args.model},
+    )
     m = result.metrics
-    print(f"{sae_dir}: {result.sae.cfg.architecture} SAE, d_sae={result.sae.d_sae} on {result.sae.cfg.hook_name}; "
-          f"held-out fvu {m['fvu']:.4f}, L0 {m['l0']:.2f}, dead {m['dead_frac']:.1%}")
+    print(
+        f"{sae_dir}: {result.sae.cfg.architecture} SAE, d_sae={result.sae.d_sae} on {result.sae.cfg.hook_name}; "
+        f"held-out fvu {m['fvu']:.4f}, L0 {m['l0']:.2f}, dead {m['dead_frac']:.1%}"
+    )
     print(f"report: {run.file('report.html')}")
     return 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
     from ..sae.format import config_to_dict, read_config
+
     print(json.dumps(config_to_dict(read_config(args.dir)), indent=2))
     return 0
 
@@ -49,18 +72,22 @@ def cmd_info(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     sae = subparsers.add_parser("sae", help="sparse autoencoders (SAELens format) on residual streams")
     sub = sae.add_subparsers(dest="sae_command", metavar="SAE_COMMAND")
-    t = sub.add_parser("train", help="train an SAE on a residual site of a language model",
-                       description="Collect the residual stream at --site over the corpus (BOS position "
-                                   "excluded) and train a ReLU+L1 or TopK SAE with Adam and unit-norm decoder "
-                                   "rows; writes RUN/sae in SAELens format.")
+    t = sub.add_parser(
+        "train",
+        help="train an SAE on a residual site of a language model",
+        description="Collect the residual stream at --site over the corpus (BOS position "
+        "excluded) and train a ReLU+L1 or TopK SAE with Adam and unit-norm decoder "
+        "rows; writes RUN/sae in SAELens format.",
+    )
     add_model_arguments(t)
     t.add_argument("--site", required=True, help="resid.K (K = 0..L) or blocks.L.hook_resid_pre/post")
     g = t.add_argument_group("SAE")
     g.add_argument("--architecture", default="standard", choices=["standard", "topk"], help="default standard")
     g.add_argument("--d-sae", type=int, default=None, help="number of latents (default expansion × d_model)")
     g.add_argument("--expansion", type=int, default=4, help="latents per residual dimension (default 4)")
-    g.add_argument("--l1", type=float, default=5.0, help="L1 coefficient, standard only (default 5, on inputs "
-                                                         "scaled to E‖x‖² = d)")
+    g.add_argument(
+        "--l1", type=float, default=5.0, help="L1 coefficient, standard only (default 5, on inputs scaled to E‖x‖² = d)"
+    )
     g.add_argument("--k", type=int, default=8, help="active latents, topk only (default 8)")
     g.add_argument("--steps", type=int, default=2000, help="default 2000")
     g.add_argument("--batch-size", type=int, default=256, help="activations per step (default 256)")

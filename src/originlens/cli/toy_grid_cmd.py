@@ -4,33 +4,44 @@ Parses arguments and calls :func:`originlens.experiments.toy_grid.run_toy_grid`,
 regimes × seeds and their initial-model nulls under ``--out``, and writes ``OUT/report.html`` and the
 results file ``results/toy-grid/<task>-<scale>.json`` (``--results`` to write elsewhere).
 """
+
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from .options import apply_threads, int_list
 from ..errors import ConfigError
+from .options import apply_threads, int_list
 
 
 def cmd_grid(args: argparse.Namespace) -> int:
     from ..experiments.results import command_line
     from ..experiments.toy_grid import ToyGridConfig, run_toy_grid
     from .ntp_cmd import _overrides
+
     apply_threads(args)
     if args.overwrite:
-        raise ConfigError("the experiment resumes its runs and never overwrites them",
-                          "remove the --out directory to start over")
+        raise ConfigError(
+            "the experiment resumes its runs and never overwrites them", "remove the --out directory to start over"
+        )
     regimes = args.regimes.split(",") if args.regimes else None
-    cfg = ToyGridConfig(task=args.task, scale=args.scale, seeds=args.seeds, jobs=args.jobs,
-                        confidence=args.confidence, overrides=_overrides(args),
-                        **({"regimes": regimes} if regimes else {}))
+    cfg = ToyGridConfig(
+        task=args.task,
+        scale=args.scale,
+        seeds=args.seeds,
+        jobs=args.jobs,
+        confidence=args.confidence,
+        overrides=_overrides(args),
+        **({"regimes": regimes} if regimes else {}),
+    )
     s = run_toy_grid(cfg, args.out, results=args.results, command=command_line())
     for regime, v in s["per_regime"].items():
         u, i = v["useless_r"], v["initial_useless_r"]
-        print(f"{regime:<14} r {u['mean']:.3f} [{u['low'] if u['low'] is None else round(u['low'], 3)}, "
-              f"{u['high'] if u['high'] is None else round(u['high'], 3)}]  initial {i['mean']:.3f}  "
-              f"eval loss {v['eval_loss']['mean']:.4f}")
+        print(
+            f"{regime:<14} r {u['mean']:.3f} [{u['low'] if u['low'] is None else round(u['low'], 3)}, "
+            f"{u['high'] if u['high'] is None else round(u['high'], 3)}]  initial {i['mean']:.3f}  "
+            f"eval loss {v['eval_loss']['mean']:.4f}"
+        )
     for k, t in s["orderings"].items():
         print(f"{k}: p (Holm) {t['p_holm']}, holds {t['holds']}")
     print(f"{args.out}/report.html, {s['results_file']}")
@@ -39,8 +50,12 @@ def cmd_grid(args: argparse.Namespace) -> int:
 
 def add_parser(esub: Any) -> None:
     from .ntp_cmd import _add_overrides
-    g = esub.add_parser("grid", help="toy regime grid: nulls, CIs over seeds, the paper's orderings tested",
-                        description=__doc__.split("\n\n")[0])
+
+    g = esub.add_parser(
+        "grid",
+        help="toy regime grid: nulls, CIs over seeds, the paper's orderings tested",
+        description=__doc__.split("\n\n")[0],
+    )
     g.add_argument("--task", default="cond-majority", help="cond-majority | majority")
     g.add_argument("--scale", default="cpu", help="paper | cpu (d = 64) | ci (a seconds-long direction check)")
     g.add_argument("--seeds", type=int_list, default=[0, 1, 2, 3, 4], help="e.g. 0-4 (default) or 0,1,2")

@@ -6,14 +6,41 @@
   and :func:`load_token_array` read and validate one;
 * :mod:`.storyworld`: generated stories with planted statistics (the default corpus).
 """
+
 from .build import DEFAULT_STORIES, build_corpus, storyworld_store
 from .readers import iter_documents, source_fingerprint
 from .store import TokenStore, is_corpus_dir, load_token_array, smallest_uint
 from .storyworld import PLANTED, Planted, generate_annotated_stories, generate_stories, storyworld_corpus
-from .tokenizers import (BPETokenizer, PretrainedTokenizer, Tokenizer, WordTokenizer, load_saved,
-                         load_tokenizer, pre_tokenize)
+from .tokenizers import (
+    BPETokenizer,
+    PretrainedTokenizer,
+    Tokenizer,
+    WordTokenizer,
+    load_saved,
+    load_tokenizer,
+    pre_tokenize,
+)
 
-__all__ = ["build_corpus", "storyworld_store", "DEFAULT_STORIES", "iter_documents", "source_fingerprint",
-           "TokenStore", "is_corpus_dir", "load_token_array", "smallest_uint", "PLANTED", "Planted",
-           "generate_stories", "generate_annotated_stories", "storyworld_corpus", "Tokenizer", "WordTokenizer",
-           "BPETokenizer", "PretrainedTokenizer", "load_tokenizer", "load_saved", "pre_tokenize"]
+__all__ = [
+    "DEFAULT_STORIES",
+    "PLANTED",
+    "BPETokenizer",
+    "Planted",
+    "PretrainedTokenizer",
+    "TokenStore",
+    "Tokenizer",
+    "WordTokenizer",
+    "build_corpus",
+    "generate_annotated_stories",
+    "generate_stories",
+    "is_corpus_dir",
+    "iter_documents",
+    "load_saved",
+    "load_token_array",
+    "load_tokenizer",
+    "pre_tokenize",
+    "smallest_uint",
+    "source_fingerprint",
+    "storyworld_corpus",
+    "storyworld_store",
+]

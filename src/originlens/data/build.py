@@ -29,12 +29,14 @@ The output directory is built under a temporary name and renamed into place only
 (:func:`originlens.storage.atomic_directory`), so a failed build leaves nothing at ``out``. An existing
 ``out`` is replaced only if it is an originlens corpus directory (and ``overwrite`` is true).
 """
+
 from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -44,12 +46,11 @@ from ..runs import git_commit, package_versions
 from ..storage import FORMAT_VERSION, atomic_directory, atomic_write_json, sha256_file, vocab_hash
 from . import readers, storyworld
 from .store import CORPUS_KIND, MANIFEST, TOKENIZER_DIR, TOKENS, VOCAB, TokenStore, is_corpus_dir, smallest_uint
-from .tokenizers import (EOT, OOV_MODES, BPETokenizer, WordTokenizer, count_tokens,
-                         load_tokenizer)
+from .tokenizers import EOT, OOV_MODES, BPETokenizer, WordTokenizer, count_tokens, load_tokenizer
 
 DEFAULT_STORIES = 2000
 WINDOW_MODES = ("first", "pack", "split")
-WINDOW_DOCUMENTS = "window_documents.npy"   # first/split: the source document (0-based, reading order) of each window
+WINDOW_DOCUMENTS = "window_documents.npy"  # first/split: the source document (0-based, reading order) of each window
 _FLUSH = 4096  # windows per write
 
 
@@ -63,8 +64,9 @@ def _check_args(vocab_size, seq_len, windows, oov, max_windows, storyworld_stori
     if not isinstance(vocab_size, int) or vocab_size < 2:
         raise ConfigError(f"vocab_size must be an integer >= 2, got {vocab_size!r}", "pass --vocab-size >= 2")
     if max_windows is not None and (not isinstance(max_windows, int) or max_windows < 1):
-        raise ConfigError(f"max_windows must be a positive integer, got {max_windows!r}",
-                          "pass --max-windows >= 1 or leave it out")
+        raise ConfigError(
+            f"max_windows must be a positive integer, got {max_windows!r}", "pass --max-windows >= 1 or leave it out"
+        )
     if storyworld_stories is not None and storyworld_stories < 1:
         raise ConfigError(f"the storyworld needs at least 1 story, got {storyworld_stories}", "pass --stories >= 1")
 
@@ -77,8 +79,10 @@ def _check_out(out: Path, overwrite: bool) -> None:
     if not any(out.iterdir()):
         return
     if not is_corpus_dir(out):
-        raise ConfigError(f"--out {out} exists and is not a corpus directory; refusing to replace it",
-                          "choose a new or empty directory for --out")
+        raise ConfigError(
+            f"--out {out} exists and is not a corpus directory; refusing to replace it",
+            "choose a new or empty directory for --out",
+        )
     if not overwrite:
         raise ConfigError(f"corpus directory {out} already exists", "pass --overwrite or choose another --out")
 
@@ -88,7 +92,7 @@ class _Windows:
 
     def __init__(self, raw: Path, width: int, dtype: np.dtype) -> None:
         self.raw, self.width, self.dtype = raw, width, dtype.newbyteorder("<")
-        self.f = open(raw, "wb")
+        self.f = open(raw, "wb")  # noqa: SIM115 (closed by close(), the writer outlives this call)
         self.buf: list[list[int]] = []
         self.n = 0
 
@@ -106,8 +110,11 @@ class _Windows:
     def finish(self, npy: Path) -> None:
         self.flush()
         self.f.close()
-        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
-                  "shape": (self.n, self.width)}
+        header = {
+            "descr": np.lib.format.dtype_to_descr(self.dtype),
+            "fortran_order": False,
+            "shape": (self.n, self.width),
+        }
         with open(npy, "wb") as out, open(self.raw, "rb") as src:
             np.lib.format.write_array_header_1_0(out, header)
             shutil.copyfileobj(src, out, 1 << 20)
@@ -122,12 +129,24 @@ def _documents(sources, stories, **kw) -> Iterator[str]:
     return iter(stories) if stories is not None else readers.iter_documents(sources, **kw)
 
 
-def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | Path, *,
-                 tokenizer: str | Path = "words", vocab_size: int = 1000, seq_len: int = 64,
-                 windows: str = "first", oov: str = "drop", max_windows: int | None = None,
-                 text_field: str | None = None, seed: int = 0, storyworld_stories: int | None = None,
-                 split_mode: str = "auto", errors: str = "strict", wrap: bool = True,
-                 overwrite: bool = True) -> TokenStore:
+def build_corpus(
+    sources: Sequence[str | Path] | str | Path | None,
+    out: str | Path,
+    *,
+    tokenizer: str | Path = "words",
+    vocab_size: int = 1000,
+    seq_len: int = 64,
+    windows: str = "first",
+    oov: str = "drop",
+    max_windows: int | None = None,
+    text_field: str | None = None,
+    seed: int = 0,
+    storyworld_stories: int | None = None,
+    split_mode: str = "auto",
+    errors: str = "strict",
+    wrap: bool = True,
+    overwrite: bool = True,
+) -> TokenStore:
     """Tokenise ``sources`` (``None``/empty: the storyworld) into ``out`` and return the opened store.
 
     ``vocab_size`` is |V| including special tokens (``<unk>`` with ``oov="unk"``, ``<eot>`` for words in
@@ -141,18 +160,28 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
     if isinstance(sources, (str, Path)):
         sources = [sources]
     from ..storage import check_output_directory
+
     check_output_directory(out, inputs=[s for s in (sources or []) if Path(str(s)).exists()])
     t0 = time.perf_counter()
     stories = None
     if not sources:
         n_st = storyworld_stories if storyworld_stories is not None else DEFAULT_STORIES
         stories = storyworld.generate_stories(n_st, seed)
-        fingerprint = [{"path": "storyworld", "stories": n_st, "seed": seed,
-                        "generator_version": storyworld.GENERATOR_VERSION, "bytes": None, "sha256": None}]
+        fingerprint = [
+            {
+                "path": "storyworld",
+                "stories": n_st,
+                "seed": seed,
+                "generator_version": storyworld.GENERATOR_VERSION,
+                "bytes": None,
+                "sha256": None,
+            }
+        ]
     else:
         if storyworld_stories is not None:
-            raise ConfigError("storyworld_stories only applies when no source is given",
-                              "drop --stories or the sources")
+            raise ConfigError(
+                "storyworld_stories only applies when no source is given", "drop --stories or the sources"
+            )
         sources = [str(s) if isinstance(s, Path) else s for s in sources]
         fingerprint = readers.source_fingerprint(sources)
     read_kw = {"text_field": text_field, "split_mode": split_mode, "errors": errors}
@@ -164,8 +193,12 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
         counted = [0]
 
         def docs1() -> Iterator[str]:
-            for d in progress(_documents(sources, stories, **read_kw), desc="pass 1/2: training tokenizer",
-                              unit="doc", total=len(stories) if stories is not None else None):
+            for d in progress(
+                _documents(sources, stories, **read_kw),
+                desc="pass 1/2: training tokenizer",
+                unit="doc",
+                total=len(stories) if stories is not None else None,
+            ):
                 counted[0] += 1
                 yield d
 
@@ -175,8 +208,10 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
             tok = BPETokenizer.train(docs1(), vocab_size, wrap=wrap)
         n_docs_pass1 = counted[0]
         if tok.vocab_size < vocab_size:
-            log(f"note: the corpus has only {tok.vocab_size} distinct tokens; |V| = {tok.vocab_size} "
-                f"(asked for {vocab_size})")
+            log(
+                f"note: the corpus has only {tok.vocab_size} distinct tokens; |V| = {tok.vocab_size} "
+                f"(asked for {vocab_size})"
+            )
     else:
         tok = load_tokenizer(tokenizer)
         if oov == "unk" and tok.unk_id is None:
@@ -186,11 +221,19 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
     T1 = seq_len + 1
 
     # pass 2: encode and cut windows
-    counts: dict[str, Any] = {"documents_read": 0, "documents_kept": 0,
-                              "documents_dropped": {"oov": 0, "too_short": 0},
-                              "tokens_read": 0, "oov_tokens": 0, "tokens_in_windows": 0,
-                              "tokens_discarded_tail": 0, "windows": 0, "longest_document": 0,
-                              "longest_in_vocab_document": 0, "stopped_at_max_windows": False}
+    counts: dict[str, Any] = {
+        "documents_read": 0,
+        "documents_kept": 0,
+        "documents_dropped": {"oov": 0, "too_short": 0},
+        "tokens_read": 0,
+        "oov_tokens": 0,
+        "tokens_in_windows": 0,
+        "tokens_discarded_tail": 0,
+        "windows": 0,
+        "longest_document": 0,
+        "longest_in_vocab_document": 0,
+        "stopped_at_max_windows": False,
+    }
     if windows == "first":
         del counts["tokens_discarded_tail"]
     elif windows == "pack":
@@ -205,8 +248,9 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
             try:
                 pending: list[int] = []
                 window_docs: list[int] = []
-                for doc in progress(_documents(sources, stories, **read_kw), desc="pass 2/2: encoding",
-                                    unit="doc", total=n_docs_pass1):
+                for doc in progress(
+                    _documents(sources, stories, **read_kw), desc="pass 2/2: encoding", unit="doc", total=n_docs_pass1
+                ):
                     counts["documents_read"] += 1
                     ids, n_oov = encode(doc)
                     counts["tokens_read"] += len(ids)
@@ -226,7 +270,7 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
                         for k in stops:
                             if max_windows and w.n >= max_windows:
                                 break
-                            w.add(ids[k:k + T1])
+                            w.add(ids[k : k + T1])
                             window_docs.append(doc_index)
                         if windows == "split":
                             counts["tokens_discarded_tail"] += len(ids) % T1
@@ -237,7 +281,7 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
                             pending.append(eot)
                         k = 0
                         while len(pending) - k >= T1 and not (max_windows and w.n >= max_windows):
-                            w.add(pending[k:k + T1])
+                            w.add(pending[k : k + T1])
                             k += T1
                         del pending[:k]
                     if max_windows and w.n >= max_windows:
@@ -257,12 +301,26 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
             tok.save(tmp / TOKENIZER_DIR)
             atomic_write_json(tmp / VOCAB, tok.vocab)
             manifest = {
-                "format_version": FORMAT_VERSION, "kind": CORPUS_KIND, "sources": fingerprint,
-                "tokenizer": tok.settings(), "vocab_size": V, "seq_len": seq_len, "windows": windows,
-                "oov": oov, "max_windows": max_windows, "text_field": text_field, "split_mode": split_mode,
-                "encoding_errors": errors, "seed": seed, "dtype": str(dtype), "shape": [w.n, T1],
-                "unk_id": tok.unk_id, "eot_id": eot, "counts": counts,
-                "vocab_hash": vocab_hash(tok.vocab, V), "tokens_sha256": sha256_file(tmp / TOKENS),
+                "format_version": FORMAT_VERSION,
+                "kind": CORPUS_KIND,
+                "sources": fingerprint,
+                "tokenizer": tok.settings(),
+                "vocab_size": V,
+                "seq_len": seq_len,
+                "windows": windows,
+                "oov": oov,
+                "max_windows": max_windows,
+                "text_field": text_field,
+                "split_mode": split_mode,
+                "encoding_errors": errors,
+                "seed": seed,
+                "dtype": str(dtype),
+                "shape": [w.n, T1],
+                "unk_id": tok.unk_id,
+                "eot_id": eot,
+                "counts": counts,
+                "vocab_hash": vocab_hash(tok.vocab, V),
+                "tokens_sha256": sha256_file(tmp / TOKENS),
                 "build_seconds": round(time.perf_counter() - t0, 3),
                 "environment": {"versions": package_versions(), "git_commit": git_commit()},
             }
@@ -270,30 +328,36 @@ def build_corpus(sources: Sequence[str | Path] | str | Path | None, out: str | P
     except OriginlensError:
         raise
     except MemoryError:
-        raise OriginlensError("out of memory while building the corpus",
-                              "use --max-windows, a smaller --vocab-size, or fewer sources") from None
+        raise OriginlensError(
+            "out of memory while building the corpus", "use --max-windows, a smaller --vocab-size, or fewer sources"
+        ) from None
     return TokenStore.open(out)
 
 
 def _no_windows(counts: dict[str, Any], seq_len: int, windows: str) -> InputError:
     n = counts["documents_read"]
     if counts["documents_dropped"].get("oov", 0) == n:
-        return InputError(f"all {n} documents contain out-of-vocabulary tokens, so no window was kept",
-                          "pass --oov unk or a larger --vocab-size")
+        return InputError(
+            f"all {n} documents contain out-of-vocabulary tokens, so no window was kept",
+            "pass --oov unk or a larger --vocab-size",
+        )
     if windows == "pack":
         kept = counts["tokens_discarded_tail"]
-        return InputError(f"corpus has only {kept} usable tokens, fewer than one window of T+1 = {seq_len + 1}",
-                          f"lower --seq-len (at most {max(kept - 1, 1)}) or add text")
+        return InputError(
+            f"corpus has only {kept} usable tokens, fewer than one window of T+1 = {seq_len + 1}",
+            f"lower --seq-len (at most {max(kept - 1, 1)}) or add text",
+        )
     longest = counts["longest_in_vocab_document"]
     n_oov = counts["documents_dropped"].get("oov", 0)
     which = "document" if not n_oov else f"document without out-of-vocabulary tokens ({n_oov} dropped)"
-    return InputError(f"corpus has no window of length T+1 = {seq_len + 1} (longest {which} has {longest} "
-                      "tokens)", f"lower --seq-len (at most {max(longest - 1, 1)}) or use --windows pack"
-                      + (" or --oov unk" if n_oov else ""))
+    return InputError(
+        f"corpus has no window of length T+1 = {seq_len + 1} (longest {which} has {longest} tokens)",
+        f"lower --seq-len (at most {max(longest - 1, 1)}) or use --windows pack" + (" or --oov unk" if n_oov else ""),
+    )
 
 
-def storyworld_store(out: str | Path, *, n: int = DEFAULT_STORIES, seed: int = 0, vocab_size: int = 500,
-                     seq_len: int = 64, **kw: Any) -> TokenStore:
+def storyworld_store(
+    out: str | Path, *, n: int = DEFAULT_STORIES, seed: int = 0, vocab_size: int = 500, seq_len: int = 64, **kw: Any
+) -> TokenStore:
     """Build the storyworld corpus (word tokenizer, first windows) into ``out``."""
-    return build_corpus(None, out, storyworld_stories=n, seed=seed, vocab_size=vocab_size, seq_len=seq_len,
-                        **kw)
+    return build_corpus(None, out, storyworld_stories=n, seed=seed, vocab_size=vocab_size, seq_len=seq_len, **kw)

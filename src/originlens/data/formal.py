@@ -14,6 +14,7 @@ build`` reads (field ``text``) and a provenance file without the texts.
 Caveat: a licence is what the package *declares* in its metadata, not a legal review; files generated or
 vendored inside a distribution are attributed to it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,9 +22,9 @@ import json
 import os
 import sys
 import sysconfig
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from ..errors import ConfigError
 from ..storage import atomic_write_text
@@ -62,8 +63,9 @@ def declared_licence(metadata) -> str:
         first = lic.splitlines()[0].strip()
         if len(first) <= 100:
             return first
-    classifiers = [c.split("::")[-1].strip() for c in (metadata.get_all("Classifier") or [])
-                   if c.startswith("License ::")]
+    classifiers = [
+        c.split("::")[-1].strip() for c in (metadata.get_all("Classifier") or []) if c.startswith("License ::")
+    ]
     return " AND ".join(classifiers) if classifiers else "unknown"
 
 
@@ -75,8 +77,12 @@ def _stdlib_files() -> Iterator[tuple[Path, str, str, str]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     version = ".".join(map(str, sys.version_info[:3]))
     for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x not in ("site-packages", "dist-packages", "__pycache__", "test",
-                                                     "tests", "idlelib", "lib2to3") and not x.startswith("."))
+        dirs[:] = sorted(
+            x
+            for x in dirs
+            if x not in ("site-packages", "dist-packages", "__pycache__", "test", "tests", "idlelib", "lib2to3")
+            and not x.startswith(".")
+        )
         for f in sorted(files):
             if f.endswith(".py"):
                 yield Path(d) / f, "stdlib", version, STDLIB_LICENCE
@@ -84,6 +90,7 @@ def _stdlib_files() -> Iterator[tuple[Path, str, str, str]]:
 
 def _distribution_files() -> Iterator[tuple[Path, str, str, str]]:
     import importlib.metadata as md
+
     seen: set[str] = set()
     dists = sorted(md.distributions(), key=lambda x: (x.metadata.get("Name") or "").lower())
     for dist in dists:
@@ -97,8 +104,9 @@ def _distribution_files() -> Iterator[tuple[Path, str, str, str]]:
                 yield Path(dist.locate_file(f)), name, dist.version or "?", licence
 
 
-def python_source_documents(sources: Iterable[str] = SOURCES, *, min_chars: int = 200, max_chars: int = 200_000,
-                            max_files: int | None = None) -> Iterator[SourceDocument]:
+def python_source_documents(
+    sources: Iterable[str] = SOURCES, *, min_chars: int = 200, max_chars: int = 200_000, max_files: int | None = None
+) -> Iterator[SourceDocument]:
     """Whole-file Python documents of ``sources`` (``"stdlib"``, ``"site-packages"``), deduplicated."""
     sources = list(sources)
     bad = [s for s in sources if s not in SOURCES]
@@ -135,8 +143,12 @@ def write_documents(docs: Iterable[SourceDocument], out: str | os.PathLike) -> t
     out = Path(out)
     body, prov, n = [], [], 0
     for d in docs:
-        body.append(json.dumps({"text": d.text, "domain": d.domain, "origin": d.origin, "licence": d.licence,
-                                "sha256": d.sha256}, ensure_ascii=False))
+        body.append(
+            json.dumps(
+                {"text": d.text, "domain": d.domain, "origin": d.origin, "licence": d.licence, "sha256": d.sha256},
+                ensure_ascii=False,
+            )
+        )
         prov.append(json.dumps(d.provenance(), ensure_ascii=False))
         n += 1
     a, b = out.with_suffix(".jsonl"), out.with_suffix(".provenance.jsonl")

@@ -21,6 +21,7 @@ skipped. Documents that are empty or whitespace-only are skipped everywhere. ``s
 plain text only. Invalid UTF-8 stops with the file and byte offset (offsets count *decompressed*
 bytes for ``.gz``) unless ``errors="replace"``.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -28,9 +29,10 @@ import gzip
 import json
 import os
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any
 
 from ..errors import ConfigError, InputError
 from ..storage import sha256_file
@@ -53,8 +55,14 @@ Source = str | os.PathLike
 
 # --------------------------------------------------------------------------------------- entry points
 
-def iter_documents(source: Source | Iterable[Source], *, text_field: str | None = None,
-                   split_mode: str = "auto", errors: str = "strict") -> Iterator[str]:
+
+def iter_documents(
+    source: Source | Iterable[Source],
+    *,
+    text_field: str | None = None,
+    split_mode: str = "auto",
+    errors: str = "strict",
+) -> Iterator[str]:
     """Iterate over the documents of ``source`` (a path, a directory, ``hf:NAME[/CONFIG][@REV][:SPLIT]``, or a list).
 
     Path problems raise :class:`InputError` immediately; decoding problems when reached. A source that
@@ -75,13 +83,16 @@ def source_files(source: Source) -> list[Path]:
     """The files a local source stands for (a file, or the readable files below a directory)."""
     p = Path(source)
     if not p.exists():
-        raise InputError(f"corpus source {p} does not exist", "check the path (or use hf:NAME for a "
-                         "Hugging Face dataset)")
+        raise InputError(
+            f"corpus source {p} does not exist", "check the path (or use hf:NAME for a Hugging Face dataset)"
+        )
     if p.is_dir():
         files = _walk(p)
         if not files:
-            raise InputError(f"directory {p} holds no corpus files ({', '.join(KNOWN_EXTS)}, or .gz)",
-                             "point at a directory of .txt/.json/.jsonl/.parquet files")
+            raise InputError(
+                f"directory {p} holds no corpus files ({', '.join(KNOWN_EXTS)}, or .gz)",
+                "point at a directory of .txt/.json/.jsonl/.parquet files",
+            )
         return files
     return [p]
 
@@ -96,9 +107,18 @@ def source_fingerprint(source: Source | Iterable[Source]) -> list[dict[str, Any]
     for s in sources:
         if isinstance(s, str) and s.startswith(HF_PREFIX):
             ds = parse_hf(s)
-            out.append({"path": ds.spec, "bytes": None, "sha256": None, "name": ds.name, "config": ds.config,
-                        "revision": ds.revision, "split": ds.split,
-                        "resolved_commit": dataset_commit(ds.name, ds.revision)})
+            out.append(
+                {
+                    "path": ds.spec,
+                    "bytes": None,
+                    "sha256": None,
+                    "name": ds.name,
+                    "config": ds.config,
+                    "revision": ds.revision,
+                    "split": ds.split,
+                    "resolved_commit": dataset_commit(ds.name, ds.revision),
+                }
+            )
             continue
         for f in source_files(s):
             out.append({"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)})
@@ -117,8 +137,12 @@ class HFDataset:
 
     @property
     def spec(self) -> str:
-        return (f"{HF_PREFIX}{self.name}" + (f"/{self.config}" if self.config else "")
-                + (f"@{self.revision}" if self.revision else "") + f":{self.split}")
+        return (
+            f"{HF_PREFIX}{self.name}"
+            + (f"/{self.config}" if self.config else "")
+            + (f"@{self.revision}" if self.revision else "")
+            + f":{self.split}"
+        )
 
 
 _HF_PART = r"[A-Za-z0-9][\w.-]*"
@@ -130,14 +154,21 @@ def parse_hf(spec: str) -> HFDataset:
     NAME is ``ORG/NAME`` (or a bare NAME); a third path component is the configuration, so
     ``hf:HuggingFaceFW/fineweb/sample-10BT`` is FineWeb's ``sample-10BT`` (a bare NAME cannot take a
     configuration this way: write its canonical ``ORG/NAME``)."""
-    fix = ("write hf:NAME[/CONFIG][@REVISION][:SPLIT], e.g. hf:roneneldan/TinyStories:train or "
-           "hf:HuggingFaceFW/fineweb/sample-10BT@main:train")
-    rest = spec[len(HF_PREFIX):]
+    fix = (
+        "write hf:NAME[/CONFIG][@REVISION][:SPLIT], e.g. hf:roneneldan/TinyStories:train or "
+        "hf:HuggingFaceFW/fineweb/sample-10BT@main:train"
+    )
+    rest = spec[len(HF_PREFIX) :]
     body, _, split = rest.partition(":")
     body, _, revision = body.partition("@")
     parts = body.split("/")
-    if not body or len(parts) > 3 or not all(re.fullmatch(_HF_PART, x) for x in parts) or \
-            (split and not re.fullmatch(r"[\w.\[\]%:+-]+", split)) or ("@" in rest and not revision):
+    if (
+        not body
+        or len(parts) > 3
+        or not all(re.fullmatch(_HF_PART, x) for x in parts)
+        or (split and not re.fullmatch(r"[\w.\[\]%:+-]+", split))
+        or ("@" in rest and not revision)
+    ):
         raise ConfigError(f"bad Hugging Face source {spec!r}", fix)
     name, config = ("/".join(parts[:2]), parts[2]) if len(parts) == 3 else (body, None)
     return HFDataset(name, config, revision or None, split or "train")
@@ -162,6 +193,7 @@ def dataset_commit(name: str, revision: str | None) -> str | None:
 
 # --------------------------------------------------------------------------------------- planning
 
+
 def _plan(source: Source, text_field: str | None) -> tuple[str, Any]:
     if isinstance(source, str) and source.startswith(HF_PREFIX):
         return ("hf", parse_hf(source))
@@ -171,16 +203,20 @@ def _plan(source: Source, text_field: str | None) -> tuple[str, Any]:
 def _iterate(plans, sources, text_field, split_mode, errors) -> Iterator[str]:
     n = 0
     for kind, arg in plans:
-        docs = _iter_hf(arg, text_field) if kind == "hf" else (
-            d for f in arg for d in _iter_file(f, text_field, split_mode, errors))
+        docs = (
+            _iter_hf(arg, text_field)
+            if kind == "hf"
+            else (d for f in arg for d in _iter_file(f, text_field, split_mode, errors))
+        )
         for d in docs:
             if d is not None and d.strip():
                 n += 1
                 yield d
     if n == 0:
         names = ", ".join(str(s) for s in sources)
-        raise InputError(f"empty corpus: no non-empty document in {names}",
-                         "check the files (and --text-field / --split-mode)")
+        raise InputError(
+            f"empty corpus: no non-empty document in {names}", "check the files (and --text-field / --split-mode)"
+        )
 
 
 def _walk(root: Path) -> list[Path]:
@@ -201,8 +237,7 @@ def _kind(p: Path, strict: bool = False) -> str | None:
         name = name[:-3]
         if name.endswith(PARQUET_EXTS):
             return None if strict else "text"
-    for exts, kind in ((TEXT_EXTS, "text"), (JSON_EXTS, "json"), (JSONL_EXTS, "jsonl"),
-                       (PARQUET_EXTS, "parquet")):
+    for exts, kind in ((TEXT_EXTS, "text"), (JSON_EXTS, "json"), (JSONL_EXTS, "jsonl"), (PARQUET_EXTS, "parquet")):
         if name.endswith(exts):
             return kind
     return None if strict else "text"
@@ -210,13 +245,14 @@ def _kind(p: Path, strict: bool = False) -> str | None:
 
 # --------------------------------------------------------------------------------------- files
 
+
 def _iter_file(path: Path, text_field, split_mode, errors) -> Iterator[str | None]:
     kind = _kind(path)
     if kind == "parquet":
         yield from _iter_parquet(path, text_field)
         return
     try:
-        f = gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+        f = gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")  # noqa: SIM115
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}", "check the path and permissions") from None
     with f:
@@ -248,9 +284,10 @@ def _decoded_chunks(f: IO[bytes], path: Path, errors: str) -> Iterator[str]:
             text = dec.decode(b, final=not b)
         except UnicodeDecodeError as exc:
             off = fed - pending + exc.start
-            raise InputError(f"{path} is not valid UTF-8 (invalid byte 0x{exc.object[exc.start]:02x} at byte "
-                             f"offset {off})", "re-encode the file as UTF-8, or pass --encoding-errors "
-                             "replace (errors='replace')") from None
+            raise InputError(
+                f"{path} is not valid UTF-8 (invalid byte 0x{exc.object[exc.start]:02x} at byte offset {off})",
+                "re-encode the file as UTF-8, or pass --encoding-errors replace (errors='replace')",
+            ) from None
         fed += len(b)
         if first and text.startswith("\ufeff"):
             text = text[1:]  # byte-order mark
@@ -304,20 +341,26 @@ def _field(obj: Any, path: Path, where: str, text_field: str | None) -> str | No
     if isinstance(obj, str):
         return obj
     if not isinstance(obj, dict):
-        raise InputError(f"{path}: {where} is a {type(obj).__name__}, expected an object or a string",
-                         "use a list of objects with a 'text' field (or of strings), or JSON Lines")
+        raise InputError(
+            f"{path}: {where} is a {type(obj).__name__}, expected an object or a string",
+            "use a list of objects with a 'text' field (or of strings), or JSON Lines",
+        )
     names = (text_field,) if text_field else DEFAULT_FIELDS
     for name in names:
         if name in obj:
             val = obj[name]
             if val is None or isinstance(val, str):
                 return val
-            raise InputError(f"{path}: {where} field {name!r} is a {type(val).__name__}, not a string",
-                             "pass --text-field naming a string field")
+            raise InputError(
+                f"{path}: {where} field {name!r} is a {type(val).__name__}, not a string",
+                "pass --text-field naming a string field",
+            )
     keys = ", ".join(repr(k) for k in list(obj)[:10])
     wanted = repr(text_field) if text_field else "'text' or 'story'"
-    raise InputError(f"{path}: {where} has no field {wanted} (fields: {keys})",
-                     "pass --text-field (text_field=) naming the field that holds the text")
+    raise InputError(
+        f"{path}: {where} has no field {wanted} (fields: {keys})",
+        "pass --text-field (text_field=) naming the field that holds the text",
+    )
 
 
 def _iter_jsonl(chunks: Iterable[str], path: Path, text_field) -> Iterator[str | None]:
@@ -327,8 +370,10 @@ def _iter_jsonl(chunks: Iterable[str], path: Path, text_field) -> Iterator[str |
         try:
             obj = json.loads(ln)
         except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: line {i} is not valid JSON ({exc.msg} at column {exc.colno})",
-                             "fix the line, or check that the file is JSON Lines") from None
+            raise InputError(
+                f"{path}: line {i} is not valid JSON ({exc.msg} at column {exc.colno})",
+                "fix the line, or check that the file is JSON Lines",
+            ) from None
         yield _field(obj, path, f"line {i}", text_field)
 
 
@@ -361,8 +406,9 @@ def _iter_json(chunks: Iterable[str], path: Path, text_field) -> Iterator[str | 
                 return ""
 
     def bad(msg: str) -> InputError:
-        return InputError(f"{path} is not valid JSON ({msg})",
-                          "expected a list of objects/strings or JSON Lines; check the file")
+        return InputError(
+            f"{path} is not valid JSON ({msg})", "expected a list of objects/strings or JSON Lines; check the file"
+        )
 
     first = skip_ws()
     if first == "":
@@ -410,6 +456,7 @@ def _iter_json(chunks: Iterable[str], path: Path, text_field) -> Iterator[str | 
 def _iter_parquet(path: Path, text_field) -> Iterator[str | None]:
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
@@ -419,12 +466,15 @@ def _iter_parquet(path: Path, text_field) -> Iterator[str | None]:
     col = next((n for n in wanted if n in names), None)
     if col is None:
         want = repr(text_field) if text_field else "'text' or 'story'"
-        raise InputError(f"{path} has no column {want} (columns: {', '.join(names[:10])})",
-                         "pass --text-field (text_field=) naming the text column")
+        raise InputError(
+            f"{path} has no column {want} (columns: {', '.join(names[:10])})",
+            "pass --text-field (text_field=) naming the text column",
+        )
     typ = pf.schema_arrow.field(col).type
     if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-        raise InputError(f"{path}: column {col!r} has type {typ}, not string", "pass --text-field naming a "
-                         "string column")
+        raise InputError(
+            f"{path}: column {col!r} has type {typ}, not string", "pass --text-field naming a string column"
+        )
     try:
         for batch in pf.iter_batches(batch_size=1024, columns=[col]):
             yield from batch.column(0).to_pylist()
@@ -434,9 +484,12 @@ def _iter_parquet(path: Path, text_field) -> Iterator[str | None]:
 
 # --------------------------------------------------------------------------------------- Hugging Face
 
+
 def _hf_fix(name: str) -> str:
-    return (f"download the dataset files (e.g. the .txt/.json/.parquet files of {name} from the Hub) and "
-            f"pass the file or directory path instead")
+    return (
+        f"download the dataset files (e.g. the .txt/.json/.parquet files of {name} from the Hub) and "
+        f"pass the file or directory path instead"
+    )
 
 
 def _iter_hf(src: HFDataset, text_field: str | None) -> Iterator[str | None]:
@@ -444,12 +497,14 @@ def _iter_hf(src: HFDataset, text_field: str | None) -> Iterator[str | None]:
     try:
         import datasets  # optional dependency
     except ImportError:
-        raise InputError(f"reading hf:{name} needs the optional package 'datasets', which is not installed",
-                         "pip install 'originlens[hf]', or " + _hf_fix(name)) from None
+        raise InputError(
+            f"reading hf:{name} needs the optional package 'datasets', which is not installed",
+            "pip install 'originlens[hf]', or " + _hf_fix(name),
+        ) from None
     try:
         kw: dict[str, Any] = {"split": src.split, "streaming": True}
         if src.config:
-            kw["name"] = src.config                  # datasets calls the configuration "name"
+            kw["name"] = src.config  # datasets calls the configuration "name"
         if src.revision:
             kw["revision"] = src.revision
         ds = datasets.load_dataset(name, **kw)
@@ -460,8 +515,16 @@ def _iter_hf(src: HFDataset, text_field: str | None) -> Iterator[str | None]:
         raise
     except Exception as exc:  # network / offline / unknown name: datasets raises many types
         msg = " ".join(str(exc).split())[:200]
-        what = ", ".join(x for x in (f"config {src.config!r}" if src.config else "",
-                                     f"revision {src.revision!r}" if src.revision else "",
-                                     f"split {src.split!r}") if x)
-        raise InputError(f"cannot load Hugging Face dataset {name!r} ({what}): {type(exc).__name__}: {msg}",
-                         "check the name and the network (offline?), or " + _hf_fix(name)) from None
+        what = ", ".join(
+            x
+            for x in (
+                f"config {src.config!r}" if src.config else "",
+                f"revision {src.revision!r}" if src.revision else "",
+                f"split {src.split!r}",
+            )
+            if x
+        )
+        raise InputError(
+            f"cannot load Hugging Face dataset {name!r} ({what}): {type(exc).__name__}: {msg}",
+            "check the name and the network (offline?), or " + _hf_fix(name),
+        ) from None

@@ -12,6 +12,7 @@ Layout of a corpus directory (written by :func:`originlens.data.build.build_corp
 Row n of ``tokens`` is one sequence x_0..x_T: inputs x_0..x_{T-1}, targets x_1..x_T.
 Arrays are opened memory-mapped and read-only (``np.load(mmap_mode="r", allow_pickle=False)``).
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,10 @@ def _load_npy(path: Path) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as exc:  # object arrays need pickle
-        raise InputError(f"{path} cannot be read without pickle ({exc})",
-                         "save token ids as a plain integer array (np.save of a uint16/int64 array)") from None
+        raise InputError(
+            f"{path} cannot be read without pickle ({exc})",
+            "save token ids as a plain integer array (np.save of a uint16/int64 array)",
+        ) from None
     except (OSError, EOFError) as exc:
         raise InputError(f"{path} is not a readable .npy file ({exc})", "check or re-create the file") from None
 
@@ -102,23 +105,28 @@ class TokenStore:
     def tokenizer(self):
         """The tokenizer that produced the ids (from ``tokenizer/``)."""
         from .tokenizers import load_saved
+
         return load_saved(self.path / TOKENIZER_DIR)
 
     @classmethod
-    def open(cls, directory: str | Path) -> "TokenStore":
+    def open(cls, directory: str | Path) -> TokenStore:
         d = Path(directory)
         fix = "build one with `originlens corpus build ... --out DIR`"
         if not d.is_dir():
-            raise InputError(f"corpus directory {d} does not exist" if not d.exists()
-                             else f"{d} is a file, not a corpus directory", fix)
+            raise InputError(
+                f"corpus directory {d} does not exist" if not d.exists() else f"{d} is a file, not a corpus directory",
+                fix,
+            )
         if not (d / MANIFEST).is_file():
             raise InputError(f"{d} is not a corpus directory (no {MANIFEST})", fix)
         m = read_json(d / MANIFEST)
         if not isinstance(m, dict) or m.get("kind") != CORPUS_KIND:
             raise InputError(f"{d / MANIFEST} is not an originlens corpus manifest", fix)
         if str(m.get("format_version")) != FORMAT_VERSION:
-            raise CompatibilityError(f"{d} has corpus format version {m.get('format_version')}; this "
-                                     f"originlens reads {FORMAT_VERSION}", "rebuild the corpus")
+            raise CompatibilityError(
+                f"{d} has corpus format version {m.get('format_version')}; this originlens reads {FORMAT_VERSION}",
+                "rebuild the corpus",
+            )
         for f in (TOKENS, VOCAB):
             if not (d / f).is_file():
                 raise InputError(f"corpus directory {d} lacks {f}", "rebuild the corpus")
@@ -128,11 +136,16 @@ class TokenStore:
             raise InputError(f"{d / VOCAB} is not a list of token strings", "rebuild the corpus")
         shape = tuple(m.get("shape", ()))
         if tokens.shape != shape or str(tokens.dtype) != m.get("dtype"):
-            raise InputError(f"{d / TOKENS} has shape {tokens.shape} / dtype {tokens.dtype}, manifest says "
-                             f"{shape} / {m.get('dtype')}", "the directory was modified; rebuild the corpus")
+            raise InputError(
+                f"{d / TOKENS} has shape {tokens.shape} / dtype {tokens.dtype}, manifest says "
+                f"{shape} / {m.get('dtype')}",
+                "the directory was modified; rebuild the corpus",
+            )
         if len(vocab) != m.get("vocab_size") or vocab_hash(vocab, len(vocab)) != m.get("vocab_hash"):
-            raise InputError(f"{d / VOCAB} does not match the manifest (size or hash)",
-                             "the directory was modified; rebuild the corpus")
+            raise InputError(
+                f"{d / VOCAB} does not match the manifest (size or hash)",
+                "the directory was modified; rebuild the corpus",
+            )
         _check_tokens(tokens, d / TOKENS, len(vocab), scan=False)
         return cls(d, tokens, vocab, m)
 
@@ -140,18 +153,25 @@ class TokenStore:
 def _check_tokens(tokens: np.ndarray, where: Path | str, vocab_size: int | None, *, scan: bool = True) -> int:
     """Validate a token array; returns the vocabulary size (given, or max id + 1)."""
     if tokens.ndim != 2:
-        raise InputError(f"{where} holds a {tokens.ndim}-D array of shape {tokens.shape}; expected 2-D (N, T+1)",
-                         "save windows as an (N, T+1) array, one row per sequence")
+        raise InputError(
+            f"{where} holds a {tokens.ndim}-D array of shape {tokens.shape}; expected 2-D (N, T+1)",
+            "save windows as an (N, T+1) array, one row per sequence",
+        )
     if not (np.issubdtype(tokens.dtype, np.integer) and tokens.dtype != np.bool_):
-        raise InputError(f"{where} has dtype {tokens.dtype}; token ids must be integers",
-                         "save the ids as an integer array (e.g. tokens.astype(np.uint16))")
+        raise InputError(
+            f"{where} has dtype {tokens.dtype}; token ids must be integers",
+            "save the ids as an integer array (e.g. tokens.astype(np.uint16))",
+        )
     n, t1 = tokens.shape
     if t1 < 2:
-        raise InputError(f"{where} has windows of {t1} token(s); at least 2 are needed (T+1 >= 2)",
-                         "rebuild with --seq-len >= 1")
+        raise InputError(
+            f"{where} has windows of {t1} token(s); at least 2 are needed (T+1 >= 2)", "rebuild with --seq-len >= 1"
+        )
     if n == 0:
-        raise InputError(f"{where} holds no windows (shape {tokens.shape})",
-                         "rebuild the corpus with a smaller --seq-len or more text")
+        raise InputError(
+            f"{where} holds no windows (shape {tokens.shape})",
+            "rebuild the corpus with a smaller --seq-len or more text",
+        )
     if vocab_size is not None and vocab_size < 1:
         raise InputError(f"vocab_size must be >= 1, got {vocab_size}", "pass a positive --vocab-size")
     if not scan:
@@ -162,13 +182,16 @@ def _check_tokens(tokens: np.ndarray, where: Path | str, vocab_size: int | None,
     if vocab_size is None:
         return hi + 1
     if hi >= vocab_size:
-        raise InputError(f"{where} contains token id {hi} but vocab_size is {vocab_size}",
-                         f"pass a vocab size >= {hi + 1}, or rebuild the corpus with this vocabulary")
+        raise InputError(
+            f"{where} contains token id {hi} but vocab_size is {vocab_size}",
+            f"pass a vocab size >= {hi + 1}, or rebuild the corpus with this vocabulary",
+        )
     return int(vocab_size)
 
 
-def load_token_array(path_or_dir: str | Path, vocab_size: int | None = None
-                     ) -> tuple[np.ndarray, list[str] | None, dict[str, Any] | None]:
+def load_token_array(
+    path_or_dir: str | Path, vocab_size: int | None = None
+) -> tuple[np.ndarray, list[str] | None, dict[str, Any] | None]:
     """Token windows from a corpus directory or a bare ``.npy`` file, validated.
 
     Returns ``(tokens, vocab, manifest)``: ``tokens`` is a read-only (N, T+1) integer array (memmap);
@@ -183,11 +206,15 @@ def load_token_array(path_or_dir: str | Path, vocab_size: int | None = None
         _check_tokens(store.tokens, store.path / TOKENS, vs)
         return store.tokens, store.vocab, store.manifest
     if not p.exists():
-        raise InputError(f"token file or corpus directory {p} does not exist",
-                         "pass a corpus directory (originlens corpus build) or an .npy file of token ids")
+        raise InputError(
+            f"token file or corpus directory {p} does not exist",
+            "pass a corpus directory (originlens corpus build) or an .npy file of token ids",
+        )
     if p.suffix.lower() != ".npy":
-        raise InputError(f"{p} is neither a corpus directory nor an .npy file",
-                         "pass a corpus directory (originlens corpus build) or an .npy file of token ids")
+        raise InputError(
+            f"{p} is neither a corpus directory nor an .npy file",
+            "pass a corpus directory (originlens corpus build) or an .npy file of token ids",
+        )
     tokens = _load_npy(p)
     _check_tokens(tokens, p, None if vocab_size is None else int(vocab_size))
     return tokens, None, None

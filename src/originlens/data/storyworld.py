@@ -29,28 +29,31 @@ frequent in every row of Φ̄, so plant recovery is a statement about rankings a
 about rows compared with other rows. The output depends only on ``(n, seed)`` and
 :data:`GENERATOR_VERSION`; changing templates must bump the version.
 """
+
 from __future__ import annotations
 
 import functools
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
 
 GENERATOR_VERSION = "1"
 
-NAMES = MappingProxyType({"lily": "she", "anna": "she", "mia": "she", "tom": "he", "timmy": "he",
-                          "ben": "he"})
+NAMES = MappingProxyType({"lily": "she", "anna": "she", "mia": "she", "tom": "he", "timmy": "he", "ben": "he"})
 EMOTIONS = ("happy", "sad", "excited", "scared", "proud", "angry")
-VERBS_OBJECT = ("saw", "had", "found", "wanted", "loved", "liked")   # + "a ADJ NOUN"
-VERBS_MOTION = ("went", "ran", "walked")                             # + "to the PLACE"
-ADJECTIVE_NOUNS = MappingProxyType({
-    "red": ("ball", "car", "dress", "balloon", "hat"),
-    "shiny": ("coin", "ring", "stone", "crown", "key"),
-    "soft": ("pillow", "blanket", "kitten", "teddy", "scarf"),
-    "tiny": ("bug", "mouse", "box", "cup", "shell"),
-})
+VERBS_OBJECT = ("saw", "had", "found", "wanted", "loved", "liked")  # + "a ADJ NOUN"
+VERBS_MOTION = ("went", "ran", "walked")  # + "to the PLACE"
+ADJECTIVE_NOUNS = MappingProxyType(
+    {
+        "red": ("ball", "car", "dress", "balloon", "hat"),
+        "shiny": ("coin", "ring", "stone", "crown", "key"),
+        "soft": ("pillow", "blanket", "kitten", "teddy", "scarf"),
+        "tiny": ("bug", "mouse", "box", "cup", "shell"),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -59,97 +62,137 @@ class Topic:
 
     token: str
     places: tuple[str, ...]
-    words: tuple[str, ...]          # planted co-occurring words (all appear in the sentences)
-    sentences: tuple[str, ...]      # templates: {S} subject, {P} place
+    words: tuple[str, ...]  # planted co-occurring words (all appear in the sentences)
+    sentences: tuple[str, ...]  # templates: {S} subject, {P} place
 
 
-TOPICS: Mapping[str, Topic] = MappingProxyType({t.token: t for t in (
-    Topic("fish", ("pond", "lake", "sea"),
-          ("pond", "lake", "water", "boat", "sea", "catch", "swim", "net", "waves"),
-          ("{S} went to the {P} to catch a fish.",
-           "{S} saw a fish swim in the water.",
-           "{S} had a net to catch a fish in the lake.",
-           "{S} ran to the boat by the sea.",
-           "{S} saw that the little fish could swim in the blue water.",
-           "The waves of the sea were big, but the fish did not mind.",
-           "{S} saw a little fish jump out of the pond!",
-           "{S} wanted to catch the big fish, but the fish could swim away.",
-           "{S} loved the fish in the lake.",
-           "{S} looked at the fish in the water from the boat.",
-           "The water in the pond was clear, and many fish lived there.")),
-    Topic("flower", ("garden", "meadow"),
-          ("garden", "bloom", "yellow", "butterfly", "daisy", "seeds", "grow", "petals", "bee"),
-          ("{S} went to the {P} to see the flower.",
-           "{S} saw a yellow flower in the garden.",
-           "{S} had seeds to grow a new flower.",
-           "{S} saw the flower bloom in the sun.",
-           "{S} saw a butterfly sit on the yellow petals of the flower.",
-           "{S} loved the daisy in the garden.",
-           "A bee buzzed around the flower in the garden.",
-           "{S} wanted the seeds to grow into a flower with yellow petals.",
-           "Every daisy in the garden was in bloom.",
-           "{S} looked at the butterfly on the flower in the garden.")),
-    Topic("birds", ("park", "forest"),
-          ("tree", "nest", "sky", "flew", "park", "wings", "sing", "eggs", "branch"),
-          ("{S} went to the {P} to see the birds.",
-           "{S} saw birds in a tall tree.",
-           "{S} saw that the nest of the birds was on a branch of the tree.",
-           "The birds flew high in the sky.",
-           "{S} loved to hear the birds sing in the park.",
-           "{S} found three eggs in the nest of the birds.",
-           "{S} saw the birds spread their wings and fly over the tree.",
-           "{S} wanted to fly in the sky like the birds.",
-           "{S} looked at the birds in the nest in the park.",
-           "A branch of the tree was home to the birds.")),
-    Topic("cake", ("kitchen", "bakery"),
-          ("kitchen", "bake", "sugar", "oven", "sweet", "flour", "candles", "party", "frosting"),
-          ("{S} went to the {P} to bake a cake.",
-           "{S} had flour and sugar to bake a cake.",
-           "{S} put the cake in the hot oven.",
-           "{S} saw the cake come out of the oven.",
-           "The cake was sweet, with pink frosting.",
-           "{S} loved the smell of the cake in the kitchen.",
-           "{S} put candles on the cake for the party.",
-           "{S} wanted a big cake for the party.",
-           "{S} looked at the cake with the candles in the kitchen.",
-           "The sugar made the cake sweet.")),
-    Topic("snow", ("hill", "yard"),
-          ("cold", "winter", "snowman", "white", "sled", "hill", "mittens", "ice", "coat"),
-          ("{S} went to the {P} to play in the snow.",
-           "{S} saw white snow on the hill.",
-           "{S} had a sled to slide down the hill in the snow.",
-           "It was winter, and the snow was cold.",
-           "{S} made a snowman out of snow.",
-           "{S} loved the snow and the ice in winter.",
-           "{S} put on mittens and a warm coat to play in the snow.",
-           "{S} wanted to build a big snowman in the snow.",
-           "{S} looked at the white snow in the yard.",
-           "The snow was cold, and there was ice on the hill.")),
-    Topic("train", ("station", "tracks"),
-          ("station", "tracks", "ride", "ticket", "whistle", "wheels", "seat", "conductor", "window"),
-          ("{S} went to the {P} to see the train.",
-           "{S} had a ticket to ride the train.",
-           "The train blew its whistle, toot toot!",
-           "{S} saw the wheels of the train go round on the tracks.",
-           "{S} saw the conductor wave from the train.",
-           "{S} loved to ride the train to the city.",
-           "{S} looked out of the train from a seat by the window.",
-           "{S} wanted to ride the long train over the tracks.",
-           "The conductor checked the ticket for the train ride.",
-           "{S} heard the loud whistle of the train at the station.")),
-    Topic("rain", ("street", "puddle"),
-          ("clouds", "umbrella", "puddle", "wet", "boots", "thunder", "drops", "rainbow", "splash"),
-          ("{S} went out in the rain with an umbrella.",
-           "{S} saw dark clouds, and then the rain came.",
-           "{S} had boots to jump in the puddle after the rain.",
-           "The rain made a big puddle on the street.",
-           "{S} loved to splash in the rain.",
-           "{S} saw drops of rain fall from the gray clouds.",
-           "{S} saw a rainbow over the street after the rain.",
-           "{S} heard thunder, but the rain was fun.",
-           "{S} got wet in the rain, even with boots and an umbrella.",
-           "{S} wanted to play in the rain all day.")),
-)})
+TOPICS: Mapping[str, Topic] = MappingProxyType(
+    {
+        t.token: t
+        for t in (
+            Topic(
+                "fish",
+                ("pond", "lake", "sea"),
+                ("pond", "lake", "water", "boat", "sea", "catch", "swim", "net", "waves"),
+                (
+                    "{S} went to the {P} to catch a fish.",
+                    "{S} saw a fish swim in the water.",
+                    "{S} had a net to catch a fish in the lake.",
+                    "{S} ran to the boat by the sea.",
+                    "{S} saw that the little fish could swim in the blue water.",
+                    "The waves of the sea were big, but the fish did not mind.",
+                    "{S} saw a little fish jump out of the pond!",
+                    "{S} wanted to catch the big fish, but the fish could swim away.",
+                    "{S} loved the fish in the lake.",
+                    "{S} looked at the fish in the water from the boat.",
+                    "The water in the pond was clear, and many fish lived there.",
+                ),
+            ),
+            Topic(
+                "flower",
+                ("garden", "meadow"),
+                ("garden", "bloom", "yellow", "butterfly", "daisy", "seeds", "grow", "petals", "bee"),
+                (
+                    "{S} went to the {P} to see the flower.",
+                    "{S} saw a yellow flower in the garden.",
+                    "{S} had seeds to grow a new flower.",
+                    "{S} saw the flower bloom in the sun.",
+                    "{S} saw a butterfly sit on the yellow petals of the flower.",
+                    "{S} loved the daisy in the garden.",
+                    "A bee buzzed around the flower in the garden.",
+                    "{S} wanted the seeds to grow into a flower with yellow petals.",
+                    "Every daisy in the garden was in bloom.",
+                    "{S} looked at the butterfly on the flower in the garden.",
+                ),
+            ),
+            Topic(
+                "birds",
+                ("park", "forest"),
+                ("tree", "nest", "sky", "flew", "park", "wings", "sing", "eggs", "branch"),
+                (
+                    "{S} went to the {P} to see the birds.",
+                    "{S} saw birds in a tall tree.",
+                    "{S} saw that the nest of the birds was on a branch of the tree.",
+                    "The birds flew high in the sky.",
+                    "{S} loved to hear the birds sing in the park.",
+                    "{S} found three eggs in the nest of the birds.",
+                    "{S} saw the birds spread their wings and fly over the tree.",
+                    "{S} wanted to fly in the sky like the birds.",
+                    "{S} looked at the birds in the nest in the park.",
+                    "A branch of the tree was home to the birds.",
+                ),
+            ),
+            Topic(
+                "cake",
+                ("kitchen", "bakery"),
+                ("kitchen", "bake", "sugar", "oven", "sweet", "flour", "candles", "party", "frosting"),
+                (
+                    "{S} went to the {P} to bake a cake.",
+                    "{S} had flour and sugar to bake a cake.",
+                    "{S} put the cake in the hot oven.",
+                    "{S} saw the cake come out of the oven.",
+                    "The cake was sweet, with pink frosting.",
+                    "{S} loved the smell of the cake in the kitchen.",
+                    "{S} put candles on the cake for the party.",
+                    "{S} wanted a big cake for the party.",
+                    "{S} looked at the cake with the candles in the kitchen.",
+                    "The sugar made the cake sweet.",
+                ),
+            ),
+            Topic(
+                "snow",
+                ("hill", "yard"),
+                ("cold", "winter", "snowman", "white", "sled", "hill", "mittens", "ice", "coat"),
+                (
+                    "{S} went to the {P} to play in the snow.",
+                    "{S} saw white snow on the hill.",
+                    "{S} had a sled to slide down the hill in the snow.",
+                    "It was winter, and the snow was cold.",
+                    "{S} made a snowman out of snow.",
+                    "{S} loved the snow and the ice in winter.",
+                    "{S} put on mittens and a warm coat to play in the snow.",
+                    "{S} wanted to build a big snowman in the snow.",
+                    "{S} looked at the white snow in the yard.",
+                    "The snow was cold, and there was ice on the hill.",
+                ),
+            ),
+            Topic(
+                "train",
+                ("station", "tracks"),
+                ("station", "tracks", "ride", "ticket", "whistle", "wheels", "seat", "conductor", "window"),
+                (
+                    "{S} went to the {P} to see the train.",
+                    "{S} had a ticket to ride the train.",
+                    "The train blew its whistle, toot toot!",
+                    "{S} saw the wheels of the train go round on the tracks.",
+                    "{S} saw the conductor wave from the train.",
+                    "{S} loved to ride the train to the city.",
+                    "{S} looked out of the train from a seat by the window.",
+                    "{S} wanted to ride the long train over the tracks.",
+                    "The conductor checked the ticket for the train ride.",
+                    "{S} heard the loud whistle of the train at the station.",
+                ),
+            ),
+            Topic(
+                "rain",
+                ("street", "puddle"),
+                ("clouds", "umbrella", "puddle", "wet", "boots", "thunder", "drops", "rainbow", "splash"),
+                (
+                    "{S} went out in the rain with an umbrella.",
+                    "{S} saw dark clouds, and then the rain came.",
+                    "{S} had boots to jump in the puddle after the rain.",
+                    "The rain made a big puddle on the street.",
+                    "{S} loved to splash in the rain.",
+                    "{S} saw drops of rain fall from the gray clouds.",
+                    "{S} saw a rainbow over the street after the rain.",
+                    "{S} heard thunder, but the rain was fun.",
+                    "{S} got wet in the rain, even with boots and an umbrella.",
+                    "{S} wanted to play in the rain all day.",
+                ),
+            ),
+        )
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -157,14 +200,38 @@ class Planted:
     """Ground truth planted by :func:`generate_stories` (lower-case word tokens)."""
 
     adjective_nouns: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: ADJECTIVE_NOUNS)
-    word_classes: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({
-        "subjects": ("she", "he", "they", *NAMES),
-        "emotions": EMOTIONS,
-        "verbs": (*VERBS_OBJECT, *VERBS_MOTION, "felt", "played", "said", "looked", "made", "put", "heard",
-                   "ate", "asked", "helped", "smiled", "told", "gave", "sang", "came", "got", "was"),
-    }))
+    word_classes: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType(
+            {
+                "subjects": ("she", "he", "they", *NAMES),
+                "emotions": EMOTIONS,
+                "verbs": (
+                    *VERBS_OBJECT,
+                    *VERBS_MOTION,
+                    "felt",
+                    "played",
+                    "said",
+                    "looked",
+                    "made",
+                    "put",
+                    "heard",
+                    "ate",
+                    "asked",
+                    "helped",
+                    "smiled",
+                    "told",
+                    "gave",
+                    "sang",
+                    "came",
+                    "got",
+                    "was",
+                ),
+            }
+        )
+    )
     topics: Mapping[str, tuple[str, ...]] = field(
-        default_factory=lambda: MappingProxyType({k: t.words for k, t in TOPICS.items()}))
+        default_factory=lambda: MappingProxyType({k: t.words for k, t in TOPICS.items()})
+    )
 
 
 PLANTED = Planted()
@@ -177,7 +244,7 @@ _GENERIC = (
     "{S} felt {E}!",
     "{S} felt {E} and smiled.",
     "{S} played with the {AN}.",
-    "{S} said, \"I like the {P}!\"",
+    '{S} said, "I like the {P}!"',
     "{S} {VM} home.",
     "{S} ate an apple and a cookie.",
     "{S} asked mom for help.",
@@ -209,199 +276,136 @@ _FRIEND = "{F} came to play one day."
 # perception verb ("saw a fish swim") is ``ccomp`` with its own ``nsubj``; an infinitive after a noun
 # ("a net to catch") is ``acl``, a purpose infinitive after a verb ("went ... to catch") ``advcl``, after
 # want/love ``xcomp``; quotes are ````/''`` with label ``punct``.
-_GOLD: Mapping[str, str] = MappingProxyType({
-    _OPENING: "RB/advmod IN/prep DT/det NN/pobj ,/punct nsubj VBD/ROOT DT/det JJ/amod attr WP/nsubj VBD/relcl "
-              "IN/prep DT/det pobj DT/det NN/npadvmod ./punct",
-    _FRIEND: "nsubj VBD/ROOT TO/aux VB/advcl CD/nummod NN/npadvmod ./punct",
-    # fish
-    "{S} went to the {P} to catch a fish.":
-        "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl DT/det NN/dobj ./punct",
-    "{S} saw a fish swim in the water.":
-        "nsubj VBD/ROOT DT/det NN/nsubj VB/ccomp IN/prep DT/det NN/pobj ./punct",
-    "{S} had a net to catch a fish in the lake.":
-        "nsubj VBD/ROOT DT/det NN/dobj TO/aux VB/acl DT/det NN/dobj IN/prep DT/det NN/pobj ./punct",
-    "{S} ran to the boat by the sea.":
-        "nsubj VBD/ROOT IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "{S} saw that the little fish could swim in the blue water.":
-        "nsubj VBD/ROOT IN/mark DT/det JJ/amod NN/nsubj MD/aux VB/ccomp IN/prep DT/det JJ/amod NN/pobj ./punct",
-    "The waves of the sea were big, but the fish did not mind.":
-        "DT/det NNS/nsubj IN/prep DT/det NN/pobj VBD/ROOT JJ/acomp ,/punct CC/cc DT/det NN/nsubj VBD/aux RB/neg "
+_GOLD: Mapping[str, str] = MappingProxyType(
+    {
+        _OPENING: "RB/advmod IN/prep DT/det NN/pobj ,/punct nsubj VBD/ROOT DT/det JJ/amod attr WP/nsubj VBD/relcl "
+        "IN/prep DT/det pobj DT/det NN/npadvmod ./punct",
+        _FRIEND: "nsubj VBD/ROOT TO/aux VB/advcl CD/nummod NN/npadvmod ./punct",
+        # fish
+        "{S} went to the {P} to catch a fish.": "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl DT/det NN/dobj ./punct",
+        "{S} saw a fish swim in the water.": "nsubj VBD/ROOT DT/det NN/nsubj VB/ccomp IN/prep DT/det NN/pobj ./punct",
+        "{S} had a net to catch a fish in the lake.": "nsubj VBD/ROOT DT/det NN/dobj TO/aux VB/acl DT/det NN/dobj IN/prep DT/det NN/pobj ./punct",
+        "{S} ran to the boat by the sea.": "nsubj VBD/ROOT IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "{S} saw that the little fish could swim in the blue water.": "nsubj VBD/ROOT IN/mark DT/det JJ/amod NN/nsubj MD/aux VB/ccomp IN/prep DT/det JJ/amod NN/pobj ./punct",
+        "The waves of the sea were big, but the fish did not mind.": "DT/det NNS/nsubj IN/prep DT/det NN/pobj VBD/ROOT JJ/acomp ,/punct CC/cc DT/det NN/nsubj VBD/aux RB/neg "
         "VB/conj ./punct",
-    "{S} saw a little fish jump out of the pond!":
-        "nsubj VBD/ROOT DT/det JJ/amod NN/nsubj VB/ccomp IN/prep IN/prep DT/det NN/pobj ./punct",
-    "{S} wanted to catch the big fish, but the fish could swim away.":
-        "nsubj VBD/ROOT TO/aux VB/xcomp DT/det JJ/amod NN/dobj ,/punct CC/cc DT/det NN/nsubj MD/aux VB/conj "
+        "{S} saw a little fish jump out of the pond!": "nsubj VBD/ROOT DT/det JJ/amod NN/nsubj VB/ccomp IN/prep IN/prep DT/det NN/pobj ./punct",
+        "{S} wanted to catch the big fish, but the fish could swim away.": "nsubj VBD/ROOT TO/aux VB/xcomp DT/det JJ/amod NN/dobj ,/punct CC/cc DT/det NN/nsubj MD/aux VB/conj "
         "RB/advmod ./punct",
-    "{S} loved the fish in the lake.":
-        "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det NN/pobj ./punct",
-    "{S} looked at the fish in the water from the boat.":
-        "nsubj VBD/ROOT IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "The water in the pond was clear, and many fish lived there.":
-        "DT/det NN/nsubj IN/prep DT/det NN/pobj VBD/ROOT JJ/acomp ,/punct CC/cc JJ/amod NNS/nsubj VBD/conj "
+        "{S} loved the fish in the lake.": "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det NN/pobj ./punct",
+        "{S} looked at the fish in the water from the boat.": "nsubj VBD/ROOT IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "The water in the pond was clear, and many fish lived there.": "DT/det NN/nsubj IN/prep DT/det NN/pobj VBD/ROOT JJ/acomp ,/punct CC/cc JJ/amod NNS/nsubj VBD/conj "
         "RB/advmod ./punct",
-    # flower
-    "{S} went to the {P} to see the flower.":
-        "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl DT/det NN/dobj ./punct",
-    "{S} saw a yellow flower in the garden.":
-        "nsubj VBD/ROOT DT/det JJ/amod NN/dobj IN/prep DT/det NN/pobj ./punct",
-    "{S} had seeds to grow a new flower.":
-        "nsubj VBD/ROOT NNS/dobj TO/aux VB/acl DT/det JJ/amod NN/dobj ./punct",
-    "{S} saw the flower bloom in the sun.":
-        "nsubj VBD/ROOT DT/det NN/nsubj VB/ccomp IN/prep DT/det NN/pobj ./punct",
-    "{S} saw a butterfly sit on the yellow petals of the flower.":
-        "nsubj VBD/ROOT DT/det NN/nsubj VB/ccomp IN/prep DT/det JJ/amod NNS/pobj IN/prep DT/det NN/pobj ./punct",
-    "{S} loved the daisy in the garden.":
-        "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det NN/pobj ./punct",
-    "A bee buzzed around the flower in the garden.":
-        "DT/det NN/nsubj VBD/ROOT IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "{S} wanted the seeds to grow into a flower with yellow petals.":
-        "nsubj VBD/ROOT DT/det NNS/nsubj TO/aux VB/ccomp IN/prep DT/det NN/pobj IN/prep JJ/amod NNS/pobj ./punct",
-    "Every daisy in the garden was in bloom.":
-        "DT/det NN/nsubj IN/prep DT/det NN/pobj VBD/ROOT IN/prep NN/pobj ./punct",
-    "{S} looked at the butterfly on the flower in the garden.":
-        "nsubj VBD/ROOT IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    # birds
-    "{S} went to the {P} to see the birds.":
-        "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl DT/det NNS/dobj ./punct",
-    "{S} saw birds in a tall tree.":
-        "nsubj VBD/ROOT NNS/dobj IN/prep DT/det JJ/amod NN/pobj ./punct",
-    "{S} saw that the nest of the birds was on a branch of the tree.":
-        "nsubj VBD/ROOT IN/mark DT/det NN/nsubj IN/prep DT/det NNS/pobj VBD/ccomp IN/prep DT/det NN/pobj "
+        # flower
+        "{S} went to the {P} to see the flower.": "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl DT/det NN/dobj ./punct",
+        "{S} saw a yellow flower in the garden.": "nsubj VBD/ROOT DT/det JJ/amod NN/dobj IN/prep DT/det NN/pobj ./punct",
+        "{S} had seeds to grow a new flower.": "nsubj VBD/ROOT NNS/dobj TO/aux VB/acl DT/det JJ/amod NN/dobj ./punct",
+        "{S} saw the flower bloom in the sun.": "nsubj VBD/ROOT DT/det NN/nsubj VB/ccomp IN/prep DT/det NN/pobj ./punct",
+        "{S} saw a butterfly sit on the yellow petals of the flower.": "nsubj VBD/ROOT DT/det NN/nsubj VB/ccomp IN/prep DT/det JJ/amod NNS/pobj IN/prep DT/det NN/pobj ./punct",
+        "{S} loved the daisy in the garden.": "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det NN/pobj ./punct",
+        "A bee buzzed around the flower in the garden.": "DT/det NN/nsubj VBD/ROOT IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "{S} wanted the seeds to grow into a flower with yellow petals.": "nsubj VBD/ROOT DT/det NNS/nsubj TO/aux VB/ccomp IN/prep DT/det NN/pobj IN/prep JJ/amod NNS/pobj ./punct",
+        "Every daisy in the garden was in bloom.": "DT/det NN/nsubj IN/prep DT/det NN/pobj VBD/ROOT IN/prep NN/pobj ./punct",
+        "{S} looked at the butterfly on the flower in the garden.": "nsubj VBD/ROOT IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        # birds
+        "{S} went to the {P} to see the birds.": "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl DT/det NNS/dobj ./punct",
+        "{S} saw birds in a tall tree.": "nsubj VBD/ROOT NNS/dobj IN/prep DT/det JJ/amod NN/pobj ./punct",
+        "{S} saw that the nest of the birds was on a branch of the tree.": "nsubj VBD/ROOT IN/mark DT/det NN/nsubj IN/prep DT/det NNS/pobj VBD/ccomp IN/prep DT/det NN/pobj "
         "IN/prep DT/det NN/pobj ./punct",
-    "The birds flew high in the sky.":
-        "DT/det NNS/nsubj VBD/ROOT RB/advmod IN/prep DT/det NN/pobj ./punct",
-    "{S} loved to hear the birds sing in the park.":
-        "nsubj VBD/ROOT TO/aux VB/xcomp DT/det NNS/nsubj VB/ccomp IN/prep DT/det NN/pobj ./punct",
-    "{S} found three eggs in the nest of the birds.":
-        "nsubj VBD/ROOT CD/nummod NNS/dobj IN/prep DT/det NN/pobj IN/prep DT/det NNS/pobj ./punct",
-    "{S} saw the birds spread their wings and fly over the tree.":
-        "nsubj VBD/ROOT DT/det NNS/nsubj VB/ccomp PRP$/poss NNS/dobj CC/cc VB/conj IN/prep DT/det NN/pobj ./punct",
-    "{S} wanted to fly in the sky like the birds.":
-        "nsubj VBD/ROOT TO/aux VB/xcomp IN/prep DT/det NN/pobj IN/prep DT/det NNS/pobj ./punct",
-    "{S} looked at the birds in the nest in the park.":
-        "nsubj VBD/ROOT IN/prep DT/det NNS/pobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "A branch of the tree was home to the birds.":
-        "DT/det NN/nsubj IN/prep DT/det NN/pobj VBD/ROOT NN/attr IN/prep DT/det NNS/pobj ./punct",
-    # cake
-    "{S} went to the {P} to bake a cake.":
-        "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl DT/det NN/dobj ./punct",
-    "{S} had flour and sugar to bake a cake.":
-        "nsubj VBD/ROOT NN/dobj CC/cc NN/conj TO/aux VB/acl DT/det NN/dobj ./punct",
-    "{S} put the cake in the hot oven.":
-        "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det JJ/amod NN/pobj ./punct",
-    "{S} saw the cake come out of the oven.":
-        "nsubj VBD/ROOT DT/det NN/nsubj VB/ccomp IN/prep IN/prep DT/det NN/pobj ./punct",
-    "The cake was sweet, with pink frosting.":
-        "DT/det NN/nsubj VBD/ROOT JJ/acomp ,/punct IN/prep JJ/amod NN/pobj ./punct",
-    "{S} loved the smell of the cake in the kitchen.":
-        "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "{S} put candles on the cake for the party.":
-        "nsubj VBD/ROOT NNS/dobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "{S} wanted a big cake for the party.":
-        "nsubj VBD/ROOT DT/det JJ/amod NN/dobj IN/prep DT/det NN/pobj ./punct",
-    "{S} looked at the cake with the candles in the kitchen.":
-        "nsubj VBD/ROOT IN/prep DT/det NN/pobj IN/prep DT/det NNS/pobj IN/prep DT/det NN/pobj ./punct",
-    "The sugar made the cake sweet.":
-        "DT/det NN/nsubj VBD/ROOT DT/det NN/nsubj JJ/ccomp ./punct",
-    # snow
-    "{S} went to the {P} to play in the snow.":
-        "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl IN/prep DT/det NN/pobj ./punct",
-    "{S} saw white snow on the hill.":
-        "nsubj VBD/ROOT JJ/amod NN/dobj IN/prep DT/det NN/pobj ./punct",
-    "{S} had a sled to slide down the hill in the snow.":
-        "nsubj VBD/ROOT DT/det NN/dobj TO/aux VB/acl IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "It was winter, and the snow was cold.":
-        "PRP/nsubj VBD/ROOT NN/attr ,/punct CC/cc DT/det NN/nsubj VBD/conj JJ/acomp ./punct",
-    "{S} made a snowman out of snow.":
-        "nsubj VBD/ROOT DT/det NN/dobj IN/prep IN/prep NN/pobj ./punct",
-    "{S} loved the snow and the ice in winter.":
-        "nsubj VBD/ROOT DT/det NN/dobj CC/cc DT/det NN/conj IN/prep NN/pobj ./punct",
-    "{S} put on mittens and a warm coat to play in the snow.":
-        "nsubj VBD/ROOT RP/prt NNS/dobj CC/cc DT/det JJ/amod NN/conj TO/aux VB/advcl IN/prep DT/det NN/pobj "
+        "The birds flew high in the sky.": "DT/det NNS/nsubj VBD/ROOT RB/advmod IN/prep DT/det NN/pobj ./punct",
+        "{S} loved to hear the birds sing in the park.": "nsubj VBD/ROOT TO/aux VB/xcomp DT/det NNS/nsubj VB/ccomp IN/prep DT/det NN/pobj ./punct",
+        "{S} found three eggs in the nest of the birds.": "nsubj VBD/ROOT CD/nummod NNS/dobj IN/prep DT/det NN/pobj IN/prep DT/det NNS/pobj ./punct",
+        "{S} saw the birds spread their wings and fly over the tree.": "nsubj VBD/ROOT DT/det NNS/nsubj VB/ccomp PRP$/poss NNS/dobj CC/cc VB/conj IN/prep DT/det NN/pobj ./punct",
+        "{S} wanted to fly in the sky like the birds.": "nsubj VBD/ROOT TO/aux VB/xcomp IN/prep DT/det NN/pobj IN/prep DT/det NNS/pobj ./punct",
+        "{S} looked at the birds in the nest in the park.": "nsubj VBD/ROOT IN/prep DT/det NNS/pobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "A branch of the tree was home to the birds.": "DT/det NN/nsubj IN/prep DT/det NN/pobj VBD/ROOT NN/attr IN/prep DT/det NNS/pobj ./punct",
+        # cake
+        "{S} went to the {P} to bake a cake.": "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl DT/det NN/dobj ./punct",
+        "{S} had flour and sugar to bake a cake.": "nsubj VBD/ROOT NN/dobj CC/cc NN/conj TO/aux VB/acl DT/det NN/dobj ./punct",
+        "{S} put the cake in the hot oven.": "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det JJ/amod NN/pobj ./punct",
+        "{S} saw the cake come out of the oven.": "nsubj VBD/ROOT DT/det NN/nsubj VB/ccomp IN/prep IN/prep DT/det NN/pobj ./punct",
+        "The cake was sweet, with pink frosting.": "DT/det NN/nsubj VBD/ROOT JJ/acomp ,/punct IN/prep JJ/amod NN/pobj ./punct",
+        "{S} loved the smell of the cake in the kitchen.": "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "{S} put candles on the cake for the party.": "nsubj VBD/ROOT NNS/dobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "{S} wanted a big cake for the party.": "nsubj VBD/ROOT DT/det JJ/amod NN/dobj IN/prep DT/det NN/pobj ./punct",
+        "{S} looked at the cake with the candles in the kitchen.": "nsubj VBD/ROOT IN/prep DT/det NN/pobj IN/prep DT/det NNS/pobj IN/prep DT/det NN/pobj ./punct",
+        "The sugar made the cake sweet.": "DT/det NN/nsubj VBD/ROOT DT/det NN/nsubj JJ/ccomp ./punct",
+        # snow
+        "{S} went to the {P} to play in the snow.": "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl IN/prep DT/det NN/pobj ./punct",
+        "{S} saw white snow on the hill.": "nsubj VBD/ROOT JJ/amod NN/dobj IN/prep DT/det NN/pobj ./punct",
+        "{S} had a sled to slide down the hill in the snow.": "nsubj VBD/ROOT DT/det NN/dobj TO/aux VB/acl IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "It was winter, and the snow was cold.": "PRP/nsubj VBD/ROOT NN/attr ,/punct CC/cc DT/det NN/nsubj VBD/conj JJ/acomp ./punct",
+        "{S} made a snowman out of snow.": "nsubj VBD/ROOT DT/det NN/dobj IN/prep IN/prep NN/pobj ./punct",
+        "{S} loved the snow and the ice in winter.": "nsubj VBD/ROOT DT/det NN/dobj CC/cc DT/det NN/conj IN/prep NN/pobj ./punct",
+        "{S} put on mittens and a warm coat to play in the snow.": "nsubj VBD/ROOT RP/prt NNS/dobj CC/cc DT/det JJ/amod NN/conj TO/aux VB/advcl IN/prep DT/det NN/pobj "
         "./punct",
-    "{S} wanted to build a big snowman in the snow.":
-        "nsubj VBD/ROOT TO/aux VB/xcomp DT/det JJ/amod NN/dobj IN/prep DT/det NN/pobj ./punct",
-    "{S} looked at the white snow in the yard.":
-        "nsubj VBD/ROOT IN/prep DT/det JJ/amod NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "The snow was cold, and there was ice on the hill.":
-        "DT/det NN/nsubj VBD/ROOT JJ/acomp ,/punct CC/cc EX/expl VBD/conj NN/attr IN/prep DT/det NN/pobj ./punct",
-    # train
-    "{S} went to the {P} to see the train.":
-        "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl DT/det NN/dobj ./punct",
-    "{S} had a ticket to ride the train.":
-        "nsubj VBD/ROOT DT/det NN/dobj TO/aux VB/acl DT/det NN/dobj ./punct",
-    "The train blew its whistle, toot toot!":
-        "DT/det NN/nsubj VBD/ROOT PRP$/poss NN/dobj ,/punct UH/intj UH/intj ./punct",
-    "{S} saw the wheels of the train go round on the tracks.":
-        "nsubj VBD/ROOT DT/det NNS/nsubj IN/prep DT/det NN/pobj VB/ccomp RB/advmod IN/prep DT/det NNS/pobj ./punct",
-    "{S} saw the conductor wave from the train.":
-        "nsubj VBD/ROOT DT/det NN/nsubj VB/ccomp IN/prep DT/det NN/pobj ./punct",
-    "{S} loved to ride the train to the city.":
-        "nsubj VBD/ROOT TO/aux VB/xcomp DT/det NN/dobj IN/prep DT/det NN/pobj ./punct",
-    "{S} looked out of the train from a seat by the window.":
-        "nsubj VBD/ROOT IN/prep IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "{S} wanted to ride the long train over the tracks.":
-        "nsubj VBD/ROOT TO/aux VB/xcomp DT/det JJ/amod NN/dobj IN/prep DT/det NNS/pobj ./punct",
-    "The conductor checked the ticket for the train ride.":
-        "DT/det NN/nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det NN/compound NN/pobj ./punct",
-    "{S} heard the loud whistle of the train at the station.":
-        "nsubj VBD/ROOT DT/det JJ/amod NN/dobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    # rain
-    "{S} went out in the rain with an umbrella.":
-        "nsubj VBD/ROOT RP/prt IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "{S} saw dark clouds, and then the rain came.":
-        "nsubj VBD/ROOT JJ/amod NNS/dobj ,/punct CC/cc RB/advmod DT/det NN/nsubj VBD/conj ./punct",
-    "{S} had boots to jump in the puddle after the rain.":
-        "nsubj VBD/ROOT NNS/dobj TO/aux VB/acl IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "The rain made a big puddle on the street.":
-        "DT/det NN/nsubj VBD/ROOT DT/det JJ/amod NN/dobj IN/prep DT/det NN/pobj ./punct",
-    "{S} loved to splash in the rain.":
-        "nsubj VBD/ROOT TO/aux VB/xcomp IN/prep DT/det NN/pobj ./punct",
-    "{S} saw drops of rain fall from the gray clouds.":
-        "nsubj VBD/ROOT NNS/nsubj IN/prep NN/pobj VB/ccomp IN/prep DT/det JJ/amod NNS/pobj ./punct",
-    "{S} saw a rainbow over the street after the rain.":
-        "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
-    "{S} heard thunder, but the rain was fun.":
-        "nsubj VBD/ROOT NN/dobj ,/punct CC/cc DT/det NN/nsubj VBD/conj NN/attr ./punct",
-    "{S} got wet in the rain, even with boots and an umbrella.":
-        "nsubj VBD/ROOT JJ/acomp IN/prep DT/det NN/pobj ,/punct RB/advmod IN/prep NNS/pobj CC/cc DT/det NN/conj "
+        "{S} wanted to build a big snowman in the snow.": "nsubj VBD/ROOT TO/aux VB/xcomp DT/det JJ/amod NN/dobj IN/prep DT/det NN/pobj ./punct",
+        "{S} looked at the white snow in the yard.": "nsubj VBD/ROOT IN/prep DT/det JJ/amod NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "The snow was cold, and there was ice on the hill.": "DT/det NN/nsubj VBD/ROOT JJ/acomp ,/punct CC/cc EX/expl VBD/conj NN/attr IN/prep DT/det NN/pobj ./punct",
+        # train
+        "{S} went to the {P} to see the train.": "nsubj VBD/ROOT IN/prep DT/det pobj TO/aux VB/advcl DT/det NN/dobj ./punct",
+        "{S} had a ticket to ride the train.": "nsubj VBD/ROOT DT/det NN/dobj TO/aux VB/acl DT/det NN/dobj ./punct",
+        "The train blew its whistle, toot toot!": "DT/det NN/nsubj VBD/ROOT PRP$/poss NN/dobj ,/punct UH/intj UH/intj ./punct",
+        "{S} saw the wheels of the train go round on the tracks.": "nsubj VBD/ROOT DT/det NNS/nsubj IN/prep DT/det NN/pobj VB/ccomp RB/advmod IN/prep DT/det NNS/pobj ./punct",
+        "{S} saw the conductor wave from the train.": "nsubj VBD/ROOT DT/det NN/nsubj VB/ccomp IN/prep DT/det NN/pobj ./punct",
+        "{S} loved to ride the train to the city.": "nsubj VBD/ROOT TO/aux VB/xcomp DT/det NN/dobj IN/prep DT/det NN/pobj ./punct",
+        "{S} looked out of the train from a seat by the window.": "nsubj VBD/ROOT IN/prep IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "{S} wanted to ride the long train over the tracks.": "nsubj VBD/ROOT TO/aux VB/xcomp DT/det JJ/amod NN/dobj IN/prep DT/det NNS/pobj ./punct",
+        "The conductor checked the ticket for the train ride.": "DT/det NN/nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det NN/compound NN/pobj ./punct",
+        "{S} heard the loud whistle of the train at the station.": "nsubj VBD/ROOT DT/det JJ/amod NN/dobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        # rain
+        "{S} went out in the rain with an umbrella.": "nsubj VBD/ROOT RP/prt IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "{S} saw dark clouds, and then the rain came.": "nsubj VBD/ROOT JJ/amod NNS/dobj ,/punct CC/cc RB/advmod DT/det NN/nsubj VBD/conj ./punct",
+        "{S} had boots to jump in the puddle after the rain.": "nsubj VBD/ROOT NNS/dobj TO/aux VB/acl IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "The rain made a big puddle on the street.": "DT/det NN/nsubj VBD/ROOT DT/det JJ/amod NN/dobj IN/prep DT/det NN/pobj ./punct",
+        "{S} loved to splash in the rain.": "nsubj VBD/ROOT TO/aux VB/xcomp IN/prep DT/det NN/pobj ./punct",
+        "{S} saw drops of rain fall from the gray clouds.": "nsubj VBD/ROOT NNS/nsubj IN/prep NN/pobj VB/ccomp IN/prep DT/det JJ/amod NNS/pobj ./punct",
+        "{S} saw a rainbow over the street after the rain.": "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj ./punct",
+        "{S} heard thunder, but the rain was fun.": "nsubj VBD/ROOT NN/dobj ,/punct CC/cc DT/det NN/nsubj VBD/conj NN/attr ./punct",
+        "{S} got wet in the rain, even with boots and an umbrella.": "nsubj VBD/ROOT JJ/acomp IN/prep DT/det NN/pobj ,/punct RB/advmod IN/prep NNS/pobj CC/cc DT/det NN/conj "
         "./punct",
-    "{S} wanted to play in the rain all day.":
-        "nsubj VBD/ROOT TO/aux VB/xcomp IN/prep DT/det NN/pobj DT/det NN/npadvmod ./punct",
-    # generic
-    "{S} {VO} a {AN}.": "nsubj ROOT DT/det dobj ./punct",
-    "{S} {VO} a {AN} near the {P}.": "nsubj ROOT DT/det dobj IN/prep DT/det pobj ./punct",
-    "{S} {VM} to the {P} with a friend.": "nsubj ROOT IN/prep DT/det pobj IN/prep DT/det NN/pobj ./punct",
-    "{S} felt {E}.": "nsubj VBD/ROOT acomp ./punct",
-    "{S} felt {E}!": "nsubj VBD/ROOT acomp ./punct",
-    "{S} felt {E} and smiled.": "nsubj VBD/ROOT acomp CC/cc VBD/conj ./punct",
-    "{S} played with the {AN}.": "nsubj VBD/ROOT IN/prep DT/det pobj ./punct",
-    "{S} said, \"I like the {P}!\"": "nsubj VBD/ROOT ,/punct ``/punct PRP/nsubj VBP/ccomp DT/det dobj ./punct "
-                                     "''/punct",
-    "{S} {VM} home.": "nsubj ROOT RB/advmod ./punct",
-    "{S} ate an apple and a cookie.": "nsubj VBD/ROOT DT/det NN/dobj CC/cc DT/det NN/conj ./punct",
-    "{S} asked mom for help.": "nsubj VBD/ROOT NN/dobj IN/prep NN/pobj ./punct",
-    "{S} helped dad in the house.": "nsubj VBD/ROOT NN/dobj IN/prep DT/det NN/pobj ./punct",
-    "{S} smiled and laughed.": "nsubj VBD/ROOT CC/cc VBD/conj ./punct",
-    "{S} told grandma about the {P}.": "nsubj VBD/ROOT NN/dobj IN/prep DT/det pobj ./punct",
-    "{S} gave a {AN} to mom.": "nsubj VBD/ROOT DT/det dobj IN/dative NN/pobj ./punct",
-    "{S} sang a song about the {P}.": "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det pobj ./punct",
-    "It was a nice and sunny day.": "PRP/nsubj VBD/ROOT DT/det JJ/amod CC/cc JJ/conj NN/attr ./punct",
-    "{S} ate lunch with mom and dad.": "nsubj VBD/ROOT NN/dobj IN/prep NN/pobj CC/cc NN/conj ./punct",
-    # closings
-    "{S} {VM} home at the end of the day and felt {E}.":
-        "nsubj ROOT RB/advmod IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj CC/cc VBD/conj acomp ./punct",
-    "{S} loved the {P} from that day on.": "nsubj VBD/ROOT DT/det dobj IN/prep DT/det NN/pobj RP/prt ./punct",
-    "{S} felt {E}, and that was the end of the day.":
-        "nsubj VBD/ROOT acomp ,/punct CC/cc DT/nsubj VBD/conj DT/det NN/attr IN/prep DT/det NN/pobj ./punct",
-})
-_PLACE_TAGS = MappingProxyType({"tracks": "NNS"})      # every other place is a singular noun (NN)
+        "{S} wanted to play in the rain all day.": "nsubj VBD/ROOT TO/aux VB/xcomp IN/prep DT/det NN/pobj DT/det NN/npadvmod ./punct",
+        # generic
+        "{S} {VO} a {AN}.": "nsubj ROOT DT/det dobj ./punct",
+        "{S} {VO} a {AN} near the {P}.": "nsubj ROOT DT/det dobj IN/prep DT/det pobj ./punct",
+        "{S} {VM} to the {P} with a friend.": "nsubj ROOT IN/prep DT/det pobj IN/prep DT/det NN/pobj ./punct",
+        "{S} felt {E}.": "nsubj VBD/ROOT acomp ./punct",
+        "{S} felt {E}!": "nsubj VBD/ROOT acomp ./punct",
+        "{S} felt {E} and smiled.": "nsubj VBD/ROOT acomp CC/cc VBD/conj ./punct",
+        "{S} played with the {AN}.": "nsubj VBD/ROOT IN/prep DT/det pobj ./punct",
+        '{S} said, "I like the {P}!"': "nsubj VBD/ROOT ,/punct ``/punct PRP/nsubj VBP/ccomp DT/det dobj ./punct "
+        "''/punct",
+        "{S} {VM} home.": "nsubj ROOT RB/advmod ./punct",
+        "{S} ate an apple and a cookie.": "nsubj VBD/ROOT DT/det NN/dobj CC/cc DT/det NN/conj ./punct",
+        "{S} asked mom for help.": "nsubj VBD/ROOT NN/dobj IN/prep NN/pobj ./punct",
+        "{S} helped dad in the house.": "nsubj VBD/ROOT NN/dobj IN/prep DT/det NN/pobj ./punct",
+        "{S} smiled and laughed.": "nsubj VBD/ROOT CC/cc VBD/conj ./punct",
+        "{S} told grandma about the {P}.": "nsubj VBD/ROOT NN/dobj IN/prep DT/det pobj ./punct",
+        "{S} gave a {AN} to mom.": "nsubj VBD/ROOT DT/det dobj IN/dative NN/pobj ./punct",
+        "{S} sang a song about the {P}.": "nsubj VBD/ROOT DT/det NN/dobj IN/prep DT/det pobj ./punct",
+        "It was a nice and sunny day.": "PRP/nsubj VBD/ROOT DT/det JJ/amod CC/cc JJ/conj NN/attr ./punct",
+        "{S} ate lunch with mom and dad.": "nsubj VBD/ROOT NN/dobj IN/prep NN/pobj CC/cc NN/conj ./punct",
+        # closings
+        "{S} {VM} home at the end of the day and felt {E}.": "nsubj ROOT RB/advmod IN/prep DT/det NN/pobj IN/prep DT/det NN/pobj CC/cc VBD/conj acomp ./punct",
+        "{S} loved the {P} from that day on.": "nsubj VBD/ROOT DT/det dobj IN/prep DT/det NN/pobj RP/prt ./punct",
+        "{S} felt {E}, and that was the end of the day.": "nsubj VBD/ROOT acomp ,/punct CC/cc DT/nsubj VBD/conj DT/det NN/attr IN/prep DT/det NN/pobj ./punct",
+    }
+)
+_PLACE_TAGS = MappingProxyType({"tracks": "NNS"})  # every other place is a singular noun (NN)
 # slot -> the values it takes (the gold annotator's regexes match these, case-insensitively)
-_SLOT_VALUES: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "S": ("she", "he", "they", *NAMES), "N": tuple(NAMES), "F": tuple(NAMES), "K": ("girl", "boy"),
-    "P": tuple(sorted({p for t in TOPICS.values() for p in t.places})), "E": EMOTIONS,
-    "VO": VERBS_OBJECT, "VM": VERBS_MOTION,
-    "AN": tuple(f"{a} {n}" for a, ns in ADJECTIVE_NOUNS.items() for n in ns)})
+_SLOT_VALUES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "S": ("she", "he", "they", *NAMES),
+        "N": tuple(NAMES),
+        "F": tuple(NAMES),
+        "K": ("girl", "boy"),
+        "P": tuple(sorted({p for t in TOPICS.values() for p in t.places})),
+        "E": EMOTIONS,
+        "VO": VERBS_OBJECT,
+        "VM": VERBS_MOTION,
+        "AN": tuple(f"{a} {n}" for a, ns in ADJECTIVE_NOUNS.items() for n in ns),
+    }
+)
 _TEMPLATE_TOKEN = re.compile(r"\{[A-Z]+\}|[A-Za-z]+|\S")
 
 
@@ -437,7 +441,7 @@ def _slot_words(slot: str, value: str, label: str) -> list[tuple[str, str, str]]
         tag = "JJ"
     elif slot in ("VO", "VM"):
         tag = "VBD"
-    else:               # K
+    else:  # K
         tag = "NN"
     return [(value, tag, label)]
 
@@ -445,11 +449,11 @@ def _slot_words(slot: str, value: str, label: str) -> list[tuple[str, str, str]]
 class _CompiledTemplate(NamedTuple):
     template: str
     regex: re.Pattern
-    tokens: tuple[str, ...]          # template tokens (slots as "{X}")
-    entries: tuple[str, ...]         # their gold entries
+    tokens: tuple[str, ...]  # template tokens (slots as "{X}")
+    entries: tuple[str, ...]  # their gold entries
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled() -> tuple[_CompiledTemplate, ...]:
     """Every template with its gold entries and a case-insensitive regex whose groups are the slots."""
     out = []
@@ -464,7 +468,7 @@ def _compiled() -> tuple[_CompiledTemplate, ...]:
                 raise AssertionError(f"storyworld gold for {template!r}: entry {ent!r} does not fit token {tok!r}")
         pattern, pos = [], 0
         for m in re.finditer(r"\{([A-Z]+)\}", template):
-            pattern.append(re.escape(template[pos:m.start()]))
+            pattern.append(re.escape(template[pos : m.start()]))
             values = sorted(_SLOT_VALUES[m.group(1)], key=len, reverse=True)
             pattern.append("(" + "|".join(re.escape(v) for v in values) + r")\b")
             pos = m.end()
@@ -494,7 +498,7 @@ def _sentence_words(ct: _CompiledTemplate, sentence: str, offset: int) -> list[G
     for word, tag, label in words:
         while sentence[cur].isspace():
             cur += 1
-        if sentence[cur:cur + len(word)].lower() != word.lower():      # internal bug: fail loudly
+        if sentence[cur : cur + len(word)].lower() != word.lower():  # internal bug: fail loudly
             raise AssertionError(f"storyworld gold: {word!r} not at {cur} of {sentence!r}")
         out.append(GoldWord(offset + cur, offset + cur + len(word), tag, label))
         cur += len(word)
@@ -511,8 +515,11 @@ def _truncate_words(text: str, words: list[GoldWord]) -> tuple[str, list[GoldWor
     head = " ".join(chunks[:249])
     kept = [w for w in words if w.end <= len(head)]
     n = len(head)
-    return head + " The end.", kept + [GoldWord(n + 1, n + 4, "DT", "det"), GoldWord(n + 5, n + 8, "NN", "ROOT"),
-                                       GoldWord(n + 8, n + 9, ".", "punct")]
+    return head + " The end.", kept + [
+        GoldWord(n + 1, n + 4, "DT", "det"),
+        GoldWord(n + 5, n + 8, "NN", "ROOT"),
+        GoldWord(n + 8, n + 9, ".", "punct"),
+    ]
 
 
 def _cap(s: str) -> str:
@@ -543,14 +550,20 @@ class _Story:
         rng = self.rng
         adj = rng.choice(list(ADJECTIVE_NOUNS))
         out = template.format(
-            S="{S}", P=self.place, F=self.friend, E=rng.choice(EMOTIONS), VO=rng.choice(VERBS_OBJECT),
-            VM=rng.choice(VERBS_MOTION), AN=f"{adj} {rng.choice(ADJECTIVE_NOUNS[adj])}")
+            S="{S}",
+            P=self.place,
+            F=self.friend,
+            E=rng.choice(EMOTIONS),
+            VO=rng.choice(VERBS_OBJECT),
+            VM=rng.choice(VERBS_MOTION),
+            AN=f"{adj} {rng.choice(ADJECTIVE_NOUNS[adj])}",
+        )
         while "{S}" in out:
             out = out.replace("{S}", self.subject(), 1)
         out = _cap(out)
         # names are proper nouns
         words = out.split(" ")
-        return " ".join(_cap(w) if w.strip(",.!\"") in NAMES else w for w in words)
+        return " ".join(_cap(w) if w.strip(',.!"') in NAMES else w for w in words)
 
 
 def _one_story(rng: random.Random) -> tuple[str, list[tuple[str, str]]]:
@@ -558,8 +571,7 @@ def _one_story(rng: random.Random) -> tuple[str, list[tuple[str, str]]]:
     (before the never-taken truncation below)."""
     st = _Story(rng)
     kind = "girl" if NAMES[st.name] == "she" else "boy"
-    opening = (f"Once upon a time, {_cap(st.name)} was a little {kind} who played near the {st.place} "
-               "every day.")
+    opening = f"Once upon a time, {_cap(st.name)} was a little {kind} who played near the {st.place} every day."
     target = rng.randint(90, 220)
     sentences = [opening]
     used = [_OPENING]
@@ -648,7 +660,7 @@ def annotate_story(text: str) -> tuple[GoldWord, ...]:
             if m and (m.end() == n or text[m.end()] == " ") and (found is None or m.end() > found[1]):
                 found = (ct, m.end())
         if found is None:
-            raise ValueError(f"no storyworld template matches the text at character {pos}: {text[pos:pos + 40]!r}")
+            raise ValueError(f"no storyworld template matches the text at character {pos}: {text[pos : pos + 40]!r}")
         ct, end = found
         words += _sentence_words(ct, text[pos:end], pos)
         pos = end + 1

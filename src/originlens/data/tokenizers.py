@@ -23,13 +23,15 @@ tokens ``<unk> <pad> <s> </s>`` (ids 0-3), each text wrapped as ``<s> … </s>``
 Pretrained: a ``tokenizer.json`` (or a directory holding one) read with
 ``tokenizers.Tokenizer.from_file``: no ``transformers``, no remote code.
 """
+
 from __future__ import annotations
 
 import functools
 import re
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import CompatibilityError, ConfigError, InputError
 from ..storage import atomic_write_json, read_json
@@ -63,7 +65,7 @@ class Tokenizer(Protocol):
 _WORD_RE = re.compile(r"[^\W\d_]+|\S")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _numeric_letters() -> frozenset[str]:
     """Characters matched by ``[^\\W\\d_]`` that are not alphabetic ('²', '½', 'Ⅻ', ...; ~1k of them).
     A set: ``isdisjoint`` scans text ~100x faster than a regex class of these scattered code points."""
@@ -107,8 +109,11 @@ def _check_oov(oov: str) -> None:
 
 def _check_vocab_size(vocab_size: int, n_special: int) -> None:
     if not isinstance(vocab_size, int) or vocab_size < n_special + 1:
-        raise ConfigError(f"vocab size {vocab_size} is too small (needs at least {n_special + 1}: "
-                          f"{n_special} special token(s) + 1 word)", "pass a larger --vocab-size")
+        raise ConfigError(
+            f"vocab size {vocab_size} is too small (needs at least {n_special + 1}: "
+            f"{n_special} special token(s) + 1 word)",
+            "pass a larger --vocab-size",
+        )
 
 
 class WordTokenizer:
@@ -129,16 +134,18 @@ class WordTokenizer:
         self.eot_id = self._ids.get(EOT)
 
     @classmethod
-    def train(cls, docs: Iterable[str], vocab_size: int, *, oov: str = "drop",
-              specials: Iterable[str] = ()) -> "WordTokenizer":
+    def train(
+        cls, docs: Iterable[str], vocab_size: int, *, oov: str = "drop", specials: Iterable[str] = ()
+    ) -> WordTokenizer:
         """Vocabulary = specials (``<unk>`` first when ``oov="unk"``) + most frequent tokens, ``vocab_size``
         ids in all (fewer if the documents have fewer distinct tokens)."""
         counts = count_tokens(docs)
         return cls.from_counts(counts, vocab_size, oov=oov, specials=specials)
 
     @classmethod
-    def from_counts(cls, counts: Counter, vocab_size: int, *, oov: str = "drop",
-                    specials: Iterable[str] = ()) -> "WordTokenizer":
+    def from_counts(
+        cls, counts: Counter, vocab_size: int, *, oov: str = "drop", specials: Iterable[str] = ()
+    ) -> WordTokenizer:
         _check_oov(oov)
         sp = ([UNK] if oov == "unk" else []) + [s for s in specials if s != UNK]
         _check_vocab_size(vocab_size, len(sp))
@@ -169,18 +176,24 @@ class WordTokenizer:
         return " ".join(self.vocab[int(i)] for i in ids)
 
     def settings(self) -> dict[str, Any]:
-        return {"kind": self.kind, "vocab_size": self.vocab_size, "oov": self.oov, "lowercase": True,
-                "pre_tokenize": "isalpha runs + single non-space characters; whitespace dropped",
-                "tie_break": "first occurrence", "unk_id": self.unk_id, "eot_id": self.eot_id}
+        return {
+            "kind": self.kind,
+            "vocab_size": self.vocab_size,
+            "oov": self.oov,
+            "lowercase": True,
+            "pre_tokenize": "isalpha runs + single non-space characters; whitespace dropped",
+            "tie_break": "first occurrence",
+            "unk_id": self.unk_id,
+            "eot_id": self.eot_id,
+        }
 
     def save(self, directory: str | Path) -> Path:
         d = Path(directory)
-        atomic_write_json(d / SAVED_NAME, {"kind": self.kind, "settings": self.settings(),
-                                           "vocab": self.vocab})
+        atomic_write_json(d / SAVED_NAME, {"kind": self.kind, "settings": self.settings(), "vocab": self.vocab})
         return d
 
     @classmethod
-    def load(cls, directory: str | Path) -> "WordTokenizer":
+    def load(cls, directory: str | Path) -> WordTokenizer:
         obj = _read_saved(directory, cls.kind)
         return cls(obj["vocab"], oov=obj["settings"].get("oov", "drop"))
 
@@ -194,6 +207,7 @@ def count_tokens(docs: Iterable[str]) -> Counter:
 
 
 # --------------------------------------------------------------------------------------- HF-backed
+
 
 class _HFBacked:
     """Shared code for tokenizers wrapping a ``tokenizers.Tokenizer``."""
@@ -209,8 +223,7 @@ class _HFBacked:
             self.vocab[i] = t
         unk = getattr(tok.model, "unk_token", None)
         self.unk_id = tok.token_to_id(unk) if unk else None
-        self.eot_id = next((tok.token_to_id(t) for t in _EOT_CANDIDATES if tok.token_to_id(t) is not None),
-                           None)
+        self.eot_id = next((tok.token_to_id(t) for t in _EOT_CANDIDATES if tok.token_to_id(t) is not None), None)
 
     @property
     def vocab_size(self) -> int:
@@ -251,20 +264,22 @@ class BPETokenizer(_HFBacked):
             raise InputError("BPE tokenizer lacks the <s>/</s> special tokens", "retrain it with originlens")
 
     @classmethod
-    def train(cls, docs: Iterable[str], vocab_size: int, *, wrap: bool = True) -> "BPETokenizer":
+    def train(cls, docs: Iterable[str], vocab_size: int, *, wrap: bool = True) -> BPETokenizer:
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import models, pre_tokenizers, trainers
+
         _check_vocab_size(vocab_size, len(BPE_SPECIALS))
         tok = HFTokenizer(models.BPE(unk_token=UNK))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(BPE_SPECIALS),
-                                      show_progress=False)
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(BPE_SPECIALS), show_progress=False)
         tok.train_from_iterator(docs, trainer=trainer)
         got = tok.get_vocab_size()
-        if got > vocab_size:    # the trainer always keeps every character it saw, whatever vocab_size says
-            raise ConfigError(f"a BPE vocabulary of {vocab_size} ids cannot cover this text: its special tokens and "
-                              f"the characters it contains already take {got} ids",
-                              f"pass --vocab-size ≥ {got} (or the word tokenizer)")
+        if got > vocab_size:  # the trainer always keeps every character it saw, whatever vocab_size says
+            raise ConfigError(
+                f"a BPE vocabulary of {vocab_size} ids cannot cover this text: its special tokens and "
+                f"the characters it contains already take {got} ids",
+                f"pass --vocab-size ≥ {got} (or the word tokenizer)",
+            )
         return cls(tok, wrap=wrap)
 
     def encode(self, text: str) -> list[int]:
@@ -272,20 +287,28 @@ class BPETokenizer(_HFBacked):
         return [self.bos_id, *ids, self.eot_id] if self.wrap else ids
 
     def settings(self) -> dict[str, Any]:
-        return {"kind": self.kind, "vocab_size": self.vocab_size, "model": "BPE", "pre_tokenizer": "Whitespace",
-                "special_tokens": list(BPE_SPECIALS), "wrap": self.wrap, "unk_id": self.unk_id,
-                "eot_id": self.eot_id}
+        return {
+            "kind": self.kind,
+            "vocab_size": self.vocab_size,
+            "model": "BPE",
+            "pre_tokenizer": "Whitespace",
+            "special_tokens": list(BPE_SPECIALS),
+            "wrap": self.wrap,
+            "unk_id": self.unk_id,
+            "eot_id": self.eot_id,
+        }
 
     def save(self, directory: str | Path) -> Path:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         from ..storage import atomic_write_text
+
         atomic_write_text(d / HF_NAME, self._tok.to_str())
         atomic_write_json(d / SAVED_NAME, {"kind": self.kind, "settings": self.settings()})
         return d
 
     @classmethod
-    def load(cls, directory: str | Path) -> "BPETokenizer":
+    def load(cls, directory: str | Path) -> BPETokenizer:
         obj = _read_saved(directory, cls.kind)
         return cls(_hf_from_file(Path(directory) / HF_NAME), wrap=obj["settings"].get("wrap", True))
 
@@ -305,48 +328,63 @@ class PretrainedTokenizer(_HFBacked):
         self.add_special_tokens = add_special_tokens
 
     @classmethod
-    def from_path(cls, path: str | Path, *, add_special_tokens: bool = False) -> "PretrainedTokenizer":
+    def from_path(cls, path: str | Path, *, add_special_tokens: bool = False) -> PretrainedTokenizer:
         p = Path(path)
         f = p / HF_NAME if p.is_dir() else p
         if p.is_dir() and not f.is_file():
-            raise InputError(f"no {HF_NAME} in directory {p}",
-                             "pass a Hugging Face model directory with a fast tokenizer (tokenizer.json); "
-                             "sentencepiece .model files must be converted first")
+            raise InputError(
+                f"no {HF_NAME} in directory {p}",
+                "pass a Hugging Face model directory with a fast tokenizer (tokenizer.json); "
+                "sentencepiece .model files must be converted first",
+            )
         return cls(_hf_from_file(f), source=str(f), add_special_tokens=add_special_tokens)
 
     def _ids(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=self.add_special_tokens).ids
 
     def settings(self) -> dict[str, Any]:
-        return {"kind": self.kind, "vocab_size": self.vocab_size, "source": self.source,
-                "add_special_tokens": self.add_special_tokens, "unk_id": self.unk_id, "eot_id": self.eot_id}
+        return {
+            "kind": self.kind,
+            "vocab_size": self.vocab_size,
+            "source": self.source,
+            "add_special_tokens": self.add_special_tokens,
+            "unk_id": self.unk_id,
+            "eot_id": self.eot_id,
+        }
 
     def save(self, directory: str | Path) -> Path:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         from ..storage import atomic_write_text
+
         atomic_write_text(d / HF_NAME, self._tok.to_str())
         atomic_write_json(d / SAVED_NAME, {"kind": self.kind, "settings": self.settings()})
         return d
 
     @classmethod
-    def load(cls, directory: str | Path) -> "PretrainedTokenizer":
+    def load(cls, directory: str | Path) -> PretrainedTokenizer:
         obj = _read_saved(directory, cls.kind)
         s = obj["settings"]
-        return cls(_hf_from_file(Path(directory) / HF_NAME), source=s.get("source", ""),
-                   add_special_tokens=s.get("add_special_tokens", False))
+        return cls(
+            _hf_from_file(Path(directory) / HF_NAME),
+            source=s.get("source", ""),
+            add_special_tokens=s.get("add_special_tokens", False),
+        )
 
 
 def _hf_from_file(f: Path) -> Any:
     from tokenizers import Tokenizer as HFTokenizer
+
     if not f.is_file():
         raise InputError(f"tokenizer file {f} not found", "pass a tokenizer.json file or a directory holding one")
     try:
         return HFTokenizer.from_file(str(f))
     except Exception as exc:  # tokenizers raises a bare Exception on parse errors
         msg = " ".join(str(exc).split())[:160]
-        raise InputError(f"{f} is not a readable tokenizer.json ({msg})",
-                         "pass a fast-tokenizer file saved by Hugging Face tokenizers/transformers") from None
+        raise InputError(
+            f"{f} is not a readable tokenizer.json ({msg})",
+            "pass a fast-tokenizer file saved by Hugging Face tokenizers/transformers",
+        ) from None
 
 
 # --------------------------------------------------------------------------------------- factory
@@ -360,13 +398,15 @@ def _read_saved(directory: str | Path, kind: str | None = None) -> dict:
     if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str) or obj["kind"] not in _CLASSES:
         raise InputError(f"{d / SAVED_NAME} does not describe an originlens tokenizer", "rebuild the corpus")
     if kind is not None and obj["kind"] != kind:
-        raise CompatibilityError(f"{d} holds a '{obj['kind']}' tokenizer, not '{kind}'", "load it with "
-                                 "load_saved()")
+        raise CompatibilityError(f"{d} holds a '{obj['kind']}' tokenizer, not '{kind}'", "load it with load_saved()")
     vocab = obj.get("vocab")
-    if not isinstance(obj.get("settings"), dict) or (obj["kind"] == "words" and not (
-            isinstance(vocab, list) and all(isinstance(t, str) for t in vocab))):
-        raise InputError(f"{d / SAVED_NAME} is malformed (needs a 'settings' object and, for words, a 'vocab' "
-                         "list of strings)", "rebuild the corpus")
+    if not isinstance(obj.get("settings"), dict) or (
+        obj["kind"] == "words" and not (isinstance(vocab, list) and all(isinstance(t, str) for t in vocab))
+    ):
+        raise InputError(
+            f"{d / SAVED_NAME} is malformed (needs a 'settings' object and, for words, a 'vocab' list of strings)",
+            "rebuild the corpus",
+        )
     return obj
 
 
@@ -375,8 +415,15 @@ def load_saved(directory: str | Path) -> Tokenizer:
     return _CLASSES[_read_saved(directory)["kind"]].load(directory)
 
 
-def load_tokenizer(spec: str | Path, *, docs: Iterable[str] | None = None, vocab_size: int = 1000,
-                   oov: str = "drop", specials: Iterable[str] = (), wrap: bool = True) -> Tokenizer:
+def load_tokenizer(
+    spec: str | Path,
+    *,
+    docs: Iterable[str] | None = None,
+    vocab_size: int = 1000,
+    oov: str = "drop",
+    specials: Iterable[str] = (),
+    wrap: bool = True,
+) -> Tokenizer:
     """``"words"`` / ``"bpe"``: train on ``docs`` with ``vocab_size`` ids; otherwise a path: a directory
     written by ``save()`` (e.g. a corpus's ``tokenizer/``), a ``tokenizer.json`` file, or a directory
     holding one."""
@@ -388,9 +435,10 @@ def load_tokenizer(spec: str | Path, *, docs: Iterable[str] | None = None, vocab
         return BPETokenizer.train(docs, vocab_size, wrap=wrap)
     p = Path(spec)
     if not p.exists():
-        raise InputError(f"tokenizer {spec!r} is neither 'words', 'bpe' nor an existing path",
-                         "use --tokenizer words|bpe or a tokenizer.json file / directory")
+        raise InputError(
+            f"tokenizer {spec!r} is neither 'words', 'bpe' nor an existing path",
+            "use --tokenizer words|bpe or a tokenizer.json file / directory",
+        )
     if p.is_dir() and (p / SAVED_NAME).is_file():
         return load_saved(p)
     return PretrainedTokenizer.from_path(p)
-

@@ -7,10 +7,22 @@ results file → report.  The CLI only parses arguments and calls these.
 * :mod:`.claims` — the papers' claims, each with the results file that backs it and its verdict;
 * :mod:`.render` — the README's reproduction status and ``docs/results.md``, generated from the files.
 """
+
 from .inference import bootstrap_ci, correlation_ci, holm, mean_ci, paired_test
 from .results import load_all, read_results, write_results
 from .results import load_all as load_results
 from .toy_grid import ToyGridConfig, run_toy_grid
 
-__all__ = ["ToyGridConfig", "run_toy_grid", "write_results", "read_results", "load_all", "load_results", "correlation_ci",
-           "mean_ci", "bootstrap_ci", "paired_test", "holm"]
+__all__ = [
+    "ToyGridConfig",
+    "bootstrap_ci",
+    "correlation_ci",
+    "holm",
+    "load_all",
+    "load_results",
+    "mean_ci",
+    "paired_test",
+    "read_results",
+    "run_toy_grid",
+    "write_results",
+]

@@ -10,10 +10,12 @@ Verdict rules are written down here, once, so the README cannot be more optimist
 ordering "holds" only when its one-sided paired test over seeds is significant at α = 0.05 after
 Holm's adjustment (see :mod:`originlens.experiments.toy_grid`).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 VERDICTS = ("reproduced", "partial", "not reproduced", "needs GPU", "needs data", "not yet run")
 
@@ -32,14 +34,14 @@ class Verdict:
 @dataclass(frozen=True)
 class Claim:
     key: str
-    paper: str                     # "2603.14087 (Othello attribution)" ...
+    paper: str  # "2603.14087 (Othello attribution)" ...
     claim: str
     paper_number: str
     sources: tuple[str, ...] = ()  # results files that can back it, best first
     judge: Callable[[dict[str, Any]], Verdict] | None = None
-    blocked: str = "not yet run"   # verdict without a results file
-    note: str = ""                 # why, when blocked
-    command: str = ""              # the command that writes (or would write) its results file
+    blocked: str = "not yet run"  # verdict without a results file
+    note: str = ""  # why, when blocked
+    command: str = ""  # the command that writes (or would write) its results file
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -61,8 +63,9 @@ def _orderings(rec: dict[str, Any]) -> tuple[int, int, str]:
     tests = rec["tests"]["orderings"]
     held = [k for k, v in tests.items() if v["holds"]]
     failed = [k for k, v in tests.items() if not v["holds"]]
-    txt = "; ".join(f"{k}: p_Holm {v['p_holm']:.2g}" if v["p_holm"] is not None else f"{k}: untestable"
-                    for k, v in tests.items())
+    txt = "; ".join(
+        f"{k}: p_Holm {v['p_holm']:.2g}" if v["p_holm"] is not None else f"{k}: untestable" for k, v in tests.items()
+    )
     return len(held), len(failed), txt
 
 
@@ -73,16 +76,19 @@ def judge_cond_majority(rec: dict[str, Any]) -> Verdict:
     n = rec["numbers"]
     held, failed, _ = _orderings(rec)
     learned = rec["tests"]["learned"]
-    ours = (f"r: standard {_r(n['standard']['useless_r'])}, untied {_r(n['untied']['useless_r'])}, myopic "
-            f"{_r(n['myopic']['useless_r'])}, myopic+untied {_r(n['myopic+untied']['useless_r'])}; initial-model "
-            f"null {_r(n['standard']['initial_useless_r'])}; {held}/{held + failed} orderings significant")
+    ours = (
+        f"r: standard {_r(n['standard']['useless_r'])}, untied {_r(n['untied']['useless_r'])}, myopic "
+        f"{_r(n['myopic']['useless_r'])}, myopic+untied {_r(n['myopic+untied']['useless_r'])}; initial-model "
+        f"null {_r(n['standard']['initial_useless_r'])}; {held}/{held + failed} orderings significant"
+    )
     pos_learned = learned["standard > initial"]["holds"] and learned["untied > initial"]["holds"]
     myo_learned = [r for r in ("myopic", "myopic+untied") if learned[f"{r} > initial"]["holds"]]
     if failed or not pos_learned:
         return Verdict("not reproduced", ours, _grid_scale(rec))
     if myo_learned:
-        return Verdict("partial", ours + f"; but {', '.join(myo_learned)} still beat(s) the null (p < 0.05)",
-                       _grid_scale(rec))
+        return Verdict(
+            "partial", ours + f"; but {', '.join(myo_learned)} still beat(s) the null (p < 0.05)", _grid_scale(rec)
+        )
     return Verdict("reproduced", ours, _grid_scale(rec))
 
 
@@ -90,99 +96,167 @@ def judge_majority(rec: dict[str, Any]) -> Verdict:
     """Reproduced: all four orderings hold; partial: some; not reproduced: none."""
     n = rec["numbers"]
     held, failed, _ = _orderings(rec)
-    ours = (f"r: standard {_r(n['standard']['useless_r'])}, myopic {_r(n['myopic']['useless_r'])}, untied "
-            f"{_r(n['untied']['useless_r'])}, myopic+untied {_r(n['myopic+untied']['useless_r'])}; initial-model "
-            f"null {_r(n['standard']['initial_useless_r'])}; {held}/{held + failed} orderings significant ("
-            + ", ".join(k for k, v in rec["tests"]["orderings"].items() if v["holds"]) + ")")
+    ours = (
+        f"r: standard {_r(n['standard']['useless_r'])}, myopic {_r(n['myopic']['useless_r'])}, untied "
+        f"{_r(n['untied']['useless_r'])}, myopic+untied {_r(n['myopic+untied']['useless_r'])}; initial-model "
+        f"null {_r(n['standard']['initial_useless_r'])}; {held}/{held + failed} orderings significant ("
+        + ", ".join(k for k, v in rec["tests"]["orderings"].items() if v["holds"])
+        + ")"
+    )
     verdict = "reproduced" if not failed else ("partial" if held else "not reproduced")
     return Verdict(verdict, ours, _grid_scale(rec))
 
 
 def judge_language_loss(rec: dict[str, Any]) -> Verdict:
     from .language import judge_loss
+
     return judge_loss(rec)
 
 
 def judge_language_features(rec: dict[str, Any]) -> Verdict:
     from .language import judge_features
+
     return judge_features(rec)
 
 
 def judge_othello(rec: dict[str, Any]) -> Verdict:
     from .othello import judge
+
     return judge(rec)
 
 
 def judge_persistence(rec: dict[str, Any]) -> Verdict:
     from .persistence import judge
+
     return judge(rec)
 
 
 def judge_horizon(rec: dict[str, Any]) -> Verdict:
     from .horizon import judge
+
     return judge(rec)
 
 
 HORIZON_CMD = "originlens assoc experiment horizon --scale cpu --seeds 0-2 --out runs/horizon-cpu"
 PERSISTENCE_CMD = "originlens assoc experiment persistence --scale cpu --seeds 0-2 --out runs/persistence-cpu"
 LANG_CMD = "originlens ntp experiment tinystories --scale cpu --seeds 0-2 --out runs/tinystories-cpu"
-GRID_CMD = "originlens ntp experiment grid --task {task} --scale cpu --seeds 0-4 --jobs 2 --out runs/toy-grid/{task}-cpu"
+GRID_CMD = (
+    "originlens ntp experiment grid --task {task} --scale cpu --seeds 0-4 --jobs 2 --out runs/toy-grid/{task}-cpu"
+)
 
 CLAIMS: tuple[Claim, ...] = (
-    Claim("gp-cond-majority", "2603.14087, toy interventions",
-          "Conditioned Majority: prev_is_<0> is learned under standard and untied training, not under myopic "
-          "or myopic+untied (pre-caching is its only source)",
-          "qualitative (bar plot, 10 seeds)", ("toy-grid/cond-majority-paper", "toy-grid/cond-majority-cpu"),
-          judge_cond_majority, command=GRID_CMD.format(task="cond-majority")),
-    Claim("gp-majority", "2603.14087, toy interventions",
-          "Majority: is_majority_* at the input positions degrades under myopic or untied training and most "
-          "under both", "qualitative (bar plot, 10 seeds)", ("toy-grid/majority-paper", "toy-grid/majority-cpu"),
-          judge_majority, command=GRID_CMD.format(task="majority")),
-    Claim("gp-othello", "2603.14087, Othello attribution",
-          "Othello: direct influence > 0 only for NTP-useful cells; useless cells built by sharing and "
-          "pre-caching", "direct 7.61 / −0.97, pre-cached −0.66 / 1.80, shared 8.64 / 6.42 (useful / useless)",
-          ("othello/othello-paper", "othello/othello-cpu"), judge_othello,
-          note="the earlier CPU model did not learn the game (legal-move accuracy 0.50); the attribution "
-               "is to be re-run on a model that plays",
-          command="originlens ntp experiment othello --scale cpu --seeds 0-2 --out runs/othello-cpu"),
-    Claim("gp-tinystories-loss", "2603.14087, TinyStories", "Myopic training costs language-modelling loss",
-          "loss 3.29 ± 0.02 myopic vs 2.53 ± 0.10 standard (10 seeds)",
-          ("language/tinystories-paper", "language/tinystories-cpu"), judge_language_loss,
-          note="to be re-run with ≥ 3 seeds and held-out CIs", command=LANG_CMD),
-    Claim("gp-tinystories-features", "2603.14087, TinyStories",
-          "Syntax features are learned directly; story-position features need pre-caching",
-          "pre-cached ≪ direct influence for tags/labels; position features through pre-caching",
-          ("language/tinystories-paper", "language/tinystories-cpu"), judge_language_features,
-          note="features and attribution are built; the experiment is to be run", command=LANG_CMD),
-    Claim("gp-qscore", "2603.14087, Q(w) on Gemma 2 2B",
-          "Extreme-Q(w) SAE features are disproportionately formal (code, math, syntax)",
-          "σ(ln Q) 1.63 ± 0.03 formal vs 1.23 ± 0.02 other", blocked="needs data",
-          note="Gemma 2 2B and Gemma Scope cannot be downloaded here; to be tested on a model trained on code "
-               "and stories"),
-    Claim("lt-associations", "2601.19208 Fig. 5", "Top associations of B̄ and Φ̄ on TinyStories",
-          "red → ball, car, dress…; fish → pond, lake, water…", note="measured before results files existed"),
-    Claim("lt-persistence", "2601.19208 Table 1",
-          "Learned weights stay at their leading terms far beyond the theorem's window",
-          "cosine ≥ 0.9985 over 3,200 steps at η = 0.005 (t = 16); > 0.9 at epoch 30, > 0.7 at epoch 100 "
-          "(η = 0.05)", sources=("leading-terms/persistence-paper", "leading-terms/persistence-cpu"),
-          judge=judge_persistence, note="the earlier CPU runs covered 12 steps (t = 0.06); not yet rerun",
-          command=PERSISTENCE_CMD),
-    Claim("lt-horizon", "beyond 2601.19208 (its window depends on T and L only)",
-          "Hypothesis: the horizon of agreement grows with |V| (logits stay small longer)",
-          "— (one (|V|, T) per tokenizer in the paper)", sources=("leading-terms/horizon-cpu",),
-          judge=judge_horizon, note="built; to be run", command=HORIZON_CMD),
-    Claim("lt-intervention", "2601.19208 Table 3",
-          "Removing the leading-term projection hurts W_O ≫ V ≫ W", "loss increase W_O ≫ V ≫ W",
-          note="measured before results files existed"),
-    Claim("lt-bpe", "2601.19208 Table 2", "Leading terms with a 10k BPE vocabulary",
-          "min cosine 0.999914 (W), 0.998800 (V), 0.997891 (W_O) over 500 steps at η = 0.005",
-          sources=("leading-terms/persistence-paper-bpe", "leading-terms/persistence-cpu-bpe"),
-          judge=judge_persistence, blocked="not yet run",
-          note="|V| = 10k at T = 200 is a GPU job; the CPU-scale BPE run (|V| = 500) is built, to be run",
-          command=PERSISTENCE_CMD.replace("cpu", "cpu-bpe")),
-    Claim("lt-pythia", "2601.19208 Fig. 7", "Pythia checkpoints agree with the leading terms early",
-          "per-head agreement over checkpoints", blocked="needs data",
-          note="Pythia checkpoints and OpenWebText are not reachable offline"),
+    Claim(
+        "gp-cond-majority",
+        "2603.14087, toy interventions",
+        "Conditioned Majority: prev_is_<0> is learned under standard and untied training, not under myopic "
+        "or myopic+untied (pre-caching is its only source)",
+        "qualitative (bar plot, 10 seeds)",
+        ("toy-grid/cond-majority-paper", "toy-grid/cond-majority-cpu"),
+        judge_cond_majority,
+        command=GRID_CMD.format(task="cond-majority"),
+    ),
+    Claim(
+        "gp-majority",
+        "2603.14087, toy interventions",
+        "Majority: is_majority_* at the input positions degrades under myopic or untied training and most under both",
+        "qualitative (bar plot, 10 seeds)",
+        ("toy-grid/majority-paper", "toy-grid/majority-cpu"),
+        judge_majority,
+        command=GRID_CMD.format(task="majority"),
+    ),
+    Claim(
+        "gp-othello",
+        "2603.14087, Othello attribution",
+        "Othello: direct influence > 0 only for NTP-useful cells; useless cells built by sharing and pre-caching",
+        "direct 7.61 / −0.97, pre-cached −0.66 / 1.80, shared 8.64 / 6.42 (useful / useless)",
+        ("othello/othello-paper", "othello/othello-cpu"),
+        judge_othello,
+        note="the earlier CPU model did not learn the game (legal-move accuracy 0.50); the attribution "
+        "is to be re-run on a model that plays",
+        command="originlens ntp experiment othello --scale cpu --seeds 0-2 --out runs/othello-cpu",
+    ),
+    Claim(
+        "gp-tinystories-loss",
+        "2603.14087, TinyStories",
+        "Myopic training costs language-modelling loss",
+        "loss 3.29 ± 0.02 myopic vs 2.53 ± 0.10 standard (10 seeds)",
+        ("language/tinystories-paper", "language/tinystories-cpu"),
+        judge_language_loss,
+        note="to be re-run with ≥ 3 seeds and held-out CIs",
+        command=LANG_CMD,
+    ),
+    Claim(
+        "gp-tinystories-features",
+        "2603.14087, TinyStories",
+        "Syntax features are learned directly; story-position features need pre-caching",
+        "pre-cached ≪ direct influence for tags/labels; position features through pre-caching",
+        ("language/tinystories-paper", "language/tinystories-cpu"),
+        judge_language_features,
+        note="features and attribution are built; the experiment is to be run",
+        command=LANG_CMD,
+    ),
+    Claim(
+        "gp-qscore",
+        "2603.14087, Q(w) on Gemma 2 2B",
+        "Extreme-Q(w) SAE features are disproportionately formal (code, math, syntax)",
+        "σ(ln Q) 1.63 ± 0.03 formal vs 1.23 ± 0.02 other",
+        blocked="needs data",
+        note="Gemma 2 2B and Gemma Scope cannot be downloaded here; to be tested on a model trained on code "
+        "and stories",
+    ),
+    Claim(
+        "lt-associations",
+        "2601.19208 Fig. 5",
+        "Top associations of B̄ and Φ̄ on TinyStories",
+        "red → ball, car, dress…; fish → pond, lake, water…",
+        note="measured before results files existed",
+    ),
+    Claim(
+        "lt-persistence",
+        "2601.19208 Table 1",
+        "Learned weights stay at their leading terms far beyond the theorem's window",
+        "cosine ≥ 0.9985 over 3,200 steps at η = 0.005 (t = 16); > 0.9 at epoch 30, > 0.7 at epoch 100 (η = 0.05)",
+        sources=("leading-terms/persistence-paper", "leading-terms/persistence-cpu"),
+        judge=judge_persistence,
+        note="the earlier CPU runs covered 12 steps (t = 0.06); not yet rerun",
+        command=PERSISTENCE_CMD,
+    ),
+    Claim(
+        "lt-horizon",
+        "beyond 2601.19208 (its window depends on T and L only)",
+        "Hypothesis: the horizon of agreement grows with |V| (logits stay small longer)",
+        "— (one (|V|, T) per tokenizer in the paper)",
+        sources=("leading-terms/horizon-cpu",),
+        judge=judge_horizon,
+        note="built; to be run",
+        command=HORIZON_CMD,
+    ),
+    Claim(
+        "lt-intervention",
+        "2601.19208 Table 3",
+        "Removing the leading-term projection hurts W_O ≫ V ≫ W",
+        "loss increase W_O ≫ V ≫ W",
+        note="measured before results files existed",
+    ),
+    Claim(
+        "lt-bpe",
+        "2601.19208 Table 2",
+        "Leading terms with a 10k BPE vocabulary",
+        "min cosine 0.999914 (W), 0.998800 (V), 0.997891 (W_O) over 500 steps at η = 0.005",
+        sources=("leading-terms/persistence-paper-bpe", "leading-terms/persistence-cpu-bpe"),
+        judge=judge_persistence,
+        blocked="not yet run",
+        note="|V| = 10k at T = 200 is a GPU job; the CPU-scale BPE run (|V| = 500) is built, to be run",
+        command=PERSISTENCE_CMD.replace("cpu", "cpu-bpe"),
+    ),
+    Claim(
+        "lt-pythia",
+        "2601.19208 Fig. 7",
+        "Pythia checkpoints agree with the leading terms early",
+        "per-head agreement over checkpoints",
+        blocked="needs data",
+        note="Pythia checkpoints and OpenWebText are not reachable offline",
+    ),
 )
 
 

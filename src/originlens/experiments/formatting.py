@@ -1,9 +1,11 @@
 """Number formatting shared by the experiment reports and the generated docs (one place, so the same
 value prints the same way in a report, ``docs/results.md`` and the README)."""
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _missing(x: Any) -> bool:

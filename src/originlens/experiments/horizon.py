@@ -22,6 +22,7 @@ lower bounds on its horizons).
 Writes ``OUT/experiment.json``, ``OUT/report.html`` (with the horizon plot) and
 ``results/leading-terms/horizon-<scale>.json``.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,15 +43,37 @@ from .persistence import KINDS, THRESHOLDS, StepCosines, corpus_for, horizon, nu
 from .results import default_results_path, write_results
 
 EXPERIMENT = "leading-terms"
-PAPER_POINT = {"vocab_size": 3000, "seq_len": 200, "lr": 0.05,
-               "observed": {"0.9": "> 48 (every cosine ≥ 0.9 at epoch 30)", "0.7": "> 160 (> 0.7 at epoch 100)"}}
+PAPER_POINT = {
+    "vocab_size": 3000,
+    "seq_len": 200,
+    "lr": 0.05,
+    "observed": {"0.9": "> 48 (every cosine ≥ 0.9 at epoch 30)", "0.7": "> 160 (> 0.7 at epoch 100)"},
+}
 SCALES: dict[str, dict[str, Any]] = {
     # |V| doubling from 100 to 800 (a step costs ≈ 75 |V|³ + O(B T |V|²): |V| = 800 is ≈ 1 s a step on two
     # cores), T 16 and 32, at the paper's large η up to t = 50 (its epoch-30 point is t = 48)
-    "cpu": dict(vocab_sizes=[100, 200, 400, 800], seq_lens=[16, 32], layers=3, batch_size=256, lr=0.05,
-                max_steps=1000, windows="pack", oov="unk", corpus="tinystories"),
-    "ci": dict(vocab_sizes=[40, 80], seq_lens=[8, 16], layers=2, batch_size=32, lr=2.0, max_steps=30,
-               windows="pack", oov="unk", corpus="storyworld"),
+    "cpu": dict(
+        vocab_sizes=[100, 200, 400, 800],
+        seq_lens=[16, 32],
+        layers=3,
+        batch_size=256,
+        lr=0.05,
+        max_steps=1000,
+        windows="pack",
+        oov="unk",
+        corpus="tinystories",
+    ),
+    "ci": dict(
+        vocab_sizes=[40, 80],
+        seq_lens=[8, 16],
+        layers=2,
+        batch_size=32,
+        lr=2.0,
+        max_steps=30,
+        windows="pack",
+        oov="unk",
+        corpus="storyworld",
+    ),
 }
 ALPHA = 0.05
 
@@ -70,8 +93,11 @@ class HorizonConfig:
         bad = set(self.overrides) - set(SCALES["cpu"])
         if bad:
             raise ConfigError(f"unknown override(s) {sorted(bad)}", f"use: {', '.join(SCALES['cpu'])}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
-                isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.seeds):
+        if (
+            not self.seeds
+            or len(set(self.seeds)) != len(self.seeds)
+            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.seeds)
+        ):
             raise ConfigError(f"seeds must be distinct non-negative integers, got {self.seeds!r}", "e.g. --seeds 0-2")
         s = self.settings
         for key in ("vocab_sizes", "seq_lens"):
@@ -99,11 +125,22 @@ class HorizonConfig:
 
     def train_config(self, seed: int, out: Path) -> Any:
         from ..train.assoc import AssocTrainConfig
+
         s = self.settings
-        return AssocTrainConfig(n_layers=s["layers"], lr=float(s["lr"]), steps=s["max_steps"],
-                                batch_size=s["batch_size"], init="zero", dtype="float32", data_seed=42 + int(seed),
-                                checkpoint_every=max(1, s["max_steps"] // 10), keep_checkpoints=2, log_every=1,
-                                stats_source="first_batch", out=str(out))
+        return AssocTrainConfig(
+            n_layers=s["layers"],
+            lr=float(s["lr"]),
+            steps=s["max_steps"],
+            batch_size=s["batch_size"],
+            init="zero",
+            dtype="float32",
+            data_seed=42 + int(seed),
+            checkpoint_every=max(1, s["max_steps"] // 10),
+            keep_checkpoints=2,
+            log_every=1,
+            stats_source="first_batch",
+            out=str(out),
+        )
 
 
 class StopBelow:
@@ -126,6 +163,7 @@ def _run_cell(config: HorizonConfig, V: int, T: int, seed: int, out: Path) -> di
     ``done.json`` says it is finished; returns that record."""
     from ..theory.leading_terms import _stat
     from ..train.assoc import AssocTrainer
+
     d = out / f"V{V}-T{T}" / f"seed-{seed}"
     done = d / "done.json"
     if done.is_file():
@@ -139,19 +177,26 @@ def _run_cell(config: HorizonConfig, V: int, T: int, seed: int, out: Path) -> di
     stop = StopBelow(cos, min(THRESHOLDS))
     t0 = time.time()
     r = AssocTrainer(tokens, Vs, cfg, [cos, stop], vocab=list(store.vocab)).run(resume=True)
-    timing = d / "seconds.json"                     # training wall time summed over (re)starts
+    timing = d / "seconds.json"  # training wall time summed over (re)starts
     secs = time.time() - t0 + (read_json(timing)["seconds"] if timing.is_file() else 0.0)
     atomic_write_json(timing, {"seconds": secs})
     import json
+
     recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
     series = {k: [(int(q["step"]), q["lt"][k]) for q in recs if q.get("event") == "cosines"] for k in KINDS}
     steps_run = int(r.step)
-    rec = {"vocab_size": Vs, "seq_len": T, "seed": seed, "lr": float(s["lr"]), "steps_run": steps_run,
-           "stopped_below_all": stop.stopped_at is not None or steps_run < s["max_steps"],
-           "seconds": secs,
-           "horizon": {k: {f"{th:g}": horizon(series[k], th) for th in THRESHOLDS} for k in KINDS},
-           "max_abs_bigram": float(np.abs(_stat(r.stats, "bigram")).max()) if r.stats is not None else None,
-           "data_hashes": read_json(d / "environment.json").get("data_hashes", {})}
+    rec = {
+        "vocab_size": Vs,
+        "seq_len": T,
+        "seed": seed,
+        "lr": float(s["lr"]),
+        "steps_run": steps_run,
+        "stopped_below_all": stop.stopped_at is not None or steps_run < s["max_steps"],
+        "seconds": secs,
+        "horizon": {k: {f"{th:g}": horizon(series[k], th) for th in THRESHOLDS} for k in KINDS},
+        "max_abs_bigram": float(np.abs(_stat(r.stats, "bigram")).max()) if r.stats is not None else None,
+        "data_hashes": read_json(d / "environment.json").get("data_hashes", {}),
+    }
     atomic_write_json(done, rec)
     return rec
 
@@ -165,6 +210,7 @@ def fit_horizon(points: list[tuple[int, int, float]], confidence: float = 0.95) 
     intervals, R², residual sd and the prediction at the paper's (V, T) with its prediction interval.
     With a single T only the |V| exponent is fitted (ln T dropped)."""
     from scipy import stats
+
     pts = [(v, t, h) for v, t, h in points if h is not None and h > 0]
     n = len(pts)
     Ts = sorted({t for _, t, _ in pts})
@@ -175,8 +221,12 @@ def fit_horizon(points: list[tuple[int, int, float]], confidence: float = 0.95) 
     if n <= p:
         out["note"] = f"{n} uncensored runs for {p} coefficients: no fit"
         return out
-    X = np.array([[1.0] + ([math.log(v)] if "ln |V|" in cols else []) + ([math.log(t)] if "ln T" in cols else [])
-                  for v, t, _ in pts])
+    X = np.array(
+        [
+            [1.0] + ([math.log(v)] if "ln |V|" in cols else []) + ([math.log(t)] if "ln T" in cols else [])
+            for v, t, _ in pts
+        ]
+    )
     y = np.array([math.log(h) for _, _, h in pts])
     beta, *_ = np.linalg.lstsq(X, y, rcond=None)
     resid = y - X @ beta
@@ -185,19 +235,33 @@ def fit_horizon(points: list[tuple[int, int, float]], confidence: float = 0.95) 
     cov = s2 * np.linalg.inv(X.T @ X)
     se = np.sqrt(np.diag(cov))
     q = float(stats.t.ppf(0.5 + confidence / 2, dof))
-    out["coef"] = {c: {"estimate": float(b), "se": float(e), "low": float(b - q * e), "high": float(b + q * e),
-                       "p_zero": float(2 * stats.t.sf(abs(b / e), dof)) if e > 0 else None}
-                   for c, b, e in zip(cols, beta, se)}
+    out["coef"] = {
+        c: {
+            "estimate": float(b),
+            "se": float(e),
+            "low": float(b - q * e),
+            "high": float(b + q * e),
+            "p_zero": float(2 * stats.t.sf(abs(b / e), dof)) if e > 0 else None,
+        }
+        for c, b, e in zip(cols, beta, se)
+    }
     tss = float(((y - y.mean()) ** 2).sum())
     out["r2"] = 1 - float(resid @ resid) / tss if tss > 0 else None
     out["resid_sd"] = math.sqrt(s2)
-    x0 = np.array([1.0] + ([math.log(PAPER_POINT["vocab_size"])] if "ln |V|" in cols else [])
-                  + ([math.log(PAPER_POINT["seq_len"])] if "ln T" in cols else []))
+    x0 = np.array(
+        [1.0]
+        + ([math.log(PAPER_POINT["vocab_size"])] if "ln |V|" in cols else [])
+        + ([math.log(PAPER_POINT["seq_len"])] if "ln T" in cols else [])
+    )
     mu = float(x0 @ beta)
     half = q * math.sqrt(s2 + float(x0 @ cov @ x0))
-    out["prediction_paper_point"] = {"t": math.exp(mu), "low": math.exp(mu - half), "high": math.exp(mu + half),
-                                     "extrapolation": f"|V| {PAPER_POINT['vocab_size']} vs fitted {Vs[0]}–{Vs[-1]}, "
-                                                      f"T {PAPER_POINT['seq_len']} vs fitted {Ts[0]}–{Ts[-1]}"}
+    out["prediction_paper_point"] = {
+        "t": math.exp(mu),
+        "low": math.exp(mu - half),
+        "high": math.exp(mu + half),
+        "extrapolation": f"|V| {PAPER_POINT['vocab_size']} vs fitted {Vs[0]}–{Vs[-1]}, "
+        f"T {PAPER_POINT['seq_len']} vs fitted {Ts[0]}–{Ts[-1]}",
+    }
     return out
 
 
@@ -210,22 +274,37 @@ def summarise(config: HorizonConfig, runs: list[dict[str, Any]]) -> dict[str, An
         for k in KINDS:
             for th in (f"{x:g}" for x in THRESHOLDS):
                 hs = [r["horizon"][k][th] for r in rs]
-                cell.setdefault(k, {})[th] = {"t": inference.mean_ci([h * lr for h in hs if h is not None],
-                                                                     config.confidence),
-                                              "censored": sum(h is None for h in hs)}
+                cell.setdefault(k, {})[th] = {
+                    "t": inference.mean_ci([h * lr for h in hs if h is not None], config.confidence),
+                    "censored": sum(h is None for h in hs),
+                }
         cells[f"V{V}-T{T}"] = cell
-    fits = {k: {f"{th:g}": fit_horizon([(r["vocab_size"], r["seq_len"],
-                                         None if r["horizon"][k][f"{th:g}"] is None else r["horizon"][k][f"{th:g}"] * lr)
-                                        for r in runs], config.confidence)
-                for th in THRESHOLDS} for k in KINDS}
+    fits = {
+        k: {
+            f"{th:g}": fit_horizon(
+                [
+                    (
+                        r["vocab_size"],
+                        r["seq_len"],
+                        None if r["horizon"][k][f"{th:g}"] is None else r["horizon"][k][f"{th:g}"] * lr,
+                    )
+                    for r in runs
+                ],
+                config.confidence,
+            )
+            for th in THRESHOLDS
+        }
+        for k in KINDS
+    }
     for k in KINDS:
         for th in (f"{x:g}" for x in THRESHOLDS):
             fits[k][th]["censored"] = sum(r["horizon"][k][th] is None for r in runs)
     return {"cells": cells, "fits": fits}
 
 
-def run_horizon(config: HorizonConfig, out: str | Path, *, results: str | Path | None = None,
-                command: str | None = None) -> dict[str, Any]:
+def run_horizon(
+    config: HorizonConfig, out: str | Path, *, results: str | Path | None = None, command: str | None = None
+) -> dict[str, Any]:
     """Train every (|V|, T, seed) run (finished runs are kept), fit, write the experiment record, the report
     and the results file; returns the record."""
     out = Path(out)
@@ -238,28 +317,47 @@ def run_horizon(config: HorizonConfig, out: str | Path, *, results: str | Path |
                 log(f"[horizon] |V| = {V}, T = {T}, seed {seed} ...")
                 rec = _run_cell(config, V, T, seed, out)
                 runs.append({**rec, "requested_vocab": V})
-        summary = {"scale": {"name": config.scale,
-                             "summary": {"cpu": "a CPU-sized grid", "ci": "a plumbing check, not a result"}[config.scale],
-                             "model": f"one-hot attention-only, L = {s['layers']}, zero init",
-                             "training": f"plain SGD, η = {s['lr']:g}, batch {s['batch_size']}, until every cosine is "
-                                         f"below {min(THRESHOLDS)} or {s['max_steps']} steps",
-                             "grid": f"|V| ∈ {s['vocab_sizes']}, T ∈ {s['seq_lens']}, {len(config.seeds)} seeds "
-                                     f"({s['corpus']}, windows {s['windows']}, out-of-vocabulary {s['oov']})",
-                             "deviations": [f"{len(config.seeds)} data-order seeds per cell",
-                                            "beyond the paper: the paper has one (|V|, T) per tokenizer"]},
-                   **summarise(config, runs), "runs": runs}
+        summary = {
+            "scale": {
+                "name": config.scale,
+                "summary": {"cpu": "a CPU-sized grid", "ci": "a plumbing check, not a result"}[config.scale],
+                "model": f"one-hot attention-only, L = {s['layers']}, zero init",
+                "training": f"plain SGD, η = {s['lr']:g}, batch {s['batch_size']}, until every cosine is "
+                f"below {min(THRESHOLDS)} or {s['max_steps']} steps",
+                "grid": f"|V| ∈ {s['vocab_sizes']}, T ∈ {s['seq_lens']}, {len(config.seeds)} seeds "
+                f"({s['corpus']}, windows {s['windows']}, out-of-vocabulary {s['oov']})",
+                "deviations": [
+                    f"{len(config.seeds)} data-order seeds per cell",
+                    "beyond the paper: the paper has one (|V|, T) per tokenizer",
+                ],
+            },
+            **summarise(config, runs),
+            "runs": runs,
+        }
         atomic_write_json(out / "experiment.json", to_jsonable(summary))
         write_report(summary, out)
         res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
-        write_results(res_path, experiment=EXPERIMENT, name=config.name,
-                      command=command or f"python: run_horizon({config!r}, {str(out)!r})",
-                      config={"experiment": to_jsonable(config), "settings": s}, seeds=config.seeds,
-                      scale=summary["scale"], numbers={"cells": summary["cells"], "fits": summary["fits"]},
-                      tests={f"{k}/{th}/{c}": v["coef"][c] for k, ths in summary["fits"].items()
-                             for th, v in ths.items() if v.get("coef") for c in v["coef"] if c != "intercept"},
-                      data_hashes={f"V{r['requested_vocab']}-T{r['seq_len']}/{r['seed']}": r["data_hashes"] for r in runs},
-                      runs=[{k: v for k, v in r.items() if k != "data_hashes"} for r in runs],
-                      extra={"paper_point": PAPER_POINT})
+        write_results(
+            res_path,
+            experiment=EXPERIMENT,
+            name=config.name,
+            command=command or f"python: run_horizon({config!r}, {str(out)!r})",
+            config={"experiment": to_jsonable(config), "settings": s},
+            seeds=config.seeds,
+            scale=summary["scale"],
+            numbers={"cells": summary["cells"], "fits": summary["fits"]},
+            tests={
+                f"{k}/{th}/{c}": v["coef"][c]
+                for k, ths in summary["fits"].items()
+                for th, v in ths.items()
+                if v.get("coef")
+                for c in v["coef"]
+                if c != "intercept"
+            },
+            data_hashes={f"V{r['requested_vocab']}-T{r['seq_len']}/{r['seed']}": r["data_hashes"] for r in runs},
+            runs=[{k: v for k, v in r.items() if k != "data_hashes"} for r in runs],
+            extra={"paper_point": PAPER_POINT},
+        )
         summary["results_file"] = str(res_path)
     return summary
 
@@ -280,15 +378,33 @@ def fit_rows(fits: dict[str, Any]) -> list[list[str]]:
     for k, ths in fits.items():
         for th, fit in ths.items():
             pred = fit.get("prediction_paper_point")
-            rows.append([k, th, str(fit["n"]), str(fit.get("censored", 0)), _coef_text(fit, "ln |V|"),
-                         _coef_text(fit, "ln T"), _f(fit.get("r2")),
-                         f"{_f(pred['t'])} [{_f(pred['low'])}, {_f(pred['high'])}]" if pred else "—",
-                         PAPER_POINT["observed"].get(th, "—")])
+            rows.append(
+                [
+                    k,
+                    th,
+                    str(fit["n"]),
+                    str(fit.get("censored", 0)),
+                    _coef_text(fit, "ln |V|"),
+                    _coef_text(fit, "ln T"),
+                    _f(fit.get("r2")),
+                    f"{_f(pred['t'])} [{_f(pred['low'])}, {_f(pred['high'])}]" if pred else "—",
+                    PAPER_POINT["observed"].get(th, "—"),
+                ]
+            )
     return rows
 
 
-FIT_HEADER = ["weight", "θ", "runs fitted", "censored", "exponent of |V|", "exponent of T", "R²",
-              "predicted t at |V| 3,000, T 200", "paper (η 0.05)"]
+FIT_HEADER = [
+    "weight",
+    "θ",
+    "runs fitted",
+    "censored",
+    "exponent of |V|",
+    "exponent of T",
+    "R²",
+    "predicted t at |V| 3,000, T 200",
+    "paper (η 0.05)",
+]
 
 
 def _figure(summary: dict[str, Any], plt: Any) -> Any:
@@ -298,8 +414,11 @@ def _figure(summary: dict[str, Any], plt: Any) -> Any:
     for ax, k in zip(axes[0], KINDS):
         for T in Ts:
             for th, marker in zip((f"{x:g}" for x in THRESHOLDS), "os^"):
-                pts = [(r["vocab_size"], r["horizon"][k][th] * r["lr"]) for r in runs
-                       if r["seq_len"] == T and r["horizon"][k][th] is not None]
+                pts = [
+                    (r["vocab_size"], r["horizon"][k][th] * r["lr"])
+                    for r in runs
+                    if r["seq_len"] == T and r["horizon"][k][th] is not None
+                ]
                 if pts:
                     ax.scatter(*zip(*pts), marker=marker, s=14, label=f"T={T}, θ={th}")
         ax.set_xscale("log")
@@ -314,44 +433,71 @@ def _figure(summary: dict[str, Any], plt: Any) -> Any:
 
 def write_report(summary: dict[str, Any], out: str | Path) -> Path:
     from ..report import Report
+
     sc = summary["scale"]
     rep = Report(f"Leading-term horizon vs |V| and T ({sc['name']} scale)")
     rep.text(f"{sc['summary']}: {sc['model']}; {sc['training']}; grid {sc['grid']}.")
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
         fig = _figure(summary, plt)
         rep.figure(fig, "horizon (first t = sη with cosine < θ) per run, log–log", name="horizon.png")
         plt.close(fig)
     except ImportError:
         rep.text("(matplotlib is not installed: no plot)")
-    rep.table(FIT_HEADER, fit_rows(summary["fits"]),
-              caption="OLS of ln t on ln |V| and ln T over uncensored runs; Student-t intervals; prediction "
-                      "interval at the paper's point (an extrapolation)")
-    rep.table(["cell", *[f"{k}, θ {th}" for k in KINDS for th in ("0.9", "0.7")]],
-              [[c, *[_cell_text(v[k][th]) for k in KINDS for th in ("0.9", "0.7")]] for c, v in summary["cells"].items()],
-              caption="horizon t per cell, Student-t over uncensored seeds (censored: never dropped)")
+    rep.table(
+        FIT_HEADER,
+        fit_rows(summary["fits"]),
+        caption="OLS of ln t on ln |V| and ln T over uncensored runs; Student-t intervals; prediction "
+        "interval at the paper's point (an extrapolation)",
+    )
+    rep.table(
+        ["cell", *[f"{k}, θ {th}" for k in KINDS for th in ("0.9", "0.7")]],
+        [[c, *[_cell_text(v[k][th]) for k in KINDS for th in ("0.9", "0.7")]] for c, v in summary["cells"].items()],
+        caption="horizon t per cell, Student-t over uncensored seeds (censored: never dropped)",
+    )
     return rep.write(out)
 
 
 def _cell_text(v: dict[str, Any]) -> str:
     t = v["t"]
-    txt = "never" if t["n"] == 0 else (f"{_f(t['mean'])}" + (f" [{_f(t['low'])}, {_f(t['high'])}]" if t["low"] is not None else ""))
+    txt = (
+        "never"
+        if t["n"] == 0
+        else (f"{_f(t['mean'])}" + (f" [{_f(t['low'])}, {_f(t['high'])}]" if t["low"] is not None else ""))
+    )
     return txt + (f" ({v['censored']} censored)" if v["censored"] and t["n"] else "")
 
 
 def render_section(key: str, rec: dict[str, Any]) -> list[str]:
     from .render import _header
-    out = [f"### {rec['name']} (`results/{key}.json`)", "", *_header(rec), f"- grid: {rec['scale']['grid']}", "",
-           "| " + " | ".join(FIT_HEADER) + " |", "|" + "---|" * len(FIT_HEADER)]
+
+    out = [
+        f"### {rec['name']} (`results/{key}.json`)",
+        "",
+        *_header(rec),
+        f"- grid: {rec['scale']['grid']}",
+        "",
+        "| " + " | ".join(FIT_HEADER) + " |",
+        "|" + "---|" * len(FIT_HEADER),
+    ]
     out += ["| " + " | ".join(r) + " |" for r in fit_rows(rec["numbers"]["fits"])]
     cells = rec["numbers"]["cells"]
     head = ["cell", *[f"{k}, θ {th}" for k in KINDS for th in ("0.9", "0.7")]]
-    out += ["", "Horizon t per cell (Student-t over uncensored seeds):", "", "| " + " | ".join(head) + " |",
-            "|" + "---|" * len(head)]
-    out += ["| " + " | ".join([c, *[_cell_text(v[k][th]) for k in KINDS for th in ("0.9", "0.7")]]) + " |"
-            for c, v in cells.items()]
+    out += [
+        "",
+        "Horizon t per cell (Student-t over uncensored seeds):",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    out += [
+        "| " + " | ".join([c, *[_cell_text(v[k][th]) for k in KINDS for th in ("0.9", "0.7")]]) + " |"
+        for c, v in cells.items()
+    ]
     out.append("")
     return out
 
@@ -361,6 +507,7 @@ def judge(rec: dict[str, Any]) -> Any:
     Reproduced (the hypothesis holds): for every type; partial: for some; not reproduced: for none, or no
     fit."""
     from .claims import Verdict
+
     fits = rec["numbers"]["fits"]
     held, parts = [], []
     for k in KINDS:
@@ -372,4 +519,3 @@ def judge(rec: dict[str, Any]) -> Any:
     scale = f"{rec['scale']['model']}; {rec['scale']['training']}; {rec['scale']['grid']}"
     verdict = "reproduced" if len(held) == len(KINDS) else "partial" if held else "not reproduced"
     return Verdict(verdict, ours, scale)
-

@@ -21,14 +21,16 @@ Caveats: with n seeds the exact one-sided Wilcoxon p-value cannot fall below 2�
 power (reported, not hidden).  Fisher's z treats each value as one correlation; a per-run *mean* of
 correlations is transformed the same way (a monotone map, applied to the unit of replication).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-R_CLIP = 1 - 1e-12           # atanh(±1) is infinite; a perfect correlation is clipped just inside
+R_CLIP = 1 - 1e-12  # atanh(±1) is infinite; a perfect correlation is clipped just inside
 
 
 def _finite(values: Sequence[float | None]) -> np.ndarray:
@@ -37,24 +39,36 @@ def _finite(values: Sequence[float | None]) -> np.ndarray:
 
 def _t_half(sd: float, n: int, confidence: float) -> float:
     from scipy import stats
+
     return float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
 
 
-def mean_ci(values: Sequence[float | None], confidence: float = 0.95,
-            bounds: tuple[float, float] | None = None) -> dict[str, Any]:
+def mean_ci(
+    values: Sequence[float | None], confidence: float = 0.95, bounds: tuple[float, float] | None = None
+) -> dict[str, Any]:
     """Mean, sample sd and two-sided Student-t interval over the finite ``values`` (None bounds for n < 2);
     ``bounds``: the metric's range (e.g. (0, 1) for an accuracy), to which the interval is clipped."""
     v = _finite(values)
     n = int(v.size)
-    out: dict[str, Any] = {"n": n, "mean": float(v.mean()) if n else None, "sd": None, "low": None, "high": None,
-                           "values": v.tolist(), "interval": f"Student t, {confidence:g}, over seeds"}
+    out: dict[str, Any] = {
+        "n": n,
+        "mean": float(v.mean()) if n else None,
+        "sd": None,
+        "low": None,
+        "high": None,
+        "values": v.tolist(),
+        "interval": f"Student t, {confidence:g}, over seeds",
+    }
     if n >= 2:
         sd = float(v.std(ddof=1))
         half = _t_half(sd, n, confidence)
         out.update(sd=sd, low=out["mean"] - half, high=out["mean"] + half)
         if bounds is not None:
-            out.update(low=max(bounds[0], out["low"]), high=min(bounds[1], out["high"]),
-                       interval=out["interval"] + f", clipped to [{bounds[0]:g}, {bounds[1]:g}]")
+            out.update(
+                low=max(bounds[0], out["low"]),
+                high=min(bounds[1], out["high"]),
+                interval=out["interval"] + f", clipped to [{bounds[0]:g}, {bounds[1]:g}]",
+            )
     return out
 
 
@@ -68,9 +82,15 @@ def correlation_ci(values: Sequence[float | None], confidence: float = 0.95) -> 
     also the plain mean of the r's (``mean_r``)."""
     v = _finite(values)
     n = int(v.size)
-    out: dict[str, Any] = {"n": n, "mean": None, "mean_r": float(v.mean()) if n else None, "low": None,
-                           "high": None, "values": v.tolist(),
-                           "interval": f"Fisher z, Student t on z, {confidence:g}, over seeds"}
+    out: dict[str, Any] = {
+        "n": n,
+        "mean": None,
+        "mean_r": float(v.mean()) if n else None,
+        "low": None,
+        "high": None,
+        "values": v.tolist(),
+        "interval": f"Fisher z, Student t on z, {confidence:g}, over seeds",
+    }
     if n == 0:
         return out
     z = fisher_z(v)
@@ -81,8 +101,14 @@ def correlation_ci(values: Sequence[float | None], confidence: float = 0.95) -> 
     return out
 
 
-def bootstrap_ci(values: Sequence[float | None], confidence: float = 0.95, *, n_boot: int = 10000,
-                 seed: int = 0, statistic: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[str, Any]:
+def bootstrap_ci(
+    values: Sequence[float | None],
+    confidence: float = 0.95,
+    *,
+    n_boot: int = 10000,
+    seed: int = 0,
+    statistic: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> dict[str, Any]:
     """Percentile bootstrap interval of ``statistic`` (default: the mean over axis 1) over seeds."""
     v = _finite(values)
     n = int(v.size)
@@ -92,13 +118,18 @@ def bootstrap_ci(values: Sequence[float | None], confidence: float = 0.95, *, n_
     rng = np.random.default_rng(seed)
     draws = stat(v[rng.integers(0, n, (n_boot, n))])
     lo, hi = np.quantile(draws, [0.5 - confidence / 2, 0.5 + confidence / 2])
-    return {"n": n, "low": float(lo), "high": float(hi),
-            "interval": f"percentile bootstrap of the mean, {n_boot} resamples, {confidence:g}"}
+    return {
+        "n": n,
+        "low": float(lo),
+        "high": float(hi),
+        "interval": f"percentile bootstrap of the mean, {n_boot} resamples, {confidence:g}",
+    }
 
 
 def paired_power(dz: float, n: int, alpha: float = 0.05) -> float:
     """Power of the one-sided paired t-test (H1: mean difference > 0) at effect size ``dz`` with n pairs."""
     from scipy import stats
+
     if n < 2 or not math.isfinite(dz):
         return float("nan")
     crit = stats.t.ppf(1 - alpha, n - 1)
@@ -108,13 +139,21 @@ def paired_power(dz: float, n: int, alpha: float = 0.05) -> float:
 def detectable_effect(n: int, alpha: float = 0.05, power: float = 0.8) -> float:
     """Smallest d_z the one-sided paired t-test detects with ``power`` at level ``alpha`` with n pairs."""
     from scipy import optimize
+
     if n < 2:
         return float("nan")
     return float(optimize.brentq(lambda d: paired_power(d, n, alpha) - power, 1e-6, 100.0))
 
 
-def paired_test(a: Sequence[float], b: Sequence[float], *, alternative: str = "greater",
-                correlation: bool = True, alpha: float = 0.05, confidence: float = 0.95) -> dict[str, Any]:
+def paired_test(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    alternative: str = "greater",
+    correlation: bool = True,
+    alpha: float = 0.05,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
     """Test "a > b" (``alternative="greater"``), "a < b" (``"less"``) or "a ≠ b" (``"two-sided"``)
     on values paired by position (seed).  Pairs with a non-finite member are dropped.
 
@@ -123,14 +162,29 @@ def paired_test(a: Sequence[float], b: Sequence[float], *, alternative: str = "g
     t-test p, the exact Wilcoxon signed-rank p (None when every difference is 0), d_z, the power at the
     observed d_z and the d_z detectable with power 0.8 (both one-sided, at ``alpha``)."""
     from scipy import stats
+
     if alternative not in ("greater", "less", "two-sided"):
         raise ValueError(f"alternative must be greater, less or two-sided, got {alternative!r}")
-    pairs = [(float(x), float(y)) for x, y in zip(a, b)
-             if x is not None and y is not None and math.isfinite(float(x)) and math.isfinite(float(y))]
+    pairs = [
+        (float(x), float(y))
+        for x, y in zip(a, b)
+        if x is not None and y is not None and math.isfinite(float(x)) and math.isfinite(float(y))
+    ]
     n = len(pairs)
-    out: dict[str, Any] = {"n": n, "alternative": alternative, "scale": "fisher z" if correlation else "raw",
-                           "mean_diff": None, "diff": None, "diff_low": None, "diff_high": None, "p_t": None,
-                           "p_wilcoxon": None, "dz": None, "power": None, "detectable_dz": None}
+    out: dict[str, Any] = {
+        "n": n,
+        "alternative": alternative,
+        "scale": "fisher z" if correlation else "raw",
+        "mean_diff": None,
+        "diff": None,
+        "diff_low": None,
+        "diff_high": None,
+        "p_t": None,
+        "p_wilcoxon": None,
+        "dz": None,
+        "power": None,
+        "detectable_dz": None,
+    }
     if n == 0:
         return out
     x = np.array([p[0] for p in pairs])
@@ -153,9 +207,13 @@ def paired_test(a: Sequence[float], b: Sequence[float], *, alternative: str = "g
         out["p_t"] = 0.0 if (alternative == "two-sided" or (d.mean() > 0) == (alternative == "greater")) else 1.0
     out["detectable_dz"] = detectable_effect(n, alpha)
     if np.any(d != 0):
-        out["p_wilcoxon"] = float(stats.wilcoxon(d, alternative=alternative, method="exact"
-                                                 if n <= 25 and len(set(np.abs(d[d != 0]))) == int((d != 0).sum())
-                                                 else "auto").pvalue)
+        out["p_wilcoxon"] = float(
+            stats.wilcoxon(
+                d,
+                alternative=alternative,
+                method="exact" if n <= 25 and len(set(np.abs(d[d != 0]))) == int((d != 0).sum()) else "auto",
+            ).pvalue
+        )
     return out
 
 

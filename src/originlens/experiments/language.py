@@ -67,17 +67,22 @@ their feature (the mismatch R is a squared probe error), so a group mean is domi
 largest-scale feature — ``pos_int`` (token indices, tens to hundreds) within ``position``; the share is
 scale-free per group, and the per-feature means are kept in each run's ``attribution.by_feature``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import ConfigError
 from . import inference
-from .formatting import ci as fmt_ci, num as _f, pval as _p, sig as _g
+from .formatting import ci as fmt_ci
+from .formatting import num as _f
+from .formatting import pval as _p
+from .formatting import sig as _g
 
 EXPERIMENT = "language"
 TASK = "tinystories"
@@ -95,20 +100,35 @@ PAPER = dict(n_layer=4, d_model=128, n_head=4, batch_size=256, steps=1000, eval_
 # Shared by every scale: only the final eval/probes are needed; every checkpoint is kept (replay checks).
 COMMON = dict(eval_every=0, probe_every=0, keep_checkpoints=0, log_every=10)
 SCALES: dict[str, dict[str, Any]] = {
-    "paper": {"ntp": dict(PAPER, checkpoint_every=250), "task": {}, "attribute_positions": [30, 34, 38],
-              "attribute_regimes": ["standard"], "prompts": 3},
-    "cpu": {"ntp": dict(PAPER, batch_size=64, steps=300, eval_size=4000, checkpoint_every=100), "task": {},
-            "attribute_positions": [34], "attribute_regimes": ["standard"], "prompts": 3},
-    "ci": {"ntp": dict(n_layer=2, d_model=16, n_head=2, batch_size=8, steps=4, eval_size=80, checkpoint_every=2,
-                       log_every=1),
-           "task": dict(window=24, bpe_vocab_size=256), "attribute_positions": [8, 12],
-           "attribute_regimes": ["standard", "myopic"], "prompts": 2},
+    "paper": {
+        "ntp": dict(PAPER, checkpoint_every=250),
+        "task": {},
+        "attribute_positions": [30, 34, 38],
+        "attribute_regimes": ["standard"],
+        "prompts": 3,
+    },
+    "cpu": {
+        "ntp": dict(PAPER, batch_size=64, steps=300, eval_size=4000, checkpoint_every=100),
+        "task": {},
+        "attribute_positions": [34],
+        "attribute_regimes": ["standard"],
+        "prompts": 3,
+    },
+    "ci": {
+        "ntp": dict(
+            n_layer=2, d_model=16, n_head=2, batch_size=8, steps=4, eval_size=80, checkpoint_every=2, log_every=1
+        ),
+        "task": dict(window=24, bpe_vocab_size=256),
+        "attribute_positions": [8, 12],
+        "attribute_regimes": ["standard", "myopic"],
+        "prompts": 2,
+    },
 }
 SCALE_NOTES = {
     "paper": "the paper's configuration (a GPU job)",
     "cpu": "the paper's model and window at batch 64, 300 steps and 4,000 eval windows, every update attributed "
-           "at position 34 of every layer; ≈ 30 min per standard run (training ≈ 5 min, attribution ≈ 25 min) "
-           "with 2 runs in parallel on 2 CPU cores",
+    "at position 34 of every layer; ≈ 30 min per standard run (training ≈ 5 min, attribution ≈ 25 min) "
+    "with 2 runs in parallel on 2 CPU cores",
     "ci": "a seconds-long check that the pipeline runs; not a result",
 }
 # Task options the experiment sets itself (through its own fields).
@@ -120,10 +140,10 @@ SYNTAX_TEST = "syntax: direct > precached"
 SHARE_TEST = "precached share: position > syntax"
 TESTS = {
     LOSS_TEST: "myopic training costs language-modelling loss (paper: 3.29 ± 0.02 myopic vs 2.53 ± 0.10 "
-               "standard, their tokenizer)",
+    "standard, their tokenizer)",
     SYNTAX_TEST: "syntax features are built directly: direct > pre-cached influence (standard training)",
     SHARE_TEST: "story-position features lean on pre-caching: their pre-cached share exceeds the syntax "
-                "features' (standard training)",
+    "features' (standard training)",
 }
 PAPER_LOSS = {"myopic": "3.29 ± 0.02", "standard": "2.53 ± 0.10"}
 
@@ -148,6 +168,7 @@ def influence_group(feature: str) -> str | None:
 
 def _task_defaults() -> dict[str, Any]:
     from ..tasks.tinystories import TinyStoriesTask
+
     return {f.name: f.default for f in dataclasses.fields(TinyStoriesTask)}
 
 
@@ -188,6 +209,7 @@ class LanguageExperimentConfig:
 
     def __post_init__(self) -> None:
         from ..tasks import syntax
+
         if self.scale not in SCALES:
             raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
         preset = SCALES[self.scale]
@@ -199,8 +221,10 @@ class LanguageExperimentConfig:
         self.regimes = list(self.regimes)
         bad = [r for r in self.regimes if r not in REGIMES]
         if bad or not self.regimes:
-            raise ConfigError(f"unknown regime(s) {bad}" if bad else "no regimes given",
-                              f"use a comma-separated subset of: {', '.join(REGIMES)}")
+            raise ConfigError(
+                f"unknown regime(s) {bad}" if bad else "no regimes given",
+                f"use a comma-separated subset of: {', '.join(REGIMES)}",
+            )
         if len(set(self.regimes)) != len(self.regimes) or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError("regimes and seeds must not repeat", "remove the duplicates")
         if self.attribute_regimes is None:
@@ -208,18 +232,22 @@ class LanguageExperimentConfig:
         self.attribute_regimes = list(self.attribute_regimes)
         bad = [r for r in self.attribute_regimes if r not in self.regimes]
         if bad:
-            raise ConfigError(f"attributed regime(s) {bad} are not trained (regimes {self.regimes})",
-                              "attribute a subset of --regimes")
+            raise ConfigError(
+                f"attributed regime(s) {bad} are not trained (regimes {self.regimes})",
+                "attribute a subset of --regimes",
+            )
         if not 0 < self.confidence < 1:
             raise ConfigError(f"confidence must be in (0, 1), got {self.confidence}", "use 0.95")
         if self.annotator not in syntax.ANNOTATORS:
-            raise ConfigError(f"unknown syntax annotator {self.annotator!r}",
-                              f"use one of: {', '.join(syntax.ANNOTATORS)}")
+            raise ConfigError(
+                f"unknown syntax annotator {self.annotator!r}", f"use one of: {', '.join(syntax.ANNOTATORS)}"
+            )
         if self.syntax_labels is None:
             self.syntax_labels = "tags" if self.annotator == "lingua" else "all"
         if self.syntax_labels not in syntax.LABEL_SETS:
-            raise ConfigError(f"unknown syntax label set {self.syntax_labels!r}",
-                              f"use one of: {', '.join(syntax.LABEL_SETS)}")
+            raise ConfigError(
+                f"unknown syntax label set {self.syntax_labels!r}", f"use one of: {', '.join(syntax.LABEL_SETS)}"
+            )
         if self.prompts is None:
             self.prompts = preset["prompts"]
         if isinstance(self.prompts, bool) or not isinstance(self.prompts, int) or self.prompts < 0:
@@ -230,12 +258,16 @@ class LanguageExperimentConfig:
             raise ConfigError("task_options and overrides must be mappings", "pass dicts of option → value")
         own = [k for k in OWN_TASK_OPTIONS if k in self.task_options]
         if own:
-            raise ConfigError(f"task option(s) {own} are set by the experiment itself",
-                              "use --annotator / --syntax-labels / --spacy-model instead")
+            raise ConfigError(
+                f"task option(s) {own} are set by the experiment itself",
+                "use --annotator / --syntax-labels / --spacy-model instead",
+            )
         own = [k for k in OWN_NTP_FIELDS if k in self.overrides]
         if own:
-            raise ConfigError(f"override(s) {own} are set by the experiment itself",
-                              "drop them (probe positions follow --attribute-positions)")
+            raise ConfigError(
+                f"override(s) {own} are set by the experiment itself",
+                "drop them (probe positions follow --attribute-positions)",
+            )
         # the task itself, once: annotator installed, label set it gives, data root, window
         task = self.make_task()
         T = int(task.seq_len)
@@ -244,21 +276,29 @@ class LanguageExperimentConfig:
         self.attribute_positions = sorted({int(i) for i in self.attribute_positions})
         bad = [i for i in self.attribute_positions if not 1 <= i <= T - 1]
         if bad or not self.attribute_positions:
-            raise ConfigError(f"attributed positions {bad or self.attribute_positions} outside 1..{T - 1} "
-                              f"(window T = {T})", "e.g. --attribute-positions 30,34,38 (T = 64)")
-        cfg0 = self.run_config(self.regimes[0], self.seeds[0], initial=False)   # validates the overrides
+            raise ConfigError(
+                f"attributed positions {bad or self.attribute_positions} outside 1..{T - 1} (window T = {T})",
+                "e.g. --attribute-positions 30,34,38 (T = 64)",
+            )
+        cfg0 = self.run_config(self.regimes[0], self.seeds[0], initial=False)  # validates the overrides
         L = cfg0.n_layer
         if self.attribute_layers is None:
             self.attribute_layers = list(range(1, L + 1))
         self.attribute_layers = sorted({int(k) for k in self.attribute_layers})
         if not self.attribute_layers or any(not 0 <= k <= L for k in self.attribute_layers):
-            raise ConfigError(f"attributed layers {self.attribute_layers} outside 0..{L}",
-                              f"e.g. --attribute-layers 1-{L}")
+            raise ConfigError(
+                f"attributed layers {self.attribute_layers} outside 0..{L}", f"e.g. --attribute-layers 1-{L}"
+            )
         if self.attribute_steps is not None:
-            if isinstance(self.attribute_steps, bool) or not isinstance(self.attribute_steps, int) \
-                    or not 1 <= self.attribute_steps <= cfg0.steps:
-                raise ConfigError(f"attribute_steps={self.attribute_steps!r} outside 1..{cfg0.steps}",
-                                  "attribute a prefix of the training run (or leave it unset: every update)")
+            if (
+                isinstance(self.attribute_steps, bool)
+                or not isinstance(self.attribute_steps, int)
+                or not 1 <= self.attribute_steps <= cfg0.steps
+            ):
+                raise ConfigError(
+                    f"attribute_steps={self.attribute_steps!r} outside 1..{cfg0.steps}",
+                    "attribute a prefix of the training run (or leave it unset: every update)",
+                )
         if self.attribute_regimes and cfg0.steps < 1:
             raise ConfigError("attribution needs at least one training step", "set steps ≥ 1 or attribute nothing")
 
@@ -269,8 +309,13 @@ class LanguageExperimentConfig:
 
     def task_opts(self) -> dict[str, Any]:
         """The ``tinystories`` options of every run (scale preset, the user's, the syntax settings)."""
-        opts = {**SCALES[self.scale]["task"], **self.task_options, "syntax_features": True,
-                "annotator": self.annotator, "syntax_labels": self.syntax_labels}
+        opts = {
+            **SCALES[self.scale]["task"],
+            **self.task_options,
+            "syntax_features": True,
+            "annotator": self.annotator,
+            "syntax_labels": self.syntax_labels,
+        }
         if self.spacy_model is not None:
             opts["spacy_model"] = self.spacy_model
         return opts
@@ -278,11 +323,14 @@ class LanguageExperimentConfig:
     def make_task(self) -> Any:
         """The task object (construction checks the annotator, the label set and the data root)."""
         from ..tasks import get_task
+
         try:
             return get_task(TASK, **self.task_opts())
         except TypeError as exc:
-            raise ConfigError(f"task {TASK!r} does not take the options {sorted(self.task_options)} ({exc})",
-                              "drop the unknown --task-option") from None
+            raise ConfigError(
+                f"task {TASK!r} does not take the options {sorted(self.task_options)} ({exc})",
+                "drop the unknown --task-option",
+            ) from None
 
     @property
     def window(self) -> int:
@@ -302,9 +350,18 @@ class LanguageExperimentConfig:
 
     def run_config(self, regime: str, seed: int, *, initial: bool) -> Any:
         from ..train.ntp import NTPConfig
-        return NTPConfig.from_dict({**self.ntp_overrides(initial), "task": TASK, "regime": regime, "seed": int(seed),
-                                    "task_options": self.task_opts(), "probe_positions": self.probe_positions},
-                                   where="the experiment's run configuration")
+
+        return NTPConfig.from_dict(
+            {
+                **self.ntp_overrides(initial),
+                "task": TASK,
+                "regime": regime,
+                "seed": int(seed),
+                "task_options": self.task_opts(),
+                "probe_positions": self.probe_positions,
+            },
+            where="the experiment's run configuration",
+        )
 
     def end_step(self, steps: int) -> int:
         return int(self.attribute_steps or steps)
@@ -312,11 +369,24 @@ class LanguageExperimentConfig:
     def deviations(self) -> list[str]:
         """Every difference from the paper's configuration, plus the tokenizer and data differences."""
         from ..train.ntp import NTPConfig
+
         defaults = {f.name: f.default for f in dataclasses.fields(NTPConfig)}
         used = self.run_config(self.regimes[0], self.seeds[0], initial=False)
         out = []
-        for key in ("n_layer", "d_model", "n_head", "batch_size", "steps", "eval_size", "lr", "betas", "eps",
-                    "probe_alpha", "probe_train_frac", "dtype"):
+        for key in (
+            "n_layer",
+            "d_model",
+            "n_head",
+            "batch_size",
+            "steps",
+            "eval_size",
+            "lr",
+            "betas",
+            "eps",
+            "probe_alpha",
+            "probe_train_frac",
+            "dtype",
+        ):
             paper = PAPER.get(key, defaults.get(key))
             if isinstance(paper, tuple):
                 paper = list(paper)
@@ -330,27 +400,35 @@ class LanguageExperimentConfig:
         opts = self.task_opts()
         tdef = _task_defaults()
         bpe = int(opts.get("bpe_vocab_size", tdef["bpe_vocab_size"]))
-        out.append(f"tokenizer: a {bpe}-id BPE trained on the data root's stories (paper: the TinyStories tokenizer, "
-                   f"50,257 ids), so losses and pos_int are not on the paper's scale")
+        out.append(
+            f"tokenizer: a {bpe}-id BPE trained on the data root's stories (paper: the TinyStories tokenizer, "
+            f"50,257 ids), so losses and pos_int are not on the paper's scale"
+        )
         task = self.make_task()
         train, held = task.split
-        out.append(f"data: the {len(task.data.hashes):,} stories ({int(task.data.tokens.size):,} tokens) of the data "
-                   f"root, {len(train):,} train / {len(held):,} held-out by story hash (fraction "
-                   f"{opts.get('heldout_frac', tdef['heldout_frac'])}; "
-                   "paper: 300,000 windows of the full TinyStories set)")
+        out.append(
+            f"data: the {len(task.data.hashes):,} stories ({int(task.data.tokens.size):,} tokens) of the data "
+            f"root, {len(train):,} train / {len(held):,} held-out by story hash (fraction "
+            f"{opts.get('heldout_frac', tdef['heldout_frac'])}; "
+            "paper: 300,000 windows of the full TinyStories set)"
+        )
         if self.annotator == "lingua":
-            out.append("syntax annotator: Lingua::EN::Tagger (Penn tags, no dependency labels; paper: spaCy "
-                       "en_core_web_sm, 10 tags + 10 labels)")
+            out.append(
+                "syntax annotator: Lingua::EN::Tagger (Penn tags, no dependency labels; paper: spaCy "
+                "en_core_web_sm, 10 tags + 10 labels)"
+            )
         elif self.annotator == "gold":
-            out.append("syntax annotator: gold tags/labels of generated storyworld stories (paper: spaCy on "
-                       "TinyStories)")
+            out.append(
+                "syntax annotator: gold tags/labels of generated storyworld stories (paper: spaCy on TinyStories)"
+            )
         elif (self.spacy_model or "en_core_web_sm") != "en_core_web_sm":
             out.append(f"spaCy pipeline {self.spacy_model} (paper en_core_web_sm)")
         if self.syntax_labels != "all" and self.annotator != "lingua":
             out.append(f"syntax labels {self.syntax_labels} only (paper: tags and dependency labels)")
         if list(self.attribute_positions or []) != list(PAPER_TRACKED_POSITIONS):
-            out.append(f"attributed positions {', '.join(map(str, self.attribute_positions or []))} "
-                       "(paper 30–34 and 35–39)")
+            out.append(
+                f"attributed positions {', '.join(map(str, self.attribute_positions or []))} (paper 30–34 and 35–39)"
+            )
         if self.attribute_steps is not None and self.attribute_steps < used.steps:
             out.append(f"attribution over updates 1..{self.attribute_steps} of {used.steps}")
         if len(self.seeds) < PAPER_SEEDS:
@@ -364,6 +442,7 @@ class LanguageExperimentConfig:
 
 def _dirs(out: Path, regime: str, seed: int) -> tuple[Path, Path]:
     from ..train.grid import run_dir_for
+
     return run_dir_for(out / "trained", regime, seed), run_dir_for(out / "initial", regime, seed)
 
 
@@ -372,6 +451,7 @@ def _attribution_done(store: Path, end: int, sites: Sequence[Sequence[int]]) -> 
     with other sites, steps or optimizer is refused (its numbers would not be the requested ones)."""
     from ..attribution.store import read_segment_infos
     from ..errors import CompatibilityError
+
     infos = read_segment_infos(store) if store.is_dir() else []
     want = sorted([int(k), int(i)] for k, i in sites)
     for s in infos:
@@ -381,7 +461,8 @@ def _attribution_done(store: Path, end: int, sites: Sequence[Sequence[int]]) -> 
                 f"{store} holds an attribution of updates {int(s['start']) + 1}..{s['end']} at sites {got} "
                 f"({s.get('optimizer')}), not updates 1..{end} at sites {want} (adam)",
                 "use the same --attribute-positions / --attribute-layers / --attribute-steps, or delete that "
-                "attribution directory to recompute it")
+                "attribution directory to recompute it",
+            )
     return bool(infos)
 
 
@@ -389,7 +470,9 @@ def _run_job(job: dict[str, Any]) -> list[str]:
     """Train (or skip) one (regime, seed), its initial-model null, and attribute it if asked — in one
     process with one thread count, as bit-exact replay requires."""
     import torch
+
     from ..train.ntp import NTPConfig, is_finished, train
+
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
     done = []
@@ -403,10 +486,12 @@ def _run_job(job: dict[str, Any]) -> list[str]:
     attr = job.get("attribution")
     if attr:
         from ..attribution.replay import attribute_run
+
         d = Path(job["trained_dir"])
         store = d / "attribution"
         if not _attribution_done(store, attr["end"], attr["sites"]):
             from ..storage import read_json
+
             t = time.time()
             # bit-exact replay needs the thread count the run was trained with (a run trained by an earlier call)
             trained_threads = read_json(d / "environment.json").get("torch_threads")
@@ -414,8 +499,14 @@ def _run_job(job: dict[str, Any]) -> list[str]:
             if trained_threads and int(trained_threads) != old:
                 torch.set_num_threads(int(trained_threads))
             try:
-                attribute_run(d, sites=[tuple(s) for s in attr["sites"]], features="all", optimizer="adam",
-                              segment=(0, attr["end"]), out=store)
+                attribute_run(
+                    d,
+                    sites=[tuple(s) for s in attr["sites"]],
+                    features="all",
+                    optimizer="adam",
+                    segment=(0, attr["end"]),
+                    out=store,
+                )
             finally:
                 torch.set_num_threads(old)
             done.append(f"{store}: attributed updates 1..{attr['end']} in {time.time() - t:.0f} s")
@@ -424,6 +515,7 @@ def _run_job(job: dict[str, Any]) -> list[str]:
 
 def _jobs(config: LanguageExperimentConfig, out: Path) -> list[dict[str, Any]]:
     from ..train.ntp import is_finished
+
     jobs = []
     for regime in config.regimes:
         for seed in config.seeds:
@@ -431,30 +523,47 @@ def _jobs(config: LanguageExperimentConfig, out: Path) -> list[dict[str, Any]]:
             d, d0 = _dirs(out, regime, seed)
             attr = None
             if regime in (config.attribute_regimes or []):
-                attr = {"sites": [[k, i] for k in config.attribute_layers for i in config.attribute_positions],
-                        "end": config.end_step(tr.steps)}
-            if is_finished(d, tr) and is_finished(d0, ini) and (
-                    attr is None or _attribution_done(d / "attribution", attr["end"], attr["sites"])):
+                attr = {
+                    "sites": [[k, i] for k in config.attribute_layers for i in config.attribute_positions],
+                    "end": config.end_step(tr.steps),
+                }
+            if (
+                is_finished(d, tr)
+                and is_finished(d0, ini)
+                and (attr is None or _attribution_done(d / "attribution", attr["end"], attr["sites"]))
+            ):
                 continue
-            jobs.append({"regime": regime, "seed": seed, "trained": tr.to_dict(), "initial": ini.to_dict(),
-                         "trained_dir": str(d), "initial_dir": str(d0), "attribution": attr})
+            jobs.append(
+                {
+                    "regime": regime,
+                    "seed": seed,
+                    "trained": tr.to_dict(),
+                    "initial": ini.to_dict(),
+                    "trained_dir": str(d),
+                    "initial_dir": str(d0),
+                    "attribution": attr,
+                }
+            )
     return jobs
 
 
 def _run_all(config: LanguageExperimentConfig, out: Path) -> list[str]:
     from ..progress import log
+
     jobs = _jobs(config, out)
     if not jobs:
         return []
     if config.jobs == 1:
         import torch
-        threads = torch.get_num_threads()                   # in-process: the caller's thread count
+
+        threads = torch.get_num_threads()  # in-process: the caller's thread count
         return [m for j in jobs for m in _run_job({**j, "threads": threads})]
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
+
     done: list[str] = []
     with ProcessPoolExecutor(max_workers=config.jobs, mp_context=mp.get_context("spawn")) as pool:
-        for msgs in pool.map(_run_job, [{**j, "threads": 1} for j in jobs]):    # parallel: one thread each
+        for msgs in pool.map(_run_job, [{**j, "threads": 1} for j in jobs]):  # parallel: one thread each
             for m in msgs:
                 log(m, level=2)
             done += msgs
@@ -469,15 +578,19 @@ def probe_quality(run_dir: str | Path, layers: Sequence[int], positions: Sequenc
     """Mean test Pearson r of a finished run's final probes over ``layers`` × ``positions``: per feature
     group (:data:`PROBE_GROUPS`, groups the run lacks are left out) and per feature."""
     from ..train.ntp import load_probe_metrics, tracked_quality
+
     pm = load_probe_metrics(Path(run_dir) / "probe_metrics.npz")
     groups: dict[str, list[str]] = {}
     for f in pm.feature_names:
         g = probe_group(f)
         if g is not None:
             groups.setdefault(g, []).append(f)
-    return {"groups": {g: tracked_quality(pm, layers, positions, groups[g])["pearson"]
-                       for g in PROBE_GROUPS if g in groups},
-            "features": {f: tracked_quality(pm, layers, positions, [f])["pearson"] for f in pm.feature_names}}
+    return {
+        "groups": {
+            g: tracked_quality(pm, layers, positions, groups[g])["pearson"] for g in PROBE_GROUPS if g in groups
+        },
+        "features": {f: tracked_quality(pm, layers, positions, [f])["pearson"] for f in pm.feature_names},
+    }
 
 
 def influence_by_group(integrated_rows: Sequence[dict[str, Any]], n_layer: int) -> dict[str, Any]:
@@ -507,8 +620,14 @@ def influence_by_group(integrated_rows: Sequence[dict[str, Any]], n_layer: int) 
         v = cells.get((g, c, part))
         return float(sum(v) / len(v)) if v else None
 
-    out: dict[str, Any] = {"influence": {}, "below_last": {}, "last_layer": {}, "precached_share": {}, "n_items": {},
-                           "by_feature": {}}
+    out: dict[str, Any] = {
+        "influence": {},
+        "below_last": {},
+        "last_layer": {},
+        "precached_share": {},
+        "n_items": {},
+        "by_feature": {},
+    }
     for (f, comp), v in sorted(per_feature.items()):
         out["by_feature"].setdefault(f, {})[comp] = float(sum(v) / len(v))
     for g in INFLUENCE_GROUPS:
@@ -530,6 +649,7 @@ def influence_by_group(integrated_rows: Sequence[dict[str, Any]], n_layer: int) 
 def run_influence(run_dir: str | Path, n_layer: int) -> dict[str, Any]:
     """:func:`influence_by_group` of the attribution store ``RUN/attribution`` plus its replay checks."""
     from ..attribution.store import integrate, load_observables, read_segment_infos
+
     store = Path(run_dir) / "attribution"
     agg = influence_by_group(integrate(load_observables(store)).to_pylist(), n_layer)
     infos = read_segment_infos(store)
@@ -541,6 +661,7 @@ def run_influence(run_dir: str | Path, n_layer: int) -> dict[str, Any]:
 
 def _per_run(config: LanguageExperimentConfig, out: Path, regime: str, seed: int) -> dict[str, Any]:
     from ..storage import read_json
+
     d, d0 = _dirs(out, regime, seed)
     cfg = config.run_config(regime, seed, initial=False)
     layers = list(range(1, cfg.n_layer + 1))
@@ -548,10 +669,20 @@ def _per_run(config: LanguageExperimentConfig, out: Path, regime: str, seed: int
     env = read_json(d / "environment.json")
     q, q0 = probe_quality(d, layers, config.probe_positions), probe_quality(d0, layers, config.probe_positions)
     ev, ev0 = s.get("final_eval", {}), s0.get("final_eval", {})
-    rec = {"regime": regime, "seed": seed, "eval_loss": ev.get("eval_loss"), "next_token_acc": ev.get("legal_acc"),
-           "initial_eval_loss": ev0.get("eval_loss"), "probe": q["groups"], "initial_probe": q0["groups"],
-           "probe_by_feature": q["features"], "seconds": s.get("seconds"), "num_params": s.get("num_params"),
-           "data_hashes": env.get("data_hashes", {}), "attribution": None}
+    rec = {
+        "regime": regime,
+        "seed": seed,
+        "eval_loss": ev.get("eval_loss"),
+        "next_token_acc": ev.get("legal_acc"),
+        "initial_eval_loss": ev0.get("eval_loss"),
+        "probe": q["groups"],
+        "initial_probe": q0["groups"],
+        "probe_by_feature": q["features"],
+        "seconds": s.get("seconds"),
+        "num_params": s.get("num_params"),
+        "data_hashes": env.get("data_hashes", {}),
+        "attribution": None,
+    }
     if regime in (config.attribute_regimes or []):
         rec["attribution"] = run_influence(d, cfg.n_layer)
     return rec
@@ -561,12 +692,14 @@ def _per_run(config: LanguageExperimentConfig, out: Path, regime: str, seed: int
 # continuations
 
 
-def generate(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, *, temperature: float = 0.0,
-             generator: Any = None) -> list[int]:
+def generate(
+    model: Any, prompt_ids: Sequence[int], max_new_tokens: int, *, temperature: float = 0.0, generator: Any = None
+) -> list[int]:
     """Continue ``prompt_ids`` with a :class:`~originlens.models.GPT`: greedy (``temperature=0``, first
     argmax) or sampled from ``softmax(logits / temperature)`` (float64) with the torch ``generator``.
     The context is cropped to the model's last ``seq_len`` tokens; no key/value cache."""
     import torch
+
     if not prompt_ids:
         raise ConfigError("an empty prompt: nothing to condition on", "pass at least one prompt token")
     if temperature < 0:
@@ -584,14 +717,16 @@ def generate(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, *, temp
             else:
                 nxt = int(torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[0])
             toks.append(nxt)
-    return toks[len(prompt_ids):]
+    return toks[len(prompt_ids) :]
 
 
 def continuations(config: LanguageExperimentConfig, out: Path) -> list[dict[str, Any]]:
     """Greedy and sampled continuations of the first ``config.prompts`` held-out stories by the model of
     the first seed of every regime (see the module docstring)."""
     import torch
+
     from ..models import GPT
+
     if not config.prompts:
         return []
     task = config.make_task()
@@ -599,18 +734,26 @@ def continuations(config: LanguageExperimentConfig, out: Path) -> list[dict[str,
     n_prompt, n_new = T // 2, T - T // 2
     held = task.split[1][: config.prompts]
     tok = task.tokenizer
-    models = {r: GPT.load(_dirs(out, r, config.seeds[0])[0] / "model.safetensors").to("cpu").eval()
-              for r in config.regimes}
+    models = {
+        r: GPT.load(_dirs(out, r, config.seeds[0])[0] / "model.safetensors").to("cpu").eval() for r in config.regimes
+    }
     items = []
     for j, s in enumerate(held):
         ids = [int(t) for t in task.data.story(int(s))[:n_prompt]]
-        item = {"heldout_index": j, "prompt": tok.decode(ids), "prompt_tokens": len(ids), "new_tokens": n_new,
-                "seed": config.seeds[0], "continuations": {}}
+        item = {
+            "heldout_index": j,
+            "prompt": tok.decode(ids),
+            "prompt_tokens": len(ids),
+            "new_tokens": n_new,
+            "seed": config.seeds[0],
+            "continuations": {},
+        }
         for regime, model in models.items():
             gen = torch.Generator(device="cpu").manual_seed(int(config.sample_seed) + j)
             item["continuations"][regime] = {
                 "greedy": tok.decode(generate(model, ids, n_new, temperature=0.0)),
-                "sampled": tok.decode(generate(model, ids, n_new, temperature=1.0, generator=gen))}
+                "sampled": tok.decode(generate(model, ids, n_new, temperature=1.0, generator=gen)),
+            }
         items.append(item)
     return items
 
@@ -656,48 +799,85 @@ def summarise(config: LanguageExperimentConfig, out: str | Path) -> dict[str, An
             "seconds": inference.mean_ci([r["seconds"] for r in rr], c),
             "probe": {g: inference.correlation_ci([r["probe"].get(g) for r in rr], c) for g in groups},
             "initial_probe": {g: inference.correlation_ci([r["initial_probe"].get(g) for r in rr], c) for g in groups},
-            "probe_gain": {g: inference.paired_test([r["probe"].get(g) for r in rr],
-                                                    [r["initial_probe"].get(g) for r in rr], alternative="greater",
-                                                    alpha=ALPHA, confidence=c) for g in groups},
+            "probe_gain": {
+                g: inference.paired_test(
+                    [r["probe"].get(g) for r in rr],
+                    [r["initial_probe"].get(g) for r in rr],
+                    alternative="greater",
+                    alpha=ALPHA,
+                    confidence=c,
+                )
+                for g in groups
+            },
         }
         if regime in (config.attribute_regimes or []):
             att = [r["attribution"] for r in rr]
             gs = [g for g in INFLUENCE_GROUPS if any(g in a["influence"] for a in att)]
             influence[regime] = {
-                part: {g: {comp: _mean_ci_of(att, lambda a, p=part, g=g, comp=comp: a[p][g][comp], c)
-                           for comp in COMPONENTS} for g in gs}
-                for part in ("influence", "below_last", "last_layer")}
-            influence[regime]["precached_share"] = {g: _mean_ci_of(att, lambda a, g=g: a["precached_share"][g], c)
-                                                    for g in gs}
+                part: {
+                    g: {
+                        comp: _mean_ci_of(att, lambda a, p=part, g=g, comp=comp: a[p][g][comp], c)
+                        for comp in COMPONENTS
+                    }
+                    for g in gs
+                }
+                for part in ("influence", "below_last", "last_layer")
+            }
+            influence[regime]["precached_share"] = {
+                g: _mean_ci_of(att, lambda a, g=g: a["precached_share"][g], c) for g in gs
+            }
             influence[regime]["updates"] = att[0]["updates"]
             influence[regime]["n_items"] = att[0]["n_items"]
-    tests: dict[str, Any] = {"loss": {}, "features": {}, "alpha": ALPHA, "expected": dict(TESTS),
-                             "method": "one-sided paired t-test over seeds on the raw values (paired by seed); "
-                                       "Holm over the feature family; exact Wilcoxon beside it"}
+    tests: dict[str, Any] = {
+        "loss": {},
+        "features": {},
+        "alpha": ALPHA,
+        "expected": dict(TESTS),
+        "method": "one-sided paired t-test over seeds on the raw values (paired by seed); "
+        "Holm over the feature family; exact Wilcoxon beside it",
+    }
     if "standard" in config.regimes and "myopic" in config.regimes:
-        t = inference.paired_test([by[("myopic", s)]["eval_loss"] for s in config.seeds],
-                                  [by[("standard", s)]["eval_loss"] for s in config.seeds],
-                                  alternative="greater", correlation=False, alpha=ALPHA, confidence=c)
+        t = inference.paired_test(
+            [by[("myopic", s)]["eval_loss"] for s in config.seeds],
+            [by[("standard", s)]["eval_loss"] for s in config.seeds],
+            alternative="greater",
+            correlation=False,
+            alpha=ALPHA,
+            confidence=c,
+        )
         t["p_holm"] = t["p_t"]
         t["holds"] = t["p_t"] is not None and t["p_t"] < ALPHA
         tests["loss"][LOSS_TEST] = t
     if "standard" in influence:
         att = [by[("standard", s)]["attribution"] for s in config.seeds]
-        fam = {SYNTAX_TEST: ([_get(a, "influence", "syntax", "direct") for a in att],
-                             [_get(a, "influence", "syntax", "precached") for a in att]),
-               SHARE_TEST: ([_get(a, "precached_share", "position") for a in att],
-                            [_get(a, "precached_share", "syntax") for a in att])}
+        fam = {
+            SYNTAX_TEST: (
+                [_get(a, "influence", "syntax", "direct") for a in att],
+                [_get(a, "influence", "syntax", "precached") for a in att],
+            ),
+            SHARE_TEST: (
+                [_get(a, "precached_share", "position") for a in att],
+                [_get(a, "precached_share", "syntax") for a in att],
+            ),
+        }
         for k, (a, b) in fam.items():
-            tests["features"][k] = inference.paired_test(a, b, alternative="greater", correlation=False, alpha=ALPHA,
-                                                         confidence=c)
+            tests["features"][k] = inference.paired_test(
+                a, b, alternative="greater", correlation=False, alpha=ALPHA, confidence=c
+            )
         adj = inference.holm({k: v["p_t"] for k, v in tests["features"].items()})
         for k, v in tests["features"].items():
             v["p_holm"] = adj[k]
             v["holds"] = v["p_holm"] is not None and v["p_holm"] < ALPHA
     hashes: dict[str, Any] = {f"{r['regime']}/seed-{r['seed']}": r["data_hashes"] for r in runs}
     hashes["tinystories"] = _task_hashes(config)
-    return {"scale": config.scale, "per_regime": per_regime, "influence": influence, "tests": tests,
-            "runs": runs, "data_hashes": hashes}
+    return {
+        "scale": config.scale,
+        "per_regime": per_regime,
+        "influence": influence,
+        "tests": tests,
+        "runs": runs,
+        "data_hashes": hashes,
+    }
 
 
 def _task_hashes(config: LanguageExperimentConfig) -> dict[str, Any]:
@@ -705,24 +885,29 @@ def _task_hashes(config: LanguageExperimentConfig) -> dict[str, Any]:
     the SHA-256 of every story file."""
     task = config.make_task()
     m = task.data.manifest
-    return {"tokenisation_key": m["key"], "files": m["key_material"]["data"],
-            "syntax_key": task.syntax.manifest["key"],
-            "annotator": f"{task.syntax.manifest['key_material']['annotator']} "
-                         f"{task.syntax.manifest['key_material']['annotator_version']}"}
+    return {
+        "tokenisation_key": m["key"],
+        "files": m["key_material"]["data"],
+        "syntax_key": task.syntax.manifest["key"],
+        "annotator": f"{task.syntax.manifest['key_material']['annotator']} "
+        f"{task.syntax.manifest['key_material']['annotator_version']}",
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
 # the experiment
 
 
-def run_language_experiment(config: LanguageExperimentConfig, out: str | Path, *, results: str | Path | None = None,
-                            command: str | None = None) -> dict[str, Any]:
+def run_language_experiment(
+    config: LanguageExperimentConfig, out: str | Path, *, results: str | Path | None = None, command: str | None = None
+) -> dict[str, Any]:
     """Train (or resume) regimes × seeds and their initial-model nulls, attribute, aggregate, generate
     the continuations, and write ``OUT/experiment.json``, the report and the results file; returns the
     experiment record (with ``results_file``)."""
     from ..runs import exclusive, to_jsonable
     from ..storage import atomic_write_json
     from .results import default_results_path, write_results
+
     out = Path(out)
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
@@ -731,55 +916,78 @@ def run_language_experiment(config: LanguageExperimentConfig, out: str | Path, *
         summary = summarise(config, out)
         summary["continuations"] = continuations(config, out)
         summary["wall_seconds_this_call"] = time.time() - t0
-        summary["done_this_call"] = done            # one line per run trained / attribution computed
+        summary["done_this_call"] = done  # one line per run trained / attribution computed
         cfg0 = config.run_config(config.regimes[0], config.seeds[0], initial=False)
         task = config.make_task()
-        scale = {"name": config.scale, "summary": SCALE_NOTES[config.scale],
-                 "model": f"{cfg0.n_layer} layers, d = {cfg0.d_model}, {cfg0.n_head} heads, T = {config.window}, "
-                          f"|V| = {task.vocab_size}",
-                 "training": f"Adam lr {cfg0.lr}, batch {cfg0.batch_size}, {cfg0.steps} steps on random windows of "
-                             "the train split",
-                 "eval": f"{cfg0.eval_size} held-out windows; ridge probes (alpha {cfg0.probe_alpha}) on the first "
-                         f"{int(cfg0.probe_train_frac * 100)} %, Pearson r on the rest, layers 1–{cfg0.n_layer}, "
-                         f"positions {', '.join(map(str, config.probe_positions))}",
-                 "syntax": f"annotator {config.annotator}, labels {config.syntax_labels}",
-                 "attribution": (f"Adam variant, updates 1..{config.end_step(cfg0.steps)}, layers "
-                                 f"{', '.join(map(str, config.attribute_layers))} × positions "
-                                 f"{', '.join(map(str, config.attribute_positions))}, regimes "
-                                 f"{', '.join(config.attribute_regimes) or 'none'}"),
-                 "deviations": config.deviations()}
+        scale = {
+            "name": config.scale,
+            "summary": SCALE_NOTES[config.scale],
+            "model": f"{cfg0.n_layer} layers, d = {cfg0.d_model}, {cfg0.n_head} heads, T = {config.window}, "
+            f"|V| = {task.vocab_size}",
+            "training": f"Adam lr {cfg0.lr}, batch {cfg0.batch_size}, {cfg0.steps} steps on random windows of "
+            "the train split",
+            "eval": f"{cfg0.eval_size} held-out windows; ridge probes (alpha {cfg0.probe_alpha}) on the first "
+            f"{int(cfg0.probe_train_frac * 100)} %, Pearson r on the rest, layers 1–{cfg0.n_layer}, "
+            f"positions {', '.join(map(str, config.probe_positions))}",
+            "syntax": f"annotator {config.annotator}, labels {config.syntax_labels}",
+            "attribution": (
+                f"Adam variant, updates 1..{config.end_step(cfg0.steps)}, layers "
+                f"{', '.join(map(str, config.attribute_layers))} × positions "
+                f"{', '.join(map(str, config.attribute_positions))}, regimes "
+                f"{', '.join(config.attribute_regimes) or 'none'}"
+            ),
+            "deviations": config.deviations(),
+        }
         summary["scale"] = scale
         summary["expected"] = dict(TESTS)
         atomic_write_json(out / "experiment.json", to_jsonable(summary))
         write_report(summary, out)
         res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
-        quality = {r: {k: summary["per_regime"][r][k] for k in ("eval_loss", "eval_loss_bootstrap",
-                                                                "initial_eval_loss", "next_token_acc")}
-                   for r in config.regimes}
+        quality = {
+            r: {
+                k: summary["per_regime"][r][k]
+                for k in ("eval_loss", "eval_loss_bootstrap", "initial_eval_loss", "next_token_acc")
+            }
+            for r in config.regimes
+        }
         quality["paper_loss"] = dict(PAPER_LOSS)
-        numbers = {"probes": {r: {k: summary["per_regime"][r][k] for k in ("probe", "initial_probe", "probe_gain")}
-                              for r in config.regimes},
-                   "influence": summary["influence"]}
-        write_results(res_path, experiment=EXPERIMENT, name=config.name,
-                      command=command or f"python: run_language_experiment({config!r}, {str(out)!r})",
-                      config={"experiment": to_jsonable(config), "ntp": cfg0.to_dict()}, seeds=config.seeds,
-                      scale=scale, numbers=numbers, quality=quality, data_hashes=summary["data_hashes"],
-                      tests=summary["tests"],
-                      runs=[{k: v for k, v in r.items() if k != "data_hashes"} for r in summary["runs"]],
-                      extra={"continuations": summary["continuations"],
-                             "metric": ("probes: mean test Pearson r of the final ridge probes over layers 1..L, the "
-                                        "probed positions and the group's features, one value per run; influence: "
-                                        "integrated Adam influence (sum over the attributed updates) per item "
-                                        "(layer, position, feature), mean over the group's items per run "
-                                        "(pre-cached over layers k < L); positive = toward the final feature value")})
+        numbers = {
+            "probes": {
+                r: {k: summary["per_regime"][r][k] for k in ("probe", "initial_probe", "probe_gain")}
+                for r in config.regimes
+            },
+            "influence": summary["influence"],
+        }
+        write_results(
+            res_path,
+            experiment=EXPERIMENT,
+            name=config.name,
+            command=command or f"python: run_language_experiment({config!r}, {str(out)!r})",
+            config={"experiment": to_jsonable(config), "ntp": cfg0.to_dict()},
+            seeds=config.seeds,
+            scale=scale,
+            numbers=numbers,
+            quality=quality,
+            data_hashes=summary["data_hashes"],
+            tests=summary["tests"],
+            runs=[{k: v for k, v in r.items() if k != "data_hashes"} for r in summary["runs"]],
+            extra={
+                "continuations": summary["continuations"],
+                "metric": (
+                    "probes: mean test Pearson r of the final ridge probes over layers 1..L, the "
+                    "probed positions and the group's features, one value per run; influence: "
+                    "integrated Adam influence (sum over the attributed updates) per item "
+                    "(layer, position, feature), mean over the group's items per run "
+                    "(pre-cached over layers k < L); positive = toward the final feature value"
+                ),
+            },
+        )
         summary["results_file"] = str(res_path)
     return summary
 
 
 # ----------------------------------------------------------------------------------------------------
 # text: report, docs section, verdicts
-
-
 
 
 def _ci(c: dict[str, Any] | None, fmt: Any = _f) -> str:
@@ -794,16 +1002,46 @@ def _test_rows(tests: dict[str, Any]) -> list[list[str]]:
     rows = []
     for fam in ("loss", "features"):
         for k, v in tests.get(fam, {}).items():
-            rows.append([k, fam, f"{_g(v['diff'])} [{_g(v['diff_low'])}, {_g(v['diff_high'])}]", _p(v["p_t"]),
-                         _p(v.get("p_holm")), _p(v["p_wilcoxon"]), _f(v["dz"], 2), _f(v["power"], 2),
-                         _f(v["detectable_dz"], 2), "yes" if v.get("holds") else "no"])
+            rows.append(
+                [
+                    k,
+                    fam,
+                    f"{_g(v['diff'])} [{_g(v['diff_low'])}, {_g(v['diff_high'])}]",
+                    _p(v["p_t"]),
+                    _p(v.get("p_holm")),
+                    _p(v["p_wilcoxon"]),
+                    _f(v["dz"], 2),
+                    _f(v["power"], 2),
+                    _f(v["detectable_dz"], 2),
+                    "yes" if v.get("holds") else "no",
+                ]
+            )
     return rows
 
 
-TEST_HEADER = ["test", "family", "mean difference [95 % CI]", "p (t)", "p (Holm)", "p (Wilcoxon, exact)", "d_z",
-               "power", "detectable d_z", "holds"]
-INFLUENCE_HEADER = ["regime", "group", "direct", "pre-cached (k < L)", "shared", "full", "pre-cached share (k < L)",
-                    "pre-cached at k = L", "direct at k = L"]
+TEST_HEADER = [
+    "test",
+    "family",
+    "mean difference [95 % CI]",
+    "p (t)",
+    "p (Holm)",
+    "p (Wilcoxon, exact)",
+    "d_z",
+    "power",
+    "detectable d_z",
+    "holds",
+]
+INFLUENCE_HEADER = [
+    "regime",
+    "group",
+    "direct",
+    "pre-cached (k < L)",
+    "shared",
+    "full",
+    "pre-cached share (k < L)",
+    "pre-cached at k = L",
+    "direct at k = L",
+]
 
 
 def _influence_rows(influence: dict[str, Any]) -> list[list[str]]:
@@ -811,9 +1049,19 @@ def _influence_rows(influence: dict[str, Any]) -> list[list[str]]:
     for regime, inf in influence.items():
         for g in inf.get("influence", {}):
             m, last = inf["influence"][g], inf["last_layer"].get(g, {})
-            rows.append([regime, g, _ci(m["direct"], _g), _ci(m["precached"], _g), _ci(m["shared"], _g),
-                         _ci(m["full"], _g), _ci(inf["precached_share"].get(g)), _ci(last.get("precached"), _g),
-                         _ci(last.get("direct"), _g)])
+            rows.append(
+                [
+                    regime,
+                    g,
+                    _ci(m["direct"], _g),
+                    _ci(m["precached"], _g),
+                    _ci(m["shared"], _g),
+                    _ci(m["full"], _g),
+                    _ci(inf["precached_share"].get(g)),
+                    _ci(last.get("precached"), _g),
+                    _ci(last.get("direct"), _g),
+                ]
+            )
     return rows
 
 
@@ -832,13 +1080,27 @@ def _loss_rows(quality: dict[str, Any], runs: list[dict[str, Any]]) -> list[list
         if not q:
             continue
         secs = [r["seconds"] for r in runs if r["regime"] == regime and r.get("seconds") is not None]
-        rows.append([regime, _ci(q["eval_loss"], lambda x: _f(x, 4)), _ci(q["initial_eval_loss"], lambda x: _f(x, 3)),
-                     _ci(q["next_token_acc"]), PAPER_LOSS[regime], _f(sum(secs) / len(secs), 0) if secs else "—"])
+        rows.append(
+            [
+                regime,
+                _ci(q["eval_loss"], lambda x: _f(x, 4)),
+                _ci(q["initial_eval_loss"], lambda x: _f(x, 3)),
+                _ci(q["next_token_acc"]),
+                PAPER_LOSS[regime],
+                _f(sum(secs) / len(secs), 0) if secs else "—",
+            ]
+        )
     return rows
 
 
-LOSS_HEADER = ["regime", "held-out loss [95 % CI]", "initial-model loss", "next-token accuracy",
-               "paper's loss (their tokenizer)", "s / run"]
+LOSS_HEADER = [
+    "regime",
+    "held-out loss [95 % CI]",
+    "initial-model loss",
+    "next-token accuracy",
+    "paper's loss (their tokenizer)",
+    "s / run",
+]
 PROBE_HEADER = ["regime", "feature group", "trained r [95 % CI]", "initial-model r (null)", "p (trained > null)"]
 
 
@@ -846,27 +1108,36 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
     """``OUT/report.html`` (+ ``report.md``): loss, probes, influence per group × component, tests,
     continuations, and a bar plot of the standard regime's influences."""
     from ..report import Report, setup_matplotlib
+
     sc = summary["scale"]
     rep = Report(f"TinyStories: standard vs myopic training ({sc['name']} scale)")
-    rep.text(f"Scale: {sc['summary']}; {sc['model']}; {sc['training']}; eval {sc['eval']}; {sc['syntax']}; "
-             f"attribution {sc['attribution']}. Deviations from the paper: {', '.join(sc['deviations']) or 'none'}.")
-    rep.text("Claims tested (arXiv 2603.14087): "
-             + "; ".join(f"{k} — {v}" for k, v in summary["expected"].items()))
+    rep.text(
+        f"Scale: {sc['summary']}; {sc['model']}; {sc['training']}; eval {sc['eval']}; {sc['syntax']}; "
+        f"attribution {sc['attribution']}. Deviations from the paper: {', '.join(sc['deviations']) or 'none'}."
+    )
+    rep.text("Claims tested (arXiv 2603.14087): " + "; ".join(f"{k} — {v}" for k, v in summary["expected"].items()))
     quality = {r: summary["per_regime"][r] for r in summary["per_regime"]}
     rep.section("Held-out loss")
     rep.table(LOSS_HEADER, _loss_rows(quality, summary["runs"]), caption="Student-t intervals over seeds")
     rep.section("Probe quality per feature group")
-    rep.table(PROBE_HEADER, _probe_rows(summary["per_regime"]),
-              caption="mean test Pearson r over layers 1..L and the probed positions; Fisher-z intervals over "
-                      "seeds; p: one-sided paired t on Fisher z")
+    rep.table(
+        PROBE_HEADER,
+        _probe_rows(summary["per_regime"]),
+        caption="mean test Pearson r over layers 1..L and the probed positions; Fisher-z intervals over "
+        "seeds; p: one-sided paired t on Fisher z",
+    )
     if summary["influence"]:
         rep.section("Integrated influence per feature group and component")
-        rep.table(INFLUENCE_HEADER, _influence_rows(summary["influence"]),
-                  caption="mean over items (layer, position, feature) per run, Student-t intervals over seeds; "
-                          "positive = toward the final feature value")
+        rep.table(
+            INFLUENCE_HEADER,
+            _influence_rows(summary["influence"]),
+            caption="mean over items (layer, position, feature) per run, Student-t intervals over seeds; "
+            "positive = toward the final feature value",
+        )
         inf = summary["influence"].get("standard") or next(iter(summary["influence"].values()))
         plt = setup_matplotlib()
         import numpy as np
+
         fig, ax = plt.subplots(figsize=(6, 3.2))
         groups = list(inf["influence"])
         xs = np.arange(len(groups))
@@ -879,24 +1150,44 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
         ax.set_xticks(xs, groups)
         ax.set_ylabel("integrated influence")
         ax.legend(fontsize=7)
-        rep.figure(fig, "Integrated influence per component and feature group (pre-cached over layers k < L); "
-                        "bars: Student-t 95 % CIs over seeds.", name="influence.png")
+        rep.figure(
+            fig,
+            "Integrated influence per component and feature group (pre-cached over layers k < L); "
+            "bars: Student-t 95 % CIs over seeds.",
+            name="influence.png",
+        )
     rep.section("The paper's claims as hypotheses")
-    rep.table(TEST_HEADER, _test_rows(summary["tests"]),
-              caption="one-sided paired tests over seeds on raw values; Holm over the feature family")
+    rep.table(
+        TEST_HEADER,
+        _test_rows(summary["tests"]),
+        caption="one-sided paired tests over seeds on raw values; Holm over the feature family",
+    )
     if summary.get("continuations"):
         rep.section("Continuations of held-out stories")
         rows = []
         for it in summary["continuations"]:
             for regime, cont in it["continuations"].items():
                 rows.append([it["prompt"], regime, cont["greedy"], cont["sampled"]])
-        rep.table(["prompt", "regime", "greedy", "sampled (T = 1)"], rows,
-                  caption=f"model of seed {summary['continuations'][0]['seed']}; BPE tokens joined by spaces")
+        rep.table(
+            ["prompt", "regime", "greedy", "sampled (T = 1)"],
+            rows,
+            caption=f"model of seed {summary['continuations'][0]['seed']}; BPE tokens joined by spaces",
+        )
     rep.section("Runs")
-    rep.table(["regime", "seed", "held-out loss", "initial loss", "probe r (" + "/".join(PROBE_GROUPS) + ")",
-               "seconds"],
-              [[r["regime"], r["seed"], _f(r["eval_loss"], 4), _f(r["initial_eval_loss"], 3),
-                " / ".join(_f(r["probe"].get(g)) for g in PROBE_GROUPS), _f(r["seconds"], 0)] for r in summary["runs"]])
+    rep.table(
+        ["regime", "seed", "held-out loss", "initial loss", "probe r (" + "/".join(PROBE_GROUPS) + ")", "seconds"],
+        [
+            [
+                r["regime"],
+                r["seed"],
+                _f(r["eval_loss"], 4),
+                _f(r["initial_eval_loss"], 3),
+                " / ".join(_f(r["probe"].get(g)) for g in PROBE_GROUPS),
+                _f(r["seconds"], 0),
+            ]
+            for r in summary["runs"]
+        ],
+    )
     return rep.write(out)
 
 
@@ -904,17 +1195,22 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The headline numbers as text lines (the CLI prints them)."""
     lines = []
     for regime, s in summary["per_regime"].items():
-        lines.append(f"{regime:<9} held-out loss {_ci(s['eval_loss'], lambda x: _f(x, 4))}; probes "
-                     + ", ".join(f"{g} {_ci(c)} (null {_ci(s['initial_probe'].get(g))})"
-                                 for g, c in s["probe"].items()))
+        lines.append(
+            f"{regime:<9} held-out loss {_ci(s['eval_loss'], lambda x: _f(x, 4))}; probes "
+            + ", ".join(f"{g} {_ci(c)} (null {_ci(s['initial_probe'].get(g))})" for g, c in s["probe"].items())
+        )
     for regime, inf in summary["influence"].items():
         for g, m in inf["influence"].items():
-            lines.append(f"{regime:<9} {g:<8} " + ", ".join(f"{c} {_ci(m[c], _g)}" for c in COMPONENTS)
-                         + f"; pre-cached share {_ci(inf['precached_share'].get(g))}")
+            lines.append(
+                f"{regime:<9} {g:<8} "
+                + ", ".join(f"{c} {_ci(m[c], _g)}" for c in COMPONENTS)
+                + f"; pre-cached share {_ci(inf['precached_share'].get(g))}"
+            )
     for fam in ("loss", "features"):
         for k, v in summary["tests"][fam].items():
-            lines.append(f"{k}: p {_p(v['p_t'])}, p (Holm) {_p(v.get('p_holm'))}, power {_f(v['power'], 2)}, "
-                         f"holds {v['holds']}")
+            lines.append(
+                f"{k}: p {_p(v['p_t'])}, p (Holm) {_p(v.get('p_holm'))}, power {_f(v['power'], 2)}, holds {v['holds']}"
+            )
     return lines
 
 
@@ -922,45 +1218,72 @@ def render_section(key: str, rec: dict[str, Any]) -> list[str]:
     """Markdown lines of one results file of this experiment for ``docs/results.md`` (a
     :data:`originlens.experiments.render.SECTIONS` entry): header, loss table, probe table, influence
     table (group × component with CIs), the tests with p-values and power, and the continuations."""
-    from .render import _header        # imported here: render may import this module
+    from .render import _header  # imported here: render may import this module
+
     out = [f"### {rec['name']} (`results/{key}.json`)", "", *_header(rec)]
     sc = rec["scale"]
     for k in ("syntax", "attribution"):
         if sc.get(k):
             out.append(f"- {k}: {sc[k]}")
-    out += ["", f"Metric: {rec.get('metric', '')}.", "",
-            "Held-out loss (mean next-token cross-entropy on the held-out split; Student-t 95 % intervals over "
-            "seeds; the paper's numbers use its own tokenizer and data, so they are not comparable in level):", "",
-            "| " + " | ".join(LOSS_HEADER) + " |", "|" + "---|" * len(LOSS_HEADER)]
+    out += [
+        "",
+        f"Metric: {rec.get('metric', '')}.",
+        "",
+        "Held-out loss (mean next-token cross-entropy on the held-out split; Student-t 95 % intervals over "
+        "seeds; the paper's numbers use its own tokenizer and data, so they are not comparable in level):",
+        "",
+        "| " + " | ".join(LOSS_HEADER) + " |",
+        "|" + "---|" * len(LOSS_HEADER),
+    ]
     for row in _loss_rows(rec["quality"], rec["runs"]):
         out.append("| " + " | ".join(_cell(x) for x in row) + " |")
     probes = rec["numbers"].get("probes", {})
-    out += ["", "Probe quality per feature group (Fisher-z 95 % intervals over seeds; the null is the same probe "
-            "fitted on the untrained model of the same regime and seed):", "",
-            "| " + " | ".join(PROBE_HEADER) + " |", "|" + "---|" * len(PROBE_HEADER)]
+    out += [
+        "",
+        "Probe quality per feature group (Fisher-z 95 % intervals over seeds; the null is the same probe "
+        "fitted on the untrained model of the same regime and seed):",
+        "",
+        "| " + " | ".join(PROBE_HEADER) + " |",
+        "|" + "---|" * len(PROBE_HEADER),
+    ]
     for row in _probe_rows(probes):
         out.append("| " + " | ".join(_cell(x) for x in row) + " |")
     influence = rec["numbers"].get("influence", {})
     if influence:
-        out += ["", "Integrated Adam influence per feature group and component (mean over items per run, "
-                "Student-t 95 % intervals over seeds; pre-cached over layers k < L, k = L separately, where "
-                "G_pre ≡ 0; "
-                "share = pre / (|dir| + |pre| + |sh|) over k < L):", "",
-                "| " + " | ".join(INFLUENCE_HEADER) + " |", "|" + "---|" * len(INFLUENCE_HEADER)]
+        out += [
+            "",
+            "Integrated Adam influence per feature group and component (mean over items per run, "
+            "Student-t 95 % intervals over seeds; pre-cached over layers k < L, k = L separately, where "
+            "G_pre ≡ 0; "
+            "share = pre / (|dir| + |pre| + |sh|) over k < L):",
+            "",
+            "| " + " | ".join(INFLUENCE_HEADER) + " |",
+            "|" + "---|" * len(INFLUENCE_HEADER),
+        ]
         for row in _influence_rows(influence):
             out.append("| " + " | ".join(_cell(x) for x in row) + " |")
     tests = rec.get("tests", {})
-    out += ["", "The paper's claims, one-sided paired t-tests over seeds (paired by seed) on the raw values, Holm "
-            "over the feature family; power of the one-sided t-test at the observed d_z (α = 0.05) and the d_z these "
-            "seeds detect with power 0.8:", "",
-            "| " + " | ".join(TEST_HEADER) + " |", "|" + "---|" * len(TEST_HEADER)]
+    out += [
+        "",
+        "The paper's claims, one-sided paired t-tests over seeds (paired by seed) on the raw values, Holm "
+        "over the feature family; power of the one-sided t-test at the observed d_z (α = 0.05) and the d_z these "
+        "seeds detect with power 0.8:",
+        "",
+        "| " + " | ".join(TEST_HEADER) + " |",
+        "|" + "---|" * len(TEST_HEADER),
+    ]
     for row in _test_rows(tests):
         out.append("| " + " | ".join(_cell(x) for x in row) + " |")
     conts = rec.get("continuations") or []
     if conts:
-        out += ["", f"Continuations of held-out story openings by the seed-{conts[0]['seed']} models (greedy, and "
-                "sampled at temperature 1 with a fixed seed; BPE tokens joined by spaces):", "",
-                "| prompt | regime | greedy | sampled |", "|---|---|---|---|"]
+        out += [
+            "",
+            f"Continuations of held-out story openings by the seed-{conts[0]['seed']} models (greedy, and "
+            "sampled at temperature 1 with a fixed seed; BPE tokens joined by spaces):",
+            "",
+            "| prompt | regime | greedy | sampled |",
+            "|---|---|---|---|",
+        ]
         for it in conts:
             for regime, c in it["continuations"].items():
                 out.append(f"| {_cell(it['prompt'])} | {regime} | {_cell(c['greedy'])} | {_cell(c['sampled'])} |")
@@ -969,8 +1292,10 @@ def render_section(key: str, rec: dict[str, Any]) -> list[str]:
 
 def _scale_text(rec: dict[str, Any]) -> str:
     sc = rec["scale"]
-    return (f"{sc.get('model', '')}; {sc.get('training', '')}; {len(rec['seeds'])} seeds; deviations: "
-            f"{', '.join(sc.get('deviations', [])) or 'none'}")
+    return (
+        f"{sc.get('model', '')}; {sc.get('training', '')}; {len(rec['seeds'])} seeds; deviations: "
+        f"{', '.join(sc.get('deviations', [])) or 'none'}"
+    )
 
 
 def judge_loss(rec: dict[str, Any]) -> Any:
@@ -978,12 +1303,15 @@ def judge_loss(rec: dict[str, Any]) -> Any:
     (one-sided paired t over seeds, α = 0.05); otherwise not reproduced (not yet run when the record
     lacks one of the regimes)."""
     from .claims import Verdict
+
     t = rec.get("tests", {}).get("loss", {}).get(LOSS_TEST)
     q = rec.get("quality", {})
     if t is None or "myopic" not in q or "standard" not in q:
         return Verdict("not yet run", "the record lacks the standard or the myopic regime", _scale_text(rec))
-    ours = (f"held-out loss {_ci(q['myopic']['eval_loss'])} myopic vs {_ci(q['standard']['eval_loss'])} standard "
-            f"({t['n']} seeds; our BPE tokenizer); myopic > standard: p {_p(t['p_t'])}, power {_f(t['power'], 2)}")
+    ours = (
+        f"held-out loss {_ci(q['myopic']['eval_loss'])} myopic vs {_ci(q['standard']['eval_loss'])} standard "
+        f"({t['n']} seeds; our BPE tokenizer); myopic > standard: p {_p(t['p_t'])}, power {_f(t['power'], 2)}"
+    )
     return Verdict("reproduced" if t.get("holds") else "not reproduced", ours, _scale_text(rec))
 
 
@@ -993,6 +1321,7 @@ def judge_features(rec: dict[str, Any]) -> Any:
     (one-sided paired t over seeds, Holm over the two, α = 0.05); partial when one holds; not reproduced
     when neither (not yet run when the record has no standard-regime attribution)."""
     from .claims import Verdict
+
     tf = rec.get("tests", {}).get("features", {})
     inf = rec.get("numbers", {}).get("influence", {}).get("standard")
     if SYNTAX_TEST not in tf or SHARE_TEST not in tf or not inf:
@@ -1000,9 +1329,11 @@ def judge_features(rec: dict[str, Any]) -> Any:
     a, b = tf[SYNTAX_TEST], tf[SHARE_TEST]
     syn = inf["influence"].get("syntax", {})
     share = inf.get("precached_share", {})
-    ours = (f"syntax: direct {_ci(syn.get('direct'), _g)} vs pre-cached {_ci(syn.get('precached'), _g)} "
-            f"(p_Holm {_p(a.get('p_holm'))}); pre-cached share: position {_ci(share.get('position'))} vs syntax "
-            f"{_ci(share.get('syntax'))} (p_Holm {_p(b.get('p_holm'))})")
+    ours = (
+        f"syntax: direct {_ci(syn.get('direct'), _g)} vs pre-cached {_ci(syn.get('precached'), _g)} "
+        f"(p_Holm {_p(a.get('p_holm'))}); pre-cached share: position {_ci(share.get('position'))} vs syntax "
+        f"{_ci(share.get('syntax'))} (p_Holm {_p(b.get('p_holm'))})"
+    )
     held = int(bool(a.get("holds"))) + int(bool(b.get("holds")))
     verdict = "reproduced" if held == 2 else ("partial" if held == 1 else "not reproduced")
     return Verdict(verdict, ours, _scale_text(rec))

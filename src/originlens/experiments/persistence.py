@@ -36,6 +36,7 @@ run), ``ci`` (a generated story corpus, seconds; a plumbing check, not a result)
 Caveat: zero init and plain SGD make a run a deterministic function of the data order, so a seed is a
 data-order seed (``data_seed`` = 42 + seed; 42 is the paper's) and its first batch, which sets the targets.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,7 +52,8 @@ from ..progress import log
 from ..runs import exclusive, to_jsonable
 from ..storage import atomic_write_json, read_json
 from . import inference
-from .formatting import ci as fmt_ci, sig as _f
+from .formatting import ci as fmt_ci
+from .formatting import sig as _f
 from .results import default_results_path, write_results
 
 EXPERIMENT = "leading-terms"
@@ -59,28 +61,94 @@ KINDS = ("W", "V", "W_O")
 THRESHOLDS = (0.99, 0.9, 0.7)
 NULLS = ("permuted", "disjoint")
 PAPER_STEPS_PER_EPOCH = 32
-PAPER = {"min_cos_small_lr": {"W": 0.999496, "V": 0.999169, "W_O": 0.998486},
-         "epoch30_min": 0.9, "epoch100_min": 0.7, "t_small_lr": 16.0,
-         "bpe": {"min_cos": {"W": 0.999914, "V": 0.998800, "W_O": 0.997891}, "t": 2.5}}
+PAPER = {
+    "min_cos_small_lr": {"W": 0.999496, "V": 0.999169, "W_O": 0.998486},
+    "epoch30_min": 0.9,
+    "epoch100_min": 0.7,
+    "t_small_lr": 16.0,
+    "bpe": {"min_cos": {"W": 0.999914, "V": 0.998800, "W_O": 0.997891}, "t": 2.5},
+}
 SCALES: dict[str, dict[str, Any]] = {
-    "paper": dict(vocab_size=3000, seq_len=200, windows="first", oov="drop", max_windows=65536, layers=3,
-                  batch_size=2048, steps=3200, log_every=64, corpus="tinystories", tokenizer="words",
-                  lrs=[0.005, 0.05]),
-    "cpu": dict(vocab_size=500, seq_len=32, windows="pack", oov="unk", max_windows=None, layers=3,
-                batch_size=512, steps=3200, log_every=64, corpus="tinystories", tokenizer="words",
-                lrs=[0.005, 0.05]),
+    "paper": dict(
+        vocab_size=3000,
+        seq_len=200,
+        windows="first",
+        oov="drop",
+        max_windows=65536,
+        layers=3,
+        batch_size=2048,
+        steps=3200,
+        log_every=64,
+        corpus="tinystories",
+        tokenizer="words",
+        lrs=[0.005, 0.05],
+    ),
+    "cpu": dict(
+        vocab_size=500,
+        seq_len=32,
+        windows="pack",
+        oov="unk",
+        max_windows=None,
+        layers=3,
+        batch_size=512,
+        steps=3200,
+        log_every=64,
+        corpus="tinystories",
+        tokenizer="words",
+        lrs=[0.005, 0.05],
+    ),
     # Table 2: BPE (HF tokenizers, specials <unk> <pad> <s> </s>, each text wrapped in <s> … </s>), the
     # first T + 1 tokens of each story, 10 epochs capped at 50 steps, logging every 0.1 epoch, η = 0.005
-    "paper-bpe": dict(vocab_size=10000, seq_len=200, windows="first", oov="drop", max_windows=102400, layers=3,
-                      batch_size=2048, steps=500, log_every=5, corpus="tinystories", tokenizer="bpe", lrs=[0.005]),
-    "cpu-bpe": dict(vocab_size=500, seq_len=32, windows="first", oov="drop", max_windows=None, layers=3,
-                    batch_size=512, steps=500, log_every=5, corpus="tinystories", tokenizer="bpe", lrs=[0.005]),
-    "ci": dict(vocab_size=80, seq_len=16, windows="pack", oov="unk", max_windows=None, layers=2,
-               batch_size=32, steps=24, log_every=4, corpus="storyworld", tokenizer="words", lrs=[0.005, 0.05]),
+    "paper-bpe": dict(
+        vocab_size=10000,
+        seq_len=200,
+        windows="first",
+        oov="drop",
+        max_windows=102400,
+        layers=3,
+        batch_size=2048,
+        steps=500,
+        log_every=5,
+        corpus="tinystories",
+        tokenizer="bpe",
+        lrs=[0.005],
+    ),
+    "cpu-bpe": dict(
+        vocab_size=500,
+        seq_len=32,
+        windows="first",
+        oov="drop",
+        max_windows=None,
+        layers=3,
+        batch_size=512,
+        steps=500,
+        log_every=5,
+        corpus="tinystories",
+        tokenizer="bpe",
+        lrs=[0.005],
+    ),
+    "ci": dict(
+        vocab_size=80,
+        seq_len=16,
+        windows="pack",
+        oov="unk",
+        max_windows=None,
+        layers=2,
+        batch_size=32,
+        steps=24,
+        log_every=4,
+        corpus="storyworld",
+        tokenizer="words",
+        lrs=[0.005, 0.05],
+    ),
 }
-SUMMARIES = {"paper": "the paper's configuration (Table 1, Fig. 4)", "cpu": "a CPU-sized corpus (Table 1, Fig. 4)",
-             "paper-bpe": "the paper's BPE configuration (Table 2)",
-             "cpu-bpe": "a CPU-sized BPE corpus (Table 2's protocol)", "ci": "a plumbing check, not a result"}
+SUMMARIES = {
+    "paper": "the paper's configuration (Table 1, Fig. 4)",
+    "cpu": "a CPU-sized corpus (Table 1, Fig. 4)",
+    "paper-bpe": "the paper's BPE configuration (Table 2)",
+    "cpu-bpe": "a CPU-sized BPE corpus (Table 2's protocol)",
+    "ci": "a plumbing check, not a result",
+}
 PAPER_OF = {"paper": "paper", "cpu": "paper", "ci": "paper", "paper-bpe": "paper-bpe", "cpu-bpe": "paper-bpe"}
 ALPHA = 0.05
 
@@ -91,7 +159,7 @@ class PersistenceConfig:
 
     scale: str = "cpu"
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    lrs: list[float] | None = None                  # default: the scale's
+    lrs: list[float] | None = None  # default: the scale's
     overrides: dict[str, Any] = field(default_factory=dict)
     confidence: float = 0.95
 
@@ -102,8 +170,11 @@ class PersistenceConfig:
         bad = set(self.overrides) - allowed
         if bad:
             raise ConfigError(f"unknown override(s) {sorted(bad)}", f"use: {', '.join(sorted(allowed))} (and lrs=)")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
-                isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
+        if (
+            not self.seeds
+            or len(set(self.seeds)) != len(self.seeds)
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds)
+        ):
             raise ConfigError(f"seeds must be distinct non-negative integers, got {self.seeds!r}", "e.g. --seeds 0-2")
         if self.lrs is None:
             self.lrs = list(SCALES[self.scale]["lrs"])
@@ -144,21 +215,45 @@ class PersistenceConfig:
 
     def deviations(self) -> list[str]:
         paper, used = SCALES[self.paper_scale], self.settings
-        out = [f"{k} {used[k]} (paper {paper[k]})" for k in ("vocab_size", "seq_len", "windows", "oov", "max_windows",
-                                                             "layers", "batch_size", "steps", "log_every", "corpus",
-                                                             "tokenizer")
-               if used[k] != paper[k]]
+        out = [
+            f"{k} {used[k]} (paper {paper[k]})"
+            for k in (
+                "vocab_size",
+                "seq_len",
+                "windows",
+                "oov",
+                "max_windows",
+                "layers",
+                "batch_size",
+                "steps",
+                "log_every",
+                "corpus",
+                "tokenizer",
+            )
+            if used[k] != paper[k]
+        ]
         if len(self.seeds) != 1:
             out.append(f"{len(self.seeds)} data-order seeds (paper 1, seed 42)")
         return out
 
     def train_config(self, lr: float, seed: int, out: Path) -> Any:
         from ..train.assoc import AssocTrainConfig
+
         s = self.settings
-        return AssocTrainConfig(n_layers=s["layers"], lr=float(lr), steps=s["steps"], batch_size=s["batch_size"],
-                                init="zero", dtype="float32", data_seed=42 + int(seed),
-                                checkpoint_every=s["log_every"], keep_checkpoints=2, log_every=1,
-                                stats_source="first_batch", out=str(out))
+        return AssocTrainConfig(
+            n_layers=s["layers"],
+            lr=float(lr),
+            steps=s["steps"],
+            batch_size=s["batch_size"],
+            init="zero",
+            dtype="float32",
+            data_seed=42 + int(seed),
+            checkpoint_every=s["log_every"],
+            keep_checkpoints=2,
+            log_every=1,
+            stats_source="first_batch",
+            out=str(out),
+        )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -176,6 +271,7 @@ def corpus_for(s: dict[str, Any], d: Path) -> Any:
     with the same settings (``d.json`` beside it)."""
     from ..data import TokenStore, build_corpus
     from ..paths import data_root, tinystories_files
+
     want = {k: s.get(k) for k in ("vocab_size", "seq_len", "windows", "oov", "max_windows", "corpus")}
     want["tokenizer"] = s.get("tokenizer", "words")
     marker = d.with_name(d.name + ".json")
@@ -184,16 +280,27 @@ def corpus_for(s: dict[str, Any], d: Path) -> Any:
     if s["corpus"] == "tinystories":
         files = tinystories_files()
         if not files:
-            raise InputError(f"no TinyStories files under {data_root() / 'tinystories'}",
-                             "set ORIGINLENS_DATA to the directory holding tinystories/")
+            raise InputError(
+                f"no TinyStories files under {data_root() / 'tinystories'}",
+                "set ORIGINLENS_DATA to the directory holding tinystories/",
+            )
         sources: Any = files
         extra: dict[str, Any] = {}
     else:
         sources, extra = None, {"storyworld_stories": 400, "seed": 0}
     d.parent.mkdir(parents=True, exist_ok=True)
-    store = build_corpus(sources, d, tokenizer=want["tokenizer"], vocab_size=s["vocab_size"], seq_len=s["seq_len"],
-                         windows=s["windows"], oov=s["oov"], max_windows=s.get("max_windows"), overwrite=True,
-                         **extra)
+    store = build_corpus(
+        sources,
+        d,
+        tokenizer=want["tokenizer"],
+        vocab_size=s["vocab_size"],
+        seq_len=s["seq_len"],
+        windows=s["windows"],
+        oov=s["oov"],
+        max_windows=s.get("max_windows"),
+        overwrite=True,
+        **extra,
+    )
     atomic_write_json(marker, want)
     return store
 
@@ -210,12 +317,14 @@ def permuted_windows(tokens: np.ndarray, seed: int) -> np.ndarray:
 def null_statistics(tokens: np.ndarray, vocab_size: int, batch: int, data_seed: int) -> dict[str, Any]:
     """Statistics of the permuted-token and disjoint-batch nulls for a run with ``data_seed``."""
     import torch
+
     from ..stats import corpus_statistics
+
     n = tokens.shape[0]
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(data_seed))).numpy()
     first = tokens[perm[:batch]]
     out = {"permuted": corpus_statistics(permuted_windows(first, data_seed), vocab_size, dtype=np.float64)}
-    rest = perm[batch:2 * batch]
+    rest = perm[batch : 2 * batch]
     if len(rest):
         out["disjoint"] = corpus_statistics(tokens[rest], vocab_size, dtype=np.float64)
     return out
@@ -227,6 +336,7 @@ def null_statistics(tokens: np.ndarray, vocab_size: int, batch: int, data_seed: 
 
 def _unit_targets(stats: Any) -> dict[str, np.ndarray]:
     from ..theory.tracking import leading_terms
+
     out = {}
     for k, M in leading_terms(stats).items():
         if k in KINDS:
@@ -244,7 +354,7 @@ class StepCosines:
     def __init__(self, nulls: dict[str, Any]) -> None:
         self.nulls = nulls
         self.targets: dict[str, dict[str, np.ndarray]] | None = None
-        self.last: dict[str, Any] | None = None          # the latest record (read by other callbacks)
+        self.last: dict[str, Any] | None = None  # the latest record (read by other callbacks)
 
     def _cosines(self, weights: dict[str, Any]) -> dict[str, dict[str, float | None]]:
         assert self.targets is not None
@@ -268,8 +378,7 @@ class StepCosines:
         if trainer.run_dir is None or trainer.stats is None:
             return
         if self.targets is None:
-            self.targets = {"lt": _unit_targets(trainer.stats),
-                            **{k: _unit_targets(v) for k, v in self.nulls.items()}}
+            self.targets = {"lt": _unit_targets(trainer.stats), **{k: _unit_targets(v) for k, v in self.nulls.items()}}
         self.last = {"event": "cosines", "step": int(trainer.step), **self._cosines(trainer.model.weights())}
         trainer.run_dir.log_metrics(self.last)
 
@@ -289,7 +398,9 @@ def horizon(series: list[tuple[int, float | None]], threshold: float) -> int | N
 def run_summary(run_dir: Path, config: PersistenceConfig, lr: float) -> dict[str, Any]:
     """Everything one run contributes, read back from its metrics."""
     import json
+
     from ..theory.leading_terms import validity_window
+
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
     cos = {int(r["step"]): r for r in recs if r.get("event") == "cosines"}
     losses = {int(r["step"]): float(r["loss"]) for r in recs if r.get("event") == "step"}
@@ -306,19 +417,29 @@ def run_summary(run_dir: Path, config: PersistenceConfig, lr: float) -> dict[str
             defined = [c for _, c in series if c is not None]
             logged = [cos[p].get(which, {}).get(k) for p in points]
             logged = [c for c in logged if c is not None]
-            per[k] = {"min_logged": min(logged) if logged else None, "min_all": min(defined) if defined else None,
-                      "argmin_all": min(((c, st) for st, c in series if c is not None), default=(None, None))[1],
-                      "epoch30": cos[config.epoch30_step].get(which, {}).get(k), "final": cos[steps].get(which, {}).get(k)}
+            per[k] = {
+                "min_logged": min(logged) if logged else None,
+                "min_all": min(defined) if defined else None,
+                "argmin_all": min(((c, st) for st, c in series if c is not None), default=(None, None))[1],
+                "epoch30": cos[config.epoch30_step].get(which, {}).get(k),
+                "final": cos[steps].get(which, {}).get(k),
+            }
             if which == "lt":
                 per[k]["horizon"] = {f"{th:g}": horizon(series, th) for th in THRESHOLDS}
                 per[k]["first_defined"] = next((st for st, c in series if c is not None), None)
         out[which] = per
-    out["curve"] = {"steps": points, **{k: [cos[p]["lt"].get(k) for p in points] for k in KINDS},
-                    "loss": [losses.get(p) for p in points]}
+    out["curve"] = {
+        "steps": points,
+        **{k: [cos[p]["lt"].get(k) for p in points] for k in KINDS},
+        "loss": [losses.get(p) for p in points],
+    }
     first, last = losses.get(1), losses.get(steps)
     tail = [losses[st] for st in sorted(losses) if st > 0.9 * steps]
-    out["loss"] = {"first": first, "final": last,
-                   "tail_rel_slope": (tail[0] - tail[-1]) / tail[0] if len(tail) > 1 and tail[0] else None}
+    out["loss"] = {
+        "first": first,
+        "final": last,
+        "tail_rel_slope": (tail[0] - tail[-1]) / tail[0] if len(tail) > 1 and tail[0] else None,
+    }
     w = validity_window(s["seq_len"], s["layers"], lr, s["vocab_size"])
     out["window_s_max"] = float(w.s_max)
     out["windows_covered"] = steps / float(w.s_max) if w.s_max > 0 else None
@@ -331,6 +452,7 @@ def _train_one(config: PersistenceConfig, store: Any, lr: float, seed: int, out:
     """Train (or resume, or find finished) one run; returns (wall seconds, steps trained by this call,
     whether it started from scratch)."""
     from ..train.assoc import AssocTrainer
+
     tokens = np.asarray(store.tokens, dtype=np.int64)
     V = int(store.vocab_size)
     cfg = config.train_config(lr, seed, out)
@@ -358,33 +480,46 @@ def across_seeds(runs: dict[float, dict[int, dict[str, Any]]], config: Persisten
     conf = config.confidence
     for lr, by_seed in runs.items():
         seeds = sorted(by_seed)
-        rec: dict[str, Any] = {"t": by_seed[seeds[0]]["t"], "steps": by_seed[seeds[0]]["steps"],
-                               "windows_covered": by_seed[seeds[0]]["windows_covered"]}
+        rec: dict[str, Any] = {
+            "t": by_seed[seeds[0]]["t"],
+            "steps": by_seed[seeds[0]]["steps"],
+            "windows_covered": by_seed[seeds[0]]["windows_covered"],
+        }
         for k in KINDS:
-            g = lambda which, key: [by_seed[s][which][k][key] for s in seeds]   # noqa: E731
+            g = lambda which, key: [by_seed[s][which][k][key] for s in seeds]  # noqa: B023 (used in this iteration)
             kr: dict[str, Any] = {m: _corr(g("lt", m), conf) for m in ("min_logged", "min_all", "epoch30", "final")}
-            kr["horizon"] = {th: inference.mean_ci([by_seed[s]["lt"][k]["horizon"][th] for s in seeds], conf)
-                             for th in (f"{x:g}" for x in THRESHOLDS)}
-            kr["horizon_never"] = {th: sum(by_seed[s]["lt"][k]["horizon"][th] is None for s in seeds)
-                                   for th in (f"{x:g}" for x in THRESHOLDS)}
+            kr["horizon"] = {
+                th: inference.mean_ci([by_seed[s]["lt"][k]["horizon"][th] for s in seeds], conf)
+                for th in (f"{x:g}" for x in THRESHOLDS)
+            }
+            kr["horizon_never"] = {
+                th: sum(by_seed[s]["lt"][k]["horizon"][th] is None for s in seeds)
+                for th in (f"{x:g}" for x in THRESHOLDS)
+            }
             kr["nulls"] = {}
             for null in NULLS:
                 if any(by_seed[s].get(null, {}).get(k, {}).get("final") is None for s in seeds):
                     continue
-                kr["nulls"][null] = {"final": _corr(g(null, "final"), conf),
-                                     "min_logged": _corr(g(null, "min_logged"), conf),
-                                     "test_final": inference.paired_test(g("lt", "final"), g(null, "final"),
-                                                                         alternative="greater", alpha=ALPHA)}
+                kr["nulls"][null] = {
+                    "final": _corr(g(null, "final"), conf),
+                    "min_logged": _corr(g(null, "min_logged"), conf),
+                    "test_final": inference.paired_test(
+                        g("lt", "final"), g(null, "final"), alternative="greater", alpha=ALPHA
+                    ),
+                }
             rec[k] = kr
-        rec["loss"] = {m: inference.mean_ci([by_seed[s]["loss"][m] for s in seeds], conf)
-                       for m in ("first", "final", "tail_rel_slope")}
+        rec["loss"] = {
+            m: inference.mean_ci([by_seed[s]["loss"][m] for s in seeds], conf)
+            for m in ("first", "final", "tail_rel_slope")
+        }
         rec["seconds"] = inference.mean_ci([by_seed[s]["seconds"] for s in seeds], conf)
         out[f"{lr:g}"] = rec
     return out
 
 
-def run_persistence(config: PersistenceConfig, out: str | Path, *, results: str | Path | None = None,
-                    command: str | None = None) -> dict[str, Any]:
+def run_persistence(
+    config: PersistenceConfig, out: str | Path, *, results: str | Path | None = None, command: str | None = None
+) -> dict[str, Any]:
     """Build the corpus, train every (η, seed) (resuming what exists), aggregate over seeds, write the
     experiment record, the report and the results file; returns the record."""
     out = Path(out)
@@ -398,7 +533,7 @@ def run_persistence(config: PersistenceConfig, out: str | Path, *, results: str 
                 log(f"[persistence] η = {lr:g}, seed {seed}: training {config.settings['steps']} steps ...")
                 secs, trained, fresh = _train_one(config, store, lr, seed, d)
                 rec = run_summary(d, config, lr)
-                timing = out / "timing.json"           # training wall time per run, summed over (re)starts
+                timing = out / "timing.json"  # training wall time per run, summed over (re)starts
                 times = read_json(timing) if timing.is_file() else {}
                 key = f"{lr:g}/{seed}"
                 if trained:
@@ -408,46 +543,71 @@ def run_persistence(config: PersistenceConfig, out: str | Path, *, results: str 
                 runs.setdefault(lr, {})[seed] = rec
         s = config.settings
         manifest = read_json(out / "corpus" / "manifest.json")
-        summary = {"scale": {"name": config.scale,
-                             "summary": SUMMARIES[config.scale],
-                             "model": f"one-hot attention-only, L = {s['layers']}, |V| = {store.vocab_size}, "
-                                      f"T = {s['seq_len']}, zero init",
-                             "training": f"plain SGD, batch {s['batch_size']}, {s['steps']} steps, η ∈ "
-                                         f"{', '.join(f'{x:g}' for x in config.lrs)} (t = sη up to "
-                                         f"{max(config.lrs) * s['steps']:g})",
-                             "corpus": f"{s['corpus']}: {manifest.get('counts', {}).get('windows')} windows "
-                                       f"({s['windows']}, out-of-vocabulary: {s['oov']})",
-                             "logging": f"cosines at every step; the paper's logging points every {s['log_every']} "
-                                        "steps (" + ("0.1 paper epoch of 50 steps" if config.paper_scale == "paper-bpe"
-                                                     else "2 paper epochs of 32 steps") + ")",
-                             "deviations": config.deviations()},
-                   "by_lr": across_seeds(runs, config),
-                   "runs": {f"{lr:g}": {str(sd): r for sd, r in by.items()} for lr, by in runs.items()}}
+        summary = {
+            "scale": {
+                "name": config.scale,
+                "summary": SUMMARIES[config.scale],
+                "model": f"one-hot attention-only, L = {s['layers']}, |V| = {store.vocab_size}, "
+                f"T = {s['seq_len']}, zero init",
+                "training": f"plain SGD, batch {s['batch_size']}, {s['steps']} steps, η ∈ "
+                f"{', '.join(f'{x:g}' for x in config.lrs)} (t = sη up to "
+                f"{max(config.lrs) * s['steps']:g})",
+                "corpus": f"{s['corpus']}: {manifest.get('counts', {}).get('windows')} windows "
+                f"({s['windows']}, out-of-vocabulary: {s['oov']})",
+                "logging": f"cosines at every step; the paper's logging points every {s['log_every']} "
+                "steps ("
+                + ("0.1 paper epoch of 50 steps" if config.paper_scale == "paper-bpe" else "2 paper epochs of 32 steps")
+                + ")",
+                "deviations": config.deviations(),
+            },
+            "by_lr": across_seeds(runs, config),
+            "runs": {f"{lr:g}": {str(sd): r for sd, r in by.items()} for lr, by in runs.items()},
+        }
         atomic_write_json(out / "experiment.json", to_jsonable(summary))
         write_report(summary, out)
         res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
-        write_results(res_path, experiment=EXPERIMENT, name=config.name,
-                      command=command or f"python: run_persistence({config!r}, {str(out)!r})",
-                      config={"experiment": to_jsonable(config), "settings": s}, seeds=config.seeds,
-                      scale=summary["scale"], numbers={"by_lr": summary["by_lr"]},
-                      quality={f"{lr}": v["loss"] for lr, v in summary["by_lr"].items()},
-                      tests={f"{lr}/{k}/{null}": v[k]["nulls"][null]["test_final"]
-                             for lr, v in summary["by_lr"].items() for k in KINDS for null in v[k]["nulls"]},
-                      data_hashes={"corpus_manifest_sha256": _sha(out / "corpus" / "manifest.json"),
-                                   **{f"{lr}/{sd}": r["data_hashes"] for lr, by in summary["runs"].items()
-                                      for sd, r in by.items()}},
-                      runs=[{"lr": float(lr), "seed": int(sd), **{k: r[k] for k in ("lt", *NULLS, "loss", "seconds",
-                                                                                    "t", "windows_covered", "curve")
-                                                                    if k in r}}
-                            for lr, by in summary["runs"].items() for sd, r in by.items()],
-                      extra={"paper": PAPER, "protocol": config.paper_scale,
-                             "paper_t": PAPER["bpe"]["t"] if config.paper_scale == "paper-bpe" else PAPER["t_small_lr"]})
+        write_results(
+            res_path,
+            experiment=EXPERIMENT,
+            name=config.name,
+            command=command or f"python: run_persistence({config!r}, {str(out)!r})",
+            config={"experiment": to_jsonable(config), "settings": s},
+            seeds=config.seeds,
+            scale=summary["scale"],
+            numbers={"by_lr": summary["by_lr"]},
+            quality={f"{lr}": v["loss"] for lr, v in summary["by_lr"].items()},
+            tests={
+                f"{lr}/{k}/{null}": v[k]["nulls"][null]["test_final"]
+                for lr, v in summary["by_lr"].items()
+                for k in KINDS
+                for null in v[k]["nulls"]
+            },
+            data_hashes={
+                "corpus_manifest_sha256": _sha(out / "corpus" / "manifest.json"),
+                **{f"{lr}/{sd}": r["data_hashes"] for lr, by in summary["runs"].items() for sd, r in by.items()},
+            },
+            runs=[
+                {
+                    "lr": float(lr),
+                    "seed": int(sd),
+                    **{k: r[k] for k in ("lt", *NULLS, "loss", "seconds", "t", "windows_covered", "curve") if k in r},
+                }
+                for lr, by in summary["runs"].items()
+                for sd, r in by.items()
+            ],
+            extra={
+                "paper": PAPER,
+                "protocol": config.paper_scale,
+                "paper_t": PAPER["bpe"]["t"] if config.paper_scale == "paper-bpe" else PAPER["t_small_lr"],
+            },
+        )
         summary["results_file"] = str(res_path)
     return summary
 
 
 def _sha(path: Path) -> str:
     import hashlib
+
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -465,10 +625,22 @@ def _rows(by_lr: dict[str, Any]) -> list[list[str]]:
         for k in KINDS:
             kr = v[k]
             hz = ", ".join(f"{th}: {_horizon_text(kr, th, float(lr))}" for th in (f"{x:g}" for x in THRESHOLDS))
-            nulls = "; ".join(f"{n} {_ci(x['final'])} (p {_f(x['test_final']['p_t'], 2)})" for n, x in kr["nulls"].items())
-            rows.append([lr, f"{v['steps']} (t = {v['t']:g}, {_f(v['windows_covered'])} windows)", k,
-                         _ci(kr["min_logged"]), _ci(kr["min_all"]), _ci(kr["epoch30"]), _ci(kr["final"]), hz,
-                         nulls or "—"])
+            nulls = "; ".join(
+                f"{n} {_ci(x['final'])} (p {_f(x['test_final']['p_t'], 2)})" for n, x in kr["nulls"].items()
+            )
+            rows.append(
+                [
+                    lr,
+                    f"{v['steps']} (t = {v['t']:g}, {_f(v['windows_covered'])} windows)",
+                    k,
+                    _ci(kr["min_logged"]),
+                    _ci(kr["min_all"]),
+                    _ci(kr["epoch30"]),
+                    _ci(kr["final"]),
+                    hz,
+                    nulls or "—",
+                ]
+            )
     return rows
 
 
@@ -481,16 +653,28 @@ def _horizon_text(kr: dict[str, Any], th: str, lr: float) -> str:
     return txt + (f", never in {never} seed(s)" if never else "")
 
 
-HEADER = ["η", "steps", "weight", "min cos, logging points", "min cos, all steps", "cos at paper epoch 30 (step ≤ 960)",
-          "cos at the end", "horizon (first step below)", "nulls at the end (p: leading term > null)"]
+HEADER = [
+    "η",
+    "steps",
+    "weight",
+    "min cos, logging points",
+    "min cos, all steps",
+    "cos at paper epoch 30 (step ≤ 960)",
+    "cos at the end",
+    "horizon (first step below)",
+    "nulls at the end (p: leading term > null)",
+]
 
 
 def figure(rec: dict[str, Any], plt: Any) -> Any:
     """Cosine with the leading term vs t = sη at the logging points, one panel per η, one line per weight
     type (mean over seeds, band: min–max over seeds) — the analogue of the paper's Fig. 4.  ``rec``: a
     results record or the experiment summary (both carry ``runs`` with their ``curve``)."""
-    runs = rec["runs"] if isinstance(rec["runs"], list) else [
-        {"lr": float(lr), **r} for lr, by in rec["runs"].items() for r in by.values()]
+    runs = (
+        rec["runs"]
+        if isinstance(rec["runs"], list)
+        else [{"lr": float(lr), **r} for lr, by in rec["runs"].items() for r in by.values()]
+    )
     lrs = sorted({float(r["lr"]) for r in runs})
     fig, axes = plt.subplots(1, len(lrs), figsize=(4.2 * len(lrs), 3.2), squeeze=False)
     for ax, lr in zip(axes[0], lrs):
@@ -506,7 +690,7 @@ def figure(rec: dict[str, Any], plt: Any) -> Any:
         ax.set_ylabel("cosine with the leading term")
         ax.set_title(f"η = {lr:g}")
         lo = float(np.nanmin([v for r in rs for k in KINDS for v in r["curve"][k] if v is not None] or [0.0]))
-        if lo > 0.9:                                   # all close to 1: zoom in, the detail is the story
+        if lo > 0.9:  # all close to 1: zoom in, the detail is the story
             ax.set_ylim(lo - 0.5 * (1 - lo), 1 + 0.1 * (1 - lo))
         else:
             ax.set_ylim(min(0.0, lo), 1.01)
@@ -518,44 +702,83 @@ def figure(rec: dict[str, Any], plt: Any) -> Any:
 def write_report(summary: dict[str, Any], out: str | Path) -> Path:
     """``OUT/report.html`` (+ ``report.md``)."""
     from ..report import Report
+
     sc = summary["scale"]
     rep = Report(f"Leading terms beyond the theorem's window ({sc['name']} scale)")
-    rep.text(f"{sc['summary']}: {sc['model']}; {sc['training']}; corpus {sc['corpus']}; {sc['logging']}. "
-             f"Deviations: {', '.join(sc['deviations']) or 'none'}.")
+    rep.text(
+        f"{sc['summary']}: {sc['model']}; {sc['training']}; corpus {sc['corpus']}; {sc['logging']}. "
+        f"Deviations: {', '.join(sc['deviations']) or 'none'}."
+    )
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig = figure(summary, plt)
-    rep.figure(fig, "cosine with the leading term at the logging points (mean over seeds; band: min–max)",
-               name="cosines.png")
+    rep.figure(
+        fig, "cosine with the leading term at the logging points (mean over seeds; band: min–max)", name="cosines.png"
+    )
     plt.close(fig)
     rep.table(HEADER, _rows(summary["by_lr"]), caption="Fisher-z intervals over seeds; min over layers per type")
-    rep.table(["η", "loss at step 1", "loss at the end", "relative drop over the last 10 %", "seconds per run"],
-              [[lr, _ci(v["loss"]["first"]), _ci(v["loss"]["final"]), _ci(v["loss"]["tail_rel_slope"]),
-                _ci(v["seconds"], 0)] for lr, v in summary["by_lr"].items()], caption="Student-t over seeds")
+    rep.table(
+        ["η", "loss at step 1", "loss at the end", "relative drop over the last 10 %", "seconds per run"],
+        [
+            [
+                lr,
+                _ci(v["loss"]["first"]),
+                _ci(v["loss"]["final"]),
+                _ci(v["loss"]["tail_rel_slope"]),
+                _ci(v["seconds"], 0),
+            ]
+            for lr, v in summary["by_lr"].items()
+        ],
+        caption="Student-t over seeds",
+    )
     return rep.write(out)
 
 
 def render_section(key: str, rec: dict[str, Any]) -> list[str]:
     """Markdown of one persistence results file for ``docs/results.md``."""
     from .render import _header
+
     by = rec["numbers"]["by_lr"]
-    out = [f"### {rec['name']} (`results/{key}.json`)", "", *_header(rec), f"- corpus: {rec['scale']['corpus']}",
-           f"- logging: {rec['scale']['logging']}", "",
-           "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    out = [
+        f"### {rec['name']} (`results/{key}.json`)",
+        "",
+        *_header(rec),
+        f"- corpus: {rec['scale']['corpus']}",
+        f"- logging: {rec['scale']['logging']}",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
     out += ["| " + " | ".join(r) + " |" for r in _rows(by)]
-    out += ["", "| η | loss at step 1 | loss at the end | relative drop over the last 10 % | seconds per run |",
-            "|---|---|---|---|---|"]
-    out += [f"| {lr} | {_ci(v['loss']['first'])} | {_ci(v['loss']['final'])} | {_ci(v['loss']['tail_rel_slope'])} | "
-            f"{_ci(v['seconds'], 0)} |" for lr, v in by.items()]
+    out += [
+        "",
+        "| η | loss at step 1 | loss at the end | relative drop over the last 10 % | seconds per run |",
+        "|---|---|---|---|---|",
+    ]
+    out += [
+        f"| {lr} | {_ci(v['loss']['first'])} | {_ci(v['loss']['final'])} | {_ci(v['loss']['tail_rel_slope'])} | "
+        f"{_ci(v['seconds'], 0)} |"
+        for lr, v in by.items()
+    ]
     if rec.get("protocol") == "paper-bpe":
         b = PAPER["bpe"]["min_cos"]
-        out += ["", f"Paper, Table 2 (BPE, |V| = 10,000, T = 200, η = 0.005, 500 steps, t = 2.5): min cosine W {b['W']}, "
-                f"V {b['V']}, W_O {b['W_O']}.", ""]
+        out += [
+            "",
+            f"Paper, Table 2 (BPE, |V| = 10,000, T = 200, η = 0.005, 500 steps, t = 2.5): min cosine W {b['W']}, "
+            f"V {b['V']}, W_O {b['W_O']}.",
+            "",
+        ]
     else:
-        out += ["", f"Paper (|V| = 3,000, T = 200): min cosine over 100 epochs at η = 0.005: W "
-                f"{PAPER['min_cos_small_lr']['W']}, V {PAPER['min_cos_small_lr']['V']}, W_O "
-                f"{PAPER['min_cos_small_lr']['W_O']}; at η = 0.05 every cosine ≥ 0.9 at epoch 30 and > 0.7 at epoch 100.", ""]
+        out += [
+            "",
+            f"Paper (|V| = 3,000, T = 200): min cosine over 100 epochs at η = 0.005: W "
+            f"{PAPER['min_cos_small_lr']['W']}, V {PAPER['min_cos_small_lr']['V']}, W_O "
+            f"{PAPER['min_cos_small_lr']['W_O']}; at η = 0.05 every cosine ≥ 0.9 at epoch 30 and > 0.7 at epoch 100.",
+            "",
+        ]
     return out
 
 
@@ -565,27 +788,37 @@ def judge(rec: dict[str, Any]) -> Any:
     bounds); and the leading term beats the permuted-token null for every type (p < 0.05).  Partial: some
     of these hold.  Not reproduced: none."""
     from .claims import Verdict
+
     by = rec["numbers"]["by_lr"]
     lrs = sorted(by, key=float)
     small, large = by[lrs[0]], by[lrs[-1]]
     checks = {}
     paper_t = float(rec.get("paper_t", PAPER["t_small_lr"]))
     checks[f"small η: min cos ≥ 0.99, t ≥ {paper_t:g}"] = small["t"] >= paper_t and all(
-        (small[k]["min_logged"].get("low") or -1) >= 0.99 for k in KINDS)
+        (small[k]["min_logged"].get("low") or -1) >= 0.99 for k in KINDS
+    )
     if len(lrs) > 1:
         checks["large η: ≥ 0.9 at epoch 30"] = all((large[k]["epoch30"].get("low") or -1) >= 0.9 for k in KINDS)
         checks["large η: > 0.7 at the end"] = all((large[k]["final"].get("low") or -1) > 0.7 for k in KINDS)
     checks["beats the permuted-token null"] = all(
-        (v[k]["nulls"].get("permuted", {}).get("test_final", {}).get("p_t") or 1) < ALPHA for v in by.values() for k in KINDS)
+        (v[k]["nulls"].get("permuted", {}).get("test_final", {}).get("p_t") or 1) < ALPHA
+        for v in by.values()
+        for k in KINDS
+    )
     held = [c for c, ok in checks.items() if ok]
-    ours = (f"η = {lrs[0]} (t = {small['t']:g}): min cos over logging points W {_ci(small['W']['min_logged'])}, "
-            f"V {_ci(small['V']['min_logged'])}, W_O {_ci(small['W_O']['min_logged'])}")
+    ours = (
+        f"η = {lrs[0]} (t = {small['t']:g}): min cos over logging points W {_ci(small['W']['min_logged'])}, "
+        f"V {_ci(small['V']['min_logged'])}, W_O {_ci(small['W_O']['min_logged'])}"
+    )
     if len(lrs) > 1:
-        ours += (f"; η = {lrs[-1]} (t = {large['t']:g}): epoch 30 min over types "
-                 f"{_f(min(large[k]['epoch30']['mean'] for k in KINDS))}, end "
-                 f"{_f(min(large[k]['final']['mean'] for k in KINDS))}")
+        ours += (
+            f"; η = {lrs[-1]} (t = {large['t']:g}): epoch 30 min over types "
+            f"{_f(min(large[k]['epoch30']['mean'] for k in KINDS))}, end "
+            f"{_f(min(large[k]['final']['mean'] for k in KINDS))}"
+        )
     ours += f"; {len(held)}/{len(checks)} checks hold"
-    scale = f"{rec['scale']['model']}; {rec['scale']['training']}; {len(rec['seeds'])} seeds; deviations: " \
-            + (", ".join(rec["scale"]["deviations"]) or "none")
+    scale = f"{rec['scale']['model']}; {rec['scale']['training']}; {len(rec['seeds'])} seeds; deviations: " + (
+        ", ".join(rec["scale"]["deviations"]) or "none"
+    )
     verdict = "reproduced" if len(held) == len(checks) else "partial" if held else "not reproduced"
     return Verdict(verdict, ours, scale)

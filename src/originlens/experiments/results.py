@@ -21,6 +21,7 @@ by :mod:`originlens.experiments.render`; a test checks that the committed docs e
 committed files generate.  Run directories (checkpoints, metrics) are not results files: they are
 large and stay out of the repository.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -36,8 +37,19 @@ from ..runs import git_commit, package_versions, to_jsonable
 from ..storage import atomic_write_json, read_json
 
 FORMAT = "originlens-results/1"
-REQUIRED = ("format", "experiment", "name", "command", "created", "git_commit", "versions", "config",
-            "seeds", "scale", "numbers")
+REQUIRED = (
+    "format",
+    "experiment",
+    "name",
+    "command",
+    "created",
+    "git_commit",
+    "versions",
+    "config",
+    "seeds",
+    "scale",
+    "numbers",
+)
 
 
 def default_results_path(experiment: str, name: str, root: str | os.PathLike = "results") -> Path:
@@ -53,23 +65,51 @@ def command_line(argv: list[str] | None = None) -> str:
 
 def provenance() -> dict[str, Any]:
     """Creation time, git commit, package versions and machine facts of this process."""
-    return {"created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-            "git_commit": git_commit(), "versions": package_versions(),
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                        "processor": platform.processor() or platform.machine()}}
+    return {
+        "created": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
+        "git_commit": git_commit(),
+        "versions": package_versions(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+        },
+    }
 
 
-def write_results(path: str | os.PathLike, *, experiment: str, name: str, command: str,
-                  config: Any, seeds: list[int], scale: dict[str, Any], numbers: dict[str, Any],
-                  data_hashes: dict[str, Any] | None = None, quality: dict[str, Any] | None = None,
-                  tests: dict[str, Any] | None = None, runs: list[dict[str, Any]] | None = None,
-                  extra: dict[str, Any] | None = None) -> Path:
+def write_results(
+    path: str | os.PathLike,
+    *,
+    experiment: str,
+    name: str,
+    command: str,
+    config: Any,
+    seeds: list[int],
+    scale: dict[str, Any],
+    numbers: dict[str, Any],
+    data_hashes: dict[str, Any] | None = None,
+    quality: dict[str, Any] | None = None,
+    tests: dict[str, Any] | None = None,
+    runs: list[dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Write a results file atomically (see the module docstring for the layout); returns its path."""
-    record = {"format": FORMAT, "experiment": experiment, "name": name, "command": command,
-              **provenance(), "config": to_jsonable(config), "seeds": [int(s) for s in seeds],
-              "scale": to_jsonable(scale), "data_hashes": to_jsonable(data_hashes or {}),
-              "quality": to_jsonable(quality or {}), "numbers": to_jsonable(numbers),
-              "tests": to_jsonable(tests or {}), "runs": to_jsonable(runs or []), **to_jsonable(extra or {})}
+    record = {
+        "format": FORMAT,
+        "experiment": experiment,
+        "name": name,
+        "command": command,
+        **provenance(),
+        "config": to_jsonable(config),
+        "seeds": [int(s) for s in seeds],
+        "scale": to_jsonable(scale),
+        "data_hashes": to_jsonable(data_hashes or {}),
+        "quality": to_jsonable(quality or {}),
+        "numbers": to_jsonable(numbers),
+        "tests": to_jsonable(tests or {}),
+        "runs": to_jsonable(runs or []),
+        **to_jsonable(extra or {}),
+    }
     return atomic_write_json(path, record)
 
 
@@ -77,8 +117,10 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check one results file (missing keys or another format: :class:`InputError`)."""
     rec = read_json(path)
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
-        raise InputError(f"{path} is not an originlens results file (format {FORMAT})",
-                         "regenerate it with the experiment command that writes it")
+        raise InputError(
+            f"{path} is not an originlens results file (format {FORMAT})",
+            "regenerate it with the experiment command that writes it",
+        )
     missing = [k for k in REQUIRED if k not in rec]
     if missing:
         raise InputError(f"{path} lacks {', '.join(missing)}", "regenerate it with its experiment command")

@@ -28,6 +28,7 @@ the results file's ``scale.deviations``.
 Caveat: the paper reports its toy results qualitatively (bar plots, no numbers), so "paper" columns are
 the expected orderings, not values.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,8 +44,9 @@ from ..storage import atomic_write_json, read_json
 from ..train.grid import GridConfig, run_dir_for, run_quality
 from ..train.ntp import COUNTING_TASKS, NTPConfig, is_finished, train
 from . import inference
+from .formatting import num as _f
+from .formatting import pval as _p
 from .results import default_results_path, write_results
-from .formatting import num as _f, pval as _p
 
 EXPERIMENT = "toy-grid"
 # Shared by every scale: only the final probes are needed (plus checkpoints for resuming).
@@ -57,21 +59,28 @@ SCALES: dict[str, dict[str, Any]] = {
 SCALE_NOTES = {
     "paper": "the paper's configuration",
     "cpu": "the paper's configuration at half width (d = 64), the largest that fits 4 regimes × 5 seeds "
-           "in about an hour on 2 CPU cores",
+    "in about an hour on 2 CPU cores",
     "ci": "a regression check of the direction in seconds; not a result",
 }
 # (a, b): the paper expects the NTP-useless feature's probe quality to be higher under regime a than b.
 HYPOTHESES: dict[str, list[tuple[str, str]]] = {
-    "cond-majority": [("standard", "myopic"), ("standard", "myopic+untied"), ("untied", "myopic"),
-                      ("untied", "myopic+untied")],
-    "majority": [("standard", "myopic"), ("standard", "untied"), ("myopic", "myopic+untied"),
-                 ("untied", "myopic+untied")],
+    "cond-majority": [
+        ("standard", "myopic"),
+        ("standard", "myopic+untied"),
+        ("untied", "myopic"),
+        ("untied", "myopic+untied"),
+    ],
+    "majority": [
+        ("standard", "myopic"),
+        ("standard", "untied"),
+        ("myopic", "myopic+untied"),
+        ("untied", "myopic+untied"),
+    ],
 }
 EXPECTED = {
     "cond-majority": "prev_is_<0> is learned under standard and untied training and not under myopic or "
-                     "myopic+untied training (pre-caching is its only source)",
-    "majority": "is_majority_* at the input positions degrades under myopic or untied training and most "
-                "under both",
+    "myopic+untied training (pre-caching is its only source)",
+    "majority": "is_majority_* at the input positions degrades under myopic or untied training and most under both",
 }
 ALPHA = 0.05
 
@@ -91,13 +100,14 @@ class ToyGridConfig:
 
     def __post_init__(self) -> None:
         if self.task not in COUNTING_TASKS:
-            raise ConfigError(f"the toy grid runs the counting tasks, not {self.task!r}",
-                              f"use --task {' or '.join(COUNTING_TASKS)}")
+            raise ConfigError(
+                f"the toy grid runs the counting tasks, not {self.task!r}", f"use --task {' or '.join(COUNTING_TASKS)}"
+            )
         if self.scale not in SCALES:
             raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
         if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
             raise ConfigError(f"jobs must be an integer ≥ 1, got {self.jobs!r}", "e.g. --jobs 2")
-        self.grid(False)        # validates regimes, seeds and overrides
+        self.grid(False)  # validates regimes, seeds and overrides
 
     def ntp_overrides(self, initial: bool) -> dict[str, Any]:
         ov = {**COMMON, **SCALES[self.scale], **self.overrides}
@@ -106,8 +116,13 @@ class ToyGridConfig:
         return ov
 
     def grid(self, initial: bool) -> GridConfig:
-        return GridConfig(task=self.task, regimes=list(self.regimes), seeds=list(self.seeds),
-                          overrides=self.ntp_overrides(initial), confidence=self.confidence)
+        return GridConfig(
+            task=self.task,
+            regimes=list(self.regimes),
+            seeds=list(self.seeds),
+            overrides=self.ntp_overrides(initial),
+            confidence=self.confidence,
+        )
 
     @property
     def name(self) -> str:
@@ -118,8 +133,21 @@ class ToyGridConfig:
         paper = NTPConfig(task=self.task)
         used = NTPConfig.from_dict({**self.ntp_overrides(False), "task": self.task})
         out = []
-        for key in ("n_layer", "d_model", "n_head", "batch_size", "lr", "steps", "eval_size", "train_size",
-                    "untie_scope", "probe_alpha", "probe_train_frac", "betas", "eps"):
+        for key in (
+            "n_layer",
+            "d_model",
+            "n_head",
+            "batch_size",
+            "lr",
+            "steps",
+            "eval_size",
+            "train_size",
+            "untie_scope",
+            "probe_alpha",
+            "probe_train_frac",
+            "betas",
+            "eps",
+        ):
             a, b = getattr(paper, key), getattr(used, key)
             if a != b:
                 out.append(f"{key} {b} (paper {a})")
@@ -131,6 +159,7 @@ class ToyGridConfig:
 def _train_one(args: tuple[dict[str, Any], str, int]) -> str:
     cfg_dict, run_dir, threads = args
     import torch
+
     torch.set_num_threads(threads)
     cfg = NTPConfig.from_dict(cfg_dict)
     t = time.time()
@@ -145,15 +174,17 @@ def _train_all(grid: GridConfig, out: Path, jobs: int) -> list[str]:
             cfg = grid.run_config(regime, seed)
             d = run_dir_for(out, regime, seed)
             if not is_finished(d, cfg):
-                todo.append((cfg.to_dict(), str(d), 1))       # parallel workers: one thread each
+                todo.append((cfg.to_dict(), str(d), 1))  # parallel workers: one thread each
     if not todo:
         return []
     if jobs == 1:
         import torch
-        threads = torch.get_num_threads()                      # in-process: the caller's thread count
+
+        threads = torch.get_num_threads()  # in-process: the caller's thread count
         return [_train_one((c, d, threads)) for c, d, _ in todo]
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
+
     with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
         done = []
         for msg in pool.map(_train_one, todo):
@@ -167,11 +198,18 @@ def _per_run(grid: GridConfig, out: Path, regime: str, seed: int) -> dict[str, A
     q = run_quality(d, grid.task)
     env = read_json(d / "environment.json")
     ev = q["final_eval"]
-    return {"regime": regime, "seed": seed, "useless_r": q["useless"], "useful_r": q["useful"],
-            "useless_by_layer": q["useless_by_layer"], "eval_loss": ev.get("eval_loss"),
-            "legal_output_acc": ev.get("legal_output_acc"),
-            "first_output_token_acc": ev.get("first_output_token_acc"), "seconds": q["seconds"],
-            "data_hashes": env.get("data_hashes", {})}
+    return {
+        "regime": regime,
+        "seed": seed,
+        "useless_r": q["useless"],
+        "useful_r": q["useful"],
+        "useless_by_layer": q["useless_by_layer"],
+        "eval_loss": ev.get("eval_loss"),
+        "legal_output_acc": ev.get("legal_output_acc"),
+        "first_output_token_acc": ev.get("first_output_token_acc"),
+        "seconds": q["seconds"],
+        "data_hashes": env.get("data_hashes", {}),
+    }
 
 
 def summarise(config: ToyGridConfig, out: str | Path) -> dict[str, Any]:
@@ -196,37 +234,55 @@ def summarise(config: ToyGridConfig, out: str | Path) -> dict[str, Any]:
             "initial_useless_r": inference.correlation_ci(init, config.confidence),
             "gain_over_initial": inference.paired_test(useless, init, alternative="greater"),
             "useful_r": inference.correlation_ci([r["useful_r"] for r in tr], config.confidence),
-            "useless_r_by_layer": {k: inference.correlation_ci([r["useless_by_layer"][k] for r in tr],
-                                                               config.confidence) for k in layers},
+            "useless_r_by_layer": {
+                k: inference.correlation_ci([r["useless_by_layer"][k] for r in tr], config.confidence) for k in layers
+            },
             "eval_loss": inference.mean_ci([r["eval_loss"] for r in tr], config.confidence),
             "initial_eval_loss": inference.mean_ci([r["initial_eval_loss"] for r in tr], config.confidence),
-            "legal_output_acc": inference.mean_ci([r["legal_output_acc"] for r in tr], config.confidence,
-                                                  bounds=(0, 1)),
-            "first_output_token_acc": inference.mean_ci([r["first_output_token_acc"] for r in tr],
-                                                        config.confidence, bounds=(0, 1)),
+            "legal_output_acc": inference.mean_ci(
+                [r["legal_output_acc"] for r in tr], config.confidence, bounds=(0, 1)
+            ),
+            "first_output_token_acc": inference.mean_ci(
+                [r["first_output_token_acc"] for r in tr], config.confidence, bounds=(0, 1)
+            ),
             "seconds": inference.mean_ci([r["seconds"] for r in tr], config.confidence),
         }
     by = {(r["regime"], r["seed"]): r for r in runs}
     tests: dict[str, Any] = {}
     for a, b in HYPOTHESES[config.task]:
         if a in config.regimes and b in config.regimes:
-            tests[f"{a} > {b}"] = inference.paired_test([by[(a, s)]["useless_r"] for s in config.seeds],
-                                                        [by[(b, s)]["useless_r"] for s in config.seeds],
-                                                        alternative="greater", alpha=ALPHA)
+            tests[f"{a} > {b}"] = inference.paired_test(
+                [by[(a, s)]["useless_r"] for s in config.seeds],
+                [by[(b, s)]["useless_r"] for s in config.seeds],
+                alternative="greater",
+                alpha=ALPHA,
+            )
     adj = inference.holm({k: v["p_t"] for k, v in tests.items()})
     for k, v in tests.items():
         v["p_holm"] = adj[k]
         v["holds"] = v["p_holm"] is not None and v["p_holm"] < ALPHA
-    learned = {f"{r} > initial": {**per_regime[r]["gain_over_initial"],
-                                  "holds": (per_regime[r]["gain_over_initial"]["p_t"] or 1.0) < ALPHA}
-               for r in config.regimes}
+    learned = {
+        f"{r} > initial": {
+            **per_regime[r]["gain_over_initial"],
+            "holds": (per_regime[r]["gain_over_initial"]["p_t"] or 1.0) < ALPHA,
+        }
+        for r in config.regimes
+    }
     hashes = {f"{r['regime']}/seed-{r['seed']}": r["data_hashes"] for r in runs}
-    return {"task": config.task, "scale": config.scale, "per_regime": per_regime, "orderings": tests,
-            "learned": learned, "runs": runs, "data_hashes": hashes}
+    return {
+        "task": config.task,
+        "scale": config.scale,
+        "per_regime": per_regime,
+        "orderings": tests,
+        "learned": learned,
+        "runs": runs,
+        "data_hashes": hashes,
+    }
 
 
-def run_toy_grid(config: ToyGridConfig, out: str | Path, *, results: str | Path | None = None,
-                 command: str | None = None) -> dict[str, Any]:
+def run_toy_grid(
+    config: ToyGridConfig, out: str | Path, *, results: str | Path | None = None, command: str | None = None
+) -> dict[str, Any]:
     """Train (or resume) the grid and its initial-model nulls, aggregate, write the experiment record,
     the report and the results file; returns the record."""
     out = Path(out)
@@ -239,74 +295,140 @@ def run_toy_grid(config: ToyGridConfig, out: str | Path, *, results: str | Path 
         summary["wall_seconds_this_call"] = time.time() - t0
         summary["trained_this_call"] = len(trained)
         cfg0 = config.grid(False).run_config(config.regimes[0], config.seeds[0])
-        scale = {"name": config.scale, "summary": SCALE_NOTES[config.scale],
-                 "model": f"{cfg0.n_layer} layers, d = {cfg0.d_model}, {cfg0.n_head} heads",
-                 "training": f"Adam lr {cfg0.lr}, batch {cfg0.batch_size}, {cfg0.steps} steps, "
-                             + (f"fixed training set of {cfg0.train_size} sequences" if cfg0.train_size
-                                else "fresh sequences every step"),
-                 "eval": f"{cfg0.eval_size} sequences; ridge probes (alpha {cfg0.probe_alpha}) on the first "
-                         f"{int(cfg0.probe_train_frac * 100)} %, Pearson r on the rest",
-                 "untied": f"split at m = 10, untie_scope {cfg0.untie_scope}",
-                 "deviations": config.deviations()}
+        scale = {
+            "name": config.scale,
+            "summary": SCALE_NOTES[config.scale],
+            "model": f"{cfg0.n_layer} layers, d = {cfg0.d_model}, {cfg0.n_head} heads",
+            "training": f"Adam lr {cfg0.lr}, batch {cfg0.batch_size}, {cfg0.steps} steps, "
+            + (
+                f"fixed training set of {cfg0.train_size} sequences"
+                if cfg0.train_size
+                else "fresh sequences every step"
+            ),
+            "eval": f"{cfg0.eval_size} sequences; ridge probes (alpha {cfg0.probe_alpha}) on the first "
+            f"{int(cfg0.probe_train_frac * 100)} %, Pearson r on the rest",
+            "untied": f"split at m = 10, untie_scope {cfg0.untie_scope}",
+            "deviations": config.deviations(),
+        }
         summary["scale"] = scale
         summary["expected"] = EXPECTED[config.task]
         atomic_write_json(out / "experiment.json", to_jsonable(summary))
         write_report(summary, out)
         res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
-        quality = {r: {k: summary["per_regime"][r][k] for k in ("eval_loss", "initial_eval_loss",
-                                                                "legal_output_acc", "first_output_token_acc")}
-                   for r in config.regimes}
-        numbers = {r: {k: summary["per_regime"][r][k] for k in ("useless_r", "useless_r_bootstrap",
-                                                                "initial_useless_r", "useful_r",
-                                                                "useless_r_by_layer")}
-                   for r in config.regimes}
-        write_results(res_path, experiment=EXPERIMENT, name=config.name,
-                      command=command or f"python: run_toy_grid({config!r}, {str(out)!r})",
-                      config={"experiment": to_jsonable(config), "ntp": cfg0.to_dict()}, seeds=config.seeds,
-                      scale=scale, numbers=numbers, quality=quality, data_hashes=summary["data_hashes"],
-                      tests={"orderings": summary["orderings"], "learned": summary["learned"], "alpha": ALPHA,
-                             "expected": EXPECTED[config.task]},
-                      runs=[{k: v for k, v in r.items() if k != "data_hashes"} for r in summary["runs"]],
-                      extra={"metric": ("mean test Pearson r of the final ridge probes over the tracked layers "
-                                        "and positions, NTP-useless (type 1) entries only; one value per run")})
+        quality = {
+            r: {
+                k: summary["per_regime"][r][k]
+                for k in ("eval_loss", "initial_eval_loss", "legal_output_acc", "first_output_token_acc")
+            }
+            for r in config.regimes
+        }
+        numbers = {
+            r: {
+                k: summary["per_regime"][r][k]
+                for k in ("useless_r", "useless_r_bootstrap", "initial_useless_r", "useful_r", "useless_r_by_layer")
+            }
+            for r in config.regimes
+        }
+        write_results(
+            res_path,
+            experiment=EXPERIMENT,
+            name=config.name,
+            command=command or f"python: run_toy_grid({config!r}, {str(out)!r})",
+            config={"experiment": to_jsonable(config), "ntp": cfg0.to_dict()},
+            seeds=config.seeds,
+            scale=scale,
+            numbers=numbers,
+            quality=quality,
+            data_hashes=summary["data_hashes"],
+            tests={
+                "orderings": summary["orderings"],
+                "learned": summary["learned"],
+                "alpha": ALPHA,
+                "expected": EXPECTED[config.task],
+            },
+            runs=[{k: v for k, v in r.items() if k != "data_hashes"} for r in summary["runs"]],
+            extra={
+                "metric": (
+                    "mean test Pearson r of the final ridge probes over the tracked layers "
+                    "and positions, NTP-useless (type 1) entries only; one value per run"
+                )
+            },
+        )
         summary["results_file"] = str(res_path)
     return summary
-
-
 
 
 def write_report(summary: dict[str, Any], out: str | Path) -> Path:
     """``OUT/report.html`` (+ ``report.md``): per-regime table, orderings, bar plot trained vs initial."""
     from ..report import Report, setup_matplotlib
+
     plt = setup_matplotlib()
     import numpy as np
+
     rep = Report(f"Toy regime grid: {summary['task']} ({summary['scale']['name']} scale)")
     sc = summary["scale"]
-    rep.text(f"Scale: {sc['summary']}; {sc['model']}; {sc['training']}; {sc['untied']}. Deviations from the "
-             f"paper: {', '.join(sc['deviations']) or 'none'}.")
+    rep.text(
+        f"Scale: {sc['summary']}; {sc['model']}; {sc['training']}; {sc['untied']}. Deviations from the "
+        f"paper: {', '.join(sc['deviations']) or 'none'}."
+    )
     rep.text(f"Expected (arXiv 2603.14087): {summary['expected']}.")
     rows = []
     for regime, s in summary["per_regime"].items():
         u, i = s["useless_r"], s["initial_useless_r"]
-        rows.append([regime, u["n"], f"{_f(u['mean'])} [{_f(u['low'])}, {_f(u['high'])}]",
-                     f"{_f(i['mean'])} [{_f(i['low'])}, {_f(i['high'])}]", _p(s["gain_over_initial"]["p_t"]),
-                     _f(s["useful_r"]["mean"]), _f(s["eval_loss"]["mean"], 4),
-                     _f(s["legal_output_acc"]["mean"]), _f(s["first_output_token_acc"]["mean"])])
+        rows.append(
+            [
+                regime,
+                u["n"],
+                f"{_f(u['mean'])} [{_f(u['low'])}, {_f(u['high'])}]",
+                f"{_f(i['mean'])} [{_f(i['low'])}, {_f(i['high'])}]",
+                _p(s["gain_over_initial"]["p_t"]),
+                _f(s["useful_r"]["mean"]),
+                _f(s["eval_loss"]["mean"], 4),
+                _f(s["legal_output_acc"]["mean"]),
+                _f(s["first_output_token_acc"]["mean"]),
+            ]
+        )
     rep.section("Probe quality of the NTP-useless feature")
-    rep.table(["regime", "seeds", "trained r [95% CI]", "initial-model r (null)", "p(trained > initial)",
-               "useful r", "eval loss", "output legal acc", "first output acc"], rows,
-              caption="Fisher-z intervals over seeds; p: one-sided paired t on Fisher z")
+    rep.table(
+        [
+            "regime",
+            "seeds",
+            "trained r [95% CI]",
+            "initial-model r (null)",
+            "p(trained > initial)",
+            "useful r",
+            "eval loss",
+            "output legal acc",
+            "first output acc",
+        ],
+        rows,
+        caption="Fisher-z intervals over seeds; p: one-sided paired t on Fisher z",
+    )
     rep.section("The paper's orderings as hypotheses")
-    rep.table(["hypothesis", "Δz [95% CI]", "p (t)", "p (Holm)", "p (Wilcoxon)", "d_z", "power", "holds"],
-              [[k, f"{_f(v['diff'])} [{_f(v['diff_low'])}, {_f(v['diff_high'])}]", _p(v["p_t"]),
-                _p(v["p_holm"]), _p(v["p_wilcoxon"]), _f(v["dz"], 2), _f(v["power"], 2), v["holds"]]
-               for k, v in summary["orderings"].items()],
-              caption="one-sided paired tests over seeds; Holm over the family of orderings")
+    rep.table(
+        ["hypothesis", "Δz [95% CI]", "p (t)", "p (Holm)", "p (Wilcoxon)", "d_z", "power", "holds"],
+        [
+            [
+                k,
+                f"{_f(v['diff'])} [{_f(v['diff_low'])}, {_f(v['diff_high'])}]",
+                _p(v["p_t"]),
+                _p(v["p_holm"]),
+                _p(v["p_wilcoxon"]),
+                _f(v["dz"], 2),
+                _f(v["power"], 2),
+                v["holds"],
+            ]
+            for k, v in summary["orderings"].items()
+        ],
+        caption="one-sided paired tests over seeds; Holm over the family of orderings",
+    )
     fig, ax = plt.subplots(figsize=(6, 3.2))
     names = list(summary["per_regime"])
     xs = np.arange(len(names))
-    for off, key, color, label in ((-0.18, "useless_r", "#0072B2", "trained"),
-                                   (0.18, "initial_useless_r", "#999999", "initial (null)")):
+    for off, key, color, label in (
+        (-0.18, "useless_r", "#0072B2", "trained"),
+        (0.18, "initial_useless_r", "#999999", "initial (null)"),
+    ):
         st = [summary["per_regime"][r][key] for r in names]
         m = np.array([s["mean"] for s in st], dtype=float)
         lo = np.array([s["mean"] - s["low"] if s["low"] is not None else 0 for s in st], dtype=float)
@@ -317,10 +439,25 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
     ax.set_xticks(xs, names)
     ax.set_ylabel("probe Pearson r (NTP-useless)")
     ax.legend(fontsize=7)
-    rep.figure(fig, "Probe quality per regime, trained vs initial model; bars: Fisher-z 95 % CIs over seeds; "
-                    "dots: seeds.", name="toy-grid.png")
+    rep.figure(
+        fig,
+        "Probe quality per regime, trained vs initial model; bars: Fisher-z 95 % CIs over seeds; dots: seeds.",
+        name="toy-grid.png",
+    )
     rep.section("Runs")
-    rep.table(["regime", "seed", "useless r", "initial r", "useful r", "eval loss", "seconds"],
-              [[r["regime"], r["seed"], _f(r["useless_r"]), _f(r["initial_useless_r"]), _f(r["useful_r"]),
-                _f(r["eval_loss"], 4), _f(r["seconds"], 0)] for r in summary["runs"]])
+    rep.table(
+        ["regime", "seed", "useless r", "initial r", "useful r", "eval loss", "seconds"],
+        [
+            [
+                r["regime"],
+                r["seed"],
+                _f(r["useless_r"]),
+                _f(r["initial_useless_r"]),
+                _f(r["useful_r"]),
+                _f(r["eval_loss"], 4),
+                _f(r["seconds"], 0),
+            ]
+            for r in summary["runs"]
+        ],
+    )
     return rep.write(out)

@@ -1,6 +1,26 @@
 """Language models under analysis: the adapter protocol, llama2.c checkpoints (model, tokenizer,
 generation) and adapters for our own GPT."""
+
 from .adapter import LMAdapter, TokenStates, hook_name_from_site, parse_site, site_from_hook_name
+from .checkpoints import (
+    CheckpointGrid,
+    CheckpointSpec,
+    checkpoints_in_dir,
+    log_spaced_steps,
+    parse_spec,
+    pythia_revisions,
+    weights_hash,
+)
+from .compare import (
+    CompareConfig,
+    ComparisonResult,
+    checkpoint_cosines,
+    compare_checkpoints,
+    cov_cosine,
+    write_comparison,
+)
+from .export import export_to_hf, gpt_to_hf, llama2c_to_hf
+from .hf import HFAdapter, load_hf, load_hf_model
 from .llama2c import (
     BOS_ID,
     EOS_ID,
@@ -13,48 +33,89 @@ from .llama2c import (
     load_llama2c,
     read_llama2c_header,
 )
+from .loading import (
+    MODEL_FORMATS,
+    ModelFormat,
+    TextCodec,
+    detect_format,
+    load_adapter,
+    load_model,
+    load_tokenizer,
+    open_tokenizer,
+    parse_hub_spec,
+)
 from .native import GPTAdapter, Llama2cAdapter
-from .export import export_to_hf, gpt_to_hf, llama2c_to_hf
-from .hf import HFAdapter, load_hf, load_hf_model
-from .loading import (MODEL_FORMATS, ModelFormat, TextCodec, detect_format, load_adapter, load_model,
-                      load_tokenizer, open_tokenizer, parse_hub_spec)
 from .qscore import FeatureQ, QScoreConfig, QScoreResult, SiteStreams, ablation_kl, find_top_contexts, qscore
-from .steering import (LookaheadConfig, LookaheadResult, completion_stats, generate_steered, lookahead, steer,
-                       subspace_alignment)
-from .checkpoints import (CheckpointGrid, CheckpointSpec, checkpoints_in_dir, log_spaced_steps, parse_spec,
-                          pythia_revisions, weights_hash)
-from .compare import (CompareConfig, ComparisonResult, checkpoint_cosines, compare_checkpoints, cov_cosine,
-                      write_comparison)
+from .steering import (
+    LookaheadConfig,
+    LookaheadResult,
+    completion_stats,
+    generate_steered,
+    lookahead,
+    steer,
+    subspace_alignment,
+)
 from .tl import TLAdapter
 
 __all__ = [
-    "HFAdapter", "load_hf", "load_hf_model", "TLAdapter", "gpt_to_hf", "llama2c_to_hf", "export_to_hf",
-    "load_adapter", "load_tokenizer", "open_tokenizer", "TextCodec", "parse_hub_spec",
-    "qscore", "QScoreConfig", "QScoreResult", "FeatureQ", "find_top_contexts", "ablation_kl", "SiteStreams", "steer",
-    "generate_steered", "completion_stats", "lookahead", "LookaheadConfig", "LookaheadResult",
-    "subspace_alignment",
-    "CheckpointGrid", "CheckpointSpec", "checkpoints_in_dir", "log_spaced_steps", "parse_spec",
-    "pythia_revisions", "weights_hash", "CompareConfig", "ComparisonResult", "checkpoint_cosines",
-    "compare_checkpoints", "cov_cosine", "write_comparison",
-    "LMAdapter",
-    "TokenStates",
-    "GPTAdapter",
-    "Llama2cAdapter",
-    "hook_name_from_site",
-    "parse_site",
-    "site_from_hook_name",
-    "MODEL_FORMATS",
-    "ModelFormat",
-    "detect_format",
-    "load_model",
     "BOS_ID",
     "EOS_ID",
+    "MODEL_FORMATS",
+    "CheckpointGrid",
+    "CheckpointSpec",
+    "CompareConfig",
+    "ComparisonResult",
+    "FeatureQ",
+    "GPTAdapter",
+    "HFAdapter",
     "KVCache",
+    "LMAdapter",
+    "Llama2cAdapter",
     "Llama2cConfig",
     "Llama2cModel",
     "Llama2cTokenizer",
+    "LookaheadConfig",
+    "LookaheadResult",
+    "ModelFormat",
+    "QScoreConfig",
+    "QScoreResult",
+    "SiteStreams",
+    "TLAdapter",
+    "TextCodec",
+    "TokenStates",
+    "ablation_kl",
+    "checkpoint_cosines",
+    "checkpoints_in_dir",
+    "compare_checkpoints",
+    "completion_stats",
+    "cov_cosine",
+    "detect_format",
+    "export_to_hf",
+    "find_top_contexts",
     "generate",
+    "generate_steered",
     "generate_tokens",
+    "gpt_to_hf",
+    "hook_name_from_site",
+    "llama2c_to_hf",
+    "load_adapter",
+    "load_hf",
+    "load_hf_model",
     "load_llama2c",
+    "load_model",
+    "load_tokenizer",
+    "log_spaced_steps",
+    "lookahead",
+    "open_tokenizer",
+    "parse_hub_spec",
+    "parse_site",
+    "parse_spec",
+    "pythia_revisions",
+    "qscore",
     "read_llama2c_header",
+    "site_from_hook_name",
+    "steer",
+    "subspace_alignment",
+    "weights_hash",
+    "write_comparison",
 ]

@@ -26,12 +26,14 @@ pair :meth:`LMAdapter.run_cached` / :meth:`LMAdapter.run_positions_from` (check
 :attr:`LMAdapter.supports_cached_ablation`) keeps a clean run's keys/values so that an intervention at
 one position re-runs only a few positions above its site (used by Q(w), :mod:`originlens.lm.qscore`).
 """
+
 from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -67,8 +69,9 @@ def parse_site(name: str, n_layers: int) -> int:
     else:
         k = site_from_hook_name(name)
     if not 0 <= k <= n_layers:
-        raise ConfigError(f"residual site {name!r} is out of range for a {n_layers}-layer model",
-                          f"use resid.0 .. resid.{n_layers}")
+        raise ConfigError(
+            f"residual site {name!r} is out of range for a {n_layers}-layer model", f"use resid.0 .. resid.{n_layers}"
+        )
     return k
 
 
@@ -76,8 +79,10 @@ def site_from_hook_name(name: str) -> int:
     """``blocks.{l}.hook_resid_pre`` → l, ``blocks.{l}.hook_resid_post`` → l+1 (SAELens hook names)."""
     m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_(pre|post)", name)
     if not m:
-        raise ConfigError(f"unknown residual site {name!r}",
-                          "use resid.K (K = 0..L) or blocks.L.hook_resid_pre / blocks.L.hook_resid_post")
+        raise ConfigError(
+            f"unknown residual site {name!r}",
+            "use resid.K (K = 0..L) or blocks.L.hook_resid_pre / blocks.L.hook_resid_post",
+        )
     return int(m.group(1)) + (1 if m.group(2) == "post" else 0)
 
 
@@ -98,8 +103,13 @@ class LMAdapter(ABC):
     bos_id: int | None
 
     @abstractmethod
-    def run(self, tokens: Tensor, *, hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
-            return_residuals: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def run(
+        self,
+        tokens: Tensor,
+        *,
+        hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
+        return_residuals: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """tokens ``(B, T)`` int64 → logits ``(B, T, V)`` [, residuals: L+1 tensors ``(B, T, d)``].
 
         ``hooks`` maps residual index k (0..L) to a hook or a list of hooks.  Returned residuals are the
@@ -157,8 +167,7 @@ class LMAdapter(ABC):
         """
         raise NotImplementedError
 
-    def run_positions_from(self, k: int, x: Tensor, start: Tensor, past: Sequence[tuple[Tensor, Tensor]]
-                           ) -> Tensor:
+    def run_positions_from(self, k: int, x: Tensor, start: Tensor, past: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
         """Re-run a few positions from site k over a cached clean prefix (optional).
 
         ``x (B, n, d)`` is the site-k stream at positions ``start[b] .. start[b]+n−1`` of row b;
@@ -191,8 +200,7 @@ class LMAdapter(ABC):
         with torch.no_grad():
             return self.run(tokens, return_residuals=True)[1]  # type: ignore[index]
 
-    def logits(self, tokens: Tensor, hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None
-               ) -> Tensor:
+    def logits(self, tokens: Tensor, hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None) -> Tensor:
         """Logits ``(B, T, V)``, with optional residual hooks."""
         return self.run(tokens, hooks=hooks)  # type: ignore[return-value]
 
@@ -201,8 +209,9 @@ class LMAdapter(ABC):
         if isinstance(k, str):
             return parse_site(k, self.n_layers)
         if not 0 <= int(k) <= self.n_layers:
-            raise ConfigError(f"residual site {k} is out of range for a {self.n_layers}-layer model",
-                              f"use 0..{self.n_layers}")
+            raise ConfigError(
+                f"residual site {k} is out of range for a {self.n_layers}-layer model", f"use 0..{self.n_layers}"
+            )
         return int(k)
 
 
@@ -211,14 +220,15 @@ def past_attention_mask(start: Tensor, n: int, past_len: int) -> Tensor:
     ``start[b] + i`` over ``[past keys 0..past_len−1 | the n new keys]``: a past key j is visible when
     ``j < start[b]``, a new key i′ when ``i′ ≤ i`` (used by :meth:`LMAdapter.run_positions_from`)."""
     dev = start.device
-    old = torch.arange(past_len, device=dev)[None, :] < start[:, None]                 # (B, past_len)
-    new = torch.ones(n, n, dtype=torch.bool, device=dev).tril()                        # (n, n)
+    old = torch.arange(past_len, device=dev)[None, :] < start[:, None]  # (B, past_len)
+    new = torch.ones(n, n, dtype=torch.bool, device=dev).tril()  # (n, n)
     B = start.shape[0]
     return torch.cat([old[:, None, :].expand(B, n, past_len), new.expand(B, n, n)], dim=2)[:, None]
 
 
-def normalise_hooks(hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None, n_layers: int
-                    ) -> dict[int, list[ResidHook]]:
+def normalise_hooks(
+    hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None, n_layers: int
+) -> dict[int, list[ResidHook]]:
     """``{k: [fn, ...]}`` with keys validated (ints or site names)."""
     out: dict[int, list[ResidHook]] = {}
     for key, fns in (hooks or {}).items():
@@ -235,7 +245,9 @@ def apply_hooks(k: int, x: Tensor, hooks: dict[int, list[ResidHook]]) -> Tensor:
         new = fn(x, k)
         if new is not None:
             if not isinstance(new, Tensor) or new.shape != x.shape:
-                raise ConfigError(f"hook at resid.{k} returned {getattr(new, 'shape', type(new))}, "
-                                  f"expected shape {tuple(x.shape)}", "return None or a same-shape tensor")
+                raise ConfigError(
+                    f"hook at resid.{k} returned {getattr(new, 'shape', type(new))}, expected shape {tuple(x.shape)}",
+                    "return None or a same-shape tensor",
+                )
             x = new
     return x

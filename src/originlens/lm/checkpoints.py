@@ -26,15 +26,17 @@ back to the llama2.c format registry when that function is not available.
 Caveat: with plain iteration the caller's loop variable still references the previous adapter while the
 next one loads (two models briefly in memory); :meth:`CheckpointGrid.map` holds exactly one.
 """
+
 from __future__ import annotations
 
 import gc
 import hashlib
 import json
 import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from ..errors import ConfigError, InputError, OriginlensError
 from ..progress import log
@@ -105,8 +107,7 @@ def log_spaced_steps(max_step: int = 512, *, include_zero: bool = False) -> list
     return out
 
 
-def pythia_revisions(max_step: int = 512, repo: str | None = None, *, include_zero: bool = False
-                     ) -> list[str]:
+def pythia_revisions(max_step: int = 512, repo: str | None = None, *, include_zero: bool = False) -> list[str]:
     """Pythia's early log-spaced revisions ``step1, step2, step4, …`` (``hf:REPO@stepN`` with ``repo``)."""
     revs = [f"step{s}" for s in log_spaced_steps(max_step, include_zero=include_zero)]
     return [f"hf:{repo}@{r}" for r in revs] if repo else revs
@@ -117,17 +118,21 @@ def checkpoints_in_dir(directory: str | Path) -> list[str]:
     ordered by the step number in their name (names without one last, alphabetically)."""
     d = Path(directory)
     if not d.is_dir():
-        raise InputError(f"checkpoint directory {d} does not exist" if not d.exists()
-                         else f"{d} is not a directory", "pass a directory holding checkpoint files")
-    entries = [p for p in d.iterdir() if not p.name.startswith(".")
-               and (p.is_dir() or p.suffix in _CKPT_SUFFIXES)]
+        raise InputError(
+            f"checkpoint directory {d} does not exist" if not d.exists() else f"{d} is not a directory",
+            "pass a directory holding checkpoint files",
+        )
+    entries = [p for p in d.iterdir() if not p.name.startswith(".") and (p.is_dir() or p.suffix in _CKPT_SUFFIXES)]
     if not entries:
-        raise InputError(f"no checkpoints (*.safetensors, *.bin or sub-directories) in {d}",
-                         "point --checkpoint-dir at the folder holding the checkpoint files")
+        raise InputError(
+            f"no checkpoints (*.safetensors, *.bin or sub-directories) in {d}",
+            "point --checkpoint-dir at the folder holding the checkpoint files",
+        )
 
     def key(p: Path) -> tuple[int, int, str]:
         step = parse_spec(p).step
         return (0, step, p.name) if step is not None else (1, 0, p.name)
+
     return [str(p) for p in sorted(entries, key=key)]
 
 
@@ -143,6 +148,7 @@ def weights_hash(tensors: Mapping[str, Any]) -> str:
     """
     import numpy as np
     import torch
+
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name]
@@ -180,21 +186,22 @@ def load_gpt_adapter(path: str | Path) -> Any:
     from ..models.gpt import GPT, GPTConfig
     from ..storage import load_tensors
     from .native import GPTAdapter
+
     path = Path(path)
     meta = _safetensors_metadata(path) or {}
     if meta.get("kind") == "ntp-checkpoint":
         arrays, meta = load_tensors(path, kind="ntp-checkpoint")
         if "gpt_config" not in meta:
             raise CompatibilityError(f"{path} has no GPT config in its metadata", "pass a checkpoint of ntp train")
-        state = {k[len("model."):]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
+        state = {k[len("model.") :]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
         model = GPT.from_state_dict(state, GPTConfig.from_dict(json.loads(meta["gpt_config"])))
     else:
         model = GPT.load(path)
     model.eval()
     bos = _meta_value(meta.get("bos_id"))
     adapter = GPTAdapter(model, bos_id=None if bos is None else int(bos))
-    vh = meta.get("vocab_hash")          # a string, possibly JSON-quoted; never parsed as a number ("1234e567")
-    if vh in ("null", ""):              # written as JSON null: no hash recorded
+    vh = meta.get("vocab_hash")  # a string, possibly JSON-quoted; never parsed as a number ("1234e567")
+    if vh in ("null", ""):  # written as JSON null: no hash recorded
         vh = None
     elif vh is not None and vh.startswith('"'):
         vh = json.loads(vh)
@@ -218,6 +225,7 @@ def _safetensors_metadata(path: Path) -> dict[str, str] | None:
         return None
     try:
         from safetensors import safe_open
+
         with safe_open(str(path), framework="numpy") as f:
             return dict(f.metadata() or {})
     except Exception:  # not a readable safetensors file: let the other loaders report it
@@ -236,11 +244,14 @@ def default_loader(spec: str) -> Any:
     if load_adapter is not None:
         return load_adapter(spec)
     if spec.startswith("hf:"):
-        raise InputError(f"cannot load {spec}: this installation has no Hugging Face loader",
-                         "use local checkpoints, or install a version of originlens with lm.loading.load_adapter")
+        raise InputError(
+            f"cannot load {spec}: this installation has no Hugging Face loader",
+            "use local checkpoints, or install a version of originlens with lm.loading.load_adapter",
+        )
     from .llama2c import Llama2cModel
     from .loading import load_model
     from .native import Llama2cAdapter
+
     model = load_model(p)
     if isinstance(model, Llama2cModel):
         return Llama2cAdapter(model)
@@ -273,6 +284,7 @@ def _free() -> None:
     gc.collect()
     try:
         import torch
+
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     except ImportError:  # pragma: no cover - torch is a dependency
@@ -294,7 +306,7 @@ class CheckpointGrid:
     on_missing: str = "stop"
     hash_weights: bool = True
     hashes: dict[str, str] = field(default_factory=dict, init=False)
-    commits: dict[str, str] = field(default_factory=dict, init=False)     # label → resolved hub commit
+    commits: dict[str, str] = field(default_factory=dict, init=False)  # label → resolved hub commit
     duplicates: list[Duplicate] = field(default_factory=list, init=False)
     skipped: list[Skipped] = field(default_factory=list, init=False)
 
@@ -307,8 +319,10 @@ class CheckpointGrid:
         seen: dict[str, str] = {}
         for p in self.parsed:
             if p.label in seen:
-                raise ConfigError(f"checkpoints {seen[p.label]!r} and {p.spec!r} have the same label "
-                                  f"{p.label!r}", "give each checkpoint a distinct name or revision")
+                raise ConfigError(
+                    f"checkpoints {seen[p.label]!r} and {p.spec!r} have the same label {p.label!r}",
+                    "give each checkpoint a distinct name or revision",
+                )
             seen[p.label] = p.spec
 
     @property
@@ -324,8 +338,10 @@ class CheckpointGrid:
 
     def _unavailable(self, p: CheckpointSpec, reason: str) -> None:
         if self.on_missing == "stop":
-            raise InputError(f"checkpoint {p.label!r} ({p.spec}) is not available: {reason}",
-                             "fix or remove it, or pass on_missing='skip' (CLI: --on-missing skip)")
+            raise InputError(
+                f"checkpoint {p.label!r} ({p.spec}) is not available: {reason}",
+                "fix or remove it, or pass on_missing='skip' (CLI: --on-missing skip)",
+            )
         log(f"warning: skipping checkpoint {p.label!r} ({p.spec}): {reason}")
         self.skipped.append(Skipped(p.label, p.spec, reason))
 
@@ -343,8 +359,10 @@ class CheckpointGrid:
         digest = adapter_hash(adapter)
         for other, h in self.hashes.items():
             if h == digest:
-                log(f"warning: checkpoint {label!r} has exactly the weights of {other!r} "
-                    f"(sha256 {digest[:12]}…): a duplicated or mislabelled checkpoint")
+                log(
+                    f"warning: checkpoint {label!r} has exactly the weights of {other!r} "
+                    f"(sha256 {digest[:12]}…): a duplicated or mislabelled checkpoint"
+                )
                 self.duplicates.append(Duplicate(label, other, digest))
                 break
         self.hashes[label] = digest
@@ -354,8 +372,10 @@ class CheckpointGrid:
         absent = {p.spec for p in self.missing()}
         if absent and self.on_missing == "stop":
             names = ", ".join(sorted(absent))
-            raise InputError(f"checkpoint path(s) not found: {names}",
-                             "fix the paths, or pass on_missing='skip' (CLI: --on-missing skip)")
+            raise InputError(
+                f"checkpoint path(s) not found: {names}",
+                "fix the paths, or pass on_missing='skip' (CLI: --on-missing skip)",
+            )
         for p in self.parsed:
             if p.spec in absent:
                 self._unavailable(p, "no such file or directory")
@@ -385,7 +405,12 @@ class CheckpointGrid:
 
     def summary(self) -> dict[str, Any]:
         """JSON-able record: specs, labels, weight hashes, resolved hub commits, duplicates and skipped checkpoints."""
-        return {"specs": [p.spec for p in self.parsed], "labels": self.labels, "on_missing": self.on_missing,
-                "hashes": dict(self.hashes), "commits": dict(self.commits),
-                "duplicates": [vars(d) for d in self.duplicates],
-                "skipped": [vars(s) for s in self.skipped]}
+        return {
+            "specs": [p.spec for p in self.parsed],
+            "labels": self.labels,
+            "on_missing": self.on_missing,
+            "hashes": dict(self.hashes),
+            "commits": dict(self.commits),
+            "duplicates": [vars(d) for d in self.duplicates],
+            "skipped": [vars(s) for s in self.skipped],
+        }

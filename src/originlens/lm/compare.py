@@ -47,13 +47,15 @@ E_pre of layer 1 is the raw token embedding.  Statistics given precomputed (``--
 they are (their BOS handling is whatever produced them).  Results are float64 by default;
 ``dtype="float32"`` is for very large K on an accelerator.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +63,11 @@ from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
 from ..progress import log, progress
 
 MAPPINGS = ("attention", "embedding_no_mlp", "embedding")
-PANEL_TITLES = {"attention": "Attention Mapping", "embedding_no_mlp": "No MLP Embedding",
-                "embedding": "Embedding Mapping"}
+PANEL_TITLES = {
+    "attention": "Attention Mapping",
+    "embedding_no_mlp": "No MLP Embedding",
+    "embedding": "Embedding Mapping",
+}
 RESULTS_KIND = "originlens.lm-compare"
 
 
@@ -95,8 +100,10 @@ def cov_cosine(A_theory: Any, B_model: Any, *, centre_tokens: bool = False) -> f
     A = np.asarray(A_theory, dtype=np.float64)
     B = np.asarray(B_model, dtype=np.float64)
     if A.ndim != 2 or B.ndim != 2 or A.shape[0] != B.shape[0]:
-        raise ConfigError(f"cov_cosine needs two matrices with the same number of rows (tokens), got "
-                          f"{A.shape} and {B.shape}", "pass token × feature matrices in the same token order")
+        raise ConfigError(
+            f"cov_cosine needs two matrices with the same number of rows (tokens), got {A.shape} and {B.shape}",
+            "pass token × feature matrices in the same token order",
+        )
     ZA = row_normalise(A)
     ZA -= ZA.mean(axis=1, keepdims=True)
     ZB = B - B.mean(axis=1, keepdims=True)
@@ -133,20 +140,29 @@ class TheoryTarget:
     def size(self) -> int:
         return int(self.Z.shape[0])
 
-    def permuted(self, permutation: np.ndarray, name: str = "") -> "TheoryTarget":
+    def permuted(self, permutation: np.ndarray, name: str = "") -> TheoryTarget:
         """The same target with token rows permuted (no copy; ‖Z Zᵀ‖ is permutation invariant)."""
         import torch
+
         rows = torch.as_tensor(np.asarray(permutation, dtype=np.int64), device=self.Z.device)
         return TheoryTarget(name or self.name, self.Z, self.cov_norm, rows)
 
 
-def prepare_theory(A: np.ndarray, name: str = "", *, device: str = "cpu", dtype: str = "float64",
-                   block: int = 2048, centre_tokens: bool = False) -> TheoryTarget:
+def prepare_theory(
+    A: np.ndarray,
+    name: str = "",
+    *,
+    device: str = "cpu",
+    dtype: str = "float64",
+    block: int = 2048,
+    centre_tokens: bool = False,
+) -> TheoryTarget:
     """Row-normalise and row-centre (and optionally centre over tokens) theory matrix ``A`` (K, m).
 
     ``‖Z Zᵀ‖_F`` is accumulated over column blocks of ``ZᵀZ`` so no second K×K matrix is formed.
     """
     import torch
+
     Z = row_normalise(A)
     Z -= Z.mean(axis=1, keepdims=True)
     if centre_tokens:
@@ -155,13 +171,14 @@ def prepare_theory(A: np.ndarray, name: str = "", *, device: str = "cpu", dtype:
     del Z
     sq = 0.0
     for s in range(0, Zt.shape[1], block):
-        G = Zt[:, s:s + block].T @ Zt
+        G = Zt[:, s : s + block].T @ Zt
         sq += float((G * G).sum())
-    return TheoryTarget(name, Zt, sq ** 0.5)
+    return TheoryTarget(name, Zt, sq**0.5)
 
 
 def _torch_dtype(name: str):
     import torch
+
     table = {"float64": torch.float64, "float32": torch.float32}
     if name not in table:
         raise ConfigError(f"unknown dtype {name!r}", "use float64 or float32")
@@ -173,10 +190,12 @@ def _torch_dtype(name: str):
 
 
 VARIANTS = ("spec", "null", "token_centred", "token_centred_null")
-VARIANT_TITLES = {"spec": "covariance cosine (the paper's statistic)",
-                  "null": "null baseline: theory token rows permuted",
-                  "token_centred": "token-centred covariance cosine (mean row removed; not in the paper)",
-                  "token_centred_null": "token-centred, theory token rows permuted"}
+VARIANT_TITLES = {
+    "spec": "covariance cosine (the paper's statistic)",
+    "null": "null baseline: theory token rows permuted",
+    "token_centred": "token-centred covariance cosine (mean row removed; not in the paper)",
+    "token_centred_null": "token-centred, theory token rows permuted",
+}
 
 
 @dataclass
@@ -194,31 +213,44 @@ def _ratio(num: float, a: float, b: float) -> float:
     return float(num / den) if den > 0 and math.isfinite(den) else float("nan")
 
 
-def prepare_targets(stats: Any, *, variants: Sequence[str] = ("spec",), device: str = "cpu",
-                    dtype: str = "float64", seed: int = 0) -> dict[str, dict[str, TheoryTarget]]:
+def prepare_targets(
+    stats: Any, *, variants: Sequence[str] = ("spec",), device: str = "cpu", dtype: str = "float64", seed: int = 0
+) -> dict[str, dict[str, TheoryTarget]]:
     """``{variant: {"query_key": …, "value_target": …}}`` for the requested :data:`VARIANTS`."""
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or "spec" not in variants:
-        raise ConfigError(f"variants must include 'spec' and be among {VARIANTS}, got {list(variants)}",
-                          "e.g. ('spec', 'null')")
+        raise ConfigError(
+            f"variants must include 'spec' and be among {VARIANTS}, got {list(variants)}", "e.g. ('spec', 'null')"
+        )
     perm = np.random.default_rng(seed).permutation(stats.size)
     out: dict[str, dict[str, TheoryTarget]] = {}
-    for v in sorted(variants, key=lambda v: v.endswith("null")):   # true targets first, nulls share them
+    for v in sorted(variants, key=lambda v: v.endswith("null")):  # true targets first, nulls share them
         base = {"null": "spec", "token_centred_null": "token_centred"}.get(v)
         if base is not None:
             if base not in out:
                 raise ConfigError(f"variant {v!r} needs {base!r} as well", f"add {base!r} to the variants")
             out[v] = {key: t.permuted(perm, f"{t.name}:null") for key, t in out[base].items()}
         else:
-            out[v] = {key: prepare_theory(getattr(stats, key), f"{key}:{v}", device=device, dtype=dtype,
-                                          centre_tokens=v == "token_centred")
-                      for key in ("query_key", "value_target")}
+            out[v] = {
+                key: prepare_theory(
+                    getattr(stats, key), f"{key}:{v}", device=device, dtype=dtype, centre_tokens=v == "token_centred"
+                )
+                for key in ("query_key", "value_target")
+            }
     return {v: out[v] for v in variants}
 
 
-def checkpoint_cosines(adapter: Any, token_ids: Sequence[int], targets: Mapping[str, Mapping[str, TheoryTarget]],
-                       *, layers: Sequence[int], head_layers: Sequence[int] = (), token_chunk: int = 4096,
-                       device: str = "cpu", dtype: str = "float64") -> CheckpointCosines:
+def checkpoint_cosines(
+    adapter: Any,
+    token_ids: Sequence[int],
+    targets: Mapping[str, Mapping[str, TheoryTarget]],
+    *,
+    layers: Sequence[int],
+    head_layers: Sequence[int] = (),
+    token_chunk: int = 4096,
+    device: str = "cpu",
+    dtype: str = "float64",
+) -> CheckpointCosines:
     """Cosines of one model against the prepared theory (fast path, see the module docstring).
 
     ``token_ids`` (K,) are model token ids in the theory's row order; ``targets`` comes from
@@ -226,23 +258,25 @@ def checkpoint_cosines(adapter: Any, token_ids: Sequence[int], targets: Mapping[
     Returned arrays are indexed like ``layers``.
     """
     import torch
+
     t0 = time.perf_counter()
     dt = _torch_dtype(dtype)
     ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
     K = len(ids)
-    for v, tv in targets.items():
+    for tv in targets.values():
         for key in ("query_key", "value_target"):
             if tv[key].size != K:
-                raise CompatibilityError(f"theory {key} has {tv[key].size} rows but {K} tokens were "
-                                         "given", "use the token ids of the same statistics")
+                raise CompatibilityError(
+                    f"theory {key} has {tv[key].size} rows but {K} tokens were given",
+                    "use the token ids of the same statistics",
+                )
     variants = list(targets)
     layers = [int(l) for l in layers]
     if not layers:
         raise ConfigError("no layers selected", "select at least one layer")
     bad = [l + 1 for l in head_layers if l not in layers]
     if bad:
-        raise ConfigError(f"per-head layers {bad} are not among the compared layers",
-                          "include them in --layers")
+        raise ConfigError(f"per-head layers {bad} are not among the compared layers", "include them in --layers")
     nl, d = len(layers), int(adapter.d_model)
     chunk = max(1, int(token_chunk))
     WQ, WK = [], []
@@ -254,21 +288,21 @@ def checkpoint_cosines(adapter: Any, token_ids: Sequence[int], targets: Mapping[
         H = int(adapter.qk_weights(layers[0])[0].shape[0])
         r = WQ[0].shape[0]
         z = dict(device=device, dtype=dt)
-        W = {v: torch.zeros(nl * r, K, **z) for v in variants}          # Uᵀ Z_Q, all layers stacked
-        P = torch.zeros(nl, r, r, **z)                                  # UᵀU
-        us = torch.zeros(nl, r, **z)                                    # Σ_tokens U
-        VV = torch.zeros(nl, r, r, **z)                                 # VᵀV (uncentred)
-        vs = torch.zeros(nl, r, **z)                                    # Σ_tokens V
-        G = {v: torch.zeros(K, 2 * nl * d, **z) for v in variants}      # Z_Vᵀ [Z_attn | Z_post]
-        S = torch.zeros(2 * nl, d, d, **z)                              # Z_BᵀZ_B per block
-        bs = torch.zeros(2 * nl, d, **z)                                # Σ_tokens Z_B
+        W = {v: torch.zeros(nl * r, K, **z) for v in variants}  # Uᵀ Z_Q, all layers stacked
+        P = torch.zeros(nl, r, r, **z)  # UᵀU
+        us = torch.zeros(nl, r, **z)  # Σ_tokens U
+        VV = torch.zeros(nl, r, r, **z)  # VᵀV (uncentred)
+        vs = torch.zeros(nl, r, **z)  # Σ_tokens V
+        G = {v: torch.zeros(K, 2 * nl * d, **z) for v in variants}  # Z_Vᵀ [Z_attn | Z_post]
+        S = torch.zeros(2 * nl, d, d, **z)  # Z_BᵀZ_B per block
+        bs = torch.zeros(2 * nl, d, **z)  # Σ_tokens Z_B
         model_device = adapter.device
         for s in range(0, K, chunk):
             e = min(K, s + chunk)
             st = adapter.single_token_states(ids[s:e].to(model_device))
             sel = torch.as_tensor(layers, device=st.pre.device)
-            pre = st.pre.index_select(0, sel).to(**z)                   # (nl, n, d)
-            U = torch.stack([pre[i] @ WQ[i].T for i in range(nl)])      # (nl, n, r)
+            pre = st.pre.index_select(0, sel).to(**z)  # (nl, n, d)
+            U = torch.stack([pre[i] @ WQ[i].T for i in range(nl)])  # (nl, n, r)
             V = torch.stack([pre[i] @ WK[i].T for i in range(nl)])
             P += U.transpose(1, 2) @ U
             us += U.sum(dim=1)
@@ -280,14 +314,14 @@ def checkpoint_cosines(adapter: Any, token_ids: Sequence[int], targets: Mapping[
             del U, V, U_all, pre
             emb = torch.cat([st.attn.index_select(0, sel), st.post.index_select(0, sel)]).to(**z)
             del st
-            emb = emb - emb.mean(dim=2, keepdim=True)                  # centre each token's row
+            emb = emb - emb.mean(dim=2, keepdim=True)  # centre each token's row
             S += emb.transpose(1, 2) @ emb
             bs += emb.sum(dim=1)
             emb_all = emb.permute(1, 0, 2).reshape(e - s, 2 * nl * d)
             for v in variants:
                 G[v] += targets[v]["value_target"].block(s, e).T @ emb_all
             del emb, emb_all
-        R = VV - torch.einsum("la,lb->lab", vs, vs) / K                # V_cᵀV_c (centred over tokens)
+        R = VV - torch.einsum("la,lb->lab", vs, vs) / K  # V_cᵀV_c (centred over tokens)
         # token-centred model side: Uᵀ J U and Z_Bᵀ J Z_B (J = I − 11ᵀ/K); the theory side is centred already
         Pc = P - torch.einsum("la,lb->lab", us, us) / K
         Sc = S - torch.einsum("la,lb->lab", bs, bs) / K
@@ -301,13 +335,13 @@ def checkpoint_cosines(adapter: Any, token_ids: Sequence[int], targets: Mapping[
             att, no_mlp, post = np.empty(nl), np.empty(nl), np.empty(nl)
             heads: dict[int, np.ndarray] = {}
             for i, l in enumerate(layers):
-                Wl = W[v][i * r:(i + 1) * r]
+                Wl = W[v][i * r : (i + 1) * r]
                 WW = Wl @ Wl.T
                 Ri, Pi = R[i], PP[i]
                 M = Pi @ Ri
                 att[i] = _ratio(float((WW * Ri).sum()), qa, float((M * M.T).sum()) ** 0.5)
-                Ga = G[v][:, i * d:(i + 1) * d]
-                Gp = G[v][:, (nl + i) * d:(nl + i + 1) * d]
+                Ga = G[v][:, i * d : (i + 1) * d]
+                Gp = G[v][:, (nl + i) * d : (nl + i + 1) * d]
                 no_mlp[i] = _ratio(float((Ga * Ga).sum()), va, float((SS[i] * SS[i]).sum()) ** 0.5)
                 post[i] = _ratio(float((Gp * Gp).sum()), va, float((SS[nl + i] * SS[nl + i]).sum()) ** 0.5)
                 if l in head_layers:
@@ -353,12 +387,15 @@ def tokenizer_vocab(tokenizer: Any) -> list[str]:
         by_id = {int(i): str(t) for t, i in get_vocab().items()}
         n = max(by_id) + 1 if by_id else 0
         return [by_id.get(i, f"<id:{i}>") for i in range(n)]
-    raise ConfigError(f"cannot read the vocabulary of {type(tokenizer).__name__}",
-                      "pass an originlens, tokenizer.json or llama2.c tokenizer")
+    raise ConfigError(
+        f"cannot read the vocabulary of {type(tokenizer).__name__}",
+        "pass an originlens, tokenizer.json or llama2.c tokenizer",
+    )
 
 
 def tokenizer_identity(tokenizer: Any, source: str = "tokenizer") -> VocabIdentity:
     from ..storage import vocab_hash
+
     vocab = tokenizer_vocab(tokenizer)
     return VocabIdentity(len(vocab), vocab_hash(vocab, len(vocab)), source)
 
@@ -373,34 +410,56 @@ def model_identity(adapter: Any, tokenizer: Any | None = None) -> VocabIdentity:
     return VocabIdentity(int(adapter.vocab_size), getattr(adapter, "vocab_hash", None), "checkpoint")
 
 
-def check_vocab(model: VocabIdentity, corpus: VocabIdentity, what: str, *,
-                tokenizer_size: int | None = None) -> list[str]:
+def check_vocab(
+    model: VocabIdentity, corpus: VocabIdentity, what: str, *, tokenizer_size: int | None = None
+) -> list[str]:
     """Raise :class:`CompatibilityError` when ``corpus`` was not tokenised with the model's tokenizer.
 
     Sizes must agree (or the corpus may be smaller than a padded model vocabulary when the hashes prove
     the tokenizer); hashes must agree when both are known.  Returns warnings (what could not be checked).
     """
-    fix = ("tokenize the corpus with the model's tokenizer (pass the raw text as --corpus together with "
-           "--tokenizer), or pass the model that goes with this corpus")
+    fix = (
+        "tokenize the corpus with the model's tokenizer (pass the raw text as --corpus together with "
+        "--tokenizer), or pass the model that goes with this corpus"
+    )
     hashes_known = model.vocab_hash is not None and corpus.vocab_hash is not None
     if hashes_known and model.vocab_hash != corpus.vocab_hash:
-        raise CompatibilityError(f"{what} was tokenized with another vocabulary than the model's "
-                                 f"(vocabulary hash {corpus.vocab_hash} vs {model.vocab_hash})", fix)
+        raise CompatibilityError(
+            f"{what} was tokenized with another vocabulary than the model's "
+            f"(vocabulary hash {corpus.vocab_hash} vs {model.vocab_hash})",
+            fix,
+        )
     same_size = corpus.vocab_size == model.vocab_size or (
-        hashes_known and tokenizer_size is not None and corpus.vocab_size == tokenizer_size
-        and corpus.vocab_size <= model.vocab_size)
+        hashes_known
+        and tokenizer_size is not None
+        and corpus.vocab_size == tokenizer_size
+        and corpus.vocab_size <= model.vocab_size
+    )
     if not same_size:
-        raise CompatibilityError(f"{what} has a vocabulary of {corpus.vocab_size} tokens but the model has "
-                                 f"{model.vocab_size}: it was tokenized with another tokenizer", fix)
+        raise CompatibilityError(
+            f"{what} has a vocabulary of {corpus.vocab_size} tokens but the model has "
+            f"{model.vocab_size}: it was tokenized with another tokenizer",
+            fix,
+        )
     if not hashes_known:
-        return [f"could only check the vocabulary size of {what} ({corpus.vocab_size}); no vocabulary hash "
-                "on " + ("the model side" if model.vocab_hash is None else "the corpus side")]
+        return [
+            f"could only check the vocabulary size of {what} ({corpus.vocab_size}); no vocabulary hash "
+            "on " + ("the model side" if model.vocab_hash is None else "the corpus side")
+        ]
     return []
 
 
-def windows_from_texts(texts: Iterable[str], encode: Callable[[str], list[int]], *, bos_id: int | None,
-                       window_tokens: int = 128, max_texts: int | None = None, min_tokens: int = 0,
-                       min_chars: int = 0, counts: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def windows_from_texts(
+    texts: Iterable[str],
+    encode: Callable[[str], list[int]],
+    *,
+    bos_id: int | None,
+    window_tokens: int = 128,
+    max_texts: int | None = None,
+    min_tokens: int = 0,
+    min_chars: int = 0,
+    counts: dict[str, int] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Each text tokenised, BOS prepended (unless already first), cut or padded to
     ``window_tokens`` tokens.  Returns ``(windows (N, window_tokens) int64, valid (N, window_tokens−1))``;
     ``valid[n, t]`` marks a real (x_t, x_{t+1}) pair (padding is 0 and not counted).
@@ -412,8 +471,10 @@ def windows_from_texts(texts: Iterable[str], encode: Callable[[str], list[int]],
     if window_tokens < 2:
         raise ConfigError(f"window_tokens must be ≥ 2 (got {window_tokens})", "e.g. 128")
     if min_tokens < 0 or min_chars < 0:
-        raise ConfigError(f"min_tokens / min_chars must be ≥ 0 (got {min_tokens} / {min_chars})",
-                          "e.g. --min-chars 512 (the paper's OpenWebText filter)")
+        raise ConfigError(
+            f"min_tokens / min_chars must be ≥ 0 (got {min_tokens} / {min_chars})",
+            "e.g. --min-chars 512 (the paper's OpenWebText filter)",
+        )
     rows, lens = [], []
     tally = {"read": 0, "kept": 0, "skipped_short": 0}
     for text in texts:
@@ -439,8 +500,10 @@ def windows_from_texts(texts: Iterable[str], encode: Callable[[str], list[int]],
         counts.update(tally)
     if not rows:
         lim = min_tokens or min_chars
-        raise InputError("no text gave at least two tokens" + (" and passed the length filter" if lim else ""),
-                         "pass a corpus with some text" + (", or lower --min-tokens / --min-chars" if lim else ""))
+        raise InputError(
+            "no text gave at least two tokens" + (" and passed the length filter" if lim else ""),
+            "pass a corpus with some text" + (", or lower --min-tokens / --min-chars" if lim else ""),
+        )
     windows = np.asarray(rows, dtype=np.int64)
     valid = np.arange(window_tokens - 1)[None, :] + 1 < np.asarray(lens)[:, None]
     return windows, valid
@@ -466,23 +529,32 @@ def top_tokens(windows: np.ndarray, valid: np.ndarray | None, vocab_size: int, k
     if valid is None:
         real = np.ones(w.shape, dtype=bool)
     else:
-        real = np.concatenate([valid[:, :1], valid], axis=1)       # token t+1 is real iff pair t is
+        real = np.concatenate([valid[:, :1], valid], axis=1)  # token t+1 is real iff pair t is
     counts = np.bincount(w[real].astype(np.int64), minlength=vocab_size)
     order = np.lexsort((np.arange(len(counts)), -counts))
     order = order[counts[order] > 0]
     return order[:k]
 
 
-def comparison_statistics(windows: np.ndarray, vocab_size: int, *, valid: np.ndarray | None = None,
-                          top_k: int = 2000, centering: float | None = None, vocab: list[str] | None = None
-                          ) -> Any:
+def comparison_statistics(
+    windows: np.ndarray,
+    vocab_size: int,
+    *,
+    valid: np.ndarray | None = None,
+    top_k: int = 2000,
+    centering: float | None = None,
+    vocab: list[str] | None = None,
+) -> Any:
     """:func:`~originlens.stats.corpus_statistics` on the top-K tokens of ``windows`` (ids < vocab_size,
     the model's vocabulary), with padding masked; centring 1/vocab_size unless given."""
     from ..stats import corpus_statistics
+
     w = np.asarray(windows)
     if int(w.max()) >= vocab_size or int(w.min()) < 0:
-        raise CompatibilityError(f"corpus token id {int(w.max())} is outside the model's vocabulary "
-                                 f"0..{vocab_size - 1}", "tokenize the corpus with the model's tokenizer")
+        raise CompatibilityError(
+            f"corpus token id {int(w.max())} is outside the model's vocabulary 0..{vocab_size - 1}",
+            "tokenize the corpus with the model's tokenizer",
+        )
     ids = top_tokens(w, valid, vocab_size, top_k)
     if len(ids) < top_k:
         log(f"note: the corpus has only {len(ids)} distinct tokens; K = {len(ids)} (asked for {top_k})")
@@ -539,31 +611,51 @@ class ComparisonResult:
     def to_json(self) -> dict[str, Any]:
         def arr(a: np.ndarray) -> list:
             return [[None if not math.isfinite(x) else round(float(x), 6) for x in row] for row in a]
-        return {"kind": RESULTS_KIND, "labels": self.labels, "layers": self.layers,
-                "cosines": {v: {k: arr(m) for k, m in d.items()} for v, d in self.cosines.items()},
-                "heads": {v: {str(l): arr(m) for l, m in d.items()} for v, d in self.heads.items()},
-                "grid": self.grid, "statistics": self.statistics, "model": self.model, "config": self.config,
-                "timings": self.timings, "warnings": self.warnings}
+
+        return {
+            "kind": RESULTS_KIND,
+            "labels": self.labels,
+            "layers": self.layers,
+            "cosines": {v: {k: arr(m) for k, m in d.items()} for v, d in self.cosines.items()},
+            "heads": {v: {str(l): arr(m) for l, m in d.items()} for v, d in self.heads.items()},
+            "grid": self.grid,
+            "statistics": self.statistics,
+            "model": self.model,
+            "config": self.config,
+            "timings": self.timings,
+            "warnings": self.warnings,
+        }
 
 
 StatsProvider = Callable[[Any], Any]
 
 
 def statistics_info(stats: Any) -> dict[str, Any]:
-    return {"K": int(stats.size), "vocab_size": int(stats.vocab_size), "seq_len": int(stats.seq_len),
-            "n_pairs": int(stats.n_pairs), "centering": float(stats.centering),
-            "token_ids_head": [int(i) for i in (stats.token_ids[:20] if stats.token_ids is not None
-                                                else range(min(20, stats.size)))],
-            "tokens_head": list(stats.vocab[:20]) if stats.vocab is not None else None,
-            "meta": dict(stats.meta)}
+    return {
+        "K": int(stats.size),
+        "vocab_size": int(stats.vocab_size),
+        "seq_len": int(stats.seq_len),
+        "n_pairs": int(stats.n_pairs),
+        "centering": float(stats.centering),
+        "token_ids_head": [
+            int(i) for i in (stats.token_ids[:20] if stats.token_ids is not None else range(min(20, stats.size)))
+        ],
+        "tokens_head": list(stats.vocab[:20]) if stats.vocab is not None else None,
+        "meta": dict(stats.meta),
+    }
 
 
 def _arch(adapter: Any) -> tuple[int, int, int, int]:
     return (int(adapter.n_layers), int(adapter.d_model), int(adapter.n_heads), int(adapter.vocab_size))
 
 
-def compare_checkpoints(grid: Any, statistics: Any | StatsProvider, config: CompareConfig | None = None, *,
-                        check_model: Callable[[str, Any], list[str]] | None = None) -> ComparisonResult:
+def compare_checkpoints(
+    grid: Any,
+    statistics: Any | StatsProvider,
+    config: CompareConfig | None = None,
+    *,
+    check_model: Callable[[str, Any], list[str]] | None = None,
+) -> ComparisonResult:
     """Run the checkpoint comparison over a :class:`~originlens.lm.checkpoints.CheckpointGrid` (or any iterable
     of ``(label, adapter)`` with ``len``).
 
@@ -593,12 +685,21 @@ def compare_checkpoints(grid: Any, statistics: Any | StatsProvider, config: Comp
             state.update(_prepare(stats, adapter, cfg))
             state["arch"] = _arch(adapter)
         elif _arch(adapter) != state["arch"]:
-            raise CompatibilityError(f"checkpoint {label!r} has another architecture or vocabulary "
-                                     f"(layers, d, heads, |V|) = {_arch(adapter)} vs {state['arch']}",
-                                     "compare checkpoints of one model")
-        res = checkpoint_cosines(adapter, state["token_ids"], state["targets"], layers=state["layers0"],
-                                 head_layers=state["heads0"], token_chunk=cfg.token_chunk, device=cfg.device,
-                                 dtype=cfg.dtype)
+            raise CompatibilityError(
+                f"checkpoint {label!r} has another architecture or vocabulary "
+                f"(layers, d, heads, |V|) = {_arch(adapter)} vs {state['arch']}",
+                "compare checkpoints of one model",
+            )
+        res = checkpoint_cosines(
+            adapter,
+            state["token_ids"],
+            state["targets"],
+            layers=state["layers0"],
+            head_layers=state["heads0"],
+            token_chunk=cfg.token_chunk,
+            device=cfg.device,
+            dtype=cfg.dtype,
+        )
         labels.append(label)
         per.append(res)
         del adapter
@@ -607,20 +708,25 @@ def compare_checkpoints(grid: Any, statistics: Any | StatsProvider, config: Comp
         raise InputError("no checkpoint could be compared (all were skipped)", "check the checkpoint list")
     variants = cfg.variants
     cos = {v: {k: np.stack([p.values[v][k] for p in per], axis=1) for k in MAPPINGS} for v in variants}
-    heads = {v: {l + 1: np.stack([p.heads[v][l] for p in per], axis=1) for l in state["heads0"]}
-             for v in variants}
+    heads = {v: {l + 1: np.stack([p.heads[v][l] for p in per], axis=1) for l in state["heads0"]} for v in variants}
     result = ComparisonResult(labels=labels, layers=[l + 1 for l in state["layers0"]], cosines=cos, heads=heads)
     result.grid = grid.summary() if hasattr(grid, "summary") else {}
     result.statistics = state["stats_info"]
     n_layers, d, H, V = state["arch"]
     result.model = {"n_layers": n_layers, "d_model": d, "n_heads": H, "vocab_size": V}
     result.config = {**asdict(cfg), "variants": variants}
-    result.warnings = warnings + [f"checkpoint {x['label']} has the same weights as {x['same_as']}"
-                                  for x in result.grid.get("duplicates", [])] + null_level_warnings(result)
-    result.timings = {"statistics_s": round(t_stats, 3), "theory_prepare_s": round(state["prep_s"], 3),
-                      "load_s": [round(x, 3) for x in load_times],
-                      "compare_s": [round(p.seconds, 3) for p in per],
-                      "total_s": round(time.perf_counter() - t_start, 3)}
+    result.warnings = (
+        warnings
+        + [f"checkpoint {x['label']} has the same weights as {x['same_as']}" for x in result.grid.get("duplicates", [])]
+        + null_level_warnings(result)
+    )
+    result.timings = {
+        "statistics_s": round(t_stats, 3),
+        "theory_prepare_s": round(state["prep_s"], 3),
+        "load_s": [round(x, 3) for x in load_times],
+        "compare_s": [round(p.seconds, 3) for p in per],
+        "total_s": round(time.perf_counter() - t_start, 3),
+    }
     return result
 
 
@@ -629,33 +735,41 @@ def _prepare(stats: Any, adapter: Any, cfg: CompareConfig) -> dict[str, Any]:
     K = stats.size
     token_ids = np.arange(K) if stats.token_ids is None else np.asarray(stats.token_ids, dtype=np.int64)
     if int(token_ids.max()) >= adapter.vocab_size:
-        raise CompatibilityError(f"the statistics use token ids up to {int(token_ids.max())} but the model "
-                                 f"has {adapter.vocab_size} tokens", "use statistics in the model's tokenizer")
+        raise CompatibilityError(
+            f"the statistics use token ids up to {int(token_ids.max())} but the model has {adapter.vocab_size} tokens",
+            "use statistics in the model's tokenizer",
+        )
     L = adapter.n_layers
     layers1 = list(range(1, L + 1)) if cfg.layers is None else [int(l) for l in cfg.layers]
     bad = [l for l in list(layers1) + list(cfg.head_layers) if not 1 <= int(l) <= L]
     if bad:
-        raise ConfigError(f"layer(s) {bad} out of range for a {L}-layer model (layers are 1-based)",
-                          f"use 1..{L}")
+        raise ConfigError(f"layer(s) {bad} out of range for a {L}-layer model (layers are 1-based)", f"use 1..{L}")
     layers1 = sorted(set(layers1) | {int(l) for l in cfg.head_layers})
     targets = prepare_targets(stats, variants=cfg.variants, device=cfg.device, dtype=cfg.dtype, seed=cfg.null_seed)
     for key in ("query_key", "value_target"):
         if targets["spec"][key].cov_norm == 0:
-            raise NumericalError(f"the theory matrix {key} has zero covariance (constant rows)",
-                                 "use a corpus with more text or more tokens")
-    return {"token_ids": token_ids, "targets": targets, "layers0": [l - 1 for l in layers1],
-            "heads0": sorted({int(l) - 1 for l in cfg.head_layers}), "stats_info": statistics_info(stats),
-            "prep_s": time.perf_counter() - t0}
+            raise NumericalError(
+                f"the theory matrix {key} has zero covariance (constant rows)",
+                "use a corpus with more text or more tokens",
+            )
+    return {
+        "token_ids": token_ids,
+        "targets": targets,
+        "layers0": [l - 1 for l in layers1],
+        "heads0": sorted({int(l) - 1 for l in cfg.head_layers}),
+        "stats_info": statistics_info(stats),
+        "prep_s": time.perf_counter() - t0,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
 # figures and run directory
 
 
-def _heatmap(ax: Any, M: np.ndarray, xlabels: Sequence[str], ylabels: Sequence[Any], title: str,
-             ylabel: str, cmap: str) -> Any:
-    im = ax.imshow(np.ma.masked_invalid(M), vmin=0.0, vmax=1.0, cmap=cmap, aspect="auto",
-                   interpolation="nearest")
+def _heatmap(
+    ax: Any, M: np.ndarray, xlabels: Sequence[str], ylabels: Sequence[Any], title: str, ylabel: str, cmap: str
+) -> Any:
+    im = ax.imshow(np.ma.masked_invalid(M), vmin=0.0, vmax=1.0, cmap=cmap, aspect="auto", interpolation="nearest")
     ax.set_title(title)
     ax.set_xticks(range(len(xlabels)), [str(x) for x in xlabels], rotation=60, ha="right")
     ax.set_yticks(range(len(ylabels)), [str(y) for y in ylabels])
@@ -664,25 +778,27 @@ def _heatmap(ax: Any, M: np.ndarray, xlabels: Sequence[str], ylabels: Sequence[A
     if M.size <= 400:
         for (i, j), v in np.ndenumerate(M):
             if math.isfinite(v):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if v < 0.6 else "black")
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
     return im
 
 
 def plot_mappings(result: ComparisonResult, variant: str = "spec", *, cmap: str = "viridis") -> Any:
     """Three panels (attention, no-MLP embedding, embedding): layers × checkpoints, range 0–1."""
     from ..report.html import setup_matplotlib
+
     if variant not in result.cosines:
         raise ConfigError(f"this result has no {variant!r} cosines", f"use one of {list(result.cosines)}")
     plt = setup_matplotlib()
     data = result.cosines[variant]
     n = len(result.labels)
-    fig, axes = plt.subplots(1, 3, figsize=(2.5 + 3 * max(2.2, 0.42 * n), 2.0 + 0.4 * max(4, len(result.layers))),
-                             sharey=True)
+    fig, axes = plt.subplots(
+        1, 3, figsize=(2.5 + 3 * max(2.2, 0.42 * n), 2.0 + 0.4 * max(4, len(result.layers))), sharey=True
+    )
     im = None
     for ax, key in zip(axes, MAPPINGS):
-        im = _heatmap(ax, data[key], result.labels, result.layers, PANEL_TITLES[key],
-                      "layer" if key == MAPPINGS[0] else "", cmap)
+        im = _heatmap(
+            ax, data[key], result.labels, result.layers, PANEL_TITLES[key], "layer" if key == MAPPINGS[0] else "", cmap
+        )
         ax.set_xlabel("checkpoint")
     fig.colorbar(im, ax=list(axes), shrink=0.9, label=VARIANT_TITLES[variant].split(":")[0].split("(")[0].strip())
     fig.suptitle(VARIANT_TITLES[variant])
@@ -695,11 +811,13 @@ def plot_heads(result: ComparisonResult, variant: str = "spec", *, cmap: str = "
     if not heads:
         return None
     from ..report.html import setup_matplotlib
+
     plt = setup_matplotlib()
     n = len(result.labels)
     H = next(iter(heads.values())).shape[0]
-    fig, axes = plt.subplots(1, len(heads), figsize=(2 + len(heads) * max(2.5, 0.42 * n), 2.0 + 0.4 * max(4, H)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(heads), figsize=(2 + len(heads) * max(2.5, 0.42 * n), 2.0 + 0.4 * max(4, H)), squeeze=False
+    )
     im = None
     for ax, (layer, M) in zip(axes[0], sorted(heads.items())):
         im = _heatmap(ax, M, result.labels, list(range(1, H + 1)), f"Layer {layer} heads", "head", cmap)
@@ -709,7 +827,7 @@ def plot_heads(result: ComparisonResult, variant: str = "spec", *, cmap: str = "
     return fig
 
 
-NULL_MARGIN = 0.02     # a cosine within this of its token-permuted null is reported as null-level agreement
+NULL_MARGIN = 0.02  # a cosine within this of its token-permuted null is reported as null-level agreement
 
 
 def null_level_warnings(result: ComparisonResult, margin: float = NULL_MARGIN) -> list[str]:
@@ -723,10 +841,12 @@ def null_level_warnings(result: ComparisonResult, margin: float = NULL_MARGIN) -
             real, base = np.asarray(result.cosines[v][key]), np.asarray(result.cosines[null][key])
             close = np.abs(real - base) < margin
             if close.any():
-                out.append(f"{VARIANT_TITLES[v]}: {PANEL_TITLES[key]} is within {margin} of its token-permuted null "
-                           f"at {int(close.sum())} of {close.size} (layer, checkpoint) cells (max cosine "
-                           f"{float(real.max()):.3f} vs null {float(base.max()):.3f}): null-level agreement, "
-                           f"not evidence of the leading term")
+                out.append(
+                    f"{VARIANT_TITLES[v]}: {PANEL_TITLES[key]} is within {margin} of its token-permuted null "
+                    f"at {int(close.sum())} of {close.size} (layer, checkpoint) cells (max cosine "
+                    f"{float(real.max()):.3f} vs null {float(base.max()):.3f}): null-level agreement, "
+                    f"not evidence of the leading term"
+                )
     return out
 
 
@@ -742,20 +862,28 @@ def check_out(out: str | Path, overwrite: bool = False) -> bool:
     """Refuse an existing non-empty ``out`` unless it holds an earlier comparison and ``overwrite``;
     returns True when an earlier comparison will be replaced."""
     from ..storage import read_json
+
     out = Path(out)
     if not (out.is_file() or (out.is_dir() and any(out.iterdir()))):
         return False
     prev = out / "results.json"
     ours = prev.is_file() and isinstance(read_json(prev), dict) and read_json(prev).get("kind") == RESULTS_KIND
     if not (overwrite and ours):
-        raise ConfigError(f"--out {out} exists and is not empty" + ("" if ours else " (not a comparison run)"),
-                          "choose a new directory" + (", or pass --overwrite" if ours else ""))
+        raise ConfigError(
+            f"--out {out} exists and is not empty" + ("" if ours else " (not a comparison run)"),
+            "choose a new directory" + (", or pass --overwrite" if ours else ""),
+        )
     return True
 
 
-def write_comparison(result: ComparisonResult, out: str | Path, *, title: str = "Leading-term features "
-                     "across checkpoints", extra: Mapping[str, Any] | None = None,
-                     overwrite: bool = False) -> Path:
+def write_comparison(
+    result: ComparisonResult,
+    out: str | Path,
+    *,
+    title: str = "Leading-term features across checkpoints",
+    extra: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write the run directory ``out``: ``results.json``, ``config.json``, ``environment.json``,
     ``figures/*.png`` and ``report.html``/``report.md``.  Returns the report path.
 
@@ -764,24 +892,29 @@ def write_comparison(result: ComparisonResult, out: str | Path, *, title: str = 
     from ..report.html import Report, savefig_png
     from ..runs import RunDir
     from ..storage import atomic_write_bytes, atomic_write_json
+
     out = Path(out)
     if check_out(out, overwrite):
         for f in (out / "figures").glob("*.png"):
             f.unlink()
     run = RunDir(out)
     run.write_config({**result.config, **(dict(extra or {}))})
-    run.write_environment(seeds={"null_seed": result.config.get("null_seed")},
-                          extra={"grid": result.grid, "statistics": result.statistics})
+    run.write_environment(
+        seeds={"null_seed": result.config.get("null_seed")},
+        extra={"grid": result.grid, "statistics": result.statistics},
+    )
     atomic_write_json(run.file("results.json"), result.to_json())
     rep = Report(title)
     rep.section("Setup")
     st = result.statistics
-    rep.text(f"Model: {result.model.get('n_layers')} layers, d = {result.model.get('d_model')}, "
-             f"{result.model.get('n_heads')} heads, |V| = {result.model.get('vocab_size')}. "
-             f"Statistics: K = {st.get('K')} most frequent tokens, T = {st.get('seq_len')}, "
-             f"{st.get('n_pairs')} counted pairs, centring constant {st.get('centering'):.3g}; "
-             f"{st.get('meta', {}).get('source', '')}. Per-token states: each token alone (no BOS); "
-             "biases, LayerNorm, rotary and 1/sqrt(d) ignored, as in the paper.")
+    rep.text(
+        f"Model: {result.model.get('n_layers')} layers, d = {result.model.get('d_model')}, "
+        f"{result.model.get('n_heads')} heads, |V| = {result.model.get('vocab_size')}. "
+        f"Statistics: K = {st.get('K')} most frequent tokens, T = {st.get('seq_len')}, "
+        f"{st.get('n_pairs')} counted pairs, centring constant {st.get('centering'):.3g}; "
+        f"{st.get('meta', {}).get('source', '')}. Per-token states: each token alone (no BOS); "
+        "biases, LayerNorm, rotary and 1/sqrt(d) ignored, as in the paper."
+    )
     if extra:
         rep.code("\n".join(f"{k}: {v}" for k, v in extra.items()))
     rep.section("Heatmaps")
@@ -789,28 +922,47 @@ def write_comparison(result: ComparisonResult, out: str | Path, *, title: str = 
         png = savefig_png(plot_mappings(result, v))
         name = f"mappings-{v}.png"
         atomic_write_bytes(run.file("figures", name), png)
-        rep.figure(png, f"{VARIANT_TITLES[v].capitalize()} of each mapping with its leading term (attention: Q̄; "
-                   "embeddings: Φ̄ᵀB̄ᵀ), layers × checkpoints, colour range 0–1.", name)
+        rep.figure(
+            png,
+            f"{VARIANT_TITLES[v].capitalize()} of each mapping with its leading term (attention: Q̄; "
+            "embeddings: Φ̄ᵀB̄ᵀ), layers × checkpoints, colour range 0–1.",
+            name,
+        )
         hf = plot_heads(result, v)
         if hf is not None:
             png = savefig_png(hf)
             name = f"heads-{v}.png"
             atomic_write_bytes(run.file("figures", name), png)
-            rep.figure(png, f"Per-head attention mapping vs Q̄ ({VARIANT_TITLES[v]}), heads × checkpoints, "
-                       "colour range 0–1.", name)
+            rep.figure(
+                png,
+                f"Per-head attention mapping vs Q̄ ({VARIANT_TITLES[v]}), heads × checkpoints, colour range 0–1.",
+                name,
+            )
     rep.section("Cosines")
     for v, data in result.cosines.items():
         rep.table(["mapping", "layer"] + result.labels, _table_rows(result, data), VARIANT_TITLES[v])
     for v, null in (("spec", "null"), ("token_centred", "token_centred_null")):
         if v in result.cosines and null in result.cosines:
             margin = {k: np.asarray(result.cosines[v][k]) - np.asarray(result.cosines[null][k]) for k in MAPPINGS}
-            rep.table(["mapping", "layer"] + result.labels, _table_rows(result, margin),
-                      f"{VARIANT_TITLES[v]} minus its token-permuted null (≈ 0: no evidence beyond chance)")
+            rep.table(
+                ["mapping", "layer"] + result.labels,
+                _table_rows(result, margin),
+                f"{VARIANT_TITLES[v]} minus its token-permuted null (≈ 0: no evidence beyond chance)",
+            )
     rep.section("Checkpoints")
     g = result.grid
-    rep.table(["checkpoint", "weights sha256", "load s", "compare s"],
-              [[lab, (g.get("hashes", {}).get(lab) or "")[:16], result.timings["load_s"][i],
-                result.timings["compare_s"][i]] for i, lab in enumerate(result.labels)])
+    rep.table(
+        ["checkpoint", "weights sha256", "load s", "compare s"],
+        [
+            [
+                lab,
+                (g.get("hashes", {}).get(lab) or "")[:16],
+                result.timings["load_s"][i],
+                result.timings["compare_s"][i],
+            ]
+            for i, lab in enumerate(result.labels)
+        ],
+    )
     if g.get("duplicates"):
         rep.text("Duplicated weights: " + "; ".join(f"{d['label']} = {d['same_as']}" for d in g["duplicates"]))
     if g.get("skipped"):
@@ -819,6 +971,8 @@ def write_comparison(result: ComparisonResult, out: str | Path, *, title: str = 
         rep.section("Warnings")
         for w in result.warnings:
             rep.text(w)
-    rep.text(f"Timings: statistics {result.timings['statistics_s']} s, theory preparation "
-             f"{result.timings['theory_prepare_s']} s, total {result.timings['total_s']} s.")
+    rep.text(
+        f"Timings: statistics {result.timings['statistics_s']} s, theory preparation "
+        f"{result.timings['theory_prepare_s']} s, total {result.timings['total_s']} s."
+    )
     return rep.write(run.path)

@@ -19,12 +19,14 @@ can be copied in (``tokenizer=``).  Caveats: needs the optional ``transformers``
 regimes (position-dependent weights) have no GPT-2 equivalent and are refused; Hugging Face's RMSNorm
 computes in float32 whatever the model dtype, so float64 llama2.c models agree only to float32 accuracy.
 """
+
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -54,18 +56,35 @@ def rotate_half_to_llama2c(w: Tensor, n_heads: int) -> Tensor:
 # GPT -> GPT-2
 # --------------------------------------------------------------------------------------------------
 
+
 def gpt2_config_dict(model: GPT, *, bos_id: int | None = None, eos_id: int | None = None) -> dict[str, Any]:
     """``GPT2Config`` keyword arguments describing ``model``."""
     cfg = model.config
     if cfg.untied:
-        raise ConfigError(f"a GPT in regime {cfg.regime!r} has position-dependent weights and no GPT-2 "
-                          "equivalent", "export a standard (or myopic) model")
-    return dict(vocab_size=cfg.vocab_size, n_positions=cfg.n_positions, n_embd=cfg.d_model,
-                n_layer=cfg.n_layer, n_head=cfg.n_head, n_inner=cfg.mlp_ratio * cfg.d_model,
-                activation_function="gelu_pytorch_tanh", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                layer_norm_epsilon=LN_EPS, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
-                reorder_and_upcast_attn=False, tie_word_embeddings=cfg.tie_embeddings,
-                bos_token_id=bos_id, eos_token_id=eos_id, use_cache=True)
+        raise ConfigError(
+            f"a GPT in regime {cfg.regime!r} has position-dependent weights and no GPT-2 equivalent",
+            "export a standard (or myopic) model",
+        )
+    return dict(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.n_positions,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_inner=cfg.mlp_ratio * cfg.d_model,
+        activation_function="gelu_pytorch_tanh",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        layer_norm_epsilon=LN_EPS,
+        scale_attn_weights=True,
+        scale_attn_by_inverse_layer_idx=False,
+        reorder_and_upcast_attn=False,
+        tie_word_embeddings=cfg.tie_embeddings,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        use_cache=True,
+    )
 
 
 def gpt2_state_dict(model: GPT) -> dict[str, Tensor]:
@@ -102,16 +121,29 @@ def gpt_to_hf_model(model: GPT, *, bos_id: int | None = None, eos_id: int | None
 # llama2.c -> Llama
 # --------------------------------------------------------------------------------------------------
 
+
 def llama_config_dict(model: Llama2cModel) -> dict[str, Any]:
     """``LlamaConfig`` keyword arguments describing ``model``."""
     c = model.cfg
-    return dict(vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.hidden_dim,
-                num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
-                head_dim=c.head_dim, max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
-                rope_parameters={"rope_type": "default", "rope_theta": float(c.rope_theta)},
-                hidden_act="silu", attention_bias=False, mlp_bias=False,
-                tie_word_embeddings=c.shared_classifier, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-                use_cache=True)
+    return dict(
+        vocab_size=c.vocab_size,
+        hidden_size=c.dim,
+        intermediate_size=c.hidden_dim,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_seq_len,
+        rms_norm_eps=c.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": float(c.rope_theta)},
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=c.shared_classifier,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        use_cache=True,
+    )
 
 
 def llama_state_dict(model: Llama2cModel) -> dict[str, Tensor]:
@@ -150,6 +182,7 @@ def llama2c_to_hf_model(model: Llama2cModel) -> Any:
 # Writing
 # --------------------------------------------------------------------------------------------------
 
+
 def _load_exact(hf: Any, sd: Mapping[str, Tensor]) -> None:
     """Load ``sd`` into ``hf``; every parameter must be covered and every key used."""
     own = hf.state_dict()
@@ -171,8 +204,9 @@ def _tokenizer_file(tokenizer: str | os.PathLike) -> Path:
     return f
 
 
-def save_hf(hf_model: Any, out_dir: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
-            overwrite: bool = False) -> Path:
+def save_hf(
+    hf_model: Any, out_dir: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None, overwrite: bool = False
+) -> Path:
     """Write ``hf_model`` with ``save_pretrained`` into ``out_dir`` atomically (+ ``tokenizer.json``)."""
     tok = _tokenizer_file(tokenizer) if tokenizer is not None else None
     out = Path(out_dir)
@@ -184,15 +218,28 @@ def save_hf(hf_model: Any, out_dir: str | os.PathLike, *, tokenizer: str | os.Pa
     return out
 
 
-def gpt_to_hf(model: GPT, out_dir: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
-              bos_id: int | None = None, eos_id: int | None = None, overwrite: bool = False) -> Path:
+def gpt_to_hf(
+    model: GPT,
+    out_dir: str | os.PathLike,
+    *,
+    tokenizer: str | os.PathLike | None = None,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Export ``model`` to a Hugging Face GPT-2 directory; returns its path."""
-    return save_hf(gpt_to_hf_model(model, bos_id=bos_id, eos_id=eos_id), out_dir, tokenizer=tokenizer,
-                   overwrite=overwrite)
+    return save_hf(
+        gpt_to_hf_model(model, bos_id=bos_id, eos_id=eos_id), out_dir, tokenizer=tokenizer, overwrite=overwrite
+    )
 
 
-def llama2c_to_hf(model: Llama2cModel, out_dir: str | os.PathLike, *,
-                  tokenizer: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
+def llama2c_to_hf(
+    model: Llama2cModel,
+    out_dir: str | os.PathLike,
+    *,
+    tokenizer: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Export a llama2.c model to a Hugging Face Llama directory; returns its path."""
     return save_hf(llama2c_to_hf_model(model), out_dir, tokenizer=tokenizer, overwrite=overwrite)
 
@@ -204,5 +251,6 @@ def export_to_hf(model: GPT | Llama2cModel, out_dir: str | os.PathLike, **kw: An
     if isinstance(model, Llama2cModel):
         kw.pop("bos_id", None), kw.pop("eos_id", None)
         return llama2c_to_hf(model, out_dir, **kw)
-    raise ConfigError(f"cannot export a {type(model).__name__} to Hugging Face format",
-                      "export an originlens GPT or a llama2.c model")
+    raise ConfigError(
+        f"cannot export a {type(model).__name__} to Hugging Face format", "export an originlens GPT or a llama2.c model"
+    )

@@ -31,14 +31,16 @@ Caveats: query/key **biases** (GPT-2, NeoX) are not part of ``qk_weights`` (as f
 put in eval mode; no KV cache (``run`` re-runs whole sequences); ``trust_remote_code`` is always passed,
 False unless the caller asks (a model's own code never runs through a prompt); other architectures raise :class:`~originlens.errors.CompatibilityError`.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -47,8 +49,12 @@ from ..errors import CompatibilityError, ConfigError, InputError
 from .adapter import LMAdapter, ResidHook, TokenStates, apply_hooks, normalise_hooks
 
 INSTALL_FIX = "pip install 'originlens[hf]' (installs transformers)"
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _CHUNK = 4096  # tokens per batch in single_token_states
 
@@ -58,8 +64,9 @@ def require_transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise CompatibilityError("Hugging Face models need the optional dependency 'transformers', "
-                                 "which is not installed", INSTALL_FIX) from None
+        raise CompatibilityError(
+            "Hugging Face models need the optional dependency 'transformers', which is not installed", INSTALL_FIX
+        ) from None
     return transformers
 
 
@@ -67,6 +74,7 @@ def require_transformers() -> Any:
 def quiet_transformers() -> Iterator[None]:
     """Silence transformers' progress bars and info/warning logs for the duration of a load/save."""
     from transformers.utils import logging as hf_logging
+
     bars = hf_logging.is_progress_bar_enabled()
     level = hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
@@ -83,6 +91,7 @@ def quiet_transformers() -> Iterator[None]:
 # Families: where the pieces of each architecture live
 # --------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _Family:
     """Accessors for one architecture (``m`` is the ``*ForCausalLM`` model)."""
@@ -90,7 +99,7 @@ class _Family:
     layers: Callable[[Any], nn.ModuleList]
     final_norm: Callable[[Any], nn.Module]
     attention: Callable[[nn.Module], nn.Module]
-    qk: Callable[[Any, nn.Module], tuple[Tensor, Tensor]]   # (W_Q (H, dh, d), W_K (H_kv, dh, d))
+    qk: Callable[[Any, nn.Module], tuple[Tensor, Tensor]]  # (W_Q (H, dh, d), W_K (H_kv, dh, d))
     n_kv_heads: Callable[[Any], int]
     # what the attention module's output adds to the residual stream (Gemma-2 normalises it first)
     attn_delta: Callable[[nn.Module, Tensor], Tensor] = lambda layer, out: out
@@ -98,13 +107,13 @@ class _Family:
 
 def _gpt2_qk(cfg: Any, layer: nn.Module) -> tuple[Tensor, Tensor]:
     d, H = cfg.hidden_size, cfg.num_attention_heads
-    w = layer.attn.c_attn.weight                     # Conv1D: (in=d, out=3d), y = x @ w + b
-    return w[:, :d].T.reshape(H, d // H, d), w[:, d:2 * d].T.reshape(H, d // H, d)
+    w = layer.attn.c_attn.weight  # Conv1D: (in=d, out=3d), y = x @ w + b
+    return w[:, :d].T.reshape(H, d // H, d), w[:, d : 2 * d].T.reshape(H, d // H, d)
 
 
 def _neox_qk(cfg: Any, layer: nn.Module) -> tuple[Tensor, Tensor]:
     d, H = cfg.hidden_size, cfg.num_attention_heads
-    w = layer.attention.query_key_value.weight.view(H, 3, d // H, d)   # rows per head: [q_h | k_h | v_h]
+    w = layer.attention.query_key_value.weight.view(H, 3, d // H, d)  # rows per head: [q_h | k_h | v_h]
     return w[:, 0], w[:, 1]
 
 
@@ -116,28 +125,51 @@ def _llama_qk(cfg: Any, layer: nn.Module) -> tuple[Tensor, Tensor]:
 
 
 FAMILIES: dict[str, _Family] = {
-    "gpt2": _Family(lambda m: m.transformer.h, lambda m: m.transformer.ln_f, lambda l: l.attn, _gpt2_qk,
-                    lambda c: c.num_attention_heads),
-    "gpt_neox": _Family(lambda m: m.gpt_neox.layers, lambda m: m.gpt_neox.final_layer_norm,
-                        lambda l: l.attention, _neox_qk, lambda c: c.num_attention_heads),
-    "llama": _Family(lambda m: m.model.layers, lambda m: m.model.norm, lambda l: l.self_attn, _llama_qk,
-                     lambda c: c.num_key_value_heads or c.num_attention_heads),
-    "gemma2": _Family(lambda m: m.model.layers, lambda m: m.model.norm, lambda l: l.self_attn, _llama_qk,
-                      lambda c: c.num_key_value_heads or c.num_attention_heads,
-                      attn_delta=lambda layer, out: layer.post_attention_layernorm(out)),
+    "gpt2": _Family(
+        lambda m: m.transformer.h,
+        lambda m: m.transformer.ln_f,
+        lambda l: l.attn,
+        _gpt2_qk,
+        lambda c: c.num_attention_heads,
+    ),
+    "gpt_neox": _Family(
+        lambda m: m.gpt_neox.layers,
+        lambda m: m.gpt_neox.final_layer_norm,
+        lambda l: l.attention,
+        _neox_qk,
+        lambda c: c.num_attention_heads,
+    ),
+    "llama": _Family(
+        lambda m: m.model.layers,
+        lambda m: m.model.norm,
+        lambda l: l.self_attn,
+        _llama_qk,
+        lambda c: c.num_key_value_heads or c.num_attention_heads,
+    ),
+    "gemma2": _Family(
+        lambda m: m.model.layers,
+        lambda m: m.model.norm,
+        lambda l: l.self_attn,
+        _llama_qk,
+        lambda c: c.num_key_value_heads or c.num_attention_heads,
+        attn_delta=lambda layer, out: layer.post_attention_layernorm(out),
+    ),
 }
 
 
 def _family(model_type: str) -> _Family:
     if model_type not in FAMILIES:
-        raise CompatibilityError(f"Hugging Face model type {model_type!r} is not supported",
-                                 f"use one of: {', '.join(FAMILIES)} (GPT-2, GPT-NeoX/Pythia, Llama, Gemma-2)")
+        raise CompatibilityError(
+            f"Hugging Face model type {model_type!r} is not supported",
+            f"use one of: {', '.join(FAMILIES)} (GPT-2, GPT-NeoX/Pythia, Llama, Gemma-2)",
+        )
     return FAMILIES[model_type]
 
 
 # --------------------------------------------------------------------------------------------------
 # Adapter
 # --------------------------------------------------------------------------------------------------
+
 
 def _replace_first(args: tuple, kwargs: dict, x: Tensor) -> tuple[tuple, dict]:
     if args:
@@ -195,21 +227,32 @@ class HFAdapter(LMAdapter):
 
     def _check_tokens(self, tokens: Tensor) -> Tensor:
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.shape[1] < 1:
-            raise InputError(f"tokens must be a (B, T) tensor with T >= 1, got "
-                             f"{getattr(tokens, 'shape', type(tokens))}", "pass a 2-D LongTensor of token ids")
+            raise InputError(
+                f"tokens must be a (B, T) tensor with T >= 1, got {getattr(tokens, 'shape', type(tokens))}",
+                "pass a 2-D LongTensor of token ids",
+            )
         T = tokens.shape[1]
-        if self.max_seq_len is not None and T > self.max_seq_len:
-            raise ConfigError(f"sequence of {T} tokens exceeds the model's context of {self.max_seq_len}",
-                              f"use at most {self.max_seq_len} tokens per sequence")
+        if self.max_seq_len is not None and self.max_seq_len < T:
+            raise ConfigError(
+                f"sequence of {T} tokens exceeds the model's context of {self.max_seq_len}",
+                f"use at most {self.max_seq_len} tokens per sequence",
+            )
         lo, hi = (int(v) for v in torch.aminmax(tokens))
         if lo < 0 or hi >= self.vocab_size:
-            raise InputError(f"token ids span [{lo}, {hi}] outside the vocabulary [0, {self.vocab_size})",
-                             "use the tokenizer that belongs to the model")
+            raise InputError(
+                f"token ids span [{lo}, {hi}] outside the vocabulary [0, {self.vocab_size})",
+                "use the tokenizer that belongs to the model",
+            )
         return tokens.long().to(self.device)
 
     # -- protocol ---------------------------------------------------------------------------------
-    def run(self, tokens: Tensor, *, hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
-            return_residuals: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def run(
+        self,
+        tokens: Tensor,
+        *,
+        hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
+        return_residuals: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         tokens = self._check_tokens(tokens)
         hk = normalise_hooks(hooks, self.n_layers)
         residuals: list[Tensor | None] = [None] * (self.n_layers + 1)
@@ -219,6 +262,7 @@ class HFAdapter(LMAdapter):
                 x = apply_hooks(k, _first(args, kwargs), hk)
                 residuals[k] = x
                 return _replace_first(args, kwargs, x)
+
             return pre_hook
 
         handles = []
@@ -240,11 +284,13 @@ class HFAdapter(LMAdapter):
         def grab_pre(l: int):
             def fn(module, args, kwargs):
                 pre[l].append(_first(args, kwargs)[:, 0])
+
             return fn
 
         def grab_out(store: list, l: int, delta: Callable[[Tensor], Tensor] = lambda x: x):
             def fn(module, args, kwargs, out):
-                store[l].append(delta((out[0] if isinstance(out, tuple) else out))[:, 0])
+                store[l].append(delta(out[0] if isinstance(out, tuple) else out)[:, 0])
+
             return fn
 
         handles = []
@@ -252,8 +298,11 @@ class HFAdapter(LMAdapter):
             for l, layer in enumerate(self.layers):
                 handles.append(layer.register_forward_pre_hook(grab_pre(l), with_kwargs=True))
                 handles.append(layer.register_forward_hook(grab_out(post, l), with_kwargs=True))
-                handles.append(self.arch.attention(layer).register_forward_hook(
-                    grab_out(attn, l, lambda x, layer=layer: self.arch.attn_delta(layer, x)), with_kwargs=True))
+                handles.append(
+                    self.arch.attention(layer).register_forward_hook(
+                        grab_out(attn, l, lambda x, layer=layer: self.arch.attn_delta(layer, x)), with_kwargs=True
+                    )
+                )
             for chunk in ids.split(_CHUNK):
                 self.module(input_ids=self._check_tokens(chunk[:, None]), use_cache=False)
         finally:
@@ -265,8 +314,9 @@ class HFAdapter(LMAdapter):
 
     def qk_weights(self, layer: int) -> tuple[Tensor, Tensor]:
         if not 0 <= int(layer) < self.n_layers:
-            raise ConfigError(f"layer {layer} out of range for a {self.n_layers}-layer model",
-                              f"use 0..{self.n_layers - 1}")
+            raise ConfigError(
+                f"layer {layer} out of range for a {self.n_layers}-layer model", f"use 0..{self.n_layers - 1}"
+            )
         wq, wk = self.arch.qk(self.config, self.layers[int(layer)])
         return wq, wk.repeat_interleave(self.n_heads // wk.shape[0], dim=0)
 
@@ -282,6 +332,7 @@ class HFAdapter(LMAdapter):
 # Loading
 # --------------------------------------------------------------------------------------------------
 
+
 def is_hf_dir(path: str | os.PathLike) -> bool:
     """A directory with a ``config.json`` and model weights (safetensors or a PyTorch ``.bin``)."""
     p = Path(path)
@@ -290,8 +341,10 @@ def is_hf_dir(path: str | os.PathLike) -> bool:
 
 def hub_offline() -> bool:
     """True when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set (hub ids then read the cache only)."""
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def _chain_names(exc: BaseException) -> set[str]:
@@ -308,18 +361,28 @@ def hub_error(exc: BaseException, repo_id: str, revision: str | None) -> InputEr
     """Translate a hub failure of ``from_pretrained`` into a one-line :class:`InputError`."""
     names = _chain_names(exc)
     what = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
-    local = (f"download it where the hub is reachable (`hf download {repo_id}"
-             + (f" --revision {revision}" if revision else "") + " --local-dir DIR`) and pass the local "
-             "directory DIR instead of the hub id")
+    local = (
+        f"download it where the hub is reachable (`hf download {repo_id}"
+        + (f" --revision {revision}" if revision else "")
+        + " --local-dir DIR`) and pass the local "
+        "directory DIR instead of the hub id"
+    )
     if "RevisionNotFoundError" in names:
-        return InputError(f"hub model {repo_id!r} has no revision {revision!r}",
-                          "check the revision (branch, tag or commit), e.g. Pythia's step1000")
+        return InputError(
+            f"hub model {repo_id!r} has no revision {revision!r}",
+            "check the revision (branch, tag or commit), e.g. Pythia's step1000",
+        )
     if "RepositoryNotFoundError" in names or "GatedRepoError" in names:
-        return InputError(f"hub model {repo_id!r} was not found (or is gated/private)",
-                          "check the model id, or log in if the model is gated")
+        return InputError(
+            f"hub model {repo_id!r} was not found (or is gated/private)",
+            "check the model id, or log in if the model is gated",
+        )
     if "LocalEntryNotFoundError" in names or "OfflineModeIsEnabled" in names or "ConnectError" in names:
-        return InputError(f"could not load hub model {what}: the Hugging Face hub could not be reached "
-                          "(offline or no network) and the files are not in the local cache", local)
+        return InputError(
+            f"could not load hub model {what}: the Hugging Face hub could not be reached "
+            "(offline or no network) and the files are not in the local cache",
+            local,
+        )
     msg = " ".join(str(exc).split())[:200]
     return InputError(f"could not load hub model {what} ({msg})", local)
 
@@ -329,49 +392,69 @@ def resolve_hf_source(path_or_id: str | os.PathLike) -> tuple[str, bool]:
     p = Path(path_or_id)
     if p.exists():
         if not p.is_dir():
-            raise InputError(f"{p} is a file, not a Hugging Face model directory",
-                             "pass the directory holding config.json and the weights")
+            raise InputError(
+                f"{p} is a file, not a Hugging Face model directory",
+                "pass the directory holding config.json and the weights",
+            )
         if not (p / "config.json").is_file():
-            raise InputError(f"{p} has no config.json: not a Hugging Face model directory",
-                             "pass the directory written by save_pretrained (config.json + weights)")
+            raise InputError(
+                f"{p} has no config.json: not a Hugging Face model directory",
+                "pass the directory written by save_pretrained (config.json + weights)",
+            )
         if not any((p / w).is_file() for w in WEIGHT_FILES):
-            raise InputError(f"{p} has no model weights ({', '.join(WEIGHT_FILES)})",
-                             "pass a complete Hugging Face model directory")
+            raise InputError(
+                f"{p} has no model weights ({', '.join(WEIGHT_FILES)})", "pass a complete Hugging Face model directory"
+            )
         return str(p), True
     s = str(path_or_id)
     if s.startswith((".", "/", "~")) or s.count("/") > 1 or not _HUB_ID.match(s):
-        raise InputError(f"{s} is neither an existing directory nor a Hugging Face hub id",
-                         "pass a local model directory or a hub id such as EleutherAI/pythia-70m")
+        raise InputError(
+            f"{s} is neither an existing directory nor a Hugging Face hub id",
+            "pass a local model directory or a hub id such as EleutherAI/pythia-70m",
+        )
     return s, False
 
 
-def load_hf_model(path_or_id: str | os.PathLike, revision: str | None = None, *,
-                  dtype: torch.dtype | str | None = torch.float32, local_files_only: bool | None = None,
-                  trust_remote_code: bool = False, attn_implementation: str | None = None,
-                  device: str | torch.device | None = None, allow_pickled_weights: bool = False) -> Any:
+def load_hf_model(
+    path_or_id: str | os.PathLike,
+    revision: str | None = None,
+    *,
+    dtype: torch.dtype | str | None = torch.float32,
+    local_files_only: bool | None = None,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+    device: str | torch.device | None = None,
+    allow_pickled_weights: bool = False,
+) -> Any:
     """The ``transformers`` causal LM of a local directory or hub id (eval mode).
 
-    ``dtype=None`` keeps the stored dtype (``"auto"``); the default converts to float32.  A local
-    directory is always read with ``local_files_only=True``; for a hub id the default follows
-    ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``.  ``trust_remote_code`` is always passed explicitly
-(default False: a directory whose ``auto_map`` needs its own code is refused, never prompted for).
-    A local directory is read with ``use_safetensors=True``: one holding only pickled PyTorch weights
-    (``pytorch_model.bin``) is refused with an :class:`InputError` before anything is unpickled, unless
-    ``allow_pickled_weights=True`` (then ``transformers`` reads them with ``torch.load(weights_only=True)``).
+        ``dtype=None`` keeps the stored dtype (``"auto"``); the default converts to float32.  A local
+        directory is always read with ``local_files_only=True``; for a hub id the default follows
+        ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``.  ``trust_remote_code`` is always passed explicitly
+    (default False: a directory whose ``auto_map`` needs its own code is refused, never prompted for).
+        A local directory is read with ``use_safetensors=True``: one holding only pickled PyTorch weights
+        (``pytorch_model.bin``) is refused with an :class:`InputError` before anything is unpickled, unless
+        ``allow_pickled_weights=True`` (then ``transformers`` reads them with ``torch.load(weights_only=True)``).
     """
     tf = require_transformers()
     source, local = resolve_hf_source(path_or_id)
-    if local and not allow_pickled_weights and not any(
-            (Path(source) / w).is_file() for w in WEIGHT_FILES if ".safetensors" in w):
+    if (
+        local
+        and not allow_pickled_weights
+        and not any((Path(source) / w).is_file() for w in WEIGHT_FILES if ".safetensors" in w)
+    ):
         pickled = [w for w in WEIGHT_FILES if ".safetensors" not in w and (Path(source) / w).is_file()]
-        raise InputError(f"{source} holds only pickled PyTorch weights ({', '.join(pickled)}), which originlens "
-                         "does not unpickle",
-                         "convert them to safetensors once, in a trusted environment (transformers: "
-                         "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)), "
-                         "or pass allow_pickled_weights=True if you trust the file")
+        raise InputError(
+            f"{source} holds only pickled PyTorch weights ({', '.join(pickled)}), which originlens does not unpickle",
+            "convert them to safetensors once, in a trusted environment (transformers: "
+            "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)), "
+            "or pass allow_pickled_weights=True if you trust the file",
+        )
     if local and revision is not None:
-        raise ConfigError(f"revision={revision!r} given for the local directory {source}",
-                          "revisions only apply to hub ids; pass the directory of that revision")
+        raise ConfigError(
+            f"revision={revision!r} given for the local directory {source}",
+            "revisions only apply to hub ids; pass the directory of that revision",
+        )
     lfo = True if local else (hub_offline() if local_files_only is None else bool(local_files_only))
     kw: dict[str, Any] = {"local_files_only": lfo}
     if revision is not None:
@@ -383,43 +466,62 @@ def load_hf_model(path_or_id: str | os.PathLike, revision: str | None = None, *,
             config = tf.AutoConfig.from_pretrained(source, **kw)
         except (OSError, ValueError) as exc:
             if not trust_remote_code and "trust_remote_code" in str(exc):
-                raise InputError(f"{source} defines its own model code (config.json 'auto_map'), which originlens "
-                                 "never runs unless asked",
-                                 "use a model of a built-in transformers architecture, or, if you trust the code, "
-                                 "load it from Python with load_hf and its trust_remote_code argument set") from None
+                raise InputError(
+                    f"{source} defines its own model code (config.json 'auto_map'), which originlens "
+                    "never runs unless asked",
+                    "use a model of a built-in transformers architecture, or, if you trust the code, "
+                    "load it from Python with load_hf and its trust_remote_code argument set",
+                ) from None
             if local:
-                raise InputError(f"{source}/config.json could not be read ({' '.join(str(exc).split())[:200]})",
-                                 "pass a directory written by save_pretrained") from None
+                raise InputError(
+                    f"{source}/config.json could not be read ({' '.join(str(exc).split())[:200]})",
+                    "pass a directory written by save_pretrained",
+                ) from None
             raise hub_error(exc, source, revision) from None
-        _family(getattr(config, "model_type", ""))       # fail before downloading weights
+        _family(getattr(config, "model_type", ""))  # fail before downloading weights
         mkw = dict(kw)
         mkw["dtype"] = "auto" if dtype is None else dtype
         if local and not allow_pickled_weights:
-            mkw["use_safetensors"] = True                # never fall back to a pickled pytorch_model.bin
+            mkw["use_safetensors"] = True  # never fall back to a pickled pytorch_model.bin
         if attn_implementation is not None:
             mkw["attn_implementation"] = attn_implementation
         try:
             model = tf.AutoModelForCausalLM.from_pretrained(source, config=config, **mkw)
         except (OSError, ValueError) as exc:
             if local:
-                raise InputError(f"the weights in {source} could not be loaded "
-                                 f"({' '.join(str(exc).split())[:200]})",
-                                 "pass a complete directory written by save_pretrained") from None
+                raise InputError(
+                    f"the weights in {source} could not be loaded ({' '.join(str(exc).split())[:200]})",
+                    "pass a complete directory written by save_pretrained",
+                ) from None
             raise hub_error(exc, source, revision) from None
     if device is not None:
         model = model.to(device)
     return model.eval()
 
 
-def load_hf(path_or_id: str | os.PathLike, revision: str | None = None, *,
-            dtype: torch.dtype | str | None = torch.float32, local_files_only: bool | None = None,
-            trust_remote_code: bool = False, attn_implementation: str | None = None,
-            device: str | torch.device | None = None, allow_pickled_weights: bool = False) -> HFAdapter:
+def load_hf(
+    path_or_id: str | os.PathLike,
+    revision: str | None = None,
+    *,
+    dtype: torch.dtype | str | None = torch.float32,
+    local_files_only: bool | None = None,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+    device: str | torch.device | None = None,
+    allow_pickled_weights: bool = False,
+) -> HFAdapter:
     """:class:`HFAdapter` of a local Hugging Face directory or hub id (see :func:`load_hf_model`; a local
     directory with only pickled ``pytorch_model.bin`` weights is refused unless ``allow_pickled_weights``)."""
-    model = load_hf_model(path_or_id, revision, dtype=dtype, local_files_only=local_files_only,
-                          trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
-                          device=device, allow_pickled_weights=allow_pickled_weights)
+    model = load_hf_model(
+        path_or_id,
+        revision,
+        dtype=dtype,
+        local_files_only=local_files_only,
+        trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation,
+        device=device,
+        allow_pickled_weights=allow_pickled_weights,
+    )
     src = str(path_or_id) + (f"@{revision}" if revision else "")
     adapter = HFAdapter(model, source=src)
     adapter.commit = None if resolve_hf_source(path_or_id)[1] else resolved_commit(str(path_or_id), revision)  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ Caveats: only format version 0 (the legacy export used by the ``karpathy/tinylla
 the two RoPE tables stored in the file are skipped and recomputed.  No top-p sampling.  Everything runs
 in float32 on the CPU unless the caller moves the model.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -42,6 +43,7 @@ _LLAMA2C_V1_MAGIC = 0x616B3432  # "ak42": later llama2.c export versions start w
 # --------------------------------------------------------------------------------------------------
 # Configuration and model
 # --------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Llama2cConfig:
@@ -80,8 +82,10 @@ class Llama2cConfig:
             if self.n_heads % self.n_kv_heads:
                 problems.append(f"n_heads {self.n_heads} not divisible by n_kv_heads {self.n_kv_heads}")
         if problems:
-            raise InputError(f"invalid llama2.c header ({'; '.join(problems)})",
-                             "pass a llama2.c version-0 checkpoint (.bin written by export.py --version 0)")
+            raise InputError(
+                f"invalid llama2.c header ({'; '.join(problems)})",
+                "pass a llama2.c version-0 checkpoint (.bin written by export.py --version 0)",
+            )
 
 
 class RMSNorm(nn.Module):
@@ -126,8 +130,9 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
         self.wo = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
-                cache: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """``x`` ``(B, T, dim)`` at positions ``P..P+T-1`` where P is the cached length.
 
         Returns the output ``(B, T, dim)`` and the keys/values of positions ``0..P+T-1``, each
@@ -146,11 +151,11 @@ class Attention(nn.Module):
         # query head h reads key/value head h // kv_group
         k_rep = k.repeat_interleave(cfg.kv_group, dim=1)
         v_rep = v.repeat_interleave(cfg.kv_group, dim=1)
-        scores = q @ k_rep.transpose(-1, -2) / math.sqrt(cfg.head_dim)      # (B, H, T, P+T)
+        scores = q @ k_rep.transpose(-1, -2) / math.sqrt(cfg.head_dim)  # (B, H, T, P+T)
         q_pos = torch.arange(past, past + T, device=x.device)[:, None]
         k_pos = torch.arange(past + T, device=x.device)[None, :]
         scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
-        out = torch.softmax(scores, dim=-1) @ v_rep                          # (B, H, T, head_dim)
+        out = torch.softmax(scores, dim=-1) @ v_rep  # (B, H, T, head_dim)
         out = out.transpose(1, 2).reshape(B, T, cfg.n_heads * cfg.head_dim)
         return self.wo(out), (k, v)
 
@@ -178,8 +183,9 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
-                cache: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         a, new_cache = self.attention(self.attention_norm(x), cos, sin, cache)
         h = x + a
         return h + self.feed_forward(self.ffn_norm(h)), new_cache
@@ -220,8 +226,9 @@ class Llama2cModel(nn.Module):
         """Unembedding ``(V, dim)`` (the token embedding when shared)."""
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
-    def forward(self, tokens: Tensor, *, return_residuals: bool = False,
-                cache: KVCache | None = None) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def forward(
+        self, tokens: Tensor, *, return_residuals: bool = False, cache: KVCache | None = None
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Logits ``(B, T, V)`` for ``tokens`` ``(B, T)``.
 
         With ``cache``, the tokens are taken to follow the ``len(cache)`` cached positions and the
@@ -230,8 +237,10 @@ class Llama2cModel(nn.Module):
         B, T = tokens.shape
         start = len(cache) if cache is not None else 0
         if start + T > self.cfg.max_seq_len:
-            raise ConfigError(f"sequence of {start + T} tokens exceeds max_seq_len {self.cfg.max_seq_len}",
-                              f"use at most {self.cfg.max_seq_len} tokens per sequence")
+            raise ConfigError(
+                f"sequence of {start + T} tokens exceeds max_seq_len {self.cfg.max_seq_len}",
+                f"use at most {self.cfg.max_seq_len} tokens per sequence",
+            )
         positions = torch.arange(start, start + T, device=tokens.device)
         cos, sin = rotary_angles(positions, self.cfg.head_dim, self.cfg.rope_theta)
         cos, sin = cos.to(tokens.device), sin.to(tokens.device)
@@ -256,13 +265,16 @@ class Llama2cModel(nn.Module):
             raise ConfigError(f"layer {layer} out of range", f"use 0..{self.cfg.n_layers - 1}")
         att = self.layers[layer].attention
         cfg = self.cfg
-        return (att.wq.weight.view(cfg.n_heads, cfg.head_dim, cfg.dim),
-                att.wk.weight.view(cfg.n_kv_heads, cfg.head_dim, cfg.dim))
+        return (
+            att.wq.weight.view(cfg.n_heads, cfg.head_dim, cfg.dim),
+            att.wk.weight.view(cfg.n_kv_heads, cfg.head_dim, cfg.dim),
+        )
 
 
 # --------------------------------------------------------------------------------------------------
 # Checkpoint reader
 # --------------------------------------------------------------------------------------------------
+
 
 def _weight_shapes(cfg: Llama2cConfig) -> list[tuple[str, tuple[int, ...]]]:
     """The float32 arrays of a version-0 file, in file order (the two RoPE tables included)."""
@@ -271,12 +283,17 @@ def _weight_shapes(cfg: Llama2cConfig) -> list[tuple[str, tuple[int, ...]]]:
     shapes = [
         ("tok_embeddings", (cfg.vocab_size, d)),
         ("attention_norm", (L, d)),
-        ("wq", (L, cfg.n_heads * hd, d)), ("wk", (L, kv, d)), ("wv", (L, kv, d)),
+        ("wq", (L, cfg.n_heads * hd, d)),
+        ("wk", (L, kv, d)),
+        ("wv", (L, kv, d)),
         ("wo", (L, d, cfg.n_heads * hd)),
         ("ffn_norm", (L, d)),
-        ("w1", (L, cfg.hidden_dim, d)), ("w2", (L, d, cfg.hidden_dim)), ("w3", (L, cfg.hidden_dim, d)),
+        ("w1", (L, cfg.hidden_dim, d)),
+        ("w2", (L, d, cfg.hidden_dim)),
+        ("w3", (L, cfg.hidden_dim, d)),
         ("norm", (d,)),
-        ("rope_cos_unused", (cfg.max_seq_len, hd // 2)), ("rope_sin_unused", (cfg.max_seq_len, hd // 2)),
+        ("rope_cos_unused", (cfg.max_seq_len, hd // 2)),
+        ("rope_sin_unused", (cfg.max_seq_len, hd // 2)),
     ]
     if not cfg.shared_classifier:
         shapes.append(("output", (cfg.vocab_size, d)))
@@ -295,17 +312,21 @@ def read_llama2c_header(path: str | os.PathLike) -> Llama2cConfig:
         with open(path, "rb") as f:
             raw = f.read(4 * HEADER_INTS)
     except OSError as exc:
-        raise InputError(f"cannot read llama2.c checkpoint {path}: {exc.strerror or exc}",
-                         "check the --model path") from None
+        raise InputError(
+            f"cannot read llama2.c checkpoint {path}: {exc.strerror or exc}", "check the --model path"
+        ) from None
     if len(raw) < 4 * HEADER_INTS:
-        raise InputError(f"llama2.c checkpoint {path} is truncated: expected at least "
-                         f"{4 * HEADER_INTS} header bytes, found {len(raw)}",
-                         "pass a complete llama2.c .bin file")
+        raise InputError(
+            f"llama2.c checkpoint {path} is truncated: expected at least "
+            f"{4 * HEADER_INTS} header bytes, found {len(raw)}",
+            "pass a complete llama2.c .bin file",
+        )
     head = np.frombuffer(raw, dtype="<i4")
     if int(head[0]) == _LLAMA2C_V1_MAGIC:
-        raise InputError(f"{path} is a llama2.c checkpoint of export version {int(head[1])}; "
-                         "only version 0 is supported",
-                         "re-export it with `python export.py --version 0` from llama2.c")
+        raise InputError(
+            f"{path} is a llama2.c checkpoint of export version {int(head[1])}; only version 0 is supported",
+            "re-export it with `python export.py --version 0` from llama2.c",
+        )
     dim, hidden, layers, heads, kv_heads, vocab, seq = (int(v) for v in head)
     cfg = Llama2cConfig(dim, hidden, layers, heads, kv_heads, abs(vocab), seq, shared_classifier=vocab > 0)
     cfg.validate()
@@ -323,21 +344,24 @@ def load_llama2c(path: str | os.PathLike) -> Llama2cModel:
     expected = expected_llama2c_bytes(cfg)
     actual = path.stat().st_size
     if actual != expected:
-        raise InputError(f"llama2.c checkpoint {path} has {actual} bytes but its header "
-                         f"(dim={cfg.dim}, n_layers={cfg.n_layers}, vocab_size={cfg.vocab_size}, ...) "
-                         f"implies {expected} bytes ({'truncated' if actual < expected else 'extra data'})",
-                         "re-download or re-export the checkpoint (llama2.c export version 0)")
+        raise InputError(
+            f"llama2.c checkpoint {path} has {actual} bytes but its header "
+            f"(dim={cfg.dim}, n_layers={cfg.n_layers}, vocab_size={cfg.vocab_size}, ...) "
+            f"implies {expected} bytes ({'truncated' if actual < expected else 'extra data'})",
+            "re-download or re-export the checkpoint (llama2.c export version 0)",
+        )
     data = np.memmap(path, dtype="<f4", mode="r", offset=4 * HEADER_INTS)
     arrays: dict[str, np.ndarray] = {}
     offset = 0
     for name, shape in _weight_shapes(cfg):
         n = int(np.prod(shape))
-        arrays[name] = np.array(data[offset:offset + n], dtype=np.float32).reshape(shape)
+        arrays[name] = np.array(data[offset : offset + n], dtype=np.float32).reshape(shape)
         offset += n
     del data
     if not all(np.isfinite(a).all() for a in arrays.values()):
-        raise InputError(f"llama2.c checkpoint {path} contains NaN or Inf weights",
-                         "re-download or re-export the checkpoint")
+        raise InputError(
+            f"llama2.c checkpoint {path} contains NaN or Inf weights", "re-download or re-export the checkpoint"
+        )
 
     model = Llama2cModel(cfg)
     t = {k: torch.from_numpy(v) for k, v in arrays.items()}
@@ -394,39 +418,48 @@ class Llama2cTokenizer:
         return len(self.pieces)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, vocab_size: int) -> "Llama2cTokenizer":
+    def from_file(cls, path: str | os.PathLike, vocab_size: int) -> Llama2cTokenizer:
         """Read ``tokenizer.bin``: int32 max_token_length, then per token float32 score, int32 length,
         ``length`` UTF-8 bytes.  The file must hold exactly ``vocab_size`` tokens."""
         path = Path(path)
         try:
             raw = path.read_bytes()
         except OSError as exc:
-            raise InputError(f"cannot read tokenizer {path}: {exc.strerror or exc}",
-                             "check the --tokenizer path") from None
+            raise InputError(
+                f"cannot read tokenizer {path}: {exc.strerror or exc}", "check the --tokenizer path"
+            ) from None
         fix = "pass the llama2.c tokenizer .bin that belongs to the model (same vocab_size)"
         if len(raw) < 4:
-            raise InputError(f"tokenizer {path} is truncated: expected at least 4 bytes, found {len(raw)}",
-                             fix)
+            raise InputError(f"tokenizer {path} is truncated: expected at least 4 bytes, found {len(raw)}", fix)
         max_len = int(np.frombuffer(raw, "<i4", 1, 0)[0])
         pieces: list[bytes] = []
         scores: list[float] = []
         pos = 4
         for i in range(vocab_size):
             if pos + 8 > len(raw):
-                raise InputError(f"tokenizer {path} is truncated at token {i} of {vocab_size}: expected "
-                                 f"at least {pos + 8} bytes, found {len(raw)}", fix)
+                raise InputError(
+                    f"tokenizer {path} is truncated at token {i} of {vocab_size}: expected "
+                    f"at least {pos + 8} bytes, found {len(raw)}",
+                    fix,
+                )
             score = float(np.frombuffer(raw, "<f4", 1, pos)[0])
             n = int(np.frombuffer(raw, "<i4", 1, pos + 4)[0])
             pos += 8
             if n < 0 or pos + n > len(raw):
-                raise InputError(f"tokenizer {path} is truncated or malformed at token {i}: piece of "
-                                 f"{n} bytes at offset {pos}, file has {len(raw)} bytes", fix)
-            pieces.append(raw[pos:pos + n])
+                raise InputError(
+                    f"tokenizer {path} is truncated or malformed at token {i}: piece of "
+                    f"{n} bytes at offset {pos}, file has {len(raw)} bytes",
+                    fix,
+                )
+            pieces.append(raw[pos : pos + n])
             scores.append(score)
             pos += n
         if pos != len(raw):
-            raise InputError(f"tokenizer {path} has {len(raw) - pos} bytes after its {vocab_size} "
-                             f"tokens (expected {pos} bytes, found {len(raw)})", fix)
+            raise InputError(
+                f"tokenizer {path} has {len(raw) - pos} bytes after its {vocab_size} "
+                f"tokens (expected {pos} bytes, found {len(raw)})",
+                fix,
+            )
         return cls(pieces, scores, max_len)
 
     def _char_tokens(self, text: str) -> list[int]:
@@ -440,8 +473,10 @@ class Llama2cTokenizer:
                 continue
             for byte in b:
                 if byte not in self.byte_to_id:
-                    raise InputError(f"character {ch!r} has no token and the tokenizer has no byte "
-                                     f"token <0x{byte:02X}>", "use a tokenizer with byte fallback")
+                    raise InputError(
+                        f"character {ch!r} has no token and the tokenizer has no byte token <0x{byte:02X}>",
+                        "use a tokenizer with byte fallback",
+                    )
                 ids.append(self.byte_to_id[byte])
         return ids
 
@@ -505,7 +540,7 @@ class Llama2cTokenizer:
         """Text of ``ids``; BOS and EOS are control tokens and produce no text."""
         out = bytearray()
         prev: int | None = None
-        for t in (ids.tolist() if isinstance(ids, Tensor) else ids):
+        for t in ids.tolist() if isinstance(ids, Tensor) else ids:
             t = int(t)
             if t not in (BOS_ID, EOS_ID):
                 out += self.decode_piece(prev, t)
@@ -517,9 +552,17 @@ class Llama2cTokenizer:
 # Generation
 # --------------------------------------------------------------------------------------------------
 
+
 @torch.no_grad()
-def generate_tokens(model: Llama2cModel, prompt_ids: list[int], max_new_tokens: int = 256, *,
-                    greedy: bool = True, temperature: float = 1.0, seed: int = 0) -> list[int]:
+def generate_tokens(
+    model: Llama2cModel,
+    prompt_ids: list[int],
+    max_new_tokens: int = 256,
+    *,
+    greedy: bool = True,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> list[int]:
     """Continue ``prompt_ids`` (which should start with BOS) by up to ``max_new_tokens`` tokens.
 
     Stops early when BOS is produced (not included in the result) or the context ``max_seq_len`` is
@@ -533,8 +576,9 @@ def generate_tokens(model: Llama2cModel, prompt_ids: list[int], max_new_tokens: 
     if not prompt_ids:
         raise ConfigError("empty prompt ids", "start the prompt with BOS (id 1)")
     if len(prompt_ids) > model.cfg.max_seq_len:
-        raise ConfigError(f"prompt of {len(prompt_ids)} tokens exceeds max_seq_len {model.cfg.max_seq_len}",
-                          "shorten the prompt")
+        raise ConfigError(
+            f"prompt of {len(prompt_ids)} tokens exceeds max_seq_len {model.cfg.max_seq_len}", "shorten the prompt"
+        )
     device = model.tok_embeddings.weight.device
     gen = torch.Generator(device="cpu").manual_seed(seed)
     cache = KVCache(model.cfg.n_layers)
@@ -556,15 +600,25 @@ def generate_tokens(model: Llama2cModel, prompt_ids: list[int], max_new_tokens: 
     return ids
 
 
-def generate(model: Llama2cModel, tokenizer: Llama2cTokenizer, prompt: str = "", max_new_tokens: int = 256,
-             greedy: bool = True, temperature: float = 1.0, seed: int = 0) -> str:
+def generate(
+    model: Llama2cModel,
+    tokenizer: Llama2cTokenizer,
+    prompt: str = "",
+    max_new_tokens: int = 256,
+    greedy: bool = True,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> str:
     """Text of the prompt and its continuation, starting from BOS (see :func:`generate_tokens`).
 
     With an empty prompt and ``max_new_tokens=256`` this matches llama2.c's ``run`` with 256 steps.
     """
     if tokenizer.vocab_size != model.cfg.vocab_size:
-        raise CompatibilityError(f"tokenizer has {tokenizer.vocab_size} tokens, model {model.cfg.vocab_size}",
-                          "use the tokenizer that belongs to the model")
-    ids = generate_tokens(model, tokenizer.encode(prompt, bos=True), max_new_tokens,
-                          greedy=greedy, temperature=temperature, seed=seed)
+        raise CompatibilityError(
+            f"tokenizer has {tokenizer.vocab_size} tokens, model {model.cfg.vocab_size}",
+            "use the tokenizer that belongs to the model",
+        )
+    ids = generate_tokens(
+        model, tokenizer.encode(prompt, bos=True), max_new_tokens, greedy=greedy, temperature=temperature, seed=seed
+    )
     return tokenizer.decode(ids)

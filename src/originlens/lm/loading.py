@@ -22,22 +22,32 @@ tokenizer directory or a corpus directory, whatever the model format; a tokenize
 model is refused, and when the model file records the vocabulary hash of its training data (``ntp train``
 writes it) the tokenizer's token strings must have that hash; otherwise only the size is checked.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import CompatibilityError, ConfigError, InputError, OriginlensError
 from .adapter import LMAdapter
-from .llama2c import (BOS_ID, EOS_ID, HEADER_INTS, Llama2cConfig, Llama2cTokenizer, expected_llama2c_bytes,
-                      load_llama2c, read_llama2c_header)
+from .llama2c import (
+    BOS_ID,
+    EOS_ID,
+    HEADER_INTS,
+    Llama2cConfig,
+    Llama2cTokenizer,
+    expected_llama2c_bytes,
+    load_llama2c,
+    read_llama2c_header,
+)
 
 HF_PREFIX = "hf:"
 GPT_KINDS = ("gpt", "ntp-checkpoint")
@@ -46,6 +56,7 @@ GPT_KINDS = ("gpt", "ntp-checkpoint")
 # --------------------------------------------------------------------------------------------------
 # Tokenizers seen by the lm tools
 # --------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class TextCodec:
@@ -87,8 +98,10 @@ def count_llama2c_pieces(path: Path) -> int:
         pos += 8 + length
         n += 1
     if n == 0 or pos != len(raw):
-        raise InputError(f"{path} is not a llama2.c tokenizer file (records do not end at the file end)",
-                         "pass a llama2.c tokenizer .bin, a tokenizer.json or a tokenizer directory")
+        raise InputError(
+            f"{path} is not a llama2.c tokenizer file (records do not end at the file end)",
+            "pass a llama2.c tokenizer .bin, a tokenizer.json or a tokenizer directory",
+        )
     return n
 
 
@@ -99,35 +112,52 @@ def llama2c_codec(path: str | os.PathLike, vocab_size: int | None = None) -> Tex
     return TextCodec(lambda t: tok.encode(t, bos=False), tok.decode, tok.vocab_size, BOS_ID, EOS_ID, str(p), tok)
 
 
-def tokenizer_json_codec(path: str | os.PathLike, *, bos_id: int | None = None,
-                         eos_id: int | None = None) -> TextCodec:
+def tokenizer_json_codec(path: str | os.PathLike, *, bos_id: int | None = None, eos_id: int | None = None) -> TextCodec:
     """A Hugging Face ``tokenizer.json`` through ``tokenizers`` (no transformers, no remote code)."""
     from tokenizers import Tokenizer
+
     p = Path(path)
     try:
         tok = Tokenizer.from_file(str(p))
     except Exception as exc:  # tokenizers raises a bare Exception on parse errors
-        raise InputError(f"{p} is not a readable tokenizer.json ({' '.join(str(exc).split())[:160]})",
-                         "pass a fast-tokenizer file saved by Hugging Face tokenizers/transformers") from None
-    return TextCodec(lambda t: tok.encode(t, add_special_tokens=False).ids,
-                     lambda ids: tok.decode(ids, skip_special_tokens=True),
-                     tok.get_vocab_size(with_added_tokens=True), bos_id, eos_id, str(p), tok)
+        raise InputError(
+            f"{p} is not a readable tokenizer.json ({' '.join(str(exc).split())[:160]})",
+            "pass a fast-tokenizer file saved by Hugging Face tokenizers/transformers",
+        ) from None
+    return TextCodec(
+        lambda t: tok.encode(t, add_special_tokens=False).ids,
+        lambda ids: tok.decode(ids, skip_special_tokens=True),
+        tok.get_vocab_size(with_added_tokens=True),
+        bos_id,
+        eos_id,
+        str(p),
+        tok,
+    )
 
 
 def auto_tokenizer_codec(directory: str | os.PathLike) -> TextCodec:
     """``transformers.AutoTokenizer`` of a local directory (offline, never remote code)."""
     from .hf import quiet_transformers, require_transformers
+
     tf = require_transformers()
     d = Path(directory)
     with quiet_transformers():
         try:
             tok = tf.AutoTokenizer.from_pretrained(str(d), local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, ImportError) as exc:
-            raise InputError(f"no usable tokenizer in {d} ({' '.join(str(exc).split())[:160]})",
-                             "pass --tokenizer (a tokenizer.json file or a directory holding one)") from None
-    return TextCodec(lambda t: tok.encode(t, add_special_tokens=False),
-                     lambda ids: tok.decode(ids, skip_special_tokens=True),
-                     len(tok), tok.bos_token_id, tok.eos_token_id, str(d), tok)
+            raise InputError(
+                f"no usable tokenizer in {d} ({' '.join(str(exc).split())[:160]})",
+                "pass --tokenizer (a tokenizer.json file or a directory holding one)",
+            ) from None
+    return TextCodec(
+        lambda t: tok.encode(t, add_special_tokens=False),
+        lambda ids: tok.decode(ids, skip_special_tokens=True),
+        len(tok),
+        tok.bos_token_id,
+        tok.eos_token_id,
+        str(d),
+        tok,
+    )
 
 
 def originlens_codec(tok: Any, source: str = "") -> TextCodec:
@@ -136,15 +166,16 @@ def originlens_codec(tok: Any, source: str = "") -> TextCodec:
     eos = getattr(tok, "eot_id", None)
     wrap = bool(getattr(tok, "wrap", False))
     if bos is None:
-        bos = eos            # packed word corpora separate documents by <eot>: start after one
+        bos = eos  # packed word corpora separate documents by <eot>: start after one
     control = {i for i in (bos, eos) if i is not None}
 
     def encode(text: str) -> list[int]:
         ids = tok.encode(text)
         return ids[1:-1] if wrap and len(ids) >= 2 else ids
 
-    return TextCodec(encode, lambda ids: tok.decode([i for i in ids if i not in control]),
-                     tok.vocab_size, bos, eos, source, tok)
+    return TextCodec(
+        encode, lambda ids: tok.decode([i for i in ids if i not in control]), tok.vocab_size, bos, eos, source, tok
+    )
 
 
 def open_tokenizer(path: str | os.PathLike, *, vocab_size: int | None = None) -> TextCodec:
@@ -153,6 +184,7 @@ def open_tokenizer(path: str | os.PathLike, *, vocab_size: int | None = None) ->
     ``tokenizer.json``; offline from the local cache when ``HF_HUB_OFFLINE`` is set)."""
     from ..data.store import TokenStore, is_corpus_dir
     from ..data.tokenizers import SAVED_NAME, load_saved
+
     if isinstance(path, str) and path.startswith(HF_PREFIX):
         return _hub_tokenizer(*parse_hub_spec(path))
     p = Path(path)
@@ -167,8 +199,10 @@ def open_tokenizer(path: str | os.PathLike, *, vocab_size: int | None = None) ->
             return tokenizer_json_codec(p / "tokenizer.json")
         if (p / "tokenizer_config.json").is_file():
             return auto_tokenizer_codec(p)
-        raise InputError(f"no tokenizer found in directory {p}",
-                         "pass a tokenizer.json, a llama2.c tokenizer .bin, or a corpus/tokenizer directory")
+        raise InputError(
+            f"no tokenizer found in directory {p}",
+            "pass a tokenizer.json, a llama2.c tokenizer .bin, or a corpus/tokenizer directory",
+        )
     if p.name == SAVED_NAME:
         return originlens_codec(load_saved(p.parent), str(p.parent))
     if p.suffix == ".json":
@@ -179,6 +213,7 @@ def open_tokenizer(path: str | os.PathLike, *, vocab_size: int | None = None) ->
 # --------------------------------------------------------------------------------------------------
 # Formats
 # --------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ModelFormat:
@@ -196,6 +231,7 @@ class ModelFormat:
 
 
 # -- llama2.c ---------------------------------------------------------------------------------------
+
 
 def _looks_like_llama2c(path: Path) -> bool:
     """A ``.bin`` file, or any file whose 7-int header predicts its exact size."""
@@ -224,21 +260,26 @@ def _llama2c_tokenizer(model_path: Path, tokenizer: Path | None) -> TextCodec:
         cand = model_path.parent / name
         if cand.is_file():
             return llama2c_codec(cand, vocab)
-    raise InputError("a llama2.c checkpoint needs its tokenizer",
-                     f"pass --tokenizer PATH (e.g. tok512.bin next to stories260K.bin); tok{vocab}.bin or "
-                     f"tokenizer.bin next to {model_path.name} is found automatically")
+    raise InputError(
+        "a llama2.c checkpoint needs its tokenizer",
+        f"pass --tokenizer PATH (e.g. tok512.bin next to stories260K.bin); tok{vocab}.bin or "
+        f"tokenizer.bin next to {model_path.name} is found automatically",
+    )
 
 
 def _llama2c_adapter(model: Any) -> LMAdapter:
     from .native import Llama2cAdapter
+
     return Llama2cAdapter(model)
 
 
 # -- our GPT ----------------------------------------------------------------------------------------
 
+
 def safetensors_metadata(path: Path) -> dict[str, str] | None:
     """The string metadata of a safetensors file (header only), ``None`` when unreadable."""
     from safetensors import safe_open
+
     try:
         with safe_open(str(path), framework="numpy") as f:
             return dict(f.metadata() or {})
@@ -257,6 +298,7 @@ def load_gpt_checkpoint(path: str | os.PathLike) -> Any:
     """A :class:`~originlens.models.gpt.GPT` from ``GPT.save`` output or a trainer checkpoint (eval mode)."""
     from ..models.gpt import GPT, GPTConfig
     from ..storage import load_tensors
+
     p = Path(path)
     meta = safetensors_metadata(p) or {}
     if meta.get("kind") == "gpt":
@@ -264,12 +306,11 @@ def load_gpt_checkpoint(path: str | os.PathLike) -> Any:
     else:
         arrays, meta = load_tensors(p, kind="ntp-checkpoint")
         if "gpt_config" not in meta:
-            raise CompatibilityError(f"{p} has no gpt_config in its metadata",
-                                     "pass a checkpoint written by ntp train")
+            raise CompatibilityError(f"{p} has no gpt_config in its metadata", "pass a checkpoint written by ntp train")
         config = GPTConfig.from_dict(json.loads(meta["gpt_config"]))
-        state = {k[len("model."):]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
+        state = {k[len("model.") :]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
         model = GPT.from_state_dict(state, config).eval()
-    vh = meta.get("vocab_hash")          # checked against tokenizers (check_vocab); "null" = none recorded
+    vh = meta.get("vocab_hash")  # checked against tokenizers (check_vocab); "null" = none recorded
     model.vocab_hash = None if vh in (None, "null", "") else str(vh).strip('"')
     return model
 
@@ -301,6 +342,7 @@ def _gpt_tokenizer(model_path: Path, tokenizer: Path | None) -> TextCodec:
     from ..data.store import is_corpus_dir
     from ..data.tokenizers import SAVED_NAME, WordTokenizer, load_saved
     from ..storage import read_json
+
     if tokenizer is not None:
         return open_tokenizer(tokenizer)
     dirs = [model_path.parent] + ([model_path.parent.parent] if model_path.parent.name == "checkpoints" else [])
@@ -317,13 +359,16 @@ def _gpt_tokenizer(model_path: Path, tokenizer: Path | None) -> TextCodec:
     corpus = _gpt_corpus(model_path)
     if corpus is not None and is_corpus_dir(corpus):
         return open_tokenizer(corpus)
-    raise InputError(f"no tokenizer found for GPT checkpoint {model_path}",
-                     "pass --tokenizer (the corpus directory the model was trained on, a tokenizer.json "
-                     "or a saved tokenizer directory)")
+    raise InputError(
+        f"no tokenizer found for GPT checkpoint {model_path}",
+        "pass --tokenizer (the corpus directory the model was trained on, a tokenizer.json "
+        "or a saved tokenizer directory)",
+    )
 
 
 def _gpt_adapter(model: Any) -> LMAdapter:
     from .native import GPTAdapter
+
     adapter = GPTAdapter(model)
     adapter.vocab_hash = getattr(model, "vocab_hash", None)  # type: ignore[attr-defined]
     return adapter
@@ -331,13 +376,16 @@ def _gpt_adapter(model: Any) -> LMAdapter:
 
 # -- Hugging Face -----------------------------------------------------------------------------------
 
+
 def _looks_like_hf(path: Path) -> bool:
     from .hf import is_hf_dir
+
     return is_hf_dir(path)
 
 
 def _load_hf_dir(path: Path) -> Any:
     from .hf import load_hf_model
+
     return load_hf_model(path)
 
 
@@ -361,23 +409,44 @@ def _hf_tokenizer(model_path: Path, tokenizer: Path | None) -> TextCodec:
         return tokenizer_json_codec(model_path / "tokenizer.json", bos_id=bos, eos_id=eos)
     if (model_path / "tokenizer_config.json").is_file():
         return auto_tokenizer_codec(model_path)
-    raise InputError(f"Hugging Face directory {model_path} has no tokenizer (tokenizer.json)",
-                     "pass --tokenizer (a tokenizer.json, or the llama2.c tokenizer .bin for an exported "
-                     "llama2.c model)")
+    raise InputError(
+        f"Hugging Face directory {model_path} has no tokenizer (tokenizer.json)",
+        "pass --tokenizer (a tokenizer.json, or the llama2.c tokenizer .bin for an exported llama2.c model)",
+    )
 
 
 def _hf_adapter(model: Any) -> LMAdapter:
     from .hf import HFAdapter
+
     return HFAdapter(model)
 
 
 MODEL_FORMATS: list[ModelFormat] = [
-    ModelFormat("llama2c", "llama2.c version-0 checkpoint (.bin, 7-int32 header + float32 weights)",
-                _looks_like_llama2c, load_llama2c, _llama2c_tokenizer, _llama2c_adapter),
-    ModelFormat("originlens-gpt", "originlens GPT weights (.safetensors from GPT.save or an ntp-train checkpoint)",
-                _looks_like_gpt, load_gpt_checkpoint, _gpt_tokenizer, _gpt_adapter),
-    ModelFormat("hf", "Hugging Face model directory (config.json + weights; GPT-2, GPT-NeoX/Pythia, Llama), "
-                      "or hf:ID[@REVISION] for the hub", _looks_like_hf, _load_hf_dir, _hf_tokenizer, _hf_adapter),
+    ModelFormat(
+        "llama2c",
+        "llama2.c version-0 checkpoint (.bin, 7-int32 header + float32 weights)",
+        _looks_like_llama2c,
+        load_llama2c,
+        _llama2c_tokenizer,
+        _llama2c_adapter,
+    ),
+    ModelFormat(
+        "originlens-gpt",
+        "originlens GPT weights (.safetensors from GPT.save or an ntp-train checkpoint)",
+        _looks_like_gpt,
+        load_gpt_checkpoint,
+        _gpt_tokenizer,
+        _gpt_adapter,
+    ),
+    ModelFormat(
+        "hf",
+        "Hugging Face model directory (config.json + weights; GPT-2, GPT-NeoX/Pythia, Llama), "
+        "or hf:ID[@REVISION] for the hub",
+        _looks_like_hf,
+        _load_hf_dir,
+        _hf_tokenizer,
+        _hf_adapter,
+    ),
 ]
 
 
@@ -385,15 +454,17 @@ MODEL_FORMATS: list[ModelFormat] = [
 # Entry points
 # --------------------------------------------------------------------------------------------------
 
+
 def parse_hub_spec(spec: str, revision: str | None = None) -> tuple[str, str | None]:
     """``"hf:ID[@REV]"`` → ``(ID, REV)``; ``revision`` may give REV instead (not both, unless equal)."""
-    body = spec[len(HF_PREFIX):] if spec.startswith(HF_PREFIX) else spec
+    body = spec[len(HF_PREFIX) :] if spec.startswith(HF_PREFIX) else spec
     repo, _, rev = body.partition("@")
     if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", repo):
         raise ConfigError(f"{spec!r} is not a hub spec", "use hf:OWNER/NAME or hf:OWNER/NAME@REVISION")
     if rev and revision is not None and rev != revision:
-        raise ConfigError(f"two revisions given: {rev!r} in {spec!r} and revision={revision!r}",
-                          "give the revision once")
+        raise ConfigError(
+            f"two revisions given: {rev!r} in {spec!r} and revision={revision!r}", "give the revision once"
+        )
     return repo, (rev or revision)
 
 
@@ -401,8 +472,7 @@ def detect_format(path: str | os.PathLike) -> ModelFormat:
     """The registered format of ``path``; :class:`InputError` listing the supported ones otherwise."""
     path = Path(path)
     if not path.exists():
-        hint = (f"; for the Hugging Face hub use hf:{path}" if re.fullmatch(r"[\w.-]+/[\w.-]+", str(path))
-                else "")
+        hint = f"; for the Hugging Face hub use hf:{path}" if re.fullmatch(r"[\w.-]+/[\w.-]+", str(path)) else ""
         raise InputError(f"model path {path} does not exist", f"check the --model path{hint}")
     for fmt in MODEL_FORMATS:
         if fmt.detect(path):
@@ -413,8 +483,9 @@ def detect_format(path: str | os.PathLike) -> ModelFormat:
 
 def _local(spec: str | os.PathLike, revision: str | None) -> Path:
     if revision is not None:
-        raise ConfigError(f"revision={revision!r} given for the local path {spec}",
-                          "revisions only apply to hub specs hf:ID@REVISION")
+        raise ConfigError(
+            f"revision={revision!r} given for the local path {spec}", "revisions only apply to hub specs hf:ID@REVISION"
+        )
     return Path(spec)
 
 
@@ -422,13 +493,15 @@ def load_model(path: str | os.PathLike, *, revision: str | None = None) -> Any:
     """The native model of a checkpoint of any registered format, or of ``hf:ID[@REV]``."""
     if isinstance(path, str) and path.startswith(HF_PREFIX):
         from .hf import load_hf_model
+
         return load_hf_model(*parse_hub_spec(path, revision))
     p = _local(path, revision)
     return detect_format(p).load(p)
 
 
-def load_tokenizer(spec: str | os.PathLike, tokenizer: str | os.PathLike | None = None, *,
-                   revision: str | None = None) -> TextCodec:
+def load_tokenizer(
+    spec: str | os.PathLike, tokenizer: str | os.PathLike | None = None, *, revision: str | None = None
+) -> TextCodec:
     """The :class:`TextCodec` of a model (path or ``hf:ID[@REV]``), or of the explicit ``tokenizer``."""
     if isinstance(spec, str) and spec.startswith(HF_PREFIX):
         if tokenizer is not None:
@@ -439,9 +512,11 @@ def load_tokenizer(spec: str | os.PathLike, tokenizer: str | os.PathLike | None 
 
 
 def _hub_tokenizer(repo: str, revision: str | None) -> TextCodec:
-    from .hf import hub_offline, hub_error, require_transformers
+    from .hf import hub_error, hub_offline, require_transformers
+
     require_transformers()
     from huggingface_hub import hf_hub_download
+
     try:
         f = hf_hub_download(repo, "tokenizer.json", revision=revision, local_files_only=hub_offline())
     except (OSError, ValueError) as exc:
@@ -449,8 +524,12 @@ def _hub_tokenizer(repo: str, revision: str | None) -> TextCodec:
     return tokenizer_json_codec(f)
 
 
-def load_adapter(spec: str | os.PathLike | LMAdapter, *, revision: str | None = None,
-                 tokenizer: str | os.PathLike | TextCodec | None = None) -> LMAdapter:
+def load_adapter(
+    spec: str | os.PathLike | LMAdapter,
+    *,
+    revision: str | None = None,
+    tokenizer: str | os.PathLike | TextCodec | None = None,
+) -> LMAdapter:
     """An :class:`~originlens.lm.adapter.LMAdapter` for a model path or ``hf:ID[@REVISION]``.
 
     llama2.c ``.bin`` → ``Llama2cAdapter``; GPT ``.safetensors`` → ``GPTAdapter``; Hugging Face
@@ -462,15 +541,22 @@ def load_adapter(spec: str | os.PathLike | LMAdapter, *, revision: str | None = 
         adapter = spec
     elif isinstance(spec, str) and spec.startswith(HF_PREFIX):
         from .hf import load_hf
+
         adapter = load_hf(*parse_hub_spec(spec, revision))
     else:
         p = _local(spec, revision)
         fmt = detect_format(p)
         adapter = fmt.adapter(fmt.load(p))
     if tokenizer is not None:
-        codec = tokenizer if isinstance(tokenizer, TextCodec) else (
-            load_tokenizer(spec, tokenizer, revision=revision) if not isinstance(spec, LMAdapter)
-            else open_tokenizer(tokenizer))
+        codec = (
+            tokenizer
+            if isinstance(tokenizer, TextCodec)
+            else (
+                load_tokenizer(spec, tokenizer, revision=revision)
+                if not isinstance(spec, LMAdapter)
+                else open_tokenizer(tokenizer)
+            )
+        )
         check_vocab(adapter, codec)
         if adapter.bos_id is None and codec.bos_id is not None:
             adapter.bos_id = codec.bos_id
@@ -483,17 +569,22 @@ def check_vocab(adapter: LMAdapter, codec: TextCodec) -> None:
     records a vocabulary hash (``adapter.vocab_hash``, written by ``ntp train``) that the tokenizer's
     token strings do not have.  Without a recorded hash only the size is checked."""
     if codec.vocab_size > adapter.vocab_size:
-        raise CompatibilityError(f"tokenizer {codec.source or ''} has {codec.vocab_size} tokens but the model "
-                                 f"only {adapter.vocab_size}", "use the tokenizer the model was trained with")
+        raise CompatibilityError(
+            f"tokenizer {codec.source or ''} has {codec.vocab_size} tokens but the model only {adapter.vocab_size}",
+            "use the tokenizer the model was trained with",
+        )
     want = getattr(adapter, "vocab_hash", None)
     if want is None or codec.inner is None:
         return
     from .compare import tokenizer_identity
+
     try:
         got = tokenizer_identity(codec.inner).vocab_hash
-    except OriginlensError:          # a tokenizer whose token strings cannot be listed: size check only
+    except OriginlensError:  # a tokenizer whose token strings cannot be listed: size check only
         return
     if got != want:
-        raise CompatibilityError(f"tokenizer {codec.source or ''} is not the model's: its vocabulary hash is "
-                                 f"{got}, the model was trained on {want}",
-                                 "use the tokenizer (corpus vocabulary) the model was trained with")
+        raise CompatibilityError(
+            f"tokenizer {codec.source or ''} is not the model's: its vocabulary hash is "
+            f"{got}, the model was trained on {want}",
+            "use the tokenizer (corpus vocabulary) the model was trained with",
+        )

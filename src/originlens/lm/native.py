@@ -10,9 +10,10 @@ llama2.c it runs its own fused block code (:func:`_llama_block`, equal to the mo
 round-off), for our GPT the model's blocks with a key/value-recording attention (single parameter copy
 only: not for untied models; forward values only, no myopic gradient semantics).
 """
+
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -45,11 +46,15 @@ class GPTAdapter(LMAdapter):
     def parameters(self):
         return self.module.parameters()
 
-    def run(self, tokens: Tensor, *, hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
-            return_residuals: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def run(
+        self,
+        tokens: Tensor,
+        *,
+        hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
+        return_residuals: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         hk = normalise_hooks(hooks, self.n_layers)
-        gpt_hooks = {f"resid.{k}": [(lambda x, site, fn=fn, k=k: fn(x, k)) for fn in fns]
-                     for k, fns in hk.items()}
+        gpt_hooks = {f"resid.{k}": [(lambda x, site, fn=fn, k=k: fn(x, k)) for fn in fns] for k, fns in hk.items()}
         return self.module(tokens, hooks=gpt_hooks, return_residuals=return_residuals)
 
     def run_from(self, k: int, x: Tensor) -> Tensor:
@@ -63,8 +68,10 @@ class GPTAdapter(LMAdapter):
 
     def _cached_site(self, k: int) -> int:
         if not self.supports_cached_ablation:
-            raise ConfigError("cached partial forwards need a GPT with one parameter copy and no active dropout",
-                              "use run / run_from (untied models), or call module.eval()")
+            raise ConfigError(
+                "cached partial forwards need a GPT with one parameter copy and no active dropout",
+                "use run / run_from (untied models), or call module.eval()",
+            )
         return self.check_site(k)
 
     def run_cached(self, tokens: Tensor, k: int) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]]]:
@@ -99,8 +106,7 @@ class GPTAdapter(LMAdapter):
             x = block(x, [(0, 0, T)], attention)
         return x, past
 
-    def run_positions_from(self, k: int, x: Tensor, start: Tensor, past: Sequence[tuple[Tensor, Tensor]]
-                           ) -> Tensor:
+    def run_positions_from(self, k: int, x: Tensor, start: Tensor, past: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
         k, m = self._cached_site(k), self.module
         n = x.shape[1]
         start = start.to(x.device)
@@ -110,8 +116,9 @@ class GPTAdapter(LMAdapter):
 
         def attention(q: Tensor, kk: Tensor, v: Tensor) -> Tensor:
             pk, pv = next(layers)
-            return F.scaled_dot_product_attention(q, torch.cat([pk[:, :, :P], kk], 2),
-                                                  torch.cat([pv[:, :, :P], v], 2), attn_mask=mask)
+            return F.scaled_dot_product_attention(
+                q, torch.cat([pk[:, :, :P], kk], 2), torch.cat([pv[:, :, :P], v], 2), attn_mask=mask
+            )
 
         for block in m.blocks[k:]:
             x = block(x, [(0, 0, n)], attention)
@@ -124,7 +131,7 @@ class GPTAdapter(LMAdapter):
         pre, attn, post = [], [], []
         for block in m.blocks:
             c = block.copies[0]
-            v = c.attn_qkv(c.ln_1(x))[:, 2 * d:]           # one key: softmax weight 1, output = value
+            v = c.attn_qkv(c.ln_1(x))[:, 2 * d :]  # one key: softmax weight 1, output = value
             h = x + c.attn_out(v)
             out = h + c.mlp_out(F.gelu(c.mlp_in(c.ln_2(h)), approximate="tanh"))
             pre.append(x), attn.append(h), post.append(out)
@@ -135,7 +142,7 @@ class GPTAdapter(LMAdapter):
         layer = _check_layer(layer, self.n_layers)
         w = self.module.blocks[layer].copies[0].attn_qkv.weight
         d, H = self.d_model, self.n_heads
-        return w[:d].view(H, d // H, d), w[d:2 * d].view(H, d // H, d)
+        return w[:d].view(H, d // H, d), w[d : 2 * d].view(H, d // H, d)
 
     def unembed(self, h: Tensor) -> Tensor:
         return self.module._logits(0, h)
@@ -156,13 +163,20 @@ class Llama2cAdapter(LMAdapter):
     def parameters(self):
         return self.module.parameters()
 
-    def run(self, tokens: Tensor, *, hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
-            return_residuals: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def run(
+        self,
+        tokens: Tensor,
+        *,
+        hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
+        return_residuals: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         m, cfg = self.module, self.module.cfg
         T = tokens.shape[1]
-        if T > cfg.max_seq_len:
-            raise ConfigError(f"sequence of {T} tokens exceeds max_seq_len {cfg.max_seq_len}",
-                              f"use at most {cfg.max_seq_len} tokens per sequence")
+        if cfg.max_seq_len < T:
+            raise ConfigError(
+                f"sequence of {T} tokens exceeds max_seq_len {cfg.max_seq_len}",
+                f"use at most {cfg.max_seq_len} tokens per sequence",
+            )
         hk = normalise_hooks(hooks, self.n_layers)
         cos, sin = rotary_angles(torch.arange(T), cfg.head_dim, cfg.rope_theta)
         cos, sin = cos.to(tokens.device), sin.to(tokens.device)
@@ -190,9 +204,11 @@ class Llama2cAdapter(LMAdapter):
     def run_cached(self, tokens: Tensor, k: int) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]]]:
         k, m, cfg = self.check_site(k), self.module, self.module.cfg
         T = tokens.shape[1]
-        if T > cfg.max_seq_len:
-            raise ConfigError(f"sequence of {T} tokens exceeds max_seq_len {cfg.max_seq_len}",
-                              f"use at most {cfg.max_seq_len} tokens per sequence")
+        if cfg.max_seq_len < T:
+            raise ConfigError(
+                f"sequence of {T} tokens exceeds max_seq_len {cfg.max_seq_len}",
+                f"use at most {cfg.max_seq_len} tokens per sequence",
+            )
         x = resid_k = m.tok_embeddings(tokens)
         rot = _rotations(torch.arange(T, device=tokens.device), cfg, x.dtype)
         mask = _causal_mask(T, x.dtype, x.device)
@@ -210,9 +226,11 @@ class Llama2cAdapter(LMAdapter):
         :meth:`run_cached`: equal to :meth:`run`'s residuals up to round-off)."""
         k, m, cfg = self.check_site(k), self.module, self.module.cfg
         T = tokens.shape[1]
-        if T > cfg.max_seq_len:
-            raise ConfigError(f"sequence of {T} tokens exceeds max_seq_len {cfg.max_seq_len}",
-                              f"use at most {cfg.max_seq_len} tokens per sequence")
+        if cfg.max_seq_len < T:
+            raise ConfigError(
+                f"sequence of {T} tokens exceeds max_seq_len {cfg.max_seq_len}",
+                f"use at most {cfg.max_seq_len} tokens per sequence",
+            )
         x = m.tok_embeddings(tokens)
         if k == 0:
             return x
@@ -235,15 +253,15 @@ class Llama2cAdapter(LMAdapter):
             past.append(kv)
         return x, past
 
-    def run_positions_from(self, k: int, x: Tensor, start: Tensor, past: Sequence[tuple[Tensor, Tensor]]
-                           ) -> Tensor:
+    def run_positions_from(self, k: int, x: Tensor, start: Tensor, past: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
         k, cfg = self.check_site(k), self.module.cfg
         B, n, _ = x.shape
         start = start.to(x.device)
         P = int(start.max()) if start.numel() else 0
         rot = _rotations(start[:, None] + torch.arange(n, device=x.device), cfg, x.dtype)[:, None]
-        mask = torch.zeros((), dtype=x.dtype, device=x.device).masked_fill(~past_attention_mask(start, n, P),
-                                                                            float("-inf"))[:, :, None]
+        mask = torch.zeros((), dtype=x.dtype, device=x.device).masked_fill(
+            ~past_attention_mask(start, n, P), float("-inf")
+        )[:, :, None]
         for layer, (pk, pv) in zip(self.module.layers[k:], past):
             x = _llama_block(layer, cfg, x, rot, mask, (pk[:, :, :P], pv[:, :, :P]))[0]
         return self.unembed(x)
@@ -256,7 +274,7 @@ class Llama2cAdapter(LMAdapter):
             a = layer.attention
             v = a.wv(layer.attention_norm(x)).view(-1, cfg.n_kv_heads, cfg.head_dim)
             v = v.repeat_interleave(cfg.kv_group, dim=1).reshape(-1, cfg.n_heads * cfg.head_dim)
-            h = x + a.wo(v)                                # position 0: no rotation, one key
+            h = x + a.wo(v)  # position 0: no rotation, one key
             out = h + layer.feed_forward(layer.ffn_norm(h))
             pre.append(x), attn.append(h), post.append(out)
             x = out
@@ -271,8 +289,9 @@ class Llama2cAdapter(LMAdapter):
         return self.module.norm(h) @ self.module.classifier_weight.T
 
 
-def _llama_block(layer, cfg, x: Tensor, rot: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None = None
-                 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+def _llama_block(
+    layer, cfg, x: Tensor, rot: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """One llama2.c block, written for speed: x ``(B, T, d)`` → (output, (keys, values) of x's positions,
     each ``(B, n_kv, T, hd)``, keys rotated).  ``rot``: complex rotations ``(T, hd/2)`` or
     ``(B, 1, T, hd/2)`` (:func:`_rotations`); ``mask``: additive, ``(T, T)`` causal without ``past``
@@ -282,21 +301,22 @@ def _llama_block(layer, cfg, x: Tensor, rot: Tensor, mask: Tensor, past: tuple[T
     repeated keys, causal attention in two query halves (the first half reads only the first half)."""
     a, ff, (B, T, d), hd = layer.attention, layer.feed_forward, x.shape, cfg.head_dim
     H, Hkv = cfg.n_heads, cfg.n_kv_heads
-    w = torch.cat([a.wq.weight * hd ** -0.5, a.wk.weight, a.wv.weight]) * layer.attention_norm.weight
+    w = torch.cat([a.wq.weight * hd**-0.5, a.wk.weight, a.wv.weight]) * layer.attention_norm.weight
     qkv = F.linear(_rms(x, layer.attention_norm.eps), w).view(B, T, H + 2 * Hkv, hd)
     qkv = qkv.transpose(1, 2).contiguous()
-    qk = torch.view_as_real(torch.view_as_complex(qkv[:, :H + Hkv].reshape(B, H + Hkv, T, hd // 2, 2)) * rot)
+    qk = torch.view_as_real(torch.view_as_complex(qkv[:, : H + Hkv].reshape(B, H + Hkv, T, hd // 2, 2)) * rot)
     qk = qk.reshape(B, H + Hkv, T, hd)
-    q, kk, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]
+    q, kk, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv :]
     if past is not None:
         out = _attend(q, torch.cat([past[0], kk], 2), torch.cat([past[1], v], 2), mask)
     elif T >= 16:
         m = T // 2
-        out = torch.cat([_attend(q[:, :, :m], kk[:, :, :m], v[:, :, :m], mask[:m, :m]),
-                         _attend(q[:, :, m:], kk, v, mask[m:])], 2)
+        out = torch.cat(
+            [_attend(q[:, :, :m], kk[:, :, :m], v[:, :, :m], mask[:m, :m]), _attend(q[:, :, m:], kk, v, mask[m:])], 2
+        )
     else:
         out = _attend(q, kk, v, mask)
-    h = torch.addmm(x.reshape(-1, d), out.transpose(1, 2).reshape(B * T, H * hd), a.wo.weight.T)   # x + wo(out)
+    h = torch.addmm(x.reshape(-1, d), out.transpose(1, 2).reshape(B * T, H * hd), a.wo.weight.T)  # x + wo(out)
     hn = _rms(h, layer.ffn_norm.eps)
     g = F.linear(hn, ff.w1.weight * layer.ffn_norm.weight)
     u = F.linear(hn, ff.w3.weight * layer.ffn_norm.weight)
@@ -308,7 +328,7 @@ def _attend(q: Tensor, keys: Tensor, vals: Tensor, mask: Tensor) -> Tensor:
     additive mask broadcastable to ``(B, n_kv, H/n_kv, T, S)``."""
     B, H, T, hd = q.shape
     Hkv = keys.shape[1]
-    s = torch.matmul(q.reshape(B, Hkv, H // Hkv * T, hd), keys.transpose(-1, -2))     # query heads grouped
+    s = torch.matmul(q.reshape(B, Hkv, H // Hkv * T, hd), keys.transpose(-1, -2))  # query heads grouped
     s = s.view(B, Hkv, H // Hkv, T, -1).add_(mask)
     return torch.matmul(torch.softmax(s.view(B, Hkv, H // Hkv * T, -1), dim=-1), vals).view(B, H, T, hd)
 

@@ -74,12 +74,14 @@ most of the work.  Kept streams are only valid for the model weights, sequences 
 found with; :func:`ablation_kl` checks the site only.  Peak memory of :func:`qscore` on the cached path:
 up to ``max_stream_bytes`` of kept streams plus ``max_clean_bytes`` of clean state.
 """
+
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -97,19 +99,19 @@ ABLATION_METHODS = ("auto", "cached", "run_from", "hooks")
 class QScoreConfig:
     """Settings of the Q(w) protocol (defaults: the paper's reference values where they exist)."""
 
-    n_contexts: int = 8               # top-activating contexts kept per feature
-    max_offset: int = 10              # K: offsets d = 1..K
+    n_contexts: int = 8  # top-activating contexts kept per feature
+    max_offset: int = 10  # K: offsets d = 1..K
     ablation: str = "error_preserving"  # or "faithful" (reference)
-    position_rule: str = "restrict"   # "restrict" | "drop" (reference)
-    dedup_distance: int = 10          # token edit distance for duplicates; -1 disables
-    pool_factor: int = 4              # candidates kept per feature before de-duplication
-    min_total_kl: float = 0.05        # drop rule on the mean Σ_d KL_d
-    eps: float = 1e-8                 # floor of the KL_1 denominator
+    position_rule: str = "restrict"  # "restrict" | "drop" (reference)
+    dedup_distance: int = 10  # token edit distance for duplicates; -1 disables
+    pool_factor: int = 4  # candidates kept per feature before de-duplication
+    min_total_kl: float = 0.05  # drop rule on the mean Σ_d KL_d
+    eps: float = 1e-8  # floor of the KL_1 denominator
     prepend_bos: bool = True
-    scan_batch_size: int = 32         # windows per forward while finding contexts
-    batch_size: int = 128             # rows per ablation forward
+    scan_batch_size: int = 32  # windows per forward while finding contexts
+    batch_size: int = 128  # rows per ablation forward
     max_clean_bytes: int = 256 << 20  # memory for stored clean logits / clean states per block
-    clean_tokens: int = 1024          # tokens per clean forward of the cached method (raise on a GPU)
+    clean_tokens: int = 1024  # tokens per clean forward of the cached method (raise on a GPU)
     max_stream_bytes: int = 256 << 20  # memory for site streams kept by the context search (0: none)
 
     def validate(self) -> None:
@@ -120,12 +122,18 @@ class QScoreConfig:
         if self.ablation not in ABLATIONS:
             raise ConfigError(f"unknown ablation {self.ablation!r}", f"use one of: {', '.join(ABLATIONS)}")
         if self.position_rule not in POSITION_RULES:
-            raise ConfigError(f"unknown position_rule {self.position_rule!r}",
-                              f"use one of: {', '.join(POSITION_RULES)}")
-        if isinstance(self.max_stream_bytes, bool) or not isinstance(self.max_stream_bytes, int) \
-                or self.max_stream_bytes < 0:
-            raise ConfigError(f"max_stream_bytes must be an integer ≥ 0, got {self.max_stream_bytes!r}",
-                              "e.g. 256 << 20, or 0 to keep no streams")
+            raise ConfigError(
+                f"unknown position_rule {self.position_rule!r}", f"use one of: {', '.join(POSITION_RULES)}"
+            )
+        if (
+            isinstance(self.max_stream_bytes, bool)
+            or not isinstance(self.max_stream_bytes, int)
+            or self.max_stream_bytes < 0
+        ):
+            raise ConfigError(
+                f"max_stream_bytes must be an integer ≥ 0, got {self.max_stream_bytes!r}",
+                "e.g. 256 << 20, or 0 to keep no streams",
+            )
         if not self.eps > 0 or self.min_total_kl < 0:
             raise ConfigError("eps must be > 0 and min_total_kl ≥ 0", "e.g. eps=1e-8, min_total_kl=0.05")
 
@@ -139,7 +147,7 @@ class Examples:
     seq_index: np.ndarray
     position: np.ndarray
     activation: np.ndarray
-    skipped: dict[int, str] = field(default_factory=dict)   # feature -> reason ("dead", "no eligible context")
+    skipped: dict[int, str] = field(default_factory=dict)  # feature -> reason ("dead", "no eligible context")
 
     def __len__(self) -> int:
         return int(self.feature.shape[0])
@@ -167,11 +175,11 @@ class FeatureQ:
 
     feature: int
     n_examples: int
-    q: float                    # mean of ratios (paper)
+    q: float  # mean of ratios (paper)
     q_ratio_of_means: float
     q_median: float
-    total_kl: float             # mean over examples of Σ_{d=1..K} KL_d
-    kl_by_offset: list[float]   # mean over examples of KL_d, d = 1..K
+    total_kl: float  # mean over examples of Σ_{d=1..K} KL_d
+    kl_by_offset: list[float]  # mean over examples of KL_d, d = 1..K
     max_activation: float
     kept: bool
     reason: str | None = None
@@ -186,8 +194,8 @@ class QScoreResult:
     hook_name: str
     features: list[FeatureQ]
     examples: Examples
-    kl: np.ndarray                 # (E, K) float64
-    ratio: np.ndarray              # (E,)
+    kl: np.ndarray  # (E, K) float64
+    ratio: np.ndarray  # (E,)
     ablated_activation: np.ndarray  # (E,) the latent's value recomputed inside the ablation hook
 
     def kept(self) -> list[FeatureQ]:
@@ -195,16 +203,22 @@ class QScoreResult:
 
     def summary(self) -> dict[str, Any]:
         """Counts, median Q, std(ln Q) and the tails (Q < 0.1, Q > 10) over kept features, per aggregate."""
-        out: dict[str, Any] = {"n_features": len(self.features), "n_kept": len(self.kept()),
-                               "n_examples": len(self.examples),
-                               "dropped": Counter(f.reason for f in self.features if not f.kept)}
+        out: dict[str, Any] = {
+            "n_features": len(self.features),
+            "n_kept": len(self.kept()),
+            "n_examples": len(self.examples),
+            "dropped": Counter(f.reason for f in self.features if not f.kept),
+        }
         for key in ("q", "q_ratio_of_means", "q_median"):
             v = np.array([getattr(f, key) for f in self.kept()], dtype=np.float64)
             v = v[np.isfinite(v) & (v > 0)]
-            out[key] = {"median": float(np.median(v)) if v.size else math.nan,
-                        "std_log": float(np.std(np.log(v), ddof=1)) if v.size > 1 else math.nan,
-                        "frac_below_0.1": float((v < 0.1).mean()) if v.size else math.nan,
-                        "frac_above_10": float((v > 10).mean()) if v.size else math.nan, "n_positive": int(v.size)}
+            out[key] = {
+                "median": float(np.median(v)) if v.size else math.nan,
+                "std_log": float(np.std(np.log(v), ddof=1)) if v.size > 1 else math.nan,
+                "frac_below_0.1": float((v < 0.1).mean()) if v.size else math.nan,
+                "frac_above_10": float((v > 10).mean()) if v.size else math.nan,
+                "n_positive": int(v.size),
+            }
         out["dropped"] = dict(out["dropped"])
         return out
 
@@ -212,14 +226,25 @@ class QScoreResult:
         """The per-example table: feature, seq_index, position, activation, ablated_activation (E,),
         kl (E, K), ratio (E,)."""
         ex = self.examples
-        return {"feature": ex.feature, "seq_index": ex.seq_index, "position": ex.position,
-                "activation": ex.activation, "ablated_activation": self.ablated_activation, "kl": self.kl,
-                "ratio": self.ratio}
+        return {
+            "feature": ex.feature,
+            "seq_index": ex.seq_index,
+            "position": ex.position,
+            "activation": ex.activation,
+            "ablated_activation": self.ablated_activation,
+            "kl": self.kl,
+            "ratio": self.ratio,
+        }
 
     def to_json(self, include_examples: bool = True) -> dict[str, Any]:
-        out = {"config": asdict(self.config), "site": f"resid.{self.site}", "hook_name": self.hook_name,
-               "summary": self.summary(), "features": [asdict(f) for f in self.features],
-               "skipped_features": {str(k): v for k, v in self.examples.skipped.items()}}
+        out = {
+            "config": asdict(self.config),
+            "site": f"resid.{self.site}",
+            "hook_name": self.hook_name,
+            "summary": self.summary(),
+            "features": [asdict(f) for f in self.features],
+            "skipped_features": {str(k): v for k, v in self.examples.skipped.items()},
+        }
         if include_examples:
             out["examples"] = {k: v.tolist() for k, v in self.example_arrays().items()}
         return out
@@ -284,9 +309,17 @@ def _eligible_mask(L: int, first: int, K: int, device: torch.device) -> Tensor:
     return (pos >= first) & (pos + K <= L - 1)
 
 
-def find_top_contexts(adapter: Any, sae: Any, k: int, sequences: Tensor, features: Sequence[int],
-                      config: QScoreConfig, *, first: int = 1, return_streams: bool = False
-                      ) -> Examples | tuple[Examples, SiteStreams]:
+def find_top_contexts(
+    adapter: Any,
+    sae: Any,
+    k: int,
+    sequences: Tensor,
+    features: Sequence[int],
+    config: QScoreConfig,
+    *,
+    first: int = 1,
+    return_streams: bool = False,
+) -> Examples | tuple[Examples, SiteStreams]:
     """Top-activating contexts of ``features`` (rules in the module docstring).
 
     ``sequences (N, L)`` are model inputs (BOS included when used); ``first`` is the first position a
@@ -300,12 +333,15 @@ def find_top_contexts(adapter: Any, sae: Any, k: int, sequences: Tensor, feature
     fused block code), else from :func:`originlens.sae.activations.site_residuals`.
     """
     from ..sae.activations import site_residuals
+
     config.validate()
     K = config.max_offset
     N, L = sequences.shape
-    if L - 1 - K < first:
-        raise InputError(f"windows of {L} tokens (BOS included) leave no position with {K} following tokens",
-                         f"use longer windows (≥ {first + K + 1} tokens) or a smaller --max-offset")
+    if first > L - 1 - K:
+        raise InputError(
+            f"windows of {L} tokens (BOS included) leave no position with {K} following tokens",
+            f"use longer windows (≥ {first + K + 1} tokens) or a smaller --max-offset",
+        )
     feats = torch.as_tensor(list(features), dtype=torch.long)
     F = feats.shape[0]
     P = config.n_contexts * config.pool_factor
@@ -322,13 +358,13 @@ def find_top_contexts(adapter: Any, sae: Any, k: int, sequences: Tensor, feature
     kept_bytes = 0
     with torch.no_grad():
         for s in progress(range(0, N, config.scan_batch_size), desc="finding contexts", unit="batch"):
-            tok = sequences[s:s + config.scan_batch_size]
+            tok = sequences[s : s + config.scan_batch_size]
             x = run_to(tok.to(dev), k) if run_to is not None else site_residuals(adapter, tok.to(dev), k)
-            a = sae.encode_subset(x.to(sae.W_enc.device), feats_dev).cpu()             # (B, L, F)
+            a = sae.encode_subset(x.to(sae.W_enc.device), feats_dev).cpu()  # (B, L, F)
             # maxima in the SAE's dtype, then float64: the same values (widening is exact and monotone)
             max_any = torch.maximum(max_any, a[:, first:].amax(dim=(0, 1)).double())
             a = a.masked_fill(~allowed[None, :, None], -math.inf)
-            v, p = a.max(dim=1)                                                        # (B, F)
+            v, p = a.max(dim=1)  # (B, F)
             v = v.double()
             if config.position_rule == "drop":
                 v = v.masked_fill(~elig[p], -math.inf)
@@ -339,8 +375,9 @@ def find_top_contexts(adapter: Any, sae: Any, k: int, sequences: Tensor, feature
             pool_i = torch.cat([pool_i, idx], dim=1).gather(1, order)
             pool_p = torch.cat([pool_p, p.T], dim=1).gather(1, order)
             if return_streams:
-                kept_bytes = _keep_streams(kept_streams, kept_bytes, x, s, pool_v, pool_i, pool_p, K,
-                                           config.max_stream_bytes)
+                kept_bytes = _keep_streams(
+                    kept_streams, kept_bytes, x, s, pool_v, pool_i, pool_p, K, config.max_stream_bytes
+                )
     out_f, out_i, out_p, out_a = [], [], [], []
     skipped: dict[int, str] = {}
     seq_np = sequences.numpy()
@@ -349,21 +386,26 @@ def find_top_contexts(adapter: Any, sae: Any, k: int, sequences: Tensor, feature
             skipped[f] = "dead"
             continue
         vs, ids, ps = pool_v[j].tolist(), pool_i[j].tolist(), pool_p[j].tolist()
-        n_cand = sum(v > 0 for v in vs)                  # the pool is sorted: candidates come first
-        for c in _dedup_greedy(seq_np, ids[:n_cand], ps[:n_cand], first, K, config.dedup_distance,
-                               config.n_contexts):
+        n_cand = sum(v > 0 for v in vs)  # the pool is sorted: candidates come first
+        for c in _dedup_greedy(seq_np, ids[:n_cand], ps[:n_cand], first, K, config.dedup_distance, config.n_contexts):
             out_f.append(f), out_i.append(ids[c]), out_p.append(ps[c]), out_a.append(vs[c])
         if n_cand == 0:
             skipped[f] = "no eligible context"
-    ex = Examples(np.array(out_f, dtype=np.int64), np.array(out_i, dtype=np.int64),
-                  np.array(out_p, dtype=np.int64), np.array(out_a, dtype=np.float64), skipped)
+    ex = Examples(
+        np.array(out_f, dtype=np.int64),
+        np.array(out_i, dtype=np.int64),
+        np.array(out_p, dtype=np.int64),
+        np.array(out_a, dtype=np.float64),
+        skipped,
+    )
     if not return_streams:
         return ex
     return ex, SiteStreams(k, {w: kept_streams[w] for w in sorted(set(out_i)) if w in kept_streams})
 
 
-def _dedup_greedy(seq_np: np.ndarray, ids: list[int], ps: list[int], first: int, K: int, threshold: int,
-                  n_keep: int) -> list[int]:
+def _dedup_greedy(
+    seq_np: np.ndarray, ids: list[int], ps: list[int], first: int, K: int, threshold: int, n_keep: int
+) -> list[int]:
     """Greedy de-duplication of one feature's candidates (in order): candidate c (text = window
     ``ids[c]`` from ``first`` through token ``ps[c] + K``) is kept unless within token edit distance
     ``threshold`` of a kept one; stops after ``n_keep``.  Same result as calling
@@ -371,12 +413,13 @@ def _dedup_greedy(seq_np: np.ndarray, ids: list[int], ps: list[int], first: int,
     multiset difference) are computed with numpy for all kept texts at once."""
     if threshold < 0 or len(ids) <= 1:
         return list(range(min(n_keep, len(ids))))
-    texts = [seq_np[i, first:p + K + 1] for i, p in zip(ids, ps)]
+    texts = [seq_np[i, first : p + K + 1] for i, p in zip(ids, ps)]
     lens = np.array([t.shape[0] for t in texts], dtype=np.int64)
     vocab, inv = np.unique(np.concatenate(texts), return_inverse=True)
     U = len(vocab)
-    counts = np.bincount(np.repeat(np.arange(len(texts)) * U, lens) + inv.reshape(-1),
-                         minlength=len(texts) * U).reshape(len(texts), U)
+    counts = np.bincount(
+        np.repeat(np.arange(len(texts)) * U, lens) + inv.reshape(-1), minlength=len(texts) * U
+    ).reshape(len(texts), U)
     kept = [0]
     for c in range(1, len(texts)):
         if len(kept) >= n_keep:
@@ -390,8 +433,17 @@ def _dedup_greedy(seq_np: np.ndarray, ids: list[int], ps: list[int], first: int,
     return kept
 
 
-def _keep_streams(kept: dict[int, Tensor], nbytes: int, x: Tensor, s: int, pool_v: Tensor, pool_i: Tensor,
-                  pool_p: Tensor, K: int, budget: int) -> int:
+def _keep_streams(
+    kept: dict[int, Tensor],
+    nbytes: int,
+    x: Tensor,
+    s: int,
+    pool_v: Tensor,
+    pool_i: Tensor,
+    pool_p: Tensor,
+    K: int,
+    budget: int,
+) -> int:
     """Update the streams kept during the context search: drop windows that left every feature's pool of
     candidates, add the windows of this batch (rows of ``x``, first window ``s``) still in some pool,
     truncated to the longest prefix their candidates need, while the total stays ≤ ``budget`` bytes."""
@@ -404,7 +456,7 @@ def _keep_streams(kept: dict[int, Tensor], nbytes: int, x: Tensor, s: int, pool_
         t = kept.pop(w)
         nbytes -= t.numel() * t.element_size()
     for w in sorted(w for w in need if w >= s):
-        t = x[w - s, :need[w]]
+        t = x[w - s, : need[w]]
         b = t.numel() * t.element_size()
         if nbytes + b <= budget:
             kept[w] = t.clone()
@@ -444,7 +496,7 @@ def _pad_rows(rows: list[Tensor], pad: int = 0) -> Tensor:
     T = max(r.shape[0] for r in rows)
     out = torch.full((len(rows), T), pad, dtype=torch.long)
     for i, r in enumerate(rows):
-        out[i, :r.shape[0]] = r
+        out[i, : r.shape[0]] = r
     return out
 
 
@@ -460,14 +512,23 @@ def kl_divergence(clean_logits: Tensor, ablated_logits: Tensor) -> Tensor:
     step = max(1, (1 << 17) // max(1, V))
     out = torch.empty(a.shape[0], dtype=torch.float64, device=a.device)
     for i in range(0, a.shape[0], step):
-        lp = torch.log_softmax(a[i:i + step].double(), dim=-1)
-        lq = torch.log_softmax(b[i:i + step].double(), dim=-1)
-        out[i:i + step] = (lp.exp() * (lp - lq)).sum(-1)
+        lp = torch.log_softmax(a[i : i + step].double(), dim=-1)
+        lq = torch.log_softmax(b[i : i + step].double(), dim=-1)
+        out[i : i + step] = (lp.exp() * (lp - lq)).sum(-1)
     return out.reshape(shape)
 
 
-def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Examples, config: QScoreConfig,
-                *, method: str = "auto", streams: SiteStreams | None = None) -> tuple[np.ndarray, np.ndarray]:
+def ablation_kl(
+    adapter: Any,
+    sae: Any,
+    k: int,
+    sequences: Tensor,
+    examples: Examples,
+    config: QScoreConfig,
+    *,
+    method: str = "auto",
+    streams: SiteStreams | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """``KL_d`` for every example ``(E, K)`` (float64) and the ablated latent's value ``(E,)``.
 
     ``method`` (see "Batching" in the module docstring): ``"cached"`` (clean keys/values cached, ablated
@@ -487,16 +548,21 @@ def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Exa
     if method == "auto":
         method = "cached" if cached else "run_from" if run_from else "hooks"
     if (method == "cached" and not cached) or (method == "run_from" and not run_from):
-        raise ConfigError(f"this model ({getattr(adapter, 'family', type(adapter).__name__)}) does not support "
-                          f"the {method!r} ablation method", "use method='auto' or 'hooks'")
+        raise ConfigError(
+            f"this model ({getattr(adapter, 'family', type(adapter).__name__)}) does not support "
+            f"the {method!r} ablation method",
+            "use method='auto' or 'hooks'",
+        )
     K, E = config.max_offset, len(examples)
     kl = np.zeros((E, K), dtype=np.float64)
     act = np.zeros(E, dtype=np.float64)
     if E == 0:
         return kl, act
     if streams is not None and streams.site != k:
-        raise ConfigError(f"streams kept at resid.{streams.site} passed for an ablation at resid.{k}",
-                          "pass the streams found by find_top_contexts at the same site, or none")
+        raise ConfigError(
+            f"streams kept at resid.{streams.site} passed for an ablation at resid.{k}",
+            "pass the streams found by find_top_contexts at the same site, or none",
+        )
     bar = progress(total=E, desc=f"ablation ({config.ablation})", unit="ex")
     with torch.no_grad():
         if method == "cached":
@@ -508,9 +574,18 @@ def ablation_kl(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Exa
     return kl, act
 
 
-def _ablation_kl_cached(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Examples,
-                        config: QScoreConfig, kl: np.ndarray, act: np.ndarray, bar: Any,
-                        streams: SiteStreams | None = None) -> None:
+def _ablation_kl_cached(
+    adapter: Any,
+    sae: Any,
+    k: int,
+    sequences: Tensor,
+    examples: Examples,
+    config: QScoreConfig,
+    kl: np.ndarray,
+    act: np.ndarray,
+    bar: Any,
+    streams: SiteStreams | None = None,
+) -> None:
     """The ``"cached"`` method: one clean run per window keeps the keys/values of the blocks above site k;
     each ablated copy re-runs only its K positions p..p+K−1 above the site over that clean prefix.
 
@@ -522,53 +597,56 @@ def _ablation_kl_cached(adapter: Any, sae: Any, k: int, sequences: Tensor, examp
     K, dev = config.max_offset, adapter.device
     pos, feat = examples.position, examples.feature
     wins, inv = np.unique(examples.seq_index, return_inverse=True)
-    need = np.zeros(len(wins), dtype=np.int64)                   # clean prefix length per window
+    need = np.zeros(len(wins), dtype=np.int64)  # clean prefix length per window
     np.maximum.at(need, inv, pos + K)
     held = streams.streams if streams is not None and hasattr(adapter, "run_cached_from") else {}
     has = np.array([w in held and held[w].shape[0] >= n for w, n in zip(wins.tolist(), need.tolist())], dtype=bool)
-    order = np.lexsort((need, has))                               # similar lengths share a forward
+    order = np.lexsort((need, has))  # similar lengths share a forward
     itemsize = torch.empty((), dtype=next(iter(adapter.parameters())).dtype).element_size()
     per_window = int(need.max()) * (2 * (adapter.n_layers - k) + 2) * adapter.d_model * itemsize
     n_group = max(1, config.max_clean_bytes // max(1, per_window))
     offs = torch.arange(K, device=dev)
     for g0 in range(0, len(wins), n_group):
-        gw = order[g0:g0 + n_group]                              # window ids (into wins) of this group
+        gw = order[g0 : g0 + n_group]  # window ids (into wins) of this group
         row_of = np.full(len(wins), -1, dtype=np.int64)
         row_of[gw] = np.arange(len(gw))
         T = int(need[gw].max())
         buf: list[Tensor] = []
         c0 = 0
-        while c0 < len(gw):                                      # clean runs, ~clean_tokens tokens each
+        while c0 < len(gw):  # clean runs, ~clean_tokens tokens each
             n = max(1, config.clean_tokens // int(need[gw[c0]]))
             while n > 1 and n * int(need[gw[min(len(gw), c0 + n) - 1]]) > config.clean_tokens:
                 n -= 1
-            cw = gw[c0:c0 + n]
+            cw = gw[c0 : c0 + n]
             Tc = int(need[cw].max())
             parts = _clean_parts(adapter, k, sequences, wins[cw], has[cw], held, Tc, dev)
-            if len(cw) == len(gw):                               # one forward holds the whole group
+            if len(cw) == len(gw):  # one forward holds the whole group
                 buf = parts
                 break
-            if not buf:                                          # batch axis 0, position axis 1 or 2
-                buf = [t.new_zeros((len(gw), T, *t.shape[2:])) if i < 2 else
-                       t.new_zeros((len(gw), t.shape[1], T, *t.shape[3:])) for i, t in enumerate(parts)]
+            if not buf:  # batch axis 0, position axis 1 or 2
+                buf = [
+                    t.new_zeros((len(gw), T, *t.shape[2:]))
+                    if i < 2
+                    else t.new_zeros((len(gw), t.shape[1], T, *t.shape[3:]))
+                    for i, t in enumerate(parts)
+                ]
             for i, t in enumerate(parts):
                 if i < 2:
-                    buf[i][c0:c0 + len(cw), :Tc] = t
+                    buf[i][c0 : c0 + len(cw), :Tc] = t
                 else:
-                    buf[i][c0:c0 + len(cw), :, :Tc] = t
+                    buf[i][c0 : c0 + len(cw), :, :Tc] = t
             c0 += len(cw)
         resid_L, resid_k = buf[0], buf[1]
         past = list(zip(buf[2::2], buf[3::2]))
         es = np.nonzero(row_of[inv] >= 0)[0]
-        es = es[np.argsort(pos[es], kind="stable")]               # similar past lengths share a forward
+        es = es[np.argsort(pos[es], kind="stable")]  # similar past lengths share a forward
         for b0 in range(0, len(es), config.batch_size):
-            sub = es[b0:b0 + config.batch_size]
+            sub = es[b0 : b0 + config.batch_size]
             rows = torch.from_numpy(row_of[inv[sub]]).to(dev)
             p = torch.from_numpy(pos[sub]).to(dev)
             idx = (rows[:, None], p[:, None] + offs)
-            clean = adapter.unembed(resid_L[idx])                                          # (R, K, V)
-            x, a_f = ablate_rows(sae, resid_k[idx], torch.zeros_like(p), torch.from_numpy(feat[sub]),
-                                 config.ablation)
+            clean = adapter.unembed(resid_L[idx])  # (R, K, V)
+            x, a_f = ablate_rows(sae, resid_k[idx], torch.zeros_like(p), torch.from_numpy(feat[sub]), config.ablation)
             P = int(pos[sub].max())
             abl = adapter.run_positions_from(k, x, p, [(kk[rows, :, :P], vv[rows, :, :P]) for kk, vv in past])
             kl[sub] = kl_divergence(clean, abl).cpu().numpy()
@@ -577,8 +655,16 @@ def _ablation_kl_cached(adapter: Any, sae: Any, k: int, sequences: Tensor, examp
                 bar.update(len(sub))
 
 
-def _clean_parts(adapter: Any, k: int, sequences: Tensor, ws: np.ndarray, has: np.ndarray,
-                 held: dict[int, Tensor], T: int, dev: torch.device) -> list[Tensor]:
+def _clean_parts(
+    adapter: Any,
+    k: int,
+    sequences: Tensor,
+    ws: np.ndarray,
+    has: np.ndarray,
+    held: dict[int, Tensor],
+    T: int,
+    dev: torch.device,
+) -> list[Tensor]:
     """Clean state of windows ``ws`` over their first T positions: ``[resid_L, resid_k, k_1, v_1, ...]``
     (keys/values of the blocks above k); windows with ``has`` start from their held site-k stream."""
     out: list[list[Tensor]] = []
@@ -586,10 +672,10 @@ def _clean_parts(adapter: Any, k: int, sequences: Tensor, ws: np.ndarray, has: n
         resid_L, resid_k, past = adapter.run_cached(sequences[torch.from_numpy(ws[~has]), :T].to(dev), k)
         out.append([resid_L, resid_k] + [t for kv in past for t in kv])
     if has.any():
-        rows = [held[w][:T] for w in ws[has].tolist()]        # each covers its own need; zero-padded to T
+        rows = [held[w][:T] for w in ws[has].tolist()]  # each covers its own need; zero-padded to T
         x = rows[0].new_zeros((len(rows), T, rows[0].shape[-1]))
         for i, r in enumerate(rows):
-            x[i, :r.shape[0]] = r
+            x[i, : r.shape[0]] = r
         x = x.to(dev)
         resid_L, past = adapter.run_cached_from(k, x)
         out.append([resid_L, x] + [t for kv in past for t in kv])
@@ -599,8 +685,18 @@ def _clean_parts(adapter: Any, k: int, sequences: Tensor, ws: np.ndarray, has: n
     return [torch.cat(ts)[back.to(ts[0].device)] for ts in zip(*out)]
 
 
-def _ablation_kl_prefix(adapter: Any, sae: Any, k: int, sequences: Tensor, examples: Examples,
-                        config: QScoreConfig, kl: np.ndarray, act: np.ndarray, bar: Any, fast: bool) -> None:
+def _ablation_kl_prefix(
+    adapter: Any,
+    sae: Any,
+    k: int,
+    sequences: Tensor,
+    examples: Examples,
+    config: QScoreConfig,
+    kl: np.ndarray,
+    act: np.ndarray,
+    bar: Any,
+    fast: bool,
+) -> None:
     """The ``"run_from"`` (``fast``) and ``"hooks"`` methods: clean runs once per window, each ablated copy
     re-runs its whole prefix (above the site when ``fast``)."""
     K, E = config.max_offset, len(examples)
@@ -624,26 +720,26 @@ def _ablation_kl_prefix(adapter: Any, sae: Any, k: int, sequences: Tensor, examp
         by_win: dict[int, list[int]] = {}
         for j, e in enumerate(ids.tolist()):
             by_win.setdefault(int(seq_all[e]), []).append(j)
-        site: dict[int, Tensor] = {}          # clean stream at site k per window (fast path)
+        site: dict[int, Tensor] = {}  # clean stream at site k per window (fast path)
         for c0 in range(0, len(wins), config.batch_size):
-            chunk = wins[c0:c0 + config.batch_size]
-            tok = _pad_rows([sequences[w, :need[w]] for w in chunk]).to(dev)
+            chunk = wins[c0 : c0 + config.batch_size]
+            tok = _pad_rows([sequences[w, : need[w]] for w in chunk]).to(dev)
             if fast:
                 logits, res = adapter.run(tok, return_residuals=True)
             else:
                 logits = adapter.run(tok)
             for r, w in enumerate(chunk):
                 if fast:
-                    site[w] = res[k][r, :need[w]]
+                    site[w] = res[k][r, : need[w]]
                 for j in by_win[w]:
                     p = int(pos_all[ids[j]])
                     clean[j] = logits[r, p + offs].to(clean.dtype).cpu()
         # ablated copies: sorted by length, many (feature, context) pairs per forward
         order = sorted(range(len(ids)), key=lambda j: int(pos_all[ids[j]]))
         for c0 in range(0, len(order), config.batch_size):
-            js = order[c0:c0 + config.batch_size]
+            js = order[c0 : c0 + config.batch_size]
             es = ids[js]
-            tok = _pad_rows([sequences[int(seq_all[e]), :int(pos_all[e]) + K] for e in es]).to(dev)
+            tok = _pad_rows([sequences[int(seq_all[e]), : int(pos_all[e]) + K] for e in es]).to(dev)
             p = pos_all[es].to(dev)
             f = feat_all[es]
             found: list[Tensor] = []
@@ -653,10 +749,9 @@ def _ablation_kl_prefix(adapter: Any, sae: Any, k: int, sequences: Tensor, examp
                 found.append(a_f)
                 return new
 
-            if fast:   # only the blocks above the site run; causal, so a clean prefix is exact
+            if fast:  # only the blocks above the site run; causal, so a clean prefix is exact
                 L = max(int(pos_all[e]) + K for e in es)
-                x = torch.zeros((len(js), L, adapter.d_model), dtype=site[int(seq_all[es[0]])].dtype,
-                                device=dev)
+                x = torch.zeros((len(js), L, adapter.d_model), dtype=site[int(seq_all[es[0]])].dtype, device=dev)
                 for r, e in enumerate(es.tolist()):
                     n = int(pos_all[e]) + K
                     x[r, :n] = site[int(seq_all[e])][:n]
@@ -680,8 +775,9 @@ def example_ratios(kl: np.ndarray, eps: float = 1e-8) -> np.ndarray:
     return kl[:, 1:].sum(1) / (kl[:, 0] + eps)
 
 
-def aggregate(examples: Examples, kl: np.ndarray, features: Sequence[int], config: QScoreConfig
-              ) -> tuple[list[FeatureQ], np.ndarray]:
+def aggregate(
+    examples: Examples, kl: np.ndarray, features: Sequence[int], config: QScoreConfig
+) -> tuple[list[FeatureQ], np.ndarray]:
     """Per-feature :class:`FeatureQ` (mean of ratios, ratio of means, median, drop rule) and the ratios."""
     ratio = example_ratios(kl, config.eps)
     out: list[FeatureQ] = []
@@ -690,24 +786,51 @@ def aggregate(examples: Examples, kl: np.ndarray, features: Sequence[int], confi
         sel = examples.feature == f
         n = int(sel.sum())
         if n == 0:
-            out.append(FeatureQ(int(f), 0, math.nan, math.nan, math.nan, math.nan, [math.nan] * K, math.nan,
-                                False, examples.skipped.get(int(f), "no eligible context")))
+            out.append(
+                FeatureQ(
+                    int(f),
+                    0,
+                    math.nan,
+                    math.nan,
+                    math.nan,
+                    math.nan,
+                    [math.nan] * K,
+                    math.nan,
+                    False,
+                    examples.skipped.get(int(f), "no eligible context"),
+                )
+            )
             continue
         k_f, r_f = kl[sel], ratio[sel]
         total = float(k_f.sum(1).mean())
         kept = total > config.min_total_kl
-        out.append(FeatureQ(
-            feature=int(f), n_examples=n, q=float(r_f.mean()),
-            q_ratio_of_means=float(k_f[:, 1:].sum() / (k_f[:, 0].sum() + config.eps)),
-            q_median=float(np.median(r_f)), total_kl=total, kl_by_offset=k_f.mean(0).tolist(),
-            max_activation=float(examples.activation[sel].max()), kept=kept,
-            reason=None if kept else f"mean total KL ≤ {config.min_total_kl}"))
+        out.append(
+            FeatureQ(
+                feature=int(f),
+                n_examples=n,
+                q=float(r_f.mean()),
+                q_ratio_of_means=float(k_f[:, 1:].sum() / (k_f[:, 0].sum() + config.eps)),
+                q_median=float(np.median(r_f)),
+                total_kl=total,
+                kl_by_offset=k_f.mean(0).tolist(),
+                max_activation=float(examples.activation[sel].max()),
+                kept=kept,
+                reason=None if kept else f"mean total KL ≤ {config.min_total_kl}",
+            )
+        )
     return out, ratio
 
 
-def qscore(adapter: Any, sae: Any, tokens: Any, features: Sequence[int] | None = None,
-           config: QScoreConfig | None = None, *, site: int | str | None = None,
-           examples: Examples | None = None) -> QScoreResult:
+def qscore(
+    adapter: Any,
+    sae: Any,
+    tokens: Any,
+    features: Sequence[int] | None = None,
+    config: QScoreConfig | None = None,
+    *,
+    site: int | str | None = None,
+    examples: Examples | None = None,
+) -> QScoreResult:
     """Q(w) of ``features`` (default: all latents) of ``sae`` on ``adapter`` over ``tokens`` ``(N, T)``.
 
     ``examples`` (from a previous result) skips the context search, e.g. to run the other ablation on the
@@ -716,6 +839,7 @@ def qscore(adapter: Any, sae: Any, tokens: Any, features: Sequence[int] | None =
     """
     from ..sae.activations import as_sequences
     from ..sae.model import sae_site
+
     config = config or QScoreConfig()
     config.validate()
     k = sae_site(sae, adapter, site)
@@ -726,12 +850,20 @@ def qscore(adapter: Any, sae: Any, tokens: Any, features: Sequence[int] | None =
     seqs = as_sequences(tokens, adapter, prepend_bos=config.prepend_bos)
     first = 1 if config.prepend_bos and adapter.bos_id is not None else 0
     streams = None
-    if examples is None:        # keep the selected windows' site-k streams for the cached clean runs
+    if examples is None:  # keep the selected windows' site-k streams for the cached clean runs
         keep = bool(getattr(adapter, "supports_cached_ablation", False)) and hasattr(adapter, "run_cached_from")
         found = find_top_contexts(adapter, sae, k, seqs, feats, config, first=first, return_streams=keep)
         examples, streams = found if keep else (found, None)
     kl, act = ablation_kl(adapter, sae, k, seqs, examples, config, streams=streams)
     del streams
     fq, ratio = aggregate(examples, kl, feats, config)
-    return QScoreResult(config=config, site=k, hook_name=sae.cfg.hook_name, features=fq, examples=examples,
-                        kl=kl, ratio=ratio, ablated_activation=act)
+    return QScoreResult(
+        config=config,
+        site=k,
+        hook_name=sae.cfg.hook_name,
+        features=fq,
+        examples=examples,
+        kl=kl,
+        ratio=ratio,
+        ablated_activation=act,
+    )

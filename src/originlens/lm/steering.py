@@ -19,13 +19,15 @@ Caveats: generation re-runs the whole prefix at every step (the adapter protocol
 for the short samples of the protocol); prompts longer than the model's context are cropped from the
 left; look-ahead positions are those with all K targets inside the window (BOS position excluded).
 """
+
 from __future__ import annotations
 
 import math
 import string
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,29 +36,38 @@ from torch import Tensor
 from ..errors import ConfigError, InputError
 from ..progress import progress
 
-
 # ----------------------------------------------------------------------------------------------------
 # steering
 
 
 def steering_hook(direction: Tensor, coefficient: float) -> Callable[[Tensor, int], Tensor]:
     """A residual hook adding ``coefficient · direction`` ``(d,)`` at every position (once)."""
+
     def hook(x: Tensor, _k: int) -> Tensor:
         return x + (coefficient * direction).to(device=x.device, dtype=x.dtype)
+
     return hook
 
 
 @torch.no_grad()
-def generate_steered(adapter: Any, site: int, direction: Tensor | None, coefficient: float,
-                     prompt_ids: Sequence[int], *, n_samples: int = 64, max_new_tokens: int = 20,
-                     temperature: float = 1.0, seed: int = 42) -> Tensor:
+def generate_steered(
+    adapter: Any,
+    site: int,
+    direction: Tensor | None,
+    coefficient: float,
+    prompt_ids: Sequence[int],
+    *,
+    n_samples: int = 64,
+    max_new_tokens: int = 20,
+    temperature: float = 1.0,
+    seed: int = 42,
+) -> Tensor:
     """Sample ``n_samples`` continuations of ``prompt_ids`` with the steering hook → ids ``(n, max_new)``.
 
     ``temperature = 0`` is greedy decoding; ``direction=None`` or ``coefficient=0`` is unsteered.
     """
     if not prompt_ids:
-        raise InputError("an empty prompt and a model without BOS: nothing to condition on",
-                         "pass --prompt TEXT")
+        raise InputError("an empty prompt and a model without BOS: nothing to condition on", "pass --prompt TEXT")
     if n_samples < 1 or max_new_tokens < 0 or temperature < 0:
         raise ConfigError("need n_samples ≥ 1, max_new_tokens ≥ 0, temperature ≥ 0", "fix the sampling settings")
     dev = adapter.device
@@ -91,12 +102,13 @@ class SteeringSample:
 def _piece(tokenizer: Any, i: int) -> str:
     try:
         return tokenizer.decode([i])
-    except Exception:  # noqa: BLE001 - any decoder problem: fall back to the id
+    except Exception:
         return f"<{i}>"
 
 
-def completion_stats(ids: Sequence[Sequence[int]], tokenizer: Any = None,
-                     baseline: Sequence[Sequence[int]] | None = None, top: int = 10) -> dict[str, Any]:
+def completion_stats(
+    ids: Sequence[Sequence[int]], tokenizer: Any = None, baseline: Sequence[Sequence[int]] | None = None, top: int = 10
+) -> dict[str, Any]:
     """Completion analysis of sampled ids: ``punct_frac`` (tokens whose text is only punctuation /
     whitespace), ``digit_frac`` (tokens containing a digit), ``distinct_frac`` (distinct / all tokens), and
     ``promoted``: the ``top`` tokens with the largest count increase over ``baseline`` (add-one smoothed)."""
@@ -114,20 +126,40 @@ def completion_stats(ids: Sequence[Sequence[int]], tokenizer: Any = None,
         nb = max(1, sum(base.values()))
         lift = {i: ((counts[i] + 1) / (n + 1)) / ((base.get(i, 0) + 1) / (nb + 1)) for i in counts}
         best = sorted(lift, key=lambda i: (-lift[i], i))[:top]
-        out["promoted"] = [{"id": i, "text": _piece(tokenizer, i) if tokenizer is not None else None,
-                            "count": counts[i], "baseline_count": base.get(i, 0), "lift": lift[i]} for i in best]
+        out["promoted"] = [
+            {
+                "id": i,
+                "text": _piece(tokenizer, i) if tokenizer is not None else None,
+                "count": counts[i],
+                "baseline_count": base.get(i, 0),
+                "lift": lift[i],
+            }
+            for i in best
+        ]
     return out
 
 
-def steer(adapter: Any, sae: Any, features: Sequence[int], coefficients: Sequence[float] = (1.0, 100.0), *,
-          prompt_ids: Sequence[int] | None = None, tokenizer: Any = None, n_samples: int = 64,
-          max_new_tokens: int = 20, temperature: float = 1.0, seed: int = 42, site: int | str | None = None,
-          include_baseline: bool = True) -> list[SteeringSample]:
+def steer(
+    adapter: Any,
+    sae: Any,
+    features: Sequence[int],
+    coefficients: Sequence[float] = (1.0, 100.0),
+    *,
+    prompt_ids: Sequence[int] | None = None,
+    tokenizer: Any = None,
+    n_samples: int = 64,
+    max_new_tokens: int = 20,
+    temperature: float = 1.0,
+    seed: int = 42,
+    site: int | str | None = None,
+    include_baseline: bool = True,
+) -> list[SteeringSample]:
     """Steered samples for every (feature, coefficient) (plus one unsteered baseline with c = 0).
 
     ``prompt_ids`` default: BOS alone.  Texts are decoded when a tokenizer is given.
     """
     from ..sae.model import sae_site
+
     k = sae_site(sae, adapter, site)
     if prompt_ids is None:
         if adapter.bos_id is None:
@@ -137,22 +169,39 @@ def steer(adapter: Any, sae: Any, features: Sequence[int], coefficients: Sequenc
     if bad:
         raise ConfigError(f"feature ids {bad[:5]} outside 0..{sae.d_sae - 1}", "pick features of this SAE")
 
-    def decode(ids: Tensor) -> list[str] | None:          # prompt + continuation, as the tokenizer renders it
+    def decode(ids: Tensor) -> list[str] | None:  # prompt + continuation, as the tokenizer renders it
         return None if tokenizer is None else [tokenizer.decode(list(prompt_ids) + row.tolist()) for row in ids]
 
     out: list[SteeringSample] = []
     base_ids = None
     if include_baseline:
-        b = generate_steered(adapter, k, None, 0.0, prompt_ids, n_samples=n_samples,
-                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        b = generate_steered(
+            adapter,
+            k,
+            None,
+            0.0,
+            prompt_ids,
+            n_samples=n_samples,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+        )
         base_ids = b.tolist()
         out.append(SteeringSample(-1, 0.0, base_ids, decode(b), completion_stats(base_ids, tokenizer)))
     jobs = [(int(f), float(c)) for f in features for c in coefficients]
     for f, c in progress(jobs, desc="steering", unit="run"):
-        ids = generate_steered(adapter, k, sae.W_dec[f].detach(), c, prompt_ids, n_samples=n_samples,
-                               max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-        out.append(SteeringSample(f, c, ids.tolist(), decode(ids),
-                                  completion_stats(ids.tolist(), tokenizer, base_ids)))
+        ids = generate_steered(
+            adapter,
+            k,
+            sae.W_dec[f].detach(),
+            c,
+            prompt_ids,
+            n_samples=n_samples,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+        )
+        out.append(SteeringSample(f, c, ids.tolist(), decode(ids), completion_stats(ids.tolist(), tokenizer, base_ids)))
     return out
 
 
@@ -187,32 +236,43 @@ class LookaheadMap:
     """One trained map ``A_k`` and its singular values; losses are mean CE on held-out positions."""
 
     offset: int
-    weight: Tensor            # (d, d)
-    bias: Tensor              # (d,)
-    singular_values: Tensor   # (d,)
-    right_vectors: Tensor     # Vᵀ (d, d): rows = right singular vectors, by decreasing singular value
+    weight: Tensor  # (d, d)
+    bias: Tensor  # (d,)
+    singular_values: Tensor  # (d,)
+    right_vectors: Tensor  # Vᵀ (d, d): rows = right singular vectors, by decreasing singular value
     val_loss: float
     val_loss_identity: float
     val_acc: float
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def lookahead_data(adapter: Any, sequences: Tensor, k: int, max_offset: int, *, first: int = 1,
-                   batch_size: int = 32, max_positions: int | None = None) -> tuple[Tensor, Tensor]:
+def lookahead_data(
+    adapter: Any,
+    sequences: Tensor,
+    k: int,
+    max_offset: int,
+    *,
+    first: int = 1,
+    batch_size: int = 32,
+    max_positions: int | None = None,
+) -> tuple[Tensor, Tensor]:
     """Residuals ``X (n, d)`` at ``resid.k`` and targets ``Y (n, K)`` (token t+1..t+K) for every position
     t ≥ ``first`` whose K targets lie inside its window."""
     from ..sae.activations import site_residuals
+
     N, L = sequences.shape
     T = L - max_offset
-    if T <= first:
-        raise InputError(f"windows of {L} tokens leave no position with {max_offset} targets",
-                         "use longer windows or a smaller --max-offset")
+    if first >= T:
+        raise InputError(
+            f"windows of {L} tokens leave no position with {max_offset} targets",
+            "use longer windows or a smaller --max-offset",
+        )
     xs, ys, n = [], [], 0
     with torch.no_grad():
         for s in range(0, N, batch_size):
-            tok = sequences[s:s + batch_size]
+            tok = sequences[s : s + batch_size]
             x = site_residuals(adapter, tok.to(adapter.device), k)[:, first:T].detach().cpu()
-            y = torch.stack([tok[:, first + j:T + j] for j in range(1, max_offset + 1)], dim=-1)
+            y = torch.stack([tok[:, first + j : T + j] for j in range(1, max_offset + 1)], dim=-1)
             xs.append(x.reshape(-1, x.shape[-1]))
             ys.append(y.reshape(-1, max_offset))
             n += xs[-1].shape[0]
@@ -224,8 +284,7 @@ def lookahead_data(adapter: Any, sequences: Tensor, k: int, max_offset: int, *, 
     return X, Y
 
 
-def train_lookahead_map(adapter: Any, X: Tensor, y: Tensor, offset: int, config: LookaheadConfig
-                        ) -> LookaheadMap:
+def train_lookahead_map(adapter: Any, X: Tensor, y: Tensor, offset: int, config: LookaheadConfig) -> LookaheadMap:
     """Train ``A`` (identity init) so that ``unembed(A x + b)`` predicts ``y``; returns the map and its SVD."""
     config.validate()
     gen = torch.Generator().manual_seed(config.seed + offset)
@@ -249,7 +308,7 @@ def train_lookahead_map(adapter: Any, X: Tensor, y: Tensor, offset: int, config:
         tot, acc, m = 0.0, 0.0, 0
         with torch.no_grad():
             for s in range(0, va.shape[0], 4096):
-                idx = va[s:s + 4096]
+                idx = va[s : s + 4096]
                 l_, a_ = loss_on(idx, W_, b_)
                 tot += float(l_) * idx.shape[0]
                 acc += float(a_) * idx.shape[0]
@@ -262,14 +321,15 @@ def train_lookahead_map(adapter: Any, X: Tensor, y: Tensor, offset: int, config:
         order = tr[torch.randperm(tr.shape[0], generator=gen)]
         run = 0.0
         for s in range(0, order.shape[0], config.batch_size):
-            loss, _ = loss_on(order[s:s + config.batch_size], W, b)
-            gW, gb = torch.autograd.grad(loss, [W, b])      # the model's own weights get no gradient
+            loss, _ = loss_on(order[s : s + config.batch_size], W, b)
+            gW, gb = torch.autograd.grad(loss, [W, b])  # the model's own weights get no gradient
             W.grad, b.grad = gW, gb
             opt.step()
             run += float(loss.detach()) * min(config.batch_size, order.shape[0] - s)
         vl, va_acc = evaluate(W, b)
-        history.append({"offset": offset, "epoch": epoch, "train_loss": run / order.shape[0], "val_loss": vl,
-                        "val_acc": va_acc})
+        history.append(
+            {"offset": offset, "epoch": epoch, "train_loss": run / order.shape[0], "val_loss": vl, "val_acc": va_acc}
+        )
     vl, va_acc = evaluate(W, b)
     Wd = W.detach().double().cpu()
     _, S, Vh = torch.linalg.svd(Wd)
@@ -280,14 +340,15 @@ def subspace_alignment(encoder: Tensor, right_vectors: Tensor) -> Tensor:
     """``cos(e_f, P_r e_f) = ‖V_rᵀ e_f‖ / ‖e_f‖`` for encoder columns ``encoder (d, F)`` and every rank
     r = 1..d (``right_vectors`` = Vᵀ, rows by decreasing singular value) → ``(F, d)``."""
     e = encoder.double()
-    proj = right_vectors.double() @ e                      # (d, F): coordinates along each right vector
-    cum = torch.cumsum(proj ** 2, dim=0).T                  # (F, d)
+    proj = right_vectors.double() @ e  # (d, F): coordinates along each right vector
+    cum = torch.cumsum(proj**2, dim=0).T  # (F, d)
     return torch.sqrt(cum) / e.norm(dim=0)[:, None].clamp_min(1e-300)
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """Spearman's ρ and its two-sided p-value (NaN with fewer than 3 finite pairs)."""
     from scipy.stats import spearmanr
+
     m = np.isfinite(a) & np.isfinite(b)
     if m.sum() < 3 or np.ptp(a[m]) == 0 or np.ptp(b[m]) == 0:
         return math.nan, math.nan
@@ -303,26 +364,46 @@ class LookaheadResult:
     site: int
     features: list[int]
     maps: list[LookaheadMap]
-    alignment: dict[int, np.ndarray]                          # offset -> (F, d)
+    alignment: dict[int, np.ndarray]  # offset -> (F, d)
     correlation: dict[int, list[dict[str, float]]] = field(default_factory=dict)  # offset -> per rank
 
     def to_json(self) -> dict[str, Any]:
-        return {"config": asdict(self.config), "site": f"resid.{self.site}", "features": self.features,
-                "maps": [{"offset": m.offset, "val_loss": m.val_loss, "val_loss_identity": m.val_loss_identity,
-                          "val_acc": m.val_acc, "singular_values": m.singular_values.tolist(),
-                          "history": m.history} for m in self.maps],
-                "alignment": {str(k): v.tolist() for k, v in self.alignment.items()},
-                "correlation_with_q": {str(k): v for k, v in self.correlation.items()}}
+        return {
+            "config": asdict(self.config),
+            "site": f"resid.{self.site}",
+            "features": self.features,
+            "maps": [
+                {
+                    "offset": m.offset,
+                    "val_loss": m.val_loss,
+                    "val_loss_identity": m.val_loss_identity,
+                    "val_acc": m.val_acc,
+                    "singular_values": m.singular_values.tolist(),
+                    "history": m.history,
+                }
+                for m in self.maps
+            ],
+            "alignment": {str(k): v.tolist() for k, v in self.alignment.items()},
+            "correlation_with_q": {str(k): v for k, v in self.correlation.items()},
+        }
 
 
-def lookahead(adapter: Any, sae: Any, tokens: Any, config: LookaheadConfig | None = None, *,
-              features: Sequence[int] | None = None, q: dict[int, float] | None = None,
-              site: int | str | None = None) -> LookaheadResult:
+def lookahead(
+    adapter: Any,
+    sae: Any,
+    tokens: Any,
+    config: LookaheadConfig | None = None,
+    *,
+    features: Sequence[int] | None = None,
+    q: dict[int, float] | None = None,
+    site: int | str | None = None,
+) -> LookaheadResult:
     """Look-ahead maps at the SAE's own site (not the reference's ``resid_pre`` of that layer), encoder
     alignments and correlation with ``q`` (feature → Q; Spearman per rank over features with finite
     positive Q)."""
     from ..sae.activations import as_sequences
     from ..sae.model import sae_site
+
     config = config or LookaheadConfig()
     config.validate()
     k = sae_site(sae, adapter, site)
@@ -341,7 +422,7 @@ def lookahead(adapter: Any, sae: Any, tokens: Any, config: LookaheadConfig | Non
             qv = np.array([q.get(f, math.nan) for f in feats], dtype=np.float64)
             qv = np.where(qv > 0, qv, math.nan)
             rows = []
-            rounded = np.round(al, 12)       # exact ties (e.g. every cosine = 1 at full rank) stay ties
+            rounded = np.round(al, 12)  # exact ties (e.g. every cosine = 1 at full rank) stay ties
             for r in range(al.shape[1]):
                 rho, p = spearman(rounded[:, r], qv)
                 rows.append({"rank": r + 1, "rho": rho, "p": p})

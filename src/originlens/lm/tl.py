@@ -23,9 +23,11 @@ those of the processed model, which differ from the Hugging Face model's (load w
 ``HookedTransformer.from_pretrained_no_processing`` to compare with :class:`~originlens.lm.hf.HFAdapter`).
 Query/key biases ``b_Q``/``b_K`` are not part of ``qk_weights``.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,8 +47,10 @@ class TLAdapter(LMAdapter):
     def __init__(self, model: Any, *, bos_id: int | None = None) -> None:
         missing = [a for a in _REQUIRED if not hasattr(model, a)]
         if missing:
-            raise CompatibilityError(f"{type(model).__name__} lacks {', '.join(missing)} of the "
-                                     "HookedTransformer API", "pass a TransformerLens HookedTransformer")
+            raise CompatibilityError(
+                f"{type(model).__name__} lacks {', '.join(missing)} of the HookedTransformer API",
+                "pass a TransformerLens HookedTransformer",
+            )
         cfg = model.cfg
         self.module = model
         self.n_layers, self.d_model, self.n_heads = int(cfg.n_layers), int(cfg.d_model), int(cfg.n_heads)
@@ -68,15 +72,24 @@ class TLAdapter(LMAdapter):
 
     def _check_tokens(self, tokens: Tensor) -> Tensor:
         if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-            raise InputError(f"tokens must be a (B, T) tensor, got {getattr(tokens, 'shape', type(tokens))}",
-                             "pass a 2-D LongTensor of token ids")
+            raise InputError(
+                f"tokens must be a (B, T) tensor, got {getattr(tokens, 'shape', type(tokens))}",
+                "pass a 2-D LongTensor of token ids",
+            )
         if self.max_seq_len is not None and tokens.shape[1] > self.max_seq_len:
-            raise ConfigError(f"sequence of {tokens.shape[1]} tokens exceeds n_ctx {self.max_seq_len}",
-                              f"use at most {self.max_seq_len} tokens per sequence")
+            raise ConfigError(
+                f"sequence of {tokens.shape[1]} tokens exceeds n_ctx {self.max_seq_len}",
+                f"use at most {self.max_seq_len} tokens per sequence",
+            )
         return tokens.long()
 
-    def run(self, tokens: Tensor, *, hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
-            return_residuals: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def run(
+        self,
+        tokens: Tensor,
+        *,
+        hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None,
+        return_residuals: bool = False,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         tokens = self._check_tokens(tokens)
         hk = normalise_hooks(hooks, self.n_layers)
         residuals: list[Tensor | None] = [None] * (self.n_layers + 1)
@@ -90,34 +103,42 @@ class TLAdapter(LMAdapter):
                     new = user(x, k)
                     if new is not None:
                         if not isinstance(new, Tensor) or new.shape != x.shape:
-                            raise ConfigError(f"hook at resid.{k} returned {getattr(new, 'shape', type(new))}, "
-                                              f"expected shape {tuple(x.shape)}", "return None or a same-shape tensor")
+                            raise ConfigError(
+                                f"hook at resid.{k} returned {getattr(new, 'shape', type(new))}, "
+                                f"expected shape {tuple(x.shape)}",
+                                "return None or a same-shape tensor",
+                            )
                         x = new
                 residuals[k] = x
                 return x
+
             fwd_hooks.append((self.hook_name(k), fn))
         logits = self.module.run_with_hooks(tokens, fwd_hooks=fwd_hooks)
         return (logits, residuals) if return_residuals else logits  # type: ignore[return-value]
 
     def single_token_states(self, token_ids: Tensor) -> TokenStates:
-        names = {f"blocks.{l}.{h}" for l in range(self.n_layers)
-                 for h in ("hook_resid_pre", "hook_attn_out", "hook_resid_post")}
-        caches = [self.module.run_with_cache(self._check_tokens(chunk[:, None]),
-                                             names_filter=lambda name: name in names)[1]
-                  for chunk in token_ids.reshape(-1).split(_CHUNK)]
+        names = {
+            f"blocks.{l}.{h}"
+            for l in range(self.n_layers)
+            for h in ("hook_resid_pre", "hook_attn_out", "hook_resid_post")
+        }
+        caches = [
+            self.module.run_with_cache(self._check_tokens(chunk[:, None]), names_filter=lambda name: name in names)[1]
+            for chunk in token_ids.reshape(-1).split(_CHUNK)
+        ]
 
         def stack(h: str) -> Tensor:
-            return torch.stack([torch.cat([c[f"blocks.{l}.{h}"][:, 0] for c in caches])
-                                for l in range(self.n_layers)])
+            return torch.stack([torch.cat([c[f"blocks.{l}.{h}"][:, 0] for c in caches]) for l in range(self.n_layers)])
 
         pre = stack("hook_resid_pre")
         return TokenStates(pre, pre + stack("hook_attn_out"), stack("hook_resid_post"))
 
     def qk_weights(self, layer: int) -> tuple[Tensor, Tensor]:
         if not 0 <= int(layer) < self.n_layers:
-            raise ConfigError(f"layer {layer} out of range for a {self.n_layers}-layer model",
-                              f"use 0..{self.n_layers - 1}")
-        wq = self.module.W_Q[int(layer)].transpose(-1, -2)        # (H, d, dh) -> (H, dh, d)
+            raise ConfigError(
+                f"layer {layer} out of range for a {self.n_layers}-layer model", f"use 0..{self.n_layers - 1}"
+            )
+        wq = self.module.W_Q[int(layer)].transpose(-1, -2)  # (H, d, dh) -> (H, dh, d)
         wk = self.module.W_K[int(layer)].transpose(-1, -2)
         return wq, wk.repeat_interleave(self.n_heads // wk.shape[0], dim=0)
 

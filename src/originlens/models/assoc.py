@@ -68,13 +68,14 @@ Saved weights use the paper's 1-based layer numbers: keys ``W_O``, ``W.1``…``W
 (:meth:`AssocModel.weights` / :meth:`AssocModel.load_weights`); the torch ``state_dict`` keeps
 ``nn.ParameterList``'s 0-based keys and is not the on-disk format.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 import torch
@@ -134,7 +135,7 @@ def weight_names(n_layers: int) -> list[str]:
     return names
 
 
-BMM_PENALTY = 2.0    # batched T-sized products run ~2× slower per multiply-add than large GEMMs
+BMM_PENALTY = 2.0  # batched T-sized products run ~2× slower per multiply-add than large GEMMs
 ELEMENT_COST = 20.0  # one gathered/scattered element costs about as much as 20 GEMM multiply-adds
 
 
@@ -147,18 +148,19 @@ def path_cost(batch: int, seq_len: int, vocab: int, n_layers: int) -> dict[str, 
     the attention mixing + gathers/scatters of K entries and Z rows.
     """
     B, T, V, L = batch, seq_len, vocab, n_layers
-    m = 2 ** L - 1
-    n_prod = m                                                   # V_S W_O
+    m = 2**L - 1
+    n_prod = m  # V_S W_O
     mix = 0.0
-    elems = 2 * m * B * T * V                                    # Z rows gathered, their gradients scattered
+    elems = 2 * m * B * T * V  # Z rows gathered, their gradients scattered
     for l in range(1, L + 1):
         k = 2 ** (l - 1)
-        n_prod += (k - 1) + k * (k - 1)                          # V_S W and V_S W V_S'ᵀ
-        mix += 3 * (k * B * T * T * k * T + B * T * T * k * T)   # Y = Σ A_S G[S], s = Y Acatᵀ, ×3 with backward
-        elems += 2 * B * T * T * k * k                           # K entries gathered and scattered
-    paths = 3 * n_prod * V ** 3 + BMM_PENALTY * (3 * m * B * T * T * V + mix) / 2 + ELEMENT_COST * elems
-    gather = ((2 * L - 1) * 3 * B * T * V * V + BMM_PENALTY * (2 * L - 1) * 3 * B * T * T * V
-              + ELEMENT_COST * 4 * B * T * V)
+        n_prod += (k - 1) + k * (k - 1)  # V_S W and V_S W V_S'ᵀ
+        mix += 3 * (k * B * T * T * k * T + B * T * T * k * T)  # Y = Σ A_S G[S], s = Y Acatᵀ, ×3 with backward
+        elems += 2 * B * T * T * k * k  # K entries gathered and scattered
+    paths = 3 * n_prod * V**3 + BMM_PENALTY * (3 * m * B * T * T * V + mix) / 2 + ELEMENT_COST * elems
+    gather = (
+        (2 * L - 1) * 3 * B * T * V * V + BMM_PENALTY * (2 * L - 1) * 3 * B * T * T * V + ELEMENT_COST * 4 * B * T * V
+    )
     dense = (2 * L + 1) * 3 * B * T * V * V + BMM_PENALTY * 2 * L * 3 * B * T * T * V + ELEMENT_COST * B * T * V
     return {"paths": float(paths), "gather": float(gather), "dense": float(dense)}
 
@@ -177,9 +179,9 @@ def _causal_softmax(scores: torch.Tensor) -> torch.Tensor:
 
 
 # Scratch sizes of the path implementation (CPU: cache-sized pieces; other devices: large batches).
-CHUNK_BYTES = {"cpu": 8 * 1024 ** 2, "other": 2 * 1024 ** 3}   # attention state of one chunk (worker task)
-ROWS_BYTES = {"cpu": 4 * 1024 ** 2, "other": 1024 ** 3}        # gathered Z rows per block of the logits path
-ROW_POSITIONS = {"cpu": 32, "other": 0}                         # key positions per row block (0: all T')
+CHUNK_BYTES = {"cpu": 8 * 1024**2, "other": 2 * 1024**3}  # attention state of one chunk (worker task)
+ROWS_BYTES = {"cpu": 4 * 1024**2, "other": 1024**3}  # gathered Z rows per block of the logits path
+ROW_POSITIONS = {"cpu": 32, "other": 0}  # key positions per row block (0: all T')
 
 
 class Workspace:
@@ -194,8 +196,9 @@ class Workspace:
         self._bufs: dict[str, torch.Tensor] = {}
         self._lock = threading.Lock()
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
-            zero: bool = False) -> torch.Tensor:
+    def get(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, zero: bool = False
+    ) -> torch.Tensor:
         n = math.prod(shape)
         with self._lock:
             buf = self._bufs.get(name)
@@ -209,8 +212,9 @@ class Workspace:
         self._bufs.clear()
 
 
-def _fresh(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
-           zero: bool = False) -> torch.Tensor:
+def _fresh(
+    name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, zero: bool = False
+) -> torch.Tensor:
     return (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
 
 
@@ -227,10 +231,10 @@ class _Job:
         self.fn, self.lanes = fn, lanes
         self.pos = [0] * len(lanes)
         self.busy = [False] * len(lanes)
-        self.left = sum(len(q) for q in lanes)     # tasks not yet finished
+        self.left = sum(len(q) for q in lanes)  # tasks not yet finished
         self.error: BaseException | None = None
 
-    def take(self, w: int) -> tuple[int, int] | None | bool:
+    def take(self, w: int) -> tuple[int, int] | bool | None:
         """(lane, task) to run; None when every task is handed out (or the job failed); False when the
         remaining tasks all belong to running lanes (wait)."""
         if self.error is not None:
@@ -267,7 +271,7 @@ class _Team:
         self._stop = False
         self._threads: list[threading.Thread] = []
 
-    def __enter__(self) -> "_Team":
+    def __enter__(self) -> _Team:
         if self.n > 1:
             self._threads = [threading.Thread(target=self._loop, args=(w,), daemon=True) for w in range(1, self.n)]
             for t in self._threads:
@@ -284,7 +288,7 @@ class _Team:
 
     def _loop(self, w: int) -> None:
         seen = 0
-        with torch.no_grad():          # grad mode is thread-local: new threads start with it on
+        with torch.no_grad():  # grad mode is thread-local: new threads start with it on
             while True:
                 with self._cond:
                     while not self._stop and self._gen == seen:
@@ -304,7 +308,7 @@ class _Team:
             lane, k = got
             try:
                 job.fn(lane, k)
-            except BaseException as exc:   # re-raised in the calling thread
+            except BaseException as exc:  # re-raised in the calling thread
                 with self._cond:
                     if job.error is None:
                         job.error = exc
@@ -323,7 +327,7 @@ class _Team:
             return
         job = _Job(fn, lanes)
         prev = torch.get_num_threads()
-        torch.set_num_threads(1)                        # workers run single-threaded ops
+        torch.set_num_threads(1)  # workers run single-threaded ops
         try:
             with self._cond:
                 self._job = job
@@ -331,7 +335,7 @@ class _Team:
                 self._cond.notify_all()
             self._work(job, 0)
             with self._cond:
-                while job.left > 0 and job.error is None or any(job.busy):
+                while (job.left > 0 and job.error is None) or any(job.busy):
                     self._cond.wait()
         finally:
             torch.set_num_threads(prev)
@@ -339,10 +343,10 @@ class _Team:
             raise job.error
 
 
-PAIR_BLOCK = 4096    # rows per block when packing / unpacking the pair-major products (cache-sized transposes)
+PAIR_BLOCK = 4096  # rows per block when packing / unpacking the pair-major products (cache-sized transposes)
 
 
-def _blocks(team: "_Team", N: int, fn, device: torch.device) -> None:
+def _blocks(team: _Team, N: int, fn, device: torch.device) -> None:
     """fn(r0, r1) over blocks of PAIR_BLOCK rows of 0..N−1, spread over the team's workers (one block
     on devices other than the CPU)."""
     if device.type != "cpu":
@@ -360,7 +364,7 @@ def _pair_columns(L: int) -> tuple[list[int], int]:
     offs, o = [0] * L, 0
     for l in range(L - 1, -1, -1):
         offs[l] = o
-        o += 4 ** l
+        o += 4**l
     return offs, (o if L == 1 else -(-o // 4) * 4)
 
 
@@ -380,8 +384,7 @@ class _Products:
     (∂ of both factors).
     """
 
-    def __init__(self, W_O: torch.Tensor, Ws: list[torch.Tensor], Vs: list[torch.Tensor], ws,
-                 team: "_Team") -> None:
+    def __init__(self, W_O: torch.Tensor, Ws: list[torch.Tensor], Vs: list[torch.Tensor], ws, team: _Team) -> None:
         V, L = W_O.shape[0], len(Ws)
         self.V, self.L, self.Vs, self.ws = V, L, Vs, ws
         dev, dt = W_O.device, W_O.dtype
@@ -409,15 +412,16 @@ class _Products:
         srcs = [None] * L
         srcs[0] = Ws[0].reshape(-1, 1)
         for l in range(1, L):
-            srcs[l] = self.K[l].view(4 ** l, V * V)
-        pad = torch.zeros(1, width - (4 ** L - 1) // 3, dtype=dt, device=dev)
+            srcs[l] = self.K[l].view(4**l, V * V)
+        pad = torch.zeros(1, width - (4**L - 1) // 3, dtype=dt, device=dev)
 
-        def pack(r0: int, r1: int) -> None:             # rows r0..r1 of Kr, contiguous writes
+        def pack(r0: int, r1: int) -> None:  # rows r0..r1 of Kr, contiguous writes
             parts = [srcs[l][r0:r1] if l == 0 else srcs[l][:, r0:r1].t() for l in range(L - 1, -1, -1)]
             torch.cat(parts + [pad.expand(r1 - r0, -1)], dim=1, out=self.Kr[r0:r1])
+
         _blocks(team, V * V, pack, dev)
 
-    def backward(self, dW: torch.Tensor, dZ: torch.Tensor, dKr: torch.Tensor, team: "_Team") -> dict[str, torch.Tensor]:
+    def backward(self, dW: torch.Tensor, dZ: torch.Tensor, dKr: torch.Tensor, team: _Team) -> dict[str, torch.Tensor]:
         """Gradients of W_O, W^(l), V^(l) (on-disk names) from ∂W_O (direct term, (|V|, |V|)), ∂Z_S
         (|V|, 2^L − 1, |V|) token-major, and pair-major ∂K (layout of ``Kr``); all three are consumed
         (modified in place) and ``Kr`` is overwritten (its memory holds ∂K_{S,S'}).  Returned tensors are
@@ -426,7 +430,7 @@ class _Products:
         dev, dt = ZL.device, ZL.dtype
         dVs = [self.ws(f"prod.dV{i}", (V, V), dt, dev, zero=True) for i in range(L)]
         dZL = [dW] + [dZ[:, S] for S in range((1 << L) - 1)]
-        for S in range((1 << L) - 1, 0, -1):                 # Z_S = V_i Z_P
+        for S in range((1 << L) - 1, 0, -1):  # Z_S = V_i Z_P
             i, P = _low(S)
             dVs[i].addmm_(dZL[S], ZL[:, P].t())
             dZL[P].addmm_(Vs[i].t(), dZL[S])
@@ -438,15 +442,15 @@ class _Products:
         for l in range(1, L):
             n = 1 << l
             K = self.K[l]
-            dK = self.Kr.view(-1)[o_dK[l]:o_dK[l] + n * n * V * V].view(n, n, V, V)   # Kr is dead: reuse it
-            dst, src = dK.view(n * n, V * V), dKr[:, offs[l]:offs[l] + n * n]
+            dK = self.Kr.view(-1)[o_dK[l] : o_dK[l] + n * n * V * V].view(n, n, V, V)  # Kr is dead: reuse it
+            dst, src = dK.view(n * n, V * V), dKr[:, offs[l] : offs[l] + n * n]
             _blocks(team, V * V, lambda r0, r1, dst=dst, src=src: dst[:, r0:r1].copy_(src[r0:r1].t()), dev)
             for S in range(n):
-                for S2 in range(n - 1, 0, -1):                 # K_{S,S2} = K_{S,P} V_iᵀ
+                for S2 in range(n - 1, 0, -1):  # K_{S,S2} = K_{S,P} V_iᵀ
                     i, P = _low(S2)
                     dVs[i].addmm_(dK[S, S2].t(), K[S, P])
                     dK[S, P].addmm_(dK[S, S2], Vs[i])
-            for S in range(n - 1, 0, -1):                      # K_{S,∅} = V_i K_{P,∅}
+            for S in range(n - 1, 0, -1):  # K_{S,∅} = V_i K_{P,∅}
                 i, P = _low(S)
                 dVs[i].addmm_(dK[S, 0], K[P, 0].t())
                 dK[P, 0].addmm_(Vs[i].t(), dK[S, 0])
@@ -468,7 +472,7 @@ class _PathInputs:
     ZL: torch.Tensor
     bias: list[torch.Tensor]
     eye: torch.Tensor
-    low: tuple[torch.Tensor, torch.Tensor]       # flat (t, j) indices with j ≤ t, and their offsets t − j
+    low: tuple[torch.Tensor, torch.Tensor]  # flat (t, j) indices with j ≤ t, and their offsets t − j
 
     @property
     def T(self) -> int:
@@ -479,7 +483,7 @@ class _PathInputs:
         return len(self.bias)
 
     @classmethod
-    def build(cls, Kr: torch.Tensor, ZL: torch.Tensor, Ps: list[torch.Tensor], T: int) -> "_PathInputs":
+    def build(cls, Kr: torch.Tensor, ZL: torch.Tensor, Ps: list[torch.Tensor], T: int) -> _PathInputs:
         mask = torch.ones(T, T, dtype=torch.bool, device=ZL.device).triu(1)
         bias = [diag_matrix(p[:T].detach(), T).masked_fill(mask, float("-inf")) for p in Ps]
         t = torch.arange(T, device=ZL.device)
@@ -502,7 +506,7 @@ class _Grads:
         self.dP = [get(f"dP{l}", (inp.T,), dt, dev, zero=True) for l in range(inp.L)]
         self.loss = torch.zeros((), dtype=torch.float64, device=dev)
 
-    def add_(self, other: "_Grads") -> None:
+    def add_(self, other: _Grads) -> None:
         for a, b in zip([self.dKr, self.dW, self.dZ] + self.dP, [other.dKr, other.dW, other.dZ] + other.dP):
             a.add_(b)
         self.loss += other.loss
@@ -563,7 +567,7 @@ class _Chunk:
         self.Y: list[torch.Tensor | None] = []
         self.Ai: list[torch.Tensor | None] = []
         self.offs, width = _pair_columns(L)
-        R = self._buf("R", (c, T, T, width))                   # gathered pair rows [b, k, j, :]
+        R = self._buf("R", (c, T, T, width))  # gathered pair rows [b, k, j, :]
         torch.index_select(inp.Kr, 0, self.base, out=R.view(-1, width))
         for l in range(L):
             n, o = 1 << l, self.offs[l]
@@ -572,11 +576,11 @@ class _Chunk:
                 s = G + inp.bias[0]
                 Y = Ai = None
             else:
-                G = self._buf(f"G{l}", (c, T, n, T, n))        # [b, k, S, j, S']
-                _swap_copy(G, R[..., o:o + n * n].view(c, T, T, n, n))
+                G = self._buf(f"G{l}", (c, T, n, T, n))  # [b, k, S, j, S']
+                _swap_copy(G, R[..., o : o + n * n].view(c, T, T, n, n))
                 G = G.view(c, T * n, T * n)
-                Ai = self._buf(f"Ai{l}", (c, T, T, n))         # Ai[b, i, k, S] = A_S[b, i, k], S < n
-                Ai.copy_(AI[:, :, :n * T].view(c, T, n, T).permute(0, 1, 3, 2))
+                Ai = self._buf(f"Ai{l}", (c, T, T, n))  # Ai[b, i, k, S] = A_S[b, i, k], S < n
+                Ai.copy_(AI[:, :, : n * T].view(c, T, n, T).permute(0, 1, 3, 2))
                 Ai = Ai.view(c, T, T * n)
                 Y = torch.bmm(Ai, G, out=self._buf(f"Y{l}", (c, T, T * n)))
                 s = torch.bmm(Y, Ai.transpose(1, 2))
@@ -585,13 +589,14 @@ class _Chunk:
             self.Y.append(Y)
             self.Ai.append(Ai)
             A = torch.softmax(s, dim=-1)
-            AI[:, :, n * T:(n + 1) * T] = A
+            AI[:, :, n * T : (n + 1) * T] = A
             if n > 1:
-                torch.bmm(A, AI[:, :, T:n * T], out=AI[:, :, (n + 1) * T:2 * n * T])
+                torch.bmm(A, AI[:, :, T : n * T], out=AI[:, :, (n + 1) * T : 2 * n * T])
         self.AI = AI
 
-    def _buf(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None, *,
-             zero: bool = False) -> torch.Tensor:
+    def _buf(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None, *, zero: bool = False
+    ) -> torch.Tensor:
         return self.ws.get(f"{self.tag}.{name}", shape, dtype or self.dt, self.dev, zero=zero)
 
     # ------------------------------------------------------------------ logits path
@@ -609,7 +614,7 @@ class _Chunk:
         idx = self.x[b0:b1, j0:j1].reshape(-1)
         rows = self._buf(f"rows{k}", (b1 - b0, (j1 - j0) * self.m, self.V))
         if gather:
-            torch.index_select(self.inp.ZL.view(self.V, -1)[:, self.V:], 0, idx, out=rows.view(idx.shape[0], -1))
+            torch.index_select(self.inp.ZL.view(self.V, -1)[:, self.V :], 0, idx, out=rows.view(idx.shape[0], -1))
         return idx, rows
 
     def _logits_into(self, lg: torch.Tensor, b0: int, b1: int, cp: torch.Tensor) -> None:
@@ -617,20 +622,31 @@ class _Chunk:
         torch.index_select(self.inp.ZL[:, 0], 0, self.x[b0:b1].reshape(-1), out=lg.view(-1, self.V))
         for k, (j0, j1) in enumerate(self.blocks):
             _, rows = self._rows(k, b0, b1)
-            lg[:, j0:].baddbmm_(cp[b0:b1, j0:, j0 * m:j1 * m], rows)
+            lg[:, j0:].baddbmm_(cp[b0:b1, j0:, j0 * m : j1 * m], rows)
 
-    def _grads_from(self, g: torch.Tensor, b0: int, b1: int, cp: torch.Tensor, dcpT: torch.Tensor,
-                    acc: _Grads, *, gathered: bool, scale: float = 1.0) -> None:
+    def _grads_from(
+        self,
+        g: torch.Tensor,
+        b0: int,
+        b1: int,
+        cp: torch.Tensor,
+        dcpT: torch.Tensor,
+        acc: _Grads,
+        *,
+        gathered: bool,
+        scale: float = 1.0,
+    ) -> None:
         """Gradients from ``scale`` · g, g = ∂L/∂logits (b1−b0, T', |V|)."""
         m, V = self.m, self.V
         dZ = acc.dZ.view(V, -1)
         for k, (j0, j1) in enumerate(self.blocks):
             idx, rows = self._rows(k, b0, b1, gather=not gathered)
-            out = dcpT[b0:b1, j0 * m:j1 * m, j0:]
+            out = dcpT[b0:b1, j0 * m : j1 * m, j0:]
             torch.baddbmm(out, rows, g[:, j0:].transpose(1, 2), beta=0, alpha=scale, out=out)
             drows = self._buf("drows", tuple(rows.shape))
-            torch.baddbmm(drows, cp[b0:b1, j0:, j0 * m:j1 * m].transpose(1, 2), g[:, j0:], beta=0, alpha=scale,
-                          out=drows)
+            torch.baddbmm(
+                drows, cp[b0:b1, j0:, j0 * m : j1 * m].transpose(1, 2), g[:, j0:], beta=0, alpha=scale, out=drows
+            )
             dZ.index_add_(0, idx, drows.view(idx.shape[0], -1))
         acc.dW.index_add_(0, self.x[b0:b1].reshape(-1), g.reshape(-1, V), alpha=scale)
 
@@ -662,7 +678,7 @@ class _Chunk:
             y = targets[b0:b1].reshape(-1, 1)
             ls = torch.log_softmax(lg.view(-1, V), 1, out=self._buf("ls", (lg.shape[0] * T, V)))
             acc.loss -= ls.gather(1, y).sum(dtype=torch.float64)
-            g = torch.exp(ls, out=lg.view(-1, V))                # softmax
+            g = torch.exp(ls, out=lg.view(-1, V))  # softmax
             g.scatter_add_(1, y, torch.full(y.shape, -1.0, dtype=g.dtype, device=g.device))
             self._grads_from(lg, b0, b1, cp, dcpT, acc, gathered=True, scale=scale)
         self._set_dAI(dcpT)
@@ -684,28 +700,28 @@ class _Chunk:
         AI, dAI = self.AI, self.dAI
         low, off_low = self.inp.low
         width = self.inp.Kr.shape[1]
-        dR = self._buf("R", (c, T, T, width))                   # the forward's buffer: its padding is 0
+        dR = self._buf("R", (c, T, T, width))  # the forward's buffer: its padding is 0
         for l in range(L - 1, -1, -1):
             n = 1 << l
-            A = AI[:, :, n * T:(n + 1) * T]
-            dA = dAI[:, :, n * T:(n + 1) * T]
-            lo = AI[:, :, T:n * T]
-            if n > 1:                                          # A_{n+S} = A_l A_S for S = 1..n−1
-                dhi = dAI[:, :, (n + 1) * T:2 * n * T]
+            A = AI[:, :, n * T : (n + 1) * T]
+            dA = dAI[:, :, n * T : (n + 1) * T]
+            lo = AI[:, :, T : n * T]
+            if n > 1:  # A_{n+S} = A_l A_S for S = 1..n−1
+                dhi = dAI[:, :, (n + 1) * T : 2 * n * T]
                 dA = torch.baddbmm(dA, dhi, lo.transpose(1, 2))
-                dAI[:, :, T:n * T] += torch.bmm(A.transpose(1, 2), dhi, out=self._buf("dlo", (c, T, (n - 1) * T)))
-            ds = A * (dA - (dA * A).sum(-1, keepdim=True))    # softmax Jacobian (masked entries: A = 0)
+                dAI[:, :, T : n * T] += torch.bmm(A.transpose(1, 2), dhi, out=self._buf("dlo", (c, T, (n - 1) * T)))
+            ds = A * (dA - (dA * A).sum(-1, keepdim=True))  # softmax Jacobian (masked entries: A = 0)
             acc.dP[l].index_add_(0, off_low, ds.sum(0).view(-1).index_select(0, low))
             if n == 1:
                 dR[..., self.offs[0]] = ds
                 continue
             G, Y, Ai = self.G[l], self.Y[l], self.Ai[l]
-            U = torch.bmm(ds, Ai, out=self._buf("U", (c, T, T * n)))        # ∂Y = ∂s Â
+            U = torch.bmm(ds, Ai, out=self._buf("U", (c, T, T * n)))  # ∂Y = ∂s Â
             dAi = torch.bmm(ds.transpose(1, 2), Y, out=self._buf("dAi", (c, T, T * n)))
-            dAi.baddbmm_(U, G.transpose(1, 2))                               # ∂Â = ∂sᵀ Y + U Gᵀ
-            dAI[:, :, T:n * T].view(c, T, n - 1, T).add_(dAi.view(c, T, T, n)[:, :, :, 1:].permute(0, 1, 3, 2))
-            dG = torch.bmm(Ai.transpose(1, 2), U, out=self._buf("dG", (c, T * n, T * n)))   # Âᵀ U
-            _swap_copy(dR[..., self.offs[l]:self.offs[l] + n * n].view(c, T, T, n, n), dG.view(c, T, n, T, n))
+            dAi.baddbmm_(U, G.transpose(1, 2))  # ∂Â = ∂sᵀ Y + U Gᵀ
+            dAI[:, :, T : n * T].view(c, T, n - 1, T).add_(dAi.view(c, T, T, n)[:, :, :, 1:].permute(0, 1, 3, 2))
+            dG = torch.bmm(Ai.transpose(1, 2), U, out=self._buf("dG", (c, T * n, T * n)))  # Âᵀ U
+            _swap_copy(dR[..., self.offs[l] : self.offs[l] + n * n].view(c, T, T, n, n), dG.view(c, T, n, T, n))
         acc.dKr.index_add_(0, self.base, dR.view(-1, width))
 
 
@@ -718,7 +734,7 @@ def _swap_copy(out: torch.Tensor, src: torch.Tensor) -> None:
         try:
             out.view(wide).copy_(src.view(wide).transpose(2, 3))
             return
-        except RuntimeError:           # strides or offset not divisible: copy element by element
+        except RuntimeError:  # strides or offset not divisible: copy element by element
             pass
     out.copy_(src.transpose(2, 3))
 
@@ -728,9 +744,19 @@ def _team_size(dev: torch.device) -> int:
     return torch.get_num_threads() if dev.type == "cpu" else 1
 
 
-def _path_pass(inp: _PathInputs, x: torch.Tensor, ws: Workspace, team: _Team, *,
-               targets: torch.Tensor | None = None, g: torch.Tensor | None = None, scale: float = 1.0,
-               logits: torch.Tensor | None = None, chunk: int | None = None, fresh: bool = False) -> _Grads | None:
+def _path_pass(
+    inp: _PathInputs,
+    x: torch.Tensor,
+    ws: Workspace,
+    team: _Team,
+    *,
+    targets: torch.Tensor | None = None,
+    g: torch.Tensor | None = None,
+    scale: float = 1.0,
+    logits: torch.Tensor | None = None,
+    chunk: int | None = None,
+    fresh: bool = False,
+) -> _Grads | None:
     """Run the path expansion over a batch x (B, T') in chunks, one lane per worker of ``team``.
 
     ``logits`` (B, T', |V|) given: forward only, logits written there.  Otherwise gradients, from
@@ -745,13 +771,17 @@ def _path_pass(inp: _PathInputs, x: torch.Tensor, ws: Workspace, team: _Team, *,
     if chunk is not None:
         c = max(1, min(c, int(chunk)))
     if team.n > 1:
-        c = min(c, -(-B // team.n))                    # at least one chunk per lane
+        c = min(c, -(-B // team.n))  # at least one chunk per lane
     bounds = [(b0, min(B, b0 + c)) for b0 in range(0, B, c)]
     lanes = min(team.n, len(bounds))
     accs: list[_Grads] = []
     if logits is None:
-        accs = [_Grads(inp, _fresh if (w == 0 and fresh) else
-                       (lambda name, *a, w=w, **k: ws.get(f"acc{w}.{name}", *a, **k))) for w in range(lanes)]
+        accs = [
+            _Grads(
+                inp, _fresh if (w == 0 and fresh) else (lambda name, *a, w=w, **k: ws.get(f"acc{w}.{name}", *a, **k))
+            )
+            for w in range(lanes)
+        ]
 
     def work(w: int, k: int) -> None:
         b0, b1 = bounds[k]
@@ -767,7 +797,7 @@ def _path_pass(inp: _PathInputs, x: torch.Tensor, ws: Workspace, team: _Team, *,
 
     team.run(work, [list(range(w, len(bounds), lanes)) for w in range(lanes)])
     if logits is None:
-        for a in accs[1:]:                           # fixed order: deterministic for a given lane count
+        for a in accs[1:]:  # fixed order: deterministic for a given lane count
             accs[0].add_(a)
         return accs[0]
     return None
@@ -790,7 +820,7 @@ class _PathsFunction(torch.autograd.Function):
         offs, width = _pair_columns(L)
         Kr = torch.zeros(W_O.shape[0] ** 2, width, dtype=W_O.dtype, device=W_O.device)
         for l, k in enumerate(rest[:L]):
-            Kr[:, offs[l]:offs[l] + k.shape[0]] = k.reshape(k.shape[0], -1).t()
+            Kr[:, offs[l] : offs[l] + k.shape[0]] = k.reshape(k.shape[0], -1).t()
         inp = _PathInputs.build(Kr, _token_major(W_O, Z), list(rest[L:]), x.shape[1])
         out = torch.empty(*x.shape, W_O.shape[0], dtype=W_O.dtype, device=W_O.device)
         with _Team(_team_size(W_O.device)) as team:
@@ -807,7 +837,7 @@ class _PathsFunction(torch.autograd.Function):
         V = inp.ZL.shape[0]
         dZ = acc.dZ.transpose(0, 1).reshape(-1, V)
         offs, _ = _pair_columns(len(kshapes))
-        dKs = [acc.dKr[:, o:o + s[0]].t().reshape(s) for o, s in zip(offs, kshapes)]
+        dKs = [acc.dKr[:, o : o + s[0]].t().reshape(s) for o, s in zip(offs, kshapes)]
         dPs = [F.pad(d, (0, n - d.shape[0])) for d, n in zip(acc.dP, plens)]
         return (None, None, acc.dW, dZ, *dKs, *dPs)
 
@@ -875,24 +905,30 @@ class AssocModel(nn.Module):
         for name, p in self.named_weights():
             if name not in tensors:
                 if strict:
-                    raise CompatibilityError(f"weights lack '{name}'",
-                                             f"load a file saved for an L={self.n_layers} AssocModel")
+                    raise CompatibilityError(
+                        f"weights lack '{name}'", f"load a file saved for an L={self.n_layers} AssocModel"
+                    )
                 continue
             v = torch.as_tensor(np.asarray(tensors[name]) if not torch.is_tensor(tensors[name]) else tensors[name])
             if tuple(v.shape) != tuple(p.shape):
-                raise CompatibilityError(f"'{name}' has shape {tuple(v.shape)}, model expects {tuple(p.shape)}",
-                                         "load weights saved for the same |V|, T and L")
+                raise CompatibilityError(
+                    f"'{name}' has shape {tuple(v.shape)}, model expects {tuple(p.shape)}",
+                    "load weights saved for the same |V|, T and L",
+                )
             p.copy_(v.to(p.dtype))
 
     # ------------------------------------------------------------------ forward
     def _check_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
         x = torch.as_tensor(inputs)
         if x.dim() != 2 or x.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise InputError(f"inputs must be a (B, T) integer tensor, got {x.dtype} {tuple(x.shape)}",
-                             "pass token ids")
+            raise InputError(
+                f"inputs must be a (B, T) integer tensor, got {x.dtype} {tuple(x.shape)}", "pass token ids"
+            )
         if x.shape[1] > self.seq_len or x.shape[1] < 1:
-            raise InputError(f"sequence length {x.shape[1]} outside 1..{self.seq_len}",
-                             f"this model has T = {self.seq_len} positions")
+            raise InputError(
+                f"sequence length {x.shape[1]} outside 1..{self.seq_len}",
+                f"this model has T = {self.seq_len} positions",
+            )
         if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.vocab_size):
             raise InputError(f"token ids must lie in 0..{self.vocab_size - 1}", "check the vocabulary")
         return x.long()
@@ -969,7 +1005,7 @@ class AssocModel(nn.Module):
         """
         V = self.vocab_size
 
-        def above(i: int, bits: int) -> list[int]:     # subsets of {i+1..bits−1} (bitmasks), increasing
+        def above(i: int, bits: int) -> list[int]:  # subsets of {i+1..bits−1} (bitmasks), increasing
             return [R for R in range(1 << bits) if R & ((1 << (i + 1)) - 1) == 0]
 
         def left_products(Wm: torch.Tensor, bits: int) -> dict[int, torch.Tensor]:
@@ -989,7 +1025,7 @@ class AssocModel(nn.Module):
             n = 1 << l
             left = left_products(self.W[l], l)
             K = {(S, 0): left[S] for S in range(n)}
-            for i in range(l - 1, -1, -1):       # K_{S,S'} = K_{S,S'∖i} V_iᵀ, stacked over (S, S'∖i)
+            for i in range(l - 1, -1, -1):  # K_{S,S'} = K_{S,S'∖i} V_iᵀ, stacked over (S, S'∖i)
                 pairs = [(S, R) for S in range(n) for R in above(i, l)]
                 prod = torch.cat([K[p] for p in pairs], dim=0) @ self.V[i].T
                 for (S, R), part in zip(pairs, prod.split(V, dim=0)):
@@ -1015,8 +1051,7 @@ class AssocModel(nn.Module):
     def _products(self, get, team: _Team) -> _Products:
         return _Products(self.W_O.detach(), [w.detach() for w in self.W], [v.detach() for v in self.V], get, team)
 
-    def accumulate_gradients(self, tokens: torch.Tensor, *, chunk: int | None = None,
-                             impl: str | None = None) -> float:
+    def accumulate_gradients(self, tokens: torch.Tensor, *, chunk: int | None = None, impl: str | None = None) -> float:
         """Add ∇ of the mean cross-entropy over all positions of ``tokens`` (B, T'+1) to ``.grad``.
 
         The batch is processed in chunks of at most ``chunk`` sequences (None = all at once; the path
@@ -1038,7 +1073,7 @@ class AssocModel(nn.Module):
         if impl != "paths":
             total = 0.0
             for i in range(0, n, chunk):
-                c = tokens[i:i + chunk]
+                c = tokens[i : i + chunk]
                 loss = self.loss(c, impl=impl)
                 w = c.shape[0] / n
                 (loss * w if w != 1.0 else loss).backward()
@@ -1084,7 +1119,7 @@ class AssocModel(nn.Module):
             return hit[1]
         with torch.no_grad():
             prods = self._products(_fresh, team)
-        prods.K = []                                     # only the backward needs them
+        prods.K = []  # only the backward needs them
         self.__dict__["_product_cache"] = (key, prods)
         return prods
 
@@ -1100,10 +1135,13 @@ def load_assoc(path: str | os.PathLike, *, impl: str = "auto") -> tuple[AssocMod
     The shape (|V|, T, L) and dtype are read from the tensors; returns (model, metadata).
     """
     from ..storage import load_tensors
+
     arrays, meta = load_tensors(path)
     if meta.get("kind") not in (MODEL_KIND, CHECKPOINT_KIND):
-        raise CompatibilityError(f"{path} holds '{meta.get('kind')}', not an AssocModel",
-                                 "pass a model.safetensors or checkpoint written by train_assoc")
+        raise CompatibilityError(
+            f"{path} holds '{meta.get('kind')}', not an AssocModel",
+            "pass a model.safetensors or checkpoint written by train_assoc",
+        )
     if "W_O" not in arrays:
         raise CompatibilityError(f"{path} has no W_O tensor", "pass an AssocModel file")
     L = 0

@@ -42,6 +42,7 @@ Caveats: myopic/eager attention materialises the (B, H, T, T) score matrix; unti
 by a Python loop over ranges (fine for a few ranges; ``untie_at="all"`` costs one small matmul per
 position and layer).  No KV cache.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,8 +51,9 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -63,8 +65,7 @@ REGIMES = ("standard", "myopic", "untied", "myopic+untied")
 UNTIE_SCOPES = ("blocks", "everything")
 UNTIE_INITS = ("independent", "shared")
 ATTN_IMPLS = ("sdpa", "eager")
-DTYPES = {"float32": torch.float32, "float64": torch.float64,
-          "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 INIT_STD = 0.02
 LN_EPS = 1e-5
 
@@ -86,33 +87,32 @@ class GPTConfig:
     n_head: int
     mlp_ratio: int = 4
     tie_embeddings: bool = True
-    regime: str = "standard"             # one of REGIMES
-    untie_at: Sequence[int] | str | None = None   # range boundaries (0 < m < seq_len, increasing) or "all"
-    untie_scope: str = "blocks"          # "blocks" | "everything"
-    untie_init: str = "independent"      # "independent" | "shared"
-    n_positions: int | None = None       # position-table size; None = seq_len
-    dtype: str = "float32"               # key of DTYPES (a torch.dtype is accepted and normalised)
+    regime: str = "standard"  # one of REGIMES
+    untie_at: Sequence[int] | str | None = None  # range boundaries (0 < m < seq_len, increasing) or "all"
+    untie_scope: str = "blocks"  # "blocks" | "everything"
+    untie_init: str = "independent"  # "independent" | "shared"
+    n_positions: int | None = None  # position-table size; None = seq_len
+    dtype: str = "float32"  # key of DTYPES (a torch.dtype is accepted and normalised)
     dropout: float = 0.0
-    attn_impl: str = "sdpa"              # standard-regime kernel: "sdpa" | "eager"
+    attn_impl: str = "sdpa"  # standard-regime kernel: "sdpa" | "eager"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "n_layer", "d_model", "n_head", "mlp_ratio"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"GPTConfig.{name} must be a positive integer, got {v!r}",
-                                  f"set {name} to an integer ≥ 1")
+                raise ConfigError(
+                    f"GPTConfig.{name} must be a positive integer, got {v!r}", f"set {name} to an integer ≥ 1"
+                )
         if self.d_model % self.n_head:
-            raise ConfigError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}",
-                              "choose n_head dividing d_model")
+            raise ConfigError(
+                f"d_model={self.d_model} is not divisible by n_head={self.n_head}", "choose n_head dividing d_model"
+            )
         if self.regime not in REGIMES:
-            raise ConfigError(f"unknown regime {self.regime!r}",
-                              f"use one of: {', '.join(REGIMES)}")
+            raise ConfigError(f"unknown regime {self.regime!r}", f"use one of: {', '.join(REGIMES)}")
         if self.untie_scope not in UNTIE_SCOPES:
-            raise ConfigError(f"unknown untie_scope {self.untie_scope!r}",
-                              f"use one of: {', '.join(UNTIE_SCOPES)}")
+            raise ConfigError(f"unknown untie_scope {self.untie_scope!r}", f"use one of: {', '.join(UNTIE_SCOPES)}")
         if self.untie_init not in UNTIE_INITS:
-            raise ConfigError(f"unknown untie_init {self.untie_init!r}",
-                              f"use one of: {', '.join(UNTIE_INITS)}")
+            raise ConfigError(f"unknown untie_init {self.untie_init!r}", f"use one of: {', '.join(UNTIE_INITS)}")
         if self.attn_impl not in ATTN_IMPLS:
             raise ConfigError(f"unknown attn_impl {self.attn_impl!r}", f"use one of: {', '.join(ATTN_IMPLS)}")
         if isinstance(self.dtype, torch.dtype):
@@ -126,26 +126,37 @@ class GPTConfig:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}", "set dropout=0 (default)")
         if self.n_positions is None:
             self.n_positions = self.seq_len
-        if isinstance(self.n_positions, bool) or not isinstance(self.n_positions, int) \
-                or self.n_positions < self.seq_len:
-            raise ConfigError(f"n_positions={self.n_positions!r} must be an integer ≥ seq_len={self.seq_len}",
-                              "leave n_positions unset (= seq_len) or enlarge it")
+        if (
+            isinstance(self.n_positions, bool)
+            or not isinstance(self.n_positions, int)
+            or self.n_positions < self.seq_len
+        ):
+            raise ConfigError(
+                f"n_positions={self.n_positions!r} must be an integer ≥ seq_len={self.seq_len}",
+                "leave n_positions unset (= seq_len) or enlarge it",
+            )
         self._check_untie_at()
 
     def _check_untie_at(self) -> None:
         untied = "untied" in self.regime
         if self.untie_at is None:
             if untied:
-                raise ConfigError(f"regime {self.regime!r} needs untie_at",
-                                  "pass untie_at=[m, ...] (range boundaries) or untie_at='all'")
+                raise ConfigError(
+                    f"regime {self.regime!r} needs untie_at",
+                    "pass untie_at=[m, ...] (range boundaries) or untie_at='all'",
+                )
             return
         if not untied:
-            raise ConfigError(f"untie_at={self.untie_at!r} given but regime is {self.regime!r}",
-                              "use regime='untied' or 'myopic+untied', or drop untie_at")
+            raise ConfigError(
+                f"untie_at={self.untie_at!r} given but regime is {self.regime!r}",
+                "use regime='untied' or 'myopic+untied', or drop untie_at",
+            )
         if isinstance(self.untie_at, str):
             if self.untie_at != "all":
-                raise ConfigError(f"untie_at={self.untie_at!r} is not understood",
-                                  "pass a list of increasing positions or the string 'all'")
+                raise ConfigError(
+                    f"untie_at={self.untie_at!r} is not understood",
+                    "pass a list of increasing positions or the string 'all'",
+                )
             if self.seq_len < 2:
                 raise ConfigError("untie_at='all' needs seq_len ≥ 2", "increase seq_len")
             return
@@ -154,15 +165,19 @@ class GPTConfig:
         except TypeError:
             raise ConfigError(f"untie_at={self.untie_at!r} is not a list", "pass e.g. untie_at=[10]") from None
         if not bounds or any(isinstance(m, bool) or not isinstance(m, int) for m in bounds):
-            raise ConfigError(f"untie_at={self.untie_at!r} must be a non-empty list of integers",
-                              "pass e.g. untie_at=[10]")
+            raise ConfigError(
+                f"untie_at={self.untie_at!r} must be a non-empty list of integers", "pass e.g. untie_at=[10]"
+            )
         bad = [m for m in bounds if not 0 < m < self.seq_len]
         if bad:
-            raise ConfigError(f"untie_at boundaries {bad} are outside (0, seq_len={self.seq_len})",
-                              f"use boundaries 1..{self.seq_len - 1}")
+            raise ConfigError(
+                f"untie_at boundaries {bad} are outside (0, seq_len={self.seq_len})",
+                f"use boundaries 1..{self.seq_len - 1}",
+            )
         if any(b <= a for a, b in zip(bounds, bounds[1:])):
-            raise ConfigError(f"untie_at={bounds} is not strictly increasing",
-                              "sort the boundaries and remove duplicates")
+            raise ConfigError(
+                f"untie_at={bounds} is not strictly increasing", "sort the boundaries and remove duplicates"
+            )
         self.untie_at = tuple(bounds)
 
     # -- derived --------------------------------------------------------------------------------------
@@ -196,9 +211,10 @@ class GPTConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, where: str = "GPTConfig") -> "GPTConfig":
+    def from_dict(cls, d: Mapping[str, Any], *, where: str = "GPTConfig") -> GPTConfig:
         """Build from a mapping (unknown keys, wrong types: ConfigError; see ``originlens.config``)."""
         from ..config import from_mapping
+
         return from_mapping(cls, d, where=where)
 
 
@@ -206,18 +222,25 @@ class GPTConfig:
 class ResidSite:
     """What a hook is told about the tensor it receives: site name, layer k and covered positions."""
 
-    name: str          # "resid.{k}"
-    layer: int         # k (blocks applied)
-    positions: slice   # absolute positions of the tensor's dim 1 (always slice(0, T): no KV cache)
+    name: str  # "resid.{k}"
+    layer: int  # k (blocks applied)
+    positions: slice  # absolute positions of the tensor's dim 1 (always slice(0, T): no KV cache)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Attention
 
 
-def causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, myopic: bool = False,
-                          impl: str = "sdpa", dropout_p: float = 0.0,
-                          future: torch.Tensor | None = None) -> torch.Tensor:
+def causal_self_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    myopic: bool = False,
+    impl: str = "sdpa",
+    dropout_p: float = 0.0,
+    future: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Causal multi-head attention ``(B, H, T, hd) × 3 -> (B, H, T, hd)``.
 
     ``myopic=False, impl="sdpa"``: fused kernel (falls back to eager where the kernel lacks support,
@@ -239,8 +262,8 @@ def causal_self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, 
     scale = 1.0 / math.sqrt(hd)
     if myopic:
         scores = q @ k.detach().transpose(-2, -1)
-        diag_live = (q.detach() * k).sum(-1)                                  # (B, H, T)
-        scores = scores + torch.diag_embed(diag_live - diag_live.detach())   # + 0, live in k_t
+        diag_live = (q.detach() * k).sum(-1)  # (B, H, T)
+        scores = scores + torch.diag_embed(diag_live - diag_live.detach())  # + 0, live in k_t
     else:
         scores = q @ k.transpose(-2, -1)
     att = torch.softmax((scores * scale).masked_fill(future, float("-inf")), dim=-1)
@@ -267,7 +290,7 @@ class EmbedCopy(nn.Module):
 
     def forward(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """(B, t) tokens at absolute positions start..start+t−1 -> (B, t, d)."""
-        return self.wte(tokens) + self.wpe.weight[start:start + tokens.shape[1]]
+        return self.wte(tokens) + self.wpe.weight[start : start + tokens.shape[1]]
 
 
 class BlockCopy(nn.Module):
@@ -277,8 +300,8 @@ class BlockCopy(nn.Module):
         super().__init__()
         d, dt = cfg.d_model, cfg.torch_dtype
         self.ln_1 = nn.LayerNorm(d, eps=LN_EPS, dtype=dt)
-        self.attn_qkv = nn.Linear(d, 3 * d, dtype=dt)      # rows: [W_Q; W_K; W_V]
-        self.attn_out = nn.Linear(d, d, dtype=dt)          # residual projection
+        self.attn_qkv = nn.Linear(d, 3 * d, dtype=dt)  # rows: [W_Q; W_K; W_V]
+        self.attn_out = nn.Linear(d, d, dtype=dt)  # residual projection
         self.ln_2 = nn.LayerNorm(d, eps=LN_EPS, dtype=dt)
         self.mlp_in = nn.Linear(d, cfg.mlp_ratio * d, dtype=dt)
         self.mlp_out = nn.Linear(cfg.mlp_ratio * d, d, dtype=dt)  # residual projection
@@ -293,8 +316,9 @@ class Block(nn.Module):
         self.dropout = cfg.dropout
         self.copies = nn.ModuleList(BlockCopy(cfg) for _ in range(n_copies))
 
-    def forward(self, x: torch.Tensor, spans: list[tuple[int, int, int]],
-                attention: Callable[..., torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, spans: list[tuple[int, int, int]], attention: Callable[..., torch.Tensor]
+    ) -> torch.Tensor:
         """x (B, T, d) -> (B, T, d).  ``spans`` = [(copy, start, stop)] covering 0..T."""
         B, T, d = x.shape
         xs = _split(x, spans)
@@ -317,8 +341,9 @@ class HeadCopy(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=LN_EPS, dtype=cfg.torch_dtype)
-        self.lm_head = None if cfg.tie_embeddings else \
-            nn.Linear(cfg.d_model, cfg.vocab_size, bias=False, dtype=cfg.torch_dtype)
+        self.lm_head = (
+            None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False, dtype=cfg.torch_dtype)
+        )
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -391,14 +416,17 @@ class GPT(nn.Module):
             src = _BLOCK_KEY.sub(lambda m: f"blocks.{m.group(1)}.copies.0.", key)
             src = _OUTER_KEY.sub(lambda m: f"{m.group(1)}.0.", src)
             if src not in state:
-                raise CompatibilityError(f"state dict has no entry {src!r} (needed for {key!r})",
-                                         "load a state dict of a GPT with the same architecture")
+                raise CompatibilityError(
+                    f"state dict has no entry {src!r} (needed for {key!r})",
+                    "load a state dict of a GPT with the same architecture",
+                )
             out[key] = state[src]
         return out
 
     @classmethod
-    def from_state_dict(cls, state_dict: Mapping[str, torch.Tensor], config: GPTConfig, *,
-                        replicate: bool = False) -> "GPT":
+    def from_state_dict(
+        cls, state_dict: Mapping[str, torch.Tensor], config: GPTConfig, *, replicate: bool = False
+    ) -> GPT:
         """Build a model from ``config`` and load ``state_dict``.
 
         The same state dict loads into standard and myopic models (same keys).  ``replicate=True`` fills
@@ -409,21 +437,23 @@ class GPT(nn.Module):
         try:
             model.load_state_dict(sd, strict=True)
         except RuntimeError as exc:
-            raise CompatibilityError(f"state dict does not fit this GPTConfig ({str(exc).splitlines()[0]})",
-                                     "use the config the weights were trained with, or replicate=True "
-                                     "to load a single-copy model into an untied one") from None
+            raise CompatibilityError(
+                f"state dict does not fit this GPTConfig ({str(exc).splitlines()[0]})",
+                "use the config the weights were trained with, or replicate=True "
+                "to load a single-copy model into an untied one",
+            ) from None
         return model
 
     def save(self, path: str | os.PathLike, metadata: Mapping[str, Any] | None = None) -> None:
         """Write weights and config to a safetensors file (kind ``"gpt"``); ``metadata={"vocab_hash": h}``
         records the vocabulary (checked by :meth:`load`; ``ntp train`` always records it when known)."""
         from ..storage import save_tensors
+
         meta = {"config": self.config.to_dict(), **(metadata or {})}
         save_tensors(path, self.state_dict(), kind="gpt", metadata=meta)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, expect_vocab_hash: str | None = None,
-             **config_overrides: Any) -> "GPT":
+    def load(cls, path: str | os.PathLike, *, expect_vocab_hash: str | None = None, **config_overrides: Any) -> GPT:
         """Load a file written by :meth:`save`; ``config_overrides`` e.g. ``regime="myopic"``.
 
         ``expect_vocab_hash`` (:func:`originlens.storage.vocab_hash` of the data or tokenizer the model is
@@ -431,13 +461,15 @@ class GPT(nn.Module):
         :class:`CompatibilityError`; files without one (older files, bare weights) load unchecked.
         """
         from ..storage import load_tensors
+
         arrays, meta = load_tensors(path, kind="gpt")
         got = meta.get("vocab_hash")
         if expect_vocab_hash is not None and got is not None and got != str(expect_vocab_hash):
             raise CompatibilityError(
                 f"{path} was trained on another vocabulary (hash {got}) than the data it is used with "
                 f"(hash {expect_vocab_hash})",
-                "use the model trained on this corpus / tokenizer, or tokenize the data with the model's tokenizer")
+                "use the model trained on this corpus / tokenizer, or tokenize the data with the model's tokenizer",
+            )
         if "config" not in meta:
             raise CompatibilityError(f"{path} has no GPT config in its metadata", "save it with GPT.save")
         config = GPTConfig.from_dict({**json.loads(meta["config"]), **config_overrides})
@@ -475,7 +507,7 @@ class GPT(nn.Module):
 
     # -- regimes --------------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def myopic(self, enabled: bool = True) -> Iterator["GPT"]:
+    def myopic(self, enabled: bool = True) -> Iterator[GPT]:
         """Temporarily switch this instance (only) to myopic attention (or off with ``enabled=False``)."""
         previous = self.is_myopic
         self.is_myopic = bool(enabled)
@@ -487,18 +519,24 @@ class GPT(nn.Module):
     # -- forward --------------------------------------------------------------------------------------
     def _check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
-            raise InputError(f"tokens must be a (B, T) tensor, got {getattr(tokens, 'shape', type(tokens))}",
-                             "pass a 2-D LongTensor of token ids")
+            raise InputError(
+                f"tokens must be a (B, T) tensor, got {getattr(tokens, 'shape', type(tokens))}",
+                "pass a 2-D LongTensor of token ids",
+            )
         if tokens.dtype not in (torch.int64, torch.int32):
             raise InputError(f"tokens must be integers, got {tokens.dtype}", "convert with tokens.long()")
         B, T = tokens.shape
-        if T < 1 or T > self.config.n_positions or B < 1:
-            raise InputError(f"tokens of shape {tuple(tokens.shape)}: need B ≥ 1 and 1 ≤ T ≤ "
-                             f"n_positions={self.config.n_positions}", "crop the sequences or enlarge n_positions")
+        if T < 1 or self.config.n_positions < T or B < 1:
+            raise InputError(
+                f"tokens of shape {tuple(tokens.shape)}: need B ≥ 1 and 1 ≤ T ≤ n_positions={self.config.n_positions}",
+                "crop the sequences or enlarge n_positions",
+            )
         lo, hi = (int(v) for v in torch.aminmax(tokens))
         if lo < 0 or hi >= self.config.vocab_size:
-            raise InputError(f"token ids span [{lo}, {hi}] outside the vocabulary [0, {self.config.vocab_size})",
-                             "use the tokenizer/vocabulary the model was built for")
+            raise InputError(
+                f"token ids span [{lo}, {hi}] outside the vocabulary [0, {self.config.vocab_size})",
+                "use the tokenizer/vocabulary the model was built for",
+            )
         return tokens.long()
 
     def _spans(self, T: int) -> list[tuple[int, int, int]]:
@@ -519,15 +557,22 @@ class GPT(nn.Module):
             new = fn(x, ResidSite(f"resid.{k}", k, slice(0, x.shape[1])))
             if new is not None:
                 if not isinstance(new, torch.Tensor) or new.shape != x.shape:
-                    raise InputError(f"hook at resid.{k} returned {getattr(new, 'shape', type(new))}, "
-                                     f"expected a tensor of shape {tuple(x.shape)}",
-                                     "return None or a tensor of the same shape")
+                    raise InputError(
+                        f"hook at resid.{k} returned {getattr(new, 'shape', type(new))}, "
+                        f"expected a tensor of shape {tuple(x.shape)}",
+                        "return None or a tensor of the same shape",
+                    )
                 x = new
         return x
 
-    def forward(self, tokens: torch.Tensor, *, return_residuals: bool = False,
-                hooks: Mapping[str, Hook | Sequence[Hook]] | None = None,
-                myopic: bool | None = None) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        *,
+        return_residuals: bool = False,
+        hooks: Mapping[str, Hook | Sequence[Hook]] | None = None,
+        myopic: bool | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """tokens (B, T) -> logits (B, T, V) [, residuals: list of L+1 tensors (B, T, d)].
 
         ``myopic`` overrides the instance setting for this call; ``hooks`` maps ``"resid.{k}"`` to a
@@ -540,8 +585,9 @@ class GPT(nn.Module):
         p = self.config.dropout if self.training else 0.0
 
         def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return causal_self_attention(q, k, v, myopic=use_myopic, impl=self.attn_impl, dropout_p=p,
-                                         future=self._future[:T, :T])
+            return causal_self_attention(
+                q, k, v, myopic=use_myopic, impl=self.attn_impl, dropout_p=p, future=self._future[:T, :T]
+            )
 
         spans = self._spans(T)
         outer = spans if self._outer_per_range else [(0, 0, T)]
@@ -567,8 +613,9 @@ class GPT(nn.Module):
         p = self.config.dropout if self.training else 0.0
 
         def attention(q: torch.Tensor, kk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return causal_self_attention(q, kk, v, myopic=use_myopic, impl=self.attn_impl, dropout_p=p,
-                                         future=self._future[:T, :T])
+            return causal_self_attention(
+                q, kk, v, myopic=use_myopic, impl=self.attn_impl, dropout_p=p, future=self._future[:T, :T]
+            )
 
         spans = self._spans(T)
         outer = spans if self._outer_per_range else [(0, 0, T)]
@@ -581,16 +628,26 @@ class GPT(nn.Module):
         w = self.embed[e].wte.weight if head.lm_head is None else head.lm_head.weight
         return F.linear(head.ln_f(h), w)
 
-    def run_with_hooks(self, tokens: torch.Tensor, hooks: Mapping[str, Hook | Sequence[Hook]], *,
-                       return_residuals: bool = False, myopic: bool | None = None
-                       ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+    def run_with_hooks(
+        self,
+        tokens: torch.Tensor,
+        hooks: Mapping[str, Hook | Sequence[Hook]],
+        *,
+        return_residuals: bool = False,
+        myopic: bool | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """``forward`` with hooks (TransformerLens-style spelling)."""
         return self(tokens, hooks=hooks, return_residuals=return_residuals, myopic=myopic)
 
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
-             weights: torch.Tensor | None = None, *,
-             hooks: Mapping[str, Hook | Sequence[Hook]] | None = None,
-             myopic: bool | None = None) -> torch.Tensor:
+    def loss(
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+        *,
+        hooks: Mapping[str, Hook | Sequence[Hook]] | None = None,
+        myopic: bool | None = None,
+    ) -> torch.Tensor:
         """Training loss ``L = Σ_{b,t} ω_{b,t} ℓ_{b,t}`` (default ω = 1/(B(T−1)), i.e. the mean CE).
 
         tokens (B, T); targets (B, T−1) default ``tokens[:, 1:]``; weights (B, T−1) see
@@ -604,14 +661,20 @@ class GPT(nn.Module):
 # Losses
 
 
-def reference_weights(batch: int, seq_len: int, *, dtype: torch.dtype = torch.float32,
-                      device: torch.device | str | None = None) -> torch.Tensor:
+def reference_weights(
+    batch: int, seq_len: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+) -> torch.Tensor:
     """ω_{b,t} = 1/(B(T−1)) as a (B, T−1) tensor (batch mean, then mean over the T−1 positions)."""
     return torch.full((batch, seq_len - 1), 1.0 / (batch * (seq_len - 1)), dtype=dtype, device=device)
 
 
-def position_losses(logits: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor | None = None, *,
-                    targets: torch.Tensor | None = None) -> torch.Tensor:
+def position_losses(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    *,
+    targets: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Weighted per-position losses ``ω_{b,t} ℓ_{b,t}``, shape (B, T−1).
 
     ``logits`` (B, T, V), ``tokens`` (B, T); ``ℓ_{b,t} = −log p(targets[b,t] | x_{b,≤t})`` with
@@ -620,21 +683,26 @@ def position_losses(logits: torch.Tensor, tokens: torch.Tensor, weights: torch.T
     into the weights (e.g. ``mask / mask.sum()``) so that Σ_t λ_t stays the training loss.
     """
     if logits.dim() != 3 or tokens.dim() != 2 or logits.shape[:2] != tokens.shape:
-        raise InputError(f"logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)} do not match",
-                         "pass logits (B, T, V) computed from tokens (B, T)")
+        raise InputError(
+            f"logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)} do not match",
+            "pass logits (B, T, V) computed from tokens (B, T)",
+        )
     B, T, V = logits.shape
     if T < 2:
         raise InputError("next-token losses need T ≥ 2 tokens", "use longer sequences")
     if targets is None:
         targets = tokens[:, 1:]
     if targets.shape != (B, T - 1):
-        raise InputError(f"targets have shape {tuple(targets.shape)}, expected {(B, T - 1)}",
-                         "pass one target per loss position t = 0..T−2")
+        raise InputError(
+            f"targets have shape {tuple(targets.shape)}, expected {(B, T - 1)}",
+            "pass one target per loss position t = 0..T−2",
+        )
     ce = F.cross_entropy(logits[:, :-1].reshape(-1, V), targets.reshape(-1).long(), reduction="none")
     ce = ce.view(B, T - 1)
     if weights is None:
         return ce / (B * (T - 1))
     if weights.shape != (B, T - 1):
-        raise InputError(f"weights have shape {tuple(weights.shape)}, expected {(B, T - 1)}",
-                         "pass ω as a (B, T−1) tensor")
+        raise InputError(
+            f"weights have shape {tuple(weights.shape)}, expected {(B, T - 1)}", "pass ω as a (B, T−1) tensor"
+        )
     return ce * weights.to(ce.dtype)

@@ -1,4 +1,5 @@
 """Linear probes on residual-stream sites (ridge, closed form) and their quality metrics."""
+
 from .ridge import ProbeMetrics, ProbeSet, fit_probes
 
-__all__ = ["ProbeSet", "ProbeMetrics", "fit_probes"]
+__all__ = ["ProbeMetrics", "ProbeSet", "fit_probes"]

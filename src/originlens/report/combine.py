@@ -12,11 +12,13 @@
 Caveats: runs written before report.blocks.json existed (originlens < 0.2) cannot be combined; figures
 are compared by file name, so only runs made by the same command line up.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InputError
 from .html import Report, _flatten, _jsonable, _read_json, load_report
@@ -33,8 +35,7 @@ def _last_scalars(run: Path) -> dict[str, Any]:
         except json.JSONDecodeError:
             break
         if isinstance(rec, dict):
-            last.update({k: v for k, v in rec.items()
-                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
+            last.update({k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
     return last
 
 
@@ -52,8 +53,10 @@ def combine_reports(runs: Sequence[str | Path], out: str | Path, *, title: str |
     """Write a combined report of ``runs`` into ``out``; returns the HTML path."""
     paths = [Path(r) for r in runs]
     if len(paths) < 2:
-        raise InputError("combining needs at least two run directories",
-                         "pass several RUN directories, or one RUN to rebuild its report")
+        raise InputError(
+            "combining needs at least two run directories",
+            "pass several RUN directories, or one RUN to rebuild its report",
+        )
     reports = [load_report(p) for p in paths]
     labels = run_labels(paths)
     configs = [_flatten(_read_json(p / "config.json") or {}) for p in paths]
@@ -65,10 +68,16 @@ def combine_reports(runs: Sequence[str | Path], out: str | Path, *, title: str |
     rep = Report(title or "Combined report: " + ", ".join(labels))
     rep.section("Runs")
     header = ["run", "report", *differing, *metric_keys]
-    rows = [[lab, r.title, *[_jsonable(c.get(k)) for k in differing], *[m.get(k, "") for k in metric_keys]]
-            for lab, r, c, m in zip(labels, reports, configs, metrics)]
-    rep.table(header, rows, caption="One row per run: the configuration keys that differ between the runs "
-                                    "and the last logged value of each scalar metric.")
+    rows = [
+        [lab, r.title, *[_jsonable(c.get(k)) for k in differing], *[m.get(k, "") for k in metric_keys]]
+        for lab, r, c, m in zip(labels, reports, configs, metrics)
+    ]
+    rep.table(
+        header,
+        rows,
+        caption="One row per run: the configuration keys that differ between the runs "
+        "and the last logged value of each scalar metric.",
+    )
     figs: dict[str, list[tuple[int, bytes, str]]] = {}
     for i, r in enumerate(reports):
         for kind, val in r.blocks:
@@ -98,6 +107,7 @@ def combine_reports(runs: Sequence[str | Path], out: str | Path, *, title: str |
     out.mkdir(parents=True, exist_ok=True)
     (out / "figures").mkdir(exist_ok=True)
     from ..storage import atomic_write_json
+
     atomic_write_json(out / "combined.json", {"runs": [str(p.resolve()) for p in paths], "labels": labels})
     return rep.write(out, run_record=False)
 

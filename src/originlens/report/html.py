@@ -9,14 +9,16 @@ versions, seeds, data hashes and git commit is appended.  Every figure takes a o
 saying what it shows.  Figures use a colour-blind-safe palette (Okabe–Ito) and the non-interactive Agg
 backend, so reports build on headless machines.
 """
+
 from __future__ import annotations
 
 import base64
 import html
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InputError
 from ..storage import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -29,12 +31,22 @@ OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "
 def setup_matplotlib():
     """Import pyplot with the Agg backend and the project's style; returns ``plt``."""
     import matplotlib
+
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
     from cycler import cycler
-    plt.rcParams.update({"axes.prop_cycle": cycler(color=OKABE_ITO), "figure.dpi": 100,
-                         "savefig.dpi": 110, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
-                         "figure.constrained_layout.use": True})
+
+    plt.rcParams.update(
+        {
+            "axes.prop_cycle": cycler(color=OKABE_ITO),
+            "figure.dpi": 100,
+            "savefig.dpi": 110,
+            "font.size": 9,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "figure.constrained_layout.use": True,
+        }
+    )
     return plt
 
 
@@ -42,6 +54,7 @@ def savefig_png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     import matplotlib.pyplot as plt
+
     plt.close(fig)
     return buf.getvalue()
 
@@ -60,29 +73,29 @@ class Report:
         self.blocks: list[tuple[str, Any]] = []
         self._n_fig = 0
 
-    def section(self, title: str) -> "Report":
+    def section(self, title: str) -> Report:
         self.blocks.append(("h2", title))
         return self
 
-    def text(self, text: str) -> "Report":
+    def text(self, text: str) -> Report:
         self.blocks.append(("p", text))
         return self
 
-    def code(self, text: str) -> "Report":
+    def code(self, text: str) -> Report:
         self.blocks.append(("pre", text))
         return self
 
-    def table(self, header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "") -> "Report":
+    def table(self, header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "") -> Report:
         self.blocks.append(("table", (list(header), [list(r) for r in rows], caption)))
         return self
 
-    def figure(self, fig_or_png: Any, caption: str, name: str | None = None) -> "Report":
+    def figure(self, fig_or_png: Any, caption: str, name: str | None = None) -> Report:
         png = fig_or_png if isinstance(fig_or_png, bytes) else savefig_png(fig_or_png)
         self._n_fig += 1
         self.blocks.append(("fig", (png, caption, name or f"figure-{self._n_fig:02d}.png")))
         return self
 
-    def figure_row(self, items: Sequence[tuple[bytes, str, str]], caption: str) -> "Report":
+    def figure_row(self, items: Sequence[tuple[bytes, str, str]], caption: str) -> Report:
         """Several figures side by side: ``items`` = [(png, label, file name)], one caption for the row."""
         self.blocks.append(("figrow", ([(png, label, name) for png, label, name in items], caption)))
         return self
@@ -90,12 +103,15 @@ class Report:
     # -- rendering ----------------------------------------------------------------------------
     def to_html(self, extra: Sequence[tuple[str, Any]] = ()) -> str:
         e = html.escape
-        parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{e(self.title)}</title>",
-                 "<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;"
-                 "color:#111}table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #bbb;"
-                 "padding:2px 8px;text-align:left}th{background:#eee}figure{margin:1em 0}figcaption{color:#333;"
-                 "font-size:.9em}img{max-width:100%}pre{background:#f4f4f4;padding:.5em;overflow-x:auto}</style>"
-                 "</head><body>", f"<h1>{e(self.title)}</h1>"]
+        parts = [
+            f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{e(self.title)}</title>",
+            "<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;"
+            "color:#111}table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #bbb;"
+            "padding:2px 8px;text-align:left}th{background:#eee}figure{margin:1em 0}figcaption{color:#333;"
+            "font-size:.9em}img{max-width:100%}pre{background:#f4f4f4;padding:.5em;overflow-x:auto}</style>"
+            "</head><body>",
+            f"<h1>{e(self.title)}</h1>",
+        ]
         for kind, val in [*self.blocks, *extra]:
             if kind == "h2":
                 parts.append(f"<h2>{e(val)}</h2>")
@@ -118,17 +134,22 @@ class Report:
             elif kind == "fig":
                 png, caption, name = val
                 b64 = base64.b64encode(png).decode("ascii")
-                parts.append(f"<figure><img alt='{e(caption)}' src='data:image/png;base64,{b64}'>"
-                             f"<figcaption>{e(caption)}</figcaption></figure>")
+                parts.append(
+                    f"<figure><img alt='{e(caption)}' src='data:image/png;base64,{b64}'>"
+                    f"<figcaption>{e(caption)}</figcaption></figure>"
+                )
             elif kind == "figrow":
                 items, caption = val
                 cells = "".join(
                     f"<div style='flex:1;min-width:0'><img alt='{e(label)}' "
                     f"src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>"
                     f"<div style='font-size:.85em;text-align:center'>{e(label)}</div></div>"
-                    for png, label, _ in items)
-                parts.append(f"<figure><div style='display:flex;gap:.5em'>{cells}</div>"
-                             f"<figcaption>{e(caption)}</figcaption></figure>")
+                    for png, label, _ in items
+                )
+                parts.append(
+                    f"<figure><div style='display:flex;gap:.5em'>{cells}</div>"
+                    f"<figcaption>{e(caption)}</figcaption></figure>"
+                )
         parts.append("</body></html>")
         return "\n".join(parts)
 
@@ -157,8 +178,7 @@ class Report:
                 out += [f"![{caption}](figures/{name})", "", f"*{caption}*", ""]
             elif kind == "figrow":
                 items, caption = val
-                out += [" ".join(f"![{label}](figures/{name})" for _, label, name in items), "",
-                        f"*{caption}*", ""]
+                out += [" ".join(f"![{label}](figures/{name})" for _, label, name in items), "", f"*{caption}*", ""]
         return "\n".join(out)
 
     def to_json(self) -> dict[str, Any]:
@@ -170,12 +190,23 @@ class Report:
                 blocks.append({"kind": kind, "caption": caption, "name": name})
             elif kind == "figrow":
                 items, caption = val
-                blocks.append({"kind": kind, "caption": caption,
-                               "items": [{"label": label, "name": name} for _, label, name in items]})
+                blocks.append(
+                    {
+                        "kind": kind,
+                        "caption": caption,
+                        "items": [{"label": label, "name": name} for _, label, name in items],
+                    }
+                )
             elif kind == "table":
                 header, rows, caption = val
-                blocks.append({"kind": kind, "header": header, "rows": [[_jsonable(c) for c in r] for r in rows],
-                               "caption": caption})
+                blocks.append(
+                    {
+                        "kind": kind,
+                        "header": header,
+                        "rows": [[_jsonable(c) for c in r] for r in rows],
+                        "caption": caption,
+                    }
+                )
             else:
                 blocks.append({"kind": kind, "value": val})
         return {"format": REPORT_FORMAT, "title": self.title, "blocks": blocks}
@@ -205,6 +236,7 @@ def _jsonable(v: Any) -> Any:
         return v
     try:
         import numpy as np
+
         if isinstance(v, np.generic):
             return v.item()
     except ImportError:  # pragma: no cover
@@ -237,19 +269,28 @@ def run_record_blocks(directory: str | Path) -> list[tuple[str, Any]]:
         return []
     blocks: list[tuple[str, Any]] = [("h2", "Run record")]
     if isinstance(config, dict):
-        rows = [[k, json.dumps(v) if isinstance(v, (list, dict)) else _jsonable(v)]
-                for k, v in _flatten(config).items()]
+        rows = [
+            [k, json.dumps(v) if isinstance(v, (list, dict)) else _jsonable(v)] for k, v in _flatten(config).items()
+        ]
         blocks.append(("table", (["config key", "value"], rows, "Configuration of this run (config.json).")))
     if isinstance(env, dict):
         versions = env.get("versions") or {}
-        blocks.append(("table", (["package", "version"], [[k, v] for k, v in versions.items()],
-                                 "Package versions (environment.json).")))
-        facts = [["git commit", env.get("git_commit") or "unknown"], ["started", env.get("time", "")],
-                 ["command", " ".join(map(str, env.get("argv") or []))]]
+        blocks.append(
+            (
+                "table",
+                (["package", "version"], [[k, v] for k, v in versions.items()], "Package versions (environment.json)."),
+            )
+        )
+        facts = [
+            ["git commit", env.get("git_commit") or "unknown"],
+            ["started", env.get("time", "")],
+            ["command", " ".join(map(str, env.get("argv") or []))],
+        ]
         facts += [[f"seed: {k}", v] for k, v in (env.get("seeds") or {}).items()]
         facts += [[f"data: {k}", v] for k, v in (env.get("data_hashes") or {}).items()]
-        blocks.append(("table", (["fact", "value"], facts, "Provenance: commit, command, seeds and sha256 "
-                                                           "of every input file.")))
+        blocks.append(
+            ("table", (["fact", "value"], facts, "Provenance: commit, command, seeds and sha256 of every input file."))
+        )
     return blocks
 
 
@@ -258,11 +299,15 @@ def load_report(directory: str | Path) -> Report:
     d = Path(directory)
     data = _read_json(d / "report.blocks.json")
     if not isinstance(data, dict) or "blocks" not in data:
-        raise InputError(f"{d} has no readable report.blocks.json",
-                         "pass a run directory written by originlens (re-run the command that made it)")
+        raise InputError(
+            f"{d} has no readable report.blocks.json",
+            "pass a run directory written by originlens (re-run the command that made it)",
+        )
     if data.get("format", 0) > REPORT_FORMAT:
-        raise InputError(f"{d}/report.blocks.json has format {data.get('format')}, newer than this originlens "
-                         f"({REPORT_FORMAT})", "upgrade originlens")
+        raise InputError(
+            f"{d}/report.blocks.json has format {data.get('format')}, newer than this originlens ({REPORT_FORMAT})",
+            "upgrade originlens",
+        )
 
     def png(name: str) -> bytes:
         p = d / "figures" / name
@@ -277,8 +322,7 @@ def load_report(directory: str | Path) -> Report:
         if kind == "fig":
             rep.blocks.append(("fig", (png(b["name"]), b["caption"], b["name"])))
         elif kind == "figrow":
-            rep.blocks.append(("figrow", ([(png(i["name"]), i["label"], i["name"]) for i in b["items"]],
-                                          b["caption"])))
+            rep.blocks.append(("figrow", ([(png(i["name"]), i["label"], i["name"]) for i in b["items"]], b["caption"])))
         elif kind == "table":
             rep.blocks.append(("table", (b["header"], b["rows"], b.get("caption", ""))))
         elif kind in ("h2", "h3", "p", "pre"):

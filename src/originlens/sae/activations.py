@@ -7,6 +7,7 @@
 
 Caveat: sequences are used as stored (no document boundaries inside windows are respected).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,20 +40,24 @@ def as_sequences(tokens: Any, adapter: Any, *, prepend_bos: bool = True) -> Tens
         raise InputError("the token array is empty", "pass a corpus with at least one window")
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= adapter.vocab_size:
-        raise CompatibilityError(f"the corpus has token ids in [{lo}, {hi}] but the model's vocabulary is "
-                                 f"[0, {adapter.vocab_size})", "tokenize the corpus with the model's tokenizer")
+        raise CompatibilityError(
+            f"the corpus has token ids in [{lo}, {hi}] but the model's vocabulary is [0, {adapter.vocab_size})",
+            "tokenize the corpus with the model's tokenizer",
+        )
     t = torch.from_numpy(arr.astype(np.int64))
     if prepend_bos and adapter.bos_id is not None:
         t = torch.cat([torch.full((t.shape[0], 1), int(adapter.bos_id), dtype=torch.int64), t], dim=1)
     if adapter.max_seq_len is not None and t.shape[1] > adapter.max_seq_len:
-        t = t[:, :adapter.max_seq_len]
+        t = t[:, : adapter.max_seq_len]
     return t.contiguous()
 
 
 def site_residuals(adapter: Any, tokens: Tensor, k: int) -> Tensor:
     """The residual stream ``resid.k`` ``(B, T, d)`` of a clean run (blocks above k are not run)."""
+
     def stop(x: Tensor, _k: int) -> None:
         raise _Stop(x)
+
     with torch.no_grad():
         try:
             adapter.run(tokens, hooks={k: stop})
@@ -61,9 +66,16 @@ def site_residuals(adapter: Any, tokens: Tensor, k: int) -> Tensor:
     raise RuntimeError(f"the adapter never reached residual site {k}")  # pragma: no cover
 
 
-def collect_activations(adapter: Any, sequences: Tensor, k: int, *, batch_size: int = 32,
-                        max_tokens: int | None = None, skip_first: bool = True, desc: str = "activations"
-                        ) -> Tensor:
+def collect_activations(
+    adapter: Any,
+    sequences: Tensor,
+    k: int,
+    *,
+    batch_size: int = 32,
+    max_tokens: int | None = None,
+    skip_first: bool = True,
+    desc: str = "activations",
+) -> Tensor:
     """Activations at ``resid.k`` for every position of ``sequences`` ``(N, L)`` → ``(n, d)``.
 
     ``skip_first`` drops position 0 (the BOS token, whose stream is atypical); ``max_tokens`` stops early.
@@ -73,7 +85,7 @@ def collect_activations(adapter: Any, sequences: Tensor, k: int, *, batch_size: 
     dev = adapter.device
     first = 1 if skip_first and sequences.shape[1] > 1 else 0
     for start in progress(range(0, sequences.shape[0], batch_size), desc=desc, unit="batch"):
-        x = site_residuals(adapter, sequences[start:start + batch_size].to(dev), k)[:, first:]
+        x = site_residuals(adapter, sequences[start : start + batch_size].to(dev), k)[:, first:]
         x = x.reshape(-1, x.shape[-1]).detach()
         out.append(x)
         n += x.shape[0]

@@ -25,12 +25,14 @@ transcoders) are refused with a clear error; a non-trivial ``finetuning_scaling_
 ``expected_average_only_in`` is read as the identity, as SAELens does for a local directory (a warning
 says so).  Tensors are read with safetensors (no pickle) in any dtype torch supports (bfloat16 included).
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -41,13 +43,35 @@ from .model import ARCHITECTURES, DTYPES, SAE, SAEConfig, dtype_name
 
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
-WEIGHT_SHAPES = {"W_enc": ("d_in", "d_sae"), "b_enc": ("d_sae",), "W_dec": ("d_sae", "d_in"),
-                 "b_dec": ("d_in",), "threshold": ("d_sae",)}
+WEIGHT_SHAPES = {
+    "W_enc": ("d_in", "d_sae"),
+    "b_enc": ("d_sae",),
+    "W_dec": ("d_sae", "d_in"),
+    "b_dec": ("d_in",),
+    "threshold": ("d_sae",),
+}
 _META_KEYS = ("metadata", "meta")
-_CORE_KEYS = {"architecture", "d_in", "d_sae", "dtype", "device", "model_name", "hook_name", "hook_point",
-              "hook_layer", "k", "activation_fn", "activation_fn_str", "activation_fn_kwargs",
-              "apply_b_dec_to_input", "normalize_activations", "prepend_bos", "context_size", "dataset_path",
-              *_META_KEYS}
+_CORE_KEYS = {
+    "architecture",
+    "d_in",
+    "d_sae",
+    "dtype",
+    "device",
+    "model_name",
+    "hook_name",
+    "hook_point",
+    "hook_layer",
+    "k",
+    "activation_fn",
+    "activation_fn_str",
+    "activation_fn_kwargs",
+    "apply_b_dec_to_input",
+    "normalize_activations",
+    "prepend_bos",
+    "context_size",
+    "dataset_path",
+    *_META_KEYS,
+}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -72,11 +96,13 @@ def config_from_dict(d: Mapping[str, Any], *, where: str = "cfg.json") -> SAECon
     arch = d.get("architecture", "standard") or "standard"
     act_fn = d.get("activation_fn") or d.get("activation_fn_str")
     kwargs = d.get("activation_fn_kwargs") or {}
-    if arch == "standard" and act_fn == "topk":          # SAELens 4/5 spelled TopK this way
+    if arch == "standard" and act_fn == "topk":  # SAELens 4/5 spelled TopK this way
         arch = "topk"
     if arch not in ARCHITECTURES:
-        raise ConfigError(f"{where}: SAE architecture {arch!r} is not supported",
-                          f"originlens runs {', '.join(ARCHITECTURES)} SAEs (convert the SAE first)")
+        raise ConfigError(
+            f"{where}: SAE architecture {arch!r} is not supported",
+            f"originlens runs {', '.join(ARCHITECTURES)} SAEs (convert the SAE first)",
+        )
     k = d.get("k", kwargs.get("k") if isinstance(kwargs, Mapping) else None)
     if arch == "topk" and isinstance(k, float) and k.is_integer():
         k = int(k)
@@ -84,11 +110,14 @@ def config_from_dict(d: Mapping[str, Any], *, where: str = "cfg.json") -> SAECon
     if isinstance(norm, bool):
         norm = "expected_average_only_in" if norm else "none"
     if norm == "expected_average_only_in":
-        log(f"note: {where} has normalize_activations='expected_average_only_in'; like SAELens for a local "
-            "directory, the SAE is applied without the dataset scaling factor")
+        log(
+            f"note: {where} has normalize_activations='expected_average_only_in'; like SAELens for a local "
+            "directory, the SAE is applied without the dataset scaling factor"
+        )
     if d.get("finetuning_scaling_factor") not in (None, False):
-        raise ConfigError(f"{where}: finetuned scaling factors are not supported",
-                          "fold the scaling factor into the weights first")
+        raise ConfigError(
+            f"{where}: finetuned scaling factors are not supported", "fold the scaling factor into the weights first"
+        )
     hook = get("hook_name") or get("hook_point")
     if not hook:
         raise InputError(f"{where} has no hook_name", "add the SAE's hook, e.g. blocks.3.hook_resid_post")
@@ -97,12 +126,22 @@ def config_from_dict(d: Mapping[str, Any], *, where: str = "cfg.json") -> SAECon
             raise InputError(f"{where} lacks {key}", "add d_in and d_sae to cfg.json")
     extra = {key: v for key, v in d.items() if key not in _CORE_KEYS}
     try:
-        return SAEConfig(d_in=d["d_in"], d_sae=d["d_sae"], architecture=arch, k=k if arch == "topk" else None,
-                         hook_name=str(hook), model_name=get("model_name"),
-                         dtype=dtype_name(d.get("dtype") or "float32"), device=str(d.get("device") or "cpu"),
-                         apply_b_dec_to_input=bool(d.get("apply_b_dec_to_input", True)),
-                         normalize_activations=norm or "none", prepend_bos=bool(get("prepend_bos", True)),
-                         context_size=get("context_size"), dataset_path=get("dataset_path"), extra=extra)
+        return SAEConfig(
+            d_in=d["d_in"],
+            d_sae=d["d_sae"],
+            architecture=arch,
+            k=k if arch == "topk" else None,
+            hook_name=str(hook),
+            model_name=get("model_name"),
+            dtype=dtype_name(d.get("dtype") or "float32"),
+            device=str(d.get("device") or "cpu"),
+            apply_b_dec_to_input=bool(d.get("apply_b_dec_to_input", True)),
+            normalize_activations=norm or "none",
+            prepend_bos=bool(get("prepend_bos", True)),
+            context_size=get("context_size"),
+            dataset_path=get("dataset_path"),
+            extra=extra,
+        )
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc.what}", exc.fix) from None
 
@@ -154,9 +193,12 @@ def is_sae_dir(path: str | os.PathLike) -> bool:
 def write_sae(sae: SAE, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
     """Write ``sae`` as an SAELens directory (atomically: a failed write leaves no partial directory)."""
     from safetensors.torch import save
+
     from ..storage import canonical_safetensors
-    tensors = {name: getattr(sae, name).detach().to("cpu").contiguous()
-               for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+
+    tensors = {
+        name: getattr(sae, name).detach().to("cpu").contiguous() for name in ("W_enc", "b_enc", "W_dec", "b_dec")
+    }
     if sae.threshold is not None:
         tensors["threshold"] = sae.threshold.detach().to("cpu").contiguous()
     dt = DTYPES[sae.cfg.dtype]
@@ -182,8 +224,10 @@ def read_config(path: str | os.PathLike) -> SAEConfig:
     is resolved to its ``sae/``)."""
     p = resolve_sae_dir(path)
     if not p.is_dir():
-        raise InputError(f"SAE directory {p} does not exist" if not p.exists() else f"{p} is not a directory",
-                         "pass a directory holding cfg.json and sae_weights.safetensors")
+        raise InputError(
+            f"SAE directory {p} does not exist" if not p.exists() else f"{p} is not a directory",
+            "pass a directory holding cfg.json and sae_weights.safetensors",
+        )
     f = p / CFG_FILENAME
     if not f.is_file():
         raise InputError(f"{p} has no {CFG_FILENAME}", "pass an SAELens SAE directory")
@@ -194,11 +238,13 @@ def read_config(path: str | os.PathLike) -> SAEConfig:
     return config_from_dict(d, where=str(f))
 
 
-def read_sae(path: str | os.PathLike, *, device: str | torch.device | None = None,
-             dtype: torch.dtype | str | None = None) -> SAE:
+def read_sae(
+    path: str | os.PathLike, *, device: str | torch.device | None = None, dtype: torch.dtype | str | None = None
+) -> SAE:
     """Load an SAELens directory (or the SAE of an ``sae train`` run directory) into an :class:`SAE`
     (``dtype`` overrides the stored one)."""
     from safetensors import safe_open
+
     p = resolve_sae_dir(path)
     cfg = read_config(p)
     wf = p / WEIGHTS_FILENAME
@@ -206,10 +252,10 @@ def read_sae(path: str | os.PathLike, *, device: str | torch.device | None = Non
         raise InputError(f"{p} has no {WEIGHTS_FILENAME}", "pass an SAELens SAE directory")
     try:
         with safe_open(str(wf), framework="pt") as f:
-            raw = {k: f.get_tensor(k) for k in f.keys()}
+            raw = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (a safetensors handle, not a dict)
     except Exception as exc:  # safetensors raises its own error types
         raise InputError(f"{wf} is not a readable safetensors file ({exc})", "re-create the SAE directory") from None
-    if "threshold" not in raw and "log_threshold" in raw:      # SAELens JumpReLU training checkpoints
+    if "threshold" not in raw and "log_threshold" in raw:  # SAELens JumpReLU training checkpoints
         raw["threshold"] = raw.pop("log_threshold").exp()
     if "scaling_factor" in raw:
         sf = raw.pop("scaling_factor")
@@ -218,14 +264,18 @@ def read_sae(path: str | os.PathLike, *, device: str | torch.device | None = Non
     needed = ["W_enc", "b_enc", "W_dec", "b_dec"] + (["threshold"] if cfg.architecture == "jumprelu" else [])
     missing = [k for k in needed if k not in raw]
     if missing:
-        raise InputError(f"{wf} lacks {', '.join(missing)} (has {', '.join(sorted(raw)) or 'nothing'})",
-                         f"a {cfg.architecture} SAE needs {', '.join(needed)}")
+        raise InputError(
+            f"{wf} lacks {', '.join(missing)} (has {', '.join(sorted(raw)) or 'nothing'})",
+            f"a {cfg.architecture} SAE needs {', '.join(needed)}",
+        )
     sizes = {"d_in": cfg.d_in, "d_sae": cfg.d_sae}
     for k in needed:
         want = tuple(sizes[s] for s in WEIGHT_SHAPES[k])
         if tuple(raw[k].shape) != want:
-            raise CompatibilityError(f"{wf}: {k} has shape {tuple(raw[k].shape)} but cfg.json implies {want}",
-                                     "the weights and cfg.json do not belong together")
+            raise CompatibilityError(
+                f"{wf}: {k} has shape {tuple(raw[k].shape)} but cfg.json implies {want}",
+                "the weights and cfg.json do not belong together",
+            )
     if dtype is not None:
         cfg.dtype = dtype_name(dtype)
     sae = SAE(cfg).requires_grad_(False)

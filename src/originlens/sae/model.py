@@ -19,6 +19,7 @@ contributions (:meth:`SAE.feature_contribution`) are mapped back to the model's 
 The SAE's residual site is ``hook_name`` (SAELens/TransformerLens spelling, e.g.
 ``blocks.3.hook_resid_post`` = our ``resid.4``); :func:`sae_site` checks it and the width against a model.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,8 +34,7 @@ from ..errors import CompatibilityError, ConfigError
 
 ARCHITECTURES = ("standard", "jumprelu", "topk")
 NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-          "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
@@ -58,7 +58,7 @@ class SAEConfig:
     d_in: int
     d_sae: int
     architecture: str = "standard"
-    k: int | None = None                      # topk only
+    k: int | None = None  # topk only
     hook_name: str = "blocks.0.hook_resid_post"
     model_name: str | None = None
     dtype: str = "float32"
@@ -68,7 +68,7 @@ class SAEConfig:
     prepend_bos: bool = True
     context_size: int | None = None
     dataset_path: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)   # other keys of cfg.json, kept on rewrite
+    extra: dict[str, Any] = field(default_factory=dict)  # other keys of cfg.json, kept on rewrite
 
     def __post_init__(self) -> None:
         for name in ("d_in", "d_sae"):
@@ -76,17 +76,23 @@ class SAEConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"SAE {name} must be a positive integer, got {v!r}", f"fix {name} in cfg.json")
         if self.architecture not in ARCHITECTURES:
-            raise ConfigError(f"unsupported SAE architecture {self.architecture!r}",
-                              f"originlens runs {', '.join(ARCHITECTURES)} SAEs")
+            raise ConfigError(
+                f"unsupported SAE architecture {self.architecture!r}",
+                f"originlens runs {', '.join(ARCHITECTURES)} SAEs",
+            )
         if self.architecture == "topk":
             if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= self.d_sae:
-                raise ConfigError(f"a topk SAE needs an integer k in 1..d_sae={self.d_sae}, got {self.k!r}",
-                                  "set k in cfg.json (or --k)")
+                raise ConfigError(
+                    f"a topk SAE needs an integer k in 1..d_sae={self.d_sae}, got {self.k!r}",
+                    "set k in cfg.json (or --k)",
+                )
         if self.normalize_activations is None:
             self.normalize_activations = "none"
         if self.normalize_activations not in NORMALIZATIONS:
-            raise ConfigError(f"unsupported normalize_activations {self.normalize_activations!r}",
-                              f"use one of: {', '.join(NORMALIZATIONS)}")
+            raise ConfigError(
+                f"unsupported normalize_activations {self.normalize_activations!r}",
+                f"use one of: {', '.join(NORMALIZATIONS)}",
+            )
         self.dtype = dtype_name(self.dtype)
 
     @property
@@ -136,7 +142,7 @@ class SAE(nn.Module):
     def _normalise(self, x: Tensor) -> tuple[Tensor, NormState]:
         mode = self.cfg.normalize_activations
         if mode == "constant_norm_rescale":
-            coeff = (self.d_in ** 0.5) / x.norm(dim=-1, keepdim=True)
+            coeff = (self.d_in**0.5) / x.norm(dim=-1, keepdim=True)
             return x * coeff, NormState(scale=1.0 / coeff)
         if mode == "layer_norm":
             mu = x.mean(dim=-1, keepdim=True)
@@ -199,8 +205,7 @@ class SAE(nn.Module):
         acts, state = self.encode_with_state(x)
         return self.decode(acts, state)
 
-    def feature_contribution(self, acts_f: Tensor, features: Tensor | int,
-                             state: NormState | None = None) -> Tensor:
+    def feature_contribution(self, acts_f: Tensor, features: Tensor | int, state: NormState | None = None) -> Tensor:
         """Decoder contribution ``a_f · W_dec[f]`` in model space: ``acts_f (n,)``, ``features (n,)`` or
         an int → ``(n, d_in)``.  ``state`` rows must match (from :meth:`encode_with_state`)."""
         rows = self.W_dec[features]
@@ -234,8 +239,9 @@ class SAE(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.cfg
-        return f"{c.architecture}, d_in={c.d_in}, d_sae={c.d_sae}, hook={c.hook_name}" + \
-            (f", k={c.k}" if c.architecture == "topk" else "")
+        return f"{c.architecture}, d_in={c.d_in}, d_sae={c.d_sae}, hook={c.hook_name}" + (
+            f", k={c.k}" if c.architecture == "topk" else ""
+        )
 
 
 def sae_site(sae: SAE, adapter: Any, site: int | str | None = None) -> int:
@@ -245,21 +251,29 @@ def sae_site(sae: SAE, adapter: Any, site: int | str | None = None) -> int:
     :class:`CompatibilityError` (an SAE read at another site measures nothing meaningful).
     """
     from ..lm.adapter import parse_site, site_from_hook_name
+
     try:
         k_sae = site_from_hook_name(sae.cfg.hook_name)
     except ConfigError:
-        raise CompatibilityError(f"the SAE reads hook {sae.cfg.hook_name!r}, not a residual stream",
-                                 "use an SAE trained on blocks.L.hook_resid_pre / hook_resid_post") from None
+        raise CompatibilityError(
+            f"the SAE reads hook {sae.cfg.hook_name!r}, not a residual stream",
+            "use an SAE trained on blocks.L.hook_resid_pre / hook_resid_post",
+        ) from None
     if not 0 <= k_sae <= adapter.n_layers:
-        raise CompatibilityError(f"the SAE reads {sae.cfg.hook_name} but the model has {adapter.n_layers} "
-                                 "layers", "use an SAE trained for this model")
+        raise CompatibilityError(
+            f"the SAE reads {sae.cfg.hook_name} but the model has {adapter.n_layers} layers",
+            "use an SAE trained for this model",
+        )
     if site is not None:
         k = parse_site(site, adapter.n_layers) if isinstance(site, str) else adapter.check_site(site)
         if k != k_sae:
-            raise CompatibilityError(f"site resid.{k} requested but the SAE was trained on "
-                                     f"{sae.cfg.hook_name} (= resid.{k_sae})",
-                                     "drop --site or pass the SAE's own site")
+            raise CompatibilityError(
+                f"site resid.{k} requested but the SAE was trained on {sae.cfg.hook_name} (= resid.{k_sae})",
+                "drop --site or pass the SAE's own site",
+            )
     if sae.cfg.d_in != adapter.d_model:
-        raise CompatibilityError(f"the SAE has d_in={sae.cfg.d_in} but the model's residual width is "
-                                 f"{adapter.d_model}", "use an SAE trained on this model")
+        raise CompatibilityError(
+            f"the SAE has d_in={sae.cfg.d_in} but the model's residual width is {adapter.d_model}",
+            "use an SAE trained on this model",
+        )
     return k_sae

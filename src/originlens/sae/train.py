@@ -20,6 +20,7 @@ weights at the end, so the saved SAE reads raw activations with ``normalize_acti
 Caveats: no dead-latent resampling and no TopK auxiliary loss (dead latents are reported); the whole
 activation matrix is held in memory (fine for the small models this package trains); not resumable.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,18 +41,18 @@ from .model import SAE, SAEConfig
 class SAETrainConfig:
     """Hyper-parameters of SAE training."""
 
-    architecture: str = "standard"     # "standard" (ReLU + L1) | "topk"
-    d_sae: int | None = None           # default: expansion · d_in
+    architecture: str = "standard"  # "standard" (ReLU + L1) | "topk"
+    d_sae: int | None = None  # default: expansion · d_in
     expansion: int = 4
-    l1_coefficient: float = 5.0        # standard only; on inputs scaled to E‖x‖² = d_in
+    l1_coefficient: float = 5.0  # standard only; on inputs scaled to E‖x‖² = d_in
     l1_warmup_frac: float = 0.05
-    k: int = 8                         # topk only
+    k: int = 8  # topk only
     lr: float = 1e-3
     steps: int = 2000
     batch_size: int = 256
     seed: int = 0
     normalize_inputs: bool = True
-    b_dec_init: str = "mean"           # "mean" | "zeros"
+    b_dec_init: str = "mean"  # "mean" | "zeros"
     eval_frac: float = 0.1
     log_every: int = 50
     dtype: str = "float32"
@@ -91,18 +92,16 @@ def reconstruction_metrics(sae: SAE, x: Tensor, batch_size: int = 4096) -> dict[
         mu = x.double().mean(0)
         var = float(((x.double() - mu) ** 2).sum())
         for s in range(0, n, batch_size):
-            xb = x[s:s + batch_size].to(sae.dtype)
+            xb = x[s : s + batch_size].to(sae.dtype)
             a, st = sae.encode_with_state(xb)
             sse += float(((sae.decode(a, st) - xb).double() ** 2).sum())
             active = a > 0
             l0 += float(active.sum())
             alive |= active.any(0)
-    return {"mse": sse / n, "fvu": sse / max(var, 1e-30), "l0": l0 / n,
-            "dead_frac": float((~alive).float().mean())}
+    return {"mse": sse / n, "fvu": sse / max(var, 1e-30), "l0": l0 / n, "dead_frac": float((~alive).float().mean())}
 
 
-def init_sae(cfg: SAEConfig, x: Tensor, *, b_dec_init: str = "mean", generator: torch.Generator | None = None
-             ) -> SAE:
+def init_sae(cfg: SAEConfig, x: Tensor, *, b_dec_init: str = "mean", generator: torch.Generator | None = None) -> SAE:
     """A fresh SAE: random unit decoder rows, ``W_enc = W_decᵀ``, ``b_enc = 0``, ``b_dec`` = mean or 0."""
     sae = SAE(cfg).to(x.device)
     with torch.no_grad():
@@ -115,9 +114,15 @@ def init_sae(cfg: SAEConfig, x: Tensor, *, b_dec_init: str = "mean", generator: 
     return sae
 
 
-def train_sae_on_activations(x: Tensor, config: SAETrainConfig, *, hook_name: str = "blocks.0.hook_resid_post",
-                             model_name: str | None = None, log_fn: Any = None, **cfg_fields: Any
-                             ) -> SAETrainResult:
+def train_sae_on_activations(
+    x: Tensor,
+    config: SAETrainConfig,
+    *,
+    hook_name: str = "blocks.0.hook_resid_post",
+    model_name: str | None = None,
+    log_fn: Any = None,
+    **cfg_fields: Any,
+) -> SAETrainResult:
     """Fit an SAE to activations ``x (n, d_in)``; ``cfg_fields`` go to :class:`SAEConfig` (prepend_bos, ...).
 
     ``log_fn(record)`` is called with every logged training record.
@@ -142,10 +147,18 @@ def train_sae_on_activations(x: Tensor, config: SAETrainConfig, *, hook_name: st
             raise NumericalError("the activations are all zero", "check the model and the residual site")
         scale = math.sqrt(d / ms)
     xs = x_train * scale
-    cfg = SAEConfig(d_in=d, d_sae=d_sae, architecture=config.architecture,
-                    k=config.k if config.architecture == "topk" else None, hook_name=hook_name,
-                    model_name=model_name, dtype=config.dtype, device=str(x.device),
-                    apply_b_dec_to_input=True, **cfg_fields)
+    cfg = SAEConfig(
+        d_in=d,
+        d_sae=d_sae,
+        architecture=config.architecture,
+        k=config.k if config.architecture == "topk" else None,
+        hook_name=hook_name,
+        model_name=model_name,
+        dtype=config.dtype,
+        device=str(x.device),
+        apply_b_dec_to_input=True,
+        **cfg_fields,
+    )
     sae = init_sae(cfg, xs, b_dec_init=config.b_dec_init, generator=gen)
     opt = torch.optim.Adam(sae.parameters(), lr=config.lr)
     history: list[dict[str, float]] = []
@@ -159,7 +172,7 @@ def train_sae_on_activations(x: Tensor, config: SAETrainConfig, *, hook_name: st
         if pos + config.batch_size > order.shape[0]:
             order = torch.randperm(xs.shape[0], generator=gen).to(x.device)
             pos = 0
-        xb = xs[order[pos:pos + config.batch_size]]
+        xb = xs[order[pos : pos + config.batch_size]]
         pos += config.batch_size
         acts, st = sae.encode_with_state(xb)
         recon = sae.decode(acts, st)
@@ -184,10 +197,17 @@ def train_sae_on_activations(x: Tensor, config: SAETrainConfig, *, hook_name: st
         if step % config.log_every == 0 or step == config.steps:
             with torch.no_grad():
                 var = float(((xb - xb.mean(0)) ** 2).sum(-1).mean())
-                rec = {"step": step, "loss": float(loss), "mse": float(mse), "fvu": float(mse) / max(var, 1e-30),
-                       "l0": float((acts > 0).float().sum(-1).mean()), "l1": float(l1), "l1_coefficient": lam,
-                       "dead_frac_window": float((~alive).float().mean()),
-                       "seconds": time.perf_counter() - t0}
+                rec = {
+                    "step": step,
+                    "loss": float(loss),
+                    "mse": float(mse),
+                    "fvu": float(mse) / max(var, 1e-30),
+                    "l0": float((acts > 0).float().sum(-1).mean()),
+                    "l1": float(l1),
+                    "l1_coefficient": lam,
+                    "dead_frac_window": float((~alive).float().mean()),
+                    "seconds": time.perf_counter() - t0,
+                }
             alive.zero_()
             history.append(rec)
             if log_fn is not None:
@@ -198,40 +218,69 @@ def train_sae_on_activations(x: Tensor, config: SAETrainConfig, *, hook_name: st
     sae.fold_input_scale(scale)
     sae.fold_decoder_norm()
     metrics = reconstruction_metrics(sae, x_eval if n_eval else x_train)
-    metrics.update({"input_scale": scale, "n_train": int(x_train.shape[0]), "n_eval": int(n_eval),
-                    "seconds": time.perf_counter() - t0})
+    metrics.update(
+        {
+            "input_scale": scale,
+            "n_train": int(x_train.shape[0]),
+            "n_eval": int(n_eval),
+            "seconds": time.perf_counter() - t0,
+        }
+    )
     return SAETrainResult(sae=sae, history=history, metrics=metrics)
 
 
-def train_sae(adapter: Any, tokens: Any, site: int | str, config: SAETrainConfig, *, prepend_bos: bool = True,
-              max_tokens: int | None = None, lm_batch_size: int = 32, model_name: str | None = None,
-              dataset_path: str | None = None, log_fn: Any = None) -> SAETrainResult:
+def train_sae(
+    adapter: Any,
+    tokens: Any,
+    site: int | str,
+    config: SAETrainConfig,
+    *,
+    prepend_bos: bool = True,
+    max_tokens: int | None = None,
+    lm_batch_size: int = 32,
+    model_name: str | None = None,
+    dataset_path: str | None = None,
+    log_fn: Any = None,
+) -> SAETrainResult:
     """Collect activations of ``adapter`` at ``site`` over ``tokens`` ``(N, T)`` and train an SAE on them.
 
     The BOS position is excluded.  ``site``: ``resid.k``, ``blocks.L.hook_resid_{pre,post}`` or an int k.
     """
     from ..lm.adapter import hook_name_from_site
     from .activations import as_sequences, collect_activations
+
     k = adapter.check_site(site)
     seqs = as_sequences(tokens, adapter, prepend_bos=prepend_bos)
     skip = prepend_bos and adapter.bos_id is not None
     x = collect_activations(adapter, seqs, k, batch_size=lm_batch_size, max_tokens=max_tokens, skip_first=skip)
-    return train_sae_on_activations(x, config, hook_name=hook_name_from_site(k), model_name=model_name,
-                                    log_fn=log_fn, prepend_bos=bool(skip), context_size=int(seqs.shape[1]),
-                                    dataset_path=dataset_path)
+    return train_sae_on_activations(
+        x,
+        config,
+        hook_name=hook_name_from_site(k),
+        model_name=model_name,
+        log_fn=log_fn,
+        prepend_bos=bool(skip),
+        context_size=int(seqs.shape[1]),
+        dataset_path=dataset_path,
+    )
 
 
-def write_training_report(run_path: str | Path, result: SAETrainResult, config: SAETrainConfig,
-                          info: dict[str, Any]) -> Path:
+def write_training_report(
+    run_path: str | Path, result: SAETrainResult, config: SAETrainConfig, info: dict[str, Any]
+) -> Path:
     """``report.html`` of a training run: settings, held-out metrics, training curves."""
     from ..report.html import Report, setup_matplotlib
+
     plt = setup_matplotlib()
     r = Report("SAE training")
     r.section("Settings")
     r.table(["setting", "value"], [[k, v] for k, v in {**info, **asdict(config)}.items()])
     r.section("Held-out metrics")
-    r.table(["metric", "value"], [[k, v] for k, v in result.metrics.items()],
-            caption="fvu: fraction of variance unexplained; l0: mean number of active latents")
+    r.table(
+        ["metric", "value"],
+        [[k, v] for k, v in result.metrics.items()],
+        caption="fvu: fraction of variance unexplained; l0: mean number of active latents",
+    )
     if result.history:
         h = result.history
         fig, axes = plt.subplots(1, 3, figsize=(10, 3))
@@ -240,36 +289,73 @@ def write_training_report(run_path: str | Path, result: SAETrainResult, config: 
             ax.plot(steps, [e[key] for e in h])
             ax.set_xlabel("step")
             ax.set_title(key)
-        r.figure(fig, "Training curves: reconstruction error (fvu), active latents (L0) and the fraction of "
-                      "latents inactive within each logging window.")
+        r.figure(
+            fig,
+            "Training curves: reconstruction error (fvu), active latents (L0) and the fraction of "
+            "latents inactive within each logging window.",
+        )
     return r.write(run_path)
 
 
-def train_sae_run(adapter: Any, tokens: Any, site: int | str, config: SAETrainConfig, out: str | Path, *,
-                  prepend_bos: bool = True, max_tokens: int | None = None, lm_batch_size: int = 32,
-                  model_name: str | None = None, dataset_path: str | None = None,
-                  extra_config: dict[str, Any] | None = None) -> tuple[SAETrainResult, Path]:
+def train_sae_run(
+    adapter: Any,
+    tokens: Any,
+    site: int | str,
+    config: SAETrainConfig,
+    out: str | Path,
+    *,
+    prepend_bos: bool = True,
+    max_tokens: int | None = None,
+    lm_batch_size: int = 32,
+    model_name: str | None = None,
+    dataset_path: str | None = None,
+    extra_config: dict[str, Any] | None = None,
+) -> tuple[SAETrainResult, Path]:
     """:func:`train_sae` writing a run directory (layout in the module docstring); returns (result, RUN/sae)."""
     from ..runs import RunDir
     from ..storage import atomic_write_json
     from .format import write_sae
+
     config.validate()
     from ..runs import hold_lock
-    hold_lock(out)                                    # one writer per run directory
+
+    hold_lock(out)  # one writer per run directory
     run = RunDir(out)
     k = adapter.check_site(site)
-    info = {"site": f"resid.{k}", "model_name": model_name, "dataset_path": dataset_path,
-            "prepend_bos": prepend_bos, "max_tokens": max_tokens, **(extra_config or {})}
+    info = {
+        "site": f"resid.{k}",
+        "model_name": model_name,
+        "dataset_path": dataset_path,
+        "prepend_bos": prepend_bos,
+        "max_tokens": max_tokens,
+        **(extra_config or {}),
+    }
     run.write_config({"train": asdict(config), **info})
     run.write_environment(seeds={"sae": config.seed})
-    result = train_sae(adapter, tokens, k, config, prepend_bos=prepend_bos, max_tokens=max_tokens,
-                       lm_batch_size=lm_batch_size, model_name=model_name, dataset_path=dataset_path,
-                       log_fn=run.log_metrics)
+    result = train_sae(
+        adapter,
+        tokens,
+        k,
+        config,
+        prepend_bos=prepend_bos,
+        max_tokens=max_tokens,
+        lm_batch_size=lm_batch_size,
+        model_name=model_name,
+        dataset_path=dataset_path,
+        log_fn=run.log_metrics,
+    )
     sae_dir = write_sae(result.sae, run.file("sae"))
-    atomic_write_json(run.file("results.json"), {"metrics": result.metrics, "site": f"resid.{k}",
-                                                 "hook_name": result.sae.cfg.hook_name,
-                                                 "d_in": result.sae.d_in, "d_sae": result.sae.d_sae,
-                                                 "architecture": result.sae.cfg.architecture,
-                                                 "sae_dir": str(sae_dir)})
+    atomic_write_json(
+        run.file("results.json"),
+        {
+            "metrics": result.metrics,
+            "site": f"resid.{k}",
+            "hook_name": result.sae.cfg.hook_name,
+            "d_in": result.sae.d_in,
+            "d_sae": result.sae.d_sae,
+            "architecture": result.sae.cfg.architecture,
+            "sae_dir": str(sae_dir),
+        },
+    )
     write_training_report(run.path, result, config, info)
     return result, sae_dir

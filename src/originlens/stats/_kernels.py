@@ -14,6 +14,7 @@ later ones.  The public kernels below restore torch's setting after every call.
 Token arrays are already remapped to the kept token set (``-1`` = outside the set) and ``valid`` marks
 the counted (input position, target) pairs.
 """
+
 from __future__ import annotations
 
 import sys
@@ -126,6 +127,7 @@ def empty_parts(width: int) -> np.ndarray:
 
 def _keep_torch_threads(kernel):
     """Run ``kernel`` and put torch's intra-op thread count back if numba changed it (see the docstring)."""
+
     def call(*args):
         torch = sys.modules.get("torch")
         n = torch.get_num_threads() if torch is not None else None
@@ -134,6 +136,7 @@ def _keep_torch_threads(kernel):
         finally:
             if torch is not None and torch.get_num_threads() != n:
                 torch.set_num_threads(n)
+
     call.__name__ = kernel.__name__.lstrip("_")
     call.__doc__ = kernel.__doc__
     return call
@@ -141,4 +144,3 @@ def _keep_torch_threads(kernel):
 
 context_kernel = _keep_torch_threads(_context_kernel)
 query_key_kernel = _keep_torch_threads(_query_key_kernel)
-

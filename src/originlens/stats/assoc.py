@@ -6,9 +6,11 @@ Rows/columns follow the orientation table of :mod:`originlens.stats.corpus`: for
 "what follows this token", a column "what precedes it"; for ``context`` a row is "the context this token
 appears in" (target × prefix), a column "the targets this prefix token predicts".
 """
+
 from __future__ import annotations
 
-from typing import Iterable, Literal
+from collections.abc import Iterable
+from typing import Literal
 
 import numpy as np
 
@@ -24,9 +26,16 @@ def basis_matrix(stats: CorpusStatistics, basis: str) -> np.ndarray:
     return getattr(stats, basis)
 
 
-def top_associations(stats: CorpusStatistics, basis: str, token: str | int, k: int = 10, *,
-                     direction: Literal["row", "column"] = "row", exclude_self: bool = True,
-                     exclude: Iterable[str | int] = ()) -> list[tuple[str, float]]:
+def top_associations(
+    stats: CorpusStatistics,
+    basis: str,
+    token: str | int,
+    k: int = 10,
+    *,
+    direction: Literal["row", "column"] = "row",
+    exclude_self: bool = True,
+    exclude: Iterable[str | int] = (),
+) -> list[tuple[str, float]]:
     """The ``k`` strongest associations of ``token`` (string or original id) under ``basis``.
 
     ``exclude`` lists tokens (e.g. ``"<unk>"``) never to report; unknown ones are ignored.

@@ -29,11 +29,13 @@ in a prefix counts as an out-of-set token, i.e. a zero row of X).  With a restri
 (``token_ids``), out-of-set tokens are zero rows of X and Y but their positions still count in P (P is
 that of the unrestricted corpus).  Accumulators are float64; ``dtype`` only sets the output precision.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -89,17 +91,23 @@ class CorpusStatistics:
                 raise InputError(f"token id {tid} is not in the kept token set", "raise --top-k")
             return int(hit[0])
         if self.vocab is None:
-            raise InputError(f"cannot look up '{token}': these statistics carry no vocabulary",
-                             "compute them from a corpus directory, or pass an integer id")
+            raise InputError(
+                f"cannot look up '{token}': these statistics carry no vocabulary",
+                "compute them from a corpus directory, or pass an integer id",
+            )
         try:
             return self.vocab.index(token)
         except ValueError:
             if token != token.lower() and token.lower() in self.vocab:
-                raise InputError(f"token '{token}' is not in the vocabulary, but '{token.lower()}' is",
-                                 f"pass '{token.lower()}': the word tokenizer lower-cases every word") from None
+                raise InputError(
+                    f"token '{token}' is not in the vocabulary, but '{token.lower()}' is",
+                    f"pass '{token.lower()}': the word tokenizer lower-cases every word",
+                ) from None
             close = [v for v in self.vocab if v.startswith(token[:3])][:5]
-            raise InputError(f"token '{token}' is not in the vocabulary",
-                             f"pick another word{(' (e.g. ' + ', '.join(close) + ')') if close else ''}") from None
+            raise InputError(
+                f"token '{token}' is not in the vocabulary",
+                f"pick another word{(' (e.g. ' + ', '.join(close) + ')') if close else ''}",
+            ) from None
 
     def token_name(self, k: int) -> str:
         if self.vocab is not None:
@@ -116,13 +124,15 @@ def _check_tokens(tokens: Any, vocab_size: int) -> np.ndarray:
         raise ConfigError(f"vocab size must be ≥ 1 (got {vocab_size})", "pass --vocab-size V with V ≥ 1")
     arr = np.asarray(tokens)
     if arr.ndim != 2:
-        raise InputError(f"token array must be 2-D (N, T+1), got shape {arr.shape}",
-                         "store windows as an (N, T+1) integer array")
+        raise InputError(
+            f"token array must be 2-D (N, T+1), got shape {arr.shape}", "store windows as an (N, T+1) integer array"
+        )
     if not np.issubdtype(arr.dtype, np.integer):
         raise InputError(f"token array must hold integers, got {arr.dtype}", "store token ids as integers")
     if arr.shape[1] < 2:
-        raise InputError(f"windows need at least 2 tokens (T+1 ≥ 2), got {arr.shape[1]}",
-                         "build the corpus with a larger --seq-len")
+        raise InputError(
+            f"windows need at least 2 tokens (T+1 ≥ 2), got {arr.shape[1]}", "build the corpus with a larger --seq-len"
+        )
     if arr.shape[0] == 0:
         raise InputError("token array is empty (0 windows)", "use a corpus with at least one window")
     return arr
@@ -147,14 +157,17 @@ def _remap_table(vocab_size: int, token_ids: np.ndarray | None, pad_id: int | No
     return table
 
 
-def _prepare(chunk: np.ndarray, vocab_size: int, table: np.ndarray, pad_id: int | None,
-             valid: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _prepare(
+    chunk: np.ndarray, vocab_size: int, table: np.ndarray, pad_id: int | None, valid: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     chunk = np.asarray(chunk)
     lo, hi = int(chunk.min()), int(chunk.max())
     if lo < 0 or hi >= vocab_size:
         bad = hi if hi >= vocab_size else lo
-        raise InputError(f"token id {bad} outside the vocabulary 0..{vocab_size - 1}",
-                         f"pass --vocab-size {hi + 1} or more, or rebuild the token file")
+        raise InputError(
+            f"token id {bad} outside the vocabulary 0..{vocab_size - 1}",
+            f"pass --vocab-size {hi + 1} or more, or rebuild the token file",
+        )
     x = table[chunk[:, :-1]]
     y = table[chunk[:, 1:]]
     if valid is None:
@@ -162,15 +175,18 @@ def _prepare(chunk: np.ndarray, vocab_size: int, table: np.ndarray, pad_id: int 
     else:
         valid = np.asarray(valid, dtype=bool)
         if valid.shape != x.shape:
-            raise InputError(f"mask shape {valid.shape} does not match (N, T) = {x.shape}",
-                             "pass one flag per (input position, target) pair")
+            raise InputError(
+                f"mask shape {valid.shape} does not match (N, T) = {x.shape}",
+                "pass one flag per (input position, target) pair",
+            )
     if pad_id is not None:
         valid = valid & (chunk[:, :-1] != pad_id) & (chunk[:, 1:] != pad_id)
     return np.ascontiguousarray(x), np.ascontiguousarray(y), np.ascontiguousarray(valid)
 
 
-def _chunks(tokens: np.ndarray, chunk_size: int, mask: np.ndarray | None, desc: str
-            ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+def _chunks(
+    tokens: np.ndarray, chunk_size: int, mask: np.ndarray | None, desc: str
+) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
     n = tokens.shape[0]
     starts = range(0, n, chunk_size)
     for s in progress(starts, total=len(starts), desc=desc, unit="chunk"):
@@ -189,8 +205,15 @@ class FirstOrderSums:
     ``token_ids`` (kept token set, default all), ``centering`` c (default 1/vocab_size), ``pad_id``.
     """
 
-    def __init__(self, vocab_size: int, seq_len: int, *, token_ids: np.ndarray | None = None,
-                 centering: float | None = None, pad_id: int | None = None) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        *,
+        token_ids: np.ndarray | None = None,
+        centering: float | None = None,
+        pad_id: int | None = None,
+    ) -> None:
         if int(vocab_size) < 1:
             raise ConfigError(f"vocab size must be ≥ 1 (got {vocab_size})", "pass --vocab-size V with V ≥ 1")
         self.vocab_size = int(vocab_size)
@@ -200,25 +223,31 @@ class FirstOrderSums:
         self.K = self.vocab_size if self.token_ids is None else len(self.token_ids)
         self.centering = float(1.0 / self.vocab_size if centering is None else centering)
         if not math.isfinite(self.centering):
-            raise ConfigError(f"centering must be a finite number, got {centering!r}",
-                              "omit it for the paper's 1/|V|, or pass e.g. --centering 0")
+            raise ConfigError(
+                f"centering must be a finite number, got {centering!r}",
+                "omit it for the paper's 1/|V|, or pass e.g. --centering 0",
+            )
         if pad_id is not None and (isinstance(pad_id, bool) or not 0 <= int(pad_id) < self.vocab_size):
-            raise ConfigError(f"pad id {pad_id!r} is not a token id of this vocabulary (0..{self.vocab_size - 1})",
-                              "pass the id of the padding token, or omit --pad-id")
+            raise ConfigError(
+                f"pad id {pad_id!r} is not a token id of this vocabulary (0..{self.vocab_size - 1})",
+                "pass the id of the padding token, or omit --pad-id",
+            )
         self.pad_id = pad_id
         self.n_pairs = 0
-        self.unigram = np.zeros(self.K, dtype=np.int64)           # counted x_t in the set
+        self.unigram = np.zeros(self.K, dtype=np.int64)  # counted x_t in the set
         self.joint = sp.csr_matrix((self.K, self.K), dtype=np.int64)  # (x_t, x_{t+1}) counts
         self.context_raw = np.zeros((self.K, self.K), dtype=np.float64)
         self.prefix_parts = _kernels.empty_parts(self.K)
         self.weights = 1.0 / np.arange(1, self.seq_len + 1, dtype=np.float64)
 
-    def update(self, tokens: np.ndarray, valid: np.ndarray | None = None) -> "FirstOrderSums":
+    def update(self, tokens: np.ndarray, valid: np.ndarray | None = None) -> FirstOrderSums:
         """Add windows ``tokens`` (n, T+1) (optionally with a (n, T) mask of counted pairs)."""
         tokens = _check_tokens(tokens, self.vocab_size)
         if tokens.shape[1] != self.seq_len + 1:
-            raise InputError(f"windows have {tokens.shape[1]} tokens, expected T+1 = {self.seq_len + 1}",
-                             "use one sequence length for all shards")
+            raise InputError(
+                f"windows have {tokens.shape[1]} tokens, expected T+1 = {self.seq_len + 1}",
+                "use one sequence length for all shards",
+            )
         x, y, v = _prepare(tokens, self.vocab_size, self.table, self.pad_id, valid)
         self.n_pairs += int(v.sum())
         xin = v & (x >= 0)
@@ -226,21 +255,28 @@ class FirstOrderSums:
         both = xin & (y >= 0)
         a, b = x[both].astype(np.int64), y[both].astype(np.int64)
         if len(a):
-            self.joint = self.joint + sp.csr_matrix((np.ones(len(a), dtype=np.int64), (a, b)),
-                                                    shape=(self.K, self.K))
+            self.joint = self.joint + sp.csr_matrix((np.ones(len(a), dtype=np.int64), (a, b)), shape=(self.K, self.K))
         _kernels.context_kernel(x, y, v, self.weights, self.context_raw, self.prefix_parts)
         return self
 
-    def _compatible(self, other: "FirstOrderSums") -> None:
+    def _compatible(self, other: FirstOrderSums) -> None:
         same_ids = (self.token_ids is None and other.token_ids is None) or (
-            self.token_ids is not None and other.token_ids is not None
-            and np.array_equal(self.token_ids, other.token_ids))
+            self.token_ids is not None
+            and other.token_ids is not None
+            and np.array_equal(self.token_ids, other.token_ids)
+        )
         if (self.vocab_size, self.seq_len, self.centering, self.pad_id) != (
-                other.vocab_size, other.seq_len, other.centering, other.pad_id) or not same_ids:
-            raise CompatibilityError("cannot merge statistics of different vocabularies, lengths, "
-                                     "token sets or centring", "compute every shard with the same settings")
+            other.vocab_size,
+            other.seq_len,
+            other.centering,
+            other.pad_id,
+        ) or not same_ids:
+            raise CompatibilityError(
+                "cannot merge statistics of different vocabularies, lengths, token sets or centring",
+                "compute every shard with the same settings",
+            )
 
-    def merge(self, other: "FirstOrderSums") -> "FirstOrderSums":
+    def merge(self, other: FirstOrderSums) -> FirstOrderSums:
         """Add another shard's sums in place (exact for counts)."""
         self._compatible(other)
         self.n_pairs += other.n_pairs
@@ -251,7 +287,7 @@ class FirstOrderSums:
         return self
 
     # -- finalisation -------------------------------------------------------------------------
-    def finalize(self, dtype: Any = np.float64, *, release: bool = False) -> "FirstOrder":
+    def finalize(self, dtype: Any = np.float64, *, release: bool = False) -> FirstOrder:
         """B̄, Φ̄, Σ, Φ̄ᵀB̄ᵀ and the composed G = ΣΦ̄ needed by pass 2.
 
         Dense K×K work happens in ``dtype`` (float64 by default; float32 halves memory for large
@@ -261,17 +297,17 @@ class FirstOrderSums:
             raise InputError("no counted (position, target) pairs", "use a non-empty corpus / mask")
         out = np.dtype(dtype)
         P, c = float(self.n_pairs), self.centering
-        alpha = self.unigram.astype(np.float64) / P                  # Pr(x_t = a), kept tokens
+        alpha = self.unigram.astype(np.float64) / P  # Pr(x_t = a), kept tokens
         JP = (self.joint.astype(np.float64) / P).tocsr()
         JPo = JP.astype(out)
         bigram = JPo.toarray()
-        bigram -= (c * alpha[:, None]).astype(out)                    # B̄ = J/P − c α 1ᵀ
+        bigram -= (c * alpha[:, None]).astype(out)  # B̄ = J/P − c α 1ᵀ
         prefix = self.prefix_parts.sum(axis=0) / P
         if release:
             context = self.context_raw
             self.context_raw = None  # type: ignore[assignment]
             context /= P
-            context -= c * prefix[None, :]                            # Φ̄ = F/P − c 1 μᵀ
+            context -= c * prefix[None, :]  # Φ̄ = F/P − c 1 μᵀ
             context = context.astype(out, copy=False)
         else:
             context = (self.context_raw / P).astype(out, copy=False)
@@ -290,8 +326,15 @@ class FirstOrderSums:
         G -= (c * (alpha @ bphi)).astype(out)[None, :]
         value_target = np.ascontiguousarray(bphi.T)
         del bphi
-        return FirstOrder(bigram=bigram, context=context, interchangeability=sigma,
-                          value_target=value_target, composed=G, unigram=alpha, sums=self)
+        return FirstOrder(
+            bigram=bigram,
+            context=context,
+            interchangeability=sigma,
+            value_target=value_target,
+            composed=G,
+            unigram=alpha,
+            sums=self,
+        )
 
 
 def _gram_dense(A: sp.csr_matrix, block: int = 2048) -> np.ndarray:
@@ -300,7 +343,7 @@ def _gram_dense(A: sp.csr_matrix, block: int = 2048) -> np.ndarray:
     out = np.empty((K, K), dtype=A.dtype)
     At = A.T.tocsr()
     for s in range(0, K, block):
-        out[s:s + block] = (At[s:s + block] @ A).toarray()
+        out[s : s + block] = (At[s : s + block] @ A).toarray()
     return out
 
 
@@ -334,21 +377,25 @@ class SecondOrderSums:
         self.qk_raw = np.zeros((self.K, self.K), dtype=np.float64)
         self.delta_parts = _kernels.empty_parts(self.seq_len)
 
-    def update(self, tokens: np.ndarray, valid: np.ndarray | None = None) -> "SecondOrderSums":
+    def update(self, tokens: np.ndarray, valid: np.ndarray | None = None) -> SecondOrderSums:
         s = self.first.sums
         tokens = _check_tokens(tokens, self.vocab_size)
         if tokens.shape[1] != self.seq_len + 1:
-            raise InputError(f"windows have {tokens.shape[1]} tokens, expected T+1 = {self.seq_len + 1}",
-                             "use one sequence length for all shards")
+            raise InputError(
+                f"windows have {tokens.shape[1]} tokens, expected T+1 = {self.seq_len + 1}",
+                "use one sequence length for all shards",
+            )
         x, y, v = _prepare(tokens, self.vocab_size, s.table, s.pad_id, valid)
         self.n_pairs += int(v.sum())
         _kernels.query_key_kernel(x, y, v, s.weights, self.G, self.g_sub, self.qk_raw, self.delta_parts)
         return self
 
-    def merge(self, other: "SecondOrderSums") -> "SecondOrderSums":
+    def merge(self, other: SecondOrderSums) -> SecondOrderSums:
         if other.first is not self.first and not np.array_equal(other.G, self.G):
-            raise CompatibilityError("second-order shards were computed against different first-order "
-                                     "statistics", "finalise pass 1 once and share it across shards")
+            raise CompatibilityError(
+                "second-order shards were computed against different first-order statistics",
+                "finalise pass 1 once and share it across shards",
+            )
         self.n_pairs += other.n_pairs
         self.qk_raw += other.qk_raw
         self.delta_parts += other.delta_parts
@@ -357,8 +404,9 @@ class SecondOrderSums:
     def finalize(self, dtype: Any = np.float64) -> tuple[np.ndarray, np.ndarray]:
         P = float(self.first.sums.n_pairs)
         if self.n_pairs != self.first.sums.n_pairs:
-            raise CompatibilityError(f"pass 2 saw {self.n_pairs} pairs but pass 1 saw {P:.0f}",
-                                     "run both passes over the same corpus")
+            raise CompatibilityError(
+                f"pass 2 saw {self.n_pairs} pairs but pass 1 saw {P:.0f}", "run both passes over the same corpus"
+            )
         q = (self.qk_raw / P).astype(dtype, copy=False)
         delta = (self.delta_parts.sum(axis=0) / P).astype(dtype, copy=False)
         return q, delta
@@ -368,11 +416,19 @@ class SecondOrderSums:
 # one-call API
 
 
-def corpus_statistics(tokens: np.ndarray | Iterable[np.ndarray], vocab_size: int, *,
-                      token_ids: np.ndarray | None = None, top_k: int | None = None,
-                      centering: float | None = None, pad_id: int | None = None,
-                      mask: np.ndarray | None = None, dtype: Any = np.float64,
-                      chunk_size: int = 1024, vocab: list[str] | None = None) -> CorpusStatistics:
+def corpus_statistics(
+    tokens: np.ndarray | Iterable[np.ndarray],
+    vocab_size: int,
+    *,
+    token_ids: np.ndarray | None = None,
+    top_k: int | None = None,
+    centering: float | None = None,
+    pad_id: int | None = None,
+    mask: np.ndarray | None = None,
+    dtype: Any = np.float64,
+    chunk_size: int = 1024,
+    vocab: list[str] | None = None,
+) -> CorpusStatistics:
     """All six statistics of a token array ``tokens`` (N, T+1) of ids < ``vocab_size``.
 
     ``top_k`` keeps the K most frequent input tokens (ties by id) — matrices become K×K;
@@ -384,8 +440,10 @@ def corpus_statistics(tokens: np.ndarray | Iterable[np.ndarray], vocab_size: int
         raise ConfigError(f"chunk size must be an integer ≥ 1, got {chunk_size!r}", "e.g. --chunk-size 1024")
     arr = _check_tokens(tokens, vocab_size)
     if mask is not None and np.asarray(mask).shape != (arr.shape[0], arr.shape[1] - 1):
-        raise InputError(f"mask shape {np.asarray(mask).shape} does not match (N, T) = "
-                         f"{(arr.shape[0], arr.shape[1] - 1)}", "pass one flag per (position, target) pair")
+        raise InputError(
+            f"mask shape {np.asarray(mask).shape} does not match (N, T) = {(arr.shape[0], arr.shape[1] - 1)}",
+            "pass one flag per (position, target) pair",
+        )
     if top_k is not None:
         if token_ids is not None:
             raise ConfigError("pass either top_k or token_ids, not both", "drop one of them")
@@ -402,33 +460,47 @@ def corpus_statistics(tokens: np.ndarray | Iterable[np.ndarray], vocab_size: int
     return assemble(first, q, delta, vocab=vocab)
 
 
-def assemble(first: FirstOrder, query_key: np.ndarray, positional: np.ndarray,
-             vocab: list[str] | None = None) -> CorpusStatistics:
+def assemble(
+    first: FirstOrder, query_key: np.ndarray, positional: np.ndarray, vocab: list[str] | None = None
+) -> CorpusStatistics:
     """Combine finalised passes into a :class:`CorpusStatistics`."""
     s = first.sums
     kept_vocab = vocab
     if vocab is not None and s.token_ids is not None and len(vocab) == s.vocab_size:
         kept_vocab = [vocab[i] for i in s.token_ids]
     return CorpusStatistics(
-        bigram=first.bigram, interchangeability=first.interchangeability, context=first.context,
-        value_target=first.value_target, query_key=query_key, positional=positional,
-        n_pairs=s.n_pairs, vocab_size=s.vocab_size, seq_len=s.seq_len, centering=s.centering,
-        unigram=first.unigram, token_ids=s.token_ids, vocab=kept_vocab)
+        bigram=first.bigram,
+        interchangeability=first.interchangeability,
+        context=first.context,
+        value_target=first.value_target,
+        query_key=query_key,
+        positional=positional,
+        n_pairs=s.n_pairs,
+        vocab_size=s.vocab_size,
+        seq_len=s.seq_len,
+        centering=s.centering,
+        unigram=first.unigram,
+        token_ids=s.token_ids,
+        vocab=kept_vocab,
+    )
 
 
-def most_frequent_tokens(tokens: np.ndarray, vocab_size: int, k: int, *, pad_id: int | None = None,
-                         chunk_size: int = 65536) -> np.ndarray:
+def most_frequent_tokens(
+    tokens: np.ndarray, vocab_size: int, k: int, *, pad_id: int | None = None, chunk_size: int = 65536
+) -> np.ndarray:
     """Ids of the ``k`` most frequent tokens of ``tokens`` (ties broken by smaller id), sorted by rank."""
     if k < 1:
         raise ConfigError(f"top-k must be ≥ 1 (got {k})", "pass --top-k K with K ≥ 1")
     counts = np.zeros(vocab_size, dtype=np.int64)
     for s in range(0, tokens.shape[0], chunk_size):
-        c = np.asarray(tokens[s:s + chunk_size]).ravel()
+        c = np.asarray(tokens[s : s + chunk_size]).ravel()
         if c.size and (c.min() < 0 or c.max() >= vocab_size):
-            raise InputError(f"token id {c.max()} outside the vocabulary 0..{vocab_size - 1}",
-                             f"pass --vocab-size {int(c.max()) + 1} or more")
+            raise InputError(
+                f"token id {c.max()} outside the vocabulary 0..{vocab_size - 1}",
+                f"pass --vocab-size {int(c.max()) + 1} or more",
+            )
         counts += np.bincount(c, minlength=vocab_size)
     if pad_id is not None and 0 <= pad_id < vocab_size:
         counts[pad_id] = -1
     order = np.lexsort((np.arange(vocab_size), -counts))
-    return order[:min(k, vocab_size)]
+    return order[: min(k, vocab_size)]

@@ -18,6 +18,7 @@ Conventions (0-based):
 Caveat: the registry imports the task modules lazily so that :mod:`originlens.tasks.base` has no
 import cycle with them.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -33,9 +34,9 @@ BOS_ID = 1
 SPECIAL_TOKENS = ["<pad>", "<bos>"]
 
 # Feature-type codes shared by all tasks.
-TYPE_NONE = 0     # no feature here (BOS position, Othello empty cell)
+TYPE_NONE = 0  # no feature here (BOS position, Othello empty cell)
 TYPE_USELESS = 1  # does not help predict the immediate next token
-TYPE_USEFUL = 2   # helps predict the immediate next token
+TYPE_USEFUL = 2  # helps predict the immediate next token
 
 
 @dataclass
@@ -82,16 +83,19 @@ class TaskBatch:
     def seq_len(self) -> int:
         return int(self.tokens.shape[1])
 
-    def select(self, index: Any) -> "TaskBatch":
+    def select(self, index: Any) -> TaskBatch:
         """Rows ``index`` (slice, int array or bool mask) of every per-sequence array."""
         idx = np.arange(len(self))[index]
         idx = np.atleast_1d(idx)
         return TaskBatch(
-            tokens=self.tokens[idx], features=self.features[idx],
+            tokens=self.tokens[idx],
+            features=self.features[idx],
             feature_names=list(self.feature_names),
             feature_types=None if self.feature_types is None else self.feature_types[idx],
-            legal=self.legal[idx], useful_positions=self.useful_positions,
-            metadata=dict(self.metadata))
+            legal=self.legal[idx],
+            useful_positions=self.useful_positions,
+            metadata=dict(self.metadata),
+        )
 
 
 @dataclass(frozen=True)
@@ -156,34 +160,36 @@ def get_task(name: str, **kw: Any) -> Task:
         ConfigError: unknown name or unknown/invalid keyword.
     """
     if name not in _REGISTRY:
-        raise ConfigError(f"unknown task {name!r}",
-                          f"use one of: {', '.join(_REGISTRY)}")
+        raise ConfigError(f"unknown task {name!r}", f"use one of: {', '.join(_REGISTRY)}")
     module, cls_name = _REGISTRY[name]
     cls = getattr(importlib.import_module(module), cls_name)
     known = set(getattr(cls, "__dataclass_fields__", {}))
     bad = sorted(set(kw) - known)
     if bad:
-        raise ConfigError(f"task {name!r} has no option(s) {', '.join(bad)}",
-                          f"valid options: {', '.join(sorted(known)) or 'none'}")
+        raise ConfigError(
+            f"task {name!r} has no option(s) {', '.join(bad)}", f"valid options: {', '.join(sorted(known)) or 'none'}"
+        )
     return cls(**kw)
 
 
 def check_n(n: int) -> int:
     """Validate a requested number of sequences."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ConfigError(f"number of sequences must be a non-negative integer, got {n!r}",
-                          "pass n >= 0")
+        raise ConfigError(f"number of sequences must be a non-negative integer, got {n!r}", "pass n >= 0")
     return int(n)
 
 
 # ---------------------------------------------------------------------------------------- metrics
 
+
 def _pred_array(pred_tokens: Any, batch: TaskBatch) -> np.ndarray:
     pred = np.asarray(pred_tokens)
     n, t = batch.tokens.shape
     if pred.ndim != 2 or pred.shape[0] != n or pred.shape[1] not in (t, t - 1):
-        raise InputError(f"predictions of shape {pred.shape} do not fit a batch of {(n, t)}",
-                         f"pass arg-max token ids of shape ({n}, {t}) or ({n}, {t - 1})")
+        raise InputError(
+            f"predictions of shape {pred.shape} do not fit a batch of {(n, t)}",
+            f"pass arg-max token ids of shape ({n}, {t}) or ({n}, {t - 1})",
+        )
     if pred.shape[1] == t:
         pred = pred[:, : t - 1]
     v = batch.legal.shape[2]
@@ -211,8 +217,10 @@ def legal_accuracy(pred_tokens: Any, batch: TaskBatch, positions: Any = None) ->
     else:
         pos = np.atleast_1d(np.asarray(positions, dtype=np.int64))
         if pos.size and (pos.min() < 0 or pos.max() >= hits.shape[1]):
-            raise InputError(f"positions {pos.tolist()} outside 0..{hits.shape[1] - 1}",
-                             "choose predicting positions below the last one")
+            raise InputError(
+                f"positions {pos.tolist()} outside 0..{hits.shape[1] - 1}",
+                "choose predicting positions below the last one",
+            )
         mask = np.zeros_like(hits)
         mask[:, pos] = True
     if not mask.any():
@@ -241,6 +249,7 @@ def task_metrics(pred_tokens: Any, batch: TaskBatch) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------ shared sampling
+
 
 def choose_uniform(mask: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Index of the ⌊u·c⌋-th True entry of each row of ``mask`` (c = row count), in column order.

@@ -26,6 +26,7 @@ Randomness: one ``rng.random((n, inputs + outputs))`` draw; input i uses ‚åä3u‚å
 Caveat: with the running-count rule the first output's arg-max set can hold several symbols; the
 metrics accept any of them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,17 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import ConfigError
-from .base import (BOS_ID, SPECIAL_TOKENS, TYPE_NONE, TYPE_USEFUL, TYPE_USELESS, TaskBatch, Tracked,
-                   check_n, choose_uniform)
+from .base import (
+    BOS_ID,
+    SPECIAL_TOKENS,
+    TYPE_NONE,
+    TYPE_USEFUL,
+    TYPE_USELESS,
+    TaskBatch,
+    Tracked,
+    check_n,
+    choose_uniform,
+)
 
 
 @dataclass
@@ -53,8 +63,7 @@ class _CountingTask:
         for key, low in (("n_symbols", 2), ("n_inputs", 1), ("n_outputs", 1)):
             val = getattr(self, key)
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < low:
-                raise ConfigError(f"{self.name}: {key} must be an integer >= {low}, got {val!r}",
-                                  f"set {key} >= {low}")
+                raise ConfigError(f"{self.name}: {key} must be an integer >= {low}, got {val!r}", f"set {key} >= {low}")
 
     @property
     def symbols(self) -> list[str]:
@@ -84,18 +93,27 @@ class _CountingTask:
     def _tracked_positions(self) -> tuple[int, ...]:
         return tuple(range(2, self.seq_len - 1))
 
-    def _batch(self, tokens: np.ndarray, features: np.ndarray, legal: np.ndarray,
-               counts: np.ndarray, useful: np.ndarray) -> TaskBatch:
+    def _batch(
+        self, tokens: np.ndarray, features: np.ndarray, legal: np.ndarray, counts: np.ndarray, useful: np.ndarray
+    ) -> TaskBatch:
         n, t = tokens.shape
         types_row = np.where(useful, TYPE_USEFUL, TYPE_USELESS).astype(np.uint8)
         types_row[0] = TYPE_NONE
         types = np.repeat(types_row[None, :, None], n, axis=0).repeat(self.n_symbols, axis=2)
         return TaskBatch(
-            tokens=tokens, features=features, feature_names=self.feature_names,
-            feature_types=types, legal=legal, useful_positions=useful,
-            metadata={"task": self.name, "counts": counts,
-                      "output_positions": self.output_positions,
-                      "first_output_position": self.n_inputs})
+            tokens=tokens,
+            features=features,
+            feature_names=self.feature_names,
+            feature_types=types,
+            legal=legal,
+            useful_positions=useful,
+            metadata={
+                "task": self.name,
+                "counts": counts,
+                "output_positions": self.output_positions,
+                "first_output_position": self.n_inputs,
+            },
+        )
 
 
 @dataclass
@@ -107,8 +125,7 @@ class MajorityTask(_CountingTask):
 
     @property
     def tracked(self) -> Tracked:
-        return Tracked(layers=(1, 2), positions=self._tracked_positions(),
-                       features=tuple(self.feature_names))
+        return Tracked(layers=(1, 2), positions=self._tracked_positions(), features=tuple(self.feature_names))
 
     def sample(self, n: int, rng: np.random.Generator) -> TaskBatch:
         """Draw n sequences.  Returns a :class:`TaskBatch` with T = 1 + inputs + outputs;
@@ -149,8 +166,7 @@ class CondMajorityTask(_CountingTask):
 
     @property
     def tracked(self) -> Tracked:
-        return Tracked(layers=(1, 2), positions=self._tracked_positions(),
-                       features=(f"{self._feature_prefix}<0>",))
+        return Tracked(layers=(1, 2), positions=self._tracked_positions(), features=(f"{self._feature_prefix}<0>",))
 
     def sample(self, n: int, rng: np.random.Generator) -> TaskBatch:
         """Draw n sequences.  ``metadata["counts"]`` (n, T, S) int64 are the conditional counts
@@ -170,7 +186,7 @@ class CondMajorityTask(_CountingTask):
             if i <= ni:
                 legal[:, i - 1, 2:] = True
                 sym = np.minimum(np.floor(u[:, i - 1] * s_).astype(np.int64), s_ - 1)
-                cur[rows, sym] += (sym_prev == 0)
+                cur[rows, sym] += sym_prev == 0
             else:
                 if argmax_set is None:
                     argmax_set = cur == cur.max(axis=1, keepdims=True)
@@ -180,7 +196,7 @@ class CondMajorityTask(_CountingTask):
             counts[:, i] = cur
             sym_prev = sym
         features = np.zeros((n, t, s_), dtype=np.float32)
-        prev = tokens[:, 1:t - 1] - 2                 # token i-1 for positions i = 2..T-1
+        prev = tokens[:, 1 : t - 1] - 2  # token i-1 for positions i = 2..T-1
         features[:, 2:] = np.eye(s_, dtype=np.float32)[prev]
         useful = np.zeros(t, dtype=bool)
         return self._batch(tokens, features, legal, counts, useful)

@@ -11,6 +11,7 @@ cells and ``--`` for passes with no separator, so ``parse_moves(format_moves(m))
 Caveat: passes must be explicit; records that silently skip a forced pass (common in game databases)
 are rejected by :func:`~originlens.tasks.othello.replay` at the first move of the wrong colour.
 """
+
 from __future__ import annotations
 
 import re
@@ -53,16 +54,17 @@ def parse_moves(text: str) -> np.ndarray:
         InputError: with the character offset of the first unreadable text.
     """
     if not isinstance(text, str):
-        raise InputError(f"move record must be a string, got {type(text).__name__}",
-                         "pass text like 'f5d6c3'")
+        raise InputError(f"move record must be a string, got {type(text).__name__}", "pass text like 'f5d6c3'")
     out: list[int] = []
     pos = 0
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if m is None:
-            snippet = text[pos:pos + 6]
-            raise InputError(f"cannot read move record at offset {pos}: {snippet!r}",
-                             "write cells as a1..h8 and passes as 'pass', 'pa' or '--'")
+            snippet = text[pos : pos + 6]
+            raise InputError(
+                f"cannot read move record at offset {pos}: {snippet!r}",
+                "write cells as a1..h8 and passes as 'pass', 'pa' or '--'",
+            )
         if m.group(1):
             out.append(PASS)
         elif m.group(2):

@@ -29,6 +29,7 @@ features), so generate eval sets of 20,480 games in one call but training data o
 ``feature_types=False`` there).  Bit ↔ cell unpacking converts to ``'<u8'`` first, so the cell order
 does not depend on the host's byte order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,14 +47,22 @@ CELL_TOKEN0 = 3
 VOCAB = SPECIAL_TOKENS + ["pass"] + CELL_NAMES
 
 _U = np.uint64
-BITS = np.left_shift(_U(1), np.arange(64, dtype=np.uint64))   # BITS[c] = 1 << c
-_INNER_COLS = _U(0x7E7E7E7E7E7E7E7E)                          # files b..g
-BLACK_START = int(BITS[35] | BITS[28])                         # d5, e4
-WHITE_START = int(BITS[27] | BITS[36])                         # d4, e5
+BITS = np.left_shift(_U(1), np.arange(64, dtype=np.uint64))  # BITS[c] = 1 << c
+_INNER_COLS = _U(0x7E7E7E7E7E7E7E7E)  # files b..g
+BLACK_START = int(BITS[35] | BITS[28])  # d5, e4
+WHITE_START = int(BITS[27] | BITS[36])  # d4, e5
 
 # (shift, left?, needs the inner-column mask): cell deltas +1, −1, +8, −8, +9, −9, +7, −7.
-_DIRS = [(_U(1), True, True), (_U(1), False, True), (_U(8), True, False), (_U(8), False, False),
-         (_U(9), True, True), (_U(9), False, True), (_U(7), True, True), (_U(7), False, True)]
+_DIRS = [
+    (_U(1), True, True),
+    (_U(1), False, True),
+    (_U(8), True, False),
+    (_U(8), False, False),
+    (_U(9), True, True),
+    (_U(9), False, True),
+    (_U(7), True, True),
+    (_U(7), False, True),
+]
 
 
 def _shift(b: np.ndarray, k: np.uint64, left: bool, out: np.ndarray | None = None) -> np.ndarray:
@@ -114,8 +123,7 @@ def pack_bits(cells: np.ndarray) -> np.ndarray:
     """(..., 64) bool/0-1 → (...,) uint64 bitboards (inverse of :func:`unpack_bits`)."""
     c = np.asarray(cells).astype(bool)
     if c.shape[-1:] != (64,):
-        raise InputError(f"boards must have 64 cells in the last axis, got shape {c.shape}",
-                         "pass (..., 64) arrays")
+        raise InputError(f"boards must have 64 cells in the last axis, got shape {c.shape}", "pass (..., 64) arrays")
     packed = np.ascontiguousarray(np.packbits(c, axis=-1, bitorder="little"))
     return packed.view("<u8").reshape(c.shape[:-1]).astype(np.uint64)
 
@@ -135,11 +143,11 @@ def _feature_types(own: np.ndarray, opp: np.ndarray, legal: np.ndarray) -> np.nd
     into the first K columns (K = the largest stone count in the batch), the rest padded with no-ops.
     """
     n = own.shape[0]
-    occ_bits = unpack_bits(own | opp).view(bool)                   # (n, 64)
+    occ_bits = unpack_bits(own | opp).view(bool)  # (n, 64)
     k = int(occ_bits.sum(axis=1).max()) if n else 0
-    cells = np.argsort(~occ_bits, axis=1, kind="stable")[:, :k]    # occupied cells first
+    cells = np.argsort(~occ_bits, axis=1, kind="stable")[:, :k]  # occupied cells first
     valid = np.take_along_axis(occ_bits, cells, axis=1)
-    toggle = np.where(valid, BITS[cells], _U(0))                   # the flipped stone, or 0
+    toggle = np.where(valid, BITS[cells], _U(0))  # the flipped stone, or 0
     changed = legal_bitboard(own[:, None] ^ toggle, opp[:, None] ^ toggle) != legal[:, None]
     out = np.zeros((n, 64), dtype=np.uint8)
     rows = np.broadcast_to(np.arange(n)[:, None], cells.shape)
@@ -176,7 +184,7 @@ def initial_legal() -> np.ndarray:
 
 def _popcount(x: np.ndarray) -> np.ndarray:
     """Number of set bits of uint64 values (int64)."""
-    if hasattr(np, "bitwise_count"):                       # numpy >= 2.0
+    if hasattr(np, "bitwise_count"):  # numpy >= 2.0
         return np.bitwise_count(x).astype(np.int64)
     return unpack_bits(x).sum(axis=-1, dtype=np.int64)
 
@@ -188,14 +196,15 @@ def _kth_bit(bb: np.ndarray, u: np.ndarray) -> np.ndarray:
     k = np.minimum(np.floor(u * cnt).astype(np.int64), np.maximum(cnt - 1, 0))
     x = bb.copy()
     one = _U(1)
-    for i in range(int(k.max()) if k.size else 0):         # clear the k lowest set bits
+    for i in range(int(k.max()) if k.size else 0):  # clear the k lowest set bits
         x = np.where(k > i, x & (x - one), x)
-    low = x & (~x + one)                                   # lowest remaining bit
+    low = x & (~x + one)  # lowest remaining bit
     return np.where(low != _U(0), _popcount(low - one), 0)
 
 
-def _play(moves_out: np.ndarray, *, u: np.ndarray | None, check: bool,
-          types_out: np.ndarray | None, offset: int = 0) -> tuple[np.ndarray, ...]:
+def _play(
+    moves_out: np.ndarray, *, u: np.ndarray | None, check: bool, types_out: np.ndarray | None, offset: int = 0
+) -> tuple[np.ndarray, ...]:
     """Play len(moves_out) games for moves_out.shape[1] moves.
 
     With ``u`` the moves are drawn and written into ``moves_out``; otherwise ``moves_out`` holds the
@@ -221,7 +230,7 @@ def _play(moves_out: np.ndarray, *, u: np.ndarray | None, check: bool,
                 _check_moves(mv, legal, no_move, t, offset)
         move_bit = np.where(mv != PASS, BITS[np.minimum(mv, 63)], zero)
         flips = _flips(own, opp, move_bit)
-        own, opp = opp & ~flips, own | move_bit | flips     # next player's perspective
+        own, opp = opp & ~flips, own | move_bit | flips  # next player's perspective
         legal = legal_bitboard(own, opp)
         hist[0, t], hist[1, t], hist[2, t] = own, opp, legal
         if types_out is not None:
@@ -233,8 +242,10 @@ def _check_moves(mv: np.ndarray, legal: np.ndarray, no_move: np.ndarray, t: int,
     bad = (mv < 0) | (mv > PASS)
     if bad.any():
         g = int(np.flatnonzero(bad)[0])
-        raise InputError(f"game {g + offset}, move {t}: value {int(mv[g])} is not a cell (0..63) or "
-                         f"a pass (64)", "use move values 0..64")
+        raise InputError(
+            f"game {g + offset}, move {t}: value {int(mv[g])} is not a cell (0..63) or a pass (64)",
+            "use move values 0..64",
+        )
     is_pass = mv == PASS
     cell_ok = (np.right_shift(legal, np.minimum(mv, 63).astype(np.uint64)) & _U(1)) != _U(0)
     ok = np.where(is_pass, no_move, cell_ok)
@@ -246,7 +257,8 @@ def _check_moves(mv: np.ndarray, legal: np.ndarray, no_move: np.ndarray, t: int,
         raise InputError(
             f"game {g + offset}, move {t} ({cell_name(mv[g])}): {what} {colour}"
             f"{' has legal moves' if is_pass[g] else ''}; legal: {' '.join(allowed)}",
-            "give a legal record (moves are 0-based; black plays even moves; passes are explicit)")
+            "give a legal record (moves are 0-based; black plays even moves; passes are explicit)",
+        )
 
 
 def _run(moves: np.ndarray, u: np.ndarray | None, feature_types: bool, chunk_size: int) -> OthelloGames:
@@ -258,16 +270,22 @@ def _run(moves: np.ndarray, u: np.ndarray | None, feature_types: bool, chunk_siz
     types = np.empty((n, length, 64), dtype=np.uint8) if feature_types else None
     for a in range(0, n, chunk_size):
         b = min(n, a + chunk_size)
-        own, opp, lg = _play(moves[a:b], u=None if u is None else u[a:b], check=u is None,
-                             types_out=None if types is None else types[a:b], offset=a)
+        own, opp, lg = _play(
+            moves[a:b],
+            u=None if u is None else u[a:b],
+            check=u is None,
+            types_out=None if types is None else types[a:b],
+            offset=a,
+        )
         np.subtract(unpack_bits(own).view(np.int8), unpack_bits(opp).view(np.int8), out=boards[a:b])
         legal[a:b, :, :64] = unpack_bits(lg).view(bool)
         legal[a:b, :, 64] = lg == _U(0)
     return OthelloGames(moves, boards, legal, types)
 
 
-def generate_games(n: int, seed: int | np.random.Generator | None = 0, *,
-                   feature_types: bool = True, chunk_size: int = 1024) -> OthelloGames:
+def generate_games(
+    n: int, seed: int | np.random.Generator | None = 0, *, feature_types: bool = True, chunk_size: int = 1024
+) -> OthelloGames:
     """n random games of 60 tokens (uniform over legal moves, passes when stuck).
 
     ``seed``: int or ``numpy.random.Generator`` (consumed: one (n, 60) uniform draw).
@@ -291,12 +309,15 @@ def replay(moves: Any, *, feature_types: bool = True, chunk_size: int = 1024) ->
     if arr.ndim == 1:
         arr = arr[None, :]
     if arr.ndim != 2 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise InputError(f"moves must be an integer array of shape (n, L) or (L,), got "
-                         f"{arr.dtype} {arr.shape}", "pass cells 0..63 and passes 64")
+        raise InputError(
+            f"moves must be an integer array of shape (n, L) or (L,), got {arr.dtype} {arr.shape}",
+            "pass cells 0..63 and passes 64",
+        )
     return _run(arr.astype(np.int64, copy=True), None, feature_types, chunk_size)
 
 
 # --------------------------------------------------------------------------------- LM tokens
+
 
 def moves_to_tokens(moves: Any) -> np.ndarray:
     """Moves (cells 0..63, pass 64) → LM token ids (cell + 3, pass 2); same shape, int64."""
@@ -312,8 +333,10 @@ def tokens_to_moves(tokens: Any) -> np.ndarray:
     bad = (t < PASS_TOKEN) | (t >= len(VOCAB))
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise InputError(f"token {int(t[where])} at index {where} is not an Othello move token",
-                         f"strip <pad>/<bos> and use ids {PASS_TOKEN}..{len(VOCAB) - 1}")
+        raise InputError(
+            f"token {int(t[where])} at index {where} is not an Othello move token",
+            f"strip <pad>/<bos> and use ids {PASS_TOKEN}..{len(VOCAB) - 1}",
+        )
     return np.where(t == PASS_TOKEN, PASS, t - CELL_TOKEN0)
 
 
@@ -367,8 +390,13 @@ class OthelloTask:
 
     @property
     def tracked(self) -> Tracked:
-        return Tracked(layers=(1, 2, 3, 4, 5, 6), positions=tuple(range(4, 57, 4)),
-                       features=CENTRAL_CELLS, one_position_per_run=True, per_type=True)
+        return Tracked(
+            layers=(1, 2, 3, 4, 5, 6),
+            positions=tuple(range(4, 57, 4)),
+            features=CENTRAL_CELLS,
+            one_position_per_run=True,
+            per_type=True,
+        )
 
     def sample(self, n: int, rng: np.random.Generator) -> TaskBatch:
         """Draw n games; ``metadata["moves"]`` (n, 60) holds the raw moves."""
@@ -390,6 +418,12 @@ class OthelloTask:
         legal = np.empty((n, length + 1, len(VOCAB)), dtype=bool)
         legal[:, 0] = _legal_to_vocab(initial_legal())
         legal[:, 1:] = _legal_to_vocab(games.legal)
-        return TaskBatch(tokens=tokens, features=features, feature_names=self.feature_names,
-                         feature_types=types, legal=legal, useful_positions=None,
-                         metadata={"task": self.name, "moves": games.moves})
+        return TaskBatch(
+            tokens=tokens,
+            features=features,
+            feature_names=self.feature_names,
+            feature_types=types,
+            legal=legal,
+            useful_positions=None,
+            metadata={"task": self.name, "moves": games.moves},
+        )

@@ -44,15 +44,17 @@ Caveats: Lingua is a greedy bigram tagger (well below spaCy's accuracy; e.g. it 
 "like" as IN), and its tokens are not spaCy's (hyphenated words stay whole, abbreviations such as
 "Mr." keep their period), which only matters through the character spans.
 """
+
 from __future__ import annotations
 
 import functools
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -102,6 +104,7 @@ class Annotator(Protocol):
 
 # ------------------------------------------------------------------------------------------ spaCy
 
+
 class SpacyAnnotator:
     """spaCy pipeline ``model`` (an installed package name or a pipeline directory), loaded on first use.
 
@@ -116,34 +119,40 @@ class SpacyAnnotator:
         try:
             import spacy  # noqa: F401
         except ImportError:
-            raise ConfigError("the syntax annotator 'spacy' needs spaCy, which is not installed",
-                              SPACY_FIX) from None
+            raise ConfigError("the syntax annotator 'spacy' needs spaCy, which is not installed", SPACY_FIX) from None
         if not isinstance(model, str) or not model:
             raise ConfigError(f"spacy_model must be a pipeline name, got {model!r}", "e.g. en_core_web_sm")
         self.model = model
         self.batch_size = int(batch_size)
         if not (self._is_package() or Path(model).is_dir()):
-            raise ConfigError(f"the spaCy pipeline {model!r} is not installed (no such package or directory)",
-                              "install an official pipeline (python -m spacy download en_core_web_sm) and pass its "
-                              "name, or pass the directory of a saved pipeline, as spacy_model")
+            raise ConfigError(
+                f"the spaCy pipeline {model!r} is not installed (no such package or directory)",
+                "install an official pipeline (python -m spacy download en_core_web_sm) and pass its "
+                "name, or pass the directory of a saved pipeline, as spacy_model",
+            )
 
     def _is_package(self) -> bool:
         import spacy
+
         return bool(re.fullmatch(r"[A-Za-z0-9_.\-]+", self.model)) and spacy.util.is_package(self.model)
 
     @functools.cached_property
     def nlp(self):
         import spacy
+
         try:
             return spacy.load(self.model)
         except (OSError, ImportError, ValueError) as exc:
             msg = " ".join(str(exc).split())[:200]
-            raise ConfigError(f"cannot load the spaCy pipeline {self.model!r} ({msg})",
-                              f"reinstall it: python -m spacy download {self.model}") from None
+            raise ConfigError(
+                f"cannot load the spaCy pipeline {self.model!r} ({msg})",
+                f"reinstall it: python -m spacy download {self.model}",
+            ) from None
 
     @functools.cached_property
     def version(self) -> str:
         import spacy
+
         if self._is_package():
             mv = spacy.util.get_package_version(self.model) or "?"
         else:
@@ -161,9 +170,16 @@ class SpacyAnnotator:
         want = self.provides
         out = []
         for text, doc in zip(texts, self.nlp.pipe(list(texts), batch_size=self.batch_size)):
-            spans = tuple((t.idx, t.idx + len(t.text), (t.tag_ or None) if "tags" in want else None,
-                           (t.dep_ or None) if "deps" in want else None)
-                          for t in doc if not t.is_space)
+            spans = tuple(
+                (
+                    t.idx,
+                    t.idx + len(t.text),
+                    (t.tag_ or None) if "tags" in want else None,
+                    (t.dep_ or None) if "deps" in want else None,
+                )
+                for t in doc
+                if not t.is_space
+            )
             out.append(Annotation(text, spans))
         return out
 
@@ -171,14 +187,17 @@ class SpacyAnnotator:
 # ------------------------------------------------------------------------------------------ Lingua
 
 PTB_TOKENIZER_VERSION = "1"
-_ABBREVIATIONS = frozenset("mr mrs ms dr st jr sr prof mt".split())
-_TOKEN_RE = re.compile(r"""
+_ABBREVIATIONS = frozenset(["mr", "mrs", "ms", "dr", "st", "jr", "sr", "prof", "mt"])
+_TOKEN_RE = re.compile(
+    r"""
     (?P<ellipsis>\.\.\.+|…)
   | (?P<dash>--+|[–—])
   | (?P<number>\d+(?:[.,:]\d+)+)
   | (?P<word>[^\W_]+(?:[-'’][^\W_]+)*)
   | (?P<other>\S)
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 _CLITICS = ("s", "m", "d", "ll", "re", "ve")
 _OPEN_QUOTES = "“‘"
 _CLOSE_QUOTES = "”’"
@@ -204,18 +223,18 @@ def ptb_tokens(text: str) -> list[tuple[int, int, str]]:
             elif "'" in norm and low.rsplit("'", 1)[1] in _CLITICS:
                 k = norm.rindex("'")
                 out += [(a, a + k, norm[:k]), (a + k, b, norm[k:])]
-            elif low in _ABBREVIATIONS and text[b:b + 1] == "." and text[b + 1:b + 2] != ".":
+            elif low in _ABBREVIATIONS and text[b : b + 1] == "." and text[b + 1 : b + 2] != ".":
                 out.append((a, b + 1, norm + "."))
             else:
                 out.append((a, b, norm))
         elif out and out[-1][1] == b and out[-1][2].endswith("."):
-            continue    # the period already joined to an abbreviation
+            continue  # the period already joined to an abbreviation
         elif tok in "\"'`":
             prev = text[a - 1] if a else " "
             opening = prev.isspace() or prev in "([{" + _OPEN_QUOTES + "\"'`"
             if tok == "`":
                 opening = True
-            double = tok == "\""
+            double = tok == '"'
             out.append((a, b, ("``" if double else "`") if opening else ("''" if double else "'")))
         elif tok in _OPEN_QUOTES:
             out.append((a, b, "``" if tok == "“" else "`"))
@@ -248,10 +267,23 @@ while (my $line = <STDIN>) {
     print join(' ', @out), "\n";
 }
 """
-_LINGUA_TO_PENN = {"det": "DT", "pp": ".", "ppc": ",", "ppd": "$", "pps": ":", "ppl": "``", "ppr": "''",
-                   "lrb": "-LRB-", "rrb": "-RRB-", "prps": "PRP$", "wps": "WP$"}
-LINGUA_FIX = ("apt-get install liblingua-en-tagger-perl (Debian/Ubuntu; elsewhere: cpan Lingua::EN::Tagger), "
-              "or use annotator='spacy'")
+_LINGUA_TO_PENN = {
+    "det": "DT",
+    "pp": ".",
+    "ppc": ",",
+    "ppd": "$",
+    "pps": ":",
+    "ppl": "``",
+    "ppr": "''",
+    "lrb": "-LRB-",
+    "rrb": "-RRB-",
+    "prps": "PRP$",
+    "wps": "WP$",
+}
+LINGUA_FIX = (
+    "apt-get install liblingua-en-tagger-perl (Debian/Ubuntu; elsewhere: cpan Lingua::EN::Tagger), "
+    "or use annotator='spacy'"
+)
 
 
 def lingua_to_penn(tag: str) -> str:
@@ -275,8 +307,12 @@ class LinguaAnnotator:
             raise ConfigError("the syntax annotator 'lingua' needs perl, which is not on PATH", LINGUA_FIX)
         self.perl = perl
         try:
-            r = subprocess.run([perl, "-MLingua::EN::Tagger", "-e", "print $Lingua::EN::Tagger::VERSION"],
-                               capture_output=True, text=True, timeout=120)
+            r = subprocess.run(
+                [perl, "-MLingua::EN::Tagger", "-e", "print $Lingua::EN::Tagger::VERSION"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise ConfigError(f"cannot run perl for the 'lingua' annotator ({exc})", LINGUA_FIX) from None
         if r.returncode != 0 or not r.stdout.strip():
@@ -301,19 +337,24 @@ class LinguaAnnotator:
             raise ConfigError(f"Lingua::EN::Tagger failed ({err})", LINGUA_FIX)
         lines = r.stdout.decode("utf-8").split("\n")
         if len(lines) < len(texts):
-            raise ConfigError(f"Lingua::EN::Tagger returned {len(lines)} lines for {len(texts)} texts",
-                              "check the Perl installation, or use annotator='spacy'")
+            raise ConfigError(
+                f"Lingua::EN::Tagger returned {len(lines)} lines for {len(texts)} texts",
+                "check the Perl installation, or use annotator='spacy'",
+            )
         out = []
         for i, (text, toks) in enumerate(zip(texts, tokens)):
             tags = lines[i].split()
             if len(tags) != len(toks):
-                raise ConfigError(f"Lingua::EN::Tagger returned {len(tags)} tags for the {len(toks)} tokens of "
-                                  f"text {i}", "check the Perl installation, or use annotator='spacy'")
+                raise ConfigError(
+                    f"Lingua::EN::Tagger returned {len(tags)} tags for the {len(toks)} tokens of text {i}",
+                    "check the Perl installation, or use annotator='spacy'",
+                )
             out.append(Annotation(text, tuple((a, b, lingua_to_penn(t), None) for (a, b, _), t in zip(toks, tags))))
         return out
 
 
 # ------------------------------------------------------------------------------------------ gold
+
 
 class GoldAnnotator:
     """The generator's own tags and labels for storyworld stories (:mod:`originlens.data.storyworld`)."""
@@ -324,23 +365,28 @@ class GoldAnnotator:
     @property
     def version(self) -> str:
         from ..data.storyworld import GENERATOR_VERSION
+
         return f"storyworld-{GENERATOR_VERSION}"
 
     def annotate(self, texts: Sequence[str]) -> list[Annotation]:
         from ..data.storyworld import annotate_story
+
         out = []
         for i, text in enumerate(texts):
             try:
                 words = annotate_story(text)
             except ValueError as exc:
-                raise InputError(f"text {i} is not a storyworld story ({exc})",
-                                 "use annotator='gold' only on stories written by originlens.data.storyworld, "
-                                 "else annotator='spacy' or 'lingua'") from None
+                raise InputError(
+                    f"text {i} is not a storyworld story ({exc})",
+                    "use annotator='gold' only on stories written by originlens.data.storyworld, "
+                    "else annotator='spacy' or 'lingua'",
+                ) from None
             out.append(Annotation(text, tuple((w.start, w.end, w.tag, w.dep) for w in words)))
         return out
 
 
 # ------------------------------------------------------------------------------------------ selection
+
 
 def get_annotator(name: str, *, spacy_model: str = DEFAULT_SPACY_MODEL) -> Annotator:
     """The annotator called ``name`` (:data:`ANNOTATORS`); ``spacy_model`` only applies to ``spacy``.
@@ -371,10 +417,15 @@ def check_provides(annotator: Annotator, labels: str | Iterable[str]) -> None:
     missing = [w for w in want if w not in annotator.provides]
     if missing:
         what = {"tags": "Penn-Treebank tags", "deps": "dependency labels"}
-        raise ConfigError(f"the syntax annotator {annotator.name!r} gives no {' or '.join(what[m] for m in missing)}",
-                          f"use annotator='spacy' with en_core_web_sm ({SPACY_FIX})"
-                          + (", or syntax_labels='tags' for the 10 tag features" if missing == ["deps"]
-                             and "tags" in annotator.provides else ""))
+        raise ConfigError(
+            f"the syntax annotator {annotator.name!r} gives no {' or '.join(what[m] for m in missing)}",
+            f"use annotator='spacy' with en_core_web_sm ({SPACY_FIX})"
+            + (
+                ", or syntax_labels='tags' for the 10 tag features"
+                if missing == ["deps"] and "tags" in annotator.provides
+                else ""
+            ),
+        )
 
 
 # ------------------------------------------------------------------------------------------ alignment
@@ -383,8 +434,13 @@ _COL = {t: i for i, t in enumerate(TAGS)}
 _DEP_COL = {d: len(TAGS) + i for i, d in enumerate(DEPS)}
 
 
-def align(annotation: Annotation, token_char_spans: Sequence[tuple[int, int]] | np.ndarray, n_tokens: int,
-          *, story: int | None = None) -> np.ndarray:
+def align(
+    annotation: Annotation,
+    token_char_spans: Sequence[tuple[int, int]] | np.ndarray,
+    n_tokens: int,
+    *,
+    story: int | None = None,
+) -> np.ndarray:
     """Expand-mode alignment: ``(n_tokens, 20)`` bool, ``out[j, c]`` True when some annotator token whose
     span overlaps token j's span carries feature c (:data:`SYNTAX_FEATURES`).  Tokens whose characters
     are all whitespace (or none) get no feature.
@@ -397,23 +453,33 @@ def align(annotation: Annotation, token_char_spans: Sequence[tuple[int, int]] | 
     text = annotation.text
     n_chars = len(text)
     where = f"story {story}" if story is not None else "text"
-    tok = np.asarray(token_char_spans, dtype=np.int64).reshape(-1, 2) if len(token_char_spans) else \
-        np.zeros((0, 2), dtype=np.int64)
+    tok = (
+        np.asarray(token_char_spans, dtype=np.int64).reshape(-1, 2)
+        if len(token_char_spans)
+        else np.zeros((0, 2), dtype=np.int64)
+    )
     if len(tok) != n_tokens:
-        raise InputError(f"{where}: {len(tok)} token spans for {n_tokens} tokens",
-                         "pass one (start, end) character span per model token")
+        raise InputError(
+            f"{where}: {len(tok)} token spans for {n_tokens} tokens",
+            "pass one (start, end) character span per model token",
+        )
     bad = np.flatnonzero((tok[:, 0] < 0) | (tok[:, 0] > tok[:, 1]) | (tok[:, 1] > n_chars))
     if bad.size:
         j = int(bad[0])
-        raise InputError(f"{where} cannot be aligned: token {j} spans characters {tok[j, 0]}..{tok[j, 1]}, outside "
-                         f"the text ({n_chars} characters)",
-                         "tokenise the story text itself (the whole story, with the task's tokenizer)")
+        raise InputError(
+            f"{where} cannot be aligned: token {j} spans characters {tok[j, 0]}..{tok[j, 1]}, outside "
+            f"the text ({n_chars} characters)",
+            "tokenise the story text itself (the whole story, with the task's tokenizer)",
+        )
     cols, starts, ends = [], [], []
     for k, sp in enumerate(annotation.spans):
         a, b, tag, dep = sp
         if not (0 <= a <= b <= n_chars):
-            raise InputError(f"{where} cannot be aligned: annotator token {k} spans characters {a}..{b}, outside "
-                             f"the text ({n_chars} characters)", "annotate the same text that is tokenised")
+            raise InputError(
+                f"{where} cannot be aligned: annotator token {k} spans characters {a}..{b}, outside "
+                f"the text ({n_chars} characters)",
+                "annotate the same text that is tokenised",
+            )
         for c in (_COL.get(tag), _DEP_COL.get(dep)):
             if c is not None:
                 cols.append(c)
@@ -425,7 +491,7 @@ def align(annotation: Annotation, token_char_spans: Sequence[tuple[int, int]] | 
     diff = np.zeros((len(SYNTAX_FEATURES), n_chars + 1), dtype=np.int32)
     np.add.at(diff, (np.array(cols), np.array(starts)), 1)
     np.add.at(diff, (np.array(cols), np.array(ends)), -1)
-    covered = np.cumsum(diff[:, :n_chars], axis=1) > 0                       # (20, chars)
+    covered = np.cumsum(diff[:, :n_chars], axis=1) > 0  # (20, chars)
     csum = np.zeros((len(SYNTAX_FEATURES), n_chars + 1), dtype=np.int64)
     np.cumsum(covered, axis=1, out=csum[:, 1:])
     out[:] = (csum[:, tok[:, 1]] - csum[:, tok[:, 0]] > 0).T

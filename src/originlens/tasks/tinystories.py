@@ -55,6 +55,7 @@ token indices (``pos_int``) and losses are not on the paper's scale.  The subset
 The trainer registers this task in :mod:`originlens.train.ntp`, not in :func:`originlens.tasks.get_task`,
 so attribution replay and the regime grid do not know it yet.
 """
+
 from __future__ import annotations
 
 import functools
@@ -78,8 +79,10 @@ CACHE_ENV_VAR = "ORIGINLENS_CACHE"
 CACHE_FORMAT = 1
 SYNTAX_CACHE_FORMAT = 1
 FEATURES = ("pos_int", "pos_prop")
-SYNTAX_NOTE = ("note: tinystories: the paper's 20 part-of-speech/dependency features are off "
-               "(syntax_features=False); probing pos_int and pos_prop only")
+SYNTAX_NOTE = (
+    "note: tinystories: the paper's 20 part-of-speech/dependency features are off "
+    "(syntax_features=False); probing pos_int and pos_prop only"
+)
 _SYNTAX_NOTED = False
 
 
@@ -105,20 +108,23 @@ def story_files(root: str | os.PathLike | None = None) -> list[Path]:
     d = base / "tinystories"
     files = sorted(d.glob("stories-*.txt")) if d.is_dir() else []
     if not files:
-        raise InputError(f"no TinyStories files (tinystories/stories-*.txt) under the data root {base}",
-                         f"set {ENV_VAR} to the directory holding tinystories/ (default ../shared/data)")
+        raise InputError(
+            f"no TinyStories files (tinystories/stories-*.txt) under the data root {base}",
+            f"set {ENV_VAR} to the directory holding tinystories/ (default ../shared/data)",
+        )
     return files
 
 
 def read_stories(files: list[Path]) -> list[str]:
     """Stories in file order: every non-blank line (``\\r\\n`` line ends tolerated), unchanged otherwise."""
     from ..data.readers import iter_documents
+
     return list(iter_documents([str(f) for f in files], split_mode="line"))
 
 
 def heldout_threshold(heldout_frac: float) -> int:
     """Smallest integer ≥ ``heldout_frac · 2**64``: story s is held out iff ``story_hash(s) < threshold``."""
-    return min(math.ceil(float(heldout_frac) * 2 ** 64), 2 ** 64 - 1)
+    return min(math.ceil(float(heldout_frac) * 2**64), 2**64 - 1)
 
 
 def story_hash(text: str) -> int:
@@ -204,17 +210,26 @@ class TokenisedStories:
         return np.diff(self.starts)
 
     def story(self, s: int) -> np.ndarray:
-        return self.tokens[self.starts[s]:self.starts[s + 1]]
+        return self.tokens[self.starts[s] : self.starts[s + 1]]
 
 
 def cache_key(files: list[Path], bpe_vocab_size: int) -> tuple[str, dict[str, Any]]:
     """(hex key, key material): data hash (file names + SHA-256), tokenizer settings, library version."""
     import tokenizers
-    material = {"format": CACHE_FORMAT,
-                "data": [{"name": f.name, "sha256": sha256_file(f)} for f in files],
-                "tokenizer": {"kind": "bpe", "vocab_size": int(bpe_vocab_size), "pre_tokenizer": "Whitespace",
-                              "wrap": False, "trained_on": "all stories, file order"},
-                "stories": "non-blank lines", "tokenizers_version": tokenizers.__version__}
+
+    material = {
+        "format": CACHE_FORMAT,
+        "data": [{"name": f.name, "sha256": sha256_file(f)} for f in files],
+        "tokenizer": {
+            "kind": "bpe",
+            "vocab_size": int(bpe_vocab_size),
+            "pre_tokenizer": "Whitespace",
+            "wrap": False,
+            "trained_on": "all stories, file order",
+        },
+        "stories": "non-blank lines",
+        "tokenizers_version": tokenizers.__version__,
+    }
     blob = json.dumps(material, sort_keys=True).encode("utf-8")
     return hashlib.sha256(blob).hexdigest(), material
 
@@ -222,10 +237,12 @@ def cache_key(files: list[Path], bpe_vocab_size: int) -> tuple[str, dict[str, An
 _LOADED: dict[str, TokenisedStories] = {}
 
 
-def load_tokenised(files: list[Path], bpe_vocab_size: int, cache_dir: str | os.PathLike | None = None
-                   ) -> TokenisedStories:
+def load_tokenised(
+    files: list[Path], bpe_vocab_size: int, cache_dir: str | os.PathLike | None = None
+) -> TokenisedStories:
     """The tokenised stories of ``files``, from the cache or built (and cached) on first use."""
     from ..data.tokenizers import BPETokenizer
+
     key, material = cache_key(files, bpe_vocab_size)
     entry = cache_root(cache_dir) / "tinystories" / f"bpe{int(bpe_vocab_size)}-{key[:16]}"
     if str(entry) in _LOADED and _LOADED[str(entry)].manifest.get("key") == key and entry.is_dir():
@@ -234,10 +251,15 @@ def load_tokenised(files: list[Path], bpe_vocab_size: int, cache_dir: str | os.P
     if got is None:
         stories = read_stories(files)
         if not stories:
-            raise InputError(f"the TinyStories files under {files[0].parent} hold no stories",
-                             f"point {ENV_VAR} at a data root with non-empty tinystories/stories-*.txt")
-        log(f"tinystories: training a {bpe_vocab_size}-id BPE on {len(stories)} stories and tokenising them "
-            f"(cached in {entry})", level=1)
+            raise InputError(
+                f"the TinyStories files under {files[0].parent} hold no stories",
+                f"point {ENV_VAR} at a data root with non-empty tinystories/stories-*.txt",
+            )
+        log(
+            f"tinystories: training a {bpe_vocab_size}-id BPE on {len(stories)} stories and tokenising them "
+            f"(cached in {entry})",
+            level=1,
+        )
         tok = BPETokenizer.train(stories, int(bpe_vocab_size), wrap=False)
         ids = [tok.encode(s) for s in stories]
         lengths = np.array([len(x) for x in ids], dtype=np.int64)
@@ -245,8 +267,13 @@ def load_tokenised(files: list[Path], bpe_vocab_size: int, cache_dir: str | os.P
         flat = np.fromiter((i for x in ids for i in x), dtype=dtype, count=int(lengths.sum()))
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         hashes = np.array([story_hash(s) for s in stories], dtype=np.uint64)
-        manifest = {"key": key, "key_material": material, "stories": len(stories), "tokens": int(flat.size),
-                    "vocab_size": tok.vocab_size}
+        manifest = {
+            "key": key,
+            "key_material": material,
+            "stories": len(stories),
+            "tokens": int(flat.size),
+            "vocab_size": tok.vocab_size,
+        }
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)
             with atomic_directory(entry) as tmp:
@@ -256,8 +283,9 @@ def load_tokenised(files: list[Path], bpe_vocab_size: int, cache_dir: str | os.P
                 atomic_save_npy(tmp / "hashes.npy", hashes)
                 atomic_write_json(tmp / "manifest.json", manifest)
         except (OSError, OriginlensError) as exc:
-            raise InputError(f"cannot write the tokenisation cache {entry} ({exc})",
-                             f"set {CACHE_ENV_VAR} to a writable directory") from None
+            raise InputError(
+                f"cannot write the tokenisation cache {entry} ({exc})", f"set {CACHE_ENV_VAR} to a writable directory"
+            ) from None
         got = TokenisedStories(flat, starts, hashes, tok, entry, manifest)
     _LOADED[str(entry)] = got
     return got
@@ -266,6 +294,7 @@ def load_tokenised(files: list[Path], bpe_vocab_size: int, cache_dir: str | os.P
 def _read_entry(entry: Path, key: str) -> TokenisedStories | None:
     """A valid cache entry, or None (missing or inconsistent: it is rebuilt)."""
     from ..data.tokenizers import BPETokenizer
+
     if not (entry / "manifest.json").is_file():
         return None
     try:
@@ -279,9 +308,15 @@ def _read_entry(entry: Path, key: str) -> TokenisedStories | None:
     except (OSError, ValueError, OriginlensError):
         log(f"tinystories: cache entry {entry} is unreadable; rebuilding it", level=1)
         return None
-    ok = (starts.ndim == 1 and len(starts) == len(hashes) + 1 and starts[0] == 0 and starts[-1] == len(tokens)
-          and np.all(np.diff(starts) >= 0) and manifest.get("stories") == len(hashes)
-          and (tokens.size == 0 or int(tokens.max()) < tok.vocab_size))
+    ok = (
+        starts.ndim == 1
+        and len(starts) == len(hashes) + 1
+        and starts[0] == 0
+        and starts[-1] == len(tokens)
+        and np.all(np.diff(starts) >= 0)
+        and manifest.get("stories") == len(hashes)
+        and (tokens.size == 0 or int(tokens.max()) < tok.vocab_size)
+    )
     if not ok:
         log(f"tinystories: cache entry {entry} is inconsistent; rebuilding it", level=1)
         return None
@@ -308,10 +343,16 @@ def syntax_cache_key(data: TokenisedStories, annotator: Any) -> tuple[str, dict[
     """(hex key, key material): the tokenisation key (data + BPE), the annotator's name and version, the
     feature columns and :data:`SYNTAX_CACHE_FORMAT`."""
     from .syntax import SYNTAX_FEATURES
-    material = {"format": SYNTAX_CACHE_FORMAT, "tokenisation_key": data.manifest["key"],
-                "annotator": annotator.name, "annotator_version": annotator.version,
-                "columns": list(SYNTAX_FEATURES), "alignment": "expand (character overlap)",
-                "annotated": "whole stories"}
+
+    material = {
+        "format": SYNTAX_CACHE_FORMAT,
+        "tokenisation_key": data.manifest["key"],
+        "annotator": annotator.name,
+        "annotator_version": annotator.version,
+        "columns": list(SYNTAX_FEATURES),
+        "alignment": "expand (character overlap)",
+        "annotated": "whole stories",
+    }
     blob = json.dumps(material, sort_keys=True).encode("utf-8")
     return hashlib.sha256(blob).hexdigest(), material
 
@@ -319,8 +360,9 @@ def syntax_cache_key(data: TokenisedStories, annotator: Any) -> tuple[str, dict[
 _LOADED_SYNTAX: dict[str, SyntaxTable] = {}
 
 
-def load_syntax(data: TokenisedStories, files: list[Path], annotator: Any,
-                cache_dir: str | os.PathLike | None = None) -> SyntaxTable:
+def load_syntax(
+    data: TokenisedStories, files: list[Path], annotator: Any, cache_dir: str | os.PathLike | None = None
+) -> SyntaxTable:
     """The syntax indicators of every token, from the cache or computed (whole stories through
     ``annotator``, aligned by :func:`originlens.tasks.syntax.align`) and cached on first use."""
     key, material = syntax_cache_key(data, annotator)
@@ -334,15 +376,22 @@ def load_syntax(data: TokenisedStories, files: list[Path], annotator: Any,
     return got
 
 
-def _build_syntax(data: TokenisedStories, files: list[Path], annotator: Any, entry: Path, key: str,
-                  material: dict[str, Any]) -> SyntaxTable:
+def _build_syntax(
+    data: TokenisedStories, files: list[Path], annotator: Any, entry: Path, key: str, material: dict[str, Any]
+) -> SyntaxTable:
     from .syntax import DEPS, SYNTAX_FEATURES, TAGS, align
+
     stories = read_stories(files)
     if len(stories) != len(data.hashes) or any(story_hash(t) != int(h) for t, h in zip(stories, data.hashes)):
-        raise InputError(f"the TinyStories files under {files[0].parent} changed while in use",
-                         "run again (the caches are rebuilt for the new files)")
-    log(f"tinystories: annotating {len(stories)} stories with {annotator.name} ({annotator.version}); "
-        f"cached in {entry}", level=1)
+        raise InputError(
+            f"the TinyStories files under {files[0].parent} changed while in use",
+            "run again (the caches are rebuilt for the new files)",
+        )
+    log(
+        f"tinystories: annotating {len(stories)} stories with {annotator.name} ({annotator.version}); "
+        f"cached in {entry}",
+        level=1,
+    )
     feats = np.zeros((int(data.tokens.size), len(SYNTAX_FEATURES)), dtype=bool)
     spans, tag_ids, dep_ids, counts = [], [], [], []
     tag_vocab: dict[str, int] = {}
@@ -350,16 +399,21 @@ def _build_syntax(data: TokenisedStories, files: list[Path], annotator: Any, ent
     chunk = 500
     for lo in range(0, len(stories), chunk):
         try:
-            anns = annotator.annotate(stories[lo:lo + chunk])
+            anns = annotator.annotate(stories[lo : lo + chunk])
         except OriginlensError as exc:
-            raise type(exc)(f"tinystories: annotating stories {lo}..{min(lo + chunk, len(stories)) - 1} "
-                            f"(text i = story {lo} + i): {exc.what}", exc.fix) from None
+            raise type(exc)(
+                f"tinystories: annotating stories {lo}..{min(lo + chunk, len(stories)) - 1} "
+                f"(text i = story {lo} + i): {exc.what}",
+                exc.fix,
+            ) from None
         for s, ann in enumerate(anns, start=lo):
             ids, offsets = data.tokenizer.encode_offsets(stories[s])
             if not np.array_equal(np.asarray(ids, dtype=np.int64), data.story(s).astype(np.int64)):
-                raise CompatibilityError(f"tinystories: the cached token ids of story {s} differ from its "
-                                         f"tokenisation now ({data.path})", "delete that cache entry")
-            feats[data.starts[s]:data.starts[s + 1]] = align(ann, offsets, len(ids), story=s)
+                raise CompatibilityError(
+                    f"tinystories: the cached token ids of story {s} differ from its tokenisation now ({data.path})",
+                    "delete that cache entry",
+                )
+            feats[data.starts[s] : data.starts[s + 1]] = align(ann, offsets, len(ids), story=s)
             counts.append(len(ann.spans))
             for a, b, tag, dep in ann.spans:
                 spans.append((a, b))
@@ -368,17 +422,27 @@ def _build_syntax(data: TokenisedStories, files: list[Path], annotator: Any, ent
         if len(stories) > chunk:
             log(f"tinystories: annotated {min(lo + chunk, len(stories))}/{len(stories)} stories", level=2)
     span_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
-    manifest = {"key": key, "key_material": material, "stories": len(stories), "tokens": int(feats.shape[0]),
-                "columns": list(SYNTAX_FEATURES), "provides": sorted(annotator.provides),
-                "tag_vocab": list(tag_vocab), "dep_vocab": list(dep_vocab), "annotator_tokens": int(span_starts[-1]),
-                "files": {"features_packed.npy": "(tokens, 3) uint8: np.packbits of the (tokens, 20) bool features "
-                                                 "along axis 1, bitorder little",
-                          "spans.npy": "(annotator tokens, 2) int32 character spans, story by story",
-                          "span_starts.npy": "(stories + 1,) int64: story s owns "
-                                             "spans[span_starts[s]:span_starts[s+1]]",
-                          "tag_ids.npy": "(annotator tokens,) int16 index into tag_vocab, -1 = none",
-                          "dep_ids.npy": "(annotator tokens,) int16 index into dep_vocab, -1 = none"},
-                "tags": list(TAGS), "deps": list(DEPS)}
+    manifest = {
+        "key": key,
+        "key_material": material,
+        "stories": len(stories),
+        "tokens": int(feats.shape[0]),
+        "columns": list(SYNTAX_FEATURES),
+        "provides": sorted(annotator.provides),
+        "tag_vocab": list(tag_vocab),
+        "dep_vocab": list(dep_vocab),
+        "annotator_tokens": int(span_starts[-1]),
+        "files": {
+            "features_packed.npy": "(tokens, 3) uint8: np.packbits of the (tokens, 20) bool features "
+            "along axis 1, bitorder little",
+            "spans.npy": "(annotator tokens, 2) int32 character spans, story by story",
+            "span_starts.npy": "(stories + 1,) int64: story s owns spans[span_starts[s]:span_starts[s+1]]",
+            "tag_ids.npy": "(annotator tokens,) int16 index into tag_vocab, -1 = none",
+            "dep_ids.npy": "(annotator tokens,) int16 index into dep_vocab, -1 = none",
+        },
+        "tags": list(TAGS),
+        "deps": list(DEPS),
+    }
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         with atomic_directory(entry) as tmp:
@@ -389,14 +453,16 @@ def _build_syntax(data: TokenisedStories, files: list[Path], annotator: Any, ent
             atomic_save_npy(tmp / "dep_ids.npy", np.asarray(dep_ids, dtype=np.int16))
             atomic_write_json(tmp / "manifest.json", manifest)
     except (OSError, OriginlensError) as exc:
-        raise InputError(f"cannot write the syntax-feature cache {entry} ({exc})",
-                         f"set {CACHE_ENV_VAR} to a writable directory") from None
+        raise InputError(
+            f"cannot write the syntax-feature cache {entry} ({exc})", f"set {CACHE_ENV_VAR} to a writable directory"
+        ) from None
     return SyntaxTable(feats, frozenset(annotator.provides), entry, manifest)
 
 
 def _read_syntax_entry(entry: Path, key: str, n_tokens: int) -> SyntaxTable | None:
     """A valid syntax cache entry, or None (missing or inconsistent: it is rebuilt)."""
     from .syntax import SYNTAX_FEATURES
+
     if not (entry / "manifest.json").is_file():
         return None
     try:
@@ -451,21 +517,27 @@ class TinyStoriesTask:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
                 raise ConfigError(f"tinystories: {key} must be an integer ≥ {low}, got {v!r}", f"set {key} ≥ {low}")
         if not isinstance(self.heldout_frac, (int, float)) or not 0 < self.heldout_frac < 1:
-            raise ConfigError(f"tinystories: heldout_frac must lie in (0, 1), got {self.heldout_frac!r}",
-                              "e.g. heldout_frac=0.1")
+            raise ConfigError(
+                f"tinystories: heldout_frac must lie in (0, 1), got {self.heldout_frac!r}", "e.g. heldout_frac=0.1"
+            )
         if not isinstance(self.syntax_features, (bool, np.bool_)):
-            raise ConfigError(f"tinystories: syntax_features must be true or false, got {self.syntax_features!r}",
-                              "set syntax_features=True for the 20 tag/label features")
+            raise ConfigError(
+                f"tinystories: syntax_features must be true or false, got {self.syntax_features!r}",
+                "set syntax_features=True for the 20 tag/label features",
+            )
         from . import syntax
+
         self._syntax_cols = syntax.selected_columns(self.syntax_labels)
         if self.annotator not in syntax.ANNOTATORS:
-            raise ConfigError(f"tinystories: unknown syntax annotator {self.annotator!r}",
-                              f"use one of: {', '.join(syntax.ANNOTATORS)}")
+            raise ConfigError(
+                f"tinystories: unknown syntax annotator {self.annotator!r}",
+                f"use one of: {', '.join(syntax.ANNOTATORS)}",
+            )
         self._annotator_obj = None
         if self.syntax_features:
             self._annotator_obj = syntax.get_annotator(self.annotator, spacy_model=self.spacy_model)
             syntax.check_provides(self._annotator_obj, self.syntax_labels)
-        self.files = story_files(self.data_root)        # fails early, naming ORIGINLENS_DATA
+        self.files = story_files(self.data_root)  # fails early, naming ORIGINLENS_DATA
         if not self.syntax_features and not _SYNTAX_NOTED:
             _SYNTAX_NOTED = True
             log(SYNTAX_NOTE, level=1)
@@ -491,9 +563,11 @@ class TinyStoriesTask:
         train = np.flatnonzero(long_enough & ~heldout)
         held = np.flatnonzero(long_enough & heldout)
         if len(train) == 0 or len(held) == 0:
-            raise InputError(f"tinystories: {len(train)} train and {len(held)} held-out stories of ≥ {self.window} "
-                             f"tokens under {self.files[0].parent}",
-                             f"use more stories (point {ENV_VAR} at the full subset) or a shorter window")
+            raise InputError(
+                f"tinystories: {len(train)} train and {len(held)} held-out stories of ≥ {self.window} "
+                f"tokens under {self.files[0].parent}",
+                f"use more stories (point {ENV_VAR} at the full subset) or a shorter window",
+            )
         return train, held
 
     @property
@@ -519,6 +593,7 @@ class TinyStoriesTask:
         if not self.syntax_features:
             return list(FEATURES)
         from .syntax import FEATURE_NAMES
+
         return [FEATURE_NAMES[c] for c in self._syntax_cols] + list(FEATURES)
 
     @property
@@ -529,12 +604,27 @@ class TinyStoriesTask:
     def describe(self) -> dict[str, Any]:
         train, held = self.split
         d = self.data
-        return {"cache": str(d.path), "key": d.manifest["key"], "stories": int(len(d.hashes)),
-                "tokens": int(d.tokens.size), "vocab_size": self.vocab_size, "train_stories": int(len(train)),
-                "heldout_stories": int(len(held)), "skipped_short": int((d.lengths < self.window).sum()),
-                "train_tokens": int(d.lengths[train].sum()), "heldout_tokens": int(d.lengths[held].sum()),
-                **({"syntax_cache": str(self.syntax.path), "annotator": self._annotator_obj.name,
-                    "annotator_version": self._annotator_obj.version} if self.syntax_features else {})}
+        return {
+            "cache": str(d.path),
+            "key": d.manifest["key"],
+            "stories": len(d.hashes),
+            "tokens": int(d.tokens.size),
+            "vocab_size": self.vocab_size,
+            "train_stories": len(train),
+            "heldout_stories": len(held),
+            "skipped_short": int((d.lengths < self.window).sum()),
+            "train_tokens": int(d.lengths[train].sum()),
+            "heldout_tokens": int(d.lengths[held].sum()),
+            **(
+                {
+                    "syntax_cache": str(self.syntax.path),
+                    "annotator": self._annotator_obj.name,
+                    "annotator_version": self._annotator_obj.version,
+                }
+                if self.syntax_features
+                else {}
+            ),
+        }
 
     # -- sampling ----------------------------------------------------------------------------------
     def sample(self, n: int, rng: np.random.Generator) -> TaskBatch:
@@ -546,8 +636,7 @@ class TinyStoriesTask:
         """n windows of the held-out split (same rule), rows sorted by story (then by draw order)."""
         return self._windows(self.split[1], check_n(n), rng, sort=True, split="heldout")
 
-    def _windows(self, stories: np.ndarray, n: int, rng: np.random.Generator, *, sort: bool,
-                 split: str) -> TaskBatch:
+    def _windows(self, stories: np.ndarray, n: int, rng: np.random.Generator, *, sort: bool, split: str) -> TaskBatch:
         d, T = self.data, self.window
         pick = rng.integers(0, len(stories), n)
         u = rng.random(n)
@@ -566,8 +655,11 @@ class TinyStoriesTask:
             features = np.concatenate([syn, features], axis=-1)
         nxt = np.full((n, T), -1, dtype=np.int64)
         nxt[:, :-1] = tokens[:, 1:]
-        return TaskBatch(tokens=tokens, features=features, feature_names=self.feature_names, feature_types=None,
-                         legal=NextTokenLegal(nxt, self.vocab_size),
-                         metadata={"task": self.name, "split": split, "story": story, "offset": offset,
-                                   "story_len": length})
-
+        return TaskBatch(
+            tokens=tokens,
+            features=features,
+            feature_names=self.feature_names,
+            feature_types=None,
+            legal=NextTokenLegal(nxt, self.vocab_size),
+            metadata={"task": self.name, "split": split, "story": story, "offset": offset, "story_len": length},
+        )

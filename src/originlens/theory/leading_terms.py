@@ -21,11 +21,13 @@ statistics or s beyond the window the comparisons are empirical.  The Gaussian-i
 init scale follows our reading of Thm D.12 (std·|V| ≤ η²/T², i.e. ξ = 0), not yet checked against the
 paper's exact statement.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -86,8 +88,8 @@ def error_bounds(s: int, eta: float, seq_len: int, variant: str = "multi") -> di
         cv, cw = 4.0, 6.0
     else:
         raise ConfigError(f"unknown theorem variant '{variant}'", "use 'multi' or 'one_layer'")
-    w = cw * s ** 5 * e ** 5 * T
-    return {"W_O": 3.0 * s ** 2 * e ** 2, "V": cv * s ** 3 * e ** 3, "W": w, "P": w}
+    w = cw * s**5 * e**5 * T
+    return {"W_O": 3.0 * s**2 * e**2, "V": cv * s**3 * e**3, "W": w, "P": w}
 
 
 @dataclass
@@ -123,8 +125,15 @@ class ValidityWindow:
         return error_bounds(s, self.eta, self.seq_len, self.variant)
 
 
-def validity_window(seq_len: int, n_layers: int, eta: float, vocab_size: int, *,
-                    variant: str | None = None, init_std: float | None = None) -> ValidityWindow:
+def validity_window(
+    seq_len: int,
+    n_layers: int,
+    eta: float,
+    vocab_size: int,
+    *,
+    variant: str | None = None,
+    init_std: float | None = None,
+) -> ValidityWindow:
     """Conditions of Thm 4.1/D.9 (``variant="multi"``, default for L ≥ 2) or Thm D.6
     (``"one_layer"``, default for L = 1) and the maximal step count s_max.
 
@@ -137,12 +146,12 @@ def validity_window(seq_len: int, n_layers: int, eta: float, vocab_size: int, *,
     if variant is None:
         variant = "one_layer" if L == 1 else "multi"
     if variant == "multi":
-        cond = {"L <= sqrt(T)/4": L <= math.sqrt(T) / 4, "T >= 60": T >= 60, "|V| >= 500": V >= 500}
+        cond = {"L <= sqrt(T)/4": math.sqrt(T) / 4 >= L, "T >= 60": T >= 60, "|V| >= 500": V >= 500}
         s_max = min(5.0 / (8.0 * math.sqrt(T)), 1.0 / (12.0 * L)) / e
         theorem = "Thm 4.1 / D.9 (zero init)"
     elif variant == "one_layer":
         cond = {"L == 1": L == 1, "T >= 3": T >= 3, "|V| >= 500": V >= 500}
-        s_max = 3.0 / (8.0 * T ** 0.375) / e
+        s_max = 3.0 / (8.0 * T**0.375) / e
         theorem = "Thm D.6 (one layer, zero init)"
     else:
         raise ConfigError(f"unknown theorem variant '{variant}'", "use 'multi' or 'one_layer'")
@@ -150,7 +159,7 @@ def validity_window(seq_len: int, n_layers: int, eta: float, vocab_size: int, *,
     if init_std is not None and init_std > 0:
         cond["T <= |V| (gaussian init)"] = T <= V
         cond["eta >= 1/T (gaussian init)"] = e >= 1.0 / T
-        cond["init_std*|V| <= eta^2/T^2 (gaussian init)"] = init_std * V <= e ** 2 / T ** 2
+        cond["init_std*|V| <= eta^2/T^2 (gaussian init)"] = init_std * V <= e**2 / T**2
         theorem += " + D.12 (gaussian init)"
         notes.append("Gaussian-init scale condition as we read Thm D.12 (ξ = 0); check the paper if it matters")
     return ValidityWindow(T, L, e, V, variant, cond, s_max, int(math.floor(s_max + 1e-12)), theorem, notes)
@@ -227,8 +236,9 @@ def _weights_of(model_or_weights: Any) -> dict[str, np.ndarray]:
     return {k: _f64(v) for k, v in model_or_weights.items()}
 
 
-def compare_to_theory(model_or_weights: Any, stats: Any, s: int, eta: float, *,
-                      variant: str | None = None) -> dict[str, dict[str, float]]:
+def compare_to_theory(
+    model_or_weights: Any, stats: Any, s: int, eta: float, *, variant: str | None = None
+) -> dict[str, dict[str, float]]:
     """Compare trained weights with their leading terms after s steps at learning rate η.
 
     Returns ``{name: {"cos", "norm_ratio", "frob_err", "rel_err", "bound"}}`` for ``W_O`` and each
@@ -241,8 +251,12 @@ def compare_to_theory(model_or_weights: Any, stats: Any, s: int, eta: float, *,
     if "W_O" not in w or L == 0:
         raise InputError("weights need W_O and W.1 … (on-disk names)", "pass AssocModel.weights()")
     pred = predicted_weights(stats, s, eta, L)
-    raw = {"W_O": _stat(stats, "bigram"), "V": _stat(stats, "value_target"),
-           "W": _stat(stats, "query_key"), "P": _stat(stats, "positional")}
+    raw = {
+        "W_O": _stat(stats, "bigram"),
+        "V": _stat(stats, "value_target"),
+        "W": _stat(stats, "query_key"),
+        "P": _stat(stats, "positional"),
+    }
     T = raw["P"].shape[0]
     bounds = error_bounds(s, eta, T, variant or ("one_layer" if L == 1 else "multi"))
     out: dict[str, dict[str, float]] = {}
@@ -251,13 +265,19 @@ def compare_to_theory(model_or_weights: Any, stats: Any, s: int, eta: float, *,
             raise InputError(f"weights lack '{name}'", "pass all weights of the model")
         kind = name.split(".")[0]
         if w[name].shape != p.shape:
-            raise CompatibilityError(f"'{name}' has shape {w[name].shape}, statistics give {p.shape}",
-                                     "compute the statistics with the model's vocabulary and T")
+            raise CompatibilityError(
+                f"'{name}' has shape {w[name].shape}, statistics give {p.shape}",
+                "compute the statistics with the model's vocabulary and T",
+            )
         err = float(np.linalg.norm(w[name] - p))
         npred = float(np.linalg.norm(p))
-        out[name] = {"cos": cosine(w[name], raw[kind]), "norm_ratio": norm_ratio(w[name], p),
-                     "frob_err": err, "rel_err": err / npred if npred > 0 else float("nan"),
-                     "bound": bounds[kind]}
+        out[name] = {
+            "cos": cosine(w[name], raw[kind]),
+            "norm_ratio": norm_ratio(w[name], p),
+            "frob_err": err,
+            "rel_err": err / npred if npred > 0 else float("nan"),
+            "bound": bounds[kind],
+        }
     return out
 
 
@@ -297,7 +317,7 @@ class LeadingTermModel:
         Vt = _stat(stats, "value_target")
         self.stats = stats
         self.bigram = torch.from_numpy(B)
-        self.value_out = torch.from_numpy(Vt @ B)          # Φ̄ᵀB̄ᵀB̄ = Φ̄ᵀΣ_B̄: key token → next-token logits
+        self.value_out = torch.from_numpy(Vt @ B)  # Φ̄ᵀB̄ᵀB̄ = Φ̄ᵀΣ_B̄: key token → next-token logits
         self.query_key = torch.from_numpy(_stat(stats, "query_key"))
         self.positional = torch.from_numpy(_stat(stats, "positional"))
         self.vocab_size = B.shape[0]
@@ -306,8 +326,10 @@ class LeadingTermModel:
     def _check(self, x: Any) -> torch.Tensor:
         x = torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x)
         if x.dim() != 2 or x.shape[1] < 1 or x.shape[1] > self.seq_len:
-            raise InputError(f"inputs must be (N, T') with 1 ≤ T' ≤ {self.seq_len}, got {tuple(x.shape)}",
-                             "pass token windows no longer than the statistics' T")
+            raise InputError(
+                f"inputs must be (N, T') with 1 ≤ T' ≤ {self.seq_len}, got {tuple(x.shape)}",
+                "pass token windows no longer than the statistics' T",
+            )
         if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.vocab_size):
             raise InputError(f"token ids must lie in 0..{self.vocab_size - 1}", "check the vocabulary")
         return x.long()
@@ -315,6 +337,7 @@ class LeadingTermModel:
     def attention(self, inputs: Any) -> torch.Tensor:
         """Leading-term attention pattern (N, T', T') (float64)."""
         from ..models.assoc import _causal_softmax, diag_matrix
+
         x = self._check(inputs)
         T = x.shape[1]
         sc = self.query_key[x[:, :, None], x[:, None, :]] + diag_matrix(self.positional[:T], T)
@@ -334,7 +357,7 @@ class LeadingTermModel:
             raise InputError(f"tokens must be (N, T+1), got {tuple(t.shape)}", "pass token windows")
         total, count = 0.0, 0
         for i in range(0, t.shape[0], batch_size):
-            b = t[i:i + batch_size].long()
+            b = t[i : i + batch_size].long()
             lg = fn(b[:, :-1])
             ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), b[:, 1:].reshape(-1), reduction="sum")
             total += float(ce)
@@ -352,6 +375,7 @@ class LeadingTermModel:
     def as_model(self, n_layers: int, *, dtype: str = "float64"):
         """An :class:`~originlens.models.assoc.AssocModel` holding the predicted weights."""
         from ..models.assoc import AssocConfig, AssocModel
+
         m = AssocModel(AssocConfig(vocab_size=self.vocab_size, seq_len=self.seq_len, n_layers=n_layers, dtype=dtype))
         m.load_weights(predicted_weights(self.stats, self.s, self.eta, n_layers))
         return m

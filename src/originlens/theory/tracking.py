@@ -40,6 +40,7 @@ Caveats: the theorem is for full-batch GD from zero init inside its validity win
 (:func:`~originlens.theory.leading_terms.validity_window`); for SGD runs, first-batch statistics or steps
 beyond the window the comparison is empirical, and the Frobenius bounds are reported only as a reference.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,17 +48,25 @@ import json
 import math
 import re
 import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import CompatibilityError, ConfigError, InputError
-from .leading_terms import (LeadingTermModel, _stat, compare_to_theory, conditional_bigram_loss, cosine,
-                            min_cosines, validity_window)
+from .leading_terms import (
+    LeadingTermModel,
+    _stat,
+    compare_to_theory,
+    conditional_bigram_loss,
+    cosine,
+    min_cosines,
+    validity_window,
+)
 
 # weight kind -> name of its leading-term statistic
 LEADING_TERM = {"W_O": "bigram", "V": "value_target", "W": "query_key", "P": "positional"}
@@ -116,10 +125,13 @@ def load_weights(path: str | Path) -> dict[str, np.ndarray]:
     """Weights (``W_O``, ``W.l``, ``V.l``, ``P.l``) of a checkpoint or ``model.safetensors``."""
     from ..models.assoc import CHECKPOINT_KIND, MODEL_KIND
     from ..storage import load_tensors
+
     arrays, meta = load_tensors(path)
     if meta.get("kind") not in (CHECKPOINT_KIND, MODEL_KIND):
-        raise CompatibilityError(f"{path} holds '{meta.get('kind')}', not AssocModel weights",
-                                 "pass a checkpoint or model.safetensors written by train_assoc")
+        raise CompatibilityError(
+            f"{path} holds '{meta.get('kind')}', not AssocModel weights",
+            "pass a checkpoint or model.safetensors written by train_assoc",
+        )
     w = {k: v for k, v in arrays.items() if k == "W_O" or re.fullmatch(r"[WVP]\.\d+", k)}
     if "W_O" not in w or "W.1" not in w:
         raise CompatibilityError(f"{path} lacks W_O or W.1", "pass a checkpoint written by train_assoc")
@@ -136,7 +148,8 @@ def _check_shapes(weights: Mapping[str, np.ndarray], stats: Any) -> None:
     if B.shape != (V, V) or D.shape != (T,):
         raise CompatibilityError(
             f"statistics are {B.shape[0]}×{B.shape[1]} with T = {D.shape[0]}; the model has |V| = {V}, T = {T}",
-            "use statistics of the run's own corpus (RUN/statistics) without a restricted token set")
+            "use statistics of the run's own corpus (RUN/statistics) without a restricted token set",
+        )
 
 
 def weight_hash(weights: Mapping[str, np.ndarray]) -> str:
@@ -148,10 +161,17 @@ def weight_hash(weights: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
-def track_checkpoints(checkpoints: Iterable[tuple[int, Mapping[str, Any]]], stats: Any, lr: float, *,
-                      steps_per_epoch: int = 1, variant: str | None = None, seq_len: int | None = None,
-                      vocab_size: int | None = None, other_stats: Mapping[str, Any] | None = None
-                      ) -> list[dict[str, Any]]:
+def track_checkpoints(
+    checkpoints: Iterable[tuple[int, Mapping[str, Any]]],
+    stats: Any,
+    lr: float,
+    *,
+    steps_per_epoch: int = 1,
+    variant: str | None = None,
+    seq_len: int | None = None,
+    vocab_size: int | None = None,
+    other_stats: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """Compare every checkpoint with the leading terms.
 
     ``checkpoints``: ``(step s, weights)`` pairs (weights keyed ``W_O``, ``W.l``, ``V.l``, ``P.l``; numpy or
@@ -175,13 +195,20 @@ def track_checkpoints(checkpoints: Iterable[tuple[int, Mapping[str, Any]]], stat
         T = seq_len or w["P.1"].shape[0]
         Vs = vocab_size or w["W_O"].shape[0]
         win = validity_window(T, _n_layers(w), lr, Vs, variant=variant)
-        rec = {"step": int(s), "epoch": int(s) / max(1, int(steps_per_epoch)), "theory": cmp,
-               "min_cos": min_cosines(cmp), "max_cos": mx, "in_window": bool(win.covers(int(s))),
-               "hash": weight_hash(w)}
+        rec = {
+            "step": int(s),
+            "epoch": int(s) / max(1, int(steps_per_epoch)),
+            "theory": cmp,
+            "min_cos": min_cosines(cmp),
+            "max_cos": mx,
+            "in_window": bool(win.covers(int(s))),
+            "hash": weight_hash(w),
+        }
         if others:
             rec["cos_vs"] = {lab: {n: cosine(w[n], lt[_kind(n)]) for n in cmp} for lab, lt in others.items()}
-            rec["min_cos_vs"] = {lab: min_cosines({n: {"cos": c} for n, c in cv.items()})
-                                 for lab, cv in rec["cos_vs"].items()}
+            rec["min_cos_vs"] = {
+                lab: min_cosines({n: {"cos": c} for n, c in cv.items()}) for lab, cv in rec["cos_vs"].items()
+            }
         out.append(rec)
     return out
 
@@ -191,8 +218,7 @@ def min_over_training(records: Sequence[Mapping[str, Any]], other: str | None = 
     zero at the first steps — are skipped; NaN if never defined).  ``other``: use ``min_cos_vs[other]``."""
     out: dict[str, float] = {}
     for kind in LEADING_TERM:
-        vals = [(r["min_cos"] if other is None else r["min_cos_vs"][other]).get(kind, float("nan"))
-                for r in records]
+        vals = [(r["min_cos"] if other is None else r["min_cos_vs"][other]).get(kind, float("nan")) for r in records]
         vals = [v for v in vals if v is not None and math.isfinite(v)]
         out[kind] = min(vals) if vals else float("nan")
     return out
@@ -202,9 +228,14 @@ def min_over_training(records: Sequence[Mapping[str, Any]], other: str | None = 
 # baselines
 
 
-def shared_token_index(vocab_a: Sequence[str] | None, vocab_b: Sequence[str] | None, *,
-                       size_a: int | None = None, size_b: int | None = None,
-                       exclude: Iterable[str] = SPECIAL_TOKENS) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def shared_token_index(
+    vocab_a: Sequence[str] | None,
+    vocab_b: Sequence[str] | None,
+    *,
+    size_a: int | None = None,
+    size_b: int | None = None,
+    exclude: Iterable[str] = SPECIAL_TOKENS,
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Indices ``(ia, ib, tokens)`` with ``vocab_a[ia[k]] == vocab_b[ib[k]] == tokens[k]`` for the tokens
     both vocabularies hold (order of ``vocab_a``), special tokens excluded.
 
@@ -214,10 +245,15 @@ def shared_token_index(vocab_a: Sequence[str] | None, vocab_b: Sequence[str] | N
         if vocab_a is None and vocab_b is None and size_a is not None and size_a == size_b:
             idx = np.arange(int(size_a))
             return idx, idx.copy(), [str(i) for i in idx]
-        raise CompatibilityError("cannot align the null statistics with the run: "
-                                 + ("one side has no vocabulary" if (vocab_a is None) != (vocab_b is None)
-                                    else f"sizes differ ({size_a} vs {size_b}) and there are no vocabularies"),
-                                 "use statistics computed from a corpus directory (they carry vocab.json)")
+        raise CompatibilityError(
+            "cannot align the null statistics with the run: "
+            + (
+                "one side has no vocabulary"
+                if (vocab_a is None) != (vocab_b is None)
+                else f"sizes differ ({size_a} vs {size_b}) and there are no vocabularies"
+            ),
+            "use statistics computed from a corpus directory (they carry vocab.json)",
+        )
     skip = set(exclude)
     pos_b = {t: i for i, t in enumerate(vocab_b)}
     ia, ib, toks = [], [], []
@@ -245,10 +281,10 @@ def cooccurrence_counts(tokens: Any, vocab_size: int, kind: str, *, chunk: int =
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= V):
         raise InputError(f"token ids outside 0..{V - 1}", "pass the right vocab_size")
     T = arr.shape[1] - 1
-    t_idx, m_idx = np.tril_indices(T)                    # pairs (t, m) with m ≤ t
+    t_idx, m_idx = np.tril_indices(T)  # pairs (t, m) with m ≤ t
     counts = np.zeros(V * V, dtype=np.int64)
     for s in range(0, arr.shape[0], chunk):
-        c = np.asarray(arr[s:s + chunk], dtype=np.int64)
+        c = np.asarray(arr[s : s + chunk], dtype=np.int64)
         x, y = c[:, :-1], c[:, 1:]
         if kind == "bigram":
             flat = x * V + y
@@ -285,25 +321,33 @@ def random_cosine(shape: tuple[int, ...], other: np.ndarray, seed: int = 0) -> f
     return cosine(g, other)
 
 
-def baseline_cosines(weights: Mapping[str, Any], stats: Any, *, vocab: Sequence[str] | None = None,
-                     null_stats: Any = None, null_vocab: Sequence[str] | None = None,
-                     same_corpus_stats: Any = None, pmi: Mapping[str, np.ndarray] | None = None,
-                     seed: int = 0) -> dict[str, dict[str, Any]]:
+def baseline_cosines(
+    weights: Mapping[str, Any],
+    stats: Any,
+    *,
+    vocab: Sequence[str] | None = None,
+    null_stats: Any = None,
+    null_vocab: Sequence[str] | None = None,
+    same_corpus_stats: Any = None,
+    pmi: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
     """Per weight: cosine with its leading term next to the null baselines (see module docstring).
 
     Keys per weight name: ``leading_term``; ``null_corpus`` and ``leading_term_shared`` (both on the shared
     tokens) and ``n_shared``; ``same_corpus``; ``pmi``; ``random``.  Missing inputs give no key.
     """
-    w = {k: (v.detach().cpu().numpy() if torch.is_tensor(v) else np.asarray(v, dtype=np.float64))
-         for k, v in weights.items()}
+    w = {
+        k: (v.detach().cpu().numpy() if torch.is_tensor(v) else np.asarray(v, dtype=np.float64))
+        for k, v in weights.items()
+    }
     _check_shapes(w, stats)
     lt = leading_terms(stats)
     null_lt = leading_terms(null_stats) if null_stats is not None else None
     same_lt = leading_terms(same_corpus_stats) if same_corpus_stats is not None else None
     ia = ib = None
     if null_lt is not None:
-        ia, ib, _ = shared_token_index(vocab, null_vocab, size_a=lt["W_O"].shape[0],
-                                       size_b=null_lt["W_O"].shape[0])
+        ia, ib, _ = shared_token_index(vocab, null_vocab, size_a=lt["W_O"].shape[0], size_b=null_lt["W_O"].shape[0])
     out: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(sorted(w, key=_order_key)):
         k = _kind(name)
@@ -319,7 +363,7 @@ def baseline_cosines(weights: Mapping[str, Any], stats: Any, *, vocab: Sequence[
                 sub = M[np.ix_(ia, ia)]
                 rec["null_corpus"] = cosine(sub, null_lt[k][np.ix_(ib, ib)])
                 rec["leading_term_shared"] = cosine(sub, lt[k][np.ix_(ia, ia)])
-                rec["n_shared"] = int(len(ia))
+                rec["n_shared"] = len(ia)
         if same_lt is not None:
             rec["same_corpus"] = cosine(M, same_lt[k])
         if pmi is not None and k in PMI_KIND and PMI_KIND[k] in pmi:
@@ -350,10 +394,9 @@ def mean_loss(model: Any, tokens: Any, *, batch_size: int = 256) -> float:
     dev = next(model.parameters()).device
     with torch.no_grad():
         for s in range(0, arr.shape[0], int(batch_size)):
-            b = torch.from_numpy(np.asarray(arr[s:s + batch_size], dtype=np.int64)).to(dev)
+            b = torch.from_numpy(np.asarray(arr[s : s + batch_size], dtype=np.int64)).to(dev)
             logits = model(b[:, :-1])
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), b[:, 1:].reshape(-1),
-                                 reduction="sum")
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), b[:, 1:].reshape(-1), reduction="sum")
             total += float(ce)
             count += b[:, 1:].numel()
     return total / count
@@ -369,8 +412,9 @@ def project_out(M: Any, T: Any) -> np.ndarray:
     return M.copy() if tt == 0 else M - (float(np.vdot(M, T)) / tt) * T
 
 
-def intervention_losses(model: Any, stats: Any, tokens: Any, *, names: Sequence[str] | None = None,
-                        batch_size: int = 256) -> dict[str, Any]:
+def intervention_losses(
+    model: Any, stats: Any, tokens: Any, *, names: Sequence[str] | None = None, batch_size: int = 256
+) -> dict[str, Any]:
     """Table 3: for one weight at a time, remove its projection onto its leading term and recompute the
     mean cross-entropy on ``tokens`` (the model is restored afterwards).
 
@@ -395,8 +439,11 @@ def intervention_losses(model: Any, stats: Any, tokens: Any, *, names: Sequence[
         try:
             loss = mean_loss(model, tokens, batch_size=batch_size)
             resid = p.detach().cpu().numpy().astype(np.float64)
-            rcos = float(np.vdot(resid, T) / (np.linalg.norm(resid) * math.sqrt(tt))) if tt > 0 and \
-                np.linalg.norm(resid) > 0 else float("nan")
+            rcos = (
+                float(np.vdot(resid, T) / (np.linalg.norm(resid) * math.sqrt(tt)))
+                if tt > 0 and np.linalg.norm(resid) > 0
+                else float("nan")
+            )
         finally:
             with torch.no_grad():
                 p.copy_(keep)
@@ -404,8 +451,9 @@ def intervention_losses(model: Any, stats: Any, tokens: Any, *, names: Sequence[
     return out
 
 
-def heldout_losses(model: Any, stats: Any, s: int, lr: float, eval_tokens: Any, train_tokens: Any, *,
-                   batch_size: int = 256) -> dict[str, float]:
+def heldout_losses(
+    model: Any, stats: Any, s: int, lr: float, eval_tokens: Any, train_tokens: Any, *, batch_size: int = 256
+) -> dict[str, float]:
     """Mean cross-entropy on ``eval_tokens`` of: the trained model; the leading-term model of Eq. 12 with
     the scalars of step s (``leading_term_eq12``, L_eff = 1 as printed) and with the predicted weights in a
     full L-layer model (``leading_term_full``); its residual-only bigram path c_O·X B̄ (``bigram_path``);
@@ -413,13 +461,16 @@ def heldout_losses(model: Any, stats: Any, s: int, lr: float, eval_tokens: Any, 
     V = int(model.vocab_size)
     lt = LeadingTermModel(stats, int(s), float(lr))
     ev = np.asarray(eval_tokens, dtype=np.int64)
-    return {"trained": mean_loss(model, ev, batch_size=batch_size),
-            "leading_term_eq12": lt.loss(ev, batch_size=batch_size),
-            "leading_term_full": mean_loss(lt.as_model(model.n_layers).to(next(model.parameters()).device), ev,
-                                           batch_size=batch_size),
-            "bigram_path": lt.bigram_loss(ev, batch_size=batch_size),
-            "conditional_bigram": conditional_bigram_loss(np.asarray(train_tokens), ev, V, k=1.0),
-            "uniform": math.log(V)}
+    return {
+        "trained": mean_loss(model, ev, batch_size=batch_size),
+        "leading_term_eq12": lt.loss(ev, batch_size=batch_size),
+        "leading_term_full": mean_loss(
+            lt.as_model(model.n_layers).to(next(model.parameters()).device), ev, batch_size=batch_size
+        ),
+        "bigram_path": lt.bigram_loss(ev, batch_size=batch_size),
+        "conditional_bigram": conditional_bigram_loss(np.asarray(train_tokens), ev, V, k=1.0),
+        "uniform": math.log(V),
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -437,17 +488,22 @@ def top_row(M: np.ndarray, i: int, vocab: Sequence[str], k: int, *, exclude: Ite
     return [[vocab[j], float(v[j])] for j in top]
 
 
-def example_associations(stats: Any, weights: Mapping[str, Any], vocab: Sequence[str] | None,
-                         words: Sequence[str], k: int = 10) -> dict[str, dict[str, list]]:
+def example_associations(
+    stats: Any, weights: Mapping[str, Any], vocab: Sequence[str] | None, words: Sequence[str], k: int = 10
+) -> dict[str, dict[str, list]]:
     """Top-k row entries of each example word under B̄, Σ_B̄, Φ̄ (statistics) and under the learned W_O and
     V.1 next to their leading terms B̄ and Φ̄ᵀB̄ᵀ.  Words outside the vocabulary are skipped."""
     if vocab is None:
         return {}
     pos = {t: i for i, t in enumerate(vocab)}
     specials = [pos[t] for t in SPECIAL_TOKENS if t in pos]
-    mats = {"bigram B̄": _stat(stats, "bigram"), "interchangeability Σ_B̄": _stat(stats, "interchangeability"),
-            "context Φ̄": _stat(stats, "context"), "value target Φ̄ᵀB̄ᵀ": _stat(stats, "value_target"),
-            "learned W_O": np.asarray(weights["W_O"], dtype=np.float64)}
+    mats = {
+        "bigram B̄": _stat(stats, "bigram"),
+        "interchangeability Σ_B̄": _stat(stats, "interchangeability"),
+        "context Φ̄": _stat(stats, "context"),
+        "value target Φ̄ᵀB̄ᵀ": _stat(stats, "value_target"),
+        "learned W_O": np.asarray(weights["W_O"], dtype=np.float64),
+    }
     if "V.1" in weights:
         mats["learned V.1"] = np.asarray(weights["V.1"], dtype=np.float64)
     out: dict[str, dict[str, list]] = {}
@@ -536,10 +592,13 @@ def load_run(run_dir: str | Path, *, stats: Any = None, data: str | Path | None 
     from ..runs import RunDir
     from ..stats import load_statistics
     from ..storage import read_json
+
     p = Path(run_dir)
     if not (p / "config.json").is_file():
-        raise InputError(f"{p} is not a training run (no config.json)", "pass a directory written by "
-                         "`originlens assoc train --out RUN`")
+        raise InputError(
+            f"{p} is not a training run (no config.json)",
+            "pass a directory written by `originlens assoc train --out RUN`",
+        )
     cfg = read_json(p / "config.json")
     if not isinstance(cfg, dict) or "identity" not in cfg or "config" not in cfg:
         raise InputError(f"{p / 'config.json'} is not an assoc training config", "pass an assoc run directory")
@@ -550,8 +609,10 @@ def load_run(run_dir: str | Path, *, stats: Any = None, data: str | Path | None 
         if (p / "statistics" / "manifest.json").is_file():
             manifest = read_json(p / "statistics" / "manifest.json")
     elif stats is None and not (p / "data" / "train.npy").is_file() and data is None:
-        raise InputError(f"{p} has no statistics/ and no data/ (trained with --stats none or from Python)",
-                         "pass --stats DIR with statistics of this run's corpus, or --data CORPUS")
+        raise InputError(
+            f"{p} has no statistics/ and no data/ (trained with --stats none or from Python)",
+            "pass --stats DIR with statistics of this run's corpus, or --data CORPUS",
+        )
     elif isinstance(stats, (str, Path)):
         stats = load_statistics(stats)
         manifest = {"source": "given (report --stats)", "windows": "given"}
@@ -559,6 +620,7 @@ def load_run(run_dir: str | Path, *, stats: Any = None, data: str | Path | None 
     note = ""
     if data is not None:
         from ..data import load_token_array
+
         toks, vocab, _ = load_token_array(data, int(cfg["identity"]["vocab_size"]))
         train = np.asarray(toks)
         note = f"windows from {data} (all treated as training windows)"
@@ -570,13 +632,17 @@ def load_run(run_dir: str | Path, *, stats: Any = None, data: str | Path | None 
         if (p / "data" / "vocab.json").is_file():
             vocab = read_json(p / "data" / "vocab.json")
         note = "windows saved by `originlens assoc train` (RUN/data)"
-    if stats is None:        # --stats none at training time: full statistics of the training windows
+    if stats is None:  # --stats none at training time: full statistics of the training windows
         from ..stats import corpus_statistics
+
         if train is None:
             raise InputError(f"{p} has no statistics/", "pass --stats DIR or --data CORPUS")
         stats = corpus_statistics(train, int(cfg["identity"]["vocab_size"]), vocab=vocab)
-        manifest = {"source": "full (computed by the report: the run has no statistics/)", "windows": "all",
-                    "n_windows": int(train.shape[0])}
+        manifest = {
+            "source": "full (computed by the report: the run has no statistics/)",
+            "windows": "all",
+            "n_windows": int(train.shape[0]),
+        }
     _check_run_statistics(p, stats, cfg, vocab)
     if vocab is None and getattr(stats, "vocab", None) is not None and stats.size == stats.vocab_size:
         vocab = list(stats.vocab)
@@ -594,8 +660,10 @@ def _check_run_statistics(path: Path, stats: Any, cfg: Mapping[str, Any], vocab:
     B, D = _stat(stats, "bigram"), _stat(stats, "positional")
     fix = "pass statistics of this run's own corpus (RUN/statistics), computed without --top-k"
     if B.shape != (V, V) or D.shape != (T,):
-        raise CompatibilityError(f"statistics are {B.shape[0]}×{B.shape[1]} with T = {D.shape[0]}; the run {path} "
-                                 f"has |V| = {V}, T = {T}", fix)
+        raise CompatibilityError(
+            f"statistics are {B.shape[0]}×{B.shape[1]} with T = {D.shape[0]}; the run {path} has |V| = {V}, T = {T}",
+            fix,
+        )
     if getattr(stats, "token_ids", None) is not None:
         raise CompatibilityError("the statistics are restricted to a token subset", fix)
     sv = getattr(stats, "vocab", None)
@@ -615,7 +683,7 @@ def _stats_windows(run: RunData) -> np.ndarray | None:
     w = run.stats_manifest.get("windows")
     if run.train_tokens is None:
         return None
-    if w is None or isinstance(w, str):      # "all", or "given" statistics (source unknown: use all)
+    if w is None or isinstance(w, str):  # "all", or "given" statistics (source unknown: use all)
         return np.arange(run.train_tokens.shape[0])
     return np.asarray(w, dtype=np.int64)
 
@@ -644,31 +712,40 @@ def same_corpus_sample(run: RunData, n_max: int) -> tuple[np.ndarray | None, str
     return np.concatenate(parts), " + ".join(src)
 
 
-def resolve_null_statistics(spec: str | Path, seq_len: int, *, windows: int = 2048, seed: int = 0
-                            ) -> tuple[Any, list[str] | None, str]:
+def resolve_null_statistics(
+    spec: str | Path, seq_len: int, *, windows: int = 2048, seed: int = 0
+) -> tuple[Any, list[str] | None, str]:
     """Null-corpus statistics from ``spec``: ``"storyworld"`` (a generated corpus, |V| = 500), a statistics
     directory / ``statistics.safetensors``, a corpus directory or an .npy token file (first ``windows``
     windows; longer windows are cut to T+1 tokens).  Returns ``(stats, vocab, description)``."""
     import tempfile
+
     from ..data import build_corpus, is_corpus_dir, load_token_array
     from ..stats import corpus_statistics, load_statistics
+
     spec_s = str(spec)
     if spec_s == "storyworld":
         with tempfile.TemporaryDirectory() as tmp:
-            store = build_corpus(None, Path(tmp) / "c", storyworld_stories=2000, seed=seed, vocab_size=500,
-                                 seq_len=seq_len)
+            store = build_corpus(
+                None, Path(tmp) / "c", storyworld_stories=2000, seed=seed, vocab_size=500, seq_len=seq_len
+            )
             toks = np.asarray(store.tokens[:windows])
             vocab = list(store.vocab)
         st = corpus_statistics(toks, len(vocab), vocab=vocab)
-        return st, vocab, f"storyworld (2000 generated stories, seed {seed}, |V| = {len(vocab)}, " \
-                          f"{toks.shape[0]} windows)"
+        return (
+            st,
+            vocab,
+            f"storyworld (2000 generated stories, seed {seed}, |V| = {len(vocab)}, {toks.shape[0]} windows)",
+        )
     p = Path(spec_s)
     if (p.is_dir() and (p / "statistics.safetensors").is_file()) or p.suffix == ".safetensors":
         st = load_statistics(p)
         return st, (list(st.vocab) if st.vocab is not None else None), f"statistics {p}"
     if p.is_dir() and not is_corpus_dir(p):
-        raise InputError(f"{p} is neither a statistics nor a corpus directory",
-                         "pass --null-corpus storyworld, a corpus directory or a statistics directory")
+        raise InputError(
+            f"{p} is neither a statistics nor a corpus directory",
+            "pass --null-corpus storyworld, a corpus directory or a statistics directory",
+        )
     toks, vocab, manifest = load_token_array(p)
     toks = np.asarray(toks[:windows])
     if toks.shape[1] > seq_len + 1:
@@ -683,6 +760,7 @@ def _final_weights(run: RunData) -> tuple[int, dict[str, np.ndarray], Path]:
     final = run.path / "model.safetensors"
     if final.is_file():
         from ..storage import load_tensors
+
         _, meta = load_tensors(final)
         s = int(json.loads(meta.get("step", "0"))) if meta.get("step") else (ck[-1][0] if ck else 0)
         return s, load_weights(final), final
@@ -691,12 +769,14 @@ def _final_weights(run: RunData) -> tuple[int, dict[str, np.ndarray], Path]:
     return ck[-1][0], load_weights(ck[-1][1]), ck[-1][1]
 
 
-def analyse_run(run: RunData, cfg: AnalysisConfig | None = None, *, null: tuple[Any, Any, str] | None = None
-                ) -> dict[str, Any]:
+def analyse_run(
+    run: RunData, cfg: AnalysisConfig | None = None, *, null: tuple[Any, Any, str] | None = None
+) -> dict[str, Any]:
     """Everything the report shows, as one JSON-able dict (NaN → None).  ``null`` = the output of
     :func:`resolve_null_statistics` (optional)."""
     from ..models.assoc import AssocConfig, AssocModel
     from ..stats import corpus_statistics
+
     cfg = cfg or AnalysisConfig()
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -704,22 +784,42 @@ def analyse_run(run: RunData, cfg: AnalysisConfig | None = None, *, null: tuple[
     c = run.config["config"]
     optimizer = run.config.get("optimizer", "sgd" if c.get("batch_size") else "gd")
     win = validity_window(run.seq_len, run.n_layers, run.lr, run.vocab_size)
-    info = {"path": str(run.path), "optimizer": optimizer, "lr": run.lr, "n_layers": run.n_layers,
-            "vocab_size": run.vocab_size, "seq_len": run.seq_len, "batch_size": c.get("batch_size"),
-            "init": c.get("init"), "init_std": c.get("init_std"), "dtype": c.get("dtype"),
-            "n_sequences": run.config["identity"].get("n_sequences"),
-            "steps_per_epoch": run.steps_per_epoch, "total_steps": run.config.get("total_steps"),
-            "stats_source": run.stats_manifest.get("source", "given"),
-            "stats_windows": (run.stats_manifest.get("n_windows")),
-            "data": run.data_note,
-            "theory_note": ("theory: full-batch GD from zero init; this run uses "
-                            + ("full-batch GD" if optimizer == "gd" else "minibatch SGD (empirical comparison)")
-                            + ("" if c.get("init") == "zero" else f", {c.get('init')} init"))}
-    window = {"conditions": win.conditions, "holds": win.holds, "s_max": win.s_max, "steps": win.steps,
-              "theorem": win.theorem}
+    info = {
+        "path": str(run.path),
+        "optimizer": optimizer,
+        "lr": run.lr,
+        "n_layers": run.n_layers,
+        "vocab_size": run.vocab_size,
+        "seq_len": run.seq_len,
+        "batch_size": c.get("batch_size"),
+        "init": c.get("init"),
+        "init_std": c.get("init_std"),
+        "dtype": c.get("dtype"),
+        "n_sequences": run.config["identity"].get("n_sequences"),
+        "steps_per_epoch": run.steps_per_epoch,
+        "total_steps": run.config.get("total_steps"),
+        "stats_source": run.stats_manifest.get("source", "given"),
+        "stats_windows": (run.stats_manifest.get("n_windows")),
+        "data": run.data_note,
+        "theory_note": (
+            "theory: full-batch GD from zero init; this run uses "
+            + ("full-batch GD" if optimizer == "gd" else "minibatch SGD (empirical comparison)")
+            + ("" if c.get("init") == "zero" else f", {c.get('init')} init")
+        ),
+    }
+    window = {
+        "conditions": win.conditions,
+        "holds": win.holds,
+        "s_max": win.s_max,
+        "steps": win.steps,
+        "theorem": win.theorem,
+    }
 
-    losses = [[int(r["step"]), float(r.get("epoch", r["step"] / run.steps_per_epoch)), r.get("loss")]
-              for r in run.metrics if r.get("event") == "step"]
+    losses = [
+        [int(r["step"]), float(r.get("epoch", r["step"] / run.steps_per_epoch)), r.get("loss")]
+        for r in run.metrics
+        if r.get("event") == "step"
+    ]
 
     # -- tracking over checkpoints
     ck = checkpoint_files(run.path)
@@ -732,11 +832,17 @@ def analyse_run(run: RunData, cfg: AnalysisConfig | None = None, *, null: tuple[
 
     other = None
     used = _stats_windows(run)
-    if cfg.full_stats and run.train_tokens is not None and used is not None and \
-            len(used) < run.train_tokens.shape[0]:
+    if cfg.full_stats and run.train_tokens is not None and used is not None and len(used) < run.train_tokens.shape[0]:
         other = {"full_train": corpus_statistics(run.train_tokens, run.vocab_size)}
-    records = track_checkpoints(gen(), run.stats, run.lr, steps_per_epoch=run.steps_per_epoch,
-                                seq_len=run.seq_len, vocab_size=run.vocab_size, other_stats=other)
+    records = track_checkpoints(
+        gen(),
+        run.stats,
+        run.lr,
+        steps_per_epoch=run.steps_per_epoch,
+        seq_len=run.seq_len,
+        vocab_size=run.vocab_size,
+        other_stats=other,
+    )
     dups = [[a["step"], b["step"]] for a, b in zip(records, records[1:]) if a["hash"] == b["hash"]]
     if dups:
         warnings.append(f"consecutive checkpoints with identical weights: {dups} (mislabelled or duplicated?)")
@@ -744,8 +850,12 @@ def analyse_run(run: RunData, cfg: AnalysisConfig | None = None, *, null: tuple[
 
     s_final, w_final, final_path = _final_weights(run)
     from ..devices import resolve_device
-    model = AssocModel(AssocConfig(vocab_size=run.vocab_size, seq_len=run.seq_len, n_layers=run.n_layers,
-                                   dtype=c.get("dtype", "float32"))).to(resolve_device(cfg.device))
+
+    model = AssocModel(
+        AssocConfig(
+            vocab_size=run.vocab_size, seq_len=run.seq_len, n_layers=run.n_layers, dtype=c.get("dtype", "float32")
+        )
+    ).to(resolve_device(cfg.device))
     model.load_weights(w_final)
 
     # -- baselines on the final weights
@@ -769,20 +879,34 @@ def analyse_run(run: RunData, cfg: AnalysisConfig | None = None, *, null: tuple[
     if null is not None:
         null_st, null_vocab, desc = null
         base_notes.append(f"null corpus: {desc}")
-    baselines = baseline_cosines(w_final, run.stats, vocab=run.vocab, null_stats=null_st, null_vocab=null_vocab,
-                                 same_corpus_stats=same_st, pmi=pmi, seed=cfg.seed)
+    baselines = baseline_cosines(
+        w_final,
+        run.stats,
+        vocab=run.vocab,
+        null_stats=null_st,
+        null_vocab=null_vocab,
+        same_corpus_stats=same_st,
+        pmi=pmi,
+        seed=cfg.seed,
+    )
     timings["baselines_s"] = time.perf_counter() - t1
 
     # -- causal intervention
     interv = None
     if cfg.intervention and run.train_tokens is not None:
         t1 = time.perf_counter()
-        n = run.train_tokens.shape[0] if cfg.eval_windows in (0, None) else min(cfg.eval_windows,
-                                                                                 run.train_tokens.shape[0])
+        n = (
+            run.train_tokens.shape[0]
+            if cfg.eval_windows in (0, None)
+            else min(cfg.eval_windows, run.train_tokens.shape[0])
+        )
         interv = intervention_losses(model, run.stats, run.train_tokens[:n], batch_size=cfg.batch_size)
         interv["windows"] = int(n)
-        interv["source"] = (f"first {n} of {run.train_tokens.shape[0]} training windows (unshuffled)"
-                            if n < run.train_tokens.shape[0] else "all training windows (unshuffled)")
+        interv["source"] = (
+            f"first {n} of {run.train_tokens.shape[0]} training windows (unshuffled)"
+            if n < run.train_tokens.shape[0]
+            else "all training windows (unshuffled)"
+        )
         timings["intervention_s"] = time.perf_counter() - t1
     elif cfg.intervention:
         warnings.append("no token windows: intervention skipped (pass --data)")
@@ -806,15 +930,29 @@ def analyse_run(run: RunData, cfg: AnalysisConfig | None = None, *, null: tuple[
     if missing:
         warnings.append(f"example words not in the vocabulary: {', '.join(missing)}")
     timings["total_s"] = time.perf_counter() - t0
-    return _finite_or_none({
-        "run": info, "validity_window": window, "loss_curve": losses, "checkpoints": records,
-        "min_cosine_over_training": min_over_training(records),
-        "min_cosine_over_training_full_train": min_over_training(records, "full_train") if other else None,
-        "final": {"step": s_final, "path": str(final_path), "theory": records[-1]["theory"]
-                  if records[-1]["step"] == s_final else compare_to_theory(w_final, run.stats, s_final, run.lr)},
-        "baselines": {"step": s_final, "per_weight": baselines, "notes": base_notes},
-        "intervention": interv, "heldout": held, "examples": examples, "warnings": warnings,
-        "timings": timings})
+    return _finite_or_none(
+        {
+            "run": info,
+            "validity_window": window,
+            "loss_curve": losses,
+            "checkpoints": records,
+            "min_cosine_over_training": min_over_training(records),
+            "min_cosine_over_training_full_train": min_over_training(records, "full_train") if other else None,
+            "final": {
+                "step": s_final,
+                "path": str(final_path),
+                "theory": records[-1]["theory"]
+                if records[-1]["step"] == s_final
+                else compare_to_theory(w_final, run.stats, s_final, run.lr),
+            },
+            "baselines": {"step": s_final, "per_weight": baselines, "notes": base_notes},
+            "intervention": interv,
+            "heldout": held,
+            "examples": examples,
+            "warnings": warnings,
+            "timings": timings,
+        }
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -844,7 +982,7 @@ def cosine_figure(results: Mapping[str, Any], plt: Any):
         ax.plot(x, lo, color=col, lw=1.2, label=f"{KIND_LABEL[kind]} vs {TARGET_LABEL[kind]}")
         ax.plot(x, hi, color=col, lw=0.8)
     lows = [v for kind in ("W", "V", "W_O") for v in _band(recs, kind)[0] if np.isfinite(v)]
-    ax.set_ylim(min(0.0, min(lows, default=0.0) - 0.05), 1.02)   # 0–1 as in the paper unless a cosine is < 0
+    ax.set_ylim(min(0.0, min(lows, default=0.0) - 0.05), 1.02)  # 0–1 as in the paper unless a cosine is < 0
     ax.set_xlabel("epoch" if sgd else "step")
     ax.set_ylabel("cosine similarity")
     ax.legend(loc="lower left")
@@ -903,71 +1041,125 @@ def _s(v: Any, fmt: str = ".6f") -> str:
 def build_report(results: Mapping[str, Any]):
     """A :class:`~originlens.report.Report` of :func:`analyse_run`'s results."""
     from ..report import Report, setup_matplotlib
+
     plt = setup_matplotlib()
     r = results["run"]
     rep = Report(f"Leading terms over training — {Path(r['path']).name}")
     rep.section("Run")
     rep.table(["setting", "value"], [[k, _f(v)] for k, v in r.items()])
     w = results["validity_window"]
-    rep.text(f"Theorem window ({w['theorem']}): conditions {'hold' if w['holds'] else 'do NOT hold'} "
-             f"({', '.join(f'{k}: {v}' for k, v in w['conditions'].items())}); guarantees cover s ≤ "
-             f"{w['s_max']:.2f} steps at η = {r['lr']}. Coefficients use the checkpoint's step count s. "
-             + r["theory_note"] + ".")
+    rep.text(
+        f"Theorem window ({w['theorem']}): conditions {'hold' if w['holds'] else 'do NOT hold'} "
+        f"({', '.join(f'{k}: {v}' for k, v in w['conditions'].items())}); guarantees cover s ≤ "
+        f"{w['s_max']:.2f} steps at η = {r['lr']}. Coefficients use the checkpoint's step count s. "
+        + r["theory_note"]
+        + "."
+    )
     for msg in results.get("warnings", []):
         rep.text("Warning: " + msg)
     rep.section("Cosine with the leading terms over training (paper Figure 4)")
-    rep.figure(cosine_figure(results, plt), "Cosine of each learned matrix with its leading term; bands span "
-               "the layers (attention W vs Q̄ red, value V vs Φ̄ᵀB̄ᵀ blue, output W_O vs B̄ green).", "cosines.png")
+    rep.figure(
+        cosine_figure(results, plt),
+        "Cosine of each learned matrix with its leading term; bands span "
+        "the layers (attention W vs Q̄ red, value V vs Φ̄ᵀB̄ᵀ blue, output W_O vs B̄ green).",
+        "cosines.png",
+    )
     m = results["min_cosine_over_training"]
     mf = results.get("min_cosine_over_training_full_train")
     rows = [[KIND_LABEL[k], _s(m.get(k))] + ([_s(mf.get(k))] if mf else []) for k in ("W", "V", "W_O", "P")]
-    rep.table(["weight", f"min cosine, targets: {r['stats_source']}"]
-              + (["min cosine, targets: all training windows"] if mf else []), rows,
-              caption="Table 1 analogue: minimum over checkpoints and layers (paper, η = 0.005, 100 epochs, "
-              "first-batch targets: W 0.999496, V 0.999169, W_O 0.998486).")
-    rep.figure(extra_figure(results, plt), "Left: positional bias P vs Δ. Right: norm of each weight over the "
-               "norm of its scaled leading term (1 = the theorem's scale).", "position-and-norms.png")
+    rep.table(
+        ["weight", f"min cosine, targets: {r['stats_source']}"]
+        + (["min cosine, targets: all training windows"] if mf else []),
+        rows,
+        caption="Table 1 analogue: minimum over checkpoints and layers (paper, η = 0.005, 100 epochs, "
+        "first-batch targets: W 0.999496, V 0.999169, W_O 0.998486).",
+    )
+    rep.figure(
+        extra_figure(results, plt),
+        "Left: positional bias P vs Δ. Right: norm of each weight over the "
+        "norm of its scaled leading term (1 = the theorem's scale).",
+        "position-and-norms.png",
+    )
     rep.section("Loss")
     rep.figure(loss_figure(results, plt), "Training loss (batch loss before each step) with ln|V|.", "loss.png")
     fin = results["final"]
-    rows = [[n, _s(v["cos"]), _s(v["norm_ratio"], ".4f"), _s(v["frob_err"], ".3e"), _s(v["rel_err"], ".4f"),
-             _s(v["bound"], ".3e")]
-            for n, v in fin["theory"].items()]
+    rows = [
+        [
+            n,
+            _s(v["cos"]),
+            _s(v["norm_ratio"], ".4f"),
+            _s(v["frob_err"], ".3e"),
+            _s(v["rel_err"], ".4f"),
+            _s(v["bound"], ".3e"),
+        ]
+        for n, v in fin["theory"].items()
+    ]
     rep.section(f"Final weights (step {fin['step']})")
-    rep.table(["weight", "cosine", "norm ratio", "‖M − predicted‖", "relative error", "theorem bound"], rows,
-              caption="predicted = theorem's scaled target (sη B̄, C(s,2)η² Φ̄ᵀB̄ᵀ, (3C(s,4)+2C(s,3))η⁴ Q̄ / Δ).")
+    rep.table(
+        ["weight", "cosine", "norm ratio", "‖M − predicted‖", "relative error", "theorem bound"],
+        rows,
+        caption="predicted = theorem's scaled target (sη B̄, C(s,2)η² Φ̄ᵀB̄ᵀ, (3C(s,4)+2C(s,3))η⁴ Q̄ / Δ).",
+    )
     b = results["baselines"]
     cols = ["leading_term", "leading_term_shared", "null_corpus", "same_corpus", "pmi", "random"]
     rep.section("Null baselines (final weights)")
-    rep.table(["weight", "leading term", "leading term (shared tokens)", "unrelated corpus (shared tokens)",
-               "same corpus, disjoint windows", "raw PMI", "random Gaussian"],
-              [[n] + [_s(v.get(cn), ".4f") for cn in cols] for n, v in b["per_weight"].items()],
-              caption="; ".join(b["notes"]) + ". PMI: W_O vs PMI(x_t, x_{t+1}); V vs PMI(prefix x_m, target "
-              "x_{t+1}); W vs PMI(query x_t, key x_m).")
+    rep.table(
+        [
+            "weight",
+            "leading term",
+            "leading term (shared tokens)",
+            "unrelated corpus (shared tokens)",
+            "same corpus, disjoint windows",
+            "raw PMI",
+            "random Gaussian",
+        ],
+        [[n] + [_s(v.get(cn), ".4f") for cn in cols] for n, v in b["per_weight"].items()],
+        caption="; ".join(b["notes"]) + ". PMI: W_O vs PMI(x_t, x_{t+1}); V vs PMI(prefix x_m, target "
+        "x_{t+1}); W vs PMI(query x_t, key x_m).",
+    )
     it = results.get("intervention")
     if it:
         rep.section("Causal intervention (paper Table 3)")
         rows = [["original", _s(it["original"]), "", "", ""]]
-        rows += [[n, _s(v["loss"]), _s(v["delta"], "+.3e"), _s(v["coef"], ".4g"), _s(v["residual_cos"], ".1e")]
-                 for n, v in it["losses"].items()]
-        rep.table(["weights", "loss", "Δ loss", "removed ⟨M,T⟩/‖T‖²", "cos(M', T) after"], rows,
-                  caption=f"Projection onto the leading term removed, one weight at a time; loss on {it['source']}. "
-                  "Paper (η = 0.05): original 5.349, W 5.350/5.352/5.361, V 6.192/6.526/6.520, W_O 8.287.")
+        rows += [
+            [n, _s(v["loss"]), _s(v["delta"], "+.3e"), _s(v["coef"], ".4g"), _s(v["residual_cos"], ".1e")]
+            for n, v in it["losses"].items()
+        ]
+        rep.table(
+            ["weights", "loss", "Δ loss", "removed ⟨M,T⟩/‖T‖²", "cos(M', T) after"],
+            rows,
+            caption=f"Projection onto the leading term removed, one weight at a time; loss on {it['source']}. "
+            "Paper (η = 0.05): original 5.349, W 5.350/5.352/5.361, V 6.192/6.526/6.520, W_O 8.287.",
+        )
     h = results.get("heldout")
     if h:
         rep.section("Leading-term model (Eq. 12) vs baselines")
-        rep.table(["model", "mean cross-entropy"],
-                  [[k, _s(h[k])] for k in ("trained", "leading_term_eq12", "leading_term_full", "bigram_path",
-                                               "conditional_bigram", "uniform")],
-                  caption=f"On {h['source']}; leading-term scalars at step {h['step']}. eq12: Eq. 12 as printed "
-                  "(one attention term); full: predicted weights in the L-layer model; bigram_path: c_O X B̄; "
-                  "conditional_bigram: add-1 p(b|a) fitted on the training windows.")
+        rep.table(
+            ["model", "mean cross-entropy"],
+            [
+                [k, _s(h[k])]
+                for k in (
+                    "trained",
+                    "leading_term_eq12",
+                    "leading_term_full",
+                    "bigram_path",
+                    "conditional_bigram",
+                    "uniform",
+                )
+            ],
+            caption=f"On {h['source']}; leading-term scalars at step {h['step']}. eq12: Eq. 12 as printed "
+            "(one attention term); full: predicted weights in the L-layer model; bigram_path: c_O X B̄; "
+            "conditional_bigram: add-1 p(b|a) fitted on the training windows.",
+        )
     ex = results.get("examples") or {}
     if ex:
         rep.section("Top associations of example words")
         rows = [[wd, basis, ", ".join(t for t, _ in lst)] for wd, d in ex.items() for basis, lst in d.items()]
-        rep.table(["word", "matrix (row)", "top associations"], rows,
-                  caption="Rows of the statistics (paper Figure 5) and of the learned W_O and V.1.")
+        rep.table(
+            ["word", "matrix (row)", "top associations"],
+            rows,
+            caption="Rows of the statistics (paper Figure 5) and of the learned W_O and V.1.",
+        )
     rep.section("Timings")
     rep.table(["part", "seconds"], [[k, _f(v, 2)] for k, v in results["timings"].items()])
     return rep
@@ -976,6 +1168,7 @@ def build_report(results: Mapping[str, Any]):
 def write_report(results: Mapping[str, Any], out_dir: str | Path) -> Path:
     """Write ``report.html``, ``report.md``, ``figures/`` and ``report.json`` into ``out_dir``."""
     from ..storage import atomic_write_json
+
     out = Path(out_dir)
     path = build_report(results).write(out)
     atomic_write_json(out / "report.json", results)

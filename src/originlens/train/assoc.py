@@ -55,6 +55,7 @@ Callbacks (minGPT style): objects with any of ``on_step_end(trainer)``, ``on_che
 ``on_train_end(trainer)``; ``trainer.request_stop()`` ends training cleanly after the current step
 (a checkpoint is written so the run can be resumed).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,10 +63,11 @@ import json
 import math
 import re
 import shutil
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,8 +75,8 @@ import torch
 from .. import distributed as dist_
 from ..devices import resolve_device
 from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
-from ..models.assoc import CHECKPOINT_KIND, MODEL_KIND, AssocConfig, AssocModel
 from ..interrupts import Interrupted, deferred
+from ..models.assoc import CHECKPOINT_KIND, MODEL_KIND, AssocConfig, AssocModel
 from ..progress import log, progress
 from ..runs import RunDir, to_jsonable
 from ..storage import atomic_write_text, load_tensors, read_json, save_tensors, vocab_hash
@@ -86,9 +88,18 @@ STATS_DIR = "statistics"
 # fields that may change when a run is resumed/extended (they do not change the trajectory).  The
 # statistics source is not among them: it changes every recorded theory comparison, so a resume with
 # another one would mix two sources in one run's records
-_EXTENDABLE = ("steps", "epochs", "checkpoint_every", "checkpoint_every_epochs", "checkpoint_at",
-               "keep_checkpoints", "log_every", "out", "device")
-GRAD_CHUNK_BUDGET_BYTES = {"cpu": 2 * 1024 ** 3, "cuda": 8 * 1024 ** 3}
+_EXTENDABLE = (
+    "steps",
+    "epochs",
+    "checkpoint_every",
+    "checkpoint_every_epochs",
+    "checkpoint_at",
+    "keep_checkpoints",
+    "log_every",
+    "out",
+    "device",
+)
+GRAD_CHUNK_BUDGET_BYTES = {"cpu": 2 * 1024**3, "cuda": 8 * 1024**3}
 RUN_KIND = "assoc-train-run"
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -136,7 +147,7 @@ class AssocTrainConfig:
 
     @property
     def optimizer(self) -> str:
-        """"gd" (full batch) or "sgd" (minibatches)."""
+        """ "gd" (full batch) or "sgd" (minibatches)."""
         return "gd" if self.batch_size is None else "sgd"
 
     def validate(self) -> None:
@@ -149,8 +160,10 @@ class AssocTrainConfig:
         if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"learning rate must be a positive number (got {self.lr})", "pass lr > 0")
         if self.batch_size is not None and int(self.batch_size) < 1:
-            raise ConfigError(f"batch_size must be ≥ 1 or None (got {self.batch_size})",
-                              "pass a positive batch size, or None for full-batch GD")
+            raise ConfigError(
+                f"batch_size must be ≥ 1 or None (got {self.batch_size})",
+                "pass a positive batch size, or None for full-batch GD",
+            )
         if self.grad_chunk is not None and int(self.grad_chunk) < 1:
             raise ConfigError(f"grad_chunk must be ≥ 1 or None (got {self.grad_chunk})", "pass a positive chunk")
         if self.stats_source not in ("first_batch", "full", "none"):
@@ -167,8 +180,16 @@ class AssocTrainConfig:
         resolve_device(self.device)
 
     def model_config(self, vocab_size: int, seq_len: int) -> AssocConfig:
-        return AssocConfig(vocab_size=vocab_size, seq_len=seq_len, n_layers=self.n_layers, init=self.init,
-                           init_std=self.init_std, dtype=self.dtype, seed=self.seed, impl=self.impl)
+        return AssocConfig(
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            n_layers=self.n_layers,
+            init=self.init,
+            init_std=self.init_std,
+            dtype=self.dtype,
+            seed=self.seed,
+            impl=self.impl,
+        )
 
 
 def run_dir_kind(path: str | Path) -> str:
@@ -183,15 +204,22 @@ def run_dir_kind(path: str | Path) -> str:
     if not cfg.exists():
         # RunDir() creates empty checkpoints/ and figures/ before config.json is written: a run killed in
         # between left only that skeleton, which counts as empty (resumable), anything else as foreign
-        skeleton = all((q.is_dir() and q.name in ("checkpoints", "figures") and not any(q.iterdir()))
-                       or (q.name == ".lock" and q.is_file()) for q in p.iterdir())
+        skeleton = all(
+            (q.is_dir() and q.name in ("checkpoints", "figures") and not any(q.iterdir()))
+            or (q.name == ".lock" and q.is_file())
+            for q in p.iterdir()
+        )
         return "empty" if skeleton else "foreign"
     try:
         old = read_json(cfg)
     except InputError:
         return "unreadable"
-    if isinstance(old, dict) and old.get("kind", RUN_KIND) == RUN_KIND and "run_id" in old \
-            and isinstance(old.get("identity"), dict):
+    if (
+        isinstance(old, dict)
+        and old.get("kind", RUN_KIND) == RUN_KIND
+        and "run_id" in old
+        and isinstance(old.get("identity"), dict)
+    ):
         return "assoc"
     return "foreign"
 
@@ -206,11 +234,11 @@ class AssocRun:
     step: int
     total_steps: int
     optimizer: str
-    losses: dict[int, float] = field(default_factory=dict)       # step -> loss at Θ(step−1), this call
-    checkpoints: list[Path] = field(default_factory=list)        # written by this call
-    comparisons: dict[int, dict] = field(default_factory=dict)   # step -> compare_to_theory(...)
+    losses: dict[int, float] = field(default_factory=dict)  # step -> loss at Θ(step−1), this call
+    checkpoints: list[Path] = field(default_factory=list)  # written by this call
+    comparisons: dict[int, dict] = field(default_factory=dict)  # step -> compare_to_theory(...)
     stats: Any = None
-    stats_windows: Any = None                                    # window indices of the statistics (None = all)
+    stats_windows: Any = None  # window indices of the statistics (None = all)
     resumed_from: int | None = None
     stopped_early: bool = False
 
@@ -229,14 +257,17 @@ def _check_tokens(tokens: Any, vocab_size: int) -> np.ndarray:
         raise ConfigError(f"vocab_size must be ≥ 1 (got {vocab_size})", "pass the vocabulary size")
     arr = tokens.detach().cpu().numpy() if torch.is_tensor(tokens) else np.asarray(tokens)
     if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 2:
-        raise InputError(f"tokens must be an (N, T+1) array with N ≥ 1, T ≥ 1; got shape {arr.shape}",
-                         "pass token windows x_0..x_T, one per row")
+        raise InputError(
+            f"tokens must be an (N, T+1) array with N ≥ 1, T ≥ 1; got shape {arr.shape}",
+            "pass token windows x_0..x_T, one per row",
+        )
     if not np.issubdtype(arr.dtype, np.integer):
         raise InputError(f"tokens must be integers, got {arr.dtype}", "pass token ids")
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= vocab_size:
-        raise InputError(f"token ids span {lo}..{hi}, outside 0..{vocab_size - 1}",
-                         "pass the right vocab_size or remap the ids")
+        raise InputError(
+            f"token ids span {lo}..{hi}, outside 0..{vocab_size - 1}", "pass the right vocab_size or remap the ids"
+        )
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
@@ -263,22 +294,32 @@ class AssocTrainer:
     ``vocab``: optional token strings (length |V|) attached to the statistics the trainer computes.
     """
 
-    def __init__(self, tokens: Any, vocab_size: int, cfg: AssocTrainConfig,
-                 callbacks: Iterable[Any] = (), *, stats: Any = None, vocab: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        tokens: Any,
+        vocab_size: int,
+        cfg: AssocTrainConfig,
+        callbacks: Iterable[Any] = (),
+        *,
+        stats: Any = None,
+        vocab: Sequence[str] | None = None,
+    ) -> None:
         cfg.validate()
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.tokens = _check_tokens(tokens, vocab_size)
         self.vocab_size = int(vocab_size)
         if vocab is not None and len(vocab) != self.vocab_size:
-            raise CompatibilityError(f"the vocabulary has {len(vocab)} tokens but vocab_size is {self.vocab_size}",
-                                     "pass the corpus's own vocabulary (or vocab=None)")
+            raise CompatibilityError(
+                f"the vocabulary has {len(vocab)} tokens but vocab_size is {self.vocab_size}",
+                "pass the corpus's own vocabulary (or vocab=None)",
+            )
         self.vocab = None if vocab is None else [str(t) for t in vocab]
         self.n_sequences, self.seq_len = self.tokens.shape[0], self.tokens.shape[1] - 1
         self.callbacks = list(callbacks)
         self.stats = stats
         self.stats_source = "given" if stats is not None else cfg.stats_source
-        self.stats_windows: np.ndarray | None = None        # indices of the windows of computed statistics
+        self.stats_windows: np.ndarray | None = None  # indices of the windows of computed statistics
         if stats is not None:
             self._check_stats(stats)
         self.spe = steps_per_epoch(self.n_sequences, cfg.batch_size)
@@ -292,7 +333,7 @@ class AssocTrainer:
         self.run_dir: RunDir | None = None
         self.last_checkpoint: Path | None = None
         self._stop = False
-        self._writer = dist_.world()[0] == 0          # under torchrun only rank 0 writes and compares
+        self._writer = dist_.world()[0] == 0  # under torchrun only rank 0 writes and compares
         self._gen = torch.Generator().manual_seed(int(cfg.data_seed))
         self._perm: torch.Tensor | None = None
         self._epoch_state: torch.Tensor = self._gen.get_state()
@@ -300,29 +341,37 @@ class AssocTrainer:
 
     def _check_stats(self, stats: Any) -> None:
         from ..theory.leading_terms import _stat
+
         B, D = _stat(stats, "bigram"), _stat(stats, "positional")
         if B.shape != (self.vocab_size, self.vocab_size) or D.shape != (self.seq_len,):
             raise CompatibilityError(
                 f"statistics are {B.shape[0]}×{B.shape[1]} with T = {D.shape[0]}; the model needs "
                 f"{self.vocab_size}×{self.vocab_size} with T = {self.seq_len}",
-                "compute the statistics on this corpus without a restricted token set")
+                "compute the statistics on this corpus without a restricted token set",
+            )
         if getattr(stats, "token_ids", None) is not None:
-            raise CompatibilityError("the statistics are restricted to a token subset (top-K)",
-                                     "compute them over the whole vocabulary of the model")
+            raise CompatibilityError(
+                "the statistics are restricted to a token subset (top-K)",
+                "compute them over the whole vocabulary of the model",
+            )
         svocab = getattr(stats, "vocab", None)
         if self.vocab is not None and svocab is not None and list(svocab) != self.vocab:
-            raise CompatibilityError("the statistics were computed with another vocabulary (token strings differ)",
-                                     "compute them on this corpus, or let the trainer compute them")
+            raise CompatibilityError(
+                "the statistics were computed with another vocabulary (token strings differ)",
+                "compute them on this corpus, or let the trainer compute them",
+            )
         vs = getattr(stats, "vocab_size", None)
         if vs is not None and int(vs) != self.vocab_size:
-            raise CompatibilityError(f"the statistics were centred for |V| = {vs}, the model has |V| = {self.vocab_size}",
-                                     "compute them with the model's vocabulary size")
+            raise CompatibilityError(
+                f"the statistics were centred for |V| = {vs}, the model has |V| = {self.vocab_size}",
+                "compute them with the model's vocabulary size",
+            )
 
     # ------------------------------------------------------------------ identity and schedule
     def _auto_chunk(self) -> int:
         bytes_per = 8 if self.cfg.dtype == "float64" else 4
         T, L = self.seq_len, self.cfg.n_layers
-        per_seq = (T * self.vocab_size * 4 + 3 * (2 ** (L - 1) * T) ** 2 + 4 * (2 ** L) * T * T) * bytes_per
+        per_seq = (T * self.vocab_size * 4 + 3 * (2 ** (L - 1) * T) ** 2 + 4 * (2**L) * T * T) * bytes_per
         budget = GRAD_CHUNK_BUDGET_BYTES["cuda" if self.device.type == "cuda" else "cpu"]
         return max(1, min(self.batch, budget // max(per_seq, 1)))
 
@@ -334,8 +383,13 @@ class AssocTrainer:
     def identity(self) -> dict[str, Any]:
         cfg = {k: v for k, v in to_jsonable(self.cfg).items() if k not in _EXTENDABLE}
         cfg["grad_chunk"] = self.grad_chunk
-        return {"train": cfg, "vocab_size": self.vocab_size, "n_sequences": self.n_sequences,
-                "seq_len": self.seq_len, "data_sha256": self.data_hash}
+        return {
+            "train": cfg,
+            "vocab_size": self.vocab_size,
+            "n_sequences": self.n_sequences,
+            "seq_len": self.seq_len,
+            "data_sha256": self.data_hash,
+        }
 
     def run_id(self) -> str:
         return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:16]
@@ -363,16 +417,20 @@ class AssocTrainer:
         if kind == "foreign" and not path.is_dir():
             raise ConfigError(f"{path} exists and is not a directory", "choose another out directory")
         if kind == "foreign" and not (path / "config.json").exists():
-            raise ConfigError(f"{path} is not empty and holds no originlens run",
-                              "choose a new or empty out directory")
+            raise ConfigError(f"{path} is not empty and holds no originlens run", "choose a new or empty out directory")
         if kind == "unreadable":
-            raise ConfigError(f"{path} holds an unreadable config.json (not an originlens assoc run?)",
-                              "choose another out directory; originlens does not delete what it cannot identify")
+            raise ConfigError(
+                f"{path} holds an unreadable config.json (not an originlens assoc run?)",
+                "choose another out directory; originlens does not delete what it cannot identify",
+            )
         if kind == "foreign":
-            raise ConfigError(f"{path} holds another kind of run (its config.json is not an assoc training config)",
-                              "choose another out directory (overwrite only replaces assoc runs)")
+            raise ConfigError(
+                f"{path} holds another kind of run (its config.json is not an assoc training config)",
+                "choose another out directory (overwrite only replaces assoc runs)",
+            )
         from ..runs import hold_lock
-        hold_lock(path)                               # one writer per run, before anything is removed
+
+        hold_lock(path)  # one writer per run, before anything is removed
         start = 0
         if kind == "assoc":
             old = read_json(path / "config.json")
@@ -380,31 +438,50 @@ class AssocTrainer:
             if overwrite:
                 self._wipe(path)
             elif not same:
-                diff = sorted(k for k in set(old.get("identity", {}).get("train", {})) | set(self.identity()["train"])
-                              if old.get("identity", {}).get("train", {}).get(k) != self.identity()["train"].get(k))
+                diff = sorted(
+                    k
+                    for k in set(old.get("identity", {}).get("train", {})) | set(self.identity()["train"])
+                    if old.get("identity", {}).get("train", {}).get(k) != self.identity()["train"].get(k)
+                )
                 if old.get("identity", {}).get("data_sha256") != self.data_hash:
                     diff.append("data")
-                raise ConfigError(f"{path} holds another run (differs in: {', '.join(diff) or 'identity'})",
-                                  "choose another out directory, or pass overwrite=True to replace it")
+                raise ConfigError(
+                    f"{path} holds another run (differs in: {', '.join(diff) or 'identity'})",
+                    "choose another out directory, or pass overwrite=True to replace it",
+                )
             elif not resume:
-                raise ConfigError(f"{path} already holds this run",
-                                  "pass resume=True to continue it, or overwrite=True to start over")
+                raise ConfigError(
+                    f"{path} already holds this run", "pass resume=True to continue it, or overwrite=True to start over"
+                )
             else:
                 start = self._load_latest(path)
         self.run_dir = RunDir(path)
-        self.run_dir.write_config({"kind": RUN_KIND, "run_id": self.run_id(), "identity": self.identity(),
-                                   "config": to_jsonable(self.cfg), "optimizer": self.cfg.optimizer,
-                                   "steps_per_epoch": self.spe, "total_steps": self.total_steps})
+        self.run_dir.write_config(
+            {
+                "kind": RUN_KIND,
+                "run_id": self.run_id(),
+                "identity": self.identity(),
+                "config": to_jsonable(self.cfg),
+                "optimizer": self.cfg.optimizer,
+                "steps_per_epoch": self.spe,
+                "total_steps": self.total_steps,
+            }
+        )
         if start == 0:
             self.run_dir.write_environment(
                 seeds={"init": self.cfg.seed, "data_order": self.cfg.data_seed},
                 data_hashes={"tokens": self.data_hash},
-                extra={"optimizer": self.cfg.optimizer, "optimizer_state": "none (plain GD/SGD)",
-                       "grad_chunk": self.grad_chunk, "torch_threads": torch.get_num_threads(),
-                       "processes": dist_.world()[1],
-                       "stats_source": self.stats_source, "device": str(self.device),
-                       "device_name": (torch.cuda.get_device_name(self.device)
-                                       if self.device.type == "cuda" else "cpu")})
+                extra={
+                    "optimizer": self.cfg.optimizer,
+                    "optimizer_state": "none (plain GD/SGD)",
+                    "grad_chunk": self.grad_chunk,
+                    "torch_threads": torch.get_num_threads(),
+                    "processes": dist_.world()[1],
+                    "stats_source": self.stats_source,
+                    "device": str(self.device),
+                    "device_name": (torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"),
+                },
+            )
         else:
             self._warn_thread_change()
         return start
@@ -418,9 +495,12 @@ class AssocTrainer:
             return
         was, now = read_json(env).get("torch_threads"), torch.get_num_threads()
         if was is not None and int(was) != now:
-            log(f"warning: {self.run_dir.path} started with {was} torch thread(s) and resumes with {now}; on "
+            log(
+                f"warning: {self.run_dir.path} started with {was} torch thread(s) and resumes with {now}; on "
                 f"CPU the weights after this point differ in the last bits from an uninterrupted run "
-                f"(pass --threads {was} for a bit-identical resume)", level=0)
+                f"(pass --threads {was} for a bit-identical resume)",
+                level=0,
+            )
 
     @staticmethod
     def _wipe(path: Path) -> None:
@@ -448,8 +528,10 @@ class AssocTrainer:
             return 0
         step, f = ckpts[-1]
         if step > self.total_steps:
-            raise ConfigError(f"{path} has a checkpoint at step {step}, beyond the requested {self.total_steps} steps",
-                              "ask for at least as many steps as already trained")
+            raise ConfigError(
+                f"{path} has a checkpoint at step {step}, beyond the requested {self.total_steps} steps",
+                "ask for at least as many steps as already trained",
+            )
         arrays, meta = load_tensors(f, kind=CHECKPOINT_KIND)
         if meta.get("run_id") != self.run_id():
             raise CompatibilityError(f"{f} belongs to another run", "remove it or pass overwrite=True")
@@ -510,16 +592,19 @@ class AssocTrainer:
         if self.stats is not None or self.cfg.stats_source == "none" or not self._writer:
             return
         from ..stats import corpus_statistics
+
         idx = self.target_windows()
         sel = self.tokens if idx is None else self.tokens[idx]
         self.stats = corpus_statistics(sel, self.vocab_size, dtype=np.float64, vocab=self.vocab)
         self.stats_windows = idx
-        self.stats.meta.update({"source": self.stats_source, "data_seed": int(self.cfg.data_seed),
-                                "n_windows": int(sel.shape[0])})
+        self.stats.meta.update(
+            {"source": self.stats_source, "data_seed": int(self.cfg.data_seed), "n_windows": int(sel.shape[0])}
+        )
 
     def _save_stats(self) -> None:
         """Write the target statistics to ``RUN/statistics/`` once (kept on resume)."""
         from ..stats import CorpusStatistics, save_statistics
+
         if self.run_dir is None or not isinstance(self.stats, CorpusStatistics):
             return
         d = self.run_dir.path / STATS_DIR
@@ -527,12 +612,19 @@ class AssocTrainer:
             return
         idx = self.stats_windows
         given = self.stats_source == "given"
-        save_statistics(self.stats, d, manifest={
-            "source": self.stats_source, "data_seed": int(self.cfg.data_seed),
-            "n_windows": None if given else int(self.n_sequences if idx is None else len(idx)),
-            "windows": "given" if given else ("all" if idx is None else [int(i) for i in idx]),
-            "vocab_size": self.vocab_size, "centering": float(self.stats.centering),
-            "note": "indices into the training windows; first_batch = torch.randperm(N, Generator(data_seed))[:batch]"})
+        save_statistics(
+            self.stats,
+            d,
+            manifest={
+                "source": self.stats_source,
+                "data_seed": int(self.cfg.data_seed),
+                "n_windows": None if given else int(self.n_sequences if idx is None else len(idx)),
+                "windows": "given" if given else ("all" if idx is None else [int(i) for i in idx]),
+                "vocab_size": self.vocab_size,
+                "centering": float(self.stats.centering),
+                "note": "indices into the training windows; first_batch = torch.randperm(N, Generator(data_seed))[:batch]",
+            },
+        )
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self) -> Path:
@@ -542,10 +634,16 @@ class AssocTrainer:
         # permutation has not been drawn yet, so that is the generator's current state
         state = self._gen.get_state() if self.step % self.spe == 0 else self._epoch_state
         tensors[RNG_KEY] = state.numpy().copy()
-        meta = {"step": self.step, "epoch": self.epoch, "optimizer": self.cfg.optimizer,
-                "optimizer_state": "none (plain GD/SGD has no state)", "lr": self.cfg.lr,
-                "run_id": self.run_id(), "vocab_hash": vocab_hash(None, self.vocab_size),
-                "rng": "torch.Generator state at the start of the epoch containing step+1"}
+        meta = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "optimizer": self.cfg.optimizer,
+            "optimizer_state": "none (plain GD/SGD has no state)",
+            "lr": self.cfg.lr,
+            "run_id": self.run_id(),
+            "vocab_hash": vocab_hash(None, self.vocab_size),
+            "rng": "torch.Generator state at the start of the epoch containing step+1",
+        }
         f = self.run_dir.file("checkpoints", f"step-{self.step:06d}.safetensors")
         save_tensors(f, tensors, kind=CHECKPOINT_KIND, metadata=meta)
         self.last_checkpoint = f
@@ -556,10 +654,17 @@ class AssocTrainer:
 
     def _save_final(self) -> Path:
         assert self.run_dir is not None
-        meta = {"step": self.step, "optimizer": self.cfg.optimizer, "lr": self.cfg.lr, "run_id": self.run_id(),
-                "n_layers": self.cfg.n_layers, "vocab_hash": vocab_hash(None, self.vocab_size)}
-        return save_tensors(self.run_dir.file("model.safetensors"), self.model.weights(), kind=MODEL_KIND,
-                            metadata=meta)
+        meta = {
+            "step": self.step,
+            "optimizer": self.cfg.optimizer,
+            "lr": self.cfg.lr,
+            "run_id": self.run_id(),
+            "n_layers": self.cfg.n_layers,
+            "vocab_hash": vocab_hash(None, self.vocab_size),
+        }
+        return save_tensors(
+            self.run_dir.file("model.safetensors"), self.model.weights(), kind=MODEL_KIND, metadata=meta
+        )
 
     # ------------------------------------------------------------------ one step
     def _next_batch(self) -> torch.Tensor:
@@ -569,26 +674,34 @@ class AssocTrainer:
         if self._perm is None or pos == 0:
             self._epoch_state = self._gen.get_state()
             self._perm = torch.randperm(self.n_sequences, generator=self._gen)
-        idx = self._perm[pos * self.batch:(pos + 1) * self.batch]
+        idx = self._perm[pos * self.batch : (pos + 1) * self.batch]
         return self._tokens_t.index_select(0, idx.to(self.device))
 
     def _fail(self, what: str, s: int) -> NumericalError:
         ck = str(self.last_checkpoint) if self.last_checkpoint else "none yet"
         if self.run_dir is not None:
-            self.run_dir.log_metrics({"event": "error", "step": s, "error": f"non-finite {what}",
-                                      "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None})
-        return NumericalError(f"non-finite {what} at step {s} (lr={self.cfg.lr}, dtype={self.cfg.dtype})",
-                              f"lower the learning rate or use dtype='float64'; last good checkpoint: {ck}")
+            self.run_dir.log_metrics(
+                {
+                    "event": "error",
+                    "step": s,
+                    "error": f"non-finite {what}",
+                    "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+                }
+            )
+        return NumericalError(
+            f"non-finite {what} at step {s} (lr={self.cfg.lr}, dtype={self.cfg.dtype})",
+            f"lower the learning rate or use dtype='float64'; last good checkpoint: {ck}",
+        )
 
     def _train_step(self, batch: torch.Tensor) -> float:
         s = self.step + 1
         model = self.model
         for p in model.parameters():
             p.grad = None
-        impl = model.choose_impl(batch.shape[0], batch.shape[1] - 1)   # resolved for the global batch
-        total = parallel.mean_over_shards(      # alone: accumulate_gradients(batch); torchrun: this rank's rows
-            lambda rows: model.accumulate_gradients(rows, chunk=self.grad_chunk, impl=impl), batch,
-            model.parameters())
+        impl = model.choose_impl(batch.shape[0], batch.shape[1] - 1)  # resolved for the global batch
+        total = parallel.mean_over_shards(  # alone: accumulate_gradients(batch); torchrun: this rank's rows
+            lambda rows: model.accumulate_gradients(rows, chunk=self.grad_chunk, impl=impl), batch, model.parameters()
+        )
         if not math.isfinite(total):
             raise self._fail("loss", s)
         for name, p in model.named_weights():
@@ -607,15 +720,21 @@ class AssocTrainer:
         if self.stats is None or not self._writer:
             return None
         from ..theory.leading_terms import compare_to_theory, min_cosines
+
         cmp = compare_to_theory(self.model, self.stats, self.step, self.cfg.lr)
         return {"theory": cmp, "min_cos": min_cosines(cmp)}
 
     def _checkpoint_record(self, path: Path, cmp: dict | None) -> dict[str, Any]:
         """The ``checkpoint`` metrics record of the checkpoint just written at ``self.step``."""
         assert self.run_dir is not None
-        rec = {"event": "checkpoint", "step": self.step, "epoch": self.epoch,
-               "path": str(path.relative_to(self.run_dir.path)),
-               "stats_source": self.stats_source, "optimizer": self.cfg.optimizer}
+        rec = {
+            "event": "checkpoint",
+            "step": self.step,
+            "epoch": self.epoch,
+            "path": str(path.relative_to(self.run_dir.path)),
+            "stats_source": self.stats_source,
+            "optimizer": self.cfg.optimizer,
+        }
         if cmp is not None:
             rec.update(_nan_to_none(cmp))
         return rec
@@ -627,8 +746,7 @@ class AssocTrainer:
         assert self.run_dir is not None
         if not self._writer or self.last_checkpoint is None:
             return
-        if any(r.get("event") == "checkpoint" and int(r.get("step", -1)) == start
-               for r in self.run_dir.read_metrics()):
+        if any(r.get("event") == "checkpoint" and int(r.get("step", -1)) == start for r in self.run_dir.read_metrics()):
             return
         cmp = self._compare()
         self.run_dir.log_metrics(self._checkpoint_record(Path(self.last_checkpoint), cmp))
@@ -643,13 +761,22 @@ class AssocTrainer:
     def run(self, *, resume: bool = False, overwrite: bool = False) -> AssocRun:
         start = 0
         if self.cfg.out is not None:
-            with dist_.rank_zero_first() as writer:   # rank 0 prepares RUN, then the others read it
-                start = self._prepare_dir(resume, overwrite) if writer else \
-                    (self._load_latest(Path(self.cfg.out)) if resume else 0)
+            with dist_.rank_zero_first() as writer:  # rank 0 prepares RUN, then the others read it
+                start = (
+                    self._prepare_dir(resume, overwrite)
+                    if writer
+                    else (self._load_latest(Path(self.cfg.out)) if resume else 0)
+                )
             dist_.same_on_all_ranks(start, "step to resume from")
-        result = AssocRun(path=self.run_dir.path if self.run_dir else None, model=self.model, config=self.cfg,
-                          step=start, total_steps=self.total_steps, optimizer=self.cfg.optimizer,
-                          resumed_from=start if start else None)
+        result = AssocRun(
+            path=self.run_dir.path if self.run_dir else None,
+            model=self.model,
+            config=self.cfg,
+            step=start,
+            total_steps=self.total_steps,
+            optimizer=self.cfg.optimizer,
+            resumed_from=start if start else None,
+        )
         self._ensure_stats()
         self._save_stats()
         result.stats, result.stats_windows = self.stats, self.stats_windows
@@ -692,19 +819,30 @@ class AssocTrainer:
                     break
         if signalled.requested and result.stopped_early:
             where = self.last_checkpoint if self.run_dir is not None else "none (no run directory)"
-            raise Interrupted(f"{signalled.signal} at step {self.step}/{self.total_steps}: checkpoint {where} "
-                              f"written; continue with --resume", signalled.signal or "SIGINT")
+            raise Interrupted(
+                f"{signalled.signal} at step {self.step}/{self.total_steps}: checkpoint {where} "
+                f"written; continue with --resume",
+                signalled.signal or "SIGINT",
+            )
         result.step = self.step
         if self.run_dir is not None and self.step >= self.total_steps:
             self._save_final()
         self._call("on_train_end")
-        dist_.barrier()                               # rank 0 has written the final files
+        dist_.barrier()  # rank 0 has written the final files
         return result
 
 
-def train_assoc(tokens: Any, vocab_size: int, cfg: AssocTrainConfig, callbacks: Iterable[Any] = (), *,
-                stats: Any = None, vocab: Sequence[str] | None = None, resume: bool = False,
-                overwrite: bool = False) -> AssocRun:
+def train_assoc(
+    tokens: Any,
+    vocab_size: int,
+    cfg: AssocTrainConfig,
+    callbacks: Iterable[Any] = (),
+    *,
+    stats: Any = None,
+    vocab: Sequence[str] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> AssocRun:
     """Train the Def. 3.1 model on ``tokens`` (N, T+1) int ids < ``vocab_size``.
 
     ``stats``: precomputed statistics for the per-checkpoint comparison with the theory (else computed
@@ -713,4 +851,5 @@ def train_assoc(tokens: Any, vocab_size: int, cfg: AssocTrainConfig, callbacks: 
     rules.
     """
     return AssocTrainer(tokens, vocab_size, cfg, callbacks, stats=stats, vocab=vocab).run(
-        resume=resume, overwrite=overwrite)
+        resume=resume, overwrite=overwrite
+    )

@@ -16,13 +16,15 @@ number of seeds with a finite value; no interval for n < 2).
 Caveat: the paper's expectations are qualitative; ``expectation_checks`` compares means (and whether the
 intervals are separated), nothing more.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,13 +34,13 @@ from ..progress import log
 from ..runs import to_jsonable
 from ..storage import atomic_write_json, read_json
 from ..tasks import get_task
-from .ntp import LANGUAGE, NTPConfig, is_finished, load_probe_metrics, train, tracked_quality
+from .ntp import LANGUAGE, NTPConfig, is_finished, load_probe_metrics, tracked_quality, train
 
 EXPECTATIONS = {
     "cond-majority": "prev_is_<0> is learned under standard and untied training, not under myopic or "
-                     "myopic+untied training (pre-caching is its only source).",
+    "myopic+untied training (pre-caching is its only source).",
     "majority": "is_majority_* at the input positions is reduced under myopic and under untied training and "
-                "lowest under myopic+untied.",
+    "lowest under myopic+untied.",
 }
 
 
@@ -54,12 +56,15 @@ class GridConfig:
 
     def __post_init__(self) -> None:
         if self.task == LANGUAGE:
-            raise ConfigError("the regime grid needs a task with probed features",
-                              "use --task majority, cond-majority or othello")
+            raise ConfigError(
+                "the regime grid needs a task with probed features", "use --task majority, cond-majority or othello"
+            )
         bad = [r for r in self.regimes if r not in REGIMES]
         if bad or not self.regimes:
-            raise ConfigError(f"unknown regime(s) {bad}" if bad else "no regimes given",
-                              f"use a comma-separated subset of: {', '.join(REGIMES)}")
+            raise ConfigError(
+                f"unknown regime(s) {bad}" if bad else "no regimes given",
+                f"use a comma-separated subset of: {', '.join(REGIMES)}",
+            )
         if len(set(self.regimes)) != len(self.regimes) or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError("regimes and seeds must not repeat", "remove the duplicates")
         if not self.seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
@@ -69,7 +74,7 @@ class GridConfig:
         for key in ("task", "regime", "seed"):
             if key in self.overrides:
                 raise ConfigError(f"override {key!r} is set by the grid itself", "drop it from overrides")
-        self.run_config(self.regimes[0], self.seeds[0])   # validate the overrides early
+        self.run_config(self.regimes[0], self.seeds[0])  # validate the overrides early
 
     def run_config(self, regime: str, seed: int) -> NTPConfig:
         return NTPConfig.from_dict({**self.overrides, "task": self.task, "regime": regime, "seed": int(seed)})
@@ -83,6 +88,7 @@ def run_dir_for(out: str | Path, regime: str, seed: int) -> Path:
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
     """Mean and two-sided t-interval of the finite ``values`` (``low``/``high`` None when n < 2)."""
     from scipy import stats
+
     v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
     n = int(v.size)
     if n == 0:
@@ -101,12 +107,16 @@ def run_quality(run_dir: str | Path, task_name: str) -> dict[str, Any]:
     tracked = get_task(task_name).tracked
     pm = load_probe_metrics(Path(run_dir) / "probe_metrics.npz")
     q = tracked_quality(pm, tracked.layers, tracked.positions, tracked.features)
-    out: dict[str, Any] = {"useless": q.get("pearson_type1", float("nan")),
-                           "useful": q.get("pearson_type2", float("nan")), "all": q["pearson"],
-                           "useless_by_layer": {}}
+    out: dict[str, Any] = {
+        "useless": q.get("pearson_type1", float("nan")),
+        "useful": q.get("pearson_type2", float("nan")),
+        "all": q["pearson"],
+        "useless_by_layer": {},
+    }
     for k in tracked.layers:
-        out["useless_by_layer"][str(k)] = tracked_quality(pm, [k], tracked.positions,
-                                                          tracked.features).get("pearson_type1", float("nan"))
+        out["useless_by_layer"][str(k)] = tracked_quality(pm, [k], tracked.positions, tracked.features).get(
+            "pearson_type1", float("nan")
+        )
     summary = read_json(Path(run_dir) / "summary.json")
     out["final_eval"] = summary.get("final_eval", {})
     out["seconds"] = summary.get("seconds")
@@ -116,10 +126,20 @@ def run_quality(run_dir: str | Path, task_name: str) -> dict[str, Any]:
 def expectation_checks(task: str, stats_by_regime: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Pairwise orderings the paper's results imply: ``{"a > b": {"holds": mean_a > mean_b, "ci_separated":
     low_a > high_b}}``; pairs with a missing regime are omitted."""
-    pairs = {"cond-majority": [("standard", "myopic"), ("standard", "myopic+untied"), ("untied", "myopic"),
-                               ("untied", "myopic+untied")],
-             "majority": [("standard", "myopic"), ("standard", "untied"), ("myopic", "myopic+untied"),
-                          ("untied", "myopic+untied")]}.get(task, [])
+    pairs = {
+        "cond-majority": [
+            ("standard", "myopic"),
+            ("standard", "myopic+untied"),
+            ("untied", "myopic"),
+            ("untied", "myopic+untied"),
+        ],
+        "majority": [
+            ("standard", "myopic"),
+            ("standard", "untied"),
+            ("myopic", "myopic+untied"),
+            ("untied", "myopic+untied"),
+        ],
+    }.get(task, [])
     out = {}
     for a, b in pairs:
         sa, sb = stats_by_regime.get(a), stats_by_regime.get(b)
@@ -138,8 +158,7 @@ class GridResult:
     skipped: list[str]
 
 
-def run_grid(config: GridConfig, out: str | Path, *, overwrite: bool = False,
-             report_only: bool = False) -> GridResult:
+def run_grid(config: GridConfig, out: str | Path, *, overwrite: bool = False, report_only: bool = False) -> GridResult:
     """Train (or skip/resume) every run, then aggregate and write ``grid.json`` and the report."""
     out = Path(out)
     trained, skipped = [], []
@@ -198,18 +217,24 @@ def summarise_grid(config: GridConfig, out: str | Path) -> dict[str, Any]:
         raise InputError(f"no finished runs under {out}", "run the grid without --report-only first")
     tracked = get_task(config.task).tracked
     return {
-        "task": config.task, "regimes": config.regimes, "seeds": config.seeds, "overrides": config.overrides,
+        "task": config.task,
+        "regimes": config.regimes,
+        "seeds": config.seeds,
+        "overrides": config.overrides,
         "confidence": config.confidence,
-        "metric": ("mean test Pearson r of the final ridge probes (alpha "
-                   f"{config.run_config(config.regimes[0], config.seeds[0]).probe_alpha}, 70/30 split of the "
-                   f"eval set) over layers {list(tracked.layers)}, positions {tracked.positions[0]}.."
-                   f"{tracked.positions[-1]} and features {list(tracked.features)}, restricted to the "
-                   "NTP-useless feature type (type 1)"),
+        "metric": (
+            "mean test Pearson r of the final ridge probes (alpha "
+            f"{config.run_config(config.regimes[0], config.seeds[0]).probe_alpha}, 70/30 split of the "
+            f"eval set) over layers {list(tracked.layers)}, positions {tracked.positions[0]}.."
+            f"{tracked.positions[-1]} and features {list(tracked.features)}, restricted to the "
+            "NTP-useless feature type (type 1)"
+        ),
         "interval": "two-sided Student t-interval over seeds: mean ± t_{(1+c)/2, n-1} · sd / sqrt(n)",
         "expected": EXPECTATIONS.get(config.task, ""),
         "per_regime": per_regime,
         "checks": expectation_checks(config.task, {r: s["useless"] for r, s in per_regime.items()}),
-        "runs": runs, "missing": missing,
+        "runs": runs,
+        "missing": missing,
     }
 
 
@@ -220,6 +245,7 @@ def _fmt(x: Any, digits: int = 3) -> str:
 def write_grid_report(summary: dict[str, Any], out: str | Path) -> Path:
     """``DIR/report.html`` (+ ``report.md``): table per regime, bar plot with CI error bars, checks."""
     from ..report import Report, setup_matplotlib
+
     plt = setup_matplotlib()
     c = int(round(100 * summary["confidence"]))
     rep = Report(f"Regime grid: {summary['task']}")
@@ -227,14 +253,19 @@ def write_grid_report(summary: dict[str, Any], out: str | Path) -> Path:
     if summary["expected"]:
         rep.text(f"Expected (arXiv 2603.14087): {summary['expected']}")
     layers = sorted({k for s in summary["per_regime"].values() for k in s["useless_by_layer"]}, key=int)
-    header = ["regime", "seeds", "useless r (mean)", f"{c}% CI low", f"{c}% CI high"] + \
-             [f"layer {k} r" for k in layers] + ["eval loss", "output legal acc"]
+    header = (
+        ["regime", "seeds", "useless r (mean)", f"{c}% CI low", f"{c}% CI high"]
+        + [f"layer {k} r" for k in layers]
+        + ["eval loss", "output legal acc"]
+    )
     rows = []
     for regime, s in summary["per_regime"].items():
         u = s["useless"]
-        rows.append([regime, u["n"], _fmt(u["mean"]), _fmt(u["low"]), _fmt(u["high"])]
-                    + [_fmt(s["useless_by_layer"][k]["mean"]) for k in layers]
-                    + [_fmt(s["eval_loss"]["mean"], 4), _fmt(s["legal_output_acc"]["mean"])])
+        rows.append(
+            [regime, u["n"], _fmt(u["mean"]), _fmt(u["low"]), _fmt(u["high"])]
+            + [_fmt(s["useless_by_layer"][k]["mean"]) for k in layers]
+            + [_fmt(s["eval_loss"]["mean"], 4), _fmt(s["legal_output_acc"]["mean"])]
+        )
     rep.section("Probe quality of the NTP-useless feature per regime")
     rep.table(header, rows, caption="final probes; means over seeds")
 
@@ -243,10 +274,14 @@ def write_grid_report(summary: dict[str, Any], out: str | Path) -> Path:
     means = [summary["per_regime"][r]["useless"]["mean"] for r in names]
     xs = np.arange(len(names))
     heights = [m if m is not None else np.nan for m in means]
-    lo = [(m - s["useless"]["low"]) if s["useless"]["low"] is not None else 0.0
-          for m, s in zip(heights, summary["per_regime"].values())]
-    hi = [(s["useless"]["high"] - m) if s["useless"]["high"] is not None else 0.0
-          for m, s in zip(heights, summary["per_regime"].values())]
+    lo = [
+        (m - s["useless"]["low"]) if s["useless"]["low"] is not None else 0.0
+        for m, s in zip(heights, summary["per_regime"].values())
+    ]
+    hi = [
+        (s["useless"]["high"] - m) if s["useless"]["high"] is not None else 0.0
+        for m, s in zip(heights, summary["per_regime"].values())
+    ]
     ax.bar(xs, heights, yerr=[lo, hi], capsize=4, color="#0072B2", alpha=0.8)
     for i, r in enumerate(names):
         pts = [run["useless"] for run in summary["runs"] if run["regime"] == r and run.get("finished")]
@@ -254,20 +289,39 @@ def write_grid_report(summary: dict[str, Any], out: str | Path) -> Path:
     ax.set_xticks(xs, names)
     ax.set_ylabel("probe Pearson r (NTP-useless)")
     ax.set_title(summary["task"])
-    rep.figure(fig, f"Mean probe Pearson r of the NTP-useless feature per training regime with {c}% "
-                    "t-intervals over seeds (bars) and the individual seeds (dots).", name="grid.png")
+    rep.figure(
+        fig,
+        f"Mean probe Pearson r of the NTP-useless feature per training regime with {c}% "
+        "t-intervals over seeds (bars) and the individual seeds (dots).",
+        name="grid.png",
+    )
 
     if summary["checks"]:
         rep.section("Expected orderings")
-        rep.table(["ordering", "means agree", "CIs separated"],
-                  [[k, v["holds"], "—" if v["ci_separated"] is None else v["ci_separated"]]
-                   for k, v in summary["checks"].items()])
+        rep.table(
+            ["ordering", "means agree", "CIs separated"],
+            [
+                [k, v["holds"], "—" if v["ci_separated"] is None else v["ci_separated"]]
+                for k, v in summary["checks"].items()
+            ],
+        )
     rep.section("Runs")
-    rep.table(["regime", "seed", "useless r", "useful r", "eval loss", "seconds"],
-              [[r["regime"], r["seed"], _fmt(r.get("useless")), _fmt(r.get("useful")),
-                _fmt(r.get("final_eval", {}).get("eval_loss"), 4), _fmt(r.get("seconds"), 1)]
-               if r.get("finished") else [r["regime"], r["seed"], "not finished", "", "", ""]
-               for r in summary["runs"]])
+    rep.table(
+        ["regime", "seed", "useless r", "useful r", "eval loss", "seconds"],
+        [
+            [
+                r["regime"],
+                r["seed"],
+                _fmt(r.get("useless")),
+                _fmt(r.get("useful")),
+                _fmt(r.get("final_eval", {}).get("eval_loss"), 4),
+                _fmt(r.get("seconds"), 1),
+            ]
+            if r.get("finished")
+            else [r["regime"], r["seed"], "not finished", "", "", ""]
+            for r in summary["runs"]
+        ],
+    )
     rep.text(f"Overrides of the paper's defaults: {summary['overrides'] or 'none'}.")
     return rep.write(out)
 
@@ -279,9 +333,13 @@ def format_grid_table(summary: dict[str, Any]) -> str:
     for regime, s in summary["per_regime"].items():
         u = s["useless"]
         ci = f"[{_fmt(u['low'])}, {_fmt(u['high'])}]"
-        lines.append(f"{regime:<15} {u['n']:>2} {_fmt(u['mean']):>10} {ci:>17} "
-                     f"{_fmt(s['eval_loss']['mean'], 4):>10} {_fmt(s['legal_output_acc']['mean']):>8}")
+        lines.append(
+            f"{regime:<15} {u['n']:>2} {_fmt(u['mean']):>10} {ci:>17} "
+            f"{_fmt(s['eval_loss']['mean'], 4):>10} {_fmt(s['legal_output_acc']['mean']):>8}"
+        )
     for k, v in summary.get("checks", {}).items():
-        lines.append(f"check {k}: means {'agree' if v['holds'] else 'DISAGREE'}"
-                     + ("" if v["ci_separated"] is None else f", CIs {'separated' if v['ci_separated'] else 'overlap'}"))
+        lines.append(
+            f"check {k}: means {'agree' if v['holds'] else 'DISAGREE'}"
+            + ("" if v["ci_separated"] is None else f", CIs {'separated' if v['ci_separated'] else 'overlap'}")
+        )
     return "\n".join(lines)

@@ -55,29 +55,40 @@ Callbacks: ``on_step_end`` fires on every rank, ``on_eval``/``on_probe``/``on_ch
 Caveats: the language task has no per-token features (spaCy tags are not available), so it trains
 and evaluates without probes; training in bfloat16/float16 is refused (Adam state would underflow).
 """
+
 from __future__ import annotations
 
 import io
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from .. import distributed as dist_
 from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
-from ..models.gpt import GPT, GPTConfig, REGIMES
-from ..probes import ProbeMetrics, ProbeSet, fit_probes
 from ..interrupts import Interrupted, deferred
+from ..models.gpt import GPT, REGIMES, GPTConfig
+from ..probes import ProbeMetrics, ProbeSet, fit_probes
 from ..progress import log, progress
 from ..runs import RunDir, to_jsonable
-from ..storage import atomic_save_npy, atomic_write_bytes, atomic_write_json, load_tensors, read_json, \
-    save_tensors, sha256_file, vocab_hash, array_sha256
+from ..storage import (
+    array_sha256,
+    atomic_save_npy,
+    atomic_write_bytes,
+    atomic_write_json,
+    load_tensors,
+    read_json,
+    save_tensors,
+    sha256_file,
+    vocab_hash,
+)
 from ..tasks import BOS_ID, TaskBatch, moves_to_tokens, task_metrics, task_names
 from ..tasks import get_task as registry_task
 from ..tasks.othello import generate_games
@@ -93,20 +104,74 @@ TRAIN_DTYPES = ("float32", "float64")
 
 # The paper's hyper-parameter table (None entries of NTPConfig are filled from here).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "majority": dict(n_layer=2, d_model=128, n_head=4, batch_size=256, steps=3000, eval_size=10240,
-                     probe_every=500, eval_every=500, untie_at=[10], probe_positions="all", train_size=102400),
-    "cond-majority": dict(n_layer=2, d_model=128, n_head=4, batch_size=256, steps=3000, eval_size=10240,
-                          probe_every=500, eval_every=500, untie_at=[10], probe_positions="all",
-                          train_size=102400),
-    "othello": dict(n_layer=6, d_model=256, n_head=4, batch_size=1024, steps=5000, eval_size=20480,
-                    probe_every=1000, eval_every=500, untie_at=None, probe_positions="tracked", train_size=0),
-    LANGUAGE: dict(n_layer=4, d_model=128, n_head=4, batch_size=256, steps=1000, eval_size=30000,
-                   probe_every=0, eval_every=100, untie_at=None, probe_positions="all", train_size=0),
-    "tinystories": dict(n_layer=4, d_model=128, n_head=4, batch_size=256, steps=1000, eval_size=30000,
-                        probe_every=100, eval_every=0, untie_at=None, probe_positions="tracked", train_size=0),
+    "majority": dict(
+        n_layer=2,
+        d_model=128,
+        n_head=4,
+        batch_size=256,
+        steps=3000,
+        eval_size=10240,
+        probe_every=500,
+        eval_every=500,
+        untie_at=[10],
+        probe_positions="all",
+        train_size=102400,
+    ),
+    "cond-majority": dict(
+        n_layer=2,
+        d_model=128,
+        n_head=4,
+        batch_size=256,
+        steps=3000,
+        eval_size=10240,
+        probe_every=500,
+        eval_every=500,
+        untie_at=[10],
+        probe_positions="all",
+        train_size=102400,
+    ),
+    "othello": dict(
+        n_layer=6,
+        d_model=256,
+        n_head=4,
+        batch_size=1024,
+        steps=5000,
+        eval_size=20480,
+        probe_every=1000,
+        eval_every=500,
+        untie_at=None,
+        probe_positions="tracked",
+        train_size=0,
+    ),
+    LANGUAGE: dict(
+        n_layer=4,
+        d_model=128,
+        n_head=4,
+        batch_size=256,
+        steps=1000,
+        eval_size=30000,
+        probe_every=0,
+        eval_every=100,
+        untie_at=None,
+        probe_positions="all",
+        train_size=0,
+    ),
+    "tinystories": dict(
+        n_layer=4,
+        d_model=128,
+        n_head=4,
+        batch_size=256,
+        steps=1000,
+        eval_size=30000,
+        probe_every=100,
+        eval_every=0,
+        untie_at=None,
+        probe_positions="tracked",
+        train_size=0,
+    ),
 }
 # Trainer tasks outside originlens.tasks' registry: name -> (module, class); built by get_task below.
-EXTRA_TASKS: dict[str, tuple[str, str]] = {}   # tasks outside originlens.tasks' registry (none at present)
+EXTRA_TASKS: dict[str, tuple[str, str]] = {}  # tasks outside originlens.tasks' registry (none at present)
 # Fields that may change between a run and its resumption (they do not change the trained weights).
 OPERATIONAL_FIELDS = ("steps", "checkpoint_every", "keep_checkpoints", "device", "log_every")
 # Fields added after runs were first recorded, with the value every earlier run implicitly had: at that
@@ -117,8 +182,9 @@ LATER_FIELDS = {"task_options": {}}
 def config_identity(d: dict[str, Any]) -> dict[str, Any]:
     """A configuration mapping without :data:`OPERATIONAL_FIELDS` and without :data:`LATER_FIELDS` at their
     default values: what defines the trained model."""
-    return {k: v for k, v in d.items()
-            if k not in OPERATIONAL_FIELDS and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+    return {
+        k: v for k, v in d.items() if k not in OPERATIONAL_FIELDS and not (k in LATER_FIELDS and v == LATER_FIELDS[k])
+    }
 
 
 def all_task_names() -> list[str]:
@@ -130,6 +196,7 @@ def get_task(name: str, **kw: Any) -> Any:
     """:func:`originlens.tasks.get_task` extended by :data:`EXTRA_TASKS` (``tinystories``)."""
     if name in EXTRA_TASKS:
         import importlib
+
         module, cls_name = EXTRA_TASKS[name]
         return getattr(importlib.import_module(module), cls_name)(**kw)
     return registry_task(name, **kw)
@@ -215,8 +282,18 @@ class NTPConfig:
 
         for name in ("n_layer", "d_model", "n_head", "batch_size", "log_every"):
             need_int(name, 1)
-        for name in ("seed", "steps", "eval_every", "probe_every", "eval_size", "probe_size",
-                     "checkpoint_every", "keep_checkpoints", "othello_pool", "train_size"):
+        for name in (
+            "seed",
+            "steps",
+            "eval_every",
+            "probe_every",
+            "eval_size",
+            "probe_size",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "othello_pool",
+            "train_size",
+        ):
             need_int(name, 0)
         if self.eval_seed is not None:
             need_int("eval_seed", 0)
@@ -228,16 +305,24 @@ class NTPConfig:
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas!r}", "use (0.9, 0.999)")
         if not 0 < self.probe_train_frac < 1 or not (math.isfinite(self.probe_alpha) and self.probe_alpha >= 0):
-            raise ConfigError(f"need 0 < probe_train_frac < 1 and a finite probe_alpha ≥ 0, got "
-                              f"{self.probe_train_frac!r} and {self.probe_alpha!r}", "use 0.7 and 1.0")
+            raise ConfigError(
+                f"need 0 < probe_train_frac < 1 and a finite probe_alpha ≥ 0, got "
+                f"{self.probe_train_frac!r} and {self.probe_alpha!r}",
+                "use 0.7 and 1.0",
+            )
         if self.dtype not in TRAIN_DTYPES:
-            raise ConfigError(f"training dtype {self.dtype!r} is not supported",
-                              f"use one of: {', '.join(TRAIN_DTYPES)} (Adam state underflows in 16 bits)")
+            raise ConfigError(
+                f"training dtype {self.dtype!r} is not supported",
+                f"use one of: {', '.join(TRAIN_DTYPES)} (Adam state underflows in 16 bits)",
+            )
         from ..devices import check_device_spec
+
         check_device_spec(self.device)
         if self.probe_size > self.eval_size:
-            raise ConfigError(f"probe_size={self.probe_size} exceeds eval_size={self.eval_size}",
-                              "probes use the first probe_size eval sequences; lower probe_size")
+            raise ConfigError(
+                f"probe_size={self.probe_size} exceeds eval_size={self.eval_size}",
+                "probes use the first probe_size eval sequences; lower probe_size",
+            )
         pp = self.probe_positions
         if isinstance(pp, str):
             if pp not in ("all", "tracked"):
@@ -245,25 +330,28 @@ class NTPConfig:
         elif isinstance(pp, (list, tuple)):
             self.probe_positions = [int(i) for i in pp]
             if not self.probe_positions or min(self.probe_positions) < 1:
-                raise ConfigError(f"probe_positions {pp} must be a non-empty list of positions ≥ 1",
-                                  "position 0 (BOS) is never probed")
+                raise ConfigError(
+                    f"probe_positions {pp} must be a non-empty list of positions ≥ 1",
+                    "position 0 (BOS) is never probed",
+                )
         else:
             raise ConfigError(f"probe_positions={pp!r} is not understood", "use all, tracked or a list")
         if self.train_size and self.task not in COUNTING_TASKS:
-            raise ConfigError(f"train_size applies to the counting tasks ({', '.join(COUNTING_TASKS)}), "
-                              f"not {self.task!r}",
-                              "drop --train-size (Othello: --othello-pool; language: the token store)")
+            raise ConfigError(
+                f"train_size applies to the counting tasks ({', '.join(COUNTING_TASKS)}), not {self.task!r}",
+                "drop --train-size (Othello: --othello-pool; language: the token store)",
+            )
         if self.task == LANGUAGE and self.task_options:
-            raise ConfigError("task 'language' takes no task options (it reads a token store)",
-                              "drop --task-option")
+            raise ConfigError("task 'language' takes no task options (it reads a token store)", "drop --task-option")
         if self.task == LANGUAGE:
             if not self.corpus:
-                raise ConfigError("task 'language' needs a token store",
-                                  "pass corpus=DIR (--corpus DIR), a directory from `originlens corpus build`")
+                raise ConfigError(
+                    "task 'language' needs a token store",
+                    "pass corpus=DIR (--corpus DIR), a directory from `originlens corpus build`",
+                )
         else:
             if self.corpus:
-                raise ConfigError(f"corpus is only used by task 'language', not {self.task!r}",
-                                  "drop --corpus")
+                raise ConfigError(f"corpus is only used by task 'language', not {self.task!r}", "drop --corpus")
             task = self.make_task()
             self.gpt_config(task.vocab_size, task.seq_len)  # GPT's own validation (heads, untie_at, ...)
 
@@ -273,15 +361,26 @@ class NTPConfig:
         try:
             return get_task(self.task, **{**self.task_options, **extra})
         except TypeError as exc:
-            raise ConfigError(f"task {self.task!r} does not take the options {sorted(self.task_options)} ({exc})",
-                              "drop the unknown --task-option") from None
+            raise ConfigError(
+                f"task {self.task!r} does not take the options {sorted(self.task_options)} ({exc})",
+                "drop the unknown --task-option",
+            ) from None
 
     def gpt_config(self, vocab_size: int, seq_len: int) -> GPTConfig:
         """The model configuration (position table of size T + 1)."""
-        return GPTConfig(vocab_size=vocab_size, seq_len=seq_len, n_layer=self.n_layer, d_model=self.d_model,
-                         n_head=self.n_head, regime=self.regime, untie_at=self.untie_at,
-                         untie_scope=self.untie_scope, n_positions=seq_len + 1, dtype=self.dtype,
-                         attn_impl=self.attn_impl)
+        return GPTConfig(
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            n_layer=self.n_layer,
+            d_model=self.d_model,
+            n_head=self.n_head,
+            regime=self.regime,
+            untie_at=self.untie_at,
+            untie_scope=self.untie_scope,
+            n_positions=seq_len + 1,
+            dtype=self.dtype,
+            attn_impl=self.attn_impl,
+        )
 
     @property
     def effective_eval_seed(self) -> int:
@@ -295,12 +394,13 @@ class NTPConfig:
         return config_identity(self.to_dict())
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], *, where: str = "NTPConfig") -> "NTPConfig":
+    def from_dict(cls, d: dict[str, Any], *, where: str = "NTPConfig") -> NTPConfig:
         """Build from a mapping (unknown keys, wrong types: ConfigError; see ``originlens.config``)."""
         from ..config import from_mapping
+
         return from_mapping(cls, d, where=where)
 
-    def replace(self, **changes: Any) -> "NTPConfig":
+    def replace(self, **changes: Any) -> NTPConfig:
         return NTPConfig.from_dict({**self.to_dict(), **changes})
 
 
@@ -323,8 +423,10 @@ class _SampledData:
         return self.task.sample(self.batch_size, train_rng(self.seed, b)).tokens
 
     def describe(self) -> str:
-        return (f"batch b = {self.task.name}.sample({self.batch_size}, numpy.random.default_rng([seed, "
-                f"{TRAIN_STREAM}, b])).tokens, b = update - 1")
+        return (
+            f"batch b = {self.task.name}.sample({self.batch_size}, numpy.random.default_rng([seed, "
+            f"{TRAIN_STREAM}, b])).tokens, b = update - 1"
+        )
 
 
 class _PoolData:
@@ -340,8 +442,10 @@ class _PoolData:
         return np.asarray(self.pool[self.indices(b)], dtype=np.int64)
 
     def describe(self) -> str:
-        return (f"batch b = rows sort(numpy.random.default_rng([seed, {TRAIN_STREAM}, b]).integers(0, N, "
-                f"{self.batch_size})) of {self.what} (N = {len(self.pool)}), b = update - 1")
+        return (
+            f"batch b = rows sort(numpy.random.default_rng([seed, {TRAIN_STREAM}, b]).integers(0, N, "
+            f"{self.batch_size})) of {self.what} (N = {len(self.pool)}), b = update - 1"
+        )
 
 
 def othello_pool(n: int, seed: int) -> np.ndarray:
@@ -403,14 +507,20 @@ def checkpoint_tensors(model: GPT, optimizer: torch.optim.Optimizer) -> dict[str
     return out
 
 
-def save_checkpoint(path: str | Path, model: GPT, optimizer: torch.optim.Optimizer, step: int,
-                    config: NTPConfig, extra: dict[str, Any] | None = None, *,
-                    vocab_hash: str | None = None) -> Path:
+def save_checkpoint(
+    path: str | Path,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    config: NTPConfig,
+    extra: dict[str, Any] | None = None,
+    *,
+    vocab_hash: str | None = None,
+) -> Path:
     """Write a checkpoint (safetensors, atomic) holding weights, Adam state, step and RNG states;
     ``vocab_hash`` (:func:`originlens.storage.vocab_hash` of the training data's vocabulary) goes into the
     metadata when known."""
-    meta = {"step": int(step), "ntp_config": config.to_dict(), "gpt_config": model.config.to_dict(),
-            **(extra or {})}
+    meta = {"step": int(step), "ntp_config": config.to_dict(), "gpt_config": model.config.to_dict(), **(extra or {})}
     if vocab_hash is not None:
         meta["vocab_hash"] = str(vocab_hash)
     return save_tensors(path, checkpoint_tensors(model, optimizer), kind=CHECKPOINT_KIND, metadata=meta)
@@ -428,32 +538,43 @@ def check_checkpoint_vocab(path: str | Path, meta: dict[str, str], expect_vocab_
             f"{path} was trained on another vocabulary (hash {got}) than the data it is used with "
             f"(hash {expect_vocab_hash})",
             "use the corpus / task the model was trained on (a corpus rebuilt in place gets a new vocabulary), "
-            "or pass --overwrite to train from scratch")
+            "or pass --overwrite to train from scratch",
+        )
 
 
-def load_checkpoint(path: str | Path, model: GPT, optimizer: torch.optim.Optimizer, *,
-                    restore_rng: bool = True, expect_vocab_hash: str | None = None) -> int:
+def load_checkpoint(
+    path: str | Path,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    *,
+    restore_rng: bool = True,
+    expect_vocab_hash: str | None = None,
+) -> int:
     """Load weights, Adam state (and RNG states) of :func:`save_checkpoint` into ``model``/``optimizer``;
     returns the step.  ``expect_vocab_hash``: refuse (``CompatibilityError``) a checkpoint that records
     another vocabulary."""
     arrays, meta = load_tensors(path, kind=CHECKPOINT_KIND)
     check_checkpoint_vocab(path, meta, expect_vocab_hash)
     dev = next(model.parameters()).device
-    state = {k[len("model."):]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
+    state = {k[len("model.") :]: torch.from_numpy(v.copy()) for k, v in arrays.items() if k.startswith("model.")}
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        raise CompatibilityError(f"checkpoint {path} does not fit this model ({str(exc).splitlines()[0]})",
-                                 "resume with the configuration the run was started with") from None
+        raise CompatibilityError(
+            f"checkpoint {path} does not fit this model ({str(exc).splitlines()[0]})",
+            "resume with the configuration the run was started with",
+        ) from None
     names = [n for n, _ in model.named_parameters()]
     opt_state: dict[int, dict[str, torch.Tensor]] = {}
     for i, name in enumerate(names):
         keys = [f"adam.{name}.{k}" for k in ("exp_avg", "exp_avg_sq", "step")]
         if all(k in arrays for k in keys):
-            opt_state[i] = {"exp_avg": torch.from_numpy(arrays[keys[0]].copy()).to(dev),
-                            "exp_avg_sq": torch.from_numpy(arrays[keys[1]].copy()).to(dev),
-                            # save_tensors stores 0-d arrays as shape (1,)
-                            "step": torch.from_numpy(np.array(arrays[keys[2]]).reshape(()))}
+            opt_state[i] = {
+                "exp_avg": torch.from_numpy(arrays[keys[0]].copy()).to(dev),
+                "exp_avg_sq": torch.from_numpy(arrays[keys[1]].copy()).to(dev),
+                # save_tensors stores 0-d arrays as shape (1,)
+                "step": torch.from_numpy(np.array(arrays[keys[2]]).reshape(())),
+            }
     groups = optimizer.state_dict()["param_groups"]
     optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
     if restore_rng:
@@ -468,6 +589,7 @@ def load_checkpoint(path: str | Path, model: GPT, optimizer: torch.optim.Optimiz
 def checkpoint_metadata(path: str | Path) -> dict[str, str]:
     """The string metadata of a checkpoint (without reading its tensors)."""
     from safetensors import safe_open
+
     try:
         with safe_open(str(path), framework="numpy") as f:
             return dict(f.metadata() or {})
@@ -497,10 +619,15 @@ def list_checkpoints(run_path: str | Path) -> list[tuple[int, Path]]:
 
 def save_probe_metrics(path: str | Path, metrics: ProbeMetrics) -> Path:
     """Write :class:`ProbeMetrics` as a plain ``.npz`` (no object arrays, readable without pickle)."""
-    arrays = {"pearson": metrics.pearson, "r2": metrics.r2, "mse": metrics.mse, "accuracy": metrics.accuracy,
-              "layers": np.asarray(metrics.layers, dtype=np.int64),
-              "positions": np.asarray(metrics.positions, dtype=np.int64),
-              "feature_names": np.asarray(metrics.feature_names, dtype=str)}
+    arrays = {
+        "pearson": metrics.pearson,
+        "r2": metrics.r2,
+        "mse": metrics.mse,
+        "accuracy": metrics.accuracy,
+        "layers": np.asarray(metrics.layers, dtype=np.int64),
+        "positions": np.asarray(metrics.positions, dtype=np.int64),
+        "feature_names": np.asarray(metrics.feature_names, dtype=str),
+    }
     for t, v in metrics.by_type.items():
         arrays[f"by_type_{int(t)}"] = v
     buf = io.BytesIO()
@@ -515,13 +642,21 @@ def load_probe_metrics(path: str | Path) -> ProbeMetrics:
         raise InputError(f"{path} not found", "train the run to the end (it writes probe_metrics.npz)")
     with np.load(path, allow_pickle=False) as z:
         by_type = {int(k.split("_")[-1]): z[k] for k in z.files if k.startswith("by_type_")}
-        return ProbeMetrics(pearson=z["pearson"], r2=z["r2"], mse=z["mse"], accuracy=z["accuracy"],
-                            by_type=by_type, layers=z["layers"].tolist(), positions=z["positions"].tolist(),
-                            feature_names=[str(s) for s in z["feature_names"]])
+        return ProbeMetrics(
+            pearson=z["pearson"],
+            r2=z["r2"],
+            mse=z["mse"],
+            accuracy=z["accuracy"],
+            by_type=by_type,
+            layers=z["layers"].tolist(),
+            positions=z["positions"].tolist(),
+            feature_names=[str(s) for s in z["feature_names"]],
+        )
 
 
-def tracked_quality(metrics: ProbeMetrics, layers: Sequence[int], positions: Sequence[int],
-                    features: Sequence[str]) -> dict[str, float]:
+def tracked_quality(
+    metrics: ProbeMetrics, layers: Sequence[int], positions: Sequence[int], features: Sequence[str]
+) -> dict[str, float]:
     """Mean test Pearson r over the given sites and features: overall (``pearson``) and within feature
     type τ (``pearson_type{τ}``: NaN entries — empty or constant subsets — ignored; NaN if none)."""
     li = [metrics.layers.index(k) for k in layers if k in metrics.layers]
@@ -590,13 +725,14 @@ class Trainer:
     (``trainer.last_checkpoint``).
     """
 
-    def __init__(self, config: NTPConfig, run_dir: str | Path, *, resume: bool = False,
-                 overwrite: bool = False) -> None:
+    def __init__(
+        self, config: NTPConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False
+    ) -> None:
         self.config = config
         self.resume = resume
         self.overwrite = overwrite
         self.run_path = Path(run_dir)
-        self.callbacks: dict[str, list[Callable[["Trainer"], None]]] = {e: [] for e in EVENTS}
+        self.callbacks: dict[str, list[Callable[[Trainer], None]]] = {e: [] for e in EVENTS}
         self.step = 0
         self.last_loss = float("nan")
         self.last_eval: dict[str, float] = {}
@@ -607,9 +743,10 @@ class Trainer:
         self._seconds_before = 0.0
         self._t_start = time.time()
         from ..devices import resolve_device
+
         self.device = resolve_device(config.device)
         self.task = None if config.task == LANGUAGE else config.make_task()
-        self._writer = dist_.world()[0] == 0          # under torchrun only rank 0 writes (see run())
+        self._writer = dist_.world()[0] == 0  # under torchrun only rank 0 writes (see run())
         if self._writer:
             self._check_run_dir()
         self.rundir = RunDir(self.run_path)
@@ -620,16 +757,17 @@ class Trainer:
             self._check_checkpoint_vocab()
         self.gpt_config = config.gpt_config(vocab_size, seq_len)
         self.model = self.build_model()
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, betas=config.betas,
-                                          eps=config.eps, weight_decay=0.0)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=0.0
+        )
 
     # -- public API ----------------------------------------------------------------------------------
-    def add_callback(self, event: str, fn: Callable[["Trainer"], None]) -> None:
+    def add_callback(self, event: str, fn: Callable[[Trainer], None]) -> None:
         if event not in self.callbacks:
             raise ConfigError(f"unknown callback event {event!r}", f"use one of: {', '.join(EVENTS)}")
         self.callbacks[event].append(fn)
 
-    def set_callback(self, event: str, fn: Callable[["Trainer"], None]) -> None:
+    def set_callback(self, event: str, fn: Callable[[Trainer], None]) -> None:
         """Replace all callbacks of ``event`` by ``fn`` (minGPT spelling)."""
         self.add_callback(event, fn)
         self.callbacks[event] = [fn]
@@ -643,6 +781,7 @@ class Trainer:
         """Train to ``config.steps`` (resuming if asked), evaluate, probe, save; returns the result.
         The run directory's lock (taken when the trainer was made) is given up when this returns."""
         from ..runs import release_lock
+
         try:
             return self._run()
         finally:
@@ -652,13 +791,19 @@ class Trainer:
     def _run(self) -> TrainResult:
         cfg = self.config
         self._t_start = time.time()
-        dist_.barrier()                               # rank 0 has checked (or cleared) the run directory
+        dist_.barrier()  # rank 0 has checked (or cleared) the run directory
         if self.resume and is_finished(self.run_path, cfg):
             s = read_json(self.rundir.file("summary.json"))
             log(f"{self.run_path}: already finished at step {s['step']}; skipping", level=2)
-            return TrainResult(self.run_path, int(s["step"]), s.get("final_eval", {}), s.get("probe_summary", {}),
-                               float(s.get("seconds", 0.0)), skipped=True)
-        dist_.barrier()                               # every rank has read it; rank 0 may now change it
+            return TrainResult(
+                self.run_path,
+                int(s["step"]),
+                s.get("final_eval", {}),
+                s.get("probe_summary", {}),
+                float(s.get("seconds", 0.0)),
+                skipped=True,
+            )
+        dist_.barrier()  # every rank has read it; rank 0 may now change it
         start = self._restore()
         dist_.same_on_all_ranks(start, "step to resume from")
         if start == 0:
@@ -667,7 +812,7 @@ class Trainer:
             np.random.seed(numpy_global_seed(cfg.seed))
         if self._writer:
             self.rundir.write_config(cfg)
-        with dist_.rank_zero_first():                 # rank 0 writes the Othello pool, the others read it
+        with dist_.rank_zero_first():  # rank 0 writes the Othello pool, the others read it
             self.data = self._train_data()
         self.eval_data = self._eval_data()
         if self._writer:
@@ -679,14 +824,15 @@ class Trainer:
         with deferred() as stop, closing(bar):
             for b in range(start, cfg.steps):
                 x = torch.from_numpy(self.data.batch(b)).to(self.device)
-                loss = parallel.shard_loss(self.model, x)     # this rank's rows of the global batch
-                value = parallel.global_value(loss)          # Σ over ranks: the global batch's loss
+                loss = parallel.shard_loss(self.model, x)  # this rank's rows of the global batch
+                value = parallel.global_value(loss)  # Σ over ranks: the global batch's loss
                 if not math.isfinite(value):
                     last = str(self.last_checkpoint) if self.last_checkpoint else "none (no checkpoint yet)"
                     raise NumericalError(
                         f"training loss is {value} at update {b + 1} ({cfg.task}/{cfg.regime}, seed {cfg.seed}); "
                         f"last good checkpoint: {last}",
-                        "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume")
+                        "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume",
+                    )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 parallel.allreduce_gradients(self.model.parameters())
@@ -697,8 +843,15 @@ class Trainer:
                 window.append(value)
                 bar.update(1)
                 if (self.step % cfg.log_every == 0 or self.step == cfg.steps) and self._writer:
-                    self.rundir.log_metrics({"event": "train", "step": self.step, "loss": float(np.mean(window)),
-                                             "last_loss": value, "time": self._elapsed()})
+                    self.rundir.log_metrics(
+                        {
+                            "event": "train",
+                            "step": self.step,
+                            "loss": float(np.mean(window)),
+                            "last_loss": value,
+                            "time": self._elapsed(),
+                        }
+                    )
                     bar.set_postfix(loss=f"{np.mean(window):.4f}")
                     window = []
                 self._fire("on_step_end")
@@ -712,12 +865,12 @@ class Trainer:
                 if dist_.any_rank(stop.requested):
                     self._stop_on_signal(stop.signal or "SIGINT")
         self.step = cfg.steps
-        dist_.rank_zero_only(self._evaluate, probe=self._can_probe())   # probes always at the end
+        dist_.rank_zero_only(self._evaluate, probe=self._can_probe())  # probes always at the end
         cks = list_checkpoints(self.run_path)
         if not cks or cks[-1][0] != cfg.steps:
             self._checkpoint()
         result = self._finish(self._elapsed())
-        dist_.barrier()                               # rank 0 has written the final files
+        dist_.barrier()  # rank 0 has written the final files
         return result
 
     # -- setup ---------------------------------------------------------------------------------------
@@ -726,7 +879,8 @@ class Trainer:
         if p.exists() and not p.is_dir():
             raise InputError(f"run directory {p} is a file", "choose another --out")
         from ..runs import hold_lock
-        hold_lock(p)                                  # one writer per run, before anything is read or removed
+
+        hold_lock(p)  # one writer per run, before anything is read or removed
         cfg_file = p / "config.json"
         if not cfg_file.is_file():
             return
@@ -737,28 +891,42 @@ class Trainer:
         if old_id != new_id:
             if not self.overwrite:
                 diff = sorted(set(old_id) | set(new_id))
-                parts = [f"{k}: {old_id.get(k)!r} (there) vs {new_id.get(k)!r} (requested)"
-                         for k in diff if old_id.get(k) != new_id.get(k)]
+                parts = [
+                    f"{k}: {old_id.get(k)!r} (there) vs {new_id.get(k)!r} (requested)"
+                    for k in diff
+                    if old_id.get(k) != new_id.get(k)
+                ]
                 raise CompatibilityError(
                     f"{p} holds a run with a different configuration "
                     f"(there: task={old.get('task')}, regime={old.get('regime')}, seed={old.get('seed')}; "
                     f"requested: task={new['task']}, regime={new['regime']}, seed={new['seed']}; differing: "
-                    + "; ".join(parts) + ")",
-                    "choose another --out, or pass --overwrite to replace it")
+                    + "; ".join(parts)
+                    + ")",
+                    "choose another --out, or pass --overwrite to replace it",
+                )
             self._clear()
             return
         has_progress = bool(list_checkpoints(p)) or (p / "model.safetensors").exists()
         if has_progress and not (self.resume or self.overwrite):
-            raise CompatibilityError(f"{p} already holds this run (checkpoints or a final model)",
-                                     "pass --resume to continue it, or --overwrite to start over")
+            raise CompatibilityError(
+                f"{p} already holds this run (checkpoints or a final model)",
+                "pass --resume to continue it, or --overwrite to start over",
+            )
         if self.overwrite:
             self._clear()
 
     def _clear(self) -> None:
         """Remove the artefacts this trainer writes (only those) from the run directory."""
         p = self.run_path
-        for name in ("metrics.jsonl", "model.safetensors", "probes.safetensors", "probe_metrics.npz",
-                     "summary.json", "config.json", "data/othello-pool.npy"):
+        for name in (
+            "metrics.jsonl",
+            "model.safetensors",
+            "probes.safetensors",
+            "probe_metrics.npz",
+            "summary.json",
+            "config.json",
+            "data/othello-pool.npy",
+        ):
             (p / name).unlink(missing_ok=True)
         for _, ck in list_checkpoints(p):
             ck.unlink(missing_ok=True)
@@ -767,17 +935,23 @@ class Trainer:
         if self.task is not None:
             return self.task.vocab_size, self.task.seq_len
         from ..data import load_token_array
+
         tokens, vocab, manifest = load_token_array(self.config.corpus)
         n, t1 = tokens.shape
         if n <= self.config.eval_size:
-            raise ConfigError(f"corpus {self.config.corpus} has {n} windows, not more than eval_size="
-                              f"{self.config.eval_size}", "lower --eval-size (the rest are training windows)")
+            raise ConfigError(
+                f"corpus {self.config.corpus} has {n} windows, not more than eval_size={self.config.eval_size}",
+                "lower --eval-size (the rest are training windows)",
+            )
         vs = len(vocab) if vocab is not None else int(tokens.max()) + 1
         self._corpus_tokens = tokens
-        self._corpus_info = {"windows": n, "vocab_size": vs,
-                             "vocab_hash": (manifest or {}).get("vocab_hash") or (
-                                 vocab_hash(vocab, len(vocab)) if vocab is not None else None),
-                             "tokens_sha256": (manifest or {}).get("tokens_sha256")}
+        self._corpus_info = {
+            "windows": n,
+            "vocab_size": vs,
+            "vocab_hash": (manifest or {}).get("vocab_hash")
+            or (vocab_hash(vocab, len(vocab)) if vocab is not None else None),
+            "tokens_sha256": (manifest or {}).get("tokens_sha256"),
+        }
         return vs, t1
 
     def _data_vocab_hash(self) -> str | None:
@@ -816,14 +990,21 @@ class Trainer:
                 pool = othello_pool(cfg.othello_pool, cfg.seed)
                 atomic_save_npy(path, pool)
                 log(f"generated {len(pool)} Othello games in {time.time() - t0:.0f} s ({path})", level=2)
-            return _PoolData(pool, cfg.seed, cfg.batch_size,
-                             f"a pool of Othello games (chunk c of {POOL_CHUNK}: default_rng([seed, "
-                             f"{POOL_STREAM}, c]))")
+            return _PoolData(
+                pool,
+                cfg.seed,
+                cfg.batch_size,
+                f"a pool of Othello games (chunk c of {POOL_CHUNK}: default_rng([seed, {POOL_STREAM}, c]))",
+            )
         if cfg.train_size:
             pool = self.task.sample(cfg.train_size, np.random.default_rng([cfg.seed, POOL_STREAM])).tokens
-            return _PoolData(pool.astype(np.uint8), cfg.seed, cfg.batch_size,
-                             f"a fixed training set {cfg.task}.sample({cfg.train_size}, numpy.random.default_rng("
-                             f"[seed, {POOL_STREAM}])).tokens")
+            return _PoolData(
+                pool.astype(np.uint8),
+                cfg.seed,
+                cfg.batch_size,
+                f"a fixed training set {cfg.task}.sample({cfg.train_size}, numpy.random.default_rng("
+                f"[seed, {POOL_STREAM}])).tokens",
+            )
         return _SampledData(self.task, cfg.seed, cfg.batch_size)
 
     def _eval_data(self) -> EvalData:
@@ -831,10 +1012,10 @@ class Trainer:
         if cfg.eval_size == 0:
             return EvalData(np.zeros((0, self.gpt_config.seq_len), dtype=np.int64), None)
         if cfg.task == LANGUAGE:
-            tok = np.asarray(self._corpus_tokens[len(self._corpus_tokens) - cfg.eval_size:], dtype=np.int64)
+            tok = np.asarray(self._corpus_tokens[len(self._corpus_tokens) - cfg.eval_size :], dtype=np.int64)
             return EvalData(tok, None)
         rng = np.random.default_rng([cfg.effective_eval_seed, EVAL_STREAM])
-        sample = getattr(self.task, "sample_eval", self.task.sample)   # held-out split (tinystories)
+        sample = getattr(self.task, "sample_eval", self.task.sample)  # held-out split (tinystories)
         batch = sample(cfg.eval_size, rng)
         return EvalData(batch.tokens, batch)
 
@@ -849,7 +1030,8 @@ class Trainer:
             if changed:
                 raise CompatibilityError(
                     f"{self.run_path} was started on other data (differs in: {', '.join(changed)})",
-                    "resume on the data the run started with, or pass --overwrite to start over")
+                    "resume on the data the run started with, or pass --overwrite to start over",
+                )
         self._thread_history = self._threads_used(env if resumed else None)
         self._write_environment_file(hashes)
 
@@ -863,9 +1045,12 @@ class Trainer:
         before = read_json(env)
         history = [int(t) for t in before.get("torch_threads_history") or [before.get("torch_threads", now)]]
         if self.device.type == "cpu" and history[0] != now and self._writer:
-            log(f"warning: {self.run_path} started with {history[0]} torch thread(s) and resumes with {now}; "
+            log(
+                f"warning: {self.run_path} started with {history[0]} torch thread(s) and resumes with {now}; "
                 f"on CPU the weights after this point differ in the last bits from an uninterrupted run "
-                f"(pass --threads {history[0]} for a bit-identical resume)", level=0)
+                f"(pass --threads {history[0]} for a bit-identical resume)",
+                level=0,
+            )
         return history + [now]
 
     def _data_hashes(self) -> dict[str, str]:
@@ -886,20 +1071,30 @@ class Trainer:
 
     def _write_environment_file(self, hashes: dict[str, str]) -> None:
         self.rundir.write_environment(
-            seeds={"seed": self.config.seed, "eval_seed": self.config.effective_eval_seed,
-                   "model_init": f"torch.manual_seed({self.config.seed})",
-                   "numpy_global": f"numpy.random.seed({numpy_global_seed(self.config.seed)})"},
+            seeds={
+                "seed": self.config.seed,
+                "eval_seed": self.config.effective_eval_seed,
+                "model_init": f"torch.manual_seed({self.config.seed})",
+                "numpy_global": f"numpy.random.seed({numpy_global_seed(self.config.seed)})",
+            },
             data_hashes=hashes,
-            extra={"data_order": self.data.describe(),
-                   "eval_set": (f"last {self.config.eval_size} windows of {self.config.corpus}"
-                                if self.config.task == LANGUAGE else
-                                f"{self.config.task}.sample({self.config.eval_size}, numpy.random.default_rng("
-                                f"[eval_seed, {EVAL_STREAM}]))"),
-                   "device": str(self.device), "torch_threads": torch.get_num_threads(),
-                   "torch_threads_history": getattr(self, "_thread_history", [torch.get_num_threads()]),
-                   "processes": dist_.world()[1],
-                   "gpt_config": self.gpt_config.to_dict(), "num_params": self.model.num_params(),
-                   "corpus": self._corpus_info or None})
+            extra={
+                "data_order": self.data.describe(),
+                "eval_set": (
+                    f"last {self.config.eval_size} windows of {self.config.corpus}"
+                    if self.config.task == LANGUAGE
+                    else f"{self.config.task}.sample({self.config.eval_size}, numpy.random.default_rng("
+                    f"[eval_seed, {EVAL_STREAM}]))"
+                ),
+                "device": str(self.device),
+                "torch_threads": torch.get_num_threads(),
+                "torch_threads_history": getattr(self, "_thread_history", [torch.get_num_threads()]),
+                "processes": dist_.world()[1],
+                "gpt_config": self.gpt_config.to_dict(),
+                "num_params": self.model.num_params(),
+                "corpus": self._corpus_info or None,
+            },
+        )
 
     def _restore(self) -> int:
         """Load the latest checkpoint when resuming; trims metrics logged after it.  Returns its step."""
@@ -911,38 +1106,62 @@ class Trainer:
             return 0
         step, path = cks[-1]
         if step > self.config.steps:
-            raise ConfigError(f"{self.run_path} is already at step {step} > steps={self.config.steps}",
-                              "pass --steps ≥ the trained steps, or --overwrite to start over")
+            raise ConfigError(
+                f"{self.run_path} is already at step {step} > steps={self.config.steps}",
+                "pass --steps ≥ the trained steps, or --overwrite to start over",
+            )
         loaded = load_checkpoint(path, self.model, self.optimizer, expect_vocab_hash=self.vocab_hash)
         if loaded != step:
             raise CompatibilityError(f"{path} says step {loaded}", "the checkpoint was renamed; remove it")
-        bad = [n for n, t in [*self.model.named_parameters(), *(
-            (f"adam.{i}.{k}", v) for i, st in enumerate(self.optimizer.state.values())
-            for k, v in st.items() if torch.is_tensor(v))] if not bool(torch.isfinite(t).all())]
+        bad = [
+            n
+            for n, t in [
+                *self.model.named_parameters(),
+                *(
+                    (f"adam.{i}.{k}", v)
+                    for i, st in enumerate(self.optimizer.state.values())
+                    for k, v in st.items()
+                    if torch.is_tensor(v)
+                ),
+            ]
+            if not bool(torch.isfinite(t).all())
+        ]
         if bad:
             earlier = [str(p) for s_, p in cks if s_ < step]
-            raise NumericalError(f"checkpoint {path} holds non-finite values (in {', '.join(bad[:3])}"
-                                 + (" …" if len(bad) > 3 else "") + "); it is not a good checkpoint to resume from",
-                                 f"delete it to resume from {earlier[-1]}" if earlier else
-                                 "delete it, or pass --overwrite to start over")
+            raise NumericalError(
+                f"checkpoint {path} holds non-finite values (in {', '.join(bad[:3])}"
+                + (" …" if len(bad) > 3 else "")
+                + "); it is not a good checkpoint to resume from",
+                f"delete it to resume from {earlier[-1]}"
+                if earlier
+                else "delete it, or pass --overwrite to start over",
+            )
         if self._writer:
             # Records after the checkpoint are dropped (they are logged again).  The final checkpoint is
             # written after the final eval/probe records of the same step, and run() always evaluates at
             # the end: resuming from it (a kill before the final model/summary) re-logs them, so they go too.
             final = step == self.config.steps
-            kept = [r for r in self.rundir.read_metrics() if int(r.get("step", 0)) < step or (
-                int(r.get("step", 0)) == step and not (final and r.get("event") in ("eval", "probe")))]
-            atomic_write_bytes(self.rundir.file("metrics.jsonl"),
-                               "".join(json.dumps(r) + "\n" for r in kept).encode("utf-8"))
+            kept = [
+                r
+                for r in self.rundir.read_metrics()
+                if int(r.get("step", 0)) < step
+                or (int(r.get("step", 0)) == step and not (final and r.get("event") in ("eval", "probe")))
+            ]
+            atomic_write_bytes(
+                self.rundir.file("metrics.jsonl"), "".join(json.dumps(r) + "\n" for r in kept).encode("utf-8")
+            )
             self.rundir.file("summary.json").unlink(missing_ok=True)
         self.last_checkpoint = path
         self.step = step
         meta = checkpoint_metadata(path)
         self._seconds_before = float(json.loads(meta.get("train_seconds", "0")))
         if int(json.loads(meta.get("processes", "1"))) != dist_.world()[1]:
-            log(f"note: {path} was written by a run with {json.loads(meta.get('processes', '1'))} process(es), "
+            log(
+                f"note: {path} was written by a run with {json.loads(meta.get('processes', '1'))} process(es), "
                 f"resuming with {dist_.world()[1]}: the continuation equals an uninterrupted run to round-off "
-                "only (bit-exact resume needs the same number of processes)", level=1)
+                "only (bit-exact resume needs the same number of processes)",
+                level=1,
+            )
         log(f"resuming {self.run_path} from step {step}", level=2)
         return step
 
@@ -984,12 +1203,15 @@ class Trainer:
         positions = self._probe_positions() if probe else []
         K = self.gpt_config.n_layer + 1
         n_probe = cfg.probe_size if probe else 0
-        resid = [np.empty((n_probe, len(positions), self.gpt_config.d_model), dtype=np.float32)
-                 for _ in range(K)] if probe else []
+        resid = (
+            [np.empty((n_probe, len(positions), self.gpt_config.d_model), dtype=np.float32) for _ in range(K)]
+            if probe
+            else []
+        )
         preds = np.empty((n, tokens.shape[1]), dtype=np.int64)
         total, count = 0.0, 0
         width = max(self.gpt_config.vocab_size, 4 * self.gpt_config.d_model)
-        chunk = max(1, min(n, (1 << 26) // (tokens.shape[1] * width)))   # ≈ 256 MB of logits/activations
+        chunk = max(1, min(n, (1 << 26) // (tokens.shape[1] * width)))  # ≈ 256 MB of logits/activations
         pos_idx = torch.tensor(positions, dtype=torch.long, device=self.device)
         for a in range(0, n, chunk):
             b = min(n, a + chunk)
@@ -1000,8 +1222,9 @@ class Trainer:
             else:
                 logits = self.model(x)
             V = logits.shape[-1]
-            ce = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V).double(),
-                                                   x[:, 1:].reshape(-1), reduction="sum")
+            ce = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, V).double(), x[:, 1:].reshape(-1), reduction="sum"
+            )
             total += float(ce)
             count += (b - a) * (x.shape[1] - 1)
             preds[a:b] = logits.argmax(-1).cpu().numpy()
@@ -1015,8 +1238,9 @@ class Trainer:
         if self.eval_data.batch is not None:
             record.update(task_metrics(preds, self.eval_data.batch))
         if not math.isfinite(record["eval_loss"]):
-            raise NumericalError(f"eval loss is {record['eval_loss']} at step {self.step}",
-                                 "lower --lr; resume from the last checkpoint")
+            raise NumericalError(
+                f"eval loss is {record['eval_loss']} at step {self.step}", "lower --lr; resume from the last checkpoint"
+            )
         self.last_eval = record
         self.rundir.log_metrics({"event": "eval", "step": self.step, **record})
         self._fire("on_eval")
@@ -1031,9 +1255,16 @@ class Trainer:
         FT = None if batch.feature_types is None else batch.feature_types[:n][:, positions]
         ws, bs, per_layer = [], [], []
         for r in resid:
-            ps, pm = fit_probes(r[:, None], Y, feature_names=batch.feature_names, feature_types=FT,
-                                layers=[0], positions=list(range(len(positions))), alpha=cfg.probe_alpha,
-                                train_frac=cfg.probe_train_frac)
+            ps, pm = fit_probes(
+                r[:, None],
+                Y,
+                feature_names=batch.feature_names,
+                feature_types=FT,
+                layers=[0],
+                positions=list(range(len(positions))),
+                alpha=cfg.probe_alpha,
+                train_frac=cfg.probe_train_frac,
+            )
             ws.append(ps.weights)
             bs.append(ps.intercepts)
             per_layer.append(pm)
@@ -1042,16 +1273,28 @@ class Trainer:
         shape = per_layer[0].pearson.shape[1:]
 
         def stack(get: Callable[[ProbeMetrics], np.ndarray | None]) -> np.ndarray:
-            return np.concatenate([get(pm) if get(pm) is not None else np.full((1, *shape), np.nan)
-                                   for pm in per_layer])
+            return np.concatenate(
+                [get(pm) if get(pm) is not None else np.full((1, *shape), np.nan) for pm in per_layer]
+            )
 
-        metrics = ProbeMetrics(pearson=stack(lambda m: m.pearson), r2=stack(lambda m: m.r2),
-                               mse=stack(lambda m: m.mse), accuracy=stack(lambda m: m.accuracy),
-                               by_type={t: stack(lambda m, t=t: m.by_type.get(t)) for t in types},
-                               layers=layers, positions=list(positions), feature_names=list(batch.feature_names))
-        self.probes = ProbeSet(weights=np.concatenate(ws), intercepts=np.concatenate(bs), layers=layers,
-                               positions=list(positions), feature_names=list(batch.feature_names),
-                               alpha=float(cfg.probe_alpha))
+        metrics = ProbeMetrics(
+            pearson=stack(lambda m: m.pearson),
+            r2=stack(lambda m: m.r2),
+            mse=stack(lambda m: m.mse),
+            accuracy=stack(lambda m: m.accuracy),
+            by_type={t: stack(lambda m, t=t: m.by_type.get(t)) for t in types},
+            layers=layers,
+            positions=list(positions),
+            feature_names=list(batch.feature_names),
+        )
+        self.probes = ProbeSet(
+            weights=np.concatenate(ws),
+            intercepts=np.concatenate(bs),
+            layers=layers,
+            positions=list(positions),
+            feature_names=list(batch.feature_names),
+            alpha=float(cfg.probe_alpha),
+        )
         self.probe_metrics = metrics
         self.last_probe = probe_summary(metrics, self.task.tracked)
         self.rundir.log_metrics({"event": "probe", "step": self.step, **self.last_probe})
@@ -1064,17 +1307,25 @@ class Trainer:
         if not cks or cks[-1][0] != self.step:
             self._checkpoint()
         where = self.last_checkpoint or checkpoint_path(self.rundir, self.step)
-        raise Interrupted(f"{name} at update {self.step}/{self.config.steps}: checkpoint {where} written; "
-                          f"continue with --resume", name)
+        raise Interrupted(
+            f"{name} at update {self.step}/{self.config.steps}: checkpoint {where} written; continue with --resume",
+            name,
+        )
 
     def _checkpoint(self) -> None:
         parallel.check_in_sync(self.model.parameters(), f"update {self.step}")
         if not self._writer:
             return
         path = checkpoint_path(self.rundir, self.step)
-        save_checkpoint(path, self.model, self.optimizer, self.step, self.config,
-                        extra={"data_order": self.data.describe(), "train_seconds": self._elapsed(),
-                               "processes": dist_.world()[1]}, vocab_hash=self.vocab_hash)
+        save_checkpoint(
+            path,
+            self.model,
+            self.optimizer,
+            self.step,
+            self.config,
+            extra={"data_order": self.data.describe(), "train_seconds": self._elapsed(), "processes": dist_.world()[1]},
+            vocab_hash=self.vocab_hash,
+        )
         self.last_checkpoint = path
         keep = self.config.keep_checkpoints
         if keep:
@@ -1093,9 +1344,18 @@ class Trainer:
         if self.probes is not None and self.probe_metrics is not None:
             self.probes.save(self.rundir.file("probes.safetensors"))
             save_probe_metrics(self.rundir.file("probe_metrics.npz"), self.probe_metrics)
-        summary = {"finished": True, "step": self.step, "task": cfg.task, "regime": cfg.regime, "seed": cfg.seed,
-                   "identity": cfg.identity(), "final_eval": self.last_eval, "probe_summary": self.last_probe,
-                   "seconds": seconds, "num_params": self.model.num_params()}
+        summary = {
+            "finished": True,
+            "step": self.step,
+            "task": cfg.task,
+            "regime": cfg.regime,
+            "seed": cfg.seed,
+            "identity": cfg.identity(),
+            "final_eval": self.last_eval,
+            "probe_summary": self.last_probe,
+            "seconds": seconds,
+            "num_params": self.model.num_params(),
+        }
         atomic_write_json(self.rundir.file("summary.json"), summary)
         return TrainResult(self.run_path, self.step, dict(self.last_eval), dict(self.last_probe), seconds)
 
@@ -1109,15 +1369,22 @@ def _check_finite(named: Any, what: str, update: int, cfg: NTPConfig, last: Path
     raise NumericalError(
         f"non-finite {what} of parameter {name!r} at update {update} ({cfg.task}/{cfg.regime}, seed {cfg.seed}); "
         f"last good checkpoint: {last if last else 'none (no checkpoint yet)'}",
-        "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume")
+        "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume",
+    )
 
 
 def _due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
 
 
-def train(config: NTPConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-          callbacks: dict[str, Callable[[Trainer], None]] | None = None) -> TrainResult:
+def train(
+    config: NTPConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    callbacks: dict[str, Callable[[Trainer], None]] | None = None,
+) -> TrainResult:
     """Convenience wrapper: build a :class:`Trainer`, register ``callbacks``, run it."""
     trainer = Trainer(config, run_dir, resume=resume, overwrite=overwrite)
     for event, fn in (callbacks or {}).items():

@@ -26,24 +26,28 @@ Caveats: bit-exact resume needs the same number of processes (the summation orde
 process; a run trained with W > 1 replays in one process (``ntp attribute``) only to round-off, so the
 replay's bit-exact checks need ``--replay-rtol``.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
 from ..distributed import _collective_device, all_reduce_sum, is_distributed, shard_bounds, world
 from ..errors import ConfigError, NumericalError
 
-BUCKET_ELEMENTS = 1 << 24          # gradients are all-reduced in flat buckets of at most this many values
+BUCKET_ELEMENTS = 1 << 24  # gradients are all-reduced in flat buckets of at most this many values
 
 
 def shard_rows(n: int) -> tuple[int, int]:
     """This rank's contiguous rows [start, stop) of a global batch of ``n`` sequences ((0, n) alone)."""
     rank, world_size = world()
     if world_size > n:
-        raise ConfigError(f"{world_size} processes cannot share a batch of {n} sequences",
-                          f"use a batch size ≥ {world_size} or fewer processes (--nproc_per_node)")
+        raise ConfigError(
+            f"{world_size} processes cannot share a batch of {n} sequences",
+            f"use a batch size ≥ {world_size} or fewer processes (--nproc_per_node)",
+        )
     return shard_bounds(n, rank, world_size)
 
 
@@ -78,9 +82,11 @@ def allreduce_gradients(params: Iterable[torch.nn.Parameter]) -> None:
     grads = [p.grad for p in params if p.grad is not None]
     bucket: list[torch.Tensor] = []
     size = 0
-    for g in grads + [None]:                       # None flushes the last bucket
-        if g is not None and (not bucket or (size + g.numel() <= BUCKET_ELEMENTS
-                                              and g.dtype == bucket[0].dtype and g.device == bucket[0].device)):
+    for g in grads + [None]:  # None flushes the last bucket
+        if g is not None and (
+            not bucket
+            or (size + g.numel() <= BUCKET_ELEMENTS and g.dtype == bucket[0].dtype and g.device == bucket[0].device)
+        ):
             bucket.append(g)
             size += g.numel()
             continue
@@ -88,13 +94,14 @@ def allreduce_gradients(params: Iterable[torch.nn.Parameter]) -> None:
             flat = all_reduce_sum(torch.cat([b.reshape(-1) for b in bucket]))
             offset = 0
             for b in bucket:
-                b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                b.copy_(flat[offset : offset + b.numel()].view_as(b))
                 offset += b.numel()
         bucket, size = ([g], g.numel()) if g is not None else ([], 0)
 
 
-def mean_over_shards(accumulate: Callable[[torch.Tensor], float], batch: torch.Tensor,
-                     params: Iterable[torch.nn.Parameter]) -> float:
+def mean_over_shards(
+    accumulate: Callable[[torch.Tensor], float], batch: torch.Tensor, params: Iterable[torch.nn.Parameter]
+) -> float:
     """Data-parallel form of a mean-loss gradient accumulator ``accumulate(rows) -> mean loss`` that adds
     ∇(mean loss over ``rows``) to ``.grad``: this rank's slice, scaled by B_r / B, summed over the ranks.
     Returns the global mean loss (the same on every rank).  Alone: ``accumulate(batch)``.  A rank left
@@ -105,19 +112,18 @@ def mean_over_shards(accumulate: Callable[[torch.Tensor], float], batch: torch.T
         return accumulate(batch)
     n = batch.shape[0]
     rank, world_size = world()
-    a, b = shard_bounds(n, rank, world_size)      # a short last batch may leave a rank without rows
+    a, b = shard_bounds(n, rank, world_size)  # a short last batch may leave a rank without rows
     params = list(params)
     total = accumulate(batch[a:b]) if b > a else 0.0
     scale = (b - a) / n
     with torch.no_grad():
         for p in params:
             if p.grad is None:
-                p.grad = torch.zeros_like(p)      # every rank sends a buffer of the same layout
+                p.grad = torch.zeros_like(p)  # every rank sends a buffer of the same layout
             else:
                 p.grad.mul_(scale)
     allreduce_gradients(params)
-    return float(all_reduce_sum(torch.tensor([total * scale], dtype=torch.float64,
-                                             device=_device_of(params))).item())
+    return float(all_reduce_sum(torch.tensor([total * scale], dtype=torch.float64, device=_device_of(params))).item())
 
 
 def check_in_sync(params: Iterable[torch.Tensor], where: str) -> None:
@@ -126,6 +132,7 @@ def check_in_sync(params: Iterable[torch.Tensor], where: str) -> None:
     if not is_distributed():
         return
     import torch.distributed as dist
+
     params = [p.detach() for p in params]
     dev = _device_of(params)
     s = torch.zeros(2, dtype=torch.float64, device=dev)
@@ -133,12 +140,14 @@ def check_in_sync(params: Iterable[torch.Tensor], where: str) -> None:
         d = p.double().reshape(-1)
         s[0] += d.sum()
         s[1] += (d * (1.0 + (torch.arange(d.numel(), device=dev, dtype=torch.float64) % 7) + i)).sum()
-    s = s.to(_collective_device())                 # gloo gathers CPU tensors only
+    s = s.to(_collective_device())  # gloo gathers CPU tensors only
     out = [torch.empty_like(s) for _ in range(dist.get_world_size())]
     dist.all_gather(out, s)
     if any(not torch.equal(o, out[0]) for o in out[1:]):
-        raise NumericalError(f"the ranks' weights differ at {where} (data-parallel runs must stay identical)",
-                             "report this as a bug; resume from the last checkpoint with one process")
+        raise NumericalError(
+            f"the ranks' weights differ at {where} (data-parallel runs must stay identical)",
+            "report this as a bug; resume from the last checkpoint with one process",
+        )
 
 
 def _device_of(params: list[torch.Tensor]) -> torch.device:
