@@ -37,7 +37,7 @@ def np_weights(m: AssocModel) -> dict[str, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------------------------
-# TEST HELPER: brute-force forward and the exact gradients of Lemma D.7 (spec §4.3), numpy float64
+# TEST HELPER: brute-force forward and the exact gradients of Lemma D.7 of arXiv 2601.19208, numpy float64
 
 
 def np_forward(w, x, L):

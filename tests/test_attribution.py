@@ -3,7 +3,7 @@
 References written here in float64 on a tiny pre-LN GPT (2 layers, d = 8, 2 heads, T = 6, B = 3):
 per-position losses are recomputed with ``F.cross_entropy``, adjoints with ``autograd.grad`` on the
 residuals, Adam moments with an explicit loop, ∇R with an explicit backward of the mismatch.  The
-decomposition's fast path is checked against ``method="brute"`` (the spec §2 stop-gradient definition).
+decomposition's fast path is checked against ``method="brute"`` (the stop-gradient definition of arXiv 2603.14087 Prop. 3.1; docs/concepts.md).
 """
 
 from __future__ import annotations
@@ -379,7 +379,7 @@ def test_adam_attribution_sums_to_real_update(kind, method):
         torch.testing.assert_close(
             flat(dict(shadow.named_parameters())), flat(dict(model.named_parameters())), rtol=1e-13, atol=atol
         )
-        # explicit per-component Adam (spec §4.3), written out here
+        # explicit per-component Adam (the optimiser-aware attribution of docs/concepts.md), written out here
         g = dec[sites[0]].full
         for n in names:
             v_ref[n] = b2 * v_ref[n] + (1 - b2) * g[n] ** 2

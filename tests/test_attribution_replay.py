@@ -2,7 +2,7 @@
 
 References written here in float64 on tiny runs trained by the NTP trainer: the batches are redrawn with
 the documented data-order rule (``default_rng([seed, 7, b])``), the pathway components come from the
-spec §2 stop-gradient definition (own hook, own per-position losses), Adam's component moments from an
+stop-gradient definition of arXiv 2603.14087 Prop. 3.1 (own hook, own per-position losses), Adam's component moments from an
 explicit loop, ∇R from an explicit backward of the mismatch against a forward of the final model.
 """
 
@@ -116,7 +116,7 @@ def majority_batch(seed: int, b: int, n: int, train_size: int = TRAIN_SIZE) -> t
 
 
 def brute_components(model: GPT, x: torch.Tensor, k: int, i: int) -> dict[str, list[torch.Tensor]]:
-    """G_dir, G_pre, G_sh and ∇L by the stop-gradient definition (spec §2)."""
+    """G_dir, G_pre, G_sh and ∇L by the stop-gradient definition (arXiv 2603.14087 Prop. 3.1)."""
     params = list(model.parameters())
     B, T = x.shape
 
@@ -244,7 +244,7 @@ def test_adam_and_sgd_influences_equal_bruteforce(maj, tmp_path):
             # the real step θ_{s−1} − θ_s is what the components sum to
             step = [a.detach() - b.detach() for a, b in zip(model.parameters(), params_at(maj, s).parameters())]
             assert close(row["influence"], dot(step, gR), scale=1e-3, rtol=1e-6)
-            # mismatch columns: R(θ_{s−1}) and R(θ_{s−1} − Σ_c Δ_c) = R(θ_s) on the same batch (§4.4 check)
+            # mismatch columns: R(θ_{s−1}) and R(θ_{s−1} − Σ_c Δ_c) = R(θ_s) on the same batch (the two-run protocol's check)
             assert close(row["mismatch"], mismatch_value(model, final, x, k, i, w), scale=1e-12, rtol=1e-9)
             assert close(
                 row["mismatch_after"], mismatch_value(params_at(maj, s), final, x, k, i, w), scale=1e-12, rtol=1e-6
@@ -426,7 +426,7 @@ def test_sign_pattern_reads_the_spec_table():
     def mk(comp, ty, mean, lo, hi):
         return ostore.Summary({"type": ty, "component": comp}, mean, lo, hi, 10, 1.0, "t", 0.95)
 
-    # spec §8 bar midpoints / CIs
+    # the paper's Othello bar midpoints / CIs (arXiv 2603.14087)
     summ = [
         mk("direct", 2, 7.61, 2.85, 12.38),
         mk("direct", 1, -0.97, -4.69, 2.74),

@@ -163,17 +163,32 @@ def test_demo_resumes_finished_stages(tmp_path, capsys, monkeypatch):
     assert "finished in an earlier run" not in capsys.readouterr().err
 
 
-def test_demo_nested_commands_keep_the_demo_verbosity(tmp_path, monkeypatch):
-    """The demo runs its commands in-process with -q when quiet; that must not change the verbosity the
-    demo's own status lines use afterwards (it silenced every later "[demo] stage ... done" line)."""
-    import numpy as np
-
+def test_demo_library_steps_keep_the_demo_verbosity(monkeypatch):
+    """The demo runs its steps through the library, silenced when the demo is quiet; that must not change
+    the verbosity the demo's own status lines use afterwards, even when a step fails."""
     from originlens import progress
-    from originlens.demo import _cli
+    from originlens.demo import _quietly
 
-    np.save(tmp_path / "t.npy", np.random.default_rng(0).integers(0, 7, size=(20, 9)).astype(np.int32))
     monkeypatch.setattr(progress, "_VERBOSITY", None)
-    monkeypatch.setenv("CI", "1")  # automatic verbosity → quiet → nested "-q"
-    _cli(["stats", "--tokens", tmp_path / "t.npy", "--vocab-size", 7, "--out", tmp_path / "st"])
-    assert (tmp_path / "st").exists()
+    monkeypatch.setenv("CI", "1")  # automatic verbosity → quiet
+    with _quietly():
+        assert progress.verbosity() == 0 and progress._VERBOSITY == 0
     assert progress._VERBOSITY is None
+    try:
+        with _quietly():
+            raise RuntimeError("a failing step")
+    except RuntimeError:
+        pass
+    assert progress._VERBOSITY is None
+
+
+def test_demo_imports_no_cli():
+    """The demo is a library client: it never goes through the command line (layering)."""
+    import ast
+    from pathlib import Path
+
+    import originlens.demo as demo
+
+    tree = ast.parse(Path(demo.__file__).read_text())
+    mods = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in mods if m == "cli" or m.startswith("cli.")]

@@ -1,7 +1,7 @@
 """Builds on the real TinyStories subset (skipped when ``originlens.paths.tinystories_files()`` is empty).
 
 The window counts are checked against a brute-force implementation of the paper's protocol
-(spec §5.1.1: top-K word tokens, whole story in vocabulary, at least T+1 tokens, first T+1 kept).
+(arXiv 2601.19208's word-level protocol, docs/protocol.md: top-K word tokens, whole story in vocabulary, at least T+1 tokens, first T+1 kept).
 """
 
 from __future__ import annotations

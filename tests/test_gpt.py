@@ -1,6 +1,6 @@
 """Tests for originlens.models.gpt: every regime against a brute-force float64 reference written here.
 
-The reference (`ref_forward`) loops over positions and queries and applies the definitions of spec §3
+The reference (`ref_forward`) loops over positions and queries and applies the regime definitions of docs/concepts.md (arXiv 2603.14087's interventions)
 literally: per-position choice of the range copy (untied), and for myopic attention the keys and values
 of positions j ≠ t detached for query t.
 """
@@ -260,7 +260,7 @@ def test_gradcheck_standard():
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_forward_mode_jvp_matches_vjp(impl):
-    """⟨u, J Δ⟩ = ⟨Jᵀ u, Δ⟩ for θ ↦ r^1 (spec §5(c) computes influences with JVPs)."""
+    """⟨u, J Δ⟩ = ⟨Jᵀ u, Δ⟩ for θ ↦ r^1 (influences are computed with JVPs)."""
     m = make(attn_impl=impl)
     x = tokens()
     params = {n: p.detach() for n, p in m.named_parameters()}

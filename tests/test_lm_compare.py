@@ -1,4 +1,4 @@
-"""The §5.2 comparison: cov_cosine against a float64 transcription of the spec, the fast trace identities,
+"""The Pythia comparison of arXiv 2601.19208 (Fig. 6–7): cov_cosine against a direct float64 transcription of its definition, the fast trace identities,
 mappings of tiny models against a brute-force construction, statistics in the model's tokenizer, and a
 small end-to-end CLI run."""
 
@@ -32,7 +32,7 @@ from originlens.models.gpt import GPT, GPTConfig
 
 
 def spec_cov_cosine(A, B):
-    """Direct float64 transcription of the spec's pseudo-code (§5.2.3)."""
+    """Direct float64 transcription of the comparison statistic's definition (docs/concepts.md)."""
     A = np.asarray(A, dtype=np.float64)
     B = np.asarray(B, dtype=np.float64)
     norms = np.linalg.norm(A, axis=1, keepdims=True)

@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from originlens.errors import ConfigError
-from originlens.lm.adapter import TokenStates, hook_name_from_site, parse_site, site_from_hook_name
+from originlens.lm.adapter import TokenStates
 from originlens.lm.llama2c import Llama2cConfig, Llama2cModel
 from originlens.lm.native import GPTAdapter, Llama2cAdapter
 from originlens.models.gpt import GPT, GPTConfig
+from originlens.sites import hook_name_from_site, parse_site, site_from_hook_name
 
 
 def _gpt():

@@ -61,7 +61,7 @@ def params(model: GPT) -> dict[str, torch.Tensor]:
 
 
 def test_defaults_follow_the_spec_table():
-    # spec §7: layers, d, heads, T, batch, lr, steps, eval size, probe interval
+    # arXiv 2603.14087's hyper-parameter table: layers, d, heads, T, batch, lr, steps, eval size, probe interval
     table = {
         "majority": (2, 128, 4, 21, 256, 3000, 10240, 500),
         "cond-majority": (2, 128, 4, 21, 256, 3000, 10240, 500),

@@ -88,7 +88,7 @@ def test_planted_toy_ranks_immediate_below_later():
     assert f0.kept and f1.kept and not f2.kept and "total KL" in f2.reason
     assert r.summary()["n_kept"] == 2
     # the faithful (reference) ablation also removes the reconstruction error: here the position code,
-    # so every latent shows a large feature-independent KL (pitfall 11)
+    # so every latent shows a large feature-independent KL
     rf = qscore(
         ad,
         sae,

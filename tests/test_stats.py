@@ -1,4 +1,4 @@
-"""Corpus statistics against a brute-force float64 one-hot implementation of the spec's definitions."""
+"""Corpus statistics against a brute-force float64 one-hot implementation of the definitions of arXiv 2601.19208 §3."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from originlens.stats import (
 )
 
 
-# ------------------------------------------------------------------ brute force (spec §3.8, dense)
+# ------------------------------------------------------------------ brute force (the definitions, dense)
 def brute_force(tokens, V, *, token_ids=None, c=None, valid=None):
     tokens = np.asarray(tokens)
     N, T1 = tokens.shape
@@ -145,7 +145,7 @@ def test_entry_formulas_and_invariants():
 
 
 def test_closed_form_qn_equals_jacobian_form():
-    # the kernel's closed form (spec §3.6 step 2) against the J_t einsum on a random M
+    # the kernel's closed form (docs/concepts.md) against the J_t einsum on a random M
     rng = np.random.default_rng(1)
     T = 6
     M = rng.normal(size=(3, T, T))

@@ -1,7 +1,7 @@
-"""Closed-form leading terms (spec §4) against full-batch GD of the Def. 3.1 model, float64.
+"""Closed-form leading terms (arXiv 2601.19208 Thm 4.1, zero init Thm D.9) against full-batch GD of the Def. 3.1 model, float64.
 
 The statistics used for the training comparisons come from ``originlens.stats.corpus_statistics``;
-``reference_statistics`` below is an independent brute-force float64 implementation of spec §3.8 (dense
+``reference_statistics`` below is an independent brute-force float64 implementation of the statistics' definitions (arXiv 2601.19208 §3; docs/concepts.md) (dense
 one-hots, explicit softmax Jacobians J_t) used to check that module and the formulas here.
 """
 
@@ -58,7 +58,7 @@ def markov_topic_corpus(V: int = 48, T: int = 20, N: int = 160, n_topics: int = 
 
 
 def reference_statistics(tokens: np.ndarray, V: int) -> SimpleNamespace:
-    """TEST HELPER: brute-force spec §3.8 in float64 with dense one-hots and explicit J_t."""
+    """TEST HELPER: brute-force statistics' definitions in float64 with dense one-hots and explicit J_t."""
     N, T = tokens.shape[0], tokens.shape[1] - 1
     eye = np.eye(V)
     X, Y = eye[tokens[:, :-1]], eye[tokens[:, 1:]]
@@ -160,7 +160,7 @@ def test_reference_helper_matches_entry_formulas(corpus, ref):
     np.add.at(joint, (corpus[:, :-1].ravel(), corpus[:, 1:].ravel()), 1.0 / (N * T))
     pa = joint.sum(1)
     np.testing.assert_allclose(ref.bigram, joint - pa[:, None] / V, atol=1e-15)
-    # Φ̄[a, b] entry formula (spec §3.4) by loops
+    # Φ̄[a, b] entry formula (docs/concepts.md) by loops
     phi = np.zeros((V, V))
     mu = np.zeros(V)
     for n in range(N):
@@ -169,7 +169,7 @@ def test_reference_helper_matches_entry_formulas(corpus, ref):
                 phi[corpus[n, t + 1], corpus[n, m]] += 1.0 / ((t + 1) * N * T)
                 mu[corpus[n, m]] += 1.0 / ((t + 1) * N * T * V)
     np.testing.assert_allclose(ref.context, phi - mu[None, :], atol=1e-15)
-    # closed form of Q_n (spec §3.6 step 2) vs the J_t form used in the helper
+    # closed form of Q_n (the query-key leading term, docs/concepts.md) vs the J_t form used in the helper
     R0 = np.eye(V)[corpus[:, 1:]] - 1.0 / V
     M = np.einsum("ntv,vw,nkw->ntk", R0, ref.interchangeability @ ref.context, np.eye(V)[corpus[:, :-1]])
     t = np.arange(T)[:, None]
@@ -213,7 +213,7 @@ def test_validity_window_paper_setting():
     w = validity_window(200, 3, 0.005, 3000)
     assert w.holds and w.variant == "multi"
     assert w.s_max * 0.005 == pytest.approx(min(5 / (8 * math.sqrt(200)), 1 / 36), rel=1e-12)
-    assert w.s_max * 0.005 == pytest.approx(0.0278, abs=5e-5)  # spec §4.4
+    assert w.s_max * 0.005 == pytest.approx(0.0278, abs=5e-5)  # the validity window of the paper's experiments
     assert w.steps == 5 and w.covers(5) and not w.covers(6)
     assert validity_window(200, 3, 0.05, 3000).steps == 0  # less than one step
     bad = validity_window(64, 3, 0.005, 500)  # L > √T/4
@@ -237,7 +237,7 @@ def test_error_bounds_formulas():
 
 
 # ------------------------------------------------------------------------------------------------
-# exact small-step facts (spec §4.2) and the checklist (§7)
+# exact small-step facts of zero-init full-batch GD
 
 
 def test_initial_loss_is_log_vocab(corpus):

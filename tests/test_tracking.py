@@ -54,7 +54,7 @@ def markov_tokens(n: int, seed: int = 0, vocab: int = V, T_: int = T) -> np.ndar
 
 
 def reference_terms(tokens: np.ndarray, vocab: int) -> dict[str, np.ndarray]:
-    """TEST HELPER: the leading terms by the dense einsum definitions of spec §3.8 (float64)."""
+    """TEST HELPER: the leading terms by the dense einsum definitions of arXiv 2601.19208 §3 (float64)."""
     Nn, T1 = tokens.shape
     Tt = T1 - 1
     X = np.eye(vocab)[tokens[:, :-1]]

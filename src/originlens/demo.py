@@ -1,7 +1,7 @@
 """The end-to-end demo behind ``make demo`` / ``originlens demo``: both papers in one report.
 
-Stages (each also a standalone run directory under ``OUT/``, made by the same CLI commands a user
-would type, listed in the report):
+Stages (each also a standalone run directory under ``OUT/``, made through the library's experiment and
+training functions; the report lists the equivalent ``originlens`` commands a user would type):
 
 1. ``statistics``: word-level corpus (the real TinyStories subset when the data root has it, the
    planted-association storyworld otherwise — the report says which; ``--corpus hf:roneneldan/TinyStories``
@@ -108,23 +108,28 @@ def _choose_corpus(cfg: DemoConfig) -> tuple[list[Path] | None, str]:
     return [p], f"user corpus {p}"
 
 
-def _cli(argv: list[str]) -> None:
-    """Run one ``originlens`` command in-process (the same code path a user's command takes)."""
+def _command(argv: list[Any]) -> str:
+    """The ``originlens`` command a user would type for a step the demo runs through the library."""
+    return "originlens " + " ".join(map(str, argv))
+
+
+def _quietly() -> Any:
+    """Library steps run without their own progress bars unless the demo is verbose."""
+    from contextlib import contextmanager
+
     from . import progress as _progress
-    from .cli.main import main
 
-    saved = _progress._VERBOSITY  # a nested "-q" must not silence the demo's own status lines
-    try:
-        rc = main((["-q"] if _progress.verbosity() < 1 else []) + [str(a) for a in argv])
-    finally:
-        _progress.set_verbosity(saved)
-    if rc != 0:
-        from .errors import OriginlensError
+    @contextmanager
+    def quiet():
+        saved = _progress._VERBOSITY
+        if _progress.verbosity() < 1:
+            _progress.set_verbosity(0)  # what -q sets
+        try:
+            yield
+        finally:
+            _progress.set_verbosity(saved)
 
-        raise OriginlensError(
-            f"demo step `originlens {' '.join(map(str, argv))}` failed (exit {rc})",
-            "see the error above; rerun that command alone to investigate",
-        )
+    return quiet()
 
 
 def run_demo(cfg: DemoConfig) -> Path:
@@ -428,9 +433,28 @@ def _stage_leading(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], 
         "--overwrite",
     ]
     report = ["assoc", "report", out]
-    for argv in (build, train, report):
-        _cli(argv)
-        commands.append("originlens " + " ".join(map(str, argv)))
+    from .data.build import build_corpus
+    from .experiments.leading_run import LeadingRunConfig, report_leading_run, train_leading_run
+    from .train import AssocTrainConfig
+
+    with _quietly():
+        build_corpus(
+            sources,
+            corpus,
+            vocab_size=cfg.lt_vocab_size,
+            seq_len=cfg.lt_seq_len,
+            oov="unk",
+            max_windows=1024 if cfg.quick else None,
+            seed=cfg.seed,
+            storyworld_stories=cfg.stories if sources is None else None,
+            overwrite=True,
+        )
+        train_cfg = AssocTrainConfig(
+            n_layers=3, lr=cfg.lt_lr, steps=steps, batch_size=cfg.lt_batch_size, checkpoint_every=every
+        )
+        train_leading_run(LeadingRunConfig(source=str(corpus), train=train_cfg), out, overwrite=True)
+        report_leading_run(out)
+    commands.extend(_command(argv) for argv in (build, train, report))
     rep.section("2. Leading terms over training (arXiv 2601.19208 §4–5) — illustration, not a result")
     rep.text(
         f"A 3-layer one-hot attention-only transformer trained from zero with SGD (η = {cfg.lt_lr}, batch "
@@ -466,8 +490,20 @@ def _stage_regimes(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], 
         out,
         "--overwrite",
     ]
-    _cli(grid)
-    commands.append("originlens " + " ".join(map(str, grid)))
+    from .train.grid import GridConfig, run_grid
+
+    with _quietly():
+        run_grid(
+            GridConfig(
+                task="cond-majority",
+                regimes=["standard", "myopic", "untied", "myopic+untied"],
+                seeds=[0],
+                overrides={"steps": steps, "d_model": 64, "n_layer": 2, "batch_size": 128},
+            ),
+            out,
+            overwrite=True,
+        )
+    commands.append(_command(grid))
     rep.section(
         "3. Training regimes on Conditioned Majority (arXiv 2603.14087 §3, §8) — illustration, one seed, not a result"
     )
@@ -515,9 +551,30 @@ def _stage_othello(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], 
         "--overwrite",
     ]
     attribute = ["ntp", "attribute", out, "--layers", "1-2", "--positions", "12,20", "--report", "--overwrite"]
-    for argv in (train, attribute):
-        _cli(argv)
-        commands.append("originlens " + " ".join(map(str, argv)))
+    from .attribution.replay import attribute_run
+    from .attribution.store import write_report
+    from .train.ntp import NTPConfig, Trainer
+
+    ntp = NTPConfig(
+        task="othello",
+        regime="standard",
+        seed=0,
+        steps=steps,
+        d_model=cfg.othello_d_model,
+        n_layer=2,
+        n_head=4,
+        batch_size=64,
+        checkpoint_every=every,
+        probe_every=0,
+        eval_every=steps,
+        eval_size=1024,
+        probe_size=1024,
+    )
+    with _quietly():
+        Trainer(ntp, out, overwrite=True).run()
+        res = attribute_run(out, sites=[(k, i) for k in (1, 2) for i in (12, 20)], features="tracked", overwrite=True)
+        write_report(res.store)
+    commands.extend(_command(argv) for argv in (train, attribute))
     rep.section(
         "4. Gradient pathways of OthelloGPT's board features (arXiv 2603.14087 §2, §4) — illustration, not a result"
     )

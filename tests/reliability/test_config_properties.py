@@ -1,4 +1,4 @@
-"""Config parsing under hostile input (issue 8, point 3): ``originlens.config.from_mapping`` and every
+"""Config parsing under hostile input: ``originlens.config.from_mapping`` and every
 configuration dataclass built from a mapping.
 
 Properties: an arbitrary JSON-like mapping gives a configuration or a ConfigError (never another

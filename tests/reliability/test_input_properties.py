@@ -1,4 +1,4 @@
-"""Hostile and broken inputs (issue 8, point 3): tokenizers and corpus readers.
+"""Hostile and broken inputs: tokenizers and corpus readers.
 
 For arbitrary unicode, binary junk, empty files, truncated compressed streams, malformed JSON/Parquet and
 huge lines, every reader and tokenizer gives either a clean result or an ``OriginlensError`` (one line

@@ -1,4 +1,4 @@
-"""Crash safety (issue 8, point 2): SIGKILL at chosen and at arbitrary moments, full disk, read-only output.
+"""Crash safety: SIGKILL at chosen and at arbitrary moments, full disk, read-only output.
 
 * ``ntp train`` / ``assoc train``: the command runs in a subprocess and is killed (``_killpoint.py``):
   right after a checkpoint is published, in the middle of a checkpoint write (a torn temporary file on

@@ -1,4 +1,4 @@
-"""Numerical health (issue 8, point 4): training stops on NaN/Inf with the update, the offending tensor
+"""Numerical health: training stops on NaN/Inf with the update, the offending tensor
 and the last good checkpoint named, and that checkpoint is intact and finite.
 
 NTP trainer (``originlens ntp train``): a diverging learning rate (the loss itself becomes non-finite)

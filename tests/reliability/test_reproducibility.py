@@ -1,4 +1,4 @@
-"""Reproducibility (issue 8, point 5): every command that trains or analyses, run twice with the same seed
+"""Reproducibility: every command that trains or analyses, run twice with the same seed
 and inputs into two directories, gives bit-identical outputs on CPU; every run records what is needed to
 reproduce it.
 

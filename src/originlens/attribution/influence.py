@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError, InputError
+from ..sites import site_name
 from .decompose import ParamDict, attention_impl, trainable_parameters
 from .stopgrad import Site, normalise_sites
 
@@ -131,7 +132,7 @@ def _stop_at(k: int) -> dict[str, Callable]:
     def hook(h: torch.Tensor, site) -> None:
         raise _Reached(h)
 
-    return {f"resid.{k}": hook}
+    return {site_name(k): hook}
 
 
 def _site_forward(model: nn.Module, tokens: torch.Tensor, site: Site, params: ParamDict | None = None) -> torch.Tensor:

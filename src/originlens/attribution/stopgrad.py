@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
+from ..sites import site_name
 
 Site = tuple[int, int]
 
@@ -84,7 +85,7 @@ def stop_gradient_hooks(model: nn.Module, sites: Site | Iterable[Site]) -> dict[
     by_layer: dict[int, list[int]] = {}
     for k, i in normalise_sites(model, sites):
         by_layer.setdefault(k, []).append(i)
-    return {f"resid.{k}": _sg_hook(pos) for k, pos in by_layer.items()}
+    return {site_name(k): _sg_hook(pos) for k, pos in by_layer.items()}
 
 
 def _merge(user: Any, ours: dict[str, Callable]) -> dict[str, list[Callable]]:

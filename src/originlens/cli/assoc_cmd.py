@@ -1,15 +1,14 @@
 """``originlens assoc ...``: the one-hot attention model of arXiv 2601.19208 and its leading terms.
 
 * ``assoc top``: top associations of a word under a basis map of saved statistics.
-* ``assoc train``: train the Def. 3.1 model (:func:`originlens.train.train_assoc`) on a corpus directory or
-  an (N, T+1) .npy file, on ``--device cpu|cuda|auto``.  The trainer writes the run directory including
-  ``RUN/statistics/`` (the target statistics, computed with the corpus vocabulary, window selection in
-  ``manifest.json``); this command adds ``RUN/data/`` (``train.npy``, ``heldout.npy`` — the last
-  ``--holdout`` windows, never trained on — ``vocab.json``, ``source.json``), so that ``assoc report``
-  needs nothing else.  Under ``torchrun --nproc_per_node W -m originlens assoc train ...`` the training is
+* ``assoc train``: train the Def. 3.1 model on a corpus directory or an (N, T+1) .npy file, on
+  ``--device cpu|cuda|auto``, through :func:`originlens.experiments.leading_run.train_leading_run`, which
+  writes the complete run directory (checkpoints, ``RUN/statistics/``, and ``RUN/data/``: ``train.npy``,
+  ``heldout.npy`` — the last ``--holdout`` windows, never trained on — ``vocab.json``, ``source.json``),
+  so that ``assoc report`` needs nothing else.  Under ``torchrun --nproc_per_node W -m originlens assoc train ...`` the training is
   data-parallel (:mod:`originlens.train.parallel`); rank 0 writes and prints.
 * ``assoc report RUN``: tracking over checkpoints, null baselines, causal intervention, leading-term model
-  (:mod:`originlens.theory.tracking`); writes ``RUN/report.html`` / ``report.md`` / ``report.json``;
+  (:func:`originlens.experiments.leading_run.report_leading_run`); writes ``RUN/report.html`` / ``report.md`` / ``report.json``;
   ``--json`` prints the numbers.
 
 Heavy modules are imported inside the command functions so that ``originlens --help`` stays fast.
@@ -20,21 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import CompatibilityError, ConfigError, InputError
+from ..errors import ConfigError, InputError
 from .options import add_device, add_threads, apply_threads, utf8_text
 
 # the names of originlens.stats.assoc.BASES, kept here so that building the parser does not import the
 # compiled statistics kernels (tests/reliability/test_cli_startup.py checks that both agree)
 BASES = ("bigram", "interchangeability", "context", "value_target", "query_key")
-
-STATS_CHOICES = ("first-batch", "full", "none")
-_OWN_OUTPUTS = ("statistics", "data", "report.html", "report.md", "report.json")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -202,91 +197,6 @@ def _register_train(asub) -> None:
     t.set_defaults(func=run_train)
 
 
-def _load_windows(args: argparse.Namespace):
-    from ..data import load_token_array
-
-    if bool(args.corpus) == bool(args.tokens):
-        raise InputError(
-            "give either a corpus directory or --tokens FILE.npy (exactly one)",
-            "e.g. `originlens assoc train corpora/ts --epochs 2 --out runs/lt`",
-        )
-    if args.tokens and args.vocab_size is None:
-        raise InputError("--tokens needs --vocab-size", "pass --vocab-size V (ids must be < V)")
-    src = Path(args.corpus or args.tokens)
-    tokens, vocab, manifest = load_token_array(src, args.vocab_size)
-    if vocab is not None and args.vocab_size is not None and args.vocab_size != len(vocab):
-        raise CompatibilityError(
-            f"--vocab-size {args.vocab_size} differs from the corpus vocabulary ({len(vocab)})",
-            "drop --vocab-size when training on a corpus directory",
-        )
-    V = int(args.vocab_size if args.vocab_size is not None else len(vocab))
-    return src, tokens, vocab, manifest, V
-
-
-def _split(tokens, max_windows, holdout):
-    import numpy as np
-
-    if max_windows is not None:
-        if max_windows < 1:
-            raise ConfigError(f"--max-windows must be ≥ 1 (got {max_windows})", "pass a positive number")
-        tokens = tokens[:max_windows]
-    tokens = np.asarray(tokens)
-    if holdout < 0 or holdout >= tokens.shape[0]:
-        raise ConfigError(
-            f"--holdout {holdout} must lie in 0..{tokens.shape[0] - 1} (there are {tokens.shape[0]} windows)",
-            "hold out fewer windows",
-        )
-    n = tokens.shape[0] - holdout
-    return tokens[:n], tokens[n:]
-
-
-def _given_statistics(spec: str, vocab, V: int, T: int):
-    """Load ``--stats DIR`` and check it belongs to this corpus (size, length, vocabulary)."""
-    from ..stats import load_statistics
-
-    st = load_statistics(spec)
-    if st.size != V or st.vocab_size != V or st.seq_len != T or st.token_ids is not None:
-        raise CompatibilityError(
-            f"statistics in {spec} are for |V| = {st.vocab_size} ({st.size} kept tokens), T = {st.seq_len}; the "
-            f"model has |V| = {V}, T = {T}",
-            "compute them on this corpus without --top-k (`originlens stats CORPUS --out DIR`) or use "
-            "--stats first-batch",
-        )
-    if vocab is not None and st.vocab is not None and list(st.vocab) != list(vocab):
-        raise CompatibilityError(
-            f"statistics in {spec} were computed with another vocabulary",
-            "compute them on this corpus, or use --stats first-batch",
-        )
-    return st
-
-
-class _SaveInputs:
-    """Callback: once the run directory exists, write RUN/data/ (training and held-out windows, vocabulary,
-    source).  The target statistics are written by the trainer itself (RUN/statistics/)."""
-
-    def __init__(self, train, heldout, vocab, source: dict) -> None:
-        self.train, self.heldout, self.vocab, self.source = train, heldout, vocab, source
-        self.done = False
-
-    def on_step_end(self, trainer) -> None:
-        if self.done or trainer.run_dir is None:
-            return
-        from ..storage import atomic_save_npy, atomic_write_json
-
-        data = trainer.run_dir.path / "data"
-        # each side file is checked on its own and train.npy is written last, so a run killed between
-        # two of them gets the missing ones on resume (the report never takes training windows as held-out)
-        if not (data / "heldout.npy").exists():
-            atomic_save_npy(data / "heldout.npy", self.heldout)
-        if self.vocab is not None and not (data / "vocab.json").exists():
-            atomic_write_json(data / "vocab.json", list(self.vocab))
-        if not (data / "source.json").exists():
-            atomic_write_json(data / "source.json", self.source)
-        if not (data / "train.npy").exists():
-            atomic_save_npy(data / "train.npy", self.train)
-        self.done = True
-
-
 def _steps_list(spec: str | None) -> tuple[int, ...]:
     if not spec:
         return ()
@@ -300,35 +210,26 @@ def _steps_list(spec: str | None) -> tuple[int, ...]:
 
 def run_train(args: argparse.Namespace) -> int:
     from ..distributed import init
-    from ..progress import log
-    from ..storage import vocab_hash
-    from ..train import AssocTrainConfig, train_assoc
-    from ..train.assoc import run_dir_kind
+    from ..experiments.leading_run import LeadingRunConfig, train_leading_run
+    from ..train import AssocTrainConfig
 
     apply_threads(args)
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other", "pass one of them")
+    if bool(args.corpus) == bool(args.tokens):
+        raise InputError(
+            "give either a corpus directory or --tokens FILE.npy (exactly one)",
+            "e.g. `originlens assoc train corpora/ts --epochs 2 --out runs/lt`",
+        )
+    if args.tokens and args.vocab_size is None:
+        raise InputError("--tokens needs --vocab-size", "pass --vocab-size V (ids must be < V)")
     rank, _ = init()  # under torchrun: data-parallel over the ranks, rank 0 writes
-    src, tokens, vocab, manifest, V = _load_windows(args)
-    train, heldout = _split(tokens, args.max_windows, args.holdout)
-    T = train.shape[1] - 1
-    given = None
-    stats_source = {"first-batch": "first_batch", "full": "full", "none": "none"}.get(args.stats)
-    if stats_source is None:
-        if not Path(args.stats).exists():
-            raise InputError(
-                f"--stats {args.stats} is neither first-batch, full, none nor an existing directory",
-                "pass one of those, or compute statistics with `originlens stats`",
-            )
-        given = _given_statistics(args.stats, vocab, V, T)
-        stats_source = "none"
-    batch = None if args.full_batch else int(args.batch_size)
-    cfg = AssocTrainConfig(
+    train = AssocTrainConfig(
         n_layers=args.layers,
         lr=args.lr,
         steps=args.steps,
         epochs=args.epochs,
-        batch_size=batch,
+        batch_size=None if args.full_batch else int(args.batch_size),
         init=args.init,
         init_std=args.init_std,
         dtype=args.dtype,
@@ -339,44 +240,25 @@ def run_train(args: argparse.Namespace) -> int:
         checkpoint_at=_steps_list(args.checkpoint_at),
         keep_checkpoints=args.keep_checkpoints,
         log_every=args.log_every,
-        stats_source=stats_source,
         grad_chunk=args.grad_chunk,
         impl=args.impl,
         out=str(args.out),
         device=args.device,
     )
-    cfg.validate()
-    out = Path(args.out)
-    if args.overwrite and rank == 0 and run_dir_kind(out) == "assoc":  # never touch a directory we did not write
-        for name in _OWN_OUTPUTS:  # the trainer wipes its own files; these are ours
-            f = out / name
-            shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
-
-    source = {
-        "source": str(src),
-        "vocab_size": V,
-        "seq_len": T,
-        "max_windows": args.max_windows,
-        "holdout": args.holdout,
-        "train_windows": int(train.shape[0]),
-        "heldout_windows": int(heldout.shape[0]),
-        "vocab_hash": vocab_hash(vocab, V) if vocab is not None else None,
-        "corpus_manifest_tokens_sha256": (manifest or {}).get("tokens_sha256"),
-        "stats": str(args.stats),
-    }
-    saver = _SaveInputs(train, heldout, vocab, source)
-    log(
-        f"assoc train: {train.shape[0]} windows × T={T}, |V|={V}, L={args.layers}, η={args.lr}, "
-        + ("full-batch GD" if batch is None else f"SGD batch {batch}")
-        + f", statistics: {args.stats}, "
-        f"device: {args.device}"
+    cfg = LeadingRunConfig(
+        source=args.corpus or args.tokens,
+        vocab_size=args.vocab_size,
+        max_windows=args.max_windows,
+        holdout=args.holdout,
+        stats=args.stats,
+        train=train,
     )
     t0 = time.perf_counter()
-    run = train_assoc(train, V, cfg, [saver], stats=given, vocab=vocab, resume=args.resume, overwrite=args.overwrite)
+    run = train_leading_run(cfg, args.out, resume=args.resume, overwrite=args.overwrite, rank=rank)
     secs = time.perf_counter() - t0
     if rank != 0:
         return 0
-    print(_summary_line(run, out, V, secs))
+    print(_summary_line(run, Path(args.out), run.model.cfg.vocab_size, secs))
     return 0
 
 
@@ -471,27 +353,12 @@ def _register_report(asub) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from ..progress import log
-    from ..theory.tracking import (
-        EXAMPLE_WORDS,
-        AnalysisConfig,
-        analyse_run,
-        load_run,
-        resolve_null_statistics,
-        write_report,
-    )
+    from ..experiments.leading_run import LeadingReportConfig, report_leading_run
+    from ..theory.tracking import EXAMPLE_WORDS, AnalysisConfig
 
     apply_threads(args)
     if args.eval_windows < 0 or args.null_windows < 1 or args.batch_size < 1 or args.k < 1:
         raise ConfigError("--eval-windows must be ≥ 0, --null-windows, --batch-size and -k ≥ 1", "fix the flag")
-    from ..devices import resolve_device
-
-    resolve_device(args.device)  # fail before the (long) analysis if CUDA is missing
-    run = load_run(args.run, stats=args.stats, data=args.data)
-    null = None
-    if args.null_corpus:
-        log(f"assoc report: null statistics from {args.null_corpus}")
-        null = resolve_null_statistics(args.null_corpus, run.seq_len, windows=args.null_windows, seed=args.seed)
     words = tuple(w.strip() for w in args.examples.split(",") if w.strip()) if args.examples else EXAMPLE_WORDS
     cfg = AnalysisConfig(
         eval_windows=args.eval_windows,
@@ -504,8 +371,11 @@ def run_report(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         device=args.device,
     )
-    results = analyse_run(run, cfg, null=null)
-    path = write_report(results, args.out or args.run)
+    results, path = report_leading_run(
+        args.run,
+        LeadingReportConfig(analysis=cfg, stats=args.stats, data=args.data, null_corpus=args.null_corpus),
+        out=args.out,
+    )
     if args.json:
         json.dump(results, sys.stdout, ensure_ascii=False, indent=1)
         print()

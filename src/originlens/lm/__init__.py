@@ -1,7 +1,8 @@
 """Language models under analysis: the adapter protocol, llama2.c checkpoints (model, tokenizer,
 generation) and adapters for our own GPT."""
 
-from .adapter import LMAdapter, TokenStates, hook_name_from_site, parse_site, site_from_hook_name
+from ..sites import hook_name_from_site, parse_site, site_from_hook_name
+from .adapter import LMAdapter, TokenStates
 from .checkpoints import (
     CheckpointGrid,
     CheckpointSpec,

@@ -29,7 +29,6 @@ one position re-runs only a few positions above its site (used by Q(w), :mod:`or
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..sites import parse_site
 
 ResidHook = Callable[[Tensor, int], "Tensor | None"]
 
@@ -54,41 +54,6 @@ class TokenStates:
     pre: Tensor
     attn: Tensor
     post: Tensor
-
-
-def site_name(k: int) -> str:
-    """``"resid.{k}"``."""
-    return f"resid.{k}"
-
-
-def parse_site(name: str, n_layers: int) -> int:
-    """Residual index k of ``"resid.k"`` or a TransformerLens name ``blocks.l.hook_resid_{pre,post}``."""
-    m = re.fullmatch(r"resid\.(\d+)", name)
-    if m:
-        k = int(m.group(1))
-    else:
-        k = site_from_hook_name(name)
-    if not 0 <= k <= n_layers:
-        raise ConfigError(
-            f"residual site {name!r} is out of range for a {n_layers}-layer model", f"use resid.0 .. resid.{n_layers}"
-        )
-    return k
-
-
-def site_from_hook_name(name: str) -> int:
-    """``blocks.{l}.hook_resid_pre`` → l, ``blocks.{l}.hook_resid_post`` → l+1 (SAELens hook names)."""
-    m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_(pre|post)", name)
-    if not m:
-        raise ConfigError(
-            f"unknown residual site {name!r}",
-            "use resid.K (K = 0..L) or blocks.L.hook_resid_pre / blocks.L.hook_resid_post",
-        )
-    return int(m.group(1)) + (1 if m.group(2) == "post" else 0)
-
-
-def hook_name_from_site(k: int) -> str:
-    """Inverse of :func:`site_from_hook_name` (``resid.0`` → ``blocks.0.hook_resid_pre``)."""
-    return "blocks.0.hook_resid_pre" if k == 0 else f"blocks.{k - 1}.hook_resid_post"
 
 
 class LMAdapter(ABC):

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..models.gpt import GPT, causal_self_attention
+from ..sites import site_name
 from .adapter import LMAdapter, ResidHook, TokenStates, apply_hooks, normalise_hooks, past_attention_mask
 from .llama2c import KVCache, Llama2cModel, rotary_angles
 
@@ -54,7 +55,7 @@ class GPTAdapter(LMAdapter):
         return_residuals: bool = False,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         hk = normalise_hooks(hooks, self.n_layers)
-        gpt_hooks = {f"resid.{k}": [(lambda x, site, fn=fn, k=k: fn(x, k)) for fn in fns] for k, fns in hk.items()}
+        gpt_hooks = {site_name(k): [(lambda x, site, fn=fn, k=k: fn(x, k)) for fn in fns] for k, fns in hk.items()}
         return self.module(tokens, hooks=gpt_hooks, return_residuals=return_residuals)
 
     def run_from(self, k: int, x: Tensor) -> Tensor:

@@ -89,6 +89,7 @@ from torch import Tensor
 
 from ..errors import ConfigError, InputError
 from ..progress import progress
+from ..sites import site_name
 
 ABLATIONS = ("error_preserving", "faithful")
 POSITION_RULES = ("restrict", "drop")
@@ -239,7 +240,7 @@ class QScoreResult:
     def to_json(self, include_examples: bool = True) -> dict[str, Any]:
         out = {
             "config": asdict(self.config),
-            "site": f"resid.{self.site}",
+            "site": site_name(self.site),
             "hook_name": self.hook_name,
             "summary": self.summary(),
             "features": [asdict(f) for f in self.features],

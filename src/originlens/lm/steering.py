@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..errors import ConfigError, InputError
 from ..progress import progress
+from ..sites import site_name
 
 # ----------------------------------------------------------------------------------------------------
 # steering
@@ -370,7 +371,7 @@ class LookaheadResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "config": asdict(self.config),
-            "site": f"resid.{self.site}",
+            "site": site_name(self.site),
             "features": self.features,
             "maps": [
                 {

@@ -60,6 +60,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import CompatibilityError, ConfigError, InputError
+from ..sites import site_name
 
 REGIMES = ("standard", "myopic", "untied", "myopic+untied")
 UNTIE_SCOPES = ("blocks", "everything")
@@ -486,7 +487,7 @@ class GPT(nn.Module):
     @property
     def hook_names(self) -> list[str]:
         """Valid hook sites: ``resid.0`` .. ``resid.L``."""
-        return [f"resid.{k}" for k in range(self.config.n_layer + 1)]
+        return [site_name(k) for k in range(self.config.n_layer + 1)]
 
     def num_params(self) -> int:
         """Number of trainable scalars (tied tensors counted once)."""
@@ -554,7 +555,7 @@ class GPT(nn.Module):
 
     def _site(self, k: int, x: torch.Tensor, hooks: dict[int, list[Hook]]) -> torch.Tensor:
         for fn in hooks.get(k, ()):
-            new = fn(x, ResidSite(f"resid.{k}", k, slice(0, x.shape[1])))
+            new = fn(x, ResidSite(site_name(k), k, slice(0, x.shape[1])))
             if new is not None:
                 if not isinstance(new, torch.Tensor) or new.shape != x.shape:
                     raise InputError(

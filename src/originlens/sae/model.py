@@ -250,7 +250,7 @@ def sae_site(sae: SAE, adapter: Any, site: int | str | None = None) -> int:
     ``site`` (optional) must agree with the SAE's ``hook_name``; mismatches raise
     :class:`CompatibilityError` (an SAE read at another site measures nothing meaningful).
     """
-    from ..lm.adapter import parse_site, site_from_hook_name
+    from ..sites import parse_site, site_from_hook_name
 
     try:
         k_sae = site_from_hook_name(sae.cfg.hook_name)

@@ -246,7 +246,7 @@ def train_sae(
 
     The BOS position is excluded.  ``site``: ``resid.k``, ``blocks.L.hook_resid_{pre,post}`` or an int k.
     """
-    from ..lm.adapter import hook_name_from_site
+    from ..sites import hook_name_from_site
     from .activations import as_sequences, collect_activations
 
     k = adapter.check_site(site)

@@ -1,0 +1,93 @@
+"""The layering of docs/architecture.md: no module imports from a higher layer, and the subpackages of
+one layer import each other without cycles.  Every import statement counts, module-level or inside a
+function (a deferred import is still a dependency)."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import originlens
+from originlens.layers import LAYERS, layer_of
+
+ROOT = Path(originlens.__file__).parent
+UNITS = {
+    p.stem if p.is_file() else p.name
+    for p in ROOT.iterdir()
+    if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())
+}
+
+
+def _imports() -> dict[str, set[tuple[str, str]]]:
+    """top-level unit → {(imported unit, "file:line")} for every originlens import in the package."""
+    out: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for f in ROOT.rglob("*.py"):
+        rel = f.relative_to(ROOT)
+        unit = rel.parts[0].removesuffix(".py") if len(rel.parts) == 1 else rel.parts[0]
+        pkg_parts = ["originlens", *rel.parts[:-1]]  # the package a relative import starts from
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg_parts[: len(pkg_parts) - (node.level - 1)]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                    if node.module is None:  # from . import a, b
+                        targets = [f"{mod}.{a.name}" for a in node.names]
+                    else:
+                        targets = [mod]
+                else:
+                    targets = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for t in targets:
+                parts = t.split(".")
+                if parts[0] == "originlens" and len(parts) > 1:
+                    dep = parts[1] if parts[1] in UNITS else "__init__"  # `from .. import __version__`
+                    out[unit].add((dep, f"{rel}:{node.lineno}"))
+    return out
+
+
+def test_every_unit_has_a_layer():
+    units = {
+        p.stem if p.is_file() else p.name
+        for p in ROOT.iterdir()
+        if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())
+    }
+    listed = {n for names in LAYERS for n in names}
+    assert units - listed == set(), "add new modules to originlens.layers.LAYERS"
+
+
+def test_no_import_from_a_higher_layer():
+    bad = []
+    for unit, deps in _imports().items():
+        for dep, where in deps:
+            if dep != unit and layer_of(dep) > layer_of(unit):
+                bad.append(f"{where}: {unit} (layer {layer_of(unit)}) imports {dep} (layer {layer_of(dep)})")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_cycle_between_units():
+    graph = {u: {d for d, _ in deps if d != u} for u, deps in _imports().items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(u: str, path: list[str]) -> None:
+        state[u] = 1
+        for d in sorted(graph.get(u, ())):
+            if state.get(d) == 1:
+                cycles.append(" → ".join([*path[path.index(d) :], d]))
+            elif d not in state:
+                visit(d, [*path, d])
+        state[u] = 2
+
+    for u in sorted(graph):
+        if u not in state:
+            visit(u, [u])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_checker_sees_deferred_and_relative_imports():
+    deps = {d for d, _ in _imports()["demo"]}
+    assert {"experiments", "train", "attribution"} <= deps  # function-level imports in demo.py
+    assert "errors" in {d for d, _ in _imports()["lm"]}
