@@ -1,7 +1,7 @@
 """The package's layers: which subpackage may import which (``docs/architecture.md``).
 
 A module may import from its own layer and from lower layers, never from a higher one; within a layer
-the subpackage import graph has no cycle.  ``tests/test_layering.py`` checks every ``import`` of the
+the subpackage import graph has no cycle.  ``tests/project/test_layering.py`` checks every ``import`` of the
 package (module-level and inside functions) against :data:`LAYERS`.
 """
 

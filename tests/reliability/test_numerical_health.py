@@ -4,7 +4,7 @@ and the last good checkpoint named, and that checkpoint is intact and finite.
 NTP trainer (``originlens ntp train``): a diverging learning rate (the loss itself becomes non-finite)
 and non-finite gradients injected into one named parameter through a tensor hook (the loss stays
 finite, so only the gradient check can catch it).  The assoc trainer has the same checks
-(``tests/test_assoc_cli.py::test_error_diverging_lr_names_step_and_checkpoint``).
+(``tests/cli/test_assoc_cmd.py::test_error_diverging_lr_names_step_and_checkpoint``).
 """
 
 from __future__ import annotations

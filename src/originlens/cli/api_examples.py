@@ -2,7 +2,7 @@
 (``docs/api.md``) under each package's heading.
 
 Each example is self-contained (it builds its own tiny data in the current directory, under ``runs/``),
-runs on CPU in seconds, and ``tests/test_api_examples.py`` executes every one of them, so the reference
+runs on CPU in seconds, and ``tests/project/test_api_examples.py`` executes every one of them, so the reference
 cannot show code that no longer runs.
 """
 

@@ -133,7 +133,7 @@ def api_reference() -> str:
             out.append(doc.split("\n\n")[0].replace("\n", " ") + "\n")
         if mod in EXAMPLES:
             out.append(
-                "Example (runs as shown; `tests/test_api_examples.py` executes it):\n\n```python\n"
+                "Example (runs as shown; `tests/project/test_api_examples.py` executes it):\n\n```python\n"
                 + EXAMPLES[mod].rstrip()
                 + "\n```\n"
             )

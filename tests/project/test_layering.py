@@ -91,3 +91,12 @@ def test_the_checker_sees_deferred_and_relative_imports():
     deps = {d for d, _ in _imports()["demo"]}
     assert {"experiments", "train", "attribution"} <= deps  # function-level imports in demo.py
     assert "errors" in {d for d, _ in _imports()["lm"]}
+
+
+def test_tests_mirror_the_package():
+    """tests/<package>/test_<module>.py: every folder of tests/ is a subpackage of originlens, or one of the
+    cross-cutting suites (project: the repository as a whole; reliability: kills, hostile inputs)."""
+    tests = Path(__file__).resolve().parents[1]
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    packages = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders - packages - {"project", "reliability"} == set()

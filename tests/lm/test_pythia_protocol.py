@@ -17,7 +17,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPO = "org/tiny-neox"
 REVS = {"step1": "1" * 40, "step2": "2" * 40, "step4": "4" * 40}
 

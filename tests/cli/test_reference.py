@@ -5,7 +5,7 @@ from pathlib import Path
 from originlens.cli.main import build_parser
 from originlens.cli.reference import cli_reference
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 
 def test_reference_mentions_every_command_and_option():

@@ -17,7 +17,7 @@ from originlens.experiments.render import BEGIN, END, render
 from originlens.experiments.results import read_results, write_results
 from originlens.experiments.toy_grid import HYPOTHESES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REGIMES = ("standard", "myopic", "untied", "myopic+untied")
 
 
