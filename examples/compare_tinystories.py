@@ -7,7 +7,7 @@ Steps:
 
 1. **corpus**: the shared TinyStories subset, word tokenizer (|V| = ``--vocab-size``, ``oov=unk``), documents
    packed into windows of T+1 = ``--seq-len`` + 1 tokens separated by ``<eot>`` (``originlens corpus build``);
-2. **training**: our GPT (``--layers`` × ``--d-model``, GPT-2 init) with Adam on random windows, saving
+2. **training**: our GPT (``--n-layers`` × ``--d-model``, GPT-2 init) with Adam on random windows, saving
    ``GPT.save`` checkpoints at the Pythia pattern of steps 0, 1, 2, 4, …, ``--max-step`` (with the corpus's
    vocabulary hash and ``<eot>`` as BOS in their metadata);
 3. **comparison**: ``originlens lm compare --checkpoint-dir … --corpus … --top-tokens K`` (BOS = ``<eot>``
@@ -28,6 +28,8 @@ import shlex
 import sys
 import time
 from pathlib import Path
+
+from originlens.cli.options import add_option
 
 
 def cli(argv: list[str]) -> float:
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--vocab-size", type=int, default=2500)
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--layers", type=int, default=4)
+    add_option(p, "--n-layers", dest="layers", type=int, default=4)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--batch", type=int, default=16)

@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             "assoc",
             "train",
             str(corpus),
-            "--layers",
+            "--n-layers",
             "3",
             "--lr",
             f"{eta:.6g}",

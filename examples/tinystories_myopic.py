@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from originlens.cli.options import add_option
+
 REGIMES = ("standard", "myopic")
 TRACKED = list(range(30, 40))
 PAPER = {"standard": (2.53, 0.10), "myopic": (3.29, 0.02)}  # final loss, mean ± sd over 10 seeds
@@ -440,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paper-scale", action="store_true", help="the paper's configuration (GPU advised)")
     ap.add_argument("--quick", action="store_true", help="a smoke run (tiny model, 20 updates)")
     for flag, typ in (
-        ("--layers", int),
+        ("--n-layers", int),
         ("--d-model", int),
         ("--heads", int),
         ("--batch-size", int),
@@ -453,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         ("--threads", int),
         ("--tail", int),
     ):
-        ap.add_argument(flag, type=typ)
+        add_option(ap, flag, type=typ)
     ap.add_argument("--seeds", type=_seeds, help="e.g. 0 or 0,1,2 or 0-9 (default 0)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--report-only", action="store_true", help="analyse finished runs in OUT without training")
@@ -490,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             tail=10,
         )
     for flag, name in (
-        ("layers", "n_layer"),
+        ("n_layers", "n_layer"),
         ("d_model", "d_model"),
         ("heads", "n_head"),
         ("batch_size", "batch_size"),

@@ -91,7 +91,7 @@ def test_two_process_stats_equal_one_process(tmp_path):
 NTP_ARGS = [
     "--task",
     "majority",
-    "--layers",
+    "--n-layers",
     "2",
     "--d-model",
     "16",
@@ -149,7 +149,7 @@ ASSOC_ARGS = [
     "gaussian",
     "--init-std",
     "0.1",
-    "--layers",
+    "--n-layers",
     "2",
 ]
 # --threads 1: the statistics' numba kernels (assoc train, same process) raise OpenMP's thread count to the

@@ -56,7 +56,7 @@ def trained(corpus, tmp_path_factory):
             "assoc",
             "train",
             str(corpus),
-            "--layers",
+            "--n-layers",
             "2",
             "--lr",
             "0.5",
@@ -213,7 +213,7 @@ def test_error_statistics_of_other_vocabulary_or_length(corpus, tmp_path, capsys
 
 
 def test_error_run_dir_holds_other_run_and_resume(corpus, tmp_path, capsys):
-    args = ["assoc", "train", corpus, "--layers", "1", "--steps", "2", "--batch-size", "16", "--out", tmp_path / "r"]
+    args = ["assoc", "train", corpus, "--n-layers", "1", "--steps", "2", "--batch-size", "16", "--out", tmp_path / "r"]
     rc, out, err = run_cli(capsys, *args, "--lr", "0.1")
     assert rc == 0, err
     rc, out, err = run_cli(capsys, *args, "--lr", "0.2")
@@ -231,7 +231,7 @@ def test_error_diverging_lr_names_step_and_checkpoint(corpus, tmp_path, capsys):
         "assoc",
         "train",
         corpus,
-        "--layers",
+        "--n-layers",
         "1",
         "--lr",
         "1e30",
@@ -253,7 +253,7 @@ def test_error_corrupted_checkpoint(corpus, tmp_path, capsys):
         "assoc",
         "train",
         corpus,
-        "--layers",
+        "--n-layers",
         "1",
         "--lr",
         "0.1",
@@ -279,7 +279,7 @@ def test_stats_none_then_report_computes_full_statistics(corpus, tmp_path, capsy
         "assoc",
         "train",
         corpus,
-        "--layers",
+        "--n-layers",
         "1",
         "--lr",
         "0.5",
@@ -314,7 +314,7 @@ def test_error_inputs(tmp_path, capsys):
 
 
 def test_error_device_and_foreign_directory(corpus, tmp_path, capsys):
-    base = ["assoc", "train", corpus, "--layers", "1", "--steps", "1", "--batch-size", "16"]
+    base = ["assoc", "train", corpus, "--n-layers", "1", "--steps", "1", "--batch-size", "16"]
     if not torch.cuda.is_available():
         rc, out, err = run_cli(capsys, *base, "--device", "cuda", "--out", tmp_path / "r")
         one_line_error(rc, err, "CUDA is unavailable")

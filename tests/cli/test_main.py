@@ -103,3 +103,29 @@ def test_one_integer_list_grammar():
     assert p.parse_args(
         ["ntp", "train", "--task", "othello", "--out", "o", "--probe-positions", "4-8:2"]
     ).ov_probe_positions == [4, 6, 8]
+
+
+def test_one_spelling_per_concept_old_spellings_warn(capsys):
+    """--n-layers is a model's depth, --max-windows how many inputs are read, --top-tokens the K most frequent
+    tokens, in every command; the old spellings still parse to the same value, with one warning line."""
+    from originlens.cli.main import build_parser
+    from originlens.cli.options import RENAMED
+
+    parser = build_parser()
+    cases = [
+        (["assoc", "train", "c", "--steps", "1", "--out", "o"], "--n-layers", "2", "layers"),
+        (["ntp", "train", "--task", "majority", "--out", "o"], "--n-layers", "2", "ov_n_layer"),
+        (["stats", "c", "--out", "o"], "--top-tokens", "7", "top_k"),
+        (["lm", "compare", "--model", "m", "--corpus", "c", "--out", "o"], "--max-windows", "5", "max_texts"),
+    ]
+    for base, new, value, dest in cases:
+        ns = parser.parse_args([*base, new, value])
+        assert capsys.readouterr().err == ""
+        for old in RENAMED[new]:
+            old_ns = parser.parse_args([*base, old, value])
+            err = capsys.readouterr().err.strip().splitlines()
+            assert getattr(old_ns, dest) == getattr(ns, dest) == int(value)
+            assert len(err) == 1 and old in err[0] and new in err[0] and "warning" in err[0]
+    # where --layers selects layers it is not deprecated
+    ns = parser.parse_args(["ntp", "attribute", "r", "--layers", "1-2", "--positions", "3"])
+    assert ns.layers == [1, 2] and capsys.readouterr().err == ""

@@ -86,7 +86,7 @@ def test_rerun_skips_finished_stages_and_cli(experiment, capsys):
         "othello-run",
         "--out",
         str(root / "exp"),
-        "--layers",
+        "--n-layers",
         "2",
         "--d-model",
         "16",

@@ -103,7 +103,7 @@ def assoc_args(corpus: Path) -> list:
         "assoc",
         "train",
         corpus,
-        "--layers",
+        "--n-layers",
         "2",
         "--lr",
         "0.5",

@@ -77,7 +77,7 @@ def assoc_run(tmp_path_factory):
                 "assoc",
                 "train",
                 str(base / "corpus"),
-                "--layers",
+                "--n-layers",
                 "2",
                 "--lr",
                 "0.5",

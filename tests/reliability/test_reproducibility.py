@@ -128,7 +128,7 @@ def twice(tmp_path_factory):
                 "assoc",
                 "train",
                 d / "corpus",
-                "--layers",
+                "--n-layers",
                 "2",
                 "--lr",
                 "0.5",

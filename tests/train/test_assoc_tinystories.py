@@ -65,7 +65,7 @@ def _train_and_report(corpus, out, lr: float, steps: int, capsys, extra: list[st
                 "assoc",
                 "train",
                 str(corpus),
-                "--layers",
+                "--n-layers",
                 "3",
                 "--lr",
                 str(lr),

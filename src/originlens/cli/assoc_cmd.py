@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InputError
-from .options import add_device, add_threads, apply_threads, utf8_text
+from .options import add_device, add_option, add_threads, apply_threads, utf8_text
 
 # the names of originlens.stats.assoc.BASES, kept here so that building the parser does not import the
 # compiled statistics kernels (tests/reliability/test_cli_startup.py checks that both agree)
@@ -115,7 +115,7 @@ def run_top(args: argparse.Namespace) -> int:
 TRAIN_EPILOG = """\
 examples:
   originlens corpus build ../shared/data/tinystories --vocab-size 1000 --seq-len 64 --oov unk --out corpora/ts
-  originlens assoc train corpora/ts --layers 3 --lr 0.005 --epochs 2 --batch-size 512 --out runs/lt
+  originlens assoc train corpora/ts --n-layers 3 --lr 0.005 --epochs 2 --batch-size 512 --out runs/lt
   originlens assoc report runs/lt --null-corpus storyworld
   paper (§5.1): corpus build --vocab-size 3000 --seq-len 200 --oov drop --max-windows 65536, then
     assoc train CORPUS --epochs 100 --batch-size 2048 --checkpoint-every-epochs 2 --lr 0.005 (or 0.05)
@@ -137,7 +137,7 @@ def _register_train(asub) -> None:
     t.add_argument("--tokens", help="an (N, T+1) integer .npy file instead of a corpus directory")
     t.add_argument("--vocab-size", type=int, help="|V| (required with --tokens; default: the corpus's)")
     t.add_argument("--out", required=True, help="run directory RUN")
-    t.add_argument("--layers", type=int, default=3, help="number of layers L (default 3, the paper)")
+    add_option(t, "--n-layers", dest="layers", type=int, default=3, help="number of layers L (default 3, the paper)")
     t.add_argument("--lr", type=float, default=0.005, help="learning rate η of plain GD/SGD (default 0.005)")
     g = t.add_mutually_exclusive_group(required=True)
     g.add_argument("--steps", type=int, help="optimiser steps")

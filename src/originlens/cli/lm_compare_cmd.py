@@ -4,7 +4,7 @@
 
     originlens lm compare (--model SPEC [--checkpoints A,B,C | --log-steps MAX] | --checkpoint-dir DIR)
         (--corpus PATH[,PATH] | --stats DIR) [--tokenizer TOK] [--top-tokens K] [--layers 1-4]
-        [--heads-layers 2,4] [--window 128] [--max-texts N] [--bos auto|none|ID] [--centering C]
+        [--heads-layers 2,4] [--window 128] [--max-windows N] [--bos auto|none|ID] [--centering C]
         [--on-missing stop|skip] [--no-null-baseline] [--token-centred] --out RUN
 
 Checkpoints: ``--checkpoint-dir`` takes every checkpoint file in DIR ordered by step; ``--checkpoints``
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InputError
-from .options import add_device, add_threads, apply_threads, finite_float, int_list
+from .options import add_device, add_option, add_threads, apply_threads, finite_float, int_list
 
 
 def checkpoint_specs(
@@ -347,7 +347,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--stats", default=None, help="statistics directory from `originlens stats` (model token ids)")
     s.add_argument("--top-tokens", type=int, default=None, help="K most frequent tokens (default 2000)")
     s.add_argument("--window", type=int, default=128, help="tokens per text window incl. BOS (default 128)")
-    s.add_argument("--max-texts", type=int, default=None, help="use at most N texts / windows (texts kept)")
+    add_option(
+        s, "--max-windows", dest="max_texts", type=int, default=None, help="use at most N texts / windows (texts kept)"
+    )
     s.add_argument(
         "--min-chars",
         type=int,

@@ -21,7 +21,7 @@ import argparse
 from typing import Any
 
 from ..errors import ConfigError
-from .options import add_threads, apply_threads, int_list
+from .options import add_option, add_threads, apply_threads, int_list
 
 
 def _untie_at(s: str) -> Any:
@@ -67,7 +67,7 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--betas", "betas", _betas, "Adam betas as B1,B2 (0.9,0.999)"),
     ("--eps", "eps", float, "Adam epsilon (1e-8)"),
     ("--d-model", "d_model", int, "residual width (128; Othello 256)"),
-    ("--layers", "n_layer", int, "transformer blocks (2; Othello 6; language 4)"),
+    ("--n-layers", "n_layer", int, "transformer blocks (2; Othello 6; language 4)"),
     ("--heads", "n_head", int, "attention heads (4)"),
     (
         "--untie-at",
@@ -113,7 +113,8 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
 def _add_overrides(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("overrides of the paper's defaults")
     for flag, dest, typ, help_ in OVERRIDES:
-        g.add_argument(
+        add_option(
+            g,
             flag,
             dest=f"ov_{dest}",
             type=typ,

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .options import add_device, add_threads, apply_threads, int_list
+from .options import add_device, add_option, add_threads, apply_threads, int_list
 
 PAPER = dict(
     n_layer=6,
@@ -431,7 +431,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g = p.add_argument_group("model and training (defaults: CPU scale)")
     for flag, dest, typ, help_ in (
-        ("--layers", "n_layer", int, "blocks (3)"),
+        ("--n-layers", "n_layer", int, "blocks (3)"),
         ("--d-model", "d_model", int, "width (64)"),
         ("--heads", "n_head", int, "heads (4)"),
         ("--batch-size", "batch_size", int, "(64)"),
@@ -442,7 +442,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ("--checkpoint-every", "checkpoint_every", int, "(100)"),
         ("--seed", "seed", int, "(0)"),
     ):
-        g.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+        add_option(g, flag, dest=dest, type=typ, default=None, help=help_)
     a = p.add_argument_group("attribution")
     a.add_argument("--positions", type=int_list, default=None, help="attributed positions (12,24,36)")
     a.add_argument("--attr-layers", dest="layers", type=int_list, default=None, help="attributed layers (all)")

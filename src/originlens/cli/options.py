@@ -3,6 +3,10 @@
 * :func:`float_list`: comma-separated finite numbers (``--lrs``, ``--coefficients``).
 * :func:`int_list` / :func:`int_list_or_all`: the one integer-list grammar (``1,3``, ``1-6``, ``4-56:4``).
 * :func:`add_device`: ``--device`` for every command that takes one (the names of :mod:`originlens.devices`).
+* :func:`add_option`: every option whose spelling was unified across commands (:data:`RENAMED`: one spelling
+  per concept — ``--n-layers`` is a model's depth, ``--layers`` a selection of layers, ``--max-windows``
+  how many inputs are read, ``--top-tokens`` the K most frequent tokens) takes its old spelling for one
+  more release with a one-line deprecation warning.
 * :func:`add_threads` / :func:`apply_threads`: ``--threads N`` (torch's CPU thread count, process-wide).
   ``N`` must be an integer ≥ 1; anything else is an argparse error (one line, status 2).  On CPU the
   thread count can change the last bits of matrix products; ``ntp train`` records it in
@@ -14,6 +18,41 @@ from __future__ import annotations
 import argparse
 import math
 from typing import Any
+
+# new spelling → the old spellings it replaces (accepted with a warning until the next release)
+RENAMED: dict[str, tuple[str, ...]] = {
+    "--n-layers": ("--layers",),  # a model's depth; --layers selects layers (lm compare, ntp attribute)
+    "--max-windows": ("--max-texts",),  # how many windows / texts are read
+    "--top-tokens": ("--top-k",),  # the K most frequent tokens of the statistics
+}
+
+
+class _RenamedStore(argparse._StoreAction):
+    """``store`` that warns when the option was given under an old spelling (see :data:`RENAMED`)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        new = self.option_strings[0]
+        if option_string is not None and option_string != new:
+            import sys
+
+            print(
+                f"originlens: warning: {option_string} is now spelled {new}; the old spelling stops working in "
+                "the next release",
+                file=sys.stderr,
+            )
+        super().__call__(parser, namespace, values, option_string)
+
+
+def add_option(p: Any, flag: str, **kwargs: Any) -> Any:
+    """``p.add_argument(flag, **kwargs)``, plus the old spellings of ``flag`` listed in :data:`RENAMED`
+    (accepted with a deprecation warning; the help names them)."""
+    olds = RENAMED.get(flag, ())
+    if not olds:
+        return p.add_argument(flag, **kwargs)
+    kwargs.setdefault("dest", flag.lstrip("-").replace("-", "_"))
+    kwargs.setdefault("metavar", flag.lstrip("-").upper().replace("-", "_"))
+    kwargs["help"] = (kwargs.get("help") or "").rstrip() + f" (old spelling {', '.join(olds)}: deprecated)"
+    return p.add_argument(flag, *olds, action=_RenamedStore, **kwargs)
 
 
 def positive_int(s: str) -> int:

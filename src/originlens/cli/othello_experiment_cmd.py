@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import add_device, add_threads, apply_threads, int_list
+from .options import add_device, add_option, add_threads, apply_threads, int_list
 
 
 def cmd_othello(args: argparse.Namespace) -> int:
@@ -79,7 +79,7 @@ def add_parser(esub: Any) -> None:
     )
     g = o.add_argument_group("overrides of the scale")
     for flag, dest, typ, what in (
-        ("--layers", "n_layer", int, "transformer blocks"),
+        ("--n-layers", "n_layer", int, "transformer blocks"),
         ("--d-model", "d_model", int, "residual width"),
         ("--heads", "n_head", int, "attention heads"),
         ("--batch-size", "batch_size", int, "games per step"),
@@ -103,7 +103,7 @@ def add_parser(esub: Any) -> None:
         ),
         ("--lr", "lr", float, "Adam learning rate"),
     ):
-        g.add_argument(flag, dest=dest, type=typ, default=None, help=f"{what} (default: the scale's)")
+        add_option(g, flag, dest=dest, type=typ, default=None, help=f"{what} (default: the scale's)")
     o.add_argument("--attr-layers", type=int_list, default=None, help="attributed layers (default all)")
     o.add_argument("--random-directions", type=int, default=2, help="null directions per probe (2)")
     o.add_argument("--jobs", type=int, default=1, help="seeds trained and attributed in parallel processes (1)")

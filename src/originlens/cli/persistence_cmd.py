@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import add_threads, apply_threads, finite_float, float_list, int_list, positive_int
+from .options import add_option, add_threads, apply_threads, finite_float, float_list, int_list, positive_int
 
 
 def cmd_persistence(args: argparse.Namespace) -> int:
@@ -63,12 +63,12 @@ def add_parser(esub: Any) -> None:
     for flag, dest, what in (
         ("--vocab-size", "vocab_size", "|V|"),
         ("--seq-len", "seq_len", "T"),
-        ("--layers", "layers", "layers L"),
+        ("--n-layers", "layers", "layers L"),
         ("--batch-size", "batch_size", "SGD minibatch"),
         ("--steps", "steps", "SGD steps"),
         ("--log-every", "log_every", "logging-point interval in steps"),
     ):
-        g.add_argument(flag, dest=dest, type=positive_int, default=None, help=f"{what} (default: the scale's)")
+        add_option(g, flag, dest=dest, type=positive_int, default=None, help=f"{what} (default: the scale's)")
     add_threads(o)
     o.set_defaults(func=cmd_persistence)
 
@@ -113,7 +113,7 @@ def add_horizon_parser(esub: Any) -> None:
         help="|V| grid, e.g. 150,300,600,1000 (default: the scale's)",
     )
     g.add_argument("--seq-lens", dest="seq_lens", type=int_list, default=None, help="T grid, e.g. 16,32")
-    g.add_argument("--layers", type=positive_int, default=None, help="layers L (default: the scale's)")
+    add_option(g, "--n-layers", dest="layers", type=positive_int, default=None, help="layers L (default: the scale's)")
     g.add_argument("--batch-size", dest="batch_size", type=positive_int, default=None, help="SGD minibatch")
     g.add_argument(
         "--max-steps",

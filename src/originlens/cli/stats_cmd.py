@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..progress import log
-from .options import finite_float
+from .options import add_option, finite_float
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("corpus", nargs="?", help="corpus directory written by `originlens corpus build`")
     p.add_argument("--tokens", help="an (N, T+1) integer .npy file instead of a corpus directory")
     p.add_argument("--vocab-size", type=int, help="|V| (required with --tokens; default: the corpus's)")
-    p.add_argument("--top-k", type=int, help="restrict to the K most frequent tokens (matrices K×K)")
+    add_option(p, "--top-tokens", dest="top_k", type=int, help="restrict to the K most frequent tokens (matrices K×K)")
     p.add_argument(
         "--centering",
         type=finite_float,

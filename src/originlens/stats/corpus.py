@@ -490,7 +490,7 @@ def most_frequent_tokens(
 ) -> np.ndarray:
     """Ids of the ``k`` most frequent tokens of ``tokens`` (ties broken by smaller id), sorted by rank."""
     if k < 1:
-        raise ConfigError(f"top-k must be ≥ 1 (got {k})", "pass --top-k K with K ≥ 1")
+        raise ConfigError(f"top-k must be ≥ 1 (got {k})", "pass --top-tokens K with K ≥ 1")
     counts = np.zeros(vocab_size, dtype=np.int64)
     for s in range(0, tokens.shape[0], chunk_size):
         c = np.asarray(tokens[s : s + chunk_size]).ravel()
