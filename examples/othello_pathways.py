@@ -4,7 +4,7 @@ Train a GPT on synthetic Othello, probe the board from the player-to-move's pers
 attribute the training updates to direct / pre-cached / shared pathways at the 16 central cells
 (Adam variant, replayed from checkpoints), and report the integrated influence per component for
 NTP-useful and NTP-useless cells next to the paper's values; optionally evaluate the probes on
-recorded games.  All the work is :func:`originlens.cli.ntp_experiment_cmd.run_othello_experiment`
+recorded games.  All the work is :func:`originlens.experiments.othello_run.run_othello_experiment`
 (``originlens ntp experiment othello-run`` is the same with CLI flags; the multi-seed experiment with nulls
 and tests is ``originlens ntp experiment othello``).
 
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from originlens.cli import ntp_experiment_cmd as exp
+from originlens.cli import ntp_experiment_cmd as cli
+from originlens.experiments import othello_run as exp
 
 PAPER_MIDPOINTS = {
     ("direct", 2): 7.61,
@@ -76,7 +77,7 @@ def greedy_games(n: int, seed: int) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    exp.add_arguments(ap)
+    cli.add_arguments(ap)
     ap.add_argument(
         "--greedy-standin",
         type=int,
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     defaults = dict(steps=500) if not args.paper else {}
-    cfg = exp.config_from_args(args)
+    cfg = cli.config_from_args(args)
     for k, v in defaults.items():
         if getattr(args, k, None) is None:
             setattr(cfg, k, v)

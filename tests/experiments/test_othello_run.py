@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from originlens.cli.main import main as cli_main
-from originlens.cli.ntp_experiment_cmd import OthelloExperimentConfig, evaluate_games, run_othello_experiment
+from originlens.experiments.othello_run import OthelloExperimentConfig, evaluate_games, run_othello_experiment
 from originlens.tasks import generate_games, get_task
 from originlens.tasks.othello import CENTRAL_CELLS
 from originlens.tasks.othello_records import read_game_records, write_wthor
