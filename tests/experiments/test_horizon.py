@@ -107,3 +107,26 @@ def test_verdict_and_bad_configurations():
         H.HorizonConfig(overrides={"lr": -1.0})
     with pytest.raises(ConfigError, match="override"):
         H.HorizonConfig(overrides={"width": 2})
+
+
+def test_grid_filled_a_few_cells_at_a_time_combines_from_records(ci_run, tmp_path):
+    """Cells run in separate calls (one |V| each) write unit records; from_records fits the whole grid from
+    them with the numbers of the run that trained it at once."""
+    from originlens.errors import InputError
+
+    cfg, out, s = ci_run
+    res = tmp_path / "res.json"
+    for V in cfg.settings["vocab_sizes"]:
+        part = H.HorizonConfig(
+            scale="ci", seeds=[0, 1], overrides={"seq_lens": [8], "max_steps": 20, "vocab_sizes": [V]}
+        )
+        H.run_horizon(part, out / "exp", results=res, command="part")  # finished runs are reused, not retrained
+    comb = H.run_horizon(cfg, tmp_path / "comb", results=res, command="combine", from_records=True)
+    assert comb["cells"] == s["cells"] and comb["fits"] == s["fits"]
+    with pytest.raises(InputError, match="another configuration"):
+        H.run_horizon(
+            H.HorizonConfig(scale="ci", seeds=[0, 1], overrides={"seq_lens": [8], "max_steps": 21}),
+            tmp_path / "x",
+            results=res,
+            from_records=True,
+        )

@@ -241,7 +241,7 @@ def test_seed_records_combine_into_the_same_results(ci_run, tmp_path):
     for seed in cfg.seeds:
         rec = read_seed_record(seed_record_path(out / "res.json", seed), cfg, seed)
         assert (
-            rec["seed"] == seed
+            rec["unit"] == f"seed-{seed}"
             and rec["values"]["train"]["trained"]["final_eval"] == s["per_seed"][seed]["train"]["trained"]["final_eval"]
         )
     comb = run_othello(
@@ -256,7 +256,7 @@ def test_seed_records_combine_into_the_same_results(ci_run, tmp_path):
     with pytest.raises(InputError, match="another configuration.*steps"):
         run_othello(other, tmp_path / "x", results=out / "res.json", from_records=True)
     more = OthelloConfig(scale="ci", seeds=[0, 1, 7], overrides={"steps": 12, "eval_size": 120})
-    with pytest.raises(InputError, match="no seed record for seed 7"):
+    with pytest.raises(InputError, match="no record of seed-7"):
         run_othello(more, tmp_path / "y", results=out / "res.json", from_records=True)
 
 

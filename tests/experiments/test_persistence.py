@@ -248,3 +248,28 @@ def test_docs_figure_is_drawn_from_the_results_file_and_checked_by_its_digest(ci
     rec["runs"][0]["curve"]["W"][-1] = 0.5  # other numbers: the figure is out of date
     dst.write_text(json.dumps(rec))
     assert png in render(root, check=True)
+
+
+def test_unit_records_combine_into_the_same_results(ci_run, tmp_path):
+    """Every (η, seed) run writes a record beside the results file; runs made one seed at a time combine
+    with from_records into the numbers of the run that made them all at once; another configuration or a
+    missing unit is refused; fewer than 3 seeds at the default path write records only."""
+    from originlens.errors import InputError
+    from originlens.experiments.records import record_path
+    from originlens.experiments.results import read_results
+
+    cfg, out, s = ci_run
+    for lr in cfg.lrs:
+        for seed in cfg.seeds:
+            assert record_path(out / "res.json", P.unit_name(lr, seed)).is_file()
+    comb = P.run_persistence(cfg, tmp_path / "comb", results=out / "res.json", command="combine", from_records=True)
+    assert not (tmp_path / "comb" / "corpus").exists()  # nothing built or trained
+    assert comb["by_lr"] == s["by_lr"]
+    rec = read_results(out / "res.json")
+    assert rec["command"] == "combine" and rec["runs"][0]["commits"]["command"] == "originlens test"
+    other = P.PersistenceConfig(scale="ci", seeds=[0, 1, 2], overrides={"steps": 17})
+    with pytest.raises(InputError, match="another configuration"):
+        P.run_persistence(other, tmp_path / "x", results=out / "res.json", from_records=True)
+    more = P.PersistenceConfig(scale="ci", seeds=[0, 1, 2, 9], overrides={"steps": 16})
+    with pytest.raises(InputError, match="no record of lr-"):
+        P.run_persistence(more, tmp_path / "y", results=out / "res.json", from_records=True)

@@ -29,11 +29,11 @@ def cmd_persistence(args: argparse.Namespace) -> int:
     cfg = PersistenceConfig(
         scale=args.scale, seeds=args.seeds, overrides=overrides, **({"lrs": args.lrs} if args.lrs is not None else {})
     )
-    s = run_persistence(cfg, args.out, results=args.results, command=command_line())
+    s = run_persistence(cfg, args.out, results=args.results, command=command_line(), from_records=args.from_records)
     for lr, v in s["by_lr"].items():
         mins = ", ".join(f"{k} {v[k]['min_logged']['mean']:.4f}" for k in KINDS)
         print(f"η = {lr} ({v['steps']} steps, t = {v['t']:g}): min cosine over the logging points {mins}")
-    print(f"{args.out}/report.html, {s['results_file']}")
+    print(f"{args.out}/report.html, " + (s["results_file"] or "unit records only (fewer than 3 seeds)"))
     return 0
 
 
@@ -56,6 +56,12 @@ def add_parser(esub: Any) -> None:
         help="learning rates η (default: the scale's, 0.005,0.05; BPE scales 0.005)",
     )
     o.add_argument("--out", required=True, help="experiment directory")
+    o.add_argument(
+        "--from-records",
+        action="store_true",
+        help="train nothing: combine the (η, seed) runs' records (written beside the results file by earlier "
+        "calls, e.g. one seed at a time) into the results file",
+    )
     o.add_argument(
         "--results", default=None, help="results file (default results/leading-terms/persistence-SCALE.json)"
     )
@@ -84,11 +90,11 @@ def cmd_horizon(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None
     }
     cfg = HorizonConfig(scale=args.scale, seeds=args.seeds, overrides=overrides)
-    s = run_horizon(cfg, args.out, results=args.results, command=command_line())
+    s = run_horizon(cfg, args.out, results=args.results, command=command_line(), from_records=args.from_records)
     for row in fit_rows(s["fits"]):
         if row[1] == "0.9":
             print(f"{row[0]}, θ 0.9: exponent of |V| {row[4]}, of T {row[5]} ({row[2]} runs, {row[3]} censored)")
-    print(f"{args.out}/report.html, {s['results_file']}")
+    print(f"{args.out}/report.html, " + (s["results_file"] or "unit records only (fewer than 3 seeds)"))
     return 0
 
 
@@ -104,6 +110,12 @@ def add_horizon_parser(esub: Any) -> None:
     o.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="data-order seeds, e.g. 0-2 (default)")
     o.add_argument("--out", required=True, help="experiment directory")
     o.add_argument("--results", default=None, help="results file (default results/leading-terms/horizon-SCALE.json)")
+    o.add_argument(
+        "--from-records",
+        action="store_true",
+        help="train nothing: fit the grid from the runs' records (written beside the results file by earlier "
+        "calls, e.g. a few cells at a time)",
+    )
     g = o.add_argument_group("overrides of the scale")
     g.add_argument(
         "--vocab-sizes",

@@ -40,6 +40,7 @@ from ..storage import atomic_write_json, read_json
 from . import inference
 from .formatting import sig as _f
 from .persistence import KINDS, THRESHOLDS, StepCosines, corpus_for, horizon, null_statistics
+from .records import commits_of, read_unit_record, record_path, write_unit_record
 from .results import default_results_path, write_results
 
 EXPERIMENT = "leading-terms"
@@ -302,21 +303,64 @@ def summarise(config: HorizonConfig, runs: list[dict[str, Any]]) -> dict[str, An
     return {"cells": cells, "fits": fits}
 
 
+def unit_name(V: int, T: int, seed: int) -> str:
+    """The record name of one grid cell and seed: ``V100-T16-seed-0``."""
+    return f"V{int(V)}-T{int(T)}-seed-{int(seed)}"
+
+
+def config_key(config: HorizonConfig) -> dict[str, Any]:
+    """What must agree between unit records for them to be combined: everything but the seed list and the
+    grid itself (a unit's name carries its |V| and T), so a grid can be filled a few cells at a time."""
+    exp = {k: v for k, v in to_jsonable(config).items() if k not in ("seeds", "overrides")}
+    settings = {k: v for k, v in to_jsonable(config.settings).items() if k not in ("vocab_sizes", "seq_lens")}
+    return {"experiment": exp, "settings": settings}
+
+
 def run_horizon(
-    config: HorizonConfig, out: str | Path, *, results: str | Path | None = None, command: str | None = None
+    config: HorizonConfig,
+    out: str | Path,
+    *,
+    results: str | Path | None = None,
+    command: str | None = None,
+    from_records: bool = False,
 ) -> dict[str, Any]:
     """Train every (|V|, T, seed) run (finished runs are kept), fit, write the experiment record, the report
-    and the results file; returns the record."""
+    and the results file; returns the record.
+
+    Every run also writes a unit record beside the results file (``results/leading-terms/horizon-<scale>/
+    V<|V|>-T<T>-seed-<s>.json``); ``from_records=True`` trains nothing and fits the grid from the records, so
+    the cells can be run a few at a time (``--vocab-sizes``/``--seq-lens``/``--seeds`` subsets).  With fewer
+    than 3 seeds and no explicit ``results`` path only the records are written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     s = config.settings
+    res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
+    command = command or f"python: run_horizon({config!r}, {str(out)!r})"
     with exclusive(out):
         runs = []
+        commits: dict[str, Any] = {}
         for V, T in config.cells:
             for seed in config.seeds:
+                unit = unit_name(V, T, seed)
+                path = record_path(res_path, unit)
+                if from_records:
+                    rec = read_unit_record(path, experiment=EXPERIMENT, unit=unit, config_key=config_key(config))
+                    runs.append(rec["values"])
+                    commits[unit] = commits_of(rec)
+                    continue
                 log(f"[horizon] |V| = {V}, T = {T}, seed {seed} ...")
-                rec = _run_cell(config, V, T, seed, out)
-                runs.append({**rec, "requested_vocab": V})
+                rec = {**_run_cell(config, V, T, seed, out), "requested_vocab": V}
+                write_unit_record(
+                    path,
+                    experiment=EXPERIMENT,
+                    name=config.name,
+                    unit=unit,
+                    config_key=config_key(config),
+                    values=rec,
+                    command=command,
+                )
+                runs.append(rec)
+                commits[unit] = commits_of(read_json(path))
         summary = {
             "scale": {
                 "name": config.scale,
@@ -336,12 +380,18 @@ def run_horizon(
         }
         atomic_write_json(out / "experiment.json", to_jsonable(summary))
         write_report(summary, out)
-        res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
+        if results is None and len(config.seeds) < 3:
+            log(
+                f"[horizon] {len(config.seeds)} seed(s) < 3: the unit records are written "
+                f"({record_path(res_path, 'x').parent}), the combined results file is not; combine with --from-records"
+            )
+            summary["results_file"] = None
+            return summary
         write_results(
             res_path,
             experiment=EXPERIMENT,
             name=config.name,
-            command=command or f"python: run_horizon({config!r}, {str(out)!r})",
+            command=command,
             config={"experiment": to_jsonable(config), "settings": s},
             seeds=config.seeds,
             scale=summary["scale"],
@@ -355,7 +405,13 @@ def run_horizon(
                 if c != "intercept"
             },
             data_hashes={f"V{r['requested_vocab']}-T{r['seq_len']}/{r['seed']}": r["data_hashes"] for r in runs},
-            runs=[{k: v for k, v in r.items() if k != "data_hashes"} for r in runs],
+            runs=[
+                {
+                    **{k: v for k, v in r.items() if k != "data_hashes"},
+                    "commits": commits.get(unit_name(r["requested_vocab"], r["seq_len"], r["seed"])),
+                }
+                for r in runs
+            ],
             extra={"paper_point": PAPER_POINT},
         )
         summary["results_file"] = str(res_path)

@@ -61,6 +61,7 @@ from ..storage import atomic_write_json, read_json
 from . import inference
 from .formatting import ci as fmt_ci
 from .formatting import sig as _f
+from .records import commits_of, read_unit_record, record_path, write_unit_record
 from .results import default_results_path, write_results
 
 EXPERIMENT = "othello"
@@ -571,14 +572,12 @@ def across_seeds(
 
 
 MIN_SEEDS = 3  # a combined results file at the default path needs at least this many seeds
-SEED_RECORD_FORMAT = "originlens-seed-record/1"
 
 
 def seed_record_path(results_path: str | Path, seed: int) -> Path:
-    """Where the seed record of ``seed`` lives beside a results file: ``results/othello/othello-cpu.json``
-    → ``results/othello/othello-cpu/seed-<seed>.json``."""
-    p = Path(results_path)
-    return p.parent / p.stem / f"seed-{int(seed)}.json"
+    """Where the record of ``seed`` lives beside a results file: ``results/othello/othello-cpu.json``
+    → ``results/othello/othello-cpu/seed-<seed>.json`` (:mod:`originlens.experiments.records`)."""
+    return record_path(results_path, f"seed-{int(seed)}")
 
 
 def config_key(config: OthelloConfig) -> dict[str, Any]:
@@ -593,63 +592,9 @@ def config_key(config: OthelloConfig) -> dict[str, Any]:
     return {"experiment": exp, "settings": to_jsonable(config.settings), "ntp": to_jsonable(ntp)}
 
 
-def write_seed_record(
-    path: str | Path, config: OthelloConfig, seed: int, values: dict[str, Any], *, command: str, run_dir: Path | None
-) -> Path:
-    """One seed's measured values (quality, probes, per-seed influence aggregates, snapshots) with its
-    provenance: the combined analysis over seeds can be redone from seed records alone, so seeds trained in
-    separate processes or machines (each an hour of CPU) combine into one results file without their run directories."""
-    from .results import provenance
-
-    train_commit = None
-    if run_dir is not None and (run_dir / "environment.json").is_file():
-        train_commit = read_json(run_dir / "environment.json").get("git_commit")
-    record = {
-        "format": SEED_RECORD_FORMAT,
-        "experiment": EXPERIMENT,
-        "name": config.name,
-        "seed": int(seed),
-        "command": command,
-        **provenance(),
-        "train_commit": train_commit,
-        "config_key": config_key(config),
-        "values": to_jsonable(values),
-    }
-    return atomic_write_json(path, record)
-
-
 def read_seed_record(path: str | Path, config: OthelloConfig, seed: int) -> dict[str, Any]:
-    """A seed record checked against ``config`` (same experiment, seed and configuration, else
-    :class:`~originlens.errors.InputError` naming what differs)."""
-    from ..errors import InputError
-
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(
-            f"no seed record for seed {seed} at {path}",
-            "train that seed first (the experiment command without --from-records writes its record)",
-        )
-    rec = read_json(path)
-    if not isinstance(rec, dict) or rec.get("format") != SEED_RECORD_FORMAT or rec.get("experiment") != EXPERIMENT:
-        raise InputError(
-            f"{path} is not an Othello seed record ({SEED_RECORD_FORMAT})",
-            "regenerate it with `originlens ntp experiment othello`",
-        )
-    if rec.get("seed") != int(seed):
-        raise InputError(f"{path} holds seed {rec.get('seed')}, not {seed}", "check the records directory")
-    want, have = config_key(config), rec.get("config_key", {})
-    if have != want:
-        diff = sorted(
-            f"{part}.{k}"
-            for part in want
-            for k in set(want[part]) | set(have.get(part, {}))
-            if want[part].get(k) != have.get(part, {}).get(k)
-        )
-        raise InputError(
-            f"{path} was made with another configuration (differs in {', '.join(diff) or 'layout'})",
-            "combine only seeds of one configuration, or rerun that seed",
-        )
-    return rec
+    """A seed's record checked against ``config`` (:func:`originlens.experiments.records.read_unit_record`)."""
+    return read_unit_record(path, experiment=EXPERIMENT, unit=f"seed-{int(seed)}", config_key=config_key(config))
 
 
 def _seed_values(config: OthelloConfig, d: Path, prepared: dict[str, Any]) -> dict[str, Any]:
@@ -706,25 +651,23 @@ def run_othello(
             for seed in config.seeds:
                 rec = read_seed_record(seed_record_path(res_path, seed), config, seed)
                 per_seed[seed] = rec["values"]
-                seed_commits[seed] = {
-                    "record": rec.get("git_commit"),
-                    "train": rec.get("train_commit"),
-                    "command": rec.get("command"),
-                }
+                seed_commits[seed] = commits_of(rec)
         else:
             prepared = _prepare_all(config, out)
             for seed in config.seeds:
                 d = out / f"seed-{seed}"
                 per_seed[seed] = _seed_values(config, d, prepared[seed])
-                path = write_seed_record(
-                    seed_record_path(res_path, seed), config, seed, per_seed[seed], command=command, run_dir=d / "run"
+                path = write_unit_record(
+                    seed_record_path(res_path, seed),
+                    experiment=EXPERIMENT,
+                    name=config.name,
+                    unit=f"seed-{seed}",
+                    config_key=config_key(config),
+                    values=per_seed[seed],
+                    command=command,
+                    run_dir=d / "run",
                 )
-                rec = read_json(path)
-                seed_commits[seed] = {
-                    "record": rec.get("git_commit"),
-                    "train": rec.get("train_commit"),
-                    "command": command,
-                }
+                seed_commits[seed] = commits_of(read_json(path))
         per_seed = {s: per_seed[s] for s in config.seeds}
         layers = sorted({k for s in per_seed.values() for k in s["probes"]}, key=int)
         quality = {

@@ -54,6 +54,7 @@ from ..storage import atomic_write_json, read_json
 from . import inference
 from .formatting import ci as fmt_ci
 from .formatting import sig as _f
+from .records import commits_of, read_unit_record, record_path, write_unit_record
 from .results import default_results_path, write_results
 
 EXPERIMENT = "leading-terms"
@@ -517,43 +518,108 @@ def across_seeds(runs: dict[float, dict[int, dict[str, Any]]], config: Persisten
     return out
 
 
+def unit_name(lr: float, seed: int) -> str:
+    """The record name of one (η, seed) run: ``lr-0.005-seed-0``."""
+    return f"lr-{lr:g}-seed-{int(seed)}"
+
+
+def config_key(config: PersistenceConfig) -> dict[str, Any]:
+    """What must agree between unit records for them to be combined (no seed list, no η list)."""
+    exp = {k: v for k, v in to_jsonable(config).items() if k not in ("seeds", "lrs")}
+    return {"experiment": exp, "settings": to_jsonable(config.settings)}
+
+
+MIN_SEEDS = 3  # a combined results file at the default path needs at least this many seeds
+
+
 def run_persistence(
-    config: PersistenceConfig, out: str | Path, *, results: str | Path | None = None, command: str | None = None
+    config: PersistenceConfig,
+    out: str | Path,
+    *,
+    results: str | Path | None = None,
+    command: str | None = None,
+    from_records: bool = False,
 ) -> dict[str, Any]:
     """Build the corpus, train every (η, seed) (resuming what exists), aggregate over seeds, write the
-    experiment record, the report and the results file; returns the record."""
+    experiment record, the report and the results file; returns the record.
+
+    Every (η, seed) run also writes a unit record beside the results file (``results/leading-terms/
+    persistence-<scale>/lr-<η>-seed-<s>.json``, :mod:`originlens.experiments.records`); ``from_records=True``
+    trains nothing and combines the records (runs of about an hour each need not share one process).  With
+    fewer than :data:`MIN_SEEDS` seeds and no explicit ``results`` path only the records are written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
+    command = command or f"python: run_persistence({config!r}, {str(out)!r})"
+    commits: dict[str, Any] = {}
     with exclusive(out):
-        store = build_experiment_corpus(config, out)
         runs: dict[float, dict[int, dict[str, Any]]] = {}
-        for lr in config.lrs:
-            for seed in config.seeds:
-                d = run_dir_of(out, lr, seed)
-                log(f"[persistence] η = {lr:g}, seed {seed}: training {config.settings['steps']} steps ...")
-                secs, trained, fresh = _train_one(config, store, lr, seed, d)
-                rec = run_summary(d, config, lr)
-                timing = out / "timing.json"  # training wall time per run, summed over (re)starts
-                times = read_json(timing) if timing.is_file() else {}
-                key = f"{lr:g}/{seed}"
-                if trained:
-                    times[key] = secs if fresh else times.get(key, 0.0) + secs
-                    atomic_write_json(timing, times)
-                rec["seconds"] = times.get(key)
-                runs.setdefault(lr, {})[seed] = rec
+        corpus: dict[str, Any] = {}
+        if from_records:
+            for lr in config.lrs:
+                for seed in config.seeds:
+                    unit = unit_name(lr, seed)
+                    rec = read_unit_record(
+                        record_path(res_path, unit), experiment=EXPERIMENT, unit=unit, config_key=config_key(config)
+                    )
+                    values = dict(rec["values"])
+                    corpus.setdefault("sha", values.get("corpus_manifest_sha256"))
+                    corpus.setdefault("windows", values.get("corpus_windows"))
+                    corpus.setdefault("vocab_size", values.get("corpus_vocab_size"))
+                    if values.get("corpus_manifest_sha256") != corpus["sha"]:
+                        raise InputError(
+                            f"{record_path(res_path, unit)} was trained on another corpus than the other records",
+                            "combine only runs of one corpus build, or rerun that unit",
+                        )
+                    runs.setdefault(lr, {})[seed] = values
+                    commits[unit] = commits_of(rec)
+        else:
+            store = build_experiment_corpus(config, out)
+            corpus = {
+                "sha": _sha(out / "corpus" / "manifest.json"),
+                "windows": read_json(out / "corpus" / "manifest.json").get("counts", {}).get("windows"),
+                "vocab_size": int(store.vocab_size),
+            }
+            for lr in config.lrs:
+                for seed in config.seeds:
+                    d = run_dir_of(out, lr, seed)
+                    log(f"[persistence] η = {lr:g}, seed {seed}: training {config.settings['steps']} steps ...")
+                    secs, trained, fresh = _train_one(config, store, lr, seed, d)
+                    rec = run_summary(d, config, lr)
+                    timing = out / "timing.json"  # training wall time per run, summed over (re)starts
+                    times = read_json(timing) if timing.is_file() else {}
+                    key = f"{lr:g}/{seed}"
+                    if trained:
+                        times[key] = secs if fresh else times.get(key, 0.0) + secs
+                        atomic_write_json(timing, times)
+                    rec["seconds"] = times.get(key)
+                    rec["corpus_manifest_sha256"] = corpus["sha"]
+                    rec["corpus_windows"] = corpus["windows"]
+                    rec["corpus_vocab_size"] = corpus["vocab_size"]
+                    runs.setdefault(lr, {})[seed] = rec
+                    unit = unit_name(lr, seed)
+                    path = write_unit_record(
+                        record_path(res_path, unit),
+                        experiment=EXPERIMENT,
+                        name=config.name,
+                        unit=unit,
+                        config_key=config_key(config),
+                        values=rec,
+                        command=command,
+                        run_dir=d,
+                    )
+                    commits[unit] = commits_of(read_json(path))
         s = config.settings
-        manifest = read_json(out / "corpus" / "manifest.json")
         summary = {
             "scale": {
                 "name": config.scale,
                 "summary": SUMMARIES[config.scale],
-                "model": f"one-hot attention-only, L = {s['layers']}, |V| = {store.vocab_size}, "
+                "model": f"one-hot attention-only, L = {s['layers']}, |V| = {corpus['vocab_size']}, "
                 f"T = {s['seq_len']}, zero init",
                 "training": f"plain SGD, batch {s['batch_size']}, {s['steps']} steps, η ∈ "
                 f"{', '.join(f'{x:g}' for x in config.lrs)} (t = sη up to "
                 f"{max(config.lrs) * s['steps']:g})",
-                "corpus": f"{s['corpus']}: {manifest.get('counts', {}).get('windows')} windows "
-                f"({s['windows']}, out-of-vocabulary: {s['oov']})",
+                "corpus": f"{s['corpus']}: {corpus['windows']} windows ({s['windows']}, out-of-vocabulary: {s['oov']})",
                 "logging": f"cosines at every step; the paper's logging points every {s['log_every']} "
                 "steps ("
                 + ("0.1 paper epoch of 50 steps" if config.paper_scale == "paper-bpe" else "2 paper epochs of 32 steps")
@@ -565,12 +631,19 @@ def run_persistence(
         }
         atomic_write_json(out / "experiment.json", to_jsonable(summary))
         write_report(summary, out)
-        res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
+        if results is None and len(config.seeds) < MIN_SEEDS:
+            log(
+                f"[persistence] {len(config.seeds)} seed(s) < {MIN_SEEDS}: the unit records are written "
+                f"({record_path(res_path, 'x').parent}), the combined results file is not; combine ≥ {MIN_SEEDS} "
+                "seeds with --from-records"
+            )
+            summary["results_file"] = None
+            return summary
         write_results(
             res_path,
             experiment=EXPERIMENT,
             name=config.name,
-            command=command or f"python: run_persistence({config!r}, {str(out)!r})",
+            command=command,
             config={"experiment": to_jsonable(config), "settings": s},
             seeds=config.seeds,
             scale=summary["scale"],
@@ -583,13 +656,14 @@ def run_persistence(
                 for null in v[k]["nulls"]
             },
             data_hashes={
-                "corpus_manifest_sha256": _sha(out / "corpus" / "manifest.json"),
+                "corpus_manifest_sha256": corpus["sha"],
                 **{f"{lr}/{sd}": r["data_hashes"] for lr, by in summary["runs"].items() for sd, r in by.items()},
             },
             runs=[
                 {
                     "lr": float(lr),
                     "seed": int(sd),
+                    "commits": commits.get(unit_name(float(lr), int(sd))),
                     **{k: r[k] for k in ("lt", *NULLS, "loss", "seconds", "t", "windows_covered", "curve") if k in r},
                 }
                 for lr, by in summary["runs"].items()

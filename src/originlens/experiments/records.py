@@ -1,0 +1,105 @@
+"""Unit records: the measured values of one unit of an experiment (a training seed, an (η, seed) run), with
+their provenance, written beside the experiment's results file so that the analysis over units can be redone
+from the records alone.
+
+An experiment whose units each cost an hour of CPU need not run them in one process or on one machine:
+every finished unit writes ``results/<experiment>/<name>/<unit>.json``; a later call with
+``from_records=True`` reads the units' records (checked against the configuration it is asked for) and
+writes the combined results file without the run directories.  A record holds::
+
+    {"format": "originlens-unit-record/1", "experiment": ..., "name": ..., "unit": "seed-0",
+     "command": ..., "created": ..., "git_commit": ..., "versions": ..., "machine": ...,
+     "train_commit": <commit that trained the unit, from its run's environment.json>,
+     "config_key": {...},     # what must agree between units for them to be combined
+     "values": {...}}         # the unit's numbers, exactly as the experiment aggregates them
+
+Caveat: units made by different commits are combined when their configurations agree; each unit's commits
+stay in the combined results file (``runs[].commits``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..runs import to_jsonable
+from ..storage import atomic_write_json, read_json
+
+FORMAT = "originlens-unit-record/1"
+
+
+def record_path(results_path: str | Path, unit: str) -> Path:
+    """``results/othello/othello-cpu.json`` and ``seed-0`` → ``results/othello/othello-cpu/seed-0.json``."""
+    p = Path(results_path)
+    return p.parent / p.stem / f"{unit}.json"
+
+
+def write_unit_record(
+    path: str | Path,
+    *,
+    experiment: str,
+    name: str,
+    unit: str,
+    config_key: dict[str, Any],
+    values: dict[str, Any],
+    command: str,
+    run_dir: str | Path | None = None,
+) -> Path:
+    """Write one unit's record (see the module docstring); ``run_dir``: the unit's run directory, whose
+    ``environment.json`` names the commit that trained it."""
+    from .results import provenance
+
+    train_commit = None
+    env = Path(run_dir) / "environment.json" if run_dir is not None else None
+    if env is not None and env.is_file():
+        train_commit = read_json(env).get("git_commit")
+    record = {
+        "format": FORMAT,
+        "experiment": experiment,
+        "name": name,
+        "unit": unit,
+        "command": command,
+        **provenance(),
+        "train_commit": train_commit,
+        "config_key": to_jsonable(config_key),
+        "values": to_jsonable(values),
+    }
+    return atomic_write_json(path, record)
+
+
+def read_unit_record(path: str | Path, *, experiment: str, unit: str, config_key: dict[str, Any]) -> dict[str, Any]:
+    """A unit's record checked against the experiment, the unit and ``config_key`` (one
+    :class:`~originlens.errors.InputError` naming what differs)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(
+            f"no record of {unit} at {path}",
+            "run that unit first (the experiment command without --from-records writes its record)",
+        )
+    rec = read_json(path)
+    if not isinstance(rec, dict) or rec.get("format") != FORMAT or rec.get("experiment") != experiment:
+        raise InputError(
+            f"{path} is not a unit record of the {experiment} experiment ({FORMAT})",
+            "regenerate it with the experiment command",
+        )
+    if rec.get("unit") != unit:
+        raise InputError(f"{path} holds {rec.get('unit')}, not {unit}", "check the records directory")
+    want, have = to_jsonable(config_key), rec.get("config_key", {})
+    if have != want:
+        diff = sorted(
+            f"{part}.{k}"
+            for part in want
+            for k in set(want[part]) | set(have.get(part, {}))
+            if want[part].get(k) != have.get(part, {}).get(k)
+        )
+        raise InputError(
+            f"{path} was made with another configuration (differs in {', '.join(diff) or 'layout'})",
+            "combine only units of one configuration, or rerun that unit",
+        )
+    return rec
+
+
+def commits_of(rec: dict[str, Any]) -> dict[str, Any]:
+    """The commits and command behind a unit record (for the combined results file's ``runs``)."""
+    return {"record": rec.get("git_commit"), "train": rec.get("train_commit"), "command": rec.get("command")}
