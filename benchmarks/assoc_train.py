@@ -84,9 +84,9 @@ def sections(tokens: np.ndarray, args) -> dict[str, float]:
     batch = torch.as_tensor(tokens[: args.batch])
     spent: dict[str, float] = {}
     originals = {
-        "products": (assoc._Products, "__init__"),
+        "products": (assoc.paths._Products, "__init__"),
         "pass": (assoc, "_path_pass"),
-        "products backward": (assoc._Products, "backward"),
+        "products backward": (assoc.paths._Products, "backward"),
     }
     saved = {k: getattr(o, n) for k, (o, n) in originals.items()}
 

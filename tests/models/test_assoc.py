@@ -182,7 +182,8 @@ def test_hand_written_path_backward_matches_lemma_D7(monkeypatch, sizes):
 def test_hand_written_products_backward_matches_autograd(L):
     """_Products (the layouts the pass reads, and its hand-written backward) against autograd through
     path_products, for arbitrary incoming gradients (float64)."""
-    from originlens.models.assoc import _fresh, _pair_columns, _Team
+    from originlens.models.assoc.paths import _pair_columns
+    from originlens.models.assoc.workers import _fresh, _Team
 
     V = 6
     m = make(V=V, T=4, L=L, std=0.7, seed=30 + L)
@@ -260,7 +261,7 @@ def test_team_lanes_order_errors_and_threads():
     import threading
     import time
 
-    from originlens.models.assoc import PAIR_BLOCK, _blocks, _Team
+    from originlens.models.assoc.workers import PAIR_BLOCK, _blocks, _Team
 
     prev = torch.get_num_threads()
     lanes = [list(range(w, 23, 3)) for w in range(3)]
@@ -301,7 +302,7 @@ def test_team_lanes_order_errors_and_threads():
 def test_swap_copy_is_a_bit_exact_transpose():
     """The wide-element copy (int64 / complex128 views) moves bits unchanged, NaN payloads included;
     the element-wise fallback (float64, 4 values) gives the same layout."""
-    from originlens.models.assoc import _swap_copy
+    from originlens.models.assoc.paths import _swap_copy
 
     g = torch.Generator().manual_seed(0)
     for dtype, n in ((torch.float32, 2), (torch.float32, 4), (torch.float64, 2), (torch.float64, 4)):

@@ -336,7 +336,7 @@ class LeadingTermModel:
 
     def attention(self, inputs: Any) -> torch.Tensor:
         """Leading-term attention pattern (N, T', T') (float64)."""
-        from ..models.assoc import _causal_softmax, diag_matrix
+        from ..models.assoc.ops import _causal_softmax, diag_matrix
 
         x = self._check(inputs)
         T = x.shape[1]
