@@ -2,8 +2,8 @@
 sub-commands of ``ntp`` (mounted through :data:`originlens.cli.main.COMMAND_MODULES`; this module finds the
 ``ntp`` group registered by ``ntp_cmd``).  ``othello-run`` parses into
 :class:`originlens.experiments.othello_run.OthelloExperimentConfig` and calls
-:func:`~originlens.experiments.othello_run.run_othello_experiment`; ``othello``, ``grid`` and
-``tinystories`` are registered from their own modules.
+:func:`~originlens.experiments.othello_run.run_othello_experiment`; ``othello``, ``grid``,
+``tinystories`` and ``formal`` are registered from their own modules.
 """
 
 from __future__ import annotations
@@ -94,3 +94,6 @@ def register(subparsers: Any) -> None:
 
     language_experiment_cmd.add_parser(esub)
     othello_experiment_cmd.add_parser(esub)
+    from . import formal_experiment_cmd
+
+    formal_experiment_cmd.add_parser(esub)

@@ -137,6 +137,25 @@ def judge_horizon(rec: dict[str, Any]) -> Verdict:
     return judge(rec)
 
 
+def judge_formal_share(rec: dict[str, Any]) -> Verdict:
+    from .formal_report import judge_formal_share as judge
+
+    return judge(rec)
+
+
+def judge_formal_steering(rec: dict[str, Any]) -> Verdict:
+    from .formal_report import judge_steering
+
+    return judge_steering(rec)
+
+
+def judge_formal_lookahead(rec: dict[str, Any]) -> Verdict:
+    from .formal_report import judge_lookahead
+
+    return judge_lookahead(rec)
+
+
+FORMAL_CMD = "originlens ntp experiment formal --scale cpu --seeds 0-2 --out runs/formal-cpu"
 HORIZON_CMD = "originlens assoc experiment horizon --scale cpu --seeds 0-2 --out runs/horizon-cpu"
 PERSISTENCE_CMD = "originlens assoc experiment persistence --scale cpu --seeds 0-2 --out runs/persistence-cpu"
 LANG_CMD = "originlens ntp experiment tinystories --scale cpu --seeds 0-2 --out runs/tinystories-cpu"
@@ -200,9 +219,31 @@ CLAIMS: tuple[Claim, ...] = (
         "2603.14087, Q(w) on Gemma 2 2B",
         "Extreme-Q(w) SAE features are disproportionately formal (code, math, syntax)",
         "σ(ln Q) 1.63 ± 0.03 formal vs 1.23 ± 0.02 other",
-        blocked="needs data",
-        note="Gemma 2 2B and Gemma Scope cannot be downloaded here; to be tested on a model trained on code "
-        "and stories",
+        ("formal/formal-cpu",),
+        judge_formal_share,
+        note="Gemma 2 2B and Gemma Scope cannot be downloaded here; built to test it on our GPT trained on "
+        "stories and Python source, to be run",
+        command=FORMAL_CMD,
+    ),
+    Claim(
+        "gp-qscore-steering",
+        "2603.14087, Q(w) on Gemma 2 2B",
+        "Steering with high-Q(w) features produces more code and punctuation",
+        "qualitative (steered samples)",
+        ("formal/formal-cpu",),
+        judge_formal_steering,
+        note="built (top-Q vs random features vs no steering, code and punctuation fractions); to be run",
+        command=FORMAL_CMD,
+    ),
+    Claim(
+        "gp-qscore-lookahead",
+        "2603.14087, Q(w) on Gemma 2 2B",
+        "Q(w) correlates negatively with a feature's alignment to the look-ahead predictors' subspace",
+        "negative correlation",
+        ("formal/formal-cpu",),
+        judge_formal_lookahead,
+        note="built (Spearman ρ per seed with a permutation null, Fisher-z over seeds); to be run",
+        command=FORMAL_CMD,
     ),
     Claim(
         "lt-associations",

@@ -145,7 +145,14 @@ def _leading_terms_section(key: str, rec: dict[str, Any]) -> list[str]:
     return render_section(key, rec)
 
 
+def _formal_section(key: str, rec: dict[str, Any]) -> list[str]:
+    from .formal_report import render_section
+
+    return render_section(key, rec)
+
+
 SECTIONS: dict[str, Callable[[str, dict[str, Any]], list[str]]] = {
+    "formal": _formal_section,
     "toy-grid": _toy_grid_section,
     "othello": _othello_section,
     "language": _language_section,
