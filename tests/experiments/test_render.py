@@ -181,3 +181,59 @@ def _strings(obj):
     elif isinstance(obj, list):
         for v in obj:
             yield from _strings(v)
+
+
+def test_unit_records_not_yet_combined_are_listed_apart(tmp_path):
+    """Records of units whose results file does not exist (or was made from other units) are listed in their
+    own section with each unit's quality, never in the status table; once combined they disappear."""
+    from originlens.experiments.records import record_path, write_unit_record
+    from originlens.experiments.render import pending_markdown, pending_records
+    from originlens.experiments.results import write_results
+
+    res = tmp_path / "results" / "othello" / "othello-x.json"
+    values = {"train": {"trained": {"final_eval": {"legal_acc": 0.9612, "eval_loss": 2.3456}}}}
+    for seed in (0, 1):
+        write_unit_record(
+            record_path(res, f"seed-{seed}"),
+            experiment="othello",
+            name="othello-x",
+            unit=f"seed-{seed}",
+            config_key={"a": {}},
+            values=values,
+            command="c",
+        )
+    pending = pending_records(tmp_path / "results")
+    assert list(pending) == ["othello/othello-x"] and [r["unit"] for r in pending["othello/othello-x"]] == [
+        "seed-0",
+        "seed-1",
+    ]
+    md = "\n".join(pending_markdown(pending))
+    assert "legal-move accuracy 0.961, eval loss 2.346" in md and "seed-1" in md
+    # a results file made from other units (an older run) keeps them pending ...
+    write_results(
+        res,
+        experiment="othello",
+        name="othello-x",
+        command="c",
+        config={},
+        seeds=[0],
+        scale={},
+        numbers={},
+        runs=[{"seed": 0, "commits": {"record": "another"}}],
+    )
+    assert pending_records(tmp_path / "results")
+    # ... one made from these units does not
+    commit = pending["othello/othello-x"][0]["git_commit"]
+    write_results(
+        res,
+        experiment="othello",
+        name="othello-x",
+        command="c",
+        config={},
+        seeds=[0, 1],
+        scale={},
+        numbers={},
+        runs=[{"seed": s, "commits": {"record": commit}} for s in (0, 1)],
+    )
+    assert pending_records(tmp_path / "results") == {}
+    assert pending_markdown({}) == []

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..storage import read_json
 from .claims import CLAIMS, claim_status
 from .formatting import ci as _ci
 from .formatting import num as _f
@@ -222,7 +223,71 @@ def _write_figure(path: Path, key: str, rec: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-def results_markdown(results: dict[str, dict[str, Any]]) -> str:
+def _othello_unit(values: dict[str, Any]) -> str:
+    ev = values.get("train", {}).get("trained", {}).get("final_eval", {})
+    acc, loss = ev.get("legal_acc"), ev.get("eval_loss")
+    return (
+        f"legal-move accuracy {acc:.3f}, eval loss {loss:.3f}"
+        if isinstance(acc, float) and isinstance(loss, float)
+        else ""
+    )
+
+
+# experiment → one line of a unit's own quality, shown beside records not yet combined
+UNIT_SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {"othello": _othello_unit}
+
+
+def pending_records(root: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """Unit records (:mod:`originlens.experiments.records`) under ``root``, by ``"<experiment>/<name>"``,
+    whose combined results file is missing or was not made from these units (a run of another scale or
+    length): the units of an experiment still being run a unit at a time."""
+    from .records import FORMAT
+    from .results import read_results
+
+    root = Path(root)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for d in sorted(p for p in root.glob("*/*") if p.is_dir()) if root.is_dir() else ():
+        recs = []
+        for f in sorted(d.glob("*.json")):
+            rec = read_json(f)
+            if isinstance(rec, dict) and rec.get("format") == FORMAT:
+                recs.append(rec)
+        if not recs:
+            continue
+        combined = d.parent / f"{d.name}.json"
+        if combined.is_file():
+            made_from = {str(r.get("commits", {}).get("record")) for r in read_results(combined).get("runs", [])}
+            if {str(r.get("git_commit")) for r in recs} <= made_from:
+                continue
+        out[f"{d.parent.name}/{d.name}"] = recs
+    return out
+
+
+def pending_markdown(pending: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The docs section listing :func:`pending_records` (empty when there are none)."""
+    if not pending:
+        return []
+    out = [
+        "## Units run, not yet combined",
+        "",
+        "Long experiments run a unit (a seed, an (η, seed) run) at a time; each finished unit writes a record "
+        "beside its results file, and the results file is written (`--from-records`) once enough units exist. "
+        "These units are not evidence on their own and no verdict above uses them.",
+        "",
+        "| records | unit | commit | created | the unit's own quality |",
+        "|---|---|---|---|---|",
+    ]
+    for key, recs in pending.items():
+        summary = UNIT_SUMMARIES.get(key.split("/")[0], lambda v: "")
+        for r in recs:
+            out.append(
+                f"| `results/{key}/` | {r.get('unit')} | {str(r.get('git_commit'))[:7]} | "
+                f"{str(r.get('created', ''))[:10]} | {summary(r.get('values', {})) or '—'} |"
+            )
+    return [*out, ""]
+
+
+def results_markdown(results: dict[str, dict[str, Any]], pending: dict[str, list[dict[str, Any]]] | None = None) -> str:
     """The whole of ``docs/results.md``."""
     out = [
         "# Results",
@@ -264,6 +329,7 @@ def results_markdown(results: dict[str, dict[str, Any]]) -> str:
             out += section(key, results[key])
             if figure_of(key) is not None:
                 out += [f"![{key}]({figure_file(key)})", ""]
+    out += pending_markdown(pending or {})
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -286,7 +352,7 @@ def render(root: str | Path = ".", *, check: bool = False) -> list[Path]:
     readme = root / "README.md"
     want = {
         readme: _readme_text(readme.read_text(encoding="utf-8"), status_table(results)),
-        root / DOC: results_markdown(results).replace("](results/", "](../results/"),
+        root / DOC: results_markdown(results, pending_records(root / "results")).replace("](results/", "](../results/"),
     }
     changed = []
     for path, text in want.items():
