@@ -270,7 +270,7 @@ def decompose(
         chunk_size = auto_chunk_size(model, tokens, chunk_bytes)
     with attention_impl(model, attn_impl):
         if method in ("fast", "autograd"):
-            return _decompose_fast(model, tokens, site_list, weights, targets, use_myopic, chunk_size, causal_prefix)
+            return _decompose_autograd(model, tokens, site_list, weights, targets, use_myopic, chunk_size, causal_prefix)
         return _decompose_brute(model, tokens, site_list, weights, targets, use_myopic)
 
 
@@ -308,7 +308,7 @@ def _decompose_structured(model, tokens, sites, weights, targets, myopic, chunk_
     return result
 
 
-def _decompose_fast(model, tokens, sites, weights, targets, myopic, chunk_size, causal_prefix):
+def _decompose_autograd(model, tokens, sites, weights, targets, myopic, chunk_size, causal_prefix):
     names, _ = trainable_parameters(model)
     with torch.enable_grad():
         adj, res, params = _adjoints_with_graph(model, tokens, weights, targets, myopic)

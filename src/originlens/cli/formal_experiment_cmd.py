@@ -49,8 +49,6 @@ def cmd_formal(args: argparse.Namespace) -> int:
 
 
 def add_parser(esub: Any) -> None:
-    from ..experiments.formal import SCALES
-
     o = esub.add_parser(
         "formal",
         help="Q(w) claims on a GPT trained on stories + Python: formal features, steering, look-ahead",
@@ -65,7 +63,8 @@ def add_parser(esub: Any) -> None:
         type=_setting,
         action="append",
         metavar="KEY=VALUE",
-        help="override a setting of the scale (JSON value; repeatable), one of: " + ", ".join(SCALES["cpu"]),
+        help="override a setting of the scale (JSON value; repeatable), e.g. steps=500; the settings are the "
+        "keys of originlens.experiments.formal.SCALES (an unknown key is refused)",
     )
     o.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
     add_device(o, default=None, help="where to train and measure (default cpu)")

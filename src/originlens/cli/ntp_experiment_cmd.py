@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 from typing import Any
 
-from ..experiments.othello_run import OthelloExperimentConfig, run_othello_experiment, summary_lines
 from .options import add_device, add_option, add_threads, apply_threads, int_list
 
 # ----------------------------------------------------------------------------------------------------
@@ -53,7 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_threads(p)
 
 
-def config_from_args(args: argparse.Namespace) -> OthelloExperimentConfig:
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~originlens.experiments.othello_run.OthelloExperimentConfig` of parsed arguments (imported
+    here: building the parser must not import torch)."""
+    from ..experiments.othello_run import OthelloExperimentConfig
+
     fields = {f.name for f in dataclasses.fields(OthelloExperimentConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     return OthelloExperimentConfig.paper(**given) if args.paper else OthelloExperimentConfig(**given)
@@ -61,6 +64,8 @@ def config_from_args(args: argparse.Namespace) -> OthelloExperimentConfig:
 
 def cmd_othello(args: argparse.Namespace) -> int:
     apply_threads(args)
+    from ..experiments.othello_run import run_othello_experiment, summary_lines
+
     record = run_othello_experiment(config_from_args(args), args.out)
     print("\n".join(summary_lines(record)))
     print(f"{args.out}/experiment.json, {args.out}/report.md, {record['attribution']['report']}")
