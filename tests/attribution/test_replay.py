@@ -422,7 +422,7 @@ def test_store_roundtrip_integrate_and_intervals(tmp_path):
         ostore.summarize(integ, ci="wald")
 
 
-def test_sign_pattern_reads_the_spec_table():
+def test_sign_pattern_reads_the_paper_table():
     def mk(comp, ty, mean, lo, hi):
         return ostore.Summary({"type": ty, "component": comp}, mean, lo, hi, 10, 1.0, "t", 0.95)
 
@@ -612,3 +612,27 @@ def test_random_direction_null_is_attributed_beside_the_probe(maj, tmp_path):
         attribute_run(maj, sites=SITES, features=[FEATURE], out=tmp_path / "bad", random_directions=-1)
     with pytest.raises(CompatibilityError, match="random_directions"):
         attribute_run(maj, sites=SITES, features=[FEATURE], segment=(2, 4), out=tmp_path / "n", optimizer="sgd")
+
+
+def test_a_learning_rate_cool_down_is_trained_and_replayed_exactly(tmp_path, monkeypatch):
+    """lr_decay = [1, 4] changes the steps the trainer takes (updates 1–2 at the full rate, equal to the
+    constant run; update 3 at 2/3 of it),
+    and the replay takes the same steps: every checkpoint verified bit-exactly and the Adam components
+    still sum to the real update; a replay that ignored the schedule would fail its checkpoint check."""
+    decay = _train(tmp_path / "decay", lr=0.01, lr_decay=[1, 4])
+    const = _train(tmp_path / "const", lr=0.01)
+
+    def weights(run, step):
+        arrays, _ = load_tensors(run / "checkpoints" / f"step-{step:06d}.safetensors")
+        return {k: v for k, v in arrays.items() if k.startswith("model.")}
+
+    a2, b2 = weights(decay, 2), weights(const, 2)
+    assert a2 and all(np.array_equal(a2[k], b2[k]) for k in a2)
+    a3, b3 = weights(decay, 3), weights(const, 3)
+    assert any(not np.array_equal(a3[k], b3[k]) for k in a3)
+    res = attribute_run(decay, sites=SITES, features=[FEATURE], segment=(0, 4), out=tmp_path / "a")
+    c = res.info["checks"]
+    assert c["checkpoints_verified"] == [1, 2, 3, 4] and c["adam_sum_max_rel_err"] < 1e-12
+    monkeypatch.setattr(NTPConfig, "lr_at", lambda self, s: float(self.lr))
+    with pytest.raises(NumericalError, match="checkpoint step 3"):
+        attribute_run(decay, sites=SITES, features=[FEATURE], segment=(0, 4), out=tmp_path / "b", optimizer="sgd")

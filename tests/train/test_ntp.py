@@ -444,3 +444,17 @@ def test_runs_recorded_before_task_options_existed_stay_finished(tmp_path):
     Trainer(cfg, tmp_path / "r", resume=True).run()  # no "different configuration" refusal
     other = NTPConfig(**{**cfg.to_dict(), "task_options": {"n_symbols": 3}})
     assert other.identity()["task_options"] == {"n_symbols": 3} and not is_finished(tmp_path / "r", other)
+
+
+def test_lr_decay_is_a_function_of_the_update_number():
+    """lr_at follows its definition: constant to update a, linear cool-down to lr/(b − a) at b, held after."""
+    cfg = NTPConfig(task="majority", lr=0.4, lr_decay=[2, 6])
+    want = {1: 0.4, 2: 0.4, 3: 0.4, 4: 0.3, 5: 0.2, 6: 0.1, 7: 0.1, 100: 0.1}
+    for s, lr in want.items():
+        assert cfg.lr_at(s) == pytest.approx(lr, rel=1e-15)
+    assert NTPConfig(task="majority", lr=0.4).lr_at(10**6) == 0.4
+    for bad in ([3, 3], [5, 2], [-1, 2], [1], [1.5, 3], "1,3"):
+        with pytest.raises(ConfigError, match="lr_decay"):
+            NTPConfig(task="majority", lr_decay=bad)
+    # a run recorded before the field existed keeps its identity (the default is left out)
+    assert "lr_decay" not in NTPConfig(task="majority").identity()

@@ -270,7 +270,9 @@ def decompose(
         chunk_size = auto_chunk_size(model, tokens, chunk_bytes)
     with attention_impl(model, attn_impl):
         if method in ("fast", "autograd"):
-            return _decompose_autograd(model, tokens, site_list, weights, targets, use_myopic, chunk_size, causal_prefix)
+            return _decompose_autograd(
+                model, tokens, site_list, weights, targets, use_myopic, chunk_size, causal_prefix
+            )
         return _decompose_brute(model, tokens, site_list, weights, targets, use_myopic)
 
 

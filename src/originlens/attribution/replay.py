@@ -75,6 +75,7 @@ from ..probes import ProbeSet
 from ..progress import log, progress
 from ..runs import RunDir
 from ..storage import load_tensors, read_json, save_tensors, sha256_file
+from ..train.ntp.trainer import set_lr
 from . import store as ostore
 from .decompose import PathwayGradients, decompose, trainable_parameters
 from .influence import Probe, influences, projections, reference_projections
@@ -613,6 +614,7 @@ def attribute_run(
                 real = {n: p.grad.detach() for n, p in zip(names, trainable_parameters(run.model)[1])}
                 pathways, diff = _with_training_gradient(pathways, real)
                 checks["max_grad_rel_diff"] = max(checks["max_grad_rel_diff"], diff)
+            set_lr(run.optimizer, run.config.lr_at(s))
             run.optimizer.step()
             t0 = timer.add("train_step", t0)
             if run.check_loss(s, value, replay_rtol):
@@ -625,7 +627,7 @@ def attribute_run(
                     site_steps = attributor.attribute(pathways)
                     checks["adam_sum_max_rel_err"] = max(checks["adam_sum_max_rel_err"], attributor.last_check)
                 else:
-                    site_steps = sgd_steps(pathways, lr)
+                    site_steps = sgd_steps(pathways, run.config.lr_at(s))
                 t0 = timer.add("attribute", t0)
             if recording:
                 refs = reference_projections(run.final_model, x, probes)
@@ -727,6 +729,7 @@ def _plain_steps(run: RunReplay, first: int, last: int, rtol: float, verify: boo
         value = float(loss.detach())
         run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        set_lr(run.optimizer, run.config.lr_at(s))
         run.optimizer.step()
         run.check_loss(s, value, rtol)
         if verify and s in run.checkpoints:

@@ -64,6 +64,12 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--steps", "steps", int, "optimiser steps (default per task: 3000 / 5000 Othello / 1000 language)"),
     ("--batch-size", "batch_size", int, "sequences per step (256; Othello 1024)"),
     ("--lr", "lr", float, "Adam learning rate (1e-3)"),
+    (
+        "--lr-decay",
+        "lr_decay",
+        int_list,
+        "A,B: constant lr to update A, then a linear cool-down to lr/(B−A) at B (default: constant, the paper)",
+    ),
     ("--betas", "betas", _betas, "Adam betas as B1,B2 (0.9,0.999)"),
     ("--eps", "eps", float, "Adam epsilon (1e-8)"),
     ("--d-model", "d_model", int, "residual width (128; Othello 256)"),

@@ -35,6 +35,7 @@ def cmd_othello(args: argparse.Namespace) -> int:
             "record_every",
             "snapshot_updates",
             "snapshot_record_every",
+            "lr_decay",
         )
         if getattr(args, k) is not None
     }
@@ -102,6 +103,7 @@ def add_parser(esub: Any) -> None:
             "record the snapshot influence at every N-th of those updates",
         ),
         ("--lr", "lr", float, "Adam learning rate"),
+        ("--lr-decay", "lr_decay", int_list, "A,B: a linear learning-rate cool-down over updates A..B"),
     ):
         add_option(g, flag, dest=dest, type=typ, default=None, help=f"{what} (default: the scale's)")
     o.add_argument("--attr-layers", type=int_list, default=None, help="attributed layers (default all)")

@@ -81,6 +81,7 @@ SCALES: dict[str, dict[str, Any]] = {
         record_every=1,
         snapshot_updates=10,
         snapshot_record_every=1,
+        lr_decay=None,
     ),
     "cpu": dict(
         n_layer=4,
@@ -212,6 +213,7 @@ class OthelloConfig:
             othello_pool=s["othello_pool"],
             probe_positions=sorted(s["positions"]),
             probe_every=0,
+            lr_decay=None if initial else s.get("lr_decay"),
             eval_every=0 if initial else self.checkpoint_every,
             checkpoint_every=0 if initial else self.checkpoint_every,
             keep_checkpoints=0,
@@ -227,6 +229,9 @@ class OthelloConfig:
         ]
         if used["positions"] != paper["positions"]:
             out.append(f"attributed positions {used['positions']} (paper 4, 8, …, 56)")
+        if used.get("lr_decay"):
+            a, b = used["lr_decay"]
+            out.append(f"learning rate cooled down linearly over updates {a}..{b} (paper: constant)")
         if used["record_every"] > 1:
             out.append(
                 f"influences recorded at every {used['record_every']}th attributed update, integrated by the "
@@ -580,16 +585,27 @@ def seed_record_path(results_path: str | Path, seed: int) -> Path:
     return record_path(results_path, f"seed-{int(seed)}")
 
 
+# settings added after records existed: left out of the key at their defaults, so older records still combine
+LATER_SETTINGS: dict[str, Any] = {"lr_decay": None}
+
+
 def config_key(config: OthelloConfig) -> dict[str, Any]:
     """What must agree between seed records for them to be combined: the experiment's settings and the
-    trainer's configuration, without the seed list, the parallelism, the device."""
+    trainer's configuration, without the seed list, the parallelism, the device (and settings added later
+    at their defaults, :data:`LATER_SETTINGS`)."""
+
+    def later_default(k: str, v: Any) -> bool:
+        return k in LATER_SETTINGS and v == LATER_SETTINGS[k]
+
     exp = {k: v for k, v in to_jsonable(config).items() if k not in ("seeds", "jobs", "device")}
+    exp["overrides"] = {k: v for k, v in exp.get("overrides", {}).items() if not later_default(k, v)}
+    settings = {k: v for k, v in to_jsonable(config.settings).items() if not later_default(k, v)}
     ntp = {
         k: v
         for k, v in config.ntp_config(config.seeds[0], initial=False).to_dict().items()
-        if k not in ("seed", "device")
+        if k not in ("seed", "device") and not later_default(k, v)
     }
-    return {"experiment": exp, "settings": to_jsonable(config.settings), "ntp": to_jsonable(ntp)}
+    return {"experiment": exp, "settings": settings, "ntp": to_jsonable(ntp)}
 
 
 def read_seed_record(path: str | Path, config: OthelloConfig, seed: int) -> dict[str, Any]:

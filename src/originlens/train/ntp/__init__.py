@@ -89,7 +89,7 @@ from .config import (
 )
 from .data import EvalData, othello_pool, train_rng
 from .probing import load_probe_metrics, probe_summary, save_probe_metrics, tracked_quality
-from .trainer import Trainer, TrainResult, is_finished, train
+from .trainer import Trainer, TrainResult, is_finished, set_lr, train
 
 __all__ = [
     "CHECKPOINT_KIND",
@@ -125,6 +125,7 @@ __all__ = [
     "probe_summary",
     "save_checkpoint",
     "save_probe_metrics",
+    "set_lr",
     "tracked_quality",
     "train",
     "train_rng",

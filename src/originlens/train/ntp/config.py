@@ -98,7 +98,7 @@ EXTRA_TASKS: dict[str, tuple[str, str]] = {}  # tasks outside originlens.tasks' 
 OPERATIONAL_FIELDS = ("steps", "checkpoint_every", "keep_checkpoints", "device", "log_every")
 # Fields added after runs were first recorded, with the value every earlier run implicitly had: at that
 # value they are left out of a run's identity, so earlier runs stay finished / resumable.
-LATER_FIELDS = {"task_options": {}}
+LATER_FIELDS = {"task_options": {}, "lr_decay": None}
 
 
 def config_identity(d: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +138,10 @@ class NTPConfig:
     regimes duplicate; ``"everything"`` (the paper: a complete second model with its own embeddings, final
     LayerNorm and head) or ``"blocks"`` (the transformer blocks only).  ``task_options``: keyword
     arguments of the task (e.g. ``{"syntax_features": True, "annotator": "lingua", "syntax_labels": "tags"}``
-    for ``tinystories``); part of the run's identity.
+    for ``tinystories``); part of the run's identity.  ``lr_decay``: ``None`` (the paper: a constant
+    learning rate) or ``[a, b]`` (updates, 0 ≤ a < b): constant ``lr`` up to update a, then a linear
+    cool-down to ``lr / (b − a)`` at update b, held after b (:meth:`lr_at`); a pure function of the update
+    number, so resume and the attribution replay take exactly the trained steps.
     """
 
     task: str = "cond-majority"
@@ -149,6 +152,7 @@ class NTPConfig:
     n_head: int | None = None
     batch_size: int | None = None
     lr: float = 1e-3
+    lr_decay: list[int] | None = None
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     steps: int | None = None
@@ -224,6 +228,19 @@ class NTPConfig:
             # the upper bound: Adam's bias-corrected step lr / (1 - β1^t) must stay inside float32
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1e30:
                 raise ConfigError(f"{name} must be a positive number ≤ 1e30, got {v!r}", f"e.g. {name}=1e-3")
+        if self.lr_decay is not None:
+            d = self.lr_decay
+            if (
+                not isinstance(d, (list, tuple))
+                or len(d) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) for v in d)
+                or not 0 <= d[0] < d[1]
+            ):
+                raise ConfigError(
+                    f"lr_decay must be two update numbers 0 ≤ a < b, got {d!r}",
+                    "e.g. lr_decay=[9600, 12000] (cool down over the last 20 % of 12,000 updates), or None",
+                )
+            self.lr_decay = [int(d[0]), int(d[1])]
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas!r}", "use (0.9, 0.999)")
         if not 0 < self.probe_train_frac < 1 or not (math.isfinite(self.probe_alpha) and self.probe_alpha >= 0):
@@ -303,6 +320,14 @@ class NTPConfig:
             dtype=self.dtype,
             attn_impl=self.attn_impl,
         )
+
+    def lr_at(self, update: int) -> float:
+        """The learning rate of update ``update`` (1-based): ``lr``, or under ``lr_decay = [a, b]``
+        ``lr · min(1, (b − s + 1) / (b − a))`` for s > a, never below ``lr / (b − a)``."""
+        if self.lr_decay is None or update <= self.lr_decay[0]:
+            return float(self.lr)
+        a, b = self.lr_decay
+        return float(self.lr) * max(1, b - int(update) + 1) / (b - a)
 
     @property
     def effective_eval_seed(self) -> int:

@@ -193,6 +193,7 @@ class Trainer:
                 loss.backward()
                 parallel.allreduce_gradients(self.model.parameters())
                 _check_finite(self.model.named_parameters(), "gradient", b + 1, cfg, self.last_checkpoint)
+                set_lr(self.optimizer, cfg.lr_at(b + 1))
                 self.optimizer.step()
                 self.step = b + 1
                 self.last_loss = value
@@ -727,6 +728,13 @@ def _check_finite(named: Any, what: str, update: int, cfg: NTPConfig, last: Path
         f"last good checkpoint: {last if last else 'none (no checkpoint yet)'}",
         "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume",
     )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the learning rate of every parameter group (the update's value of :meth:`NTPConfig.lr_at`; the
+    trainer and the attribution replay call it before every ``optimizer.step()``)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def _due(step: int, every: int) -> bool:
