@@ -76,3 +76,17 @@ def test_defaults_are_shown_once_and_never_for_switches():
     shown = [r for r in rows if r.split("|")[1].strip().strip("`") in switches and "(default: `" in r]
     assert not shown, shown[:3]
     assert "| `--seed` | seed of the initialisation, data order and eval set (default: `0`) |" in text  # 0 is shown
+
+
+def test_every_command_help_formats():
+    """`--help` expands each help string with %-formatting: a stray '%' crashes it."""
+    import argparse
+
+    def walk(p, path):
+        p.format_help()  # raises on a help string argparse cannot expand
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, [*path, name])
+
+    walk(build_parser(), ["originlens"])

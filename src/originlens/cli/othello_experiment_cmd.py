@@ -94,7 +94,7 @@ def add_parser(esub: Any) -> None:
             "--snapshot-updates",
             "snapshot_updates",
             int,
-            "SGD-variant updates attributed from each 10 % checkpoint (0 = no snapshots)",
+            "SGD-variant updates attributed from each 10 %% checkpoint (0 = no snapshots)",
         ),
         (
             "--snapshot-record-every",

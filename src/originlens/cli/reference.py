@@ -46,7 +46,7 @@ def _section(
         if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
             continue
         flags = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}`"
-        text = (a.help or "").replace("|", "\\|").replace("\n", " ")
+        text = (a.help or "").replace("%%", "%").replace("|", "\\|").replace("\n", " ")
         flag_only = isinstance(
             a,
             (
