@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml requirements-ci.txt
 	touch $(STAMP)
 
 # the tests also check our SAEs / TL adapter against SAELens and TransformerLens themselves (extra [sae])
+# and the spaCy annotator on a pipeline they build (extra [syntax]; no downloaded model needed)
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,hf,sae]'
+	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,hf,sae,syntax]'
 	touch $(TEST_STAMP)
 
 venv: $(STAMP)
