@@ -27,6 +27,7 @@ import argparse
 import time
 
 import torch
+from _emit import emit  # benchmarks/_emit.py (the script's own folder is on sys.path)
 
 from originlens.attribution import (
     COMPONENTS,
@@ -84,9 +85,10 @@ def worst_rel(fast, other, scale: float) -> str:
 
 
 def timed(fn):
-    t = time.perf_counter()
+    """``(fn(), CPU seconds of this process)``: CPU time, less sensitive to other processes than wall time."""
+    t = time.process_time()
     out = fn()
-    return out, time.perf_counter() - t
+    return out, time.process_time() - t
 
 
 def main() -> None:
@@ -124,6 +126,7 @@ def main() -> None:
     ref, t_ref = timed(lambda: ref45(model, tokens, sub))
     t_brute *= factor
     t_ref *= factor
+    print("CPU seconds of this process:")
     print(f"fast  (2 backwards + batched VJPs):        {t_fast:8.2f} s")
     print(
         f"brute (stop-gradient definition):         {t_brute:8.2f} s{note}  ratio brute/fast = {t_brute / t_fast:6.1f}×"
@@ -133,6 +136,7 @@ def main() -> None:
         f"worst relative difference: fast vs brute {worst_rel(fast, brute, scale)}; "
         f"fast vs ref45 {worst_rel(fast, ref, scale)}"
     )
+    emit("attribution.ref45_over_fast", t_ref / t_fast, cpu=True, goal=30)
 
     for n_probes, n_types in ((3, 0), (16, 3)):
         bench_influences(model, tokens, fast, n_probes, n_types, args.influence_sites)
@@ -180,6 +184,7 @@ def bench_influences(model, tokens, fast, n_probes: int, n_types: int, n_sites: 
         f"JVP {t_jvp:.2f} s vs explicit ∇R per risk {t_exp:.2f} s, ratio explicit/JVP = {t_exp / t_jvp:.1f}×; "
         f"worst relative difference {err:.1e}"
     )
+    emit(f"attribution.influence_{n_probes}x{1 + n_types}.explicit_over_jvp", t_exp / t_jvp, cpu=True)
 
 
 if __name__ == "__main__":

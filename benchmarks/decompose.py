@@ -39,6 +39,7 @@ import sys
 import time
 
 import torch
+from _emit import emit  # benchmarks/_emit.py (the script's own folder is on sys.path)
 
 from originlens.attribution import COMPONENTS, decompose, stop_gradient
 from originlens.models import GPT, GPTConfig
@@ -232,6 +233,9 @@ def main() -> None:
         print(f"  ours / train = {o['cpu'] / t['cpu']:.2f}× (CPU), {o['wall'] / t['wall']:.2f}× (wall)   [target ≤ 6×]")
         print(f"  max |ours − ref45| = {diff:.2e}  (max |∇L| = {g_max:.2e}; asserted ≤ {tol:g}·max|∇L|)")
         assert diff <= tol * g_max, f"decomposition disagrees with the reference loop: {diff} > {tol * g_max}"
+        emit(f"decompose.{which}.ref45_over_ours", r["cpu"] / o["cpu"], cpu=True, goal=30)
+        # a training step over the decomposition (higher is better; the goal is decomposition ≤ 3 steps)
+        emit(f"decompose.{which}.train_over_ours", t["cpu"] / o["cpu"], cpu=True, goal=1 / 3)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import statistics
 import time
 
 import torch
+from _emit import emit  # benchmarks/_emit.py (the script's own folder is on sys.path)
 
 from originlens.models import GPT, GPTConfig
 from originlens.models import gpt as gpt_module
@@ -159,6 +160,16 @@ def run_size(name: str, steps: int, warmup: int) -> None:
         print("  HF GPT2LMHeadModel comparison skipped: `pip install transformers` to enable it")
     else:
         print(f"  ratio originlens-standard/HF  = {ratio('standard', 'HF GPT2LMHeadModel')}")
+        emit(f"gpt_step.{name}.hf_over_ours", res["HF GPT2LMHeadModel"]["cpu"] / res["standard"]["cpu"], cpu=True)
+
+    def cpu_ratio(a: str, b: str) -> float:
+        return float(res[a]["cpu"] / res[b]["cpu"])
+
+    # speed-ups (higher is better): standard over myopic (goal: myopic ≤ 1.6× standard), the naive myopic
+    # attention over ours, standard over untied[10] (goal: untied ≤ 1.2× standard)
+    emit(f"gpt_step.{name}.standard_over_myopic", cpu_ratio("standard", "myopic"), cpu=True, goal=1 / 1.6)
+    emit(f"gpt_step.{name}.naive_over_myopic", cpu_ratio("myopic-naive", "myopic"), cpu=True)
+    emit(f"gpt_step.{name}.standard_over_untied", cpu_ratio("standard", "untied[10]"), cpu=True, goal=1 / 1.2)
 
 
 def main() -> None:

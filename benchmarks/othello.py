@@ -13,6 +13,7 @@ import argparse
 import time
 
 import numpy as np
+from _emit import emit  # benchmarks/_emit.py (the script's own folder is on sys.path)
 
 from originlens.tasks.othello import generate_games
 
@@ -106,6 +107,7 @@ def main() -> None:
     ratio = (args.games / t_vec) / (args.plain_games / t_plain)
     ratio_cpu = (args.games / c_vec) / (args.plain_games / c_plain)
     print(f"  speed-up   : {ratio:.0f}x [{ratio_cpu:.0f}x] (target >= 100x); outputs identical")
+    emit("othello.generate" + ("" if with_types else ".no_types"), ratio_cpu, cpu=True, goal=500)
 
 
 if __name__ == "__main__":

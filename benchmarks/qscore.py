@@ -42,6 +42,7 @@ import time
 
 import numpy as np
 import torch
+from _emit import emit  # benchmarks/_emit.py (the script's own folder is on sys.path)
 
 from originlens.lm.native import GPTAdapter, Llama2cAdapter
 from originlens.lm.qscore import (
@@ -228,6 +229,7 @@ def main() -> None:
         f"speed-up: {t_l / t_b:.1f}x (medians: {np.median(times['loop']) / np.median(times['batched']):.1f}x; "
         f"process CPU time, min: {min(cpu['loop']) / min(cpu['batched']):.1f}x)"
     )
+    emit(f"qscore.{a.model}.loop_over_batched", min(cpu["loop"]) / min(cpu["batched"]), cpu=True)
     print(
         f"max |KL_batched - KL_loop| = {np.abs(kl_b - kl_l).max():.2e} (max KL {kl_l.max():.3g}); "
         f"max relative |Q diff| = {np.max(np.abs(q_b - q_l) / np.maximum(np.abs(q_l), 1e-12)):.2e}"

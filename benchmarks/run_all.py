@@ -1,0 +1,122 @@
+"""Every benchmark in one call, with a floor under each speed-up: a regression guard, not a measurement.
+
+Runs each script of ``benchmarks/`` in its own process (``--quick``: at small sizes, a couple of minutes in
+all; without it: the scripts' own defaults, the sizes ``benchmarks/RESULTS.md`` reports), collects the
+figures they record through ``benchmarks/_emit.py`` (speed-ups of our path over the straightforward one
+measured in the same run, mostly ratios of process CPU time) and fails (status 1) if a figure falls below
+its floor in :data:`FLOORS`, or a script fails, or a script records nothing.
+
+The floors are deliberately far below the figures measured (``RESULTS.md``): the quick sizes are too small
+for our paths to reach their full advantage, and the CI machine is shared; a floor catches an optimised
+path that has become a straightforward one again (a ratio near 1), not a drift of 20 %.  The goals the
+project aims for are printed beside each figure.
+
+    .venv/bin/python benchmarks/run_all.py --quick          # what the test suite runs
+    .venv/bin/python benchmarks/run_all.py --quick --only othello,stats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# script: (arguments with --quick, arguments without)
+SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
+    "othello": (["--games", "256", "--plain-games", "2"], []),
+    "othello-no-types": (["--games", "256", "--plain-games", "2", "--no-types"], ["--no-types"]),
+    "stats": (["dense", "--quick"], ["dense"]),
+    "decompose": (["--batch", "32", "--repeat", "1", "--sites", "all", "--no-memory"], ["--sites", "all"]),
+    "attribution": (["--batch", "16", "--brute-sites", "6", "--influence-sites", "2"], []),
+    "gpt_step": (["--sizes", "majority", "--steps", "4", "--warmup", "2", "--threads", "1"], ["--threads", "1"]),
+    "qscore": (
+        ["--model", "gpt", "--features", "8", "--contexts", "4", "--windows", "64", "--repeat", "1", "--no-e2e"],
+        ["--model", "gpt"],
+    ),
+    "assoc_train": (
+        ["--vocab", "1000", "--seq-len", "32", "--n", "512", "--batch", "256", "--repeat", "1", "--threads", "1"],
+        ["--threads", "1"],
+    ),
+}
+
+# figure name: floor (a speed-up; higher is better).  Measured at the quick sizes on 2 shared cores, the
+# figures sit well above these (see the module docstring); names are those the scripts emit.
+FLOORS: dict[str, float] = {
+    "othello.generate": 20.0,
+    "othello.generate.no_types": 10.0,
+    "stats.dense": 5.0,
+    "decompose.all.ref45_over_ours": 4.0,
+    "decompose.all.train_over_ours": 0.03,
+    "attribution.ref45_over_fast": 3.0,
+    "attribution.influence_3x1.explicit_over_jvp": 0.5,
+    "attribution.influence_16x4.explicit_over_jvp": 1.0,
+    "gpt_step.majority.hf_over_ours": 0.5,
+    "gpt_step.majority.standard_over_myopic": 0.4,
+    "gpt_step.majority.naive_over_myopic": 0.5,
+    "gpt_step.majority.standard_over_untied": 0.3,
+    "qscore.gpt.loop_over_batched": 1.5,
+    "assoc_train.paths_vs_dense.threads1": 1.1,
+}
+
+
+def run_script(name: str, args: list[str], record: Path) -> tuple[int, float, str]:
+    """Run one script with its figures appended to ``record``; ``(status, wall seconds, output tail)``."""
+    script = HERE / f"{name.split('-')[0]}.py"
+    env = {**os.environ, "ORIGINLENS_BENCH_JSON": str(record), "PYTHONUNBUFFERED": "1"}
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env)
+    return out.returncode, time.perf_counter() - t0, (out.stdout + out.stderr)[-3000:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (what the test suite runs)")
+    ap.add_argument("--only", default="", help="comma list of scripts (default: all of " + ", ".join(SCRIPTS) + ")")
+    ap.add_argument("--json", default=None, help="also write every figure and its floor to this file")
+    a = ap.parse_args(argv)
+    names = [s for s in a.only.split(",") if s] or list(SCRIPTS)
+    unknown = sorted(set(names) - set(SCRIPTS))
+    if unknown:
+        ap.error(f"unknown script(s) {', '.join(unknown)}; known: {', '.join(SCRIPTS)}")
+    failures: list[str] = []
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as d:
+        for name in names:
+            record = Path(d) / f"{name}.jsonl"
+            rc, secs, tail = run_script(name, SCRIPTS[name][0 if a.quick else 1], record)
+            figures = [json.loads(line) for line in record.read_text().splitlines()] if record.is_file() else []
+            print(f"{name}: {secs:.1f} s, status {rc}, {len(figures)} figure(s)", flush=True)
+            if rc != 0:
+                failures.append(f"{name} failed (status {rc}):\n{tail}")
+                continue
+            if not figures:
+                failures.append(f"{name} recorded no figure:\n{tail}")
+            for f in figures:
+                floor = FLOORS.get(f["name"])
+                ok = floor is None or f["value"] >= floor
+                rows.append({**f, "script": name, "floor": floor, "ok": ok})
+                goal = f" (goal {f['goal']:.3g})" if f.get("goal") is not None else ""
+                unit = "CPU" if f["cpu"] else "wall"
+                floor_s = f"floor {floor:.3g}" if floor is not None else "no floor"
+                print(f"  {f['name']:48s} {f['value']:9.3g}× {unit:4s} {floor_s:12s}{goal}{'' if ok else '  BELOW'}")
+                if not ok:
+                    failures.append(f"{f['name']} = {f['value']:.3g} is below its floor {floor}")
+    missing = sorted({k for k in FLOORS if k.split(".")[0] in {n.split("-")[0] for n in names}} - {r["name"] for r in rows})
+    if not a.only and missing:
+        failures.append("figures with a floor that no script recorded: " + ", ".join(missing))
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    for f in failures:
+        print("FAIL: " + f, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
