@@ -30,10 +30,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/originlens demo --out runs/demo
 
-# guard-rails (CI runs them before the tests): lint and formatting, configured in pyproject.toml
+# guard-rails (CI runs them before the tests): lint, formatting and type checking, configured in pyproject.toml
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 tests

@@ -249,7 +249,7 @@ def from_mapping(cls: type[T], d: Any, *, where: str = "config") -> T:
         f
         for f, spec in fields.items()
         if f not in d and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
-    ]  # type: ignore[misc]
+    ]
     if missing:
         raise ConfigError(
             f"{where} lacks required key(s) {', '.join(map(repr, missing))} of {name}", f"add {missing[0]!r}"

@@ -197,6 +197,28 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+CHECKPOINT_DIR = "checkpoints"
+_CHECKPOINT_NAME = re.compile(r"^step-(\d{6,})\.safetensors$")
+
+
+def checkpoint_name(step: int) -> str:
+    """The file name of the checkpoint after ``step`` updates: ``step-NNNNNN.safetensors``."""
+    return f"step-{int(step):06d}.safetensors"
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``RUN/checkpoints/step-NNNNNN.safetensors``, ascending by step (the one
+    definition of a checkpoint's name for every trainer; temporary and foreign files are ignored)."""
+    d = Path(run_dir) / CHECKPOINT_DIR
+    found = []
+    if d.is_dir():
+        for f in d.iterdir():
+            m = _CHECKPOINT_NAME.match(f.name)
+            if m:
+                found.append((int(m.group(1)), f))
+    return sorted(found)
+
+
 class RunDir:
     """A run directory with config, environment, metrics and figures."""
 
@@ -207,7 +229,7 @@ class RunDir:
 
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
-                (self.path / "checkpoints").mkdir(exist_ok=True)
+                (self.path / CHECKPOINT_DIR).mkdir(exist_ok=True)
                 (self.path / "figures").mkdir(exist_ok=True)
             except OSError as exc:
                 raise _io_error(self.path, exc, "creating") from None

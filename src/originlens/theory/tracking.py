@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import CompatibilityError, ConfigError, InputError
+from ..runs import list_checkpoints
 from .leading_terms import (
     LeadingTermModel,
     _stat,
@@ -77,7 +78,6 @@ KIND_COLOR = {"W": "#D55E00", "V": "#0072B2", "W_O": "#009E73", "P": "#CC79A7"}
 PMI_KIND = {"W_O": "bigram", "V": "context", "W": "query_key"}
 SPECIAL_TOKENS = ("<unk>", "<eot>", "<pad>", "<s>", "</s>")
 EXAMPLE_WORDS = ("red", "to", "they", "happy", "wanted", "fish", "flower", "birds")
-_CKPT_RE = re.compile(r"^step-(\d{6,})\.safetensors$")
 
 
 def _kind(name: str) -> str:
@@ -110,15 +110,9 @@ def leading_terms(stats: Any) -> dict[str, np.ndarray]:
 
 
 def checkpoint_files(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of ``RUN/checkpoints/step-NNNNNN.safetensors``, sorted by step."""
-    d = Path(run_dir) / "checkpoints"
-    out = []
-    if d.is_dir():
-        for f in d.iterdir():
-            m = _CKPT_RE.match(f.name)
-            if m:
-                out.append((int(m.group(1)), f))
-    return sorted(out)
+    """``(step, path)`` of ``RUN/checkpoints/step-NNNNNN.safetensors``, sorted by step
+    (:func:`originlens.runs.list_checkpoints`)."""
+    return list_checkpoints(run_dir)
 
 
 def load_weights(path: str | Path) -> dict[str, np.ndarray]:

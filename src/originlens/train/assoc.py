@@ -61,7 +61,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
@@ -78,12 +77,11 @@ from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
 from ..interrupts import Interrupted, deferred
 from ..models.assoc import CHECKPOINT_KIND, MODEL_KIND, AssocConfig, AssocModel
 from ..progress import log, progress
-from ..runs import RunDir, to_jsonable
+from ..runs import CHECKPOINT_DIR, RunDir, checkpoint_name, list_checkpoints, to_jsonable
 from ..storage import atomic_write_text, load_tensors, read_json, save_tensors, vocab_hash
 from . import parallel
 
 RNG_KEY = "trainer.data_rng_state"
-_CKPT_RE = re.compile(r"^step-(\d{6,})\.safetensors$")
 STATS_DIR = "statistics"
 # fields that may change when a run is resumed/extended (they do not change the trajectory).  The
 # statistics source is not among them: it changes every recorded theory comparison, so a resume with
@@ -510,14 +508,7 @@ class AssocTrainer:
         shutil.rmtree(path / STATS_DIR, ignore_errors=True)
 
     def _checkpoint_files(self, path: Path) -> list[tuple[int, Path]]:
-        d = path / "checkpoints"
-        found = []
-        if d.is_dir():
-            for f in d.iterdir():
-                m = _CKPT_RE.match(f.name)
-                if m:
-                    found.append((int(m.group(1)), f))
-        return sorted(found)
+        return list_checkpoints(path)
 
     def _load_latest(self, path: Path) -> int:
         ckpts = self._checkpoint_files(path)
@@ -644,7 +635,7 @@ class AssocTrainer:
             "vocab_hash": vocab_hash(None, self.vocab_size),
             "rng": "torch.Generator state at the start of the epoch containing step+1",
         }
-        f = self.run_dir.file("checkpoints", f"step-{self.step:06d}.safetensors")
+        f = self.run_dir.file(CHECKPOINT_DIR, checkpoint_name(self.step))
         save_tensors(f, tensors, kind=CHECKPOINT_KIND, metadata=meta)
         self.last_checkpoint = f
         if self.cfg.keep_checkpoints is not None:

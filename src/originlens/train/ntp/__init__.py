@@ -58,12 +58,12 @@ and evaluates without probes; training in bfloat16/float16 is refused (Adam stat
 
 from __future__ import annotations
 
+from ...runs import list_checkpoints
 from .checkpoints import (
     check_checkpoint_vocab,
     checkpoint_metadata,
     checkpoint_path,
     checkpoint_tensors,
-    list_checkpoints,
     load_checkpoint,
     numpy_global_seed,
     save_checkpoint,

@@ -13,7 +13,7 @@ import torch
 
 from ...errors import CompatibilityError, InputError
 from ...models.gpt import GPT
-from ...runs import RunDir
+from ...runs import CHECKPOINT_DIR, RunDir, checkpoint_name
 from ...storage import (
     load_tensors,
     save_tensors,
@@ -148,19 +148,7 @@ def checkpoint_metadata(path: str | Path) -> dict[str, str]:
 
 
 def checkpoint_path(run: RunDir, step: int) -> Path:
-    return run.file("checkpoints", f"step-{step:06d}.safetensors")
-
-
-def list_checkpoints(run_path: str | Path) -> list[tuple[int, Path]]:
-    """(step, path) of the run's checkpoints, ascending."""
-    d = Path(run_path) / "checkpoints"
-    out = []
-    for p in d.glob("step-*.safetensors") if d.is_dir() else ():
-        try:
-            out.append((int(p.stem.split("-")[1]), p))
-        except (IndexError, ValueError):
-            continue
-    return sorted(out)
+    return run.file(CHECKPOINT_DIR, checkpoint_name(step))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from ...interrupts import Interrupted, deferred
 from ...models.gpt import GPT
 from ...probes import ProbeMetrics, ProbeSet, fit_probes
 from ...progress import log, progress
-from ...runs import RunDir
+from ...runs import RunDir, list_checkpoints
 from ...storage import (
     array_sha256,
     atomic_save_npy,
@@ -37,7 +37,6 @@ from .checkpoints import (
     check_checkpoint_vocab,
     checkpoint_metadata,
     checkpoint_path,
-    list_checkpoints,
     load_checkpoint,
     numpy_global_seed,
     save_checkpoint,
