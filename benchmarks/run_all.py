@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {f['name']:48s} {f['value']:9.3g}× {unit:4s} {floor_s:12s}{goal}{'' if ok else '  BELOW'}")
                 if not ok:
                     failures.append(f"{f['name']} = {f['value']:.3g} is below its floor {floor}")
-    missing = sorted({k for k in FLOORS if k.split(".")[0] in {n.split("-")[0] for n in names}} - {r["name"] for r in rows})
+    missing = sorted(
+        {k for k in FLOORS if k.split(".")[0] in {n.split("-")[0] for n in names}} - {r["name"] for r in rows}
+    )
     if not a.only and missing:
         failures.append("figures with a floor that no script recorded: " + ", ".join(missing))
     if a.json:
