@@ -332,3 +332,59 @@ def test_gemma2_logits_residuals_soft_capped_unembedding_and_token_states():
         torch.testing.assert_close(post[:, 0], st.post[l], rtol=1e-5, atol=1e-5)
     wq, wk = ad.qk_weights(0)
     assert wq.shape == (H, 6, D) and wk.shape == (H, 6, D)
+
+
+def test_gemma2_runs_through_qscore_steer_and_lookahead_with_an_sae_saved_by_saelens(tmp_path):
+    """The paper's §9 setting end to end at toy size: a tiny random Gemma-2 saved as an HF directory, a TopK
+    SAE written by SAELens itself (``SAE.save_model``), and the three commands on it; the adapter's logits are
+    transformers' own (soft-capped) and the SAE is read with SAELens' weights."""
+    import json
+
+    import numpy as np
+
+    sae_lens = pytest.importorskip("sae_lens")
+    from originlens.cli.main import main
+    from originlens.lm.loading import load_adapter
+    from originlens.sae import read_sae
+
+    cfg = transformers.Gemma2Config(
+        vocab_size=40, hidden_size=D, intermediate_size=24, num_hidden_layers=3, num_attention_heads=H,
+        num_key_value_heads=2, head_dim=6, max_position_embeddings=32, final_logit_softcapping=5.0,
+        attn_logit_softcapping=20.0, query_pre_attn_scalar=6, sliding_window=8, bos_token_id=2, eos_token_id=1,
+        pad_token_id=0,
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = _randomise(transformers.Gemma2ForCausalLM(cfg))
+    model.save_pretrained(tmp_path / "gemma2")
+    sc = sae_lens.TopKSAEConfig(d_in=D, d_sae=24, k=4)
+    sc.metadata.hook_name = "blocks.1.hook_resid_post"
+    theirs = sae_lens.TopKSAE(sc)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.5)
+    theirs.save_model(str(tmp_path / "sae"))
+    ours = read_sae(tmp_path / "sae")
+    x = torch.randn(5, D)
+    torch.testing.assert_close(ours.encode(x), theirs.encode(x), rtol=1e-5, atol=1e-5)
+
+    ad = load_adapter(tmp_path / "gemma2")
+    ids = torch.randint(3, 40, (2, 20), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(ad.run(ids), model(ids).logits, rtol=0, atol=0)
+    np.save(tmp_path / "tokens.npy", torch.randint(3, 40, (48, 20), generator=torch.Generator().manual_seed(2)).numpy())
+
+    common = ["--model", str(tmp_path / "gemma2"), "--sae", str(tmp_path / "sae"), "-q"]
+    corpus = ["--corpus", str(tmp_path / "tokens.npy")]
+    q_out, s_out, l_out = tmp_path / "q", tmp_path / "steer", tmp_path / "la"
+    assert main(["lm", "qscore", *common, *corpus, "--max-features", "6", "--max-offset", "3",
+                 "--min-total-kl", "0", "--out", str(q_out)]) == 0  # fmt: skip
+    q = json.loads((q_out / "results.json").read_text())
+    feats = [f for a in q["ablations"].values() for f in a["features"]]
+    assert feats and all(np.isfinite(f["q"]) for f in feats if f["kept"])
+    assert q["ablations"] and all(a["site"] == "resid.2" for a in q["ablations"].values())
+    assert main(["lm", "steer", *common, "--features", "0,1", "--coefficients", "0,4", "--samples", "2",
+                 "--max-new-tokens", "5", "--out", str(s_out)]) == 0  # fmt: skip
+    assert any(s_out.iterdir())
+    assert main(["lm", "lookahead", *common, *corpus, "--max-offset", "2", "--epochs", "1",
+                 "--qscore", str(q_out), "--out", str(l_out)]) == 0  # fmt: skip
+    assert any(l_out.iterdir())
