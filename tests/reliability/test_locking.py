@@ -43,7 +43,7 @@ def test_second_ntp_writer_is_refused_with_the_owner(holder):
 
 
 def test_lm_runs_and_experiments_are_refused(holder, tmp_path):
-    from originlens.cli.lm_features_cmd import open_run
+    from originlens.experiments.lm_inputs import open_lm_run as open_run
 
     run, p = holder
     with pytest.raises(ConfigError, match="being written by another process"):
@@ -63,7 +63,7 @@ def test_lock_dies_with_its_process(holder):
 
 
 def test_overwrite_starts_metrics_afresh(tmp_path):
-    from originlens.cli.lm_features_cmd import open_run
+    from originlens.experiments.lm_inputs import open_lm_run as open_run
 
     out = tmp_path / "q"
     r = open_run(str(out), overwrite=False)

@@ -80,7 +80,7 @@ def test_a_symbolic_link_inside_a_run_is_refused_and_nothing_is_written_through_
 
 
 def test_lm_and_sae_run_directories_refuse_links(tmp_path):
-    from originlens.cli.lm_features_cmd import open_run
+    from originlens.experiments.lm_inputs import open_lm_run as open_run
 
     run = tmp_path / "sae-run"
     run.mkdir()

@@ -18,18 +18,14 @@ import argparse
 import json
 from typing import Any
 
-from .lm_features_cmd import add_model_arguments, load_corpus, load_model_and_codec, open_run, setup_torch
+from .lm_features_cmd import add_model_arguments, corpus_source, model_source
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..sae.train import SAETrainConfig, train_sae_run
+    from ..experiments.sae_run import SAERunConfig, run_sae_train
+    from ..sae.train import SAETrainConfig
 
-    setup_torch(args)
-    run = open_run(args.out, args.overwrite)
-    adapter, codec = load_model_and_codec(args)
-    k = adapter.check_site(args.site)
-    tokens, desc = load_corpus(args, adapter, codec)
-    cfg = SAETrainConfig(
+    train = SAETrainConfig(
         architecture=args.architecture,
         d_sae=args.d_sae,
         expansion=args.expansion,
@@ -41,24 +37,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         seed=args.seed,
         log_every=args.log_every,
     )
-    result, sae_dir = train_sae_run(
-        adapter,
-        tokens,
-        k,
-        cfg,
-        run.path,
-        prepend_bos=args.bos,
+    cfg = SAERunConfig(
+        model=model_source(args),
+        corpus=corpus_source(args),
+        site=args.site,
+        train=train,
         max_tokens=args.max_tokens,
-        model_name=args.model_name or str(args.model),
-        dataset_path=args.corpus,
-        extra_config={"corpus": desc, "model": args.model},
+        model_name=args.model_name,
     )
+    out = run_sae_train(cfg, args.out, overwrite=args.overwrite)
+    result, sae_dir = out.result, out.sae_dir
     m = result.metrics
     print(
         f"{sae_dir}: {result.sae.cfg.architecture} SAE, d_sae={result.sae.d_sae} on {result.sae.cfg.hook_name}; "
         f"held-out fvu {m['fvu']:.4f}, L0 {m['l0']:.2f}, dead {m['dead_frac']:.1%}"
     )
-    print(f"report: {run.file('report.html')}")
+    print(f"report: {out.path / 'report.html'}")
     return 0
 
 
