@@ -505,7 +505,7 @@ def test_cli_text_corpus_with_llama2c_tokenizer(tmp_path, capsys):
 
 
 def test_cli_checkpoint_spec_expansion(tmp_path):
-    from originlens.cli.lm_compare_cmd import checkpoint_specs
+    from originlens.experiments.compare_run import checkpoint_specs
 
     assert checkpoint_specs("hf:org/m", "step1,step2", None, None) == ["hf:org/m@step1", "hf:org/m@step2"]
     assert checkpoint_specs("hf:org/m", None, None, 4) == ["hf:org/m@step1", "hf:org/m@step2", "hf:org/m@step4"]
