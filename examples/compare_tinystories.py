@@ -10,11 +10,12 @@ Steps:
 2. **training**: our GPT (``--n-layers`` × ``--d-model``, GPT-2 init) with Adam on random windows, saving
    ``GPT.save`` checkpoints at the Pythia pattern of steps 0, 1, 2, 4, …, ``--max-step`` (with the corpus's
    vocabulary hash and ``<eot>`` as BOS in their metadata);
-3. **comparison**: ``originlens lm compare --checkpoint-dir … --corpus … --top-tokens K`` (BOS = ``<eot>``
+3. **comparison**: :func:`originlens.experiments.compare_run.run_compare` (what ``originlens lm compare``
+   runs) on the checkpoint directory and the corpus, K = ``--top-tokens`` (BOS = ``<eot>``
    prepended per window, per-head maps, permuted-token null baseline and token-centred cosine);
 4. **fast vs direct**: the last checkpoint's cosines recomputed by a straightforward float64 transcription of
    the definition (explicit K×K score matrices and covariances), agreement and speed ratio printed;
-5. **stories260K**: ``originlens lm compare`` on the llama2.c model with its tok512 tokenizer, statistics from
+5. **stories260K**: the same comparison on the llama2.c model with its tok512 tokenizer, statistics from
    the TinyStories text tokenised with that tokenizer.
 
 ``OUT/summary.json`` records the wall time of every step and the mean cosines.
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -32,16 +32,13 @@ from pathlib import Path
 from originlens.cli.options import add_option
 
 
-def cli(argv: list[str]) -> float:
-    """Run one ``originlens`` command in-process; returns its wall time (raises on failure)."""
-    from originlens.cli.main import main
+def compare(out: Path, **settings: object) -> float:
+    """One checkpoint comparison (:func:`originlens.experiments.compare_run.run_compare`, the library
+    behind ``originlens lm compare``); returns its wall time."""
+    from originlens.experiments.compare_run import CompareRunConfig, run_compare
 
-    print("$ originlens " + " ".join(shlex.quote(a) for a in argv), flush=True)
-    t0 = time.perf_counter()
-    rc = main(argv)
-    if rc:
-        raise SystemExit(f"command failed with status {rc}")
-    return time.perf_counter() - t0
+    print(f"compare -> {out}: {settings}", flush=True)
+    return run_compare(CompareRunConfig(**settings), out, overwrite=True).seconds  # type: ignore[arg-type]
 
 
 def train(corpus: Path, ckpt_dir: Path, args: argparse.Namespace) -> dict:
@@ -218,25 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         summary["corpus_s"] = round(time.perf_counter() - t0, 1)
         summary["training"] = train(corpus, ckpts, args)
     run = out / "compare-gpt"
+    common = dict(top_tokens=args.top_tokens, null_baseline=True, token_centred=True)
     summary["compare_gpt_s"] = round(
-        cli(
-            [
-                "lm",
-                "compare",
-                "--checkpoint-dir",
-                str(ckpts),
-                "--corpus",
-                str(corpus),
-                "--top-tokens",
-                str(args.top_tokens),
-                "--heads-layers",
-                f"1-{args.layers}",
-                "--null-baseline",
-                "--token-centred",
-                "--out",
-                str(run),
-                "--overwrite",
-            ]
+        compare(
+            run, checkpoint_dir=str(ckpts), corpus=str(corpus), heads_layers=list(range(1, args.layers + 1)), **common
         ),
         1,
     )
@@ -247,26 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         d = data_path("models", "stories260K")
         run260 = out / "compare-stories260K"
         summary["compare_260k_s"] = round(
-            cli(
-                [
-                    "lm",
-                    "compare",
-                    "--model",
-                    str(d / "stories260K.bin"),
-                    "--tokenizer",
-                    str(d / "tok512.bin"),
-                    "--corpus",
-                    ",".join(map(str, files)),
-                    "--top-tokens",
-                    str(args.top_tokens),
-                    "--heads-layers",
-                    "1-5",
-                    "--null-baseline",
-                    "--token-centred",
-                    "--out",
-                    str(run260),
-                    "--overwrite",
-                ]
+            compare(
+                run260,
+                model=str(d / "stories260K.bin"),
+                tokenizer=str(d / "tok512.bin"),
+                corpus=",".join(map(str, files)),
+                heads_layers=[1, 2, 3, 4, 5],
+                **common,
             ),
             1,
         )

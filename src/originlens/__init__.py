@@ -61,6 +61,8 @@ _API = {
     "run_steer": "originlens.experiments.steer_run",
     "LookaheadRunConfig": "originlens.experiments.lookahead_run",
     "run_lookahead": "originlens.experiments.lookahead_run",
+    "CompareRunConfig": "originlens.experiments.compare_run",
+    "run_compare": "originlens.experiments.compare_run",
     "SAERunConfig": "originlens.experiments.sae_run",
     "run_sae_train": "originlens.experiments.sae_run",
     # tasks
