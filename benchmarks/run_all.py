@@ -40,6 +40,7 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
         ["--model", "gpt", "--features", "8", "--contexts", "4", "--windows", "64", "--repeat", "1", "--no-e2e"],
         ["--model", "gpt"],
     ),
+    "qscore_hf": (["--features", "8", "--contexts", "4", "--windows", "64", "--repeat", "1"], []),
     "assoc_train": (
         ["--vocab", "1000", "--seq-len", "32", "--n", "512", "--batch", "256", "--repeat", "1", "--threads", "1"],
         ["--threads", "1"],
@@ -62,6 +63,7 @@ FLOORS: dict[str, float] = {
     "gpt_step.majority.naive_over_myopic": 0.5,
     "gpt_step.majority.standard_over_untied": 0.3,
     "qscore.gpt.loop_over_batched": 1.5,
+    "qscore_hf.hooks_over_cached": 1.1,
     "assoc_train.paths_vs_dense.threads1": 1.1,
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -388,3 +389,87 @@ def test_gemma2_runs_through_qscore_steer_and_lookahead_with_an_sae_saved_by_sae
     assert main(["lm", "lookahead", *common, *corpus, "--max-offset", "2", "--epochs", "1",
                  "--qscore", str(q_out), "--out", str(l_out)]) == 0  # fmt: skip
     assert any(l_out.iterdir())
+
+
+def _garbage_beyond(past, start, seed):
+    """The cached pasts with large random values at every row's positions ≥ its start (to be ignored)."""
+    g = torch.Generator().manual_seed(seed)
+    out = [tuple(t.clone() for t in kv) for kv in past]
+    for kk, vv in out:
+        for b, s in enumerate(start.tolist()):
+            kk[b, :, s:] = 50 * torch.randn(kk[b, :, s:].shape, generator=g, dtype=kk.dtype)
+            vv[b, :, s:] = 50 * torch.randn(vv[b, :, s:].shape, generator=g, dtype=vv.dtype)
+    return out
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "gemma2"])
+def test_cached_ablation_through_the_models_own_cache_equals_rerunning_the_prefix(kind):
+    """run_cached = run (logits, site stream, one key/value pair per block above the site);
+    run_positions_from over the cached past (per-row starts, 0 included, garbage beyond each start) =
+    the whole prefix re-run with the last positions replaced at the site (float64)."""
+    model = _gemma2() if kind == "gemma2" else make(kind)
+    if kind == "gemma2":
+        model.config.sliding_window = 16  # wider than the windows: the cached path applies
+    ad = HFAdapter(model.double())
+    assert ad.supports_cached_ablation
+    toks = torch.randint(0, V, (4, 8), generator=torch.Generator().manual_seed(0))
+    start, n = torch.tensor([3, 0, 2, 5]), 3
+    with torch.no_grad():
+        logits, res = ad.run(toks, return_residuals=True)
+        for k in range(ad.n_layers + 1):
+            resid_L, resid_k, past = ad.run_cached(toks, k)
+            torch.testing.assert_close(ad.unembed(resid_L), logits, rtol=0, atol=1e-12)
+            torch.testing.assert_close(resid_k, res[k], rtol=0, atol=1e-12)
+            assert len(past) == ad.n_layers - k and all(t.shape[:3:2] == (4, 8) for kv in past for t in kv)
+            x = torch.stack([res[k][b, s : s + n] for b, s in enumerate(start.tolist())])
+            x = x + torch.randn(x.shape, generator=torch.Generator().manual_seed(k), dtype=x.dtype)
+            for pst in (past, _garbage_beyond(past, start, k)) if past else (past,):
+                out = ad.run_positions_from(k, x, start, pst)
+                for b, s in enumerate(start.tolist()):
+
+                    def put(h, _k, b=b, s=s):
+                        h = h.clone()
+                        h[:, s : s + n] = x[b]
+                        return h
+
+                    ref = ad.run(toks[b : b + 1, : s + n], hooks={k: put})[0, s:]
+                    torch.testing.assert_close(out[b], ref, rtol=0, atol=1e-10)
+
+
+def test_qscore_on_a_hf_model_cached_equals_hooks_and_sliding_windows_fall_back():
+    from originlens.lm.qscore import QScoreConfig, ablation_kl, find_top_contexts
+    from originlens.sae import SAE, SAEConfig
+    from originlens.sae.activations import as_sequences
+
+    ad = HFAdapter(make("llama").double())
+
+    def random_sae(seed):
+        g = torch.Generator().manual_seed(seed)
+        sae = SAE(SAEConfig(d_in=D, d_sae=12, hook_name="blocks.0.hook_resid_post", dtype="float64"))
+        with torch.no_grad():
+            for p in (sae.W_enc, sae.W_dec, sae.b_enc, sae.b_dec):
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.5)
+        return sae.requires_grad_(False)
+
+    sae = random_sae(3)
+    toks = torch.randint(0, V, (10, 7), generator=torch.Generator().manual_seed(4)).numpy()
+    cfg = QScoreConfig(n_contexts=3, max_offset=3, dedup_distance=-1, min_total_kl=0.0, prepend_bos=True)
+    seqs = as_sequences(toks, ad, prepend_bos=True)
+    ex = find_top_contexts(ad, sae, 1, seqs, list(range(12)), cfg)
+    assert len(ex) > 0
+    kl_c, a_c = ablation_kl(ad, sae, 1, seqs, ex, cfg, method="cached")
+    kl_h, a_h = ablation_kl(ad, sae, 1, seqs, ex, cfg, method="hooks")
+    np.testing.assert_allclose(kl_c, kl_h, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(a_c, a_h, rtol=0, atol=1e-12)
+    assert kl_c.max() > 0  # the ablations change something
+
+    g = _gemma2()  # sliding window 4 < 8 tokens + K: auto must not take the cached path, cached must refuse
+    gad = HFAdapter(g.double())
+    gsae = random_sae(5)
+    gseqs = as_sequences(toks, gad, prepend_bos=True)
+    gex = find_top_contexts(gad, gsae, 1, gseqs, list(range(12)), cfg)
+    kl_auto, _ = ablation_kl(gad, gsae, 1, gseqs, gex, cfg)
+    kl_hooks, _ = ablation_kl(gad, gsae, 1, gseqs, gex, cfg, method="hooks")
+    np.testing.assert_allclose(kl_auto, kl_hooks, rtol=0, atol=0)
+    with pytest.raises(ConfigError, match="sliding|limit"):
+        ablation_kl(gad, gsae, 1, gseqs, gex, cfg, method="cached")

@@ -25,6 +25,9 @@ Caveats: adapters run on whatever device and dtype the wrapped model has; the pr
 pair :meth:`LMAdapter.run_cached` / :meth:`LMAdapter.run_positions_from` (check
 :attr:`LMAdapter.supports_cached_ablation`) keeps a clean run's keys/values so that an intervention at
 one position re-runs only a few positions above its site (used by Q(w), :mod:`originlens.lm.qscore`).
+An adapter whose cached path holds only up to some number of positions (a sliding attention window)
+says so in an optional ``cached_ablation_max_len`` attribute; Q(w) then uses another method for longer
+windows.
 """
 
 from __future__ import annotations

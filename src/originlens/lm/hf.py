@@ -27,8 +27,12 @@ layer outputs.
 fails with an :class:`~originlens.errors.InputError` that says how to use a local directory when the hub
 cannot be reached.  ``transformers`` is the optional extra ``originlens[hf]``; it is imported lazily.
 
+Q(w)'s cached ablation (:meth:`HFAdapter.run_cached`, :meth:`HFAdapter.run_positions_from`) uses the
+model's own key/value cache (``past_key_values``) with per-row past lengths expressed as an attention mask
+and explicit position ids.
+
 Caveats: query/key **biases** (GPT-2, NeoX) are not part of ``qk_weights`` (as for our GPT); models are
-put in eval mode; no KV cache (``run`` re-runs whole sequences); ``trust_remote_code`` is always passed,
+put in eval mode; ``run`` re-runs whole sequences (no cache); ``trust_remote_code`` is always passed,
 False unless the caller asks (a model's own code never runs through a prompt); other architectures raise :class:`~originlens.errors.CompatibilityError`.
 """
 
@@ -171,6 +175,14 @@ def _family(model_type: str) -> _Family:
 # --------------------------------------------------------------------------------------------------
 
 
+def _cached_kv(cache: Any, j: int) -> tuple[Tensor, Tensor]:
+    """Layer j's ``(keys, values)`` of a transformers cache (``cache.layers`` from 4.56 on)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return layers[j].keys, layers[j].values
+    return cache.key_cache[j], cache.value_cache[j]
+
+
 def _replace_first(args: tuple, kwargs: dict, x: Tensor) -> tuple[tuple, dict]:
     if args:
         return (x, *args[1:]), kwargs
@@ -276,6 +288,100 @@ class HFAdapter(LMAdapter):
             for h in handles:
                 h.remove()
         return (logits, residuals) if return_residuals else logits  # type: ignore[return-value]
+
+    # -- cached ablation (Q(w)): the model's own key/value cache -------------------------------------
+    def run_cached(self, tokens: Tensor, k: int) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]]]:
+        """A clean run with transformers' key/value cache (:meth:`LMAdapter.run_cached`): the last block's
+        output, the stream at site k and the cached ``(keys, values)`` of the blocks above k, each
+        ``(B, n_kv, T, head_dim)`` (keys as the model caches them, e.g. rotated)."""
+        from transformers import DynamicCache
+
+        tokens = self._check_tokens(tokens)
+        k = self.check_site(k)
+        got: dict[int, Tensor] = {}
+
+        def grab(j: int):
+            def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+                got[j] = _first(args, kwargs)
+
+            return pre_hook
+
+        handles = []
+        try:
+            for j in {k, self.n_layers}:
+                mod = self.layers[j] if j < self.n_layers else self.final_norm
+                handles.append(mod.register_forward_pre_hook(grab(j), with_kwargs=True))
+            # a cache without the config: every layer keeps all positions (no sliding-window eviction)
+            out = self._forward_cached(DynamicCache(), input_ids=tokens)
+            cache = out.cache if "cache" in out else out.past_key_values
+        finally:
+            for h in handles:
+                h.remove()
+        past = [_cached_kv(cache, j) for j in range(k, self.n_layers)]
+        return got[self.n_layers], got[k], past
+
+    @property
+    def cached_ablation_max_len(self) -> int | None:
+        """Past + new positions :meth:`run_positions_from` can take: the sliding attention window of models
+        that have one (Gemma-2, Mistral), else unlimited (None)."""
+        w = getattr(self.config, "sliding_window", None)
+        return int(w) if w else None
+
+    def _forward_cached(self, cache: Any, **kwargs: Any) -> Any:
+        """The model's forward with a key/value cache, under the keyword this transformers version uses
+        (``cache`` from 5.x on, ``past_key_values`` before)."""
+        import inspect
+
+        params = inspect.signature(self.module.forward).parameters
+        key = "cache" if "cache" in params else "past_key_values"
+        return self.module(**kwargs, use_cache=True, **{key: cache})
+
+    def run_positions_from(self, k: int, x: Tensor, start: Tensor, past: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
+        """:meth:`LMAdapter.run_positions_from` through the model's own forward: the n new positions run
+        with the cached clean past (rows' pasts right-padded; a 2-D attention mask hides each row's
+        entries at positions ≥ ``start[b]``) and explicit position ids ``start[b] + i``; the stream entering
+        block k is replaced by ``x`` (blocks below k run on placeholder tokens and zero pasts, their output
+        discarded).  Models with a sliding window need ``past length + n ≤ window`` (the mask is built
+        from cache indices, which equal positions only then)."""
+        from transformers import DynamicCache
+
+        k = self.check_site(k)
+        B, n, _ = x.shape
+        if k == self.n_layers:
+            return self.unembed(x)
+        P = int(past[0][0].shape[2])
+        window = self.cached_ablation_max_len
+        if window is not None and P + n > window:
+            raise ConfigError(
+                f"the cached ablation of this model needs past + new positions ≤ its sliding window {window}, "
+                f"got {P} + {n}",
+                "use shorter windows, or the hooks method of Q(w)",
+            )
+        dev = x.device
+        start = start.to(dev)
+        cache = DynamicCache()
+        for j in range(self.n_layers):
+            kv = past[j - k] if j >= k else tuple(torch.zeros_like(t) for t in past[0])
+            cache.update(kv[0], kv[1], j)
+        mask = torch.cat(
+            [torch.arange(P, device=dev)[None, :] < start[:, None], torch.ones(B, n, dtype=torch.bool, device=dev)], 1
+        ).long()
+        positions = start[:, None] + torch.arange(n, device=dev)[None, :]
+
+        def put(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            return _replace_first(args, kwargs, x)
+
+        handle = self.layers[k].register_forward_pre_hook(put, with_kwargs=True)
+        try:
+            out = self._forward_cached(
+                cache,
+                input_ids=torch.zeros(B, n, dtype=torch.long, device=dev),
+                attention_mask=mask,
+                position_ids=positions,
+            )
+        finally:
+            handle.remove()
+        return out.logits
 
     def single_token_states(self, token_ids: Tensor) -> TokenStates:
         ids = token_ids.reshape(-1)

@@ -36,7 +36,7 @@ Batching (:func:`ablation_kl`, ``method``): an ablation at site k and position p
 < p unchanged at every layer (causal model), so
 
 * ``"cached"`` (default when the adapter has ``supports_cached_ablation``: our GPT without untied ranges,
-  llama2.c): windows are sorted by the prefix length their examples need (max p + K) and run clean
+  llama2.c, Hugging Face models through their own key/value cache): windows are sorted by the prefix length their examples need (max p + K) and run clean
   once, ``clean_tokens`` tokens per forward, through :meth:`LMAdapter.run_cached`, which keeps the
   stream at site k, the last block's output and the keys/values of the blocks above k.  A group of
   windows whose state fits ``max_clean_bytes`` shares one padded buffer; its examples, sorted by p,
@@ -535,7 +535,8 @@ def ablation_kl(
     ``method`` (see "Batching" in the module docstring): ``"cached"`` (clean keys/values cached, ablated
     copies re-run K positions above the site; needs ``adapter.supports_cached_ablation``),
     ``"run_from"`` (ablated copies re-run their whole prefix above the site), ``"hooks"`` (whole prefix,
-    every block), or ``"auto"``: the first one the adapter supports.  All give the same numbers up to
+    every block), or ``"auto"``: the first one the adapter supports (the cached one only when window
+    length + K is within the adapter's ``cached_ablation_max_len``, e.g. a sliding attention window).  All give the same numbers up to
     round-off.  ``streams`` (from ``find_top_contexts(..., return_streams=True)`` on the same model and
     sequences): the cached method's clean runs start from these site-k streams, running only the blocks
     above k, for the windows they hold (the others run in full); ignored by the other methods and by
@@ -546,13 +547,21 @@ def ablation_kl(
         raise ConfigError(f"unknown ablation method {method!r}", f"use one of: {', '.join(ABLATION_METHODS)}")
     cached = bool(getattr(adapter, "supports_cached_ablation", False))
     run_from = bool(getattr(adapter, "supports_run_from", False))
+    limit = getattr(adapter, "cached_ablation_max_len", None)  # e.g. a sliding attention window
+    fits = limit is None or sequences.shape[1] + config.max_offset <= limit
     if method == "auto":
-        method = "cached" if cached else "run_from" if run_from else "hooks"
+        method = "cached" if cached and fits else "run_from" if run_from else "hooks"
     if (method == "cached" and not cached) or (method == "run_from" and not run_from):
         raise ConfigError(
             f"this model ({getattr(adapter, 'family', type(adapter).__name__)}) does not support "
             f"the {method!r} ablation method",
             "use method='auto' or 'hooks'",
+        )
+    if method == "cached" and not fits:
+        raise ConfigError(
+            f"windows of {sequences.shape[1]} tokens + K = {config.max_offset} exceed this model's limit of "
+            f"{limit} positions for the cached ablation",
+            "use method='auto' (it falls back to re-running prefixes) or shorter windows",
         )
     K, E = config.max_offset, len(examples)
     kl = np.zeros((E, K), dtype=np.float64)
