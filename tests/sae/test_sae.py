@@ -206,6 +206,18 @@ def test_reads_both_saelens_config_generations():
 
 
 def test_bad_configs_and_files_are_clear_errors(tmp_path):
+    base = {"architecture": "topk", "d_in": 4, "d_sae": 8, "k": 2, "hook_name": "blocks.0.hook_resid_post"}
+    for key, value in (
+        ("hook_head_index", 3),
+        ("reshape_activations", "hook_z"),
+        ("rescale_acts_by_decoder_norm", True),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            config_from_dict({**base, key: value})
+        with pytest.raises(ConfigError, match=key):  # SAELens 6 nests model-side settings under "metadata"
+            config_from_dict({**base, "metadata": {key: value}})
+    ok = config_from_dict({**base, "hook_head_index": None, "reshape_activations": "none"})
+    assert ok.k == 2
     with pytest.raises(ConfigError, match="gated"):
         config_from_dict({"architecture": "gated", "d_in": 4, "d_sae": 8, "hook_name": "blocks.0.hook_resid_post"})
     with pytest.raises(ConfigError, match="k"):

@@ -21,7 +21,8 @@ treated as pre-6), so every version loads what we write.  Unknown keys are prese
 ``SAEConfig.extra`` and written back.
 
 Caveats: architectures other than standard / jumprelu / topk (gated, batchtopk training checkpoints,
-transcoders) are refused with a clear error; a non-trivial ``finetuning_scaling_factor`` is refused;
+transcoders) are refused with a clear error; a non-trivial ``finetuning_scaling_factor``, ``hook_head_index``, ``reshape_activations`` or TopK
+``rescale_acts_by_decoder_norm`` (settings that change the forward pass) is refused, never ignored;
 ``expected_average_only_in`` is read as the identity, as SAELens does for a local directory (a warning
 says so).  Tensors are read with safetensors (no pickle) in any dtype torch supports (bfloat16 included).
 """
@@ -74,6 +75,15 @@ _CORE_KEYS = {
 }
 
 
+# SAELens settings that would change what the SAE computes, with the values under which originlens's
+# forward pass is SAELens's own (any other value is refused by config_from_dict)
+_FORWARD_KEYS: dict[str, tuple[Any, ...]] = {
+    "hook_head_index": (None,),  # an SAE on one attention head's output
+    "reshape_activations": (None, "none"),  # e.g. "hook_z": per-head activations flattened
+    "rescale_acts_by_decoder_norm": (None, False),  # TopK: activations scaled by the decoder row norms
+}
+
+
 # ----------------------------------------------------------------------------------------------------
 # cfg.json <-> SAEConfig
 
@@ -118,6 +128,14 @@ def config_from_dict(d: Mapping[str, Any], *, where: str = "cfg.json") -> SAECon
         raise ConfigError(
             f"{where}: finetuned scaling factors are not supported", "fold the scaling factor into the weights first"
         )
+    # settings that change the forward pass and that originlens does not implement: refused, never ignored
+    for key, trivial in _FORWARD_KEYS.items():
+        v = get(key)
+        if v not in trivial:
+            raise ConfigError(
+                f"{where}: {key}={v!r} changes the SAE's forward pass and is not supported",
+                "use an SAE on the residual stream without it (or convert the SAE first)",
+            )
     hook = get("hook_name") or get("hook_point")
     if not hook:
         raise InputError(f"{where} has no hook_name", "add the SAE's hook, e.g. blocks.3.hook_resid_post")
