@@ -18,11 +18,9 @@ from originlens.experiments.language import (
     SYNTAX_TEST,
     LanguageExperimentConfig,
     influence_by_group,
-    judge_features,
-    judge_loss,
-    render_section,
     run_language_experiment,
 )
+from originlens.experiments.language_report import judge_features, judge_loss, render_section
 from originlens.experiments.results import read_results
 
 SEEDS = [0, 1]

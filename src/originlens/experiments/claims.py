@@ -108,13 +108,13 @@ def judge_majority(rec: dict[str, Any]) -> Verdict:
 
 
 def judge_language_loss(rec: dict[str, Any]) -> Verdict:
-    from .language import judge_loss
+    from .language_report import judge_loss
 
     return judge_loss(rec)
 
 
 def judge_language_features(rec: dict[str, Any]) -> Verdict:
-    from .language import judge_features
+    from .language_report import judge_features
 
     return judge_features(rec)
 

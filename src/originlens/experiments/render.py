@@ -131,7 +131,7 @@ def _othello_section(key: str, rec: dict[str, Any]) -> list[str]:
 
 
 def _language_section(key: str, rec: dict[str, Any]) -> list[str]:
-    from .language import render_section
+    from .language_report import render_section
 
     return render_section(key, rec)
 
