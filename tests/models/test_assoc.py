@@ -299,6 +299,85 @@ def test_team_lanes_order_errors_and_threads():
     assert torch.get_num_threads() == prev
 
 
+def test_subnormals_flushed_in_caller_and_team_threads_and_restored():
+    """Inside a team (and subnormals_flushed) the calling thread and every worker flush subnormals to zero;
+    nested blocks keep it on; on exit the previous mode returns (off by default, on if it was on)."""
+    import threading
+
+    from originlens.models.assoc.workers import _ftz_active, _Team, subnormals_flushed
+
+    assert not _ftz_active()
+    seen: dict[str, bool] = {}
+    lock = threading.Lock()
+
+    def probe(lane, k):
+        with lock:
+            seen[f"{threading.get_ident()}-{k}"] = _ftz_active()
+
+    with _Team(3) as team:
+        assert _ftz_active()
+        with subnormals_flushed():
+            assert _ftz_active()
+        assert _ftz_active()  # the inner block does not switch it off
+        team.run(probe, [[0], [1], [2]])
+    assert len(seen) == 3 and all(seen.values())
+    assert not _ftz_active()
+    torch.set_flush_denormal(True)
+    try:
+        with subnormals_flushed():
+            pass
+        assert _ftz_active()  # a mode that was on stays on
+    finally:
+        torch.set_flush_denormal(False)
+    assert not _ftz_active()
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-12])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_row_split_matmul_equals_torch(n, scale):
+    """_mm (intra-op threads, or split by rows over a team's workers for tiny values) equals torch.mm /
+    addmm_ (out a strided view, transposed operands)."""
+    from originlens.models.assoc.workers import _mm, _Team
+
+    g = torch.Generator().manual_seed(n)
+    a = scale * torch.randn(11, 7, generator=g, dtype=torch.float64)
+    b = scale * torch.randn(11, 7, generator=g, dtype=torch.float64)
+    buf = scale**2 * torch.randn(11, 3, 11, generator=g, dtype=torch.float64)
+    start = buf[:, 1].clone()
+    with _Team(n) as team:
+        _mm(team, buf[:, 1], a, b.t())
+        torch.testing.assert_close(buf[:, 1], a @ b.t(), rtol=1e-14, atol=0.0)
+        buf[:, 1] = start
+        _mm(team, buf[:, 1], b, a.t(), add=True)
+        torch.testing.assert_close(buf[:, 1], start + b @ a.t(), rtol=1e-14, atol=0.0)
+        _mm(team, buf[:, 1], b, torch.zeros_like(a).t(), add=True)  # a zero factor: skipped, exactly
+        torch.testing.assert_close(buf[:, 1], start + b @ a.t(), rtol=1e-14, atol=0.0)
+        _mm(team, buf[:, 1], torch.zeros_like(b), a.t())
+        assert not buf[:, 1].any()
+
+
+def test_early_training_scales_match_dense_after_flushing():
+    """Weights at the scales of the first steps from zero init (W_O ≈ 1e-3, V ≈ 1e-5, W ≈ 1e-8: the
+    products V_S W V_S'ᵀ reach 1e-38, below float32's normal range, and are flushed to zero): every
+    float32 path gradient still equals the float64 dense one to float32 round-off of its own norm."""
+    V, T, L = 12, 6, 3
+    g = torch.Generator().manual_seed(5)
+    scale = {"W_O": 1e-3, "W": 1e-8, "V": 1e-5, "P": 1e-3}
+    w64 = {
+        k: scale[k.split(".")[0]] * torch.randn(v.shape, generator=g, dtype=torch.float64)
+        for k, v in make(V=V, T=T, L=L).weights().items()
+    }
+    toks = torch.randint(0, V, (4, T + 1), generator=torch.Generator().manual_seed(1))
+    m64, m32 = make(V=V, T=T, L=L), make(V=V, T=T, L=L, dtype="float32")
+    m64.load_weights(w64)
+    m32.load_weights({k: v.float() for k, v in w64.items()})
+    m32.accumulate_gradients(toks, impl="paths")
+    m64.loss(toks, impl="dense").backward()
+    for (name, p32), (_, p64) in zip(m32.named_weights(), m64.named_weights()):
+        rel = float((p32.grad.double() - p64.grad).norm() / p64.grad.norm())
+        assert p64.grad.norm() > 0 and rel < 1e-5, (name, rel)
+
+
 def test_swap_copy_is_a_bit_exact_transpose():
     """The wide-element copy (int64 / complex128 views) moves bits unchanged, NaN payloads included;
     the element-wise fallback (float64, 4 values) gives the same layout."""

@@ -62,7 +62,12 @@ Threads: on CPU the chunks run on ``torch.get_num_threads()`` worker threads (:c
 single-threaded ops, chunk k in lane k mod n, a worker taking the next chunk of any lane that is not
 running (so a core shared with another process does not hold the other back), lanes summed in a
 fixed order: deterministic for a given thread count; different thread counts differ by round-off.
-The |V|³ products use torch's intra-op threads.
+The |V|³ products use torch's intra-op threads, except those whose entries may be subnormal.
+
+Subnormal floats: from zero init the weights grow like powers of t = sη and the early products fall
+below float32's normal range, which x86 cores handle 10–15× slower; the path implementation flushes
+subnormals to zero in every thread it computes in (:func:`~.workers.subnormals_flushed`; values below
+1.2e-38, far under any weight's round-off), the other implementations in the calling thread.
 
 Saved weights use the paper's 1-based layer numbers: keys ``W_O``, ``W.1``…``W.L``, ``V.l``, ``P.l``
 (:meth:`AssocModel.weights` / :meth:`AssocModel.load_weights`); the torch ``state_dict`` keeps

@@ -16,7 +16,7 @@ from .config import CHECKPOINT_KIND, IMPLS, MODEL_KIND, AssocConfig, weight_name
 from .cost import path_cost
 from .ops import _causal_softmax, diag_matrix
 from .paths import _path_pass, _PathInputs, _PathsFunction, _Products, _team_size
-from .workers import Workspace, _fresh, _Team
+from .workers import Workspace, _fresh, _Team, subnormals_flushed
 
 
 class AssocModel(nn.Module):
@@ -249,12 +249,13 @@ class AssocModel(nn.Module):
             impl = self.choose_impl(n, tokens.shape[1] - 1)
         if impl != "paths":
             total = 0.0
-            for i in range(0, n, chunk):
-                c = tokens[i : i + chunk]
-                loss = self.loss(c, impl=impl)
-                w = c.shape[0] / n
-                (loss * w if w != 1.0 else loss).backward()
-                total += loss.item() * w
+            with subnormals_flushed():  # the calling thread only (see that function)
+                for i in range(0, n, chunk):
+                    c = tokens[i : i + chunk]
+                    loss = self.loss(c, impl=impl)
+                    w = c.shape[0] / n
+                    (loss * w if w != 1.0 else loss).backward()
+                    total += loss.item() * w
             return total
         ws = self.workspace()
         T = tokens.shape[1] - 1

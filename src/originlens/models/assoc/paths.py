@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .ops import diag_matrix
-from .workers import CHUNK_BYTES, ROW_POSITIONS, ROWS_BYTES, Workspace, _blocks, _fresh, _low, _Team
+from .workers import CHUNK_BYTES, ROW_POSITIONS, ROWS_BYTES, Workspace, _blocks, _fresh, _low, _mm, _Team
 
 
 def _pair_columns(L: int) -> tuple[list[int], int]:
@@ -36,8 +36,8 @@ class _Products:
       x·|V| + x' holds K_{S,S'}[x, x'] of layer l at column offs[l] + S·n + S' (:func:`_pair_columns`),
       packed block by block (cache-sized transposes, ~3× faster than one strided copy).
 
-    One matmul per product (25 at L = 3, torch's intra-op threads); :meth:`backward` takes 2 per product
-    (∂ of both factors).
+    One matmul per product (25 at L = 3, torch's intra-op threads or, for tiny values, the team's
+    workers: :func:`_mm`); :meth:`backward` takes 2 per product (∂ of both factors).
     """
 
     def __init__(self, W_O: torch.Tensor, Ws: list[torch.Tensor], Vs: list[torch.Tensor], ws, team: _Team) -> None:
@@ -48,7 +48,7 @@ class _Products:
         ZL[:, 0] = W_O
         for S in range(1, 1 << L):
             i, P = _low(S)
-            torch.mm(Vs[i], ZL[:, P], out=ZL[:, S])
+            _mm(team, ZL[:, S], Vs[i], ZL[:, P])
         self.ZL = ZL
         self.K: list[torch.Tensor | None] = [None] * L
         for l in range(1, L):
@@ -57,11 +57,11 @@ class _Products:
             K[0, 0] = Ws[l]
             for S in range(1, n):
                 i, P = _low(S)
-                torch.mm(Vs[i], K[P, 0], out=K[S, 0])
+                _mm(team, K[S, 0], Vs[i], K[P, 0])
             for S in range(n):
                 for S2 in range(1, n):
                     i, P = _low(S2)
-                    torch.mm(K[S, P], Vs[i].t(), out=K[S, S2])
+                    _mm(team, K[S, S2], K[S, P], Vs[i].t())
             self.K[l] = K
         offs, width = _pair_columns(L)
         self.Kr = ws("prod.Kr", (V * V, width), dt, dev)
@@ -88,8 +88,8 @@ class _Products:
         dZL = [dW] + [dZ[:, S] for S in range((1 << L) - 1)]
         for S in range((1 << L) - 1, 0, -1):  # Z_S = V_i Z_P
             i, P = _low(S)
-            dVs[i].addmm_(dZL[S], ZL[:, P].t())
-            dZL[P].addmm_(Vs[i].t(), dZL[S])
+            _mm(team, dVs[i], dZL[S], ZL[:, P].t(), add=True)
+            _mm(team, dZL[P], Vs[i].t(), dZL[S], add=True)
         offs, _ = _pair_columns(L)
         out = {"W_O": dW, "W.1": dKr[:, offs[0]].view(V, V)}
         o_dK = [0, 0]
@@ -104,12 +104,12 @@ class _Products:
             for S in range(n):
                 for S2 in range(n - 1, 0, -1):  # K_{S,S2} = K_{S,P} V_iᵀ
                     i, P = _low(S2)
-                    dVs[i].addmm_(dK[S, S2].t(), K[S, P])
-                    dK[S, P].addmm_(dK[S, S2], Vs[i])
+                    _mm(team, dVs[i], dK[S, S2].t(), K[S, P], add=True)
+                    _mm(team, dK[S, P], dK[S, S2], Vs[i], add=True)
             for S in range(n - 1, 0, -1):  # K_{S,∅} = V_i K_{P,∅}
                 i, P = _low(S)
-                dVs[i].addmm_(dK[S, 0], K[P, 0].t())
-                dK[P, 0].addmm_(Vs[i].t(), dK[S, 0])
+                _mm(team, dVs[i], dK[S, 0], K[P, 0].t(), add=True)
+                _mm(team, dK[P, 0], Vs[i].t(), dK[S, 0], add=True)
             out[f"W.{l + 1}"] = dK[0, 0]
         for i in range(L):
             out[f"V.{i + 1}"] = dVs[i]
