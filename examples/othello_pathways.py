@@ -5,8 +5,8 @@ attribute the training updates to direct / pre-cached / shared pathways at the 1
 (Adam variant, replayed from checkpoints), and report the integrated influence per component for
 NTP-useful and NTP-useless cells next to the paper's values; optionally evaluate the probes on
 recorded games.  All the work is :func:`originlens.experiments.othello_run.run_othello_experiment`
-(``originlens ntp experiment othello-run`` is the same with CLI flags; the multi-seed experiment with nulls
-and tests is ``originlens ntp experiment othello``).
+(``originlens ntp experiment othello-run`` is the same with every option as a flag; the multi-seed
+experiment with nulls and tests is ``originlens ntp experiment othello``).
 
     # CPU scale: 3 layers × 64, 500 steps of 64 games (measured: 35 min wall on 2 cores shared with
     # ~8 other jobs — 4.4 min training, 31 min attribution of which 65 % the influence JVPs)
@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 
-from originlens.cli import ntp_experiment_cmd as cli
 from originlens.experiments import othello_run as exp
 
 PAPER_MIDPOINTS = {
@@ -49,9 +48,9 @@ def greedy_games(n: int, seed: int) -> np.ndarray:
         BLACK_START,
         PASS,
         WHITE_START,
-        _flips,
-        _popcount,
+        flips,
         legal_bitboard,
+        popcount,
         unpack_bits,
     )
 
@@ -66,18 +65,24 @@ def greedy_games(n: int, seed: int) -> np.ndarray:
             rows = legal[:, c]
             if rows.any():
                 bit = np.where(rows, BITS[c], np.uint64(0))
-                gain[rows, c] = _popcount(_flips(own, opp, bit))[rows] + rng.random(int(rows.sum())) * 0.5
+                gain[rows, c] = popcount(flips(own, opp, bit))[rows] + rng.random(int(rows.sum())) * 0.5
         mv = np.where(legal.any(1), gain.argmax(1), PASS)
         out[:, t] = mv
         bit = np.where(mv != PASS, BITS[np.minimum(mv, 63)], np.uint64(0))
-        fl = _flips(own, opp, bit)
+        fl = flips(own, opp, bit)
         own, opp = opp & ~fl, own | bit | fl
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    cli.add_arguments(ap)
+    ap.add_argument("--out", required=True, help="experiment directory")
+    ap.add_argument("--paper", action="store_true", help="the paper's model and schedule (a GPU job)")
+    ap.add_argument("--steps", type=int, help="training steps (default 500; --paper 5000)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    ap.add_argument("--threads", type=int, help="torch CPU threads")
+    ap.add_argument("--human-games", help="recorded games (WTHOR .wtb or one transcript per line)")
     ap.add_argument(
         "--greedy-standin",
         type=int,
@@ -90,11 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    defaults = dict(steps=500) if not args.paper else {}
-    cfg = cli.config_from_args(args)
-    for k, v in defaults.items():
-        if getattr(args, k, None) is None:
-            setattr(cfg, k, v)
+    given = dict(seed=args.seed, device=args.device, human_games=args.human_games)
+    if args.steps is not None:
+        given["steps"] = args.steps
+    cfg = exp.OthelloExperimentConfig.paper(**given) if args.paper else exp.OthelloExperimentConfig(**given)
+    if not args.paper and args.steps is None:
+        cfg.steps = 500
     if args.greedy_standin:
         from originlens.tasks.othello_records import write_wthor
 

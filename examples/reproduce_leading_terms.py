@@ -1,13 +1,16 @@
-"""Reproduce the TinyStories experiments of arXiv 2601.19208 §5 with the CLI.
+"""Reproduce the TinyStories experiments of arXiv 2601.19208 §5 through the library's Python API.
 
     .venv/bin/python examples/reproduce_leading_terms.py --out runs/repro                 # CPU scale (default)
     .venv/bin/python examples/reproduce_leading_terms.py --out runs/paper --paper-scale --data FULL_TINYSTORIES
 
-Steps (each is an ``originlens`` command, printed and recorded in ``OUT/summary.md``):
+Steps (each a library call, recorded in ``OUT/summary.md`` beside the equivalent ``originlens`` command):
 
-1. ``corpus build``: word tokenizer (paper §5.1.1), first T+1 tokens of every story;
-2. for every run, ``assoc train`` (3 layers, zero init, plain SGD, statistics from the first shuffled batch)
-   and ``assoc report`` (tracking, null baselines, causal intervention, leading-term model);
+1. :func:`originlens.data.build.build_corpus` (``corpus build``): word tokenizer (paper §5.1.1), first T+1
+   tokens of every story;
+2. for every run, :func:`originlens.experiments.leading_run.train_leading_run` (``assoc train``: 3 layers,
+   zero init, plain SGD, statistics from the first shuffled batch) and
+   :func:`~originlens.experiments.leading_run.report_leading_run` (``assoc report``: tracking, null
+   baselines, causal intervention, leading-term model);
 3. ``OUT/summary.md`` / ``summary.json``: our numbers next to the paper's, with wall times.
 
 Scales:
@@ -39,6 +42,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 PAPER = {
     "min_cos": {0.005: {"W": 0.999496, "V": 0.999169, "W_O": 0.998486}},
@@ -57,16 +61,14 @@ PAPER = {
 KINDS = ("W", "V", "W_O", "P")
 
 
-def cli(argv: list[str], log: list[str]) -> tuple[int, float]:
-    """Run one ``originlens`` command in-process; returns (exit status, seconds)."""
-    from originlens.cli.main import main
-
-    cmd = "originlens " + " ".join(shlex.quote(a) for a in argv)
-    print(f"$ {cmd}", flush=True)
-    log.append(cmd)
+def step(what: str, log: list[str], fn, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """Call ``fn(*args, **kwargs)``, recording ``what`` (the equivalent ``originlens`` command) in ``log``;
+    returns (result, seconds)."""
+    print(f"$ {what}", flush=True)
+    log.append(what)
     t0 = time.perf_counter()
-    rc = main(argv)
-    return rc, time.perf_counter() - t0
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
 
 
 def min_cosines(records: list[dict], *, every: int | None = None, other: str | None = None) -> dict:
@@ -243,34 +245,49 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log: list[str] = []
-    thr = ["--threads", str(args.threads)] if args.threads else []
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(int(args.threads))
+    from originlens.data.build import build_corpus
+    from originlens.errors import OriginlensError
+    from originlens.experiments.leading_run import (
+        LeadingReportConfig,
+        LeadingRunConfig,
+        report_leading_run,
+        train_leading_run,
+    )
+    from originlens.theory.tracking import AnalysisConfig
+    from originlens.train import AssocTrainConfig
 
     corpus = out / "corpus"
-    build = [
-        "corpus",
-        "build",
-        *sources,
-        "--vocab-size",
-        str(V),
-        "--seq-len",
-        str(T),
-        "--windows",
-        "first",
-        "--oov",
-        "drop" if paper else "unk",
-        "--out",
-        str(corpus),
-        "--overwrite",
-    ]
-    if paper:
-        build += ["--max-windows", str(65536 + 2048)]  # 65,536 training windows + 2,048 held out
+    oov = "drop" if paper else "unk"
+    max_windows = 65536 + 2048 if paper else None  # paper: 65,536 training windows + 2,048 held out
+    build_cmd = (
+        f"originlens corpus build {' '.join(shlex.quote(s) for s in sources)} --vocab-size {V} --seq-len {T} "
+        f"--windows first --oov {oov}" + (f" --max-windows {max_windows}" if max_windows else "") + f" --out {corpus}"
+    )
     old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
     if args.skip_train and (corpus / "manifest.json").is_file():
         t_build = old.get("corpus_seconds")
     else:
-        rc, t_build = cli(build, log)
-        if rc:
-            return rc
+        try:
+            _, t_build = step(
+                build_cmd,
+                log,
+                build_corpus,
+                sources,
+                corpus,
+                vocab_size=V,
+                seq_len=T,
+                windows="first",
+                oov=oov,
+                max_windows=max_windows,
+                overwrite=True,
+            )
+        except OriginlensError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     manifest = json.loads((corpus / "manifest.json").read_text())
     total = int(manifest["shape"][0])
     if args.train_windows:
@@ -305,60 +322,54 @@ def main(argv: list[str] | None = None) -> int:
     }
     for label, eta, ep in runs:
         rdir = out / label
-        train = [
-            "assoc",
-            "train",
-            str(corpus),
-            "--n-layers",
-            "3",
-            "--lr",
-            f"{eta:.6g}",
-            "--epochs",
-            str(ep),
-            "--batch-size",
-            str(B),
-            "--stats",
-            "first-batch",
-            "--holdout",
-            str(holdout),
-            "--dtype",
-            args.dtype,
-            "--device",
-            device,
-            "--out",
-            str(rdir),
-            "--overwrite",
-            *thr,
-        ]
-        train += (
-            ["--checkpoint-every", str(args.checkpoint_every)]
+        ckpt = (
+            dict(checkpoint_every=int(args.checkpoint_every))
             if args.checkpoint_every
-            else ["--checkpoint-every-epochs", "2"]
+            else dict(checkpoint_every_epochs=2.0)
         )
-        if early:
-            train += ["--checkpoint-at", ",".join(str(s) for s in range(1, early + 1))]
+        tcfg = AssocTrainConfig(
+            n_layers=3,
+            lr=eta,
+            epochs=ep,
+            batch_size=B,
+            dtype=args.dtype,
+            device=device,
+            checkpoint_at=tuple(range(1, early + 1)),
+            out=str(rdir),
+            **ckpt,  # type: ignore[arg-type]
+        )
+        train_cmd = (
+            f"originlens assoc train {corpus} --n-layers 3 --lr {eta:.6g} --epochs {ep} --batch-size {B} "
+            f"--stats first-batch --holdout {holdout} --dtype {args.dtype} --device {device} --out {rdir} "
+            + (
+                f"--checkpoint-every {args.checkpoint_every}"
+                if args.checkpoint_every
+                else "--checkpoint-every-epochs 2"
+            )
+            + (f" --checkpoint-at 1-{early}" if early else "")
+        )
         if args.skip_train and (rdir / "model.safetensors").is_file():
-            rc, t_train = 0, old.get("runs", {}).get(label, {}).get("train_seconds")
-            log.append("(reused) originlens " + " ".join(shlex.quote(a) for a in train))
+            t_train = old.get("runs", {}).get(label, {}).get("train_seconds")
+            log.append("(reused) " + train_cmd)
         else:
-            rc, t_train = cli(train, log)
-        if rc:
-            summary["runs"][label] = {"eta": eta, "error": f"train exited {rc}", "train_seconds": t_train}
-            continue
-        rep = [
-            "assoc",
-            "report",
-            str(rdir),
-            "--null-corpus",
-            args.null_corpus,
-            "--eval-windows",
-            str(eval_windows),
-            "--device",
-            device,
-            *thr,
-        ]
-        rc, t_rep = cli(rep, log)
-        res = json.loads((rdir / "report.json").read_text()) if rc == 0 else {}
+            cfg = LeadingRunConfig(source=str(corpus), holdout=holdout, stats="first-batch", train=tcfg)
+            try:
+                _, t_train = step(train_cmd, log, train_leading_run, cfg, rdir, overwrite=True)
+            except OriginlensError as e:
+                summary["runs"][label] = {"eta": eta, "error": f"train failed: {e}"}
+                continue
+        rep = LeadingReportConfig(
+            analysis=AnalysisConfig(eval_windows=eval_windows, device=device), null_corpus=args.null_corpus
+        )
+        rep_cmd = (
+            f"originlens assoc report {rdir} --null-corpus {args.null_corpus} --eval-windows {eval_windows} "
+            f"--device {device}"
+        )
+        try:
+            (res, _), t_rep = step(rep_cmd, log, report_leading_run, rdir, rep)
+        except OriginlensError as e:
+            print(f"error: {e}", file=sys.stderr)
+            res, t_rep = {}, None
         recs = res.get("checkpoints", [])
         lc = [r for r in res.get("loss_curve", []) if r[2] is not None]
         summary["runs"][label] = {

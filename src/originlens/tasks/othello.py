@@ -96,8 +96,10 @@ def legal_bitboard(own: np.ndarray, opp: np.ndarray) -> np.ndarray:
     return moves
 
 
-def _flips(own: np.ndarray, opp: np.ndarray, move_bit: np.ndarray) -> np.ndarray:
-    """Stones flipped by playing ``move_bit`` (one bit per game, 0 for a pass)."""
+def flips(own: np.ndarray, opp: np.ndarray, move_bit: np.ndarray) -> np.ndarray:
+    """The opponent stones flipped by playing ``move_bit``: ``own`` / ``opp`` (n,) uint64 bitboards of the
+    player to move and of the opponent (bit c = cell c), ``move_bit`` (n,) uint64 with the played cell's
+    bit (0 for a pass, which flips nothing); returns (n,) uint64 bitboards.  The move is not checked."""
     opp_in = opp & _INNER_COLS
     flips = np.zeros_like(own)
     zero = _U(0)
@@ -182,7 +184,7 @@ def initial_legal() -> np.ndarray:
     return np.append(cells, not cells.any())
 
 
-def _popcount(x: np.ndarray) -> np.ndarray:
+def popcount(x: np.ndarray) -> np.ndarray:
     """Number of set bits of uint64 values (int64)."""
     if hasattr(np, "bitwise_count"):  # numpy >= 2.0
         return np.bitwise_count(x).astype(np.int64)
@@ -192,14 +194,14 @@ def _popcount(x: np.ndarray) -> np.ndarray:
 def _kth_bit(bb: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Cell of the ⌊u·c⌋-th lowest set bit of each bitboard (c = popcount); the same rule as
     :func:`~.base.choose_uniform` on the unpacked cells.  Empty boards give 0."""
-    cnt = _popcount(bb)
+    cnt = popcount(bb)
     k = np.minimum(np.floor(u * cnt).astype(np.int64), np.maximum(cnt - 1, 0))
     x = bb.copy()
     one = _U(1)
     for i in range(int(k.max()) if k.size else 0):  # clear the k lowest set bits
         x = np.where(k > i, x & (x - one), x)
     low = x & (~x + one)  # lowest remaining bit
-    return np.where(low != _U(0), _popcount(low - one), 0)
+    return np.where(low != _U(0), popcount(low - one), 0)
 
 
 def _play(
@@ -229,8 +231,8 @@ def _play(
             if check:
                 _check_moves(mv, legal, no_move, t, offset)
         move_bit = np.where(mv != PASS, BITS[np.minimum(mv, 63)], zero)
-        flips = _flips(own, opp, move_bit)
-        own, opp = opp & ~flips, own | move_bit | flips  # next player's perspective
+        flipped = flips(own, opp, move_bit)
+        own, opp = opp & ~flipped, own | move_bit | flipped  # next player's perspective
         legal = legal_bitboard(own, opp)
         hist[0, t], hist[1, t], hist[2, t] = own, opp, legal
         if types_out is not None:

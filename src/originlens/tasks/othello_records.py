@@ -23,9 +23,8 @@ finished games are padded with passes, longer ones (inserted passes) truncated. 
 before the game is over (resignation, time, a damaged record) cannot be padded with passes — a pass is
 illegal while moves exist — and are left out of :meth:`GameRecords.complete` (counted in ``n_incomplete``).
 
-Caveats: real human games were not available on the development machine (no network); the reader is
-tested on WTHOR files written by :func:`write_wthor` from engine games.  Player and tournament names
-(``WTHOR.JOU``/``WTHOR.TRN``) are not read.  The engine helpers ``legal_bitboard`` and ``_flips`` of
+Caveats: the tests read WTHOR files written by :func:`write_wthor` from engine games.  Player and tournament names
+(``WTHOR.JOU``/``WTHOR.TRN``) are not read.  The engine helpers ``legal_bitboard`` and ``flips`` of
 :mod:`.othello` are used to replay all games of a file at once.
 """
 
@@ -42,7 +41,7 @@ import numpy as np
 
 from ..errors import InputError
 from .notation import PASS, cell_name, parse_moves
-from .othello import BITS, BLACK_START, N_MOVES, WHITE_START, OthelloGames, _flips, legal_bitboard, replay, unpack_bits
+from .othello import BITS, BLACK_START, N_MOVES, WHITE_START, OthelloGames, flips, legal_bitboard, replay, unpack_bits
 
 WTHOR_HEADER = struct.Struct("<4BiHH4B")  # century, year, month, day, N1, N2, game year, P1, P2, P3, reserved
 WTHOR_RECORD = 68
@@ -138,8 +137,8 @@ def complete_passes(
         ptr += (play | (~ended & explicit_pass)).astype(np.int64)
         out[:, t] = np.where(play, nxt, PASS)
         move_bit = np.where(play, BITS[np.clip(nxt, 0, 63)], zero)
-        flips = _flips(own, opp, move_bit)
-        own, opp = opp & ~flips, own | move_bit | flips  # next player's perspective
+        flipped = flips(own, opp, move_bit)
+        own, opp = opp & ~flipped, own | move_bit | flipped  # next player's perspective
     # usable as an LM sequence: every pass in the 60 tokens is forced (records longer than the tokens
     # are truncated, as the synthetic games are)
     return out, ~padded
