@@ -57,6 +57,7 @@ _API = {
     "CorpusSource": "originlens.experiments.lm_inputs",
     "QScoreRunConfig": "originlens.experiments.qscore_run",
     "run_qscore": "originlens.experiments.qscore_run",
+    "merge_qscore_runs": "originlens.experiments.qscore_run",
     "SteerRunConfig": "originlens.experiments.steer_run",
     "run_steer": "originlens.experiments.steer_run",
     "LookaheadRunConfig": "originlens.experiments.lookahead_run",

@@ -159,6 +159,19 @@ def any_rank(flag: bool) -> bool:
     return bool(all_reduce_sum(t).item() > 0)
 
 
+def gather_to_rank_zero(obj: Any) -> list[Any] | None:
+    """Every rank's picklable ``obj`` on rank 0, in rank order (None on the other ranks); ``[obj]``
+    without a process group.  For results of moderate size (e.g. per-feature tables of one shard)."""
+    if not is_distributed():
+        return [obj]
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out: list[Any] | None = [None] * n if rank == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
 def same_on_all_ranks(value: int, what: str) -> None:
     """Raise :class:`ConfigError` on every rank unless the integer ``value`` agrees across the ranks."""
     if not is_distributed():

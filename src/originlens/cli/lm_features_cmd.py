@@ -9,6 +9,7 @@
                             [--max-new-tokens 20] [--prompt TEXT] [--seed 42] --out RUN
     originlens lm lookahead --model M --sae DIR --corpus C [--max-offset 5] [--epochs 10] [--lr 1e-4]
                             [--qscore RUN/results.json] --out RUN
+    originlens lm qscore ... --shard I/N --out RUN_I;  originlens lm qscore-merge RUN_0 … RUN_N-1 --out RUN
 
 ``--model``: any checkpoint :func:`originlens.lm.loading.load_adapter` reads (llama2.c ``.bin``, our GPT
 ``.safetensors``, Hugging Face directory or ``hf:ID[@REV]``); ``--tokenizer`` as for ``lm generate``
@@ -99,8 +100,16 @@ def cmd_qscore(args: argparse.Namespace) -> int:
         dedup_distance=args.dedup_distance,
         min_total_kl=args.min_total_kl,
         batch_size=args.batch_size,
+        shard=args.shard,
     )
     out = run_qscore(cfg, args.out, overwrite=args.overwrite)
+    if out.report is None:  # a rank > 0 under torchrun: rank 0 writes and prints
+        return 0
+    _print_qscore(out)
+    return 0
+
+
+def _print_qscore(out: Any) -> None:
     for mode, res in out.results.items():
         s = res.summary()
         print(
@@ -108,7 +117,24 @@ def cmd_qscore(args: argparse.Namespace) -> int:
             f"(ratio of means {s['q_ratio_of_means']['median']:.3g}, median ratio {s['q_median']['median']:.3g})"
         )
     print(f"report: {out.report}")
+
+
+def cmd_qscore_merge(args: argparse.Namespace) -> int:
+    from ..experiments.qscore_run import merge_qscore_runs
+
+    _print_qscore(merge_qscore_runs(args.shards, args.out, overwrite=args.overwrite))
     return 0
+
+
+def shard_arg(s: str) -> tuple[int, int]:
+    """argparse type of ``--shard I/N`` (0 ≤ I < N)."""
+    try:
+        i, n = (int(v) for v in s.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N, e.g. 0/4, got {s!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"I/N needs 0 ≤ I < N, got {s!r}")
+    return i, n
 
 
 def cmd_steer(args: argparse.Namespace) -> int:
@@ -211,7 +237,25 @@ def register(subparsers: Any) -> None:
     g.add_argument("--dedup-distance", type=int, default=10, help="token edit distance of duplicates; -1 = off")
     g.add_argument("--min-total-kl", type=float, default=0.05, help="drop features with mean Σ_d KL_d ≤ this")
     g.add_argument("--batch-size", type=int, default=128, help="rows per ablation forward (default 128)")
+    g.add_argument(
+        "--shard",
+        type=shard_arg,
+        default=None,
+        metavar="I/N",
+        help="score only the I-th of N contiguous blocks of the features (0-based; combine the N runs with "
+        "`lm qscore-merge`); under torchrun the ranks share the features without it",
+    )
     q.set_defaults(func=cmd_qscore)
+    m = sub.add_parser(
+        "qscore-merge",
+        help="combine the runs of `lm qscore --shard I/N` into one Q(w) run",
+        description="Read N shard run directories (every I/N once, same model, SAE, corpus and settings) and "
+        "write one run ordered as an unsharded run (its report without context texts).",
+    )
+    m.add_argument("shards", nargs="+", help="the shard run directories")
+    m.add_argument("--out", required=True, help="run directory to write")
+    m.add_argument("--overwrite", action="store_true", help="replace earlier results at --out")
+    m.set_defaults(func=cmd_qscore_merge)
 
     s = sub.add_parser(
         "steer",

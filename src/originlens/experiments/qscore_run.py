@@ -10,6 +10,14 @@ ablation mode (``error_preserving``, ``faithful`` or ``both``, sharing the conte
 KL_1..KL_K, ratio), ``results.json`` (per-feature Q, summaries) and ``report.html``.  When no feature
 can be scored in a mode, it raises :class:`~originlens.errors.InputError` before any results are
 written (the per-feature records stay in ``metrics.jsonl``).
+
+Scale: ``shard=(i, N)`` scores only the i-th of N contiguous blocks of the features (0-based;
+:func:`originlens.distributed.shard_bounds`), a run directory per shard, and
+:func:`merge_qscore_runs` combines the N shard directories into one run (``originlens lm qscore-merge``),
+ordered as an unsharded run.  Under ``torchrun`` the features are sharded over the ranks automatically,
+rank 0 gathers the parts and writes the one run directory (the others write nothing).  Each example's
+KLs depend only on that example: sharded and unsharded runs agree to the round-off of different batch
+compositions (tested).
 """
 
 from __future__ import annotations
@@ -52,10 +60,16 @@ class QScoreRunConfig:
     dedup_distance: int = 10
     min_total_kl: float = 0.05
     batch_size: int = 128
+    shard: tuple[int, int] | None = None  # (i, N): the i-th of N contiguous feature blocks, 0-based
 
     def __post_init__(self) -> None:
         if self.ablation not in ABLATIONS:
             raise ConfigError(f"unknown ablation {self.ablation!r}", f"use one of: {', '.join(ABLATIONS)}")
+        if self.shard is not None:
+            i, n = (int(v) for v in self.shard)
+            if n < 1 or not 0 <= i < n:
+                raise ConfigError(f"shard {i}/{n} is not one of 0/{n} … {n - 1}/{n}", "pass --shard I/N with 0 ≤ I < N")
+            self.shard = (i, n)
 
     @property
     def modes(self) -> list[str]:
@@ -69,19 +83,46 @@ class QScoreRun:
     path: Path
     results: dict[str, Any]  # mode -> originlens.lm.qscore.QScoreResult
     site: int
-    report: Path
+    report: Path | None  # None on the ranks > 0 of a torchrun run (rank 0 writes)
+
+
+def _shard_of(feats: list[int], shard: tuple[int, int]) -> tuple[list[int], dict[str, Any]]:
+    from ..distributed import shard_bounds
+
+    i, n = shard
+    if n > len(feats):
+        raise ConfigError(f"{n} shards for {len(feats)} features", f"use at most {len(feats)} shards")
+    a, b = shard_bounds(len(feats), i, n)
+    return feats[a:b], {"index": i, "count": n, "features": [a, b], "n_features_total": len(feats)}
 
 
 def run_qscore(cfg: QScoreRunConfig, out: str | Path, *, overwrite: bool = False) -> QScoreRun:
     """Score the features, write the run directory, return the results (see the module docstring)."""
-    from ..lm.qscore import QScoreConfig, qscore
-    from ..storage import atomic_write_json, save_tensors
+    from .. import distributed
+    from ..lm.qscore import QScoreConfig, merge_results, qscore
 
-    run = open_lm_run(out, overwrite)
+    _, world = distributed.env_world()
+    if world > 1:
+        if cfg.shard is not None:
+            raise ConfigError("--shard under torchrun", "under torchrun the ranks share the features: drop --shard")
+        distributed.init()
+    rank, world = distributed.world()
+    run, failed = None, None
+    if rank == 0:
+        try:
+            run = open_lm_run(out, overwrite)
+        except Exception as exc:  # every rank stops, rank 0 with the reason
+            failed = exc
+    if distributed.any_rank(failed is not None):
+        raise failed or ConfigError(f"rank 0 could not open {out}", "see rank 0's error")
     adapter, codec = load_model_and_codec(cfg.model)
     sae, k = load_sae_at(cfg.sae, adapter, cfg.model.device)
     tokens, corpus_desc = load_corpus(cfg.corpus, adapter, codec)
     feats = select_features(cfg.features, sae, cfg.max_features)
+    shard = cfg.shard or ((rank, world) if world > 1 else None)
+    shard_info = None
+    if shard is not None:
+        feats, shard_info = _shard_of(feats, shard)
     base: dict[str, Any] = dict(
         n_contexts=cfg.contexts,
         max_offset=cfg.max_offset,
@@ -101,17 +142,45 @@ def run_qscore(cfg: QScoreRunConfig, out: str | Path, *, overwrite: bool = False
         "ablations": cfg.modes,
         **base,
     }
+    if cfg.shard is not None:
+        info["shard"] = shard_info
+    results: dict[str, Any] = {}
+    failed = None
+    try:
+        examples = None
+        for mode in cfg.modes:
+            res = qscore(adapter, sae, tokens, feats, QScoreConfig(ablation=mode, **base), examples=examples)
+            examples = res.examples
+            results[mode] = res
+    except Exception as exc:
+        failed = exc
+    if distributed.any_rank(failed is not None):
+        raise failed or InputError("another rank failed", "see that rank's error")
+    if world > 1:  # rank 0 gathers the parts, in rank order = feature order
+        parts = distributed.gather_to_rank_zero(results)
+        if rank != 0 or parts is None:
+            return QScoreRun(path=Path(out), results=results, site=k, report=None)
+        results = {m: merge_results([p[m] for p in parts]) for m in cfg.modes}
+        info["n_features"] = len(results[cfg.modes[0]].features)
+        info["ranks"] = world
+    assert run is not None
+    return _write_run(run, cfg, info, results, k, adapter, codec, tokens, require_kept=cfg.shard is None)
+
+
+def _write_run(
+    run: Any, cfg: QScoreRunConfig, info: dict[str, Any], results: dict[str, Any], k: int, adapter: Any, codec: Any,
+    tokens: Any, *, require_kept: bool = True,
+) -> QScoreRun:  # fmt: skip
+    """Records, examples files, results.json and the report of a finished run (``adapter`` None: a merge,
+    whose report shows no context texts)."""
+    from ..storage import atomic_write_json, save_tensors
+
     run.write_config(info)
     run.write_environment(seeds={})
-    results: dict[str, Any] = {}
-    examples = None
-    for mode in cfg.modes:
-        res = qscore(adapter, sae, tokens, feats, QScoreConfig(ablation=mode, **base), examples=examples)
-        examples = res.examples
-        results[mode] = res
+    for mode, res in results.items():
         for f in res.features:
             run.log_metrics({"ablation": mode, **{kk: v for kk, v in f.__dict__.items() if kk != "kl_by_offset"}})
-        if not res.kept():
+        if require_kept and not res.kept():  # a shard may hold no scorable feature; the merge checks
             s = res.summary()
             why = ", ".join(f"{r} {n}" for r, n in s["dropped"].items()) or "no reason recorded"
             raise InputError(
@@ -137,8 +206,56 @@ def run_qscore(cfg: QScoreRunConfig, out: str | Path, *, overwrite: bool = False
             },
         },
     )
-    html = _report(run, cfg, info, results, adapter, codec, tokens)
+    html = _report(run, cfg.max_offset, cfg.corpus.prepend_bos, info, results, adapter, codec, tokens)
     return QScoreRun(path=run.path, results=results, site=k, report=Path(html))
+
+
+def merge_qscore_runs(shards: list[str | Path], out: str | Path, *, overwrite: bool = False) -> QScoreRun:
+    """One Q(w) run from the N run directories of ``shard=(i, N)`` runs (every i once, the same model,
+    SAE, corpus and settings): written to ``out`` as an unsharded run would be, its report without
+    context texts (the merge loads no model); ``results.json`` lists the shard directories."""
+    from ..lm.qscore import QScoreResult, merge_results
+    from ..storage import load_tensors, read_json
+
+    loaded = []
+    for d in shards:
+        d = Path(d)
+        if not (d / "results.json").is_file():
+            raise InputError(f"{d} holds no Q(w) results", "pass finished `lm qscore --shard I/N` run directories")
+        r = read_json(d / "results.json")
+        sh = r.get("info", {}).get("shard")
+        if not sh:
+            raise InputError(f"{d} is not a shard (it was run without --shard)", "pass the runs of --shard I/N")
+        loaded.append((d, r, sh))
+    n = loaded[0][2]["count"]
+    idx = sorted(sh["index"] for _, _, sh in loaded)
+    if any(sh["count"] != n for _, _, sh in loaded) or idx != list(range(n)):
+        raise InputError(
+            f"shards {idx} of {sorted({sh['count'] for _, _, sh in loaded})} given",
+            f"pass every shard 0/{n} … {n - 1}/{n} exactly once",
+        )
+    loaded.sort(key=lambda t: t[2]["index"])
+    strip = lambda info: {k: v for k, v in info.items() if k not in ("shard", "n_features")}
+    if any(strip(r["info"]) != strip(loaded[0][1]["info"]) for _, r, _ in loaded):
+        raise InputError("the shards differ in model, SAE, corpus or settings", "merge the shards of one run")
+    info = {**strip(loaded[0][1]["info"]), "n_features": loaded[0][2]["n_features_total"]}
+    info["merged_from"] = [str(d) for d, _, _ in loaded]
+    results: dict[str, Any] = {}
+    for mode in info["ablations"]:
+        parts = []
+        for d, r, _ in loaded:
+            entry = r["ablations"][mode]
+            arrays, _ = load_tensors(d / entry["examples_file"], kind="qscore-examples")
+            parts.append(QScoreResult.from_saved(entry, arrays))
+        results[mode] = merge_results(parts)
+    cfg = QScoreRunConfig(
+        model=ModelSource(model=str(info["model"])),
+        sae=str(info["sae"]),
+        corpus=CorpusSource(corpus="", prepend_bos=bool(info["prepend_bos"])),
+        max_offset=int(info["max_offset"]),
+    )
+    run = open_lm_run(out, overwrite)
+    return _write_run(run, cfg, info, results, results[info["ablations"][0]].site, None, None, None)
 
 
 def _context_text(codec: Any, seqs: Any, ex: Any, e: int, first: int, K: int) -> str:
@@ -154,7 +271,7 @@ def _context_text(codec: Any, seqs: Any, ex: Any, e: int, first: int, K: int) ->
 
 
 def _report(
-    run: Any, cfg: QScoreRunConfig, info: dict[str, Any], results: dict[str, Any], adapter: Any, codec: Any, tokens: Any
+    run: Any, K: int, bos: bool, info: dict[str, Any], results: dict[str, Any], adapter: Any, codec: Any, tokens: Any
 ) -> Any:
     from ..report.html import Report, setup_matplotlib
     from ..sae.activations import as_sequences
@@ -169,9 +286,8 @@ def _report(
         "error_preserving subtracts a_f·W_dec[f]; faithful replaces the activation by the SAE "
         "reconstruction without the latent (the reference; also removes the reconstruction error)."
     )
-    bos = cfg.corpus.prepend_bos
-    seqs = as_sequences(tokens, adapter, prepend_bos=bos)
-    first = 1 if bos and adapter.bos_id is not None else 0
+    seqs = as_sequences(tokens, adapter, prepend_bos=bos) if adapter is not None else None
+    first = 1 if bos and adapter is not None and adapter.bos_id is not None else 0
     for mode, res in results.items():
         s = res.summary()
         rep.section(f"Summary ({mode})")
@@ -190,7 +306,9 @@ def _report(
 
         def row(f: Any) -> list[Any]:
             sel = np.nonzero(res.examples.feature == f.feature)[0]  # noqa: B023 (called at once)
-            ctx = _context_text(codec, seqs, res.examples, int(sel[0]), first, cfg.max_offset) if sel.size else ""  # noqa: B023
+            if not sel.size or seqs is None:
+                return [f.feature, f.q, f.q_ratio_of_means, f.q_median, f.total_kl, f.n_examples, ""]
+            ctx = _context_text(codec, seqs, res.examples, int(sel[0]), first, K)  # noqa: B023
             return [f.feature, f.q, f.q_ratio_of_means, f.q_median, f.total_kl, f.n_examples, ctx[-160:]]
 
         rep.table(header, [row(f) for f in kept[::-1][:10]], caption="highest Q (most pre-caching)")

@@ -78,6 +78,7 @@ up to ``max_stream_bytes`` of kept streams plus ``max_clean_bytes`` of clean sta
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -237,6 +238,35 @@ class QScoreResult:
             "ratio": self.ratio,
         }
 
+    @classmethod
+    def from_saved(cls, entry: dict[str, Any], arrays: dict[str, np.ndarray]) -> QScoreResult:
+        """The result written by a run: ``entry`` = :meth:`to_json` without examples (a run's
+        ``results.json`` ablation entry), ``arrays`` = :meth:`example_arrays` (its examples file)."""
+        missing = [k for k in ("feature", "seq_index", "position", "activation", "ablated_activation", "kl", "ratio")
+                   if k not in arrays]  # fmt: skip
+        if missing:
+            raise InputError(f"the examples table lacks {', '.join(missing)}", "pass the examples file of a Q(w) run")
+        m = re.fullmatch(r"resid\.(\d+)", str(entry.get("site", "")))
+        if m is None:
+            raise InputError(f"unreadable site {entry.get('site')!r} in a Q(w) result", "pass a Q(w) run's results")
+        ex = Examples(
+            np.asarray(arrays["feature"], dtype=np.int64),
+            np.asarray(arrays["seq_index"], dtype=np.int64),
+            np.asarray(arrays["position"], dtype=np.int64),
+            np.asarray(arrays["activation"], dtype=np.float64),
+            {int(k): v for k, v in entry.get("skipped_features", {}).items()},
+        )
+        return cls(
+            config=QScoreConfig(**entry["config"]),
+            site=int(m.group(1)),
+            hook_name=entry["hook_name"],
+            features=[FeatureQ(**f) for f in entry["features"]],
+            examples=ex,
+            kl=np.asarray(arrays["kl"], dtype=np.float64),
+            ratio=np.asarray(arrays["ratio"], dtype=np.float64),
+            ablated_activation=np.asarray(arrays["ablated_activation"], dtype=np.float64),
+        )
+
     def to_json(self, include_examples: bool = True) -> dict[str, Any]:
         out = {
             "config": asdict(self.config),
@@ -249,6 +279,39 @@ class QScoreResult:
         if include_examples:
             out["examples"] = {k: v.tolist() for k, v in self.example_arrays().items()}
         return out
+
+
+def merge_results(parts: Sequence[QScoreResult]) -> QScoreResult:
+    """One result from those of contiguous feature shards, in shard order (the features of part j follow
+    those of part j − 1, as :func:`originlens.distributed.shard_bounds` cuts them): features, examples,
+    KL table and ratios are concatenated, so the result is ordered as if all features had been scored at
+    once.  Each example's KLs depend only on that example, so it equals the unsharded result up to the
+    round-off of different batch compositions.  The protocol, site and hook must agree; a feature may
+    appear in one part only."""
+    if not parts:
+        raise InputError("no Q(w) results to merge", "pass the results of every shard")
+    first = parts[0]
+    for p in parts[1:]:
+        if (asdict(p.config), p.site, p.hook_name) != (asdict(first.config), first.site, first.hook_name):
+            raise InputError(
+                "the Q(w) results to merge differ in protocol, site or hook",
+                "merge shards of one run (the same model, SAE, corpus and settings)",
+            )
+    feats = [f.feature for p in parts for f in p.features]
+    if len(set(feats)) != len(feats):
+        raise InputError("a feature appears in more than one of the results to merge", "merge disjoint shards")
+    cat = lambda name: np.concatenate([getattr(p.examples, name) for p in parts])
+    skipped = {k: v for p in parts for k, v in p.examples.skipped.items()}
+    return QScoreResult(
+        config=first.config,
+        site=first.site,
+        hook_name=first.hook_name,
+        features=[f for p in parts for f in p.features],
+        examples=Examples(cat("feature"), cat("seq_index"), cat("position"), cat("activation"), skipped),
+        kl=np.concatenate([p.kl.reshape(-1, first.config.max_offset) for p in parts]),
+        ratio=np.concatenate([p.ratio for p in parts]),
+        ablated_activation=np.concatenate([p.ablated_activation for p in parts]),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
