@@ -39,6 +39,19 @@ def env_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def single_process(what: str) -> None:
+    """Refuse, with one :class:`ConfigError`, to run ``what`` (a command that does not split its work over
+    ranks) under ``torchrun`` with several processes: every rank would repeat the whole job and write the
+    same outputs."""
+    _, n = env_world()
+    if n > 1:
+        raise ConfigError(
+            f"{what} does not split its work over torchrun's {n} processes (each would run the whole job "
+            "and write the same files)",
+            "run it as one process (without torchrun); `lm qscore` shares its features over the ranks",
+        )
+
+
 def is_distributed() -> bool:
     """True once a process group is initialised with more than one process."""
     import torch.distributed as dist

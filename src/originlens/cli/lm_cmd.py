@@ -167,7 +167,10 @@ def generate_text(
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from ..distributed import single_process
     from ..lm.loading import load_adapter, load_tokenizer
+
+    single_process("lm generate")
 
     tok = None if args.tokenizer is None else Path(args.tokenizer)
     codec = load_tokenizer(args.model, tok, revision=args.revision)
@@ -187,9 +190,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    from ..distributed import single_process
     from ..lm.export import export_to_hf
     from ..lm.loading import load_model
     from ..models.gpt import GPT
+
+    single_process("lm export")
 
     model = load_model(args.model)
     if not isinstance(model, GPT) and args.tokenizer is not None:

@@ -299,6 +299,9 @@ def _source_records(corpus: str | None) -> list[dict[str, Any]] | None:
 
 def run_compare(cfg: CompareRunConfig, out: str | Path, *, overwrite: bool = False) -> CompareRun:
     """Compare every checkpoint with the leading terms and write the run directory (module docstring)."""
+    from ..distributed import single_process
+
+    single_process("lm compare")
     from ..devices import resolve_device
     from ..lm.checkpoints import CheckpointGrid
     from ..lm.compare import CompareConfig, check_out, compare_checkpoints, write_comparison

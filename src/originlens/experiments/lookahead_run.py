@@ -82,6 +82,9 @@ def read_q(path: str | Path, aggregate: str = "q_median") -> dict[int, float]:
 
 def run_lookahead(cfg: LookaheadRunConfig, out: str | Path, *, overwrite: bool = False) -> LookaheadRun:
     """Train the maps, measure the alignment, write the run directory (see the module docstring)."""
+    from ..distributed import single_process
+
+    single_process("lm lookahead")
     from ..lm.steering import LookaheadConfig, lookahead
     from ..storage import atomic_write_json
 

@@ -34,6 +34,9 @@ class SAERun:
 
 def run_sae_train(cfg: SAERunConfig, out: str | Path, *, overwrite: bool = False) -> SAERun:
     """Collect activations at the site, train the SAE, write the run directory."""
+    from ..distributed import single_process
+
+    single_process("sae train")
     from ..sae.train import SAETrainConfig, train_sae_run
 
     run = open_lm_run(out, overwrite)

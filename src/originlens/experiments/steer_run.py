@@ -49,6 +49,9 @@ class SteerRun:
 
 def run_steer(cfg: SteerRunConfig, out: str | Path, *, overwrite: bool = False) -> SteerRun:
     """Sample every condition, write the run directory, return the samples (see the module docstring)."""
+    from ..distributed import single_process
+
+    single_process("lm steer")
     from ..lm.steering import steer
     from ..storage import atomic_write_json
 
