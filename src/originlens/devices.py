@@ -4,6 +4,9 @@
 validation: ``--help`` stays fast); :func:`resolve_device` turns a name into a ``torch.device`` and
 raises one :class:`~originlens.errors.ConfigError` when CUDA is asked for but unavailable (a CPU-only
 torch build, no GPU, or N out of range).  Every command and config that takes a device uses these two.
+
+Model dtypes likewise: :func:`check_dtype_spec` (the name) and :func:`resolve_dtype` (a ``torch.dtype``, or
+None for ``auto``: the checkpoint's stored dtype).
 """
 
 from __future__ import annotations
@@ -61,3 +64,36 @@ def resolve_device(spec: Any) -> Any:
             f"use cuda:0 … cuda:{torch.cuda.device_count() - 1}",
         )
     return torch.device(f"cuda:{idx}")
+
+
+DTYPE_SPECS = ("float32", "float64", "bfloat16", "float16", "auto")
+
+
+def check_dtype_spec(spec: Any) -> str:
+    """The normalised name of a model dtype (``float32``, ``float64``, ``bfloat16``, ``float16`` or ``auto``:
+    as stored in the checkpoint); :class:`ConfigError` otherwise."""
+    name = str(spec).strip().lower().replace("torch.", "")
+    name = {"fp32": "float32", "fp64": "float64", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(
+        name, name
+    )
+    if name not in DTYPE_SPECS:
+        raise ConfigError(f"unknown dtype {spec!r}", f"use one of: {', '.join(DTYPE_SPECS)}")
+    return name
+
+
+def dtype_arg(s: str) -> str:
+    """argparse type of ``--dtype``."""
+    try:
+        return check_dtype_spec(s)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.what) from None
+
+
+def resolve_dtype(spec: Any) -> Any:
+    """A dtype name or ``torch.dtype`` → ``torch.dtype``; None for ``auto`` (keep the stored dtype)."""
+    import torch
+
+    if isinstance(spec, torch.dtype):
+        return spec
+    name = check_dtype_spec(spec)
+    return None if name == "auto" else getattr(torch, name)

@@ -153,3 +153,19 @@ def test_torchrun_ranks_share_the_features(inputs, tmp_path):
     assert res["info"]["ranks"] == 2 and res["info"]["n_features"] == N_FEATURES
     bad = subprocess.run([*cmd, "--shard", "0/2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "torchrun" in bad.stderr
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_model_dtype_flag(inputs, tmp_path, dtype):
+    """``--dtype`` casts the model (here a float64 checkpoint); the SAE keeps its own dtype; the run records
+    the model's dtype and its KLs are finite."""
+    from originlens.cli.main import main
+
+    argv = ["-q", "lm", "qscore", "--model", str(inputs / "gpt.safetensors"), "--sae", str(inputs / "sae"),
+            "--corpus", str(inputs / "toks.npy"), "--contexts", "2", "--max-offset", "3", "--min-total-kl", "0",
+            "--features", "0-3", "--dtype", dtype, "--out", str(tmp_path / "r")]  # fmt: skip
+    assert main(argv) == 0
+    res, tabs = _load(tmp_path / "r")
+    assert res["info"]["model_dtype"] == dtype
+    kl = tabs["error_preserving"]["kl"]
+    assert kl.size and np.isfinite(kl).all()

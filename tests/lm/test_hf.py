@@ -473,3 +473,29 @@ def test_qscore_on_a_hf_model_cached_equals_hooks_and_sliding_windows_fall_back(
     np.testing.assert_allclose(kl_auto, kl_hooks, rtol=0, atol=0)
     with pytest.raises(ConfigError, match="sliding|limit"):
         ablation_kl(gad, gsae, 1, gseqs, gex, cfg, method="cached")
+
+
+def test_load_adapter_dtype(tmp_path):
+    """``dtype``: HF directories are loaded in it (default float32, "auto" the stored dtype), native
+    checkpoints cast after loading; the logits follow (float64 equal to transformers' float64 model)."""
+    from originlens.lm.loading import load_adapter
+    from originlens.models.gpt import GPT, GPTConfig
+
+    m = make("llama")
+    m.to(torch.bfloat16).save_pretrained(tmp_path / "m")  # stored in bfloat16
+
+    def dtype_of(ad):
+        return next(ad.module.parameters()).dtype
+
+    assert dtype_of(load_adapter(tmp_path / "m")) == torch.float32
+    assert dtype_of(load_adapter(tmp_path / "m", dtype="auto")) == torch.bfloat16
+    ad64 = load_adapter(tmp_path / "m", dtype="float64")
+    assert dtype_of(ad64) == torch.float64
+    x = tokens()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float64).eval()
+    torch.testing.assert_close(ad64.run(x), ref(x).logits, rtol=1e-12, atol=1e-12)
+    GPT(GPTConfig(vocab_size=13, seq_len=8, n_layer=1, d_model=8, n_head=2)).save(tmp_path / "g.safetensors")
+    assert dtype_of(load_adapter(tmp_path / "g.safetensors")) == torch.float32
+    assert dtype_of(load_adapter(tmp_path / "g.safetensors", dtype="bf16")) == torch.bfloat16
+    with pytest.raises(ConfigError, match="dtype"):
+        load_adapter(tmp_path / "g.safetensors", dtype="int8")

@@ -41,7 +41,10 @@ if TYPE_CHECKING:  # the experiments package imports torch: deferred to keep `or
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corpus_required: bool = True) -> None:
-    """``--model``, ``--revision``, ``--tokenizer``, ``--device``, ``--threads`` and the corpus options."""
+    """``--model``, ``--revision``, ``--tokenizer``, ``--device``, ``--dtype``, ``--threads`` and the corpus
+    options."""
+    from ..devices import dtype_arg
+
     g = p.add_argument_group("model")
     g.add_argument("--model", required=True, help="checkpoint path or hf:ID[@REVISION]")
     g.add_argument("--revision", default=None, help="hub revision for hf:ID")
@@ -52,6 +55,13 @@ def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corp
         "default: found next to the model",
     )
     add_device(g, help="where the model and the SAE run (default cpu)")
+    g.add_argument(
+        "--dtype",
+        type=dtype_arg,
+        default=None,
+        help="the model's weights: float32 | float64 | bfloat16 | float16 | auto (as stored); default "
+        "float32 for Hugging Face models, as stored otherwise (the SAE keeps its own dtype)",
+    )
     add_threads(g)
     if corpus:
         c = p.add_argument_group("corpus")
@@ -70,7 +80,9 @@ def model_source(args: argparse.Namespace) -> ModelSource:
     from ..experiments.lm_inputs import ModelSource
 
     apply_threads(args)
-    return ModelSource(model=args.model, revision=args.revision, tokenizer=args.tokenizer, device=args.device)
+    return ModelSource(
+        model=args.model, revision=args.revision, tokenizer=args.tokenizer, device=args.device, dtype=args.dtype
+    )
 
 
 def corpus_source(args: argparse.Namespace) -> CorpusSource:

@@ -27,12 +27,15 @@ from ..runs import RunDir
 
 @dataclass
 class ModelSource:
-    """A checkpoint path or ``hf:ID[@REVISION]``, an optional hub revision and tokenizer, a device."""
+    """A checkpoint path or ``hf:ID[@REVISION]``, an optional hub revision and tokenizer, a device, and the
+    weights' dtype (None: float32 for Hugging Face models, as stored for native checkpoints; ``"auto"``:
+    as stored; see :func:`originlens.lm.loading.load_adapter`)."""
 
     model: str
     revision: str | None = None
     tokenizer: str | None = None
     device: str = "cpu"
+    dtype: str | None = None
 
 
 @dataclass
@@ -59,13 +62,20 @@ def load_model_and_codec(src: ModelSource) -> tuple[Any, Any]:
         if src.tokenizer is not None:
             raise
         log("note: no tokenizer found next to the model; texts will not be decoded (pass --tokenizer)")
-    adapter = load_adapter(src.model, revision=src.revision, tokenizer=codec)
+    adapter = load_adapter(src.model, revision=src.revision, tokenizer=codec, dtype=src.dtype)
     if device.type != "cpu":
         module = getattr(adapter, "module", None)
         if module is None:
             raise ConfigError(f"cannot move a {type(adapter).__name__} to {src.device}", "use --device cpu")
         module.to(device)
     return adapter, codec
+
+
+def model_dtype(adapter: Any) -> str | None:
+    """The dtype of the adapter's weights (e.g. ``"bfloat16"``), None when it has no torch module."""
+    module = getattr(adapter, "module", None)
+    p = next(iter(module.parameters()), None) if module is not None else None
+    return None if p is None else str(p.dtype).replace("torch.", "")
 
 
 def _vocab_strings(codec: Any) -> list[str] | None:

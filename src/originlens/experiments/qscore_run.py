@@ -37,6 +37,7 @@ from .lm_inputs import (
     load_corpus,
     load_model_and_codec,
     load_sae_at,
+    model_dtype,
     open_lm_run,
     select_features,
 )
@@ -134,6 +135,7 @@ def run_qscore(cfg: QScoreRunConfig, out: str | Path, *, overwrite: bool = False
     )
     info = {
         "model": cfg.model.model,
+        "model_dtype": model_dtype(adapter),
         "sae": str(cfg.sae),
         "hook_name": sae.cfg.hook_name,
         "site": f"resid.{k}",

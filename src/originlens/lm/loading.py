@@ -529,24 +529,39 @@ def load_adapter(
     *,
     revision: str | None = None,
     tokenizer: str | os.PathLike | TextCodec | None = None,
+    dtype: Any = None,
 ) -> LMAdapter:
     """An :class:`~originlens.lm.adapter.LMAdapter` for a model path or ``hf:ID[@REVISION]``.
 
     llama2.c ``.bin`` → ``Llama2cAdapter``; GPT ``.safetensors`` → ``GPTAdapter``; Hugging Face
     directory or hub spec → ``HFAdapter``; an adapter is returned as is.  With ``tokenizer`` (a path or
     a :class:`TextCodec`), the codec is loaded (see :func:`load_tokenizer`), checked against the model's vocabulary size and stored as ``adapter.tokenizer``; its BOS
-    becomes the adapter's ``bos_id`` when the model has none.
+    becomes the adapter's ``bos_id`` when the model has none.  ``dtype`` (a name or ``torch.dtype``;
+    :func:`originlens.devices.resolve_dtype`): the weights' dtype — Hugging Face models are loaded in it
+    (default float32, ``"auto"`` the stored dtype), native checkpoints cast after loading (default and
+    ``"auto"``: as stored).
     """
+    from ..devices import resolve_dtype
+
+    dt = resolve_dtype(dtype) if dtype is not None else None
+    hf_dtype = torch.float32 if dtype is None else dt  # None: "auto", the stored dtype
     if isinstance(spec, LMAdapter):
         adapter = spec
     elif isinstance(spec, str) and spec.startswith(HF_PREFIX):
         from .hf import load_hf
 
-        adapter = load_hf(*parse_hub_spec(spec, revision))
+        adapter = load_hf(*parse_hub_spec(spec, revision), dtype=hf_dtype)
     else:
         p = _local(spec, revision)
         fmt = detect_format(p)
-        adapter = fmt.adapter(fmt.load(p))
+        if fmt.name == "hf":
+            from .hf import load_hf_model
+
+            adapter = fmt.adapter(load_hf_model(p, dtype=hf_dtype))
+        else:
+            adapter = fmt.adapter(fmt.load(p))
+            if dt is not None:
+                adapter.module.to(dt)  # type: ignore[attr-defined]
     if tokenizer is not None:
         codec = (
             tokenizer
