@@ -65,6 +65,9 @@ def test_horizons_come_from_the_logged_cosines_and_runs_stop_when_all_dropped(ci
             for th in THRESHOLDS:
                 below = [q["step"] for q in cos if q["lt"][k] is not None and q["lt"][k] < th]
                 assert r["horizon"][k][f"{th:g}"] == (below[0] if below else None)
+                vals = [(q["step"], q["lt"][k]) for q in cos if q["lt"][k] is not None]
+                stay = [s for i, (s, _) in enumerate(vals) if all(c < th for _, c in vals[i:])]
+                assert r["sustained"][k][f"{th:g}"] == (stay[0] if stay else None)
         last = cos[-1]["lt"]
         if r["steps_run"] < cfg.settings["max_steps"]:  # stopped early: everything below 0.7 ...
             assert all(last[k] < min(THRESHOLDS) for k in KINDS)
@@ -74,6 +77,10 @@ def test_horizons_come_from_the_logged_cosines_and_runs_stop_when_all_dropped(ci
     assert rec["name"] == "horizon-ci" and rec["experiment"] == "leading-terms"
     fit = rec["numbers"]["fits"]["W_O"]["0.9"]
     assert fit["n"] + fit["censored"] == 4
+    assert set(rec["numbers"]["fits_sustained"]) == set(KINDS)
+    for k in KINDS:  # per-seed exponents: one fit per seed with enough uncensored cells
+        per = rec["numbers"]["fits"][k]["0.9"]["per_seed"]["ln |V|"]
+        assert per["n"] <= 2 and (per["n"] < 2 or per["low"] <= per["mean"] <= per["high"])
     text = "\n".join(H.render_section("leading-terms/horizon-ci", rec))
     assert "| weight | θ | runs fitted |" in text and "| V40-T8 |" in text
     assert H.judge(rec).verdict in ("reproduced", "partial", "not reproduced")
@@ -86,21 +93,34 @@ def test_finished_runs_are_reused(ci_run):
     assert again["runs"] == s["runs"]
 
 
+def test_sustained_horizon_ignores_a_dip_that_recovers():
+    from originlens.experiments.persistence import horizon, sustained_horizon
+
+    series = [(1, None), (2, 0.98), (3, 0.995), (4, 0.97), (5, None), (6, 0.95)]
+    assert horizon(series, 0.99) == 2 and sustained_horizon(series, 0.99) == 4
+    assert sustained_horizon(series, 0.9) is None and sustained_horizon([(1, 0.5), (2, 0.95)], 0.9) is None
+    assert sustained_horizon([(1, 0.5), (2, 0.4)], 0.9) == 1
+
+
 def test_verdict_and_bad_configurations():
-    def rec(lows):
+    def rec(lows, per_seed=True):
+        def fit(lo):
+            f = {"coef": {"ln |V|": {"estimate": -5.0, "low": -6.0, "high": -4.0}}}  # pooled: ignored
+            if per_seed:
+                f["per_seed"] = {"ln |V|": {"n": 3, "mean": lo + 0.1, "low": lo, "high": lo + 0.2}}
+            else:
+                f["coef"]["ln |V|"] = {"estimate": lo + 0.1, "low": lo, "high": lo + 0.2}
+            return f
+
         return {
-            "numbers": {
-                "fits": {
-                    k: {"0.9": {"coef": {"ln |V|": {"estimate": lo + 0.1, "low": lo, "high": lo + 0.2}}}}
-                    for k, lo in zip(KINDS, lows)
-                }
-            },
+            "numbers": {"fits": {k: {"0.9": fit(lo)} for k, lo in zip(KINDS, lows)}},
             "scale": {"model": "m", "training": "t", "grid": "g"},
         }
 
-    assert H.judge(rec([0.1, 0.2, 0.3])).verdict == "reproduced"
-    assert H.judge(rec([0.1, -0.2, 0.3])).verdict == "partial"
-    assert H.judge(rec([-0.1, -0.2, -0.3])).verdict == "not reproduced"
+    for per_seed in (True, False):  # per-seed intervals decide; records without them fall back to the pooled fit
+        assert H.judge(rec([0.1, 0.2, 0.3], per_seed)).verdict == "reproduced"
+        assert H.judge(rec([0.1, -0.2, 0.3], per_seed)).verdict == "partial"
+        assert H.judge(rec([-0.1, -0.2, -0.3], per_seed)).verdict == "not reproduced"
     with pytest.raises(ConfigError, match="vocab_sizes"):
         H.HorizonConfig(overrides={"vocab_sizes": [1]})
     with pytest.raises(ConfigError, match="lr"):
@@ -123,6 +143,18 @@ def test_grid_filled_a_few_cells_at_a_time_combines_from_records(ci_run, tmp_pat
         H.run_horizon(part, out / "exp", results=res, command="part")  # finished runs are reused, not retrained
     comb = H.run_horizon(cfg, tmp_path / "comb", results=res, command="combine", from_records=True)
     assert comb["cells"] == s["cells"] and comb["fits"] == s["fits"]
+    # a record written before the sustained horizon existed: filled in from its run directory, if present
+    from originlens.experiments.records import record_path
+    from originlens.storage import atomic_write_json, read_json
+
+    p = record_path(res, H.unit_name(cfg.settings["vocab_sizes"][0], 8, 0))
+    old = read_json(p)
+    del old["values"]["sustained"]
+    atomic_write_json(p, old)
+    again = H.run_horizon(cfg, out / "exp", results=res, command="combine", from_records=True)
+    assert again["fits_sustained"] == s["fits_sustained"]
+    with pytest.raises(InputError, match="sustained"):
+        H.run_horizon(cfg, tmp_path / "elsewhere", results=res, command="combine", from_records=True)
     with pytest.raises(InputError, match="another configuration"):
         H.run_horizon(
             H.HorizonConfig(scale="ci", seeds=[0, 1], overrides={"seq_lens": [8], "max_steps": 21}),

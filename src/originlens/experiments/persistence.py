@@ -396,6 +396,20 @@ def horizon(series: list[tuple[int, float | None]], threshold: float) -> int | N
     return None
 
 
+def sustained_horizon(series: list[tuple[int, float | None]], threshold: float) -> int | None:
+    """First step from which every later defined cosine stays below ``threshold`` (None: the last defined
+    one is not below it).  Unlike :func:`horizon`, a transient dip that recovers does not count."""
+    out = None
+    for s, c in series:
+        if c is None:
+            continue
+        if c < threshold:
+            out = s if out is None else out
+        else:
+            out = None
+    return out
+
+
 def run_summary(run_dir: Path, config: PersistenceConfig, lr: float) -> dict[str, Any]:
     """Everything one run contributes, read back from its metrics."""
     import json
