@@ -87,7 +87,7 @@ def sections(tokens: np.ndarray, args) -> dict[str, float]:
     spent: dict[str, float] = {}
     originals = {
         "products": (assoc.paths._Products, "__init__"),
-        "pass": (assoc, "_path_pass"),
+        "pass": (assoc.model, "_path_pass"),  # the name the model module calls
         "products backward": (assoc.paths._Products, "backward"),
     }
     saved = {k: getattr(o, n) for k, (o, n) in originals.items()}
