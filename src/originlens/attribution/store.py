@@ -307,7 +307,7 @@ def integrate(table: pa.Table) -> pa.Table:
     integrated, n_steps, first_step, last_step`` (``integrated`` null when no step had the subset).
     """
     keys = ["site_layer", "site_position", "feature", "type", "component", "optimizer", "half"]
-    g = table.group_by(keys).aggregate([("influence", "sum"), ("influence", "count"), ("step", "min"), ("step", "max")])
+    g = _group_by(table, keys, [("influence", "sum"), ("influence", "count"), ("step", "min"), ("step", "max")])
     return g.rename_columns(
         [
             c.replace("influence_sum", "integrated")
@@ -317,6 +317,27 @@ def integrate(table: pa.Table) -> pa.Table:
             for c in g.column_names
         ]
     )
+
+
+NULL_TYPE = -128  # stands in for a null ``type`` (all types pooled) while grouping
+
+
+def _group_by(table: pa.Table, keys: list[str], aggregations: list[tuple[str, str]]) -> pa.Table:
+    """``table.group_by(keys).aggregate(aggregations)`` with null ``type`` keys grouped together: older
+    pyarrow releases (14 among them) put every row with a null key in a group of its own, so the null is
+    replaced by :data:`NULL_TYPE` for the grouping and restored after."""
+    import pyarrow.compute as pc
+
+    t = table
+    if "type" in keys and t.column("type").null_count:
+        i = t.schema.get_field_index("type")
+        t = t.set_column(i, "type", pc.fill_null(t.column("type"), pa.scalar(NULL_TYPE, t.schema.field("type").type)))
+    g = t.group_by(keys).aggregate(aggregations)
+    if "type" in keys and t is not table:
+        i = g.schema.get_field_index("type")
+        col = g.column("type")
+        g = g.set_column(i, "type", pc.if_else(pc.equal(col, NULL_TYPE), pa.scalar(None, col.type), col))
+    return g
 
 
 @dataclass
@@ -473,7 +494,7 @@ def sign_pattern(summaries: Sequence[Summary]) -> list[dict[str, Any]]:
 
 def _per_step_means(table: pa.Table) -> dict[tuple[Any, str], tuple[np.ndarray, np.ndarray]]:
     """(type, component) → (steps, mean over items of the influence at each step)."""
-    g = table.group_by(["type", "component", "step"]).aggregate([("influence", "mean")])
+    g = _group_by(table, ["type", "component", "step"], [("influence", "mean")])
     ty, comp = g.column("type").to_pylist(), g.column("component").to_pylist()
     step = np.asarray(g.column("step").to_pylist())
     val = np.asarray([np.nan if v is None else v for v in g.column("influence_mean").to_pylist()], dtype=float)
