@@ -100,7 +100,8 @@ def direct_check(corpus: Path, ckpt: Path, run: Path) -> dict:
 
     from originlens.data import TokenStore
     from originlens.lm.checkpoints import load_gpt_adapter
-    from originlens.lm.compare import checkpoint_cosines, comparison_statistics, prepare_targets, prepend_bos
+    from originlens.lm.compare import checkpoint_cosines, prepare_targets
+    from originlens.lm.compare_statistics import comparison_statistics, prepend_bos
 
     res = json.loads((run / "results.json").read_text())
     K = res["statistics"]["K"]

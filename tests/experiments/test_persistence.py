@@ -53,8 +53,7 @@ def test_null_cosines_recomputed_from_their_definitions(ci_run):
     from originlens.data import TokenStore
     from originlens.stats import corpus_statistics
     from originlens.storage import load_tensors
-    from originlens.theory.leading_terms import cosine
-    from originlens.theory.tracking import leading_terms
+    from originlens.theory.leading_terms import cosine, leading_terms
 
     cfg, out, _ = ci_run
     store = TokenStore.open(out / "exp" / "corpus")

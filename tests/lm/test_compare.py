@@ -13,13 +13,15 @@ from originlens.errors import CompatibilityError, ConfigError
 from originlens.lm.compare import (
     VARIANTS,
     CompareConfig,
-    VocabIdentity,
-    check_vocab,
     checkpoint_cosines,
     compare_checkpoints,
-    comparison_statistics,
     cov_cosine,
     prepare_targets,
+)
+from originlens.lm.compare_statistics import (
+    VocabIdentity,
+    check_vocab,
+    comparison_statistics,
     prepend_bos,
     top_tokens,
     windows_from_texts,

@@ -252,7 +252,7 @@ def test_hf_datasets_get_config_and_revision_and_record_the_commit(monkeypatch, 
 
 
 def test_min_tokens_keeps_only_long_texts_and_max_texts_counts_kept():
-    from originlens.lm.compare import windows_from_texts
+    from originlens.lm.compare_statistics import windows_from_texts
 
     texts = ["a b c d e", "a b", "a b c d", "a", "a b c d e f g"]
     enc = lambda t: [ord(c) - 96 for c in t.split()]

@@ -283,7 +283,7 @@ def _strip_vocab_hash(path: Path) -> None:
 
 def test_gpt_checkpoints_carry_the_vocabulary_hash_and_refuse_other_data(tmp_path):
     from originlens.lm.checkpoints import load_gpt_adapter
-    from originlens.lm.compare import VocabIdentity, check_vocab, model_identity
+    from originlens.lm.compare_statistics import VocabIdentity, check_vocab, model_identity
     from originlens.models import GPT
     from originlens.storage import vocab_hash
     from originlens.tasks import get_task

@@ -1,5 +1,6 @@
-"""Leading-term tracking over checkpoints (originlens.theory.tracking): cosines against brute-force leading
-terms, projection removal, intervention losses, PMI, token alignment, null baselines."""
+"""Leading-term tracking over checkpoints (originlens.theory.tracking, .nulls, .intervention): cosines
+against brute-force leading terms, projection removal, intervention losses, PMI, token alignment, null
+baselines."""
 
 from __future__ import annotations
 
@@ -14,20 +15,15 @@ from originlens.errors import CompatibilityError
 from originlens.models.assoc import AssocConfig, AssocModel
 from originlens.stats import corpus_statistics
 from originlens.theory import attention_coef, cosine, output_coef, value_coef
-from originlens.theory.tracking import (
+from originlens.theory.intervention import heldout_losses, intervention_losses, mean_loss, project_out
+from originlens.theory.nulls import (
     baseline_cosines,
-    checkpoint_files,
     cooccurrence_counts,
-    heldout_losses,
-    intervention_losses,
-    mean_loss,
-    min_over_training,
     pmi_from_counts,
-    project_out,
     random_cosine,
     shared_token_index,
-    track_checkpoints,
 )
+from originlens.theory.tracking import checkpoint_files, min_over_training, track_checkpoints
 from originlens.train import AssocTrainConfig, train_assoc
 
 V, T, N, L = 24, 8, 40, 2

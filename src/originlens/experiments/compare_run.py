@@ -135,7 +135,7 @@ class _Session:
         ``--tokenizer`` (a path of any kind or ``hf:ID[@REV]``), else the adapter's own, else the one stored
         next to the first checkpoint (a Hugging Face directory's or hub revision's ``tokenizer.json``)."""
         from ..errors import OriginlensError
-        from ..lm.compare import tokenizer_vocab
+        from ..lm.compare_statistics import tokenizer_vocab
         from ..lm.loading import load_tokenizer, open_tokenizer
 
         if not self._resolved:
@@ -155,7 +155,7 @@ class _Session:
         return self.tokenizer
 
     def check_model(self, label: str, adapter: Any) -> list[str]:
-        from ..lm.compare import check_vocab, model_identity
+        from ..lm.compare_statistics import check_vocab, model_identity
 
         tok = self._tokenizer(adapter)
         if self.tokenizer_size is not None and self.tokenizer_size > adapter.vocab_size:
@@ -179,7 +179,7 @@ class _Session:
         return self._from_corpus(adapter)
 
     def _from_stats(self, adapter: Any) -> Any:
-        from ..lm.compare import VocabIdentity, check_vocab, model_identity
+        from ..lm.compare_statistics import VocabIdentity, check_vocab, model_identity
         from ..stats import load_statistics
         from ..storage import read_json
 
@@ -208,7 +208,7 @@ class _Session:
         import numpy as np
 
         from ..data import TokenStore, is_corpus_dir, iter_documents
-        from ..lm.compare import (
+        from ..lm.compare_statistics import (
             VocabIdentity,
             check_vocab,
             comparison_statistics,
@@ -304,7 +304,8 @@ def run_compare(cfg: CompareRunConfig, out: str | Path, *, overwrite: bool = Fal
     single_process("lm compare")
     from ..devices import resolve_device
     from ..lm.checkpoints import CheckpointGrid
-    from ..lm.compare import CompareConfig, check_out, compare_checkpoints, write_comparison
+    from ..lm.compare import CompareConfig, compare_checkpoints
+    from ..lm.compare_report import check_out, write_comparison
 
     if bool(cfg.corpus) == bool(cfg.stats):
         raise InputError(

@@ -14,7 +14,8 @@ model trained in a run directory that holds everything its report needs → the 
 
 ``report_leading_run(RUN, AnalysisConfig(...))`` is ``originlens assoc report``: tracking over
 checkpoints, null baselines, the causal intervention, the leading-term model
-(:mod:`originlens.theory.tracking`), written as ``RUN/report.html`` / ``report.md`` / ``report.json``.
+(:mod:`originlens.theory.tracking`), written by :mod:`originlens.theory.tracking_report` as
+``RUN/report.html`` / ``report.md`` / ``report.json``.
 """
 
 from __future__ import annotations
@@ -214,7 +215,8 @@ def report_leading_run(
     run directory); returns ``(results, path of report.html)``."""
     from ..devices import resolve_device
     from ..progress import log
-    from ..theory.tracking import AnalysisConfig, analyse_run, load_run, resolve_null_statistics, write_report
+    from ..theory.tracking import AnalysisConfig, analyse_run, load_run, resolve_null_statistics
+    from ..theory.tracking_report import write_report
 
     config = config or LeadingReportConfig()
     analysis = config.analysis or AnalysisConfig()

@@ -79,7 +79,7 @@ def model_dtype(adapter: Any) -> str | None:
 
 
 def _vocab_strings(codec: Any) -> list[str] | None:
-    from ..lm.compare import tokenizer_vocab
+    from ..lm.compare_statistics import tokenizer_vocab
 
     for obj in (codec, getattr(codec, "inner", None)):
         if obj is None:

@@ -336,7 +336,7 @@ def null_statistics(tokens: np.ndarray, vocab_size: int, batch: int, data_seed: 
 
 
 def _unit_targets(stats: Any) -> dict[str, np.ndarray]:
-    from ..theory.tracking import leading_terms
+    from ..theory.leading_terms import leading_terms
 
     out = {}
     for k, M in leading_terms(stats).items():

@@ -18,8 +18,8 @@ from .compare import (
     checkpoint_cosines,
     compare_checkpoints,
     cov_cosine,
-    write_comparison,
 )
+from .compare_report import write_comparison
 from .export import export_to_hf, gpt_to_hf, llama2c_to_hf
 from .hf import HFAdapter, load_hf, load_hf_model
 from .llama2c import (

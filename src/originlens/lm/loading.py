@@ -591,7 +591,7 @@ def check_vocab(adapter: LMAdapter, codec: TextCodec) -> None:
     want = getattr(adapter, "vocab_hash", None)
     if want is None or codec.inner is None:
         return
-    from .compare import tokenizer_identity
+    from .compare_statistics import tokenizer_identity
 
     try:
         got = tokenizer_identity(codec.inner).vocab_hash

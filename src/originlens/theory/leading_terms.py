@@ -169,6 +169,14 @@ def validity_window(
 # statistics access and predicted weights
 
 
+LEADING_TERM = {"W_O": "bigram", "V": "value_target", "W": "query_key", "P": "positional"}  # weight kind → statistic
+
+
+def leading_terms(stats: Any) -> dict[str, np.ndarray]:
+    """The four targets by weight kind: ``W_O`` → B̄, ``V`` → Φ̄ᵀB̄ᵀ, ``W`` → Q̄, ``P`` → Δ (float64)."""
+    return {k: _stat(stats, s) for k, s in LEADING_TERM.items()}
+
+
 def _stat(stats: Any, name: str) -> np.ndarray:
     if isinstance(stats, Mapping):
         if name not in stats:

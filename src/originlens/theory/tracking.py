@@ -6,35 +6,17 @@ Given a run directory written by :func:`originlens.train.train_assoc` (``RUN/che
 * **tracking** (:func:`track_checkpoints`): per checkpoint and layer, the cosine and norm ratio of each
   learned matrix with its leading term (W_O vs B̄, V vs Φ̄ᵀB̄ᵀ, W vs Q̄, P vs Δ) and the Frobenius error
   against the theorem's scaled targets (coefficients use the checkpoint's step count s and the run's
-  learning rate η);
-* **null baselines** (:func:`baseline_cosines`): the same cosines against (a) leading terms of an
-  unrelated corpus, restricted to the tokens both vocabularies share (:func:`shared_token_index`), (b)
-  leading terms of a disjoint sample of the same corpus, (c) raw PMI matrices (:func:`pmi_matrix`) and
-  (d) a random Gaussian matrix;
-* the **causal intervention** of Table 3 (:func:`intervention_losses`, :func:`project_out`);
-* **held-out losses** (:func:`heldout_losses`): trained model, the leading-term model of Eq. 12, a
-  bigram-path and an add-1 conditional bigram baseline;
-* **top associations** of example words under each basis and under the learned matrices.
+  learning rate η); :func:`min_over_training` is the paper's Table 1;
+* **top associations** (:func:`example_associations`) of example words under each basis and under the
+  learned matrices.
 
-:func:`analyse_run` runs everything and returns one JSON-able dict; :func:`write_report` renders it
-(``RUN/report.html``, ``report.md``, ``report.json``).  Computation and plotting are separate.
-
-Definitions of the baselines (documented choices, not from the paper):
-
-* PMI of a pair distribution with counts c(a, b): ``PMI[a, b] = log(c(a,b) · n / (c(a,·) c(·,b)))``
-  with n the total count and the marginals of the same pair distribution; pairs never observed (and
-  tokens never seen) get 0.  Kinds: ``"bigram"`` (current x_t, next x_{t+1}) compared with W_O;
-  ``"context"`` (prefix token x_m, target x_{t+1}) for all m ≤ t — rows = prefix (key) token, columns =
-  target — compared with V (rows = key token); ``"query_key"`` (query x_t, key x_m, m ≤ t) compared with
-  W.  Unlike Φ̄ the context counts are unweighted (no 1/(t+1)).
-* Unrelated-corpus baseline: both the learned matrix and the null leading term are restricted to the
-  shared tokens (by string; special tokens such as ``<unk>`` excluded) and the *true* cosine on the same
-  restriction is reported next to it.  Without vocabularies the alignment is by id (same size only).
-* Same-corpus baseline: statistics of windows disjoint from the ones the targets were computed on
-  (held-out windows first, then training windows outside the statistics sample), same count.  Because SGD
-  trains on all windows this baseline is expected to be *high*: it shows how much of the agreement is
-  generic to the corpus rather than specific to the target sample (a weak null).
-* Random baseline: cosine with one i.i.d. N(0, 1) matrix of the same shape (≈ N(0, 1/numel)).
+:func:`load_run` reads a run directory (config, metrics, target statistics, token windows) into a
+:class:`RunData`; :func:`analyse_run` runs everything — the tracking above, the null baselines of
+:mod:`originlens.theory.nulls` (with the same-corpus sample of :func:`same_corpus_sample` and the
+unrelated corpus of :func:`resolve_null_statistics`), the causal intervention and held-out losses of
+:mod:`originlens.theory.intervention` — and returns one JSON-able dict (NaN → None).
+:mod:`originlens.theory.tracking_report` renders it (``RUN/report.html``, ``report.md``,
+``report.json``).  Computation and plotting are separate.
 
 Caveats: the theorem is for full-batch GD from zero init inside its validity window
 (:func:`~originlens.theory.leading_terms.validity_window`); for SGD runs, first-batch statistics or steps
@@ -55,33 +37,16 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..errors import CompatibilityError, ConfigError, InputError
+from ..errors import CompatibilityError, InputError
 from ..runs import list_checkpoints
-from .leading_terms import (
-    LeadingTermModel,
-    _stat,
-    compare_to_theory,
-    conditional_bigram_loss,
-    cosine,
-    min_cosines,
-    validity_window,
-)
+from .intervention import heldout_losses, intervention_losses
+from .leading_terms import LEADING_TERM, _stat, compare_to_theory, cosine, leading_terms, min_cosines, validity_window
+from .nulls import SPECIAL_TOKENS, _check_shapes, _kind, baseline_cosines, pmi_matrix
 
-# weight kind -> name of its leading-term statistic
-LEADING_TERM = {"W_O": "bigram", "V": "value_target", "W": "query_key", "P": "positional"}
 KIND_LABEL = {"W": "attention W", "V": "value V", "W_O": "output W_O", "P": "position P"}
 TARGET_LABEL = {"W_O": "B̄", "V": "Φ̄ᵀB̄ᵀ", "W": "Q̄", "P": "Δ"}
-# colours of the paper's Figure 4 (attention red, value blue, output green) + P
-KIND_COLOR = {"W": "#D55E00", "V": "#0072B2", "W_O": "#009E73", "P": "#CC79A7"}
-PMI_KIND = {"W_O": "bigram", "V": "context", "W": "query_key"}
-SPECIAL_TOKENS = ("<unk>", "<eot>", "<pad>", "<s>", "</s>")
 EXAMPLE_WORDS = ("red", "to", "they", "happy", "wanted", "fish", "flower", "birds")
-
-
-def _kind(name: str) -> str:
-    return name.split(".")[0]
 
 
 def _finite_or_none(x: Any) -> Any:
@@ -101,12 +66,7 @@ def _finite_or_none(x: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------
-# leading terms, checkpoints
-
-
-def leading_terms(stats: Any) -> dict[str, np.ndarray]:
-    """The four targets by weight kind: ``W_O`` → B̄, ``V`` → Φ̄ᵀB̄ᵀ, ``W`` → Q̄, ``P`` → Δ (float64)."""
-    return {k: _stat(stats, s) for k, s in LEADING_TERM.items()}
+# checkpoints
 
 
 def checkpoint_files(run_dir: str | Path) -> list[tuple[int, Path]]:
@@ -134,16 +94,6 @@ def load_weights(path: str | Path) -> dict[str, np.ndarray]:
 
 def _n_layers(weights: Mapping[str, Any]) -> int:
     return sum(1 for k in weights if k.startswith("W."))
-
-
-def _check_shapes(weights: Mapping[str, np.ndarray], stats: Any) -> None:
-    B, D = _stat(stats, "bigram"), _stat(stats, "positional")
-    V, T = weights["W_O"].shape[0], weights["P.1"].shape[0]
-    if B.shape != (V, V) or D.shape != (T,):
-        raise CompatibilityError(
-            f"statistics are {B.shape[0]}×{B.shape[1]} with T = {D.shape[0]}; the model has |V| = {V}, T = {T}",
-            "use statistics of the run's own corpus (RUN/statistics) without a restricted token set",
-        )
 
 
 def weight_hash(weights: Mapping[str, np.ndarray]) -> str:
@@ -216,255 +166,6 @@ def min_over_training(records: Sequence[Mapping[str, Any]], other: str | None = 
         vals = [v for v in vals if v is not None and math.isfinite(v)]
         out[kind] = min(vals) if vals else float("nan")
     return out
-
-
-# ----------------------------------------------------------------------------------------------
-# baselines
-
-
-def shared_token_index(
-    vocab_a: Sequence[str] | None,
-    vocab_b: Sequence[str] | None,
-    *,
-    size_a: int | None = None,
-    size_b: int | None = None,
-    exclude: Iterable[str] = SPECIAL_TOKENS,
-) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Indices ``(ia, ib, tokens)`` with ``vocab_a[ia[k]] == vocab_b[ib[k]] == tokens[k]`` for the tokens
-    both vocabularies hold (order of ``vocab_a``), special tokens excluded.
-
-    Without vocabularies (both None) the alignment is by id and needs ``size_a == size_b``.
-    """
-    if vocab_a is None or vocab_b is None:
-        if vocab_a is None and vocab_b is None and size_a is not None and size_a == size_b:
-            idx = np.arange(int(size_a))
-            return idx, idx.copy(), [str(i) for i in idx]
-        raise CompatibilityError(
-            "cannot align the null statistics with the run: "
-            + (
-                "one side has no vocabulary"
-                if (vocab_a is None) != (vocab_b is None)
-                else f"sizes differ ({size_a} vs {size_b}) and there are no vocabularies"
-            ),
-            "use statistics computed from a corpus directory (they carry vocab.json)",
-        )
-    skip = set(exclude)
-    pos_b = {t: i for i, t in enumerate(vocab_b)}
-    ia, ib, toks = [], [], []
-    for i, t in enumerate(vocab_a):
-        if t in skip or t not in pos_b:
-            continue
-        ia.append(i)
-        ib.append(pos_b[t])
-        toks.append(t)
-    return np.asarray(ia, dtype=np.int64), np.asarray(ib, dtype=np.int64), toks
-
-
-def cooccurrence_counts(tokens: Any, vocab_size: int, kind: str, *, chunk: int = 256) -> np.ndarray:
-    """Dense (|V|, |V|) int64 pair counts over windows ``tokens`` (N, T+1).
-
-    ``kind``: ``"bigram"`` (x_t, x_{t+1}); ``"context"`` (x_m, x_{t+1}) for m ≤ t (rows = prefix token);
-    ``"query_key"`` (x_t, x_m) for m ≤ t (rows = query token).
-    """
-    if kind not in ("bigram", "context", "query_key"):
-        raise ConfigError(f"unknown co-occurrence kind '{kind}'", "use bigram, context or query_key")
-    arr = np.asarray(tokens)
-    if arr.ndim != 2 or arr.shape[1] < 2 or not np.issubdtype(arr.dtype, np.integer):
-        raise InputError(f"tokens must be an (N, T+1) integer array, got {arr.dtype} {arr.shape}", "pass windows")
-    V = int(vocab_size)
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= V):
-        raise InputError(f"token ids outside 0..{V - 1}", "pass the right vocab_size")
-    T = arr.shape[1] - 1
-    t_idx, m_idx = np.tril_indices(T)  # pairs (t, m) with m ≤ t
-    counts = np.zeros(V * V, dtype=np.int64)
-    for s in range(0, arr.shape[0], chunk):
-        c = np.asarray(arr[s : s + chunk], dtype=np.int64)
-        x, y = c[:, :-1], c[:, 1:]
-        if kind == "bigram":
-            flat = x * V + y
-        elif kind == "context":
-            flat = x[:, m_idx] * V + y[:, t_idx]
-        else:
-            flat = x[:, t_idx] * V + x[:, m_idx]
-        counts += np.bincount(flat.ravel(), minlength=V * V)
-    return counts.reshape(V, V)
-
-
-def pmi_from_counts(counts: np.ndarray) -> np.ndarray:
-    """PMI[a, b] = log(c(a,b)·n / (c(a,·)·c(·,b))) where c(a,b) > 0, else 0 (float64)."""
-    c = np.asarray(counts, dtype=np.float64)
-    n = c.sum()
-    out = np.zeros_like(c)
-    if n <= 0:
-        return out
-    row, col = c.sum(1), c.sum(0)
-    nz = c > 0
-    a, b = np.nonzero(nz)
-    out[a, b] = np.log(c[a, b]) + math.log(n) - np.log(row[a]) - np.log(col[b])
-    return out
-
-
-def pmi_matrix(tokens: Any, vocab_size: int, kind: str) -> np.ndarray:
-    """Raw PMI of a co-occurrence kind (see :func:`cooccurrence_counts` and the module docstring)."""
-    return pmi_from_counts(cooccurrence_counts(tokens, vocab_size, kind))
-
-
-def random_cosine(shape: tuple[int, ...], other: np.ndarray, seed: int = 0) -> float:
-    """Cosine of ``other`` with one i.i.d. N(0, 1) matrix (float64, numpy seed ``seed``)."""
-    g = np.random.default_rng(seed).standard_normal(shape)
-    return cosine(g, other)
-
-
-def baseline_cosines(
-    weights: Mapping[str, Any],
-    stats: Any,
-    *,
-    vocab: Sequence[str] | None = None,
-    null_stats: Any = None,
-    null_vocab: Sequence[str] | None = None,
-    same_corpus_stats: Any = None,
-    pmi: Mapping[str, np.ndarray] | None = None,
-    seed: int = 0,
-) -> dict[str, dict[str, Any]]:
-    """Per weight: cosine with its leading term next to the null baselines (see module docstring).
-
-    Keys per weight name: ``leading_term``; ``null_corpus`` and ``leading_term_shared`` (both on the shared
-    tokens) and ``n_shared``; ``same_corpus``; ``pmi``; ``random``.  Missing inputs give no key.
-    """
-    w = {
-        k: (v.detach().cpu().numpy() if torch.is_tensor(v) else np.asarray(v, dtype=np.float64))
-        for k, v in weights.items()
-    }
-    _check_shapes(w, stats)
-    lt = leading_terms(stats)
-    null_lt = leading_terms(null_stats) if null_stats is not None else None
-    same_lt = leading_terms(same_corpus_stats) if same_corpus_stats is not None else None
-    ia = ib = None
-    if null_lt is not None:
-        ia, ib, _ = shared_token_index(vocab, null_vocab, size_a=lt["W_O"].shape[0], size_b=null_lt["W_O"].shape[0])
-    out: dict[str, dict[str, Any]] = {}
-    for i, name in enumerate(sorted(w, key=_order_key)):
-        k = _kind(name)
-        M = np.asarray(w[name], dtype=np.float64)
-        rec: dict[str, Any] = {"leading_term": cosine(M, lt[k])}
-        if null_lt is not None:
-            if k == "P":
-                if null_lt["P"].shape == M.shape:
-                    rec["null_corpus"] = cosine(M, null_lt["P"])
-                    rec["leading_term_shared"] = rec["leading_term"]
-                    rec["n_shared"] = int(M.shape[0])
-            elif len(ia):
-                sub = M[np.ix_(ia, ia)]
-                rec["null_corpus"] = cosine(sub, null_lt[k][np.ix_(ib, ib)])
-                rec["leading_term_shared"] = cosine(sub, lt[k][np.ix_(ia, ia)])
-                rec["n_shared"] = len(ia)
-        if same_lt is not None:
-            rec["same_corpus"] = cosine(M, same_lt[k])
-        if pmi is not None and k in PMI_KIND and PMI_KIND[k] in pmi:
-            rec["pmi"] = cosine(M, pmi[PMI_KIND[k]])
-        rec["random"] = random_cosine(M.shape, M, seed + i)
-        out[name] = rec
-    return out
-
-
-def _order_key(name: str) -> tuple[int, int]:
-    if name == "W_O":
-        return (0, 0)
-    k, _, l = name.partition(".")
-    return ({"W": 1, "V": 2, "P": 3}.get(k, 9), int(l) if l.isdigit() else 0)
-
-
-# ----------------------------------------------------------------------------------------------
-# losses and the causal intervention
-
-
-def mean_loss(model: Any, tokens: Any, *, batch_size: int = 256) -> float:
-    """Mean cross-entropy of an :class:`~originlens.models.assoc.AssocModel` over all positions of
-    ``tokens`` (N, T+1), in batches, without gradients (sums accumulated in float64)."""
-    arr = np.asarray(tokens)
-    if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 2:
-        raise InputError(f"tokens must be (N, T+1) with N ≥ 1, got {arr.shape}", "pass token windows")
-    total, count = 0.0, 0
-    dev = next(model.parameters()).device
-    with torch.no_grad():
-        for s in range(0, arr.shape[0], int(batch_size)):
-            b = torch.from_numpy(np.asarray(arr[s : s + batch_size], dtype=np.int64)).to(dev)
-            logits = model(b[:, :-1])
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), b[:, 1:].reshape(-1), reduction="sum")
-            total += float(ce)
-            count += b[:, 1:].numel()
-    return total / count
-
-
-def project_out(M: Any, T: Any) -> np.ndarray:
-    """``M − (⟨M, T⟩ / ‖T‖²) T`` in float64 (M unchanged when T = 0): removes M's component along T."""
-    M = np.asarray(M.detach().cpu().numpy() if torch.is_tensor(M) else M, dtype=np.float64)
-    T = np.asarray(T, dtype=np.float64)
-    if M.shape != T.shape:
-        raise InputError(f"cannot project a {M.shape} matrix onto a {T.shape} target", "pass matching shapes")
-    tt = float(np.vdot(T, T))
-    return M.copy() if tt == 0 else M - (float(np.vdot(M, T)) / tt) * T
-
-
-def intervention_losses(
-    model: Any, stats: Any, tokens: Any, *, names: Sequence[str] | None = None, batch_size: int = 256
-) -> dict[str, Any]:
-    """Table 3: for one weight at a time, remove its projection onto its leading term and recompute the
-    mean cross-entropy on ``tokens`` (the model is restored afterwards).
-
-    Returns ``{"original": loss, "losses": {name: {"loss", "delta", "coef", "residual_cos"}}}`` where
-    ``coef`` = ⟨M,T⟩/‖T‖² (the removed multiple of T) and ``residual_cos`` = cos(M', T) of the weight as
-    loaded into the model (≈ 0; float32 models round).
-    """
-    lt = leading_terms(stats)
-    _check_shapes({n: p.detach().cpu().numpy() for n, p in model.named_weights()}, stats)
-    base = mean_loss(model, tokens, batch_size=batch_size)
-    out: dict[str, Any] = {"original": base, "losses": {}}
-    names = list(names) if names is not None else [n for n, _ in model.named_weights()]
-    for name in names:
-        p = model.param(name)
-        T = lt[_kind(name)]
-        keep = p.detach().clone()
-        M = keep.cpu().numpy().astype(np.float64)
-        tt = float(np.vdot(T, T))
-        coef = float(np.vdot(M, T)) / tt if tt > 0 else float("nan")
-        with torch.no_grad():
-            p.copy_(torch.from_numpy(project_out(M, T)).to(p.dtype))
-        try:
-            loss = mean_loss(model, tokens, batch_size=batch_size)
-            resid = p.detach().cpu().numpy().astype(np.float64)
-            rcos = (
-                float(np.vdot(resid, T) / (np.linalg.norm(resid) * math.sqrt(tt)))
-                if tt > 0 and np.linalg.norm(resid) > 0
-                else float("nan")
-            )
-        finally:
-            with torch.no_grad():
-                p.copy_(keep)
-        out["losses"][name] = {"loss": loss, "delta": loss - base, "coef": coef, "residual_cos": rcos}
-    return out
-
-
-def heldout_losses(
-    model: Any, stats: Any, s: int, lr: float, eval_tokens: Any, train_tokens: Any, *, batch_size: int = 256
-) -> dict[str, float]:
-    """Mean cross-entropy on ``eval_tokens`` of: the trained model; the leading-term model of Eq. 12 with
-    the scalars of step s (``leading_term_eq12``, L_eff = 1 as printed) and with the predicted weights in a
-    full L-layer model (``leading_term_full``); its residual-only bigram path c_O·X B̄ (``bigram_path``);
-    an add-1 conditional bigram fitted on ``train_tokens`` (``conditional_bigram``); uniform (ln |V|)."""
-    V = int(model.vocab_size)
-    lt = LeadingTermModel(stats, int(s), float(lr))
-    ev = np.asarray(eval_tokens, dtype=np.int64)
-    return {
-        "trained": mean_loss(model, ev, batch_size=batch_size),
-        "leading_term_eq12": lt.loss(ev, batch_size=batch_size),
-        "leading_term_full": mean_loss(
-            lt.as_model(model.n_layers).to(next(model.parameters()).device), ev, batch_size=batch_size
-        ),
-        "bigram_path": lt.bigram_loss(ev, batch_size=batch_size),
-        "conditional_bigram": conditional_bigram_loss(np.asarray(train_tokens), ev, V, k=1.0),
-        "uniform": math.log(V),
-    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -947,223 +648,3 @@ def analyse_run(
             "timings": timings,
         }
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# rendering
-
-
-def _band(records: Sequence[Mapping[str, Any]], kind: str, field_: str = "cos") -> tuple[np.ndarray, np.ndarray]:
-    lo, hi = [], []
-    for r in records:
-        vals = [v[field_] for n, v in r["theory"].items() if _kind(n) == kind and v.get(field_) is not None]
-        vals = [v for v in vals if math.isfinite(v)]
-        lo.append(min(vals) if vals else np.nan)
-        hi.append(max(vals) if vals else np.nan)
-    return np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
-
-
-def cosine_figure(results: Mapping[str, Any], plt: Any):
-    """Figure 4 of the paper: cosine over training, min–max band over layers per weight type."""
-    recs = results["checkpoints"]
-    sgd = results["run"]["optimizer"] == "sgd"
-    x = np.array([r["epoch"] if sgd else r["step"] for r in recs], dtype=float)
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for kind in ("W", "V", "W_O"):
-        lo, hi = _band(recs, kind)
-        col = KIND_COLOR[kind]
-        ax.fill_between(x, lo, hi, color=col, alpha=0.3, lw=0)
-        ax.plot(x, lo, color=col, lw=1.2, label=f"{KIND_LABEL[kind]} vs {TARGET_LABEL[kind]}")
-        ax.plot(x, hi, color=col, lw=0.8)
-    lows = [v for kind in ("W", "V", "W_O") for v in _band(recs, kind)[0] if np.isfinite(v)]
-    ax.set_ylim(min(0.0, min(lows, default=0.0) - 0.05), 1.02)  # 0–1 as in the paper unless a cosine is < 0
-    ax.set_xlabel("epoch" if sgd else "step")
-    ax.set_ylabel("cosine similarity")
-    ax.legend(loc="lower left")
-    return fig
-
-
-def extra_figure(results: Mapping[str, Any], plt: Any):
-    """Positional P vs Δ (cosine) and norm ratios ‖M‖/‖predicted‖ over training."""
-    recs = results["checkpoints"]
-    sgd = results["run"]["optimizer"] == "sgd"
-    x = np.array([r["epoch"] if sgd else r["step"] for r in recs], dtype=float)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
-    lo, hi = _band(recs, "P")
-    a1.fill_between(x, lo, hi, color=KIND_COLOR["P"], alpha=0.3, lw=0)
-    a1.plot(x, lo, color=KIND_COLOR["P"], label="position P vs Δ (min over layers)")
-    a1.set_ylim(-1.02, 1.02)
-    a1.set_xlabel("epoch" if sgd else "step")
-    a1.set_ylabel("cosine")
-    a1.legend(loc="lower left")
-    spread = []
-    for kind in ("W", "V", "W_O", "P"):
-        lo, hi = _band(recs, kind, "norm_ratio")
-        a2.fill_between(x, lo, hi, color=KIND_COLOR[kind], alpha=0.3, lw=0)
-        a2.plot(x, lo, color=KIND_COLOR[kind], label=KIND_LABEL[kind])
-        spread += [v for v in np.concatenate([lo, hi]) if np.isfinite(v) and v > 0]
-    a2.axhline(1.0, color="k", lw=0.6)
-    if spread and max(spread) / min(spread) > 10:
-        a2.set_yscale("log")
-    a2.set_xlabel("epoch" if sgd else "step")
-    a2.set_ylabel("‖M‖ / ‖scaled leading term‖")
-    a2.legend(loc="best", fontsize=7)
-    return fig
-
-
-def loss_figure(results: Mapping[str, Any], plt: Any):
-    lc = [r for r in results["loss_curve"] if r[2] is not None]
-    fig, ax = plt.subplots(figsize=(6.4, 3.0))
-    if lc:
-        sgd = results["run"]["optimizer"] == "sgd"
-        ax.plot([r[1] if sgd else r[0] for r in lc], [r[2] for r in lc], color="#000000", lw=1)
-        ax.set_xlabel("epoch" if sgd else "step")
-    ax.axhline(math.log(results["run"]["vocab_size"]), color="#E69F00", lw=0.8, ls="--", label="ln |V| (uniform)")
-    ax.set_ylabel("training loss (batch, before the step)")
-    ax.legend(loc="best")
-    return fig
-
-
-def _f(v: Any, nd: int = 6) -> Any:
-    return "—" if v is None else (round(v, nd) if isinstance(v, float) else v)
-
-
-def _s(v: Any, fmt: str = ".6f") -> str:
-    return "—" if v is None else format(v, fmt)
-
-
-def build_report(results: Mapping[str, Any]):
-    """A :class:`~originlens.report.Report` of :func:`analyse_run`'s results."""
-    from ..report import Report, setup_matplotlib
-
-    plt = setup_matplotlib()
-    r = results["run"]
-    rep = Report(f"Leading terms over training — {Path(r['path']).name}")
-    rep.section("Run")
-    rep.table(["setting", "value"], [[k, _f(v)] for k, v in r.items()])
-    w = results["validity_window"]
-    rep.text(
-        f"Theorem window ({w['theorem']}): conditions {'hold' if w['holds'] else 'do NOT hold'} "
-        f"({', '.join(f'{k}: {v}' for k, v in w['conditions'].items())}); guarantees cover s ≤ "
-        f"{w['s_max']:.2f} steps at η = {r['lr']}. Coefficients use the checkpoint's step count s. "
-        + r["theory_note"]
-        + "."
-    )
-    for msg in results.get("warnings", []):
-        rep.text("Warning: " + msg)
-    rep.section("Cosine with the leading terms over training (paper Figure 4)")
-    rep.figure(
-        cosine_figure(results, plt),
-        "Cosine of each learned matrix with its leading term; bands span "
-        "the layers (attention W vs Q̄ red, value V vs Φ̄ᵀB̄ᵀ blue, output W_O vs B̄ green).",
-        "cosines.png",
-    )
-    m = results["min_cosine_over_training"]
-    mf = results.get("min_cosine_over_training_full_train")
-    rows = [[KIND_LABEL[k], _s(m.get(k))] + ([_s(mf.get(k))] if mf else []) for k in ("W", "V", "W_O", "P")]
-    rep.table(
-        ["weight", f"min cosine, targets: {r['stats_source']}"]
-        + (["min cosine, targets: all training windows"] if mf else []),
-        rows,
-        caption="Table 1 analogue: minimum over checkpoints and layers (paper, η = 0.005, 100 epochs, "
-        "first-batch targets: W 0.999496, V 0.999169, W_O 0.998486).",
-    )
-    rep.figure(
-        extra_figure(results, plt),
-        "Left: positional bias P vs Δ. Right: norm of each weight over the "
-        "norm of its scaled leading term (1 = the theorem's scale).",
-        "position-and-norms.png",
-    )
-    rep.section("Loss")
-    rep.figure(loss_figure(results, plt), "Training loss (batch loss before each step) with ln|V|.", "loss.png")
-    fin = results["final"]
-    rows = [
-        [
-            n,
-            _s(v["cos"]),
-            _s(v["norm_ratio"], ".4f"),
-            _s(v["frob_err"], ".3e"),
-            _s(v["rel_err"], ".4f"),
-            _s(v["bound"], ".3e"),
-        ]
-        for n, v in fin["theory"].items()
-    ]
-    rep.section(f"Final weights (step {fin['step']})")
-    rep.table(
-        ["weight", "cosine", "norm ratio", "‖M − predicted‖", "relative error", "theorem bound"],
-        rows,
-        caption="predicted = theorem's scaled target (sη B̄, C(s,2)η² Φ̄ᵀB̄ᵀ, (3C(s,4)+2C(s,3))η⁴ Q̄ / Δ).",
-    )
-    b = results["baselines"]
-    cols = ["leading_term", "leading_term_shared", "null_corpus", "same_corpus", "pmi", "random"]
-    rep.section("Null baselines (final weights)")
-    rep.table(
-        [
-            "weight",
-            "leading term",
-            "leading term (shared tokens)",
-            "unrelated corpus (shared tokens)",
-            "same corpus, disjoint windows",
-            "raw PMI",
-            "random Gaussian",
-        ],
-        [[n] + [_s(v.get(cn), ".4f") for cn in cols] for n, v in b["per_weight"].items()],
-        caption="; ".join(b["notes"]) + ". PMI: W_O vs PMI(x_t, x_{t+1}); V vs PMI(prefix x_m, target "
-        "x_{t+1}); W vs PMI(query x_t, key x_m).",
-    )
-    it = results.get("intervention")
-    if it:
-        rep.section("Causal intervention (paper Table 3)")
-        rows = [["original", _s(it["original"]), "", "", ""]]
-        rows += [
-            [n, _s(v["loss"]), _s(v["delta"], "+.3e"), _s(v["coef"], ".4g"), _s(v["residual_cos"], ".1e")]
-            for n, v in it["losses"].items()
-        ]
-        rep.table(
-            ["weights", "loss", "Δ loss", "removed ⟨M,T⟩/‖T‖²", "cos(M', T) after"],
-            rows,
-            caption=f"Projection onto the leading term removed, one weight at a time; loss on {it['source']}. "
-            "Paper (η = 0.05): original 5.349, W 5.350/5.352/5.361, V 6.192/6.526/6.520, W_O 8.287.",
-        )
-    h = results.get("heldout")
-    if h:
-        rep.section("Leading-term model (Eq. 12) vs baselines")
-        rep.table(
-            ["model", "mean cross-entropy"],
-            [
-                [k, _s(h[k])]
-                for k in (
-                    "trained",
-                    "leading_term_eq12",
-                    "leading_term_full",
-                    "bigram_path",
-                    "conditional_bigram",
-                    "uniform",
-                )
-            ],
-            caption=f"On {h['source']}; leading-term scalars at step {h['step']}. eq12: Eq. 12 as printed "
-            "(one attention term); full: predicted weights in the L-layer model; bigram_path: c_O X B̄; "
-            "conditional_bigram: add-1 p(b|a) fitted on the training windows.",
-        )
-    ex = results.get("examples") or {}
-    if ex:
-        rep.section("Top associations of example words")
-        rows = [[wd, basis, ", ".join(t for t, _ in lst)] for wd, d in ex.items() for basis, lst in d.items()]
-        rep.table(
-            ["word", "matrix (row)", "top associations"],
-            rows,
-            caption="Rows of the statistics (paper Figure 5) and of the learned W_O and V.1.",
-        )
-    rep.section("Timings")
-    rep.table(["part", "seconds"], [[k, _f(v, 2)] for k, v in results["timings"].items()])
-    return rep
-
-
-def write_report(results: Mapping[str, Any], out_dir: str | Path) -> Path:
-    """Write ``report.html``, ``report.md``, ``figures/`` and ``report.json`` into ``out_dir``."""
-    from ..storage import atomic_write_json
-
-    out = Path(out_dir)
-    path = build_report(results).write(out)
-    atomic_write_json(out / "report.json", results)
-    return path
