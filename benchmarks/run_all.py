@@ -45,6 +45,7 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
         ["--vocab", "1000", "--seq-len", "32", "--n", "512", "--batch", "256", "--repeat", "1", "--threads", "1"],
         ["--threads", "1"],
     ),
+    "subnormals": (["--vocab", "300", "--batch", "256", "--steps", "5"], []),
 }
 
 # figure name: floor (a speed-up; higher is better).  Measured at the quick sizes on 2 shared cores, the
@@ -65,6 +66,7 @@ FLOORS: dict[str, float] = {
     "qscore.gpt.loop_over_batched": 1.5,
     "qscore_hf.hooks_over_cached": 1.1,
     "assoc_train.paths_vs_dense.threads1": 1.1,
+    "subnormals.kept_over_flushed": 2.0,
 }
 
 

@@ -53,6 +53,7 @@ def _fresh(
 
 
 _FTZ = threading.local()  # depth of nested subnormals_flushed() blocks in this thread
+FLUSH_SUBNORMALS = True  # False: subnormals_flushed() does nothing (benchmarks/subnormals.py compares both)
 
 
 def _ftz_active() -> bool:
@@ -72,6 +73,9 @@ def subnormals_flushed() -> Iterator[None]:
     6–8 s per step).  Flushing them changes values far below any weight's round-off.  The flag is
     per thread: torch's intra-op threads are not reached, so the path implementation runs the |V|³
     products that may be subnormal in the team's threads (:func:`_mm`)."""
+    if not FLUSH_SUBNORMALS:
+        yield
+        return
     depth = getattr(_FTZ, "depth", 0)
     prev = _ftz_active() if depth == 0 else True
     _FTZ.depth = depth + 1
@@ -143,7 +147,7 @@ class _Team:
     def __enter__(self) -> _Team:
         self._ftz = subnormals_flushed()  # every path computation runs inside a team
         self._ftz.__enter__()
-        self._flush = True
+        self._flush = FLUSH_SUBNORMALS
         if self.n > 1:
             self._threads = [threading.Thread(target=self._loop, args=(w,), daemon=True) for w in range(1, self.n)]
             for t in self._threads:
