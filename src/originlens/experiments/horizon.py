@@ -509,25 +509,29 @@ FIT_HEADER = [
 
 
 def _figure(summary: dict[str, Any], plt: Any) -> Any:
-    fig, axes = plt.subplots(1, len(KINDS), figsize=(4 * len(KINDS), 3.2), squeeze=False)
+    """Horizon t against |V| per run, log–log: first drop (top row) and sustained (bottom row, when the runs
+    have it), one column per weight type, one marker per threshold and colour per T."""
     runs = summary["runs"]
+    keys = ["horizon"] + (["sustained"] if runs and all("sustained" in r for r in runs) else [])
+    fig, axes = plt.subplots(len(keys), len(KINDS), figsize=(4 * len(KINDS), 3.2 * len(keys)), squeeze=False)
     Ts = sorted({r["seq_len"] for r in runs})
-    for ax, k in zip(axes[0], KINDS):
-        for T in Ts:
-            for th, marker in zip((f"{x:g}" for x in THRESHOLDS), "os^"):
-                pts = [
-                    (r["vocab_size"], r["horizon"][k][th] * r["lr"])
-                    for r in runs
-                    if r["seq_len"] == T and r["horizon"][k][th] is not None
-                ]
-                if pts:
-                    ax.scatter(*zip(*pts), marker=marker, s=14, label=f"T={T}, θ={th}")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("|V|")
-        ax.set_ylabel("horizon t = sη")
-        ax.set_title(k)
-    axes[0][-1].legend(fontsize=6)
+    for row, key in zip(axes, keys):
+        for ax, k in zip(row, KINDS):
+            for T in Ts:
+                for th, marker in zip((f"{x:g}" for x in THRESHOLDS), "os^"):
+                    pts = [
+                        (r["vocab_size"], r[key][k][th] * r["lr"])
+                        for r in runs
+                        if r["seq_len"] == T and r[key][k][th] is not None
+                    ]
+                    if pts:
+                        ax.scatter(*zip(*pts), marker=marker, s=14, label=f"T={T}, θ={th}")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("|V|")
+            ax.set_ylabel(f"{'first drop' if key == 'horizon' else 'sustained'}: t = sη")
+            ax.set_title(k)
+        row[-1].legend(fontsize=6)
     fig.tight_layout()
     return fig
 
@@ -545,7 +549,12 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
         import matplotlib.pyplot as plt
 
         fig = _figure(summary, plt)
-        rep.figure(fig, "horizon (first t = sη with cosine < θ) per run, log–log", name="horizon.png")
+        rep.figure(
+            fig,
+            "horizon per run, log–log: first t = sη with cosine < θ (top), first t from which it stays below θ "
+            "(bottom)",
+            name="horizon.png",
+        )
         plt.close(fig)
     except ImportError:
         rep.text("(matplotlib is not installed: no plot)")
