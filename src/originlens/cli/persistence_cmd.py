@@ -93,7 +93,10 @@ def cmd_horizon(args: argparse.Namespace) -> int:
     s = run_horizon(cfg, args.out, results=args.results, command=command_line(), from_records=args.from_records)
     for row in fit_rows(s["fits"]):
         if row[1] == "0.9":
-            print(f"{row[0]}, θ 0.9: exponent of |V| {row[4]}, of T {row[5]} ({row[2]} runs, {row[3]} censored)")
+            print(
+                f"{row[0]}, θ 0.9: exponent of |V| {row[4]} over seeds, {row[5]} pooled; of T {row[6]} "
+                f"({row[2]} runs, {row[3]} censored)"
+            )
     print(f"{args.out}/report.html, " + (s["results_file"] or "unit records only (fewer than 3 seeds)"))
     return 0
 
