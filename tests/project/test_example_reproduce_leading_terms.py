@@ -22,7 +22,16 @@ def _load():
     return mod
 
 
-def test_example_reproduces_at_tiny_scale(tmp_path, capsys):
+@pytest.fixture
+def _threads_restored():
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)  # the example sets torch's thread count (--threads 1)
+
+
+def test_example_reproduces_at_tiny_scale(tmp_path, capsys, _threads_restored):
     text = tmp_path / "stories.txt"
     text.write_text("\n".join(generate_stories(300, seed=1)) + "\n", encoding="utf-8")
     out = tmp_path / "out"
