@@ -21,6 +21,7 @@ _API = {
     "build_corpus": "originlens.data",
     "TokenStore": "originlens.data",
     "load_token_array": "originlens.data",
+    "TokenWindows": "originlens.data",
     "iter_documents": "originlens.data",
     "WordTokenizer": "originlens.data",
     "generate_stories": "originlens.data",

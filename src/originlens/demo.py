@@ -21,6 +21,9 @@ The main report (``OUT/report.html``) opens with the reproduction status of both
 committed results files (``results/``; :mod:`originlens.experiments.render`), then gathers every stage's
 figures and tables.  The stages' own runs are **illustrations of the method**, not results: their scales
 are chosen to finish in minutes on 2 CPU cores, one seed each, no nulls; the report labels them so.
+
+Size: the four stages are short scripts over the library, kept in one file so the demo reads top to bottom
+as the tour it is.
 """
 
 from __future__ import annotations
@@ -315,12 +318,13 @@ def _stage_statistics(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str
     data_hashes.update({s["path"]: s["sha256"] for s in store.manifest.get("sources", [])})
 
     assoc: dict[str, dict[str, list]] = {}
+    assert st.vocab is not None  # computed with the store's vocabulary
     for basis, word in EXAMPLES:
         if word not in st.vocab:
             continue
         assoc.setdefault(basis, {})[word] = top_associations(st, basis, word, cfg.top_k, exclude=SPECIALS)
-    for basis, words in assoc.items():
-        for w, lst in words.items():
+    for basis, by_word in assoc.items():
+        for w, lst in by_word.items():
             print(f"{basis:>18}  {w:>8} → " + ", ".join(t for t, _ in lst))
     (run.file("associations.json")).write_text(json.dumps(assoc, indent=1, ensure_ascii=False))
     run.log_metrics(
@@ -552,7 +556,7 @@ def _stage_othello(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], 
     ]
     attribute = ["ntp", "attribute", out, "--layers", "1-2", "--positions", "12,20", "--report", "--overwrite"]
     from .attribution.replay import attribute_run
-    from .attribution.store import write_report
+    from .attribution.store_report import write_report
     from .train.ntp import NTPConfig, Trainer
 
     ntp = NTPConfig(

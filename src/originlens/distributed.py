@@ -314,6 +314,7 @@ def corpus_statistics_sharded(
         for chunk, m in _chunks(arr[a:b], chunk_size, None, f"statistics pass 1/2 (shard {r})"):
             part.update(chunk, m)
         first_sums = part if first_sums is None else first_sums.merge(part)
+    assert first_sums is not None  # mine holds at least one shard
     if gather is not None:
         gather[0](first_sums)
     first = first_sums.finalize(dtype, release=True)
@@ -324,6 +325,7 @@ def corpus_statistics_sharded(
         for chunk, m in _chunks(arr[a:b], chunk_size, None, f"statistics pass 2/2 (shard {r})"):
             part.update(chunk, m)
         second = part if second is None else second.merge(part)
+    assert second is not None
     if gather is not None:
         gather[1](second)
     q, delta = second.finalize(dtype)

@@ -14,9 +14,9 @@ package to install.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol, cast
 
 from .errors import CompatibilityError, ConfigError
 
@@ -51,6 +51,10 @@ def requested_sinks() -> list[str]:
     return _REQUESTED if _REQUESTED is not None else parse_sinks(os.environ.get("ORIGINLENS_LOG_TO"))
 
 
+class _Sink(Protocol):
+    def log(self, values: Mapping[str, float], step: int) -> None: ...
+
+
 class _TensorBoard:
     def __init__(self, run_dir: Path) -> None:
         try:
@@ -77,15 +81,15 @@ class _WandB:
                 "Weights & Biases logging was requested but wandb is not installed",
                 "pip install wandb (or drop --log-to wandb)",
             ) from None
-        self.run = wandb.init(
-            dir=str(run_dir), name=run_dir.name, mode=os.environ.get("WANDB_MODE", "offline"), reinit=True
-        )
+        # WANDB_MODE is passed through as given; wandb.init validates it.
+        mode = cast(Literal["online", "offline", "disabled", "shared"], os.environ.get("WANDB_MODE", "offline"))
+        self.run = wandb.init(dir=str(run_dir), name=run_dir.name, mode=mode, reinit=True)
 
     def log(self, values: Mapping[str, float], step: int) -> None:
         self.run.log(dict(values), step=step)
 
 
-_FACTORIES = {"tensorboard": _TensorBoard, "wandb": _WandB}
+_FACTORIES: dict[str, Callable[[Path], _Sink]] = {"tensorboard": _TensorBoard, "wandb": _WandB}
 
 
 def forward(run_dir: str | os.PathLike, record: Mapping[str, Any]) -> None:

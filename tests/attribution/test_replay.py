@@ -551,6 +551,12 @@ def test_clear_errors(maj, tmp_path):
     (lang / "config.json").write_text(json.dumps(NTPConfig(task="language", corpus="x.npy").to_dict()))
     with pytest.raises(ConfigError, match="language"):
         attribute_run(lang, **kw)
+    dropped = tmp_path / "dropout"
+    shutil.copytree(maj, dropped)
+    raw = json.loads((dropped / "config.json").read_text())
+    (dropped / "config.json").write_text(json.dumps({**raw, "model": {**raw.get("model", {}), "dropout": 0.1}}))
+    with pytest.raises(ConfigError, match="dropout"):
+        attribute_run(dropped, **kw)
     unfinished = tmp_path / "unfinished"
     shutil.copytree(maj, unfinished)
     (unfinished / "model.safetensors").unlink()

@@ -236,3 +236,23 @@ def test_pretrained_errors(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(InputError, match="not a readable tokenizer.json"):
         PretrainedTokenizer.from_path(bad)
+
+
+def test_one_tokenizer_protocol(tmp_path, bpe):
+    """Corpus tokenizers are Tokenizers; they and the LM tools' codecs are all TextTokenizers, and a codec
+    wrapping a corpus tokenizer encodes and decodes like it."""
+    from originlens.data import TextTokenizer, Tokenizer
+    from originlens.lm.loading import TextCodec, originlens_codec, tokenizer_json_codec
+
+    word = WordTokenizer.train(TEXTS, 30)
+    pre = PretrainedTokenizer.from_path(bpe.save(tmp_path / "bpe") / "tokenizer.json")
+    for tok in (word, bpe, pre):
+        assert isinstance(tok, Tokenizer) and isinstance(tok, TextTokenizer)
+        codec = originlens_codec(tok)
+        assert isinstance(codec, TextCodec) and isinstance(codec, TextTokenizer) and not isinstance(codec, Tokenizer)
+        assert codec.vocab_size == tok.vocab_size
+        text = TEXTS[0]
+        ids = [i for i in tok.encode(text) if i not in (codec.bos_id, codec.eos_id)]
+        assert codec.encode(text) == ids and codec.decode(ids) == tok.decode(ids)
+    json_codec = tokenizer_json_codec(tmp_path / "bpe" / "tokenizer.json")
+    assert isinstance(json_codec, TextTokenizer) and json_codec.vocab_size == bpe.vocab_size

@@ -458,3 +458,47 @@ def test_lr_decay_is_a_function_of_the_update_number():
             NTPConfig(task="majority", lr_decay=bad)
     # a run recorded before the field existed keeps its identity (the default is left out)
     assert "lr_decay" not in NTPConfig(task="majority").identity()
+
+
+def test_model_options_are_nested_and_reach_the_model(tmp_path, capsys):
+    """NTPConfig.model (ModelOptions) sets the GPTConfig choices beyond the shape, from Python, a mapping
+    and the CLI; at the defaults it stays out of the identity, so earlier runs stay finished."""
+    from dataclasses import asdict
+
+    from originlens.train.ntp import ModelOptions, is_finished
+
+    default = tiny(steps=2, checkpoint_every=0)
+    assert "model" not in default.identity() and default.model == ModelOptions()
+    gpt = default.gpt_config(7, 5)
+    assert {k: getattr(gpt, k) for k in asdict(ModelOptions())} == asdict(ModelOptions())
+    Trainer(default, tmp_path / "r").run()
+    raw = json.loads((tmp_path / "r" / "config.json").read_text())
+    raw.pop("model")  # as written before the field existed
+    (tmp_path / "r" / "config.json").write_text(json.dumps(raw))
+    assert is_finished(tmp_path / "r", default)
+
+    cfg = tiny(
+        regime="untied", task="majority", model={"mlp_ratio": 2, "tie_embeddings": False, "untie_init": "shared"}
+    )
+    assert cfg.model == ModelOptions(mlp_ratio=2, tie_embeddings=False, untie_init="shared")
+    assert cfg.identity()["model"]["mlp_ratio"] == 2 and not is_finished(tmp_path / "r", cfg)
+    assert NTPConfig.from_dict(cfg.to_dict()) == cfg  # round trip through JSON-able mappings
+    trainer = Trainer(cfg, tmp_path / "m")
+    trainer.run()
+    model = trainer.model
+    d = model.config.d_model
+    mlp_in = [p for n, p in model.named_parameters() if n.endswith("mlp_in.weight")]
+    assert model.config.mlp_ratio == 2 and model.config.tie_embeddings is False and model.config.untie_init == "shared"
+    assert mlp_in and all(p.shape == (2 * d, d) for p in mlp_in)
+    with pytest.raises(ConfigError, match="unknown model option"):
+        tiny(model={"n_layer": 3})
+    with pytest.raises(ConfigError, match="untie_init"):
+        tiny(model={"untie_init": "nope"})
+
+    args = ["ntp", "train", "--task", "majority", "--out", str(tmp_path / "c"), "--steps", "1", "--d-model", "16"]
+    args += ["--heads", "2", "--batch-size", "4", "--eval-size", "8", "--threads", "1", "--mlp-ratio", "1"]
+    args += ["--tie-embeddings", "false", "--dropout", "0.1"]
+    assert cli_main(args) == 0
+    saved = json.loads((tmp_path / "c" / "config.json").read_text())["model"]
+    assert saved == {"mlp_ratio": 1, "tie_embeddings": False, "untie_init": "independent", "dropout": 0.1}
+    capsys.readouterr()

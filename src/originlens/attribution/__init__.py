@@ -51,7 +51,8 @@ __all__ = [
 
 # Replay of a saved training run and the observable store (attribution/replay.py, attribution/store.py).
 from .replay import RunReplay, SegmentResult, attribute_run, attribute_segments, segment_bounds
-from .store import integrate, load_observables, summarize, write_report
+from .store import integrate, load_observables, summarize
+from .store_report import write_report
 
 __all__ += [
     "RunReplay",

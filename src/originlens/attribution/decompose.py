@@ -50,7 +50,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn as nn
@@ -109,7 +109,7 @@ def attention_impl(model: nn.Module, impl: str | None) -> Iterator[None]:
         yield
         return
     previous = model.attn_impl
-    model.attn_impl = impl
+    cast(Any, model).attn_impl = impl  # a plain attribute, not a submodule or tensor
     try:
         yield
     finally:
@@ -148,7 +148,7 @@ def resolve_sites(model: nn.Module, tokens: torch.Tensor, sites: str | Site | It
     if isinstance(sites, str):
         if sites != "all":
             raise ConfigError(f"sites={sites!r} is not understood", "pass 'all' or a list of (k, i) pairs")
-        return [(k, i) for k in range(len(model.hook_names)) for i in range(T)]
+        return [(k, i) for k in range(len(cast(Any, model).hook_names)) for i in range(T)]
     return list(dict.fromkeys(normalise_sites(model, sites, seq_len=T)))  # duplicates dropped, order kept
 
 
@@ -310,7 +310,16 @@ def _decompose_structured(model, tokens, sites, weights, targets, myopic, chunk_
     return result
 
 
-def _decompose_autograd(model, tokens, sites, weights, targets, myopic, chunk_size, causal_prefix):
+def _decompose_autograd(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    sites: list[Site],
+    weights: torch.Tensor | None,
+    targets: torch.Tensor | None,
+    myopic: bool,
+    chunk_size: int,
+    causal_prefix: bool,
+) -> dict[Site, PathwayGradients]:
     names, _ = trainable_parameters(model)
     with torch.enable_grad():
         adj, res, params = _adjoints_with_graph(model, tokens, weights, targets, myopic)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn as nn
@@ -72,7 +72,7 @@ class Influence:
 def _check_probes(model: nn.Module, tokens: torch.Tensor, probes: Sequence[Probe]) -> None:
     if len({p.name for p in probes}) != len(probes):
         raise ConfigError("probe names are not unique", "give every probe its own name")
-    d = model.config.d_model if hasattr(model, "config") else None
+    d = cast(Any, model).config.d_model if hasattr(model, "config") else None
     for p in probes:
         normalise_sites(model, [p.site], seq_len=tokens.shape[1])
         if p.direction.dim() != 1 or (d is not None and p.direction.shape[0] != d):
@@ -257,7 +257,9 @@ def influences(
             for tau, rows in subsets:
                 rows = rows.to(diff.device)
                 n = int(rows.sum())
-                base = dict(probe=p.name, layer=p.layer, position=p.position, feature_type=tau, n_rows=n, factor=f)
+                base: dict[str, Any] = dict(
+                    probe=p.name, layer=p.layer, position=p.position, feature_type=tau, n_rows=n, factor=f
+                )
                 if n == 0:
                     out += [Influence(component=c, value=None, risk=None, **base) for c in comps + ["full"]]
                     continue

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -46,9 +46,9 @@ def normalise_sites(model: nn.Module, sites: Site | Iterable[Site], *, seq_len: 
         )
     n_sites = len(names)
     if isinstance(sites, tuple) and len(sites) == 2 and all(isinstance(v, int) for v in sites):
-        sites = [sites]
+        sites = [cast(Site, sites)]
     out: list[Site] = []
-    for s in sites:
+    for s in cast("Iterable[Site]", sites):  # a single (k, i) pair was wrapped above
         try:
             k, i = (int(v) for v in s)
         except (TypeError, ValueError):

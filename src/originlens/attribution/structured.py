@@ -37,6 +37,10 @@ untied head, any width, heads, MLP ratio), dropout inactive, no forward hooks on
 stop-gradient definition to float64 round-off (tests).  Caveat: this module mirrors ``GPT``'s block
 (pre-LN, GELU-tanh MLP, learned positions); an architecture change must be mirrored here (the tests
 compare it with the model and with the brute-force definition).
+
+Size: one hand-written forward and backward pass; its stages share the saved intermediates of one layout
+(per block: LayerNorm statistics, attention probabilities, MLP pre-activations), so splitting it would
+export those private layouts between modules.
 """
 
 from __future__ import annotations
@@ -44,19 +48,20 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeGuard, cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models.gpt import GPT, position_losses
+from ..models.gpt import GPT, Block, BlockCopy, EmbedCopy, HeadCopy, position_losses
 
 Site = tuple[int, int]
 ParamDict = dict[str, torch.Tensor]
 GROUP_FLOATS = 16 << 20  # floats per group of positions (batched fresh pass working set)
 
 
-def supported(model: nn.Module) -> bool:
+def supported(model: nn.Module) -> TypeGuard[GPT]:
     """Whether the structured path applies (an originlens GPT with one parameter range, no hooks)."""
     if not isinstance(model, GPT) or len(model.ranges) != 1:
         return False
@@ -91,7 +96,7 @@ class _Block:
     gelu_grad: torch.Tensor  # GELU'(pre-activation) (B, T, F)
     h: torch.Tensor  # GELU output (B, T, F)
     prefix: str  # "blocks.{m}.copies.0."
-    mod: nn.Module  # the BlockCopy
+    mod: BlockCopy
 
 
 def _layer_norm(x: torch.Tensor, ln: nn.LayerNorm) -> tuple[torch.Tensor, ...]:
@@ -118,7 +123,7 @@ class Forward:
             self.blocks: list[_Block] = []
             future = model._future[:T, :T]
             for m, block in enumerate(model.blocks):
-                c = block.copies[0]
+                c = cast(BlockCopy, cast(Block, block).copies[0])
                 a, xhat1, rstd1, mean1 = _layer_norm(x, c.ln_1)
                 qkv = c.attn_qkv(a)
                 q, k, v = (t.view(B, T, self.H, self.hd).transpose(1, 2) for t in qkv.split(self.d, dim=2))
@@ -166,10 +171,13 @@ class Forward:
         """∂L/∂r^L (B, T, d), L, and the gradients of the head parameters (final LN, LM head / tied wte)."""
         model = self.model
         xL = self.residuals[-1].detach().requires_grad_(True)
-        head = model.head[0]
-        named = [("head.0.ln_f.weight", head.ln_f.weight), ("head.0.ln_f.bias", head.ln_f.bias)]
+        head = cast(HeadCopy, model.head[0])
+        named: list[tuple[str, torch.Tensor]] = [
+            ("head.0.ln_f.weight", head.ln_f.weight),
+            ("head.0.ln_f.bias", head.ln_f.bias),
+        ]
         named.append(
-            ("embed.0.wte.weight", model.embed[0].wte.weight)
+            ("embed.0.wte.weight", cast(EmbedCopy, model.embed[0]).wte.weight)
             if head.lm_head is None
             else ("head.0.lm_head.weight", head.lm_head.weight)
         )
@@ -272,6 +280,7 @@ class _Grads(dict):
 
 
 def _put_mlp(g: _Grads, mb: _MLPBack, E: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> None:
+    assert mb.ln_w is not None and mb.ln_b is not None  # built with sums=True
     g.put("mlp_out.weight", _wgrad(E, h))
     g.put("mlp_out.bias", _sum(E))
     g.put("mlp_in.weight", _wgrad(mb.dh, c))
@@ -321,6 +330,7 @@ def dense_backward(
     da = dqkv @ blk.mod.attn_qkv.weight
     dln, lw, lb = _ln_backward(blk, 1, da, pre, wgrad)
     if wgrad:
+        assert lw is not None and lb is not None  # sums=wgrad
         g.put("attn_qkv.weight", _wgrad(dqkv, blk.a[:, :P]))
         g.put("attn_qkv.bias", _sum(dqkv))
         g.put("ln_1.weight", lw)
@@ -355,7 +365,7 @@ def _qkv_to_embedding(fw: Forward, blk: _Block, dqkv: torch.Tensor, dy: torch.Te
     w1 = (dqkv @ (W @ gamma)).unsqueeze(-1) * rstd / d  # (n, B, P, 1): rstd·m1
     w2 = (dqkv * fw._z0[:, :P]).sum(-1, keepdim=True) * rstd / d  # rstd·m2
     rq = dqkv * rstd  # (n, B, P, 3d)
-    emb = fw.model.embed[0]
+    emb = cast(EmbedCopy, fw.model.embed[0])
     V = emb.wte.weight.shape[0]
     wpe = dqkv.new_zeros((n,) + tuple(emb.wpe.weight.shape))
     wpe[:, :P] = (
@@ -429,6 +439,7 @@ def fresh_backward(
         g.put("attn_qkv.weight", _wgrad(dqkv, a_i))
         g.put("attn_qkv.bias", _sum(dqkv))
         dln, lw, lb = _ln_backward(blk, 1, dqkv @ W, at, True)
+        assert lw is not None and lb is not None  # sums=True
         g.put("ln_1.weight", lw)
         g.put("ln_1.bias", lb)
         return g, dln.add_(dy)
@@ -476,6 +487,7 @@ class FreshSpread:
         da = c @ b  # (n, B, P, d)
         da[:, :, i] += self.qa.index_select(0, idx)
         E, lw, lb = _ln_backward(self.blk, 1, da, lambda t: t[:, :P], True)
+        assert lw is not None and lb is not None  # sums=True
         E[:, :, i] += self.dy.index_select(0, idx)
         return E, lw, lb
 
@@ -483,7 +495,7 @@ class FreshSpread:
 def embedding_grads(fw: Forward, E: torch.Tensor, pos: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Gradients of wte and wpe (n, ...) for adjoints E at r^0: (n, B, P, d) over positions < P, or
     (n, B, d) at per-source positions ``pos`` (n,)."""
-    emb = fw.model.embed[0]
+    emb = cast(EmbedCopy, fw.model.embed[0])
     n, d = E.shape[0], E.shape[-1]
     V = emb.wte.weight.shape[0]
     wte = E.new_zeros((n * V, d))
@@ -603,9 +615,11 @@ def adjoints(
     p: list = [None] * (L + 1)
     a[L], d[L], p[L] = gL, gL, torch.zeros_like(gL)
     grads: dict[str, torch.Tensor] = {}
+    g: dict[str, torch.Tensor]
     for m in range(L - 1, -1, -1):  # block m+1 (0-based m)
         if myopic:
             g, a_in = dense_backward(fw, m, a[m + 1][None], myopic=True, wgrad=block_grads)
+            assert a_in is not None  # to_embedding=False
             a[m], d[m], p[m] = a_in[0], a_in[0], torch.zeros_like(gL)
             grads.update({n: t[0] for n, t in g.items()})
         else:
@@ -710,15 +724,18 @@ def _group_pass(fw: Forward, jobs: list[_Job], names: list[str], zero: ParamDict
                     ),
                 )
             if fresh:
+                assert e_f is not None
                 keep(fresh, embedding_grads(fw, e_f, pos_f))
             break
         m = k - 1
         new: dict[int, list] = {}
+        E_in: torch.Tensor | FreshSpread | None
         if myopic and pending:  # everything stays at its position
             idx = [j for parts in pending.values() for ids, _ in parts for j in ids]
             E = torch.cat([E for parts in pending.values() for _, E in parts])
             pos = torch.tensor([jobs[j].site[1] for j in idx], dtype=torch.long, device=dev)
             g, E_in = fresh_backward(fw, m, E, pos, myopic=True)
+            assert isinstance(E_in, torch.Tensor)  # myopic: a tensor, not a FreshSpread
             keep(idx, g)
             for r, j in enumerate(idx):
                 new.setdefault(jobs[j].site[1], []).append(([j], E_in[r : r + 1]))
@@ -730,12 +747,15 @@ def _group_pass(fw: Forward, jobs: list[_Job], names: list[str], zero: ParamDict
                 if E_in is not None:
                     new.setdefault(i, []).append((idx, E_in))
         if fresh:
+            assert e_f is not None
             g, spread = fresh_backward(fw, m, e_f, pos_f, myopic=myopic)
             keep(fresh, g)
             if myopic:
+                assert isinstance(spread, torch.Tensor)
                 for r, j in enumerate(fresh):
                     new.setdefault(jobs[j].site[1], []).append(([j], spread[r : r + 1]))
             else:
+                assert isinstance(spread, FreshSpread)
                 for i, rows in spread.rows_at().items():
                     new.setdefault(i, []).append(([fresh[r] for r in rows], spread, rows))
         pending = new

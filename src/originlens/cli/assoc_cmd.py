@@ -22,7 +22,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import ConfigError, InputError
 from .options import add_device, add_option, add_threads, apply_threads, utf8_text
@@ -87,7 +87,7 @@ def run_top(args: argparse.Namespace) -> int:
     from ..stats import load_statistics, top_associations
 
     st = load_statistics(args.stats)
-    dirs = ["row", "column"] if args.direction == "both" else [args.direction]
+    dirs: list[Literal["row", "column"]] = ["row", "column"] if args.direction == "both" else [args.direction]
     result = {}
     for w in args.word:
         result[w] = {

@@ -124,7 +124,9 @@ def _generate_ids(
             out, cache = adapter.decode(torch.tensor([fresh], dtype=torch.long, device=adapter.device), cache)
             logits = out[0, -1].float().cpu()
         else:
-            logits = adapter.run(torch.tensor([ids], dtype=torch.long, device=adapter.device))[0, -1].float().cpu()
+            full = adapter.run(torch.tensor([ids], dtype=torch.long, device=adapter.device))
+            assert isinstance(full, torch.Tensor)  # logits only: no residuals were asked for
+            logits = full[0, -1].float().cpu()
         if greedy:
             nxt = int(torch.argmax(logits))
         else:

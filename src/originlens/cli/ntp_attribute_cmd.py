@@ -10,7 +10,7 @@
   bit-identical to one process; rank 0 indexes the store, prints and builds the report.
 * ``originlens ntp attribute RUN --report`` (alone or after a computation) builds ``DIR/report.html``:
   integrated influence per component × feature type with CIs, the paper-style bar plot, the paper's Othello
-  sign pattern and the replay checks (:func:`originlens.attribution.store.write_report`).
+  sign pattern and the replay checks (:func:`originlens.attribution.store_report.write_report`).
 
 Registered as a top-level command; :func:`add_arguments` and :func:`cmd_attribute` let the ``ntp``
 group mount the same command as ``ntp attribute``.
@@ -127,7 +127,7 @@ def _sites(args: argparse.Namespace) -> Any:
 
 def cmd_attribute(args: argparse.Namespace) -> int:
     from ..attribution.replay import attribute_run
-    from ..attribution.store import write_report
+    from ..attribution.store_report import write_report
 
     apply_threads(args)
     sites = _sites(args)

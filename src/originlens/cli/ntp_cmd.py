@@ -45,6 +45,15 @@ def _task_option(s: str) -> tuple[str, Any]:
         return key.strip(), value
 
 
+def _bool(s: str) -> bool:
+    low = s.strip().lower()
+    if low in ("true", "yes", "1"):
+        return True
+    if low in ("false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
 def _betas(s: str) -> tuple[float, float]:
     try:
         a, b = (float(v) for v in s.split(","))
@@ -105,6 +114,15 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--dtype", "dtype", str, "float32 | float64"),
     ("--device", "device", _device_arg, "cpu | cuda | cuda:N | auto"),
     ("--attn-impl", "attn_impl", str, "standard-regime attention kernel: sdpa | eager"),
+    ("--mlp-ratio", "model.mlp_ratio", int, "MLP width as a multiple of d_model (4)"),
+    ("--tie-embeddings", "model.tie_embeddings", _bool, "true | false: LM head tied to the token embedding (true)"),
+    (
+        "--untie-init",
+        "model.untie_init",
+        str,
+        "untied regimes: the copies start independent (paper) | shared (equal to the first)",
+    ),
+    ("--dropout", "model.dropout", float, "dropout probability (0; runs with dropout cannot be attributed)"),
     (
         "--othello-pool",
         "othello_pool",
@@ -143,11 +161,14 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for _, dest, _, _ in OVERRIDES:
         v = getattr(args, f"ov_{dest}")
         if v is not None:
-            out[dest] = v
+            if dest.startswith("model."):  # nested NTPConfig.model (ModelOptions)
+                out.setdefault("model", {})[dest.split(".", 1)[1]] = v
+            else:
+                out[dest] = v
     if getattr(args, "task_options", None):
         out["task_options"] = dict(args.task_options)
     return out

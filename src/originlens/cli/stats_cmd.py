@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data import load_token_array
+    from ..data import TokenWindows
     from ..distributed import distributed_corpus_statistics, init
     from ..stats import corpus_statistics, save_statistics
     from ..storage import sha256_file
@@ -63,8 +63,9 @@ def run(args: argparse.Namespace) -> int:
     from ..storage import check_output_directory
 
     check_output_directory(args.out, kind_file=FILENAME, kind="statistics output", inputs=[src])  # before any work
-    tokens, vocab, manifest = load_token_array(src, args.vocab_size)
-    V = int(args.vocab_size if args.vocab_size is not None else len(vocab))
+    windows = TokenWindows.load(src, args.vocab_size)
+    tokens, vocab, manifest = windows.as_tuple()
+    V = windows.vocab_size
     if args.max_windows is not None:
         if args.max_windows < 1:
             raise InputError(f"--max-windows must be ≥ 1 (got {args.max_windows})", "pass a positive number")

@@ -46,7 +46,7 @@ from ..runs import git_commit, package_versions
 from ..storage import FORMAT_VERSION, atomic_directory, atomic_write_json, sha256_file, vocab_hash
 from . import readers, storyworld
 from .store import CORPUS_KIND, MANIFEST, TOKENIZER_DIR, TOKENS, VOCAB, TokenStore, is_corpus_dir, smallest_uint
-from .tokenizers import EOT, OOV_MODES, BPETokenizer, WordTokenizer, count_tokens, load_tokenizer
+from .tokenizers import EOT, OOV_MODES, BPETokenizer, Tokenizer, WordTokenizer, count_tokens, load_tokenizer
 
 DEFAULT_STORIES = 2000
 WINDOW_MODES = ("first", "pack", "split")
@@ -189,6 +189,7 @@ def build_corpus(
     # pass 1: train / count
     n_docs_pass1 = None
     specials = [EOT] if windows == "pack" else []
+    tok: Tokenizer
     if tokenizer in ("words", "bpe"):
         counted = [0]
 

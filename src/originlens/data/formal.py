@@ -24,7 +24,9 @@ import sys
 import sysconfig
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
+from email.message import Message
 from pathlib import Path
+from typing import cast
 
 from ..errors import ConfigError
 from ..storage import atomic_write_text
@@ -92,16 +94,17 @@ def _distribution_files() -> Iterator[tuple[Path, str, str, str]]:
     import importlib.metadata as md
 
     seen: set[str] = set()
-    dists = sorted(md.distributions(), key=lambda x: (x.metadata.get("Name") or "").lower())
+    # A distribution's metadata is an email Message at run time (the PackageMetadata protocol lacks .get).
+    dists = sorted(md.distributions(), key=lambda x: (cast(Message, x.metadata).get("Name") or "").lower())
     for dist in dists:
-        name = dist.metadata.get("Name") or "?"
+        name = cast(Message, dist.metadata).get("Name") or "?"
         if name.lower() in seen:
             continue
         seen.add(name.lower())
         licence = declared_licence(dist.metadata)
         for f in sorted(dist.files or [], key=str):
             if str(f).endswith(".py"):
-                yield Path(dist.locate_file(f)), name, dist.version or "?", licence
+                yield Path(cast("os.PathLike[str]", dist.locate_file(f))), name, dist.version or "?", licence
 
 
 def python_source_documents(

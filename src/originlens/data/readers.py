@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Protocol
 
 from ..errors import ConfigError, InputError
 from ..storage import sha256_file
@@ -272,7 +272,13 @@ def _iter_file(path: Path, text_field, split_mode, errors) -> Iterator[str | Non
             raise InputError(f"cannot read {path}: {exc}", "check that the file is complete") from None
 
 
-def _decoded_chunks(f: IO[bytes], path: Path, errors: str) -> Iterator[str]:
+class _ByteReader(Protocol):
+    """A binary file open for reading (a plain or a gzip file)."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+
+def _decoded_chunks(f: _ByteReader, path: Path, errors: str) -> Iterator[str]:
     """UTF-8 text of ``f`` in ~1 MiB pieces; strict errors name the file and absolute byte offset."""
     dec = codecs.getincrementaldecoder("utf-8")(errors=errors)
     fed = 0

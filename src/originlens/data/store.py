@@ -1,4 +1,4 @@
-"""Token store: a corpus directory of fixed-length windows, and validated loading of token arrays.
+"""Token store: a corpus directory of fixed-length windows (validated loading: :mod:`.windows`).
 
 Layout of a corpus directory (written by :func:`originlens.data.build.build_corpus`)::
 
@@ -150,8 +150,11 @@ class TokenStore:
         return cls(d, tokens, vocab, m)
 
 
-def _check_tokens(tokens: np.ndarray, where: Path | str, vocab_size: int | None, *, scan: bool = True) -> int:
-    """Validate a token array; returns the vocabulary size (given, or max id + 1)."""
+def check_window_array(tokens: Any, where: Path | str = "token array") -> np.ndarray:
+    """The structural checks every reader of token windows applies, in one place: a 2-D (N, T+1)
+    integer array with T+1 ≥ 2 and N ≥ 1 (:class:`InputError` naming ``where`` otherwise). Returns
+    ``np.asarray(tokens)`` (no copy); the id range is the caller's (it needs |V|)."""
+    tokens = np.asarray(tokens)
     if tokens.ndim != 2:
         raise InputError(
             f"{where} holds a {tokens.ndim}-D array of shape {tokens.shape}; expected 2-D (N, T+1)",
@@ -169,9 +172,15 @@ def _check_tokens(tokens: np.ndarray, where: Path | str, vocab_size: int | None,
         )
     if n == 0:
         raise InputError(
-            f"{where} holds no windows (shape {tokens.shape})",
+            f"{where} holds no windows (empty, shape {tokens.shape})",
             "rebuild the corpus with a smaller --seq-len or more text",
         )
+    return tokens
+
+
+def _check_tokens(tokens: np.ndarray, where: Path | str, vocab_size: int | None, *, scan: bool = True) -> int:
+    """Validate a token array; returns the vocabulary size (given, or max id + 1)."""
+    check_window_array(tokens, where)
     if vocab_size is not None and vocab_size < 1:
         raise InputError(f"vocab_size must be >= 1, got {vocab_size}", "pass a positive --vocab-size")
     if not scan:
@@ -187,34 +196,3 @@ def _check_tokens(tokens: np.ndarray, where: Path | str, vocab_size: int | None,
             f"pass a vocab size >= {hi + 1}, or rebuild the corpus with this vocabulary",
         )
     return int(vocab_size)
-
-
-def load_token_array(
-    path_or_dir: str | Path, vocab_size: int | None = None
-) -> tuple[np.ndarray, list[str] | None, dict[str, Any] | None]:
-    """Token windows from a corpus directory or a bare ``.npy`` file, validated.
-
-    Returns ``(tokens, vocab, manifest)``: ``tokens`` is a read-only (N, T+1) integer array (memmap);
-    ``vocab`` and ``manifest`` are ``None`` for a bare ``.npy``. Checks: 2-D integer array, T+1 >= 2,
-    N >= 1, 0 <= ids < vocab_size (default: the corpus's |V|, or max id + 1 for a bare array).
-    Caveat: the id check reads the whole array once.
-    """
-    p = Path(path_or_dir)
-    if p.is_dir():
-        store = TokenStore.open(p)
-        vs = store.vocab_size if vocab_size is None else int(vocab_size)
-        _check_tokens(store.tokens, store.path / TOKENS, vs)
-        return store.tokens, store.vocab, store.manifest
-    if not p.exists():
-        raise InputError(
-            f"token file or corpus directory {p} does not exist",
-            "pass a corpus directory (originlens corpus build) or an .npy file of token ids",
-        )
-    if p.suffix.lower() != ".npy":
-        raise InputError(
-            f"{p} is neither a corpus directory nor an .npy file",
-            "pass a corpus directory (originlens corpus build) or an .npy file of token ids",
-        )
-    tokens = _load_npy(p)
-    _check_tokens(tokens, p, None if vocab_size is None else int(vocab_size))
-    return tokens, None, None

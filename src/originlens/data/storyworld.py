@@ -28,6 +28,9 @@ Caveats: the stories are template text (repetitive by design); function words (t
 frequent in every row of Φ̄, so plant recovery is a statement about rankings among content words or
 about rows compared with other rows. The output depends only on ``(n, seed)`` and
 :data:`GENERATOR_VERSION`; changing templates must bump the version.
+
+Size: most of the file is the generator's vocabulary and templates (data, not logic); they are versioned
+together with the sampling code by :data:`GENERATOR_VERSION`, so they stay in one file.
 """
 
 from __future__ import annotations

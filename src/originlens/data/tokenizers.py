@@ -1,9 +1,12 @@
 """Tokenizers: the papers' word-level tokenizer, a corpus-trained BPE, and pretrained ``tokenizer.json``.
 
-All three follow one small protocol (:class:`Tokenizer`): ``encode(text) -> list[int]``,
-``decode(ids) -> str``, ``vocab`` (token string per id), ``vocab_size``, ``unk_id`` and ``eot_id``
-(``None`` when absent), ``settings()`` (JSON-able) and ``save(dir)``; :func:`load_saved` reads back
-any saved tokenizer.
+One protocol for every tokenizer of the package, in two levels: :class:`TextTokenizer`
+(``encode(text) -> list[int]``, ``decode(ids) -> str``, ``vocab_size``) is what any consumer of text may
+rely on, and what the LM tools' :class:`originlens.lm.loading.TextCodec` (llama2.c, ``tokenizer.json``,
+``AutoTokenizer``, and the tokenizers below) implements; :class:`Tokenizer` adds what a corpus needs:
+``vocab`` (token string per id), ``unk_id`` and ``eot_id`` (``None`` when absent), ``settings()``
+(JSON-able) and ``save(dir)``.  All three tokenizers below follow :class:`Tokenizer`;
+:func:`load_saved` reads back any saved one.
 
 Word tokenizer (arXiv 2601.19208 §5.1.1, see :func:`pre_tokenize`): the text is lower-cased
 *as a whole* (``str.lower``, so Greek final sigma follows its context), then every maximal run of
@@ -46,15 +49,24 @@ _EOT_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|eot_id|>", EOT)
 
 
 @runtime_checkable
-class Tokenizer(Protocol):
-    vocab: list[str]
-    unk_id: int | None
-    eot_id: int | None
+class TextTokenizer(Protocol):
+    """Text ↔ ids: ``encode`` gives the ids of plain text (no BOS/EOS added unless the tokenizer's own
+    settings wrap every text), ``decode`` the text of ids; every id is below ``vocab_size``."""
 
     @property
     def vocab_size(self) -> int: ...
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: Iterable[int]) -> str: ...
+
+
+@runtime_checkable
+class Tokenizer(TextTokenizer, Protocol):
+    """A corpus tokenizer: a :class:`TextTokenizer` with named ids, special ids, settings and storage."""
+
+    vocab: list[str]
+    unk_id: int | None
+    eot_id: int | None
+
     def settings(self) -> dict[str, Any]: ...
     def save(self, directory: str | Path) -> Path: ...
 
@@ -284,7 +296,10 @@ class BPETokenizer(_HFBacked):
 
     def encode(self, text: str) -> list[int]:
         ids = self._ids(text)
-        return [self.bos_id, *ids, self.eot_id] if self.wrap else ids
+        if not self.wrap:
+            return ids
+        assert self.eot_id is not None  # __init__ refuses a tokenizer without </s>
+        return [self.bos_id, *ids, self.eot_id]
 
     def settings(self) -> dict[str, Any]:
         return {

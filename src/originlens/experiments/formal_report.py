@@ -61,7 +61,7 @@ def summarise(config: Any, out: Path, unigram: dict[str, float]) -> dict[str, An
         nm: all(a <= b - s["learned_margin"] for x in fm.DOMAINS for a, b in zip(losses[x][nm], losses[x]["initial"]))
         for nm in REGIMES
     }
-    quality = {
+    quality: dict[str, Any] = {
         "held_out_loss": {
             nm: {x: inference.mean_ci(losses[x][nm], conf) for x in fm.DOMAINS} for nm in (*REGIMES, "initial")
         },
@@ -435,7 +435,7 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
             caption="per seed: mean over prompts and α; Student t over seeds",
         )
         rep.table(["test", "result", "holds"], [[k, _test(v), v["holds"]] for k, v in t["steering"].items()])
-        ex = next(iter(summary["steering_examples"].values()), [])
+        ex: list[dict[str, Any]] = next(iter(summary["steering_examples"].values()), [])
         rep.table(
             ["prompt", "zero (c = 0)", "top-Q", "random", "bottom-Q"],
             [[e["prompt"], e["zero"], e["top"], e["random"], e["bottom"]] for e in ex],

@@ -26,6 +26,9 @@ lower bounds on its horizons).
 
 Writes ``OUT/experiment.json``, ``OUT/report.html`` (with the horizon plot) and
 ``results/leading-terms/horizon-<scale>.json``.
+
+:mod:`.horizon_analysis` holds the fit and the per-cell summaries, :mod:`.horizon_report` the report, the
+``docs/results.md`` section and the verdict; their public names are importable from here as well.
 """
 
 from __future__ import annotations
@@ -42,19 +45,21 @@ from ..errors import ConfigError, InputError
 from ..progress import log
 from ..runs import exclusive, to_jsonable
 from ..storage import atomic_write_json, read_json
-from . import inference
-from .formatting import sig as _f
-from .persistence import KINDS, THRESHOLDS, StepCosines, corpus_for, horizon, null_statistics, sustained_horizon
+from .horizon_analysis import PAPER_POINT, _fits, fit_horizon, summarise  # noqa: F401 (re-exported)
+from .horizon_report import (  # noqa: F401 (re-exported)
+    FIT_HEADER,
+    READING,
+    _figure,
+    fit_rows,
+    judge,
+    render_section,
+    write_report,
+)
+from .persistence_cosines import KINDS, THRESHOLDS, StepCosines, corpus_for, horizon, null_statistics, sustained_horizon
 from .records import commits_of, read_unit_record, record_path, write_unit_record
 from .results import default_results_path, write_results
 
 EXPERIMENT = "leading-terms"
-PAPER_POINT = {
-    "vocab_size": 3000,
-    "seq_len": 200,
-    "lr": 0.05,
-    "observed": {"0.9": "> 48 (every cosine ≥ 0.9 at epoch 30)", "0.7": "> 160 (> 0.7 at epoch 100)"},
-}
 SCALES: dict[str, dict[str, Any]] = {
     # |V| doubling from 50 to 400, T 16 and 32, at the paper's large η up to t = 50 (its epoch-30 point is
     # t = 48).  Measured on one core (T 16, 1,000 steps): |V| 100 ≈ 1 min, 200 ≈ 3.5 min, 400 ≈ 7 min a run;
@@ -222,112 +227,6 @@ def _sustained(series: dict[str, list[tuple[int, float | None]]]) -> dict[str, d
     return {k: {f"{th:g}": sustained_horizon(series[k], th) for th in THRESHOLDS} for k in KINDS}
 
 
-# ----------------------------------------------------------------------------------------------------
-# the fit
-
-
-def fit_horizon(points: list[tuple[int, int, float]], confidence: float = 0.95) -> dict[str, Any]:
-    """OLS of ln t on [1, ln V, ln T] over ``points`` = [(V, T, t), ...]; exponents with Student-t
-    intervals, R², residual sd and the prediction at the paper's (V, T) with its prediction interval.
-    With a single T only the |V| exponent is fitted (ln T dropped)."""
-    from scipy import stats
-
-    pts = [(v, t, h) for v, t, h in points if h is not None and h > 0]
-    n = len(pts)
-    Ts = sorted({t for _, t, _ in pts})
-    Vs = sorted({v for v, _, _ in pts})
-    cols = ["intercept"] + (["ln |V|"] if len(Vs) > 1 else []) + (["ln T"] if len(Ts) > 1 else [])
-    out: dict[str, Any] = {"n": n, "terms": cols, "coef": None}
-    p = len(cols)
-    if n <= p:
-        out["note"] = f"{n} uncensored runs for {p} coefficients: no fit"
-        return out
-    X = np.array(
-        [
-            [1.0] + ([math.log(v)] if "ln |V|" in cols else []) + ([math.log(t)] if "ln T" in cols else [])
-            for v, t, _ in pts
-        ]
-    )
-    y = np.array([math.log(h) for _, _, h in pts])
-    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
-    resid = y - X @ beta
-    dof = n - p
-    s2 = float(resid @ resid) / dof
-    cov = s2 * np.linalg.inv(X.T @ X)
-    se = np.sqrt(np.diag(cov))
-    q = float(stats.t.ppf(0.5 + confidence / 2, dof))
-    out["coef"] = {
-        c: {
-            "estimate": float(b),
-            "se": float(e),
-            "low": float(b - q * e),
-            "high": float(b + q * e),
-            "p_zero": float(2 * stats.t.sf(abs(b / e), dof)) if e > 0 else None,
-        }
-        for c, b, e in zip(cols, beta, se)
-    }
-    tss = float(((y - y.mean()) ** 2).sum())
-    out["r2"] = 1 - float(resid @ resid) / tss if tss > 0 else None
-    out["resid_sd"] = math.sqrt(s2)
-    x0 = np.array(
-        [1.0]
-        + ([math.log(PAPER_POINT["vocab_size"])] if "ln |V|" in cols else [])
-        + ([math.log(PAPER_POINT["seq_len"])] if "ln T" in cols else [])
-    )
-    mu = float(x0 @ beta)
-    half = q * math.sqrt(s2 + float(x0 @ cov @ x0))
-    out["prediction_paper_point"] = {
-        "t": math.exp(mu),
-        "low": math.exp(mu - half),
-        "high": math.exp(mu + half),
-        "extrapolation": f"|V| {PAPER_POINT['vocab_size']} vs fitted {Vs[0]}–{Vs[-1]}, "
-        f"T {PAPER_POINT['seq_len']} vs fitted {Ts[0]}–{Ts[-1]}",
-    }
-    return out
-
-
-def _fits(config: HorizonConfig, runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """Pooled and per-seed fits of the ``key`` horizons ("horizon": first drop, "sustained") per (type, θ)."""
-    lr = float(config.settings["lr"])
-
-    def pts(rs: list[dict[str, Any]], k: str, th: str) -> list[tuple[int, int, float | None]]:
-        return [(r["vocab_size"], r["seq_len"], None if r[key][k][th] is None else r[key][k][th] * lr) for r in rs]
-
-    seeds = sorted({r["seed"] for r in runs})
-    out: dict[str, Any] = {}
-    for k in KINDS:
-        for th in (f"{x:g}" for x in THRESHOLDS):
-            fit = fit_horizon(pts(runs, k, th), config.confidence)
-            fit["censored"] = sum(r[key][k][th] is None for r in runs)
-            per = [fit_horizon(pts([r for r in runs if r["seed"] == sd], k, th), config.confidence) for sd in seeds]
-            fit["per_seed"] = {
-                term: inference.mean_ci(
-                    [(f.get("coef") or {}).get(term, {}).get("estimate") for f in per], config.confidence
-                )
-                for term in ("ln |V|", "ln T")
-            }
-            out.setdefault(k, {})[th] = fit
-    return out
-
-
-def summarise(config: HorizonConfig, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    lr = float(config.settings["lr"])
-    cells: dict[str, Any] = {}
-    for V, T in config.cells:
-        rs = [r for r in runs if r["seq_len"] == T and r["requested_vocab"] == V]
-        cell = {"vocab_size": rs[0]["vocab_size"] if rs else V, "seq_len": T, "steps_run": [r["steps_run"] for r in rs]}
-        for k in KINDS:
-            for th in (f"{x:g}" for x in THRESHOLDS):
-                for key, name in (("horizon", k), ("sustained", f"{k} sustained")):
-                    hs = [r[key][k][th] for r in rs]
-                    cell.setdefault(name, {})[th] = {
-                        "t": inference.mean_ci([h * lr for h in hs if h is not None], config.confidence),
-                        "censored": sum(h is None for h in hs),
-                    }
-        cells[f"V{V}-T{T}"] = cell
-    return {"cells": cells, "fits": _fits(config, runs, "horizon"), "fits_sustained": _fits(config, runs, "sustained")}
-
-
 def unit_name(V: int, T: int, seed: int) -> str:
     """The record name of one grid cell and seed: ``V100-T16-seed-0``."""
     return f"V{int(V)}-T{int(T)}-seed-{int(seed)}"
@@ -450,232 +349,3 @@ def run_horizon(
         )
         summary["results_file"] = str(res_path)
     return summary
-
-
-# ----------------------------------------------------------------------------------------------------
-# report, docs section
-
-
-def _coef_text(fit: dict[str, Any], term: str) -> str:
-    c = (fit.get("coef") or {}).get(term)
-    if not c:
-        return "—"
-    return f"{_f(c['estimate'])} [{_f(c['low'])}, {_f(c['high'])}] (p {_f(c['p_zero'], 2)})"
-
-
-def _per_seed_text(fit: dict[str, Any], term: str) -> str:
-    c = (fit.get("per_seed") or {}).get(term)
-    if not c or c.get("mean") is None:
-        return "—"
-    if c.get("low") is None:
-        return f"{_f(c['mean'])} (n {c['n']})"
-    return f"{_f(c['mean'])} [{_f(c['low'])}, {_f(c['high'])}] (n {c['n']})"
-
-
-def fit_rows(fits: dict[str, Any]) -> list[list[str]]:
-    rows = []
-    for k, ths in fits.items():
-        for th, fit in ths.items():
-            pred = fit.get("prediction_paper_point")
-            rows.append(
-                [
-                    k,
-                    th,
-                    str(fit["n"]),
-                    str(fit.get("censored", 0)),
-                    _per_seed_text(fit, "ln |V|"),
-                    _coef_text(fit, "ln |V|"),
-                    _coef_text(fit, "ln T"),
-                    _f(fit.get("r2")),
-                    f"{_f(pred['t'])} [{_f(pred['low'])}, {_f(pred['high'])}]" if pred else "—",
-                    PAPER_POINT["observed"].get(th, "—"),
-                ]
-            )
-    return rows
-
-
-FIT_HEADER = [
-    "weight",
-    "θ",
-    "runs fitted",
-    "censored",
-    "exponent of |V|, per seed (interval over seeds)",
-    "exponent of |V|, pooled OLS",
-    "exponent of T, pooled OLS",
-    "R²",
-    "predicted t at |V| 3,000, T 200",
-    "paper (η 0.05)",
-]
-
-
-def _figure(summary: dict[str, Any], plt: Any) -> Any:
-    """Horizon t against |V| per run, log–log: first drop (top row) and sustained (bottom row, when the runs
-    have it), one column per weight type, one marker per threshold and colour per T."""
-    runs = summary["runs"]
-    keys = ["horizon"] + (["sustained"] if runs and all("sustained" in r for r in runs) else [])
-    fig, axes = plt.subplots(len(keys), len(KINDS), figsize=(4 * len(KINDS), 3.2 * len(keys)), squeeze=False)
-    Ts = sorted({r["seq_len"] for r in runs})
-    for row, key in zip(axes, keys):
-        for ax, k in zip(row, KINDS):
-            for i, T in enumerate(Ts):
-                for j, (th, marker) in enumerate(zip((f"{x:g}" for x in THRESHOLDS), "os^")):
-                    pts = [
-                        (r["vocab_size"], r[key][k][th] * r["lr"])
-                        for r in runs
-                        if r["seq_len"] == T and r[key][k][th] is not None
-                    ]
-                    # one colour per (T, θ) in every panel, so one legend serves all
-                    color = f"C{i * len(THRESHOLDS) + j}"
-                    ax.scatter(
-                        *(zip(*pts) if pts else ([], [])), marker=marker, s=14, color=color, label=f"T={T}, θ={th}"
-                    )
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel("|V|")
-            ax.set_ylabel(f"{'first drop' if key == 'horizon' else 'sustained'}: t = sη")
-            ax.set_title(k)
-        row[-1].legend(fontsize=6)
-    fig.tight_layout()
-    return fig
-
-
-def write_report(summary: dict[str, Any], out: str | Path) -> Path:
-    from ..report import Report
-
-    sc = summary["scale"]
-    rep = Report(f"Leading-term horizon vs |V| and T ({sc['name']} scale)")
-    rep.text(f"{sc['summary']}: {sc['model']}; {sc['training']}; grid {sc['grid']}.")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig = _figure(summary, plt)
-        rep.figure(
-            fig,
-            "horizon per run, log–log: first t = sη with cosine < θ (top), first t from which it stays below θ "
-            "(bottom)",
-            name="horizon.png",
-        )
-        plt.close(fig)
-    except ImportError:
-        rep.text("(matplotlib is not installed: no plot)")
-    rep.table(
-        FIT_HEADER,
-        fit_rows(summary["fits"]),
-        caption="first drop below θ: OLS of ln t on ln |V| and ln T, per seed (Student-t interval of the "
-        "exponent over seeds) and pooled over uncensored runs; prediction interval at the paper's point "
-        "(an extrapolation)",
-    )
-    if summary.get("fits_sustained"):
-        rep.table(
-            FIT_HEADER,
-            fit_rows(summary["fits_sustained"]),
-            caption="sustained (first step from which the cosine stays below θ): the same fits",
-        )
-    rep.table(
-        ["cell", *[f"{k}, θ {th}" for k in KINDS for th in ("0.9", "0.7")]],
-        [[c, *[_cell_text(v[k][th]) for k in KINDS for th in ("0.9", "0.7")]] for c, v in summary["cells"].items()],
-        caption="horizon t per cell, Student-t over uncensored seeds (censored: never dropped)",
-    )
-    return rep.write(out)
-
-
-def _cell_text(v: dict[str, Any]) -> str:
-    t = v["t"]
-    txt = (
-        "never"
-        if t["n"] == 0
-        else (f"{_f(t['mean'])}" + (f" [{_f(t['low'])}, {_f(t['high'])}]" if t["low"] is not None else ""))
-    )
-    return txt + (f" ({v['censored']} censored)" if v["censored"] and t["n"] else "")
-
-
-READING = (
-    "the targets are the first batch's statistics (the paper's protocol); with batches of 256 × T tokens the "
-    "first batch's estimate of B̄ is noisy at large |V|, and a cosine can fall below 0.99 within the first "
-    "steps and stay there (negative |V| exponents at θ = 0.99): that threshold measures the target's sampling "
-    "noise, θ = 0.9 and 0.7 the departure from the leading terms.  The prediction at |V| 3,000, T 200 is an "
-    "extrapolation far outside the fitted grid."
-)
-
-
-def render_section(key: str, rec: dict[str, Any]) -> list[str]:
-    from .render import _header
-
-    out = [
-        f"### {rec['name']} (`results/{key}.json`)",
-        "",
-        *_header(rec),
-        f"- grid: {rec['scale']['grid']}",
-        f"- reading: {READING}",
-        "",
-        "| " + " | ".join(FIT_HEADER) + " |",
-        "|" + "---|" * len(FIT_HEADER),
-    ]
-    out += ["| " + " | ".join(r) + " |" for r in fit_rows(rec["numbers"]["fits"])]
-    if rec["numbers"].get("fits_sustained"):
-        out += [
-            "",
-            "Sustained horizon (the first step from which the cosine stays below θ; a dip that recovers does "
-            "not count):",
-            "",
-            "| " + " | ".join(FIT_HEADER) + " |",
-            "|" + "---|" * len(FIT_HEADER),
-        ]
-        out += ["| " + " | ".join(r) + " |" for r in fit_rows(rec["numbers"]["fits_sustained"])]
-    cells = rec["numbers"]["cells"]
-    head = ["cell", *[f"{k}, θ {th}" for k in KINDS for th in ("0.9", "0.7")]]
-    out += [
-        "",
-        "Horizon t per cell (Student-t over uncensored seeds):",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
-    out += [
-        "| " + " | ".join([c, *[_cell_text(v[k][th]) for k in KINDS for th in ("0.9", "0.7")]]) + " |"
-        for c, v in cells.items()
-    ]
-    out.append("")
-    return out
-
-
-def judge(rec: dict[str, Any]) -> Any:
-    """At θ = 0.9 per weight type: the interval over seeds of the |V| exponent lies above 0 (the horizon grows
-    with |V|).
-    Reproduced (the hypothesis holds): for every type; partial: for some; not reproduced: for none, or no
-    fit."""
-    from .claims import Verdict
-
-    fits = rec["numbers"]["fits"]
-    held, parts = [], []
-    for k in KINDS:
-        fit = fits.get(k, {}).get("0.9") or {}
-        c = (fit.get("per_seed") or {}).get("ln |V|")
-        if c is None or c.get("low") is None:  # records before per-seed fits: the pooled interval
-            pooled = (fit.get("coef") or {}).get("ln |V|")
-            c = pooled and {"mean": pooled["estimate"], "low": pooled["low"], "high": pooled["high"]}
-        parts.append(f"{k} {_f(c['mean'])} [{_f(c['low'])}, {_f(c['high'])}]" if c else f"{k} —")
-        if c and c["low"] > 0:
-            held.append(k)
-    preds = []
-    for k in KINDS:
-        p = (fits.get(k, {}).get("0.9") or {}).get("prediction_paper_point")
-        if p:
-            preds.append(f"{k} {_f(p['t'])} [{_f(p['low'])}, {_f(p['high'])}]")
-    ours = (
-        "exponent of |V| in the θ = 0.9 horizon (mean over seeds, Student-t interval): "
-        + ", ".join(parts)
-        + f"; > 0 for {len(held)}/{len(KINDS)} types"
-        + (
-            f"; extrapolated θ = 0.9 horizon at |V| 3,000, T 200: t = {', '.join(preds)} (paper: every cosine "
-            "≥ 0.9 at t = 48)"
-            if preds
-            else ""
-        )
-    )
-    scale = f"{rec['scale']['model']}; {rec['scale']['training']}; {rec['scale']['grid']}"
-    verdict = "reproduced" if len(held) == len(KINDS) else "partial" if held else "not reproduced"
-    return Verdict(verdict, ours, scale)

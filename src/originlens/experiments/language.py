@@ -43,8 +43,11 @@ the paper's two claims tested as hypotheses over seeds.
 8. writes ``OUT/experiment.json``, ``OUT/report.html`` (+ ``report.md``) and the results file
    ``results/language/tinystories-<scale>.json`` (unless ``results`` says otherwise).
 
-:mod:`.language_report` holds the text: the report, ``docs/results.md``'s section
-(``render_section``) and the verdict rules of the two TinyStories claims (``judge_loss``, ``judge_features``).
+:mod:`.language_runs` trains and attributes the runs, :mod:`.language_analysis` measures them and aggregates
+over seeds, :mod:`.language_continuations` generates the continuations, and :mod:`.language_report` holds
+the text: the report, ``docs/results.md``'s section (``render_section``) and the verdict rules of the two
+TinyStories claims (``judge_loss``, ``judge_features``).  The public names of the first three are
+importable from here as well.
 
 Scales (:data:`SCALES`): ``paper`` is the paper's configuration (4 layers, d = 128, 4 heads, batch 256,
 1,000 steps, T = 64, eval 30,000 windows; attributed positions 30, 34, 38; a GPU job); ``cpu`` keeps the
@@ -72,25 +75,37 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from . import inference
+from .language_analysis import (  # noqa: F401 (re-exported)
+    ALPHA,
+    COMPONENTS,
+    INFLUENCE_GROUPS,
+    LOSS_TEST,
+    POSITION_FEATURES,
+    PROBE_GROUPS,
+    SHARE_TEST,
+    SYNTAX_TEST,
+    TESTS,
+    influence_by_group,
+    influence_group,
+    probe_group,
+    probe_quality,
+    run_influence,
+    summarise,
+)
+from .language_continuations import continuations, generate  # noqa: F401 (re-exported)
+from .language_runs import _run_all
 
 EXPERIMENT = "language"
 TASK = "tinystories"
 REGIMES = ("standard", "myopic")
-COMPONENTS = ("direct", "precached", "shared", "full")
-PROBE_GROUPS = ("tags", "deps", "position")
-INFLUENCE_GROUPS = ("syntax", "position")
-POSITION_FEATURES = ("pos_int", "pos_prop")
 PAPER_TRACKED_POSITIONS = tuple(range(30, 40))
 PAPER_WINDOW = 64
 PAPER_SEEDS = 10
-ALPHA = 0.05
 # The paper's configuration (arXiv 2603.14087's hyper-parameter table, TinyStories row).
 PAPER = dict(n_layer=4, d_model=128, n_head=4, batch_size=256, steps=1000, eval_size=30000)
 # Shared by every scale: only the final eval/probes are needed; every checkpoint is kept (replay checks).
@@ -130,36 +145,7 @@ SCALE_NOTES = {
 # Task options the experiment sets itself (through its own fields).
 OWN_TASK_OPTIONS = ("syntax_features", "annotator", "syntax_labels", "spacy_model")
 OWN_NTP_FIELDS = ("task", "regime", "seed", "task_options", "probe_positions")
-
-LOSS_TEST = "myopic > standard (held-out loss)"
-SYNTAX_TEST = "syntax: direct > precached"
-SHARE_TEST = "precached share: position > syntax"
-TESTS = {
-    LOSS_TEST: "myopic training costs language-modelling loss (paper: 3.29 ± 0.02 myopic vs 2.53 ± 0.10 "
-    "standard, their tokenizer)",
-    SYNTAX_TEST: "syntax features are built directly: direct > pre-cached influence (standard training)",
-    SHARE_TEST: "story-position features lean on pre-caching: their pre-cached share exceeds the syntax "
-    "features' (standard training)",
-}
 PAPER_LOSS = {"myopic": "3.29 ± 0.02", "standard": "2.53 ± 0.10"}
-
-
-def probe_group(feature: str) -> str | None:
-    """``tags`` / ``deps`` / ``position`` for the task's features (None for anything else, e.g. the
-    ``f~random{j}`` null directions of an attribution store)."""
-    if "~" in feature:
-        return None
-    if feature.startswith("tag_"):
-        return "tags"
-    if feature.startswith("dep_"):
-        return "deps"
-    return "position" if feature in POSITION_FEATURES else None
-
-
-def influence_group(feature: str) -> str | None:
-    """``syntax`` (tags and dependency labels) / ``position`` / None."""
-    g = probe_group(feature)
-    return "syntax" if g in ("tags", "deps") else g
 
 
 def _task_defaults() -> dict[str, Any]:
@@ -270,10 +256,10 @@ class LanguageExperimentConfig:
         if self.attribute_positions is None:
             self.attribute_positions = [i for i in preset["attribute_positions"] if i < T] or [T // 2]
         self.attribute_positions = sorted({int(i) for i in self.attribute_positions})
-        bad = [i for i in self.attribute_positions if not 1 <= i <= T - 1]
-        if bad or not self.attribute_positions:
+        bad_positions = [i for i in self.attribute_positions if not 1 <= i <= T - 1]
+        if bad_positions or not self.attribute_positions:
             raise ConfigError(
-                f"attributed positions {bad or self.attribute_positions} outside 1..{T - 1} (window T = {T})",
+                f"attributed positions {bad_positions or self.attribute_positions} outside 1..{T - 1} (window T = {T})",
                 "e.g. --attribute-positions 30,34,38 (T = 64)",
             )
         cfg0 = self.run_config(self.regimes[0], self.seeds[0], initial=False)  # validates the overrides
@@ -433,464 +419,6 @@ class LanguageExperimentConfig:
 
 
 # ----------------------------------------------------------------------------------------------------
-# training, nulls and attribution of one (regime, seed)
-
-
-def _dirs(out: Path, regime: str, seed: int) -> tuple[Path, Path]:
-    from ..train.grid import run_dir_for
-
-    return run_dir_for(out / "trained", regime, seed), run_dir_for(out / "initial", regime, seed)
-
-
-def _attribution_done(store: Path, end: int, sites: Sequence[Sequence[int]]) -> bool:
-    """Whether ``store`` holds the Adam attribution of updates 1..``end`` at ``sites``; a store attributed
-    with other sites, steps or optimizer is refused (its numbers would not be the requested ones)."""
-    from ..attribution.store import read_segment_infos
-    from ..errors import CompatibilityError
-
-    infos = read_segment_infos(store) if store.is_dir() else []
-    want = sorted([int(k), int(i)] for k, i in sites)
-    for s in infos:
-        got = sorted([int(k), int(i)] for k, i in s.get("sites", []))
-        if got != want or s.get("optimizer") != "adam" or int(s["start"]) != 0 or int(s["end"]) != end:
-            raise CompatibilityError(
-                f"{store} holds an attribution of updates {int(s['start']) + 1}..{s['end']} at sites {got} "
-                f"({s.get('optimizer')}), not updates 1..{end} at sites {want} (adam)",
-                "use the same --attribute-positions / --attribute-layers / --attribute-steps, or delete that "
-                "attribution directory to recompute it",
-            )
-    return bool(infos)
-
-
-def _run_job(job: dict[str, Any]) -> list[str]:
-    """Train (or skip) one (regime, seed), its initial-model null, and attribute it if asked — in one
-    process with one thread count, as bit-exact replay requires."""
-    import torch
-
-    from ..train.ntp import NTPConfig, is_finished, train
-
-    if job.get("threads"):
-        torch.set_num_threads(int(job["threads"]))
-    done = []
-    for key in ("trained", "initial"):
-        cfg = NTPConfig.from_dict(job[key])
-        d = Path(job[f"{key}_dir"])
-        if not is_finished(d, cfg):
-            t = time.time()
-            train(cfg, d, resume=True)
-            done.append(f"{d}: trained in {time.time() - t:.0f} s")
-    attr = job.get("attribution")
-    if attr:
-        from ..attribution.replay import attribute_run
-
-        d = Path(job["trained_dir"])
-        store = d / "attribution"
-        if not _attribution_done(store, attr["end"], attr["sites"]):
-            from ..storage import read_json
-
-            t = time.time()
-            # bit-exact replay needs the thread count the run was trained with (a run trained by an earlier call)
-            trained_threads = read_json(d / "environment.json").get("torch_threads")
-            old = torch.get_num_threads()
-            if trained_threads and int(trained_threads) != old:
-                torch.set_num_threads(int(trained_threads))
-            try:
-                attribute_run(
-                    d,
-                    sites=[tuple(s) for s in attr["sites"]],
-                    features="all",
-                    optimizer="adam",
-                    segment=(0, attr["end"]),
-                    out=store,
-                )
-            finally:
-                torch.set_num_threads(old)
-            done.append(f"{store}: attributed updates 1..{attr['end']} in {time.time() - t:.0f} s")
-    return done
-
-
-def _jobs(config: LanguageExperimentConfig, out: Path) -> list[dict[str, Any]]:
-    from ..train.ntp import is_finished
-
-    jobs = []
-    for regime in config.regimes:
-        for seed in config.seeds:
-            tr, ini = config.run_config(regime, seed, initial=False), config.run_config(regime, seed, initial=True)
-            d, d0 = _dirs(out, regime, seed)
-            attr = None
-            if regime in (config.attribute_regimes or []):
-                attr = {
-                    "sites": [[k, i] for k in config.attribute_layers for i in config.attribute_positions],
-                    "end": config.end_step(tr.steps),
-                }
-            if (
-                is_finished(d, tr)
-                and is_finished(d0, ini)
-                and (attr is None or _attribution_done(d / "attribution", attr["end"], attr["sites"]))
-            ):
-                continue
-            jobs.append(
-                {
-                    "regime": regime,
-                    "seed": seed,
-                    "trained": tr.to_dict(),
-                    "initial": ini.to_dict(),
-                    "trained_dir": str(d),
-                    "initial_dir": str(d0),
-                    "attribution": attr,
-                }
-            )
-    return jobs
-
-
-def _run_all(config: LanguageExperimentConfig, out: Path) -> list[str]:
-    from ..progress import log
-
-    jobs = _jobs(config, out)
-    if not jobs:
-        return []
-    if config.jobs == 1:
-        import torch
-
-        threads = torch.get_num_threads()  # in-process: the caller's thread count
-        return [m for j in jobs for m in _run_job({**j, "threads": threads})]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    done: list[str] = []
-    with ProcessPoolExecutor(max_workers=config.jobs, mp_context=mp.get_context("spawn")) as pool:
-        for msgs in pool.map(_run_job, [{**j, "threads": 1} for j in jobs]):  # parallel: one thread each
-            for m in msgs:
-                log(m, level=2)
-            done += msgs
-    return done
-
-
-# ----------------------------------------------------------------------------------------------------
-# per-run measurements
-
-
-def probe_quality(run_dir: str | Path, layers: Sequence[int], positions: Sequence[int]) -> dict[str, Any]:
-    """Mean test Pearson r of a finished run's final probes over ``layers`` × ``positions``: per feature
-    group (:data:`PROBE_GROUPS`, groups the run lacks are left out) and per feature."""
-    from ..train.ntp import load_probe_metrics, tracked_quality
-
-    pm = load_probe_metrics(Path(run_dir) / "probe_metrics.npz")
-    groups: dict[str, list[str]] = {}
-    for f in pm.feature_names:
-        g = probe_group(f)
-        if g is not None:
-            groups.setdefault(g, []).append(f)
-    return {
-        "groups": {
-            g: tracked_quality(pm, layers, positions, groups[g])["pearson"] for g in PROBE_GROUPS if g in groups
-        },
-        "features": {f: tracked_quality(pm, layers, positions, [f])["pearson"] for f in pm.feature_names},
-    }
-
-
-def influence_by_group(integrated_rows: Sequence[dict[str, Any]], n_layer: int) -> dict[str, Any]:
-    """Per-run aggregation of integrated influences (rows of
-    :func:`originlens.attribution.store.integrate`, all-rows type only) by feature group and component.
-
-    Returns ``influence[group][component]`` (mean over items; ``precached`` over layers k < L only),
-    ``below_last`` (every component over k < L), ``last_layer`` (every component at k = L),
-    ``precached_share[group]`` = ``pre / (|dir| + |pre| + |sh|)`` of the ``below_last`` means, and the item
-    counts; None where a group has no items (or, for the share, a zero denominator).  ``by_feature``:
-    the same means per feature (``precached`` over k < L).
-    """
-    cells: dict[tuple[str, str, str], list[float]] = {}
-    per_feature: dict[tuple[str, str], list[float]] = {}
-    for r in integrated_rows:
-        f = str(r["feature"])
-        g = influence_group(f)
-        if g is None or r.get("type") is not None or r.get("integrated") is None or r["component"] not in COMPONENTS:
-            continue
-        k = int(r["site_layer"])
-        for part in ("all", "below" if k < n_layer else "last"):
-            cells.setdefault((g, r["component"], part), []).append(float(r["integrated"]))
-        if r["component"] != "precached" or k < n_layer:
-            per_feature.setdefault((f, r["component"]), []).append(float(r["integrated"]))
-
-    def mean(g: str, c: str, part: str) -> float | None:
-        v = cells.get((g, c, part))
-        return float(sum(v) / len(v)) if v else None
-
-    out: dict[str, Any] = {
-        "influence": {},
-        "below_last": {},
-        "last_layer": {},
-        "precached_share": {},
-        "n_items": {},
-        "by_feature": {},
-    }
-    for (f, comp), v in sorted(per_feature.items()):
-        out["by_feature"].setdefault(f, {})[comp] = float(sum(v) / len(v))
-    for g in INFLUENCE_GROUPS:
-        if not any(key[0] == g for key in cells):
-            continue
-        out["influence"][g] = {c: mean(g, c, "below" if c == "precached" else "all") for c in COMPONENTS}
-        out["below_last"][g] = {c: mean(g, c, "below") for c in COMPONENTS}
-        out["last_layer"][g] = {c: mean(g, c, "last") for c in COMPONENTS}
-        b = out["below_last"][g]
-        share = None
-        if all(b[c] is not None for c in ("direct", "precached", "shared")):
-            den = abs(b["direct"]) + abs(b["precached"]) + abs(b["shared"])
-            share = b["precached"] / den if den > 0 else None
-        out["precached_share"][g] = share
-        out["n_items"][g] = {part: len(cells.get((g, "direct", part), [])) for part in ("all", "below", "last")}
-    return out
-
-
-def run_influence(run_dir: str | Path, n_layer: int) -> dict[str, Any]:
-    """:func:`influence_by_group` of the attribution store ``RUN/attribution`` plus its replay checks."""
-    from ..attribution.store import integrate, load_observables, read_segment_infos
-
-    store = Path(run_dir) / "attribution"
-    agg = influence_by_group(integrate(load_observables(store)).to_pylist(), n_layer)
-    infos = read_segment_infos(store)
-    agg["updates"] = [1, max(int(i["end"]) for i in infos)]
-    agg["checks"] = [i.get("checks") for i in infos]
-    agg["seconds"] = sum(float(i.get("seconds") or 0.0) for i in infos)
-    return agg
-
-
-def _per_run(config: LanguageExperimentConfig, out: Path, regime: str, seed: int) -> dict[str, Any]:
-    from ..storage import read_json
-
-    d, d0 = _dirs(out, regime, seed)
-    cfg = config.run_config(regime, seed, initial=False)
-    layers = list(range(1, cfg.n_layer + 1))
-    s, s0 = read_json(d / "summary.json"), read_json(d0 / "summary.json")
-    env = read_json(d / "environment.json")
-    q, q0 = probe_quality(d, layers, config.probe_positions), probe_quality(d0, layers, config.probe_positions)
-    ev, ev0 = s.get("final_eval", {}), s0.get("final_eval", {})
-    rec = {
-        "regime": regime,
-        "seed": seed,
-        "eval_loss": ev.get("eval_loss"),
-        "next_token_acc": ev.get("legal_acc"),
-        "initial_eval_loss": ev0.get("eval_loss"),
-        "probe": q["groups"],
-        "initial_probe": q0["groups"],
-        "probe_by_feature": q["features"],
-        "seconds": s.get("seconds"),
-        "num_params": s.get("num_params"),
-        "data_hashes": env.get("data_hashes", {}),
-        "attribution": None,
-    }
-    if regime in (config.attribute_regimes or []):
-        rec["attribution"] = run_influence(d, cfg.n_layer)
-    return rec
-
-
-# ----------------------------------------------------------------------------------------------------
-# continuations
-
-
-def generate(
-    model: Any, prompt_ids: Sequence[int], max_new_tokens: int, *, temperature: float = 0.0, generator: Any = None
-) -> list[int]:
-    """Continue ``prompt_ids`` with a :class:`~originlens.models.GPT`: greedy (``temperature=0``, first
-    argmax) or sampled from ``softmax(logits / temperature)`` (float64) with the torch ``generator``.
-    The context is cropped to the model's last ``seq_len`` tokens; no key/value cache."""
-    import torch
-
-    if not prompt_ids:
-        raise ConfigError("an empty prompt: nothing to condition on", "pass at least one prompt token")
-    if temperature < 0:
-        raise ConfigError(f"temperature={temperature} must be ≥ 0", "use 0 (greedy) or 1")
-    dev = next(model.parameters()).device
-    ctx = int(model.config.seq_len)
-    toks = list(int(t) for t in prompt_ids)
-    model.eval()
-    with torch.no_grad():
-        for _ in range(int(max_new_tokens)):
-            x = torch.tensor([toks[-ctx:]], dtype=torch.long, device=dev)
-            logits = model(x)[0, -1].double().cpu()
-            if temperature == 0:
-                nxt = int(logits.argmax())
-            else:
-                nxt = int(torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[0])
-            toks.append(nxt)
-    return toks[len(prompt_ids) :]
-
-
-def continuations(config: LanguageExperimentConfig, out: Path) -> list[dict[str, Any]]:
-    """Greedy and sampled continuations of the first ``config.prompts`` held-out stories by the model of
-    the first seed of every regime (see the module docstring)."""
-    import torch
-
-    from ..models import GPT
-
-    if not config.prompts:
-        return []
-    task = config.make_task()
-    T = int(task.seq_len)
-    n_prompt, n_new = T // 2, T - T // 2
-    held = task.split[1][: config.prompts]
-    tok = task.tokenizer
-    models = {
-        r: GPT.load(_dirs(out, r, config.seeds[0])[0] / "model.safetensors").to("cpu").eval() for r in config.regimes
-    }
-    items = []
-    for j, s in enumerate(held):
-        ids = [int(t) for t in task.data.story(int(s))[:n_prompt]]
-        item = {
-            "heldout_index": j,
-            "prompt": tok.decode(ids),
-            "prompt_tokens": len(ids),
-            "new_tokens": n_new,
-            "seed": config.seeds[0],
-            "continuations": {},
-        }
-        for regime, model in models.items():
-            gen = torch.Generator(device="cpu").manual_seed(int(config.sample_seed) + j)
-            item["continuations"][regime] = {
-                "greedy": tok.decode(generate(model, ids, n_new, temperature=0.0)),
-                "sampled": tok.decode(generate(model, ids, n_new, temperature=1.0, generator=gen)),
-            }
-        items.append(item)
-    return items
-
-
-# ----------------------------------------------------------------------------------------------------
-# aggregation over seeds
-
-
-def _mean_ci_of(runs: list[dict[str, Any]], get: Any, confidence: float) -> dict[str, Any]:
-    vals = []
-    for r in runs:
-        try:
-            vals.append(get(r))
-        except (KeyError, TypeError):
-            vals.append(None)
-    return inference.mean_ci(vals, confidence)
-
-
-def _get(d: Any, *keys: Any) -> Any:
-    for k in keys:
-        if d is None:
-            return None
-        d = d.get(k)
-    return d
-
-
-def summarise(config: LanguageExperimentConfig, out: str | Path) -> dict[str, Any]:
-    """Per-run values, per-regime CIs over seeds and the hypothesis tests of the finished runs under ``out``."""
-    out = Path(out)
-    c = config.confidence
-    runs = [_per_run(config, out, r, s) for r in config.regimes for s in config.seeds]
-    by = {(r["regime"], r["seed"]): r for r in runs}
-    per_regime: dict[str, Any] = {}
-    influence: dict[str, Any] = {}
-    for regime in config.regimes:
-        rr = [by[(regime, s)] for s in config.seeds]
-        groups = [g for g in PROBE_GROUPS if any(g in r["probe"] for r in rr)]
-        per_regime[regime] = {
-            "eval_loss": inference.mean_ci([r["eval_loss"] for r in rr], c),
-            "eval_loss_bootstrap": inference.bootstrap_ci([r["eval_loss"] for r in rr], c),
-            "initial_eval_loss": inference.mean_ci([r["initial_eval_loss"] for r in rr], c),
-            "next_token_acc": inference.mean_ci([r["next_token_acc"] for r in rr], c),
-            "seconds": inference.mean_ci([r["seconds"] for r in rr], c),
-            "probe": {g: inference.correlation_ci([r["probe"].get(g) for r in rr], c) for g in groups},
-            "initial_probe": {g: inference.correlation_ci([r["initial_probe"].get(g) for r in rr], c) for g in groups},
-            "probe_gain": {
-                g: inference.paired_test(
-                    [r["probe"].get(g) for r in rr],
-                    [r["initial_probe"].get(g) for r in rr],
-                    alternative="greater",
-                    alpha=ALPHA,
-                    confidence=c,
-                )
-                for g in groups
-            },
-        }
-        if regime in (config.attribute_regimes or []):
-            att = [r["attribution"] for r in rr]
-            gs = [g for g in INFLUENCE_GROUPS if any(g in a["influence"] for a in att)]
-            influence[regime] = {
-                part: {
-                    g: {
-                        comp: _mean_ci_of(att, lambda a, p=part, g=g, comp=comp: a[p][g][comp], c)
-                        for comp in COMPONENTS
-                    }
-                    for g in gs
-                }
-                for part in ("influence", "below_last", "last_layer")
-            }
-            influence[regime]["precached_share"] = {
-                g: _mean_ci_of(att, lambda a, g=g: a["precached_share"][g], c) for g in gs
-            }
-            influence[regime]["updates"] = att[0]["updates"]
-            influence[regime]["n_items"] = att[0]["n_items"]
-    tests: dict[str, Any] = {
-        "loss": {},
-        "features": {},
-        "alpha": ALPHA,
-        "expected": dict(TESTS),
-        "method": "one-sided paired t-test over seeds on the raw values (paired by seed); "
-        "Holm over the feature family; exact Wilcoxon beside it",
-    }
-    if "standard" in config.regimes and "myopic" in config.regimes:
-        t = inference.paired_test(
-            [by[("myopic", s)]["eval_loss"] for s in config.seeds],
-            [by[("standard", s)]["eval_loss"] for s in config.seeds],
-            alternative="greater",
-            correlation=False,
-            alpha=ALPHA,
-            confidence=c,
-        )
-        t["p_holm"] = t["p_t"]
-        t["holds"] = t["p_t"] is not None and t["p_t"] < ALPHA
-        tests["loss"][LOSS_TEST] = t
-    if "standard" in influence:
-        att = [by[("standard", s)]["attribution"] for s in config.seeds]
-        fam = {
-            SYNTAX_TEST: (
-                [_get(a, "influence", "syntax", "direct") for a in att],
-                [_get(a, "influence", "syntax", "precached") for a in att],
-            ),
-            SHARE_TEST: (
-                [_get(a, "precached_share", "position") for a in att],
-                [_get(a, "precached_share", "syntax") for a in att],
-            ),
-        }
-        for k, (a, b) in fam.items():
-            tests["features"][k] = inference.paired_test(
-                a, b, alternative="greater", correlation=False, alpha=ALPHA, confidence=c
-            )
-        adj = inference.holm({k: v["p_t"] for k, v in tests["features"].items()})
-        for k, v in tests["features"].items():
-            v["p_holm"] = adj[k]
-            v["holds"] = v["p_holm"] is not None and v["p_holm"] < ALPHA
-    hashes: dict[str, Any] = {f"{r['regime']}/seed-{r['seed']}": r["data_hashes"] for r in runs}
-    hashes["tinystories"] = _task_hashes(config)
-    return {
-        "scale": config.scale,
-        "per_regime": per_regime,
-        "influence": influence,
-        "tests": tests,
-        "runs": runs,
-        "data_hashes": hashes,
-    }
-
-
-def _task_hashes(config: LanguageExperimentConfig) -> dict[str, Any]:
-    """The tokenisation and syntax cache keys (they hash the data files, the BPE and the annotator) and
-    the SHA-256 of every story file."""
-    task = config.make_task()
-    m = task.data.manifest
-    return {
-        "tokenisation_key": m["key"],
-        "files": m["key_material"]["data"],
-        "syntax_key": task.syntax.manifest["key"],
-        "annotator": f"{task.syntax.manifest['key_material']['annotator']} "
-        f"{task.syntax.manifest['key_material']['annotator_version']}",
-    }
-
-
-# ----------------------------------------------------------------------------------------------------
 # the experiment
 
 
@@ -915,6 +443,9 @@ def run_language_experiment(
         summary["done_this_call"] = done  # one line per run trained / attribution computed
         cfg0 = config.run_config(config.regimes[0], config.seeds[0], initial=False)
         task = config.make_task()
+        # set by LanguageExperimentConfig.__post_init__
+        assert config.attribute_layers is not None and config.attribute_positions is not None
+        assert config.attribute_regimes is not None
         scale = {
             "name": config.scale,
             "summary": SCALE_NOTES[config.scale],

@@ -60,19 +60,14 @@ class LeadingRunConfig:
 
 def load_windows(source: str | Path, vocab_size: int | None) -> tuple[Path, Any, list[str] | None, Any, int]:
     """``(path, tokens (N, T+1), vocab or None, manifest or None, |V|)`` of a corpus directory or ``.npy``."""
-    from ..data import load_token_array
+    from ..data import TokenWindows
 
     src = Path(source)
     if src.suffix.lower() == ".npy" and vocab_size is None:
         raise InputError("a bare .npy of token ids needs the vocabulary size", "pass --vocab-size V (ids must be < V)")
-    tokens, vocab, manifest = load_token_array(src, vocab_size)
-    if vocab is not None and vocab_size is not None and vocab_size != len(vocab):
-        raise CompatibilityError(
-            f"--vocab-size {vocab_size} differs from the corpus vocabulary ({len(vocab)})",
-            "drop --vocab-size when training on a corpus directory",
-        )
-    V = int(vocab_size if vocab_size is not None else len(vocab))
-    return src, tokens, vocab, manifest, V
+    windows = TokenWindows.load(src, vocab_size)
+    V = windows.require_vocab_size(vocab_size)
+    return src, windows.tokens, windows.vocab, windows.manifest, V
 
 
 def split_windows(tokens: Any, max_windows: int | None, holdout: int) -> tuple[np.ndarray, np.ndarray]:

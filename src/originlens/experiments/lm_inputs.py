@@ -93,7 +93,7 @@ def _vocab_strings(codec: Any) -> list[str] | None:
 
 def load_corpus(src: CorpusSource, adapter: Any, codec: Any) -> tuple[np.ndarray, str]:
     """Token windows ``(N, T)`` (without BOS) and a one-line description of their source."""
-    from ..data import TokenStore, is_corpus_dir, iter_documents, load_token_array
+    from ..data import TokenStore, TokenWindows, is_corpus_dir, iter_documents
     from ..storage import vocab_hash
 
     path = src.corpus
@@ -120,8 +120,7 @@ def load_corpus(src: CorpusSource, adapter: Any, codec: Any) -> tuple[np.ndarray
         tokens = np.asarray(store.tokens)
         desc = f"corpus directory {path}"
     elif Path(path).suffix.lower() == ".npy" and Path(path).is_file():
-        tokens, _, _ = load_token_array(path)
-        tokens = np.asarray(tokens)
+        tokens = np.asarray(TokenWindows.load(path).tokens)
         desc = f"token array {path}"
     else:
         if codec is None:

@@ -44,31 +44,56 @@ Caveat: the Adam variant needs the decomposition at every attributed update (≈
 even where no influence is recorded, so at CPU scale only a prefix of training can be attributed
 (``attribute_steps``), and the influence JVPs (the larger cost) run only at every ``record_every``-th
 update, the integral estimated by the rectangle rule; both are listed as deviations in the results file.
+
+The parts live in their own modules, and their public names are importable from here as well:
+:mod:`.othello_seeds` (one seed: training, attribution, its values and its seed record),
+:mod:`.othello_analysis` (the per-seed aggregates and the statistics over seeds) and :mod:`.othello_report`
+(the report, the ``docs/results.md`` section and the verdict).
 """
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from ..errors import ConfigError
 from ..progress import log
 from ..runs import exclusive, to_jsonable
 from ..storage import atomic_write_json, read_json
 from . import inference
-from .formatting import ci as fmt_ci
-from .formatting import sig as _f
-from .records import commits_of, read_unit_record, record_path, write_unit_record
+from .othello_analysis import (  # noqa: F401 (re-exported)
+    ALPHA,
+    COMPONENTS,
+    HYPOTHESES,
+    TYPES,
+    _snapshots_across_seeds,
+    across_seeds,
+    seed_aggregates,
+    snapshot_aggregates,
+)
+from .othello_report import (  # noqa: F401 (re-exported)
+    PAPER_MIDPOINTS,
+    PLAYS,
+    SNAPSHOT_HEADER,
+    judge,
+    render_section,
+    write_report,
+)
+from .othello_seeds import (  # noqa: F401 (re-exported)
+    EXPERIMENT,
+    LATER_SETTINGS,
+    _prepare_all,
+    _seed_values,
+    config_key,
+    eval_at,
+    read_seed_record,
+    recorded_updates,
+    seed_record_path,
+)
+from .records import commits_of, write_unit_record
 from .results import default_results_path, write_results
 
-EXPERIMENT = "othello"
-COMPONENTS = ("direct", "precached", "shared", "full")
-TYPES = {1: "useless", 2: "useful"}
 SCALES: dict[str, dict[str, Any]] = {
     "paper": dict(
         n_layer=6,
@@ -116,17 +141,6 @@ SCALES: dict[str, dict[str, Any]] = {
     ),
 }
 SNAPSHOTS = 10  # snapshots at the checkpoints 0, 10 %, …, 90 % of training
-ALPHA = 0.05
-# (name, component, type a, type b or None (= against 0), alternative): the paper's Othello pattern
-HYPOTHESES = [
-    ("direct: useful > useless", "direct", 2, 1, "greater"),
-    ("direct: useful > 0", "direct", 2, None, "greater"),
-    ("pre-cached: useless > 0", "precached", 1, None, "greater"),
-    ("pre-cached: useless > useful", "precached", 1, 2, "greater"),
-    ("shared: useful > 0", "shared", 2, None, "greater"),
-    ("shared: useless > 0", "shared", 1, None, "greater"),
-    ("combined: useful > useless", "full", 2, 1, "greater"),
-]
 
 
 @dataclass
@@ -280,365 +294,7 @@ class OthelloConfig:
         return f"othello-{self.scale}"
 
 
-# ----------------------------------------------------------------------------------------------------
-# per seed
-
-
-def _train(cfg: OthelloConfig, seed: int, out: Path) -> dict[str, Any]:
-    from ..train.ntp import Trainer
-
-    res = {}
-    for initial, d in ((False, out / "run"), (True, out / "initial")):
-        t = time.time()
-        r = Trainer(cfg.ntp_config(seed, initial=initial), d, resume=True).run()
-        res["initial" if initial else "trained"] = {
-            "final_eval": r.final_eval,
-            "seconds": r.seconds,
-            "wall_this_call": time.time() - t,
-        }
-    return res
-
-
-def _probe_quality(run: Path, positions: list[int]) -> dict[str, Any]:
-    from ..tasks.othello import CENTRAL_CELLS
-    from ..train.ntp import load_probe_metrics, tracked_quality
-
-    pm = load_probe_metrics(run / "probe_metrics.npz")
-    return {str(k): tracked_quality(pm, [k], positions, CENTRAL_CELLS) for k in pm.layers if k > 0}
-
-
-def _attribute(cfg: OthelloConfig, run: Path) -> Path:
-    from ..attribution.replay import attribute_run
-    from ..attribution.store import read_segment_infos
-
-    store = run / "attribution"
-    end = cfg.attributed_updates
-    done = store.is_dir() and any(int(s["start"]) == 0 and int(s["end"]) == end for s in read_segment_infos(store))
-    if not done:
-        sites = [(k, i) for k in cfg.attr_layers for i in cfg.settings["positions"]]
-        attribute_run(
-            run,
-            sites=sites,
-            features="tracked",
-            optimizer="adam",
-            segment=(0, end),
-            types=True,
-            half=False,
-            out=store,
-            random_directions=cfg.random_directions,
-            overwrite=True,
-            steps=recorded_updates(end, cfg.settings["record_every"]),
-        )
-    return store
-
-
-def _attribute_snapshots(cfg: OthelloConfig, run: Path) -> Path | None:
-    """SGD-variant influences of updates c+1..c+K at every snapshot checkpoint c (``RUN/attribution-snapshots``);
-    snapshots already stored are kept.  Each replays K updates from its checkpoint (the logged training loss
-    at c+K is checked bit-exactly)."""
-    from ..attribution.replay import attribute_run
-    from ..attribution.store import read_segment_infos
-
-    if not cfg.snapshot_starts:
-        return None
-    store = run / "attribution-snapshots"
-    K = cfg.snapshot_window
-    done = {(int(i["start"]), int(i["end"])) for i in read_segment_infos(store)} if store.is_dir() else set()
-    sites = [(k, i) for k in cfg.attr_layers for i in cfg.settings["positions"]]
-    for c in cfg.snapshot_starts:
-        if (c, c + K) not in done:
-            attribute_run(
-                run,
-                sites=sites,
-                features="tracked",
-                optimizer="sgd",
-                segment=(c, c + K),
-                types=True,
-                half=False,
-                out=store,
-                random_directions=cfg.random_directions,
-                overwrite=True,
-                steps=cfg.snapshot_recorded(c),
-                verify="segment",
-            )
-    return store
-
-
-def recorded_updates(end: int, every: int) -> list[int]:
-    """Updates whose influences are recorded: every ``every``-th of 1..end, centred in its block of
-    ``every`` updates (so the rectangle rule ``every × Σ recorded`` estimates the sum over all updates)."""
-    if every < 1:
-        raise ConfigError(f"record_every={every} must be ≥ 1", "use 1 to record every update")
-    return list(range(1 + (every - 1) // 2, end + 1, every))
-
-
-def _prepare_seed(args: tuple[OthelloConfig, int, str, int | None]) -> dict[str, Any]:
-    """Train (and the null) and attribute one seed; a worker of :func:`_prepare_all`."""
-    config, seed, d, threads = args
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-    trained = _train(config, seed, Path(d))
-    t = time.time()
-    _attribute(config, Path(d) / "run")
-    t_snap = time.time()
-    _attribute_snapshots(config, Path(d) / "run")
-    return {
-        "train": trained,
-        "attribution_seconds_this_call": t_snap - t,
-        "snapshot_seconds_this_call": time.time() - t_snap,
-    }
-
-
-def _prepare_all(config: OthelloConfig, out: Path) -> dict[int, dict[str, Any]]:
-    """Every seed trained and attributed (resuming what exists): in this process for ``jobs`` = 1, else in
-    ``jobs`` spawned processes of one torch thread each."""
-    todo = [(config, seed, str(out / f"seed-{seed}"), None if config.jobs == 1 else 1) for seed in config.seeds]
-    if config.jobs == 1:
-        res = {}
-        for item in todo:
-            log(
-                f"[othello] seed {item[1]}: training (and the untrained-model null), then attributing updates "
-                f"1..{config.attributed_updates} ..."
-            )
-            res[item[1]] = _prepare_seed(item)
-        return res
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    log(f"[othello] seeds {config.seeds}: training and attributing in {config.jobs} processes ...")
-    with ProcessPoolExecutor(max_workers=config.jobs, mp_context=mp.get_context("spawn")) as pool:
-        return dict(zip(config.seeds, pool.map(_prepare_seed, todo)))
-
-
-def seed_aggregates(
-    store: Path, n_layer: int, updates: int, fractions: list[float], record_every: int = 1
-) -> dict[str, Any]:
-    """Per-seed means of integrated influence over items, by fraction of the attributed updates, part
-    (``main``: k < L; ``last_layer``: k = L), probe kind (``real`` / ``random``), component and type;
-    plus the item-paired Wilcoxon test of useful vs useless per component (main part, real probes).
-    With ``record_every`` > 1 only every ``record_every``-th update was recorded and the integrated
-    influence is estimated as ``record_every`` × the sum over recorded updates (rectangle rule)."""
-    import pyarrow.compute as pc
-    from scipy import stats
-
-    from ..attribution.store import integrate, load_observables
-
-    table = load_observables(store)
-    out: dict[str, Any] = {}
-    for frac in fractions:
-        cutoff = max(1, int(round(frac * updates)))
-        integ = integrate(table.filter(pc.less_equal(table["step"], cutoff))).to_pylist()
-        means, items = _item_means(integ, n_layer, lambda r: record_every * float(r["integrated"]))
-        wil = {}
-        for c in COMPONENTS:
-            pairs = [(d[2], d[1]) for (cc, *_), d in items.items() if cc == c and 1 in d and 2 in d]
-            diff = np.array([a - b for a, b in pairs])
-            wil[c] = {
-                "n_items": len(pairs),
-                "p_useful_gt_useless": (
-                    float(stats.wilcoxon(diff, alternative="greater").pvalue)
-                    if len(pairs) > 1 and np.any(diff)
-                    else None
-                ),
-            }
-        out[f"{frac:g}"] = {"updates": cutoff, "means": means, "wilcoxon_items": wil}
-    return out
-
-
-def _item_means(integ: list[dict[str, Any]], n_layer: int, value_of: Any) -> tuple[dict[str, Any], dict[tuple, dict]]:
-    """Mean over items (layer, position, cell) per part (``main``: k < L, ``last_layer``: k = L), probe kind
-    (``real`` / ``random``), component and type of ``value_of(row)`` for integrated rows; and the main-part
-    real-probe values per item (component, layer, position, feature) → {type: value} for paired tests."""
-    from ..attribution.store import RANDOM_TAG
-
-    agg: dict[str, Any] = {}
-    items: dict[tuple, dict[int, float]] = {}
-    for r in integ:
-        if r["type"] not in TYPES or r["integrated"] is None or not math.isfinite(r["integrated"]):
-            continue
-        part = "last_layer" if r["site_layer"] == n_layer else "main"
-        kind = "random" if RANDOM_TAG in r["feature"] else "real"
-        value = value_of(r)
-        agg.setdefault(part, {}).setdefault(kind, {}).setdefault(r["component"], {}).setdefault(
-            TYPES[r["type"]], []
-        ).append(value)
-        if part == "main" and kind == "real":
-            items.setdefault((r["component"], r["site_layer"], r["site_position"], r["feature"]), {})[r["type"]] = value
-    means = {
-        part: {
-            kind: {
-                c: {t: {"mean": float(np.mean(v)), "n_items": len(v)} for t, v in ts.items()} for c, ts in comps.items()
-            }
-            for kind, comps in kinds.items()
-        }
-        for part, kinds in agg.items()
-    }
-    return means, items
-
-
-def snapshot_aggregates(store: Path | None, n_layer: int, starts: list[int], window: int) -> dict[str, Any]:
-    """Per snapshot c (key ``str(c)``): mean over items of the influence *per recorded update* of updates
-    c+1..c+``window`` (SGD variant), by part, probe kind, component and type — a rate, comparable across
-    snapshots, where the fractions of :func:`seed_aggregates` are integrals."""
-    import pyarrow.compute as pc
-
-    from ..attribution.store import integrate, load_observables
-
-    if store is None or not starts:
-        return {}
-    table = load_observables(store)
-    out: dict[str, Any] = {}
-    for c in starts:
-        sel = table.filter(pc.and_(pc.greater(table["step"], c), pc.less_equal(table["step"], c + window)))
-        means, _ = _item_means(
-            integrate(sel).to_pylist(), n_layer, lambda r: float(r["integrated"]) / max(1, int(r["n_steps"]))
-        )
-        out[str(c)] = {"updates": [c + 1, c + window], "means": means}
-    return out
-
-
-def eval_at(run: Path, initial: Path, step: int) -> dict[str, float | None]:
-    """Held-out eval (loss, legal-move accuracy) of the model after ``step`` updates: the run's eval record
-    at that step, or for step 0 the untrained model's (``initial``, same seed)."""
-    if step == 0:
-        path, want = initial / "metrics.jsonl", None
-    else:
-        path, want = run / "metrics.jsonl", step
-    found: dict[str, float | None] = {"eval_loss": None, "legal_acc": None}
-    if not path.is_file():
-        return found
-    import json
-
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if rec.get("event") == "eval" and (want is None or int(rec.get("step", -1)) == want):
-            found = {k: rec.get(k) for k in found}
-    return found
-
-
-# ----------------------------------------------------------------------------------------------------
-# across seeds
-
-
-def _get(agg: dict[str, Any], frac: str, part: str, kind: str, comp: str, typ: str) -> float | None:
-    try:
-        return agg[frac]["means"][part][kind][comp][typ]["mean"]
-    except KeyError:
-        return None
-
-
-def across_seeds(
-    per_seed: dict[int, dict[str, Any]],
-    fractions: list[float],
-    confidence: float,
-    *,
-    field: str = "aggregates",
-    labels: list[str] | None = None,
-) -> dict[str, Any]:
-    """Seed-level intervals per (fraction, part, kind, component, type) and the hypothesis tests;
-    ``field="snapshots"`` with ``labels`` (snapshot steps) does the same for the snapshot rates."""
-    seeds = sorted(per_seed)
-    out: dict[str, Any] = {}
-    for frac in labels if labels is not None else [f"{f:g}" for f in fractions]:
-        table: dict[str, Any] = {}
-        for part in ("main", "last_layer"):
-            for kind in ("real", "random"):
-                for c in COMPONENTS:
-                    for t in TYPES.values():
-                        vals = [_get(per_seed[s][field], frac, part, kind, c, t) for s in seeds]
-                        if any(v is not None for v in vals):
-                            table.setdefault(part, {}).setdefault(kind, {}).setdefault(c, {})[t] = inference.mean_ci(
-                                vals, confidence
-                            )
-        tests: dict[str, Any] = {}
-        for name, comp, a, b, alt in HYPOTHESES:
-            va = [_get(per_seed[s][field], frac, "main", "real", comp, TYPES[a]) for s in seeds]
-            vb = (
-                [0.0] * len(seeds)
-                if b is None
-                else [_get(per_seed[s][field], frac, "main", "real", comp, TYPES[b]) for s in seeds]
-            )
-            tests[name] = inference.paired_test(va, vb, alternative=alt, correlation=False, alpha=ALPHA)
-        adj = inference.holm({k: v["p_t"] for k, v in tests.items()})
-        for k, v in tests.items():
-            v["p_holm"] = adj[k]
-            v["holds"] = v["p_holm"] is not None and v["p_holm"] < ALPHA
-        null_tests = {}
-        for t in TYPES.values():
-            va = [_get(per_seed[s][field], frac, "main", "real", "full", t) for s in seeds]
-            vb = [_get(per_seed[s][field], frac, "main", "random", "full", t) for s in seeds]
-            nt = inference.paired_test(va, vb, alternative="greater", correlation=False, alpha=ALPHA)
-            nt["holds"] = nt["p_t"] is not None and nt["p_t"] < ALPHA
-            null_tests[f"combined, {t}: real probe > random directions"] = nt
-        out[frac] = {"influence": table, "tests": tests, "null_tests": null_tests}
-    return out
-
-
 MIN_SEEDS = 3  # a combined results file at the default path needs at least this many seeds
-
-
-def seed_record_path(results_path: str | Path, seed: int) -> Path:
-    """Where the record of ``seed`` lives beside a results file: ``results/othello/othello-cpu.json``
-    → ``results/othello/othello-cpu/seed-<seed>.json`` (:mod:`originlens.experiments.records`)."""
-    return record_path(results_path, f"seed-{int(seed)}")
-
-
-# settings added after records existed: left out of the key at their defaults, so older records still combine
-LATER_SETTINGS: dict[str, Any] = {"lr_decay": None}
-
-
-def config_key(config: OthelloConfig) -> dict[str, Any]:
-    """What must agree between seed records for them to be combined: the experiment's settings and the
-    trainer's configuration, without the seed list, the parallelism, the device (and settings added later
-    at their defaults, :data:`LATER_SETTINGS`)."""
-
-    def later_default(k: str, v: Any) -> bool:
-        return k in LATER_SETTINGS and v == LATER_SETTINGS[k]
-
-    exp = {k: v for k, v in to_jsonable(config).items() if k not in ("seeds", "jobs", "device")}
-    exp["overrides"] = {k: v for k, v in exp.get("overrides", {}).items() if not later_default(k, v)}
-    settings = {k: v for k, v in to_jsonable(config.settings).items() if not later_default(k, v)}
-    ntp = {
-        k: v
-        for k, v in config.ntp_config(config.seeds[0], initial=False).to_dict().items()
-        if k not in ("seed", "device") and not later_default(k, v)
-    }
-    return {"experiment": exp, "settings": settings, "ntp": to_jsonable(ntp)}
-
-
-def read_seed_record(path: str | Path, config: OthelloConfig, seed: int) -> dict[str, Any]:
-    """A seed's record checked against ``config`` (:func:`originlens.experiments.records.read_unit_record`)."""
-    return read_unit_record(path, experiment=EXPERIMENT, unit=f"seed-{int(seed)}", config_key=config_key(config))
-
-
-def _seed_values(config: OthelloConfig, d: Path, prepared: dict[str, Any]) -> dict[str, Any]:
-    """The per-seed values of a finished seed directory ``d`` (``d/run``, ``d/initial``)."""
-    L = config.settings["n_layer"]
-    positions = sorted(config.settings["positions"])
-    store = d / "run" / "attribution"
-    return {
-        "train": prepared["train"],
-        "probes": _probe_quality(d / "run", positions),
-        "initial_probes": _probe_quality(d / "initial", positions),
-        "attribution_seconds_this_call": prepared["attribution_seconds_this_call"],
-        "aggregates": seed_aggregates(
-            store, L, config.attributed_updates, config.fractions, config.settings["record_every"]
-        ),
-        "snapshot_seconds_this_call": prepared.get("snapshot_seconds_this_call"),
-        "snapshots": snapshot_aggregates(
-            d / "run" / "attribution-snapshots" if config.snapshot_starts else None,
-            L,
-            config.snapshot_starts,
-            config.snapshot_window,
-        ),
-        "snapshot_eval": {str(c): eval_at(d / "run", d / "initial", c) for c in config.snapshot_starts},
-        "data_hashes": read_json(d / "run" / "environment.json").get("data_hashes", {}),
-    }
 
 
 def run_othello(
@@ -721,7 +377,7 @@ def run_othello(
                 for k in layers
             },
         }
-        summary = {
+        summary: dict[str, Any] = {
             "scale": {
                 "name": config.scale,
                 "summary": {
@@ -810,265 +466,3 @@ def run_othello(
         )
         summary["results_file"] = str(res_path)
     return summary
-
-
-def _snapshots_across_seeds(config: OthelloConfig, per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """Per snapshot step: the models' quality there (eval loss, legal-move accuracy over seeds), the
-    influence rates and the paper's pattern tested over seeds (Holm within each snapshot)."""
-    labels = [str(c) for c in config.snapshot_starts]
-    if not labels:
-        return {}
-    rates = across_seeds(per_seed, [], config.confidence, field="snapshots", labels=labels)
-    out = {}
-    for c in labels:
-        ev = [per_seed[s]["snapshot_eval"][c] for s in sorted(per_seed)]
-        out[c] = {
-            "updates": [int(c) + 1, int(c) + config.snapshot_window],
-            "eval": {
-                "legal_acc": inference.mean_ci([e.get("legal_acc") for e in ev], config.confidence, bounds=(0, 1)),
-                "eval_loss": inference.mean_ci([e.get("eval_loss") for e in ev], config.confidence),
-            },
-            **rates[c],
-        }
-    return out
-
-
-def _snapshot_rows(snapshots: dict[str, Any]) -> list[list[str]]:
-    rows = []
-    for c, v in snapshots.items():
-        real = v["influence"].get("main", {}).get("real", {})
-        cells = [
-            _ci(real.get(comp, {}).get(t)) for comp in ("direct", "precached", "shared") for t in ("useful", "useless")
-        ]
-        held = [k for k, t in v["tests"].items() if t.get("holds")]
-        rows.append(
-            [c, _ci(v["eval"]["legal_acc"]), *cells, f"{len(held)}/{len(v['tests'])}: " + ("; ".join(held) or "none")]
-        )
-    return rows
-
-
-SNAPSHOT_HEADER = [
-    "checkpoint c",
-    "legal-move acc. at c",
-    "direct useful",
-    "direct useless",
-    "pre-cached useful",
-    "pre-cached useless",
-    "shared useful",
-    "shared useless",
-    "paper's pattern (tests that hold)",
-]
-
-
-def _ci(c: dict[str, Any] | None) -> str:
-    return fmt_ci(c, fmt=_f)
-
-
-def write_report(summary: dict[str, Any], out: str | Path) -> Path:
-    """``OUT/report.html`` (+ ``report.md``)."""
-    from ..report import Report
-
-    rep = Report(f"OthelloGPT gradient pathways over seeds ({summary['scale']['name']} scale)")
-    sc = summary["scale"]
-    rep.text(
-        f"{sc['summary']}: {sc['model']}; {sc['training']}; eval {sc['eval']}; attribution: "
-        f"{sc['attribution']}. Deviations: {', '.join(sc['deviations']) or 'none'}."
-    )
-    q = summary["quality"]
-    rep.section("Model quality")
-    rep.text(
-        f"legal-move top-1 accuracy {_ci(q['legal_acc'])} (untrained {_ci(q['initial_legal_acc'])}); "
-        f"eval loss {_ci(q['eval_loss'])}; training seconds per seed {_ci(q['train_seconds'])}."
-    )
-    rep.table(
-        ["layer", "probe r (trained)", "untrained null", "useless cells", "useful cells"],
-        [
-            [
-                k,
-                _ci(v["pearson"]["trained"]),
-                _ci(v["pearson"]["initial"]),
-                _ci(v["pearson_type1"]["trained"]),
-                _ci(v["pearson_type2"]["trained"]),
-            ]
-            for k, v in q["probes"].items()
-        ],
-        caption="16 central cells at the attributed positions; Fisher-z intervals over seeds",
-    )
-    for frac, v in summary["by_fraction"].items():
-        rep.section(f"Integrated influence, first {float(frac):.0%} of the attributed updates")
-        infl = v["influence"]
-        rows = []
-        for part in ("main", "last_layer"):
-            for c in COMPONENTS:
-                real = infl.get(part, {}).get("real", {}).get(c, {})
-                rnd = infl.get(part, {}).get("random", {}).get(c, {})
-                rows.append(
-                    [
-                        part,
-                        c,
-                        _ci(real.get("useful")),
-                        _ci(real.get("useless")),
-                        _ci(rnd.get("useful")),
-                        _ci(rnd.get("useless")),
-                    ]
-                )
-        rep.table(
-            ["sites", "component", "useful", "useless", "random dir., useful", "random dir., useless"],
-            rows,
-            caption="mean over items per seed, then Student-t over seeds; main: layers k < L; "
-            "last_layer: k = L (pre-cached ≡ 0)",
-        )
-        rep.table(
-            ["hypothesis", "mean diff", "p (t)", "p (Holm)", "p (Wilcoxon)", "power", "holds"],
-            [
-                [
-                    k,
-                    _f(t["mean_diff"]),
-                    _f(t["p_t"], 2),
-                    _f(t.get("p_holm"), 2),
-                    _f(t["p_wilcoxon"], 2),
-                    _f(t["power"], 2),
-                    t.get("holds", (t["p_t"] or 1) < ALPHA),
-                ]
-                for k, t in {**v["tests"], **v["null_tests"]}.items()
-            ],
-            caption="one-sided tests over seeds (the paper's pattern, Holm over its family; then the nulls)",
-        )
-    if summary.get("snapshots"):
-        rep.section("How the pathways feed the features as the model learns (snapshots)")
-        rep.text(sc.get("snapshots", ""))
-        rep.table(
-            SNAPSHOT_HEADER,
-            _snapshot_rows(summary["snapshots"]),
-            caption="influence per update (SGD variant), mean over items (layers k < L) per seed, Student-t "
-            "over seeds; tests as above, Holm within each snapshot",
-        )
-    return rep.write(out)
-
-
-# ----------------------------------------------------------------------------------------------------
-# docs: the results-page section and the verdict
-
-PAPER_MIDPOINTS = {
-    ("direct", "useful"): 7.61,
-    ("direct", "useless"): -0.97,
-    ("precached", "useful"): -0.66,
-    ("precached", "useless"): 1.80,
-    ("shared", "useful"): 8.64,
-    ("shared", "useless"): 6.42,
-}
-PLAYS = 0.95  # legal-move accuracy below which the model has not learned the game
-
-
-def render_section(key: str, rec: dict[str, Any]) -> list[str]:
-    """Markdown of one Othello results file for ``docs/results.md``."""
-    from .render import _header
-
-    q = rec["quality"]
-    out = [
-        f"### {rec['name']} (`results/{key}.json`)",
-        "",
-        *_header(rec),
-        f"- attribution: {rec['scale']['attribution']}",
-        f"- sign: {rec.get('sign', '')}",
-        f"- pooling: {rec.get('pooling', '')}",
-        "",
-        f"Model quality: legal-move top-1 accuracy {_ci(q['legal_acc'])} (untrained {_ci(q['initial_legal_acc'])}; "
-        f"the analysis needs ≥ {PLAYS}), eval loss {_ci(q['eval_loss'])}, training {_ci(q['train_seconds'])} s "
-        "per seed.",
-        "",
-        "| layer | probe r, trained | untrained-model null | useless cells | useful cells |",
-        "|---|---|---|---|---|",
-    ]
-    for k, v in q["probes"].items():
-        out.append(
-            f"| {k} | {_ci(v['pearson']['trained'])} | {_ci(v['pearson']['initial'])} | "
-            f"{_ci(v['pearson_type1']['trained'])} | {_ci(v['pearson_type2']['trained'])} |"
-        )
-    infl = rec["numbers"]["influence"]
-    out += [
-        "",
-        "Integrated influence (mean over items per seed, Student-t over seeds; layers k < L; k = L apart):",
-        "",
-        "| component | useful (ours) | useless (ours) | random dir., useful | random dir., useless | "
-        "k = L useful | k = L useless | paper useful / useless |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for c in COMPONENTS:
-        real = infl.get("main", {}).get("real", {}).get(c, {})
-        rnd = infl.get("main", {}).get("random", {}).get(c, {})
-        last = infl.get("last_layer", {}).get("real", {}).get(c, {})
-        paper = (
-            f"{PAPER_MIDPOINTS[(c, 'useful')]} / {PAPER_MIDPOINTS[(c, 'useless')]}"
-            if (c, "useful") in PAPER_MIDPOINTS
-            else "—"
-        )
-        out.append(
-            f"| {c} | {_ci(real.get('useful'))} | {_ci(real.get('useless'))} | {_ci(rnd.get('useful'))} | "
-            f"{_ci(rnd.get('useless'))} | {_ci(last.get('useful'))} | {_ci(last.get('useless'))} | {paper} |"
-        )
-    out += [
-        "",
-        "The paper's pattern as one-sided tests over seeds (Holm over the family), and the random-direction null:",
-        "",
-        "| hypothesis | mean | p (t) | p (Holm) | p (Wilcoxon) | power | detectable d_z | holds |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for k, t in {**rec["tests"]["hypotheses"], **rec["tests"]["null"]}.items():
-        out.append(
-            f"| {k} | {_f(t['mean_diff'])} | {_f(t['p_t'], 2)} | {_f(t.get('p_holm'), 2)} | "
-            f"{_f(t['p_wilcoxon'], 2)} | {_f(t['power'], 2)} | {_f(t['detectable_dz'], 2)} | "
-            f"{'yes' if t.get('holds') else 'no'} |"
-        )
-    out += [
-        "",
-        "How the pattern builds up (hypotheses that hold, by fraction of the attributed updates): "
-        + "; ".join(
-            f"{float(f):.0%}: {sum(1 for t in ts.values() if t['holds'])}/{len(ts)}"
-            for f, ts in rec["tests"]["by_fraction"].items()
-        ),
-        "",
-    ]
-    snaps = rec["numbers"].get("snapshots")
-    if snaps:
-        merged = {c: {**v, "tests": rec["tests"]["snapshots"][c]} for c, v in snaps.items()}
-        out += [
-            f"Snapshots across training — {rec['scale'].get('snapshots', '')}; influence per update, mean over "
-            "items (k < L) per seed, Student-t over seeds; tests Holm within each snapshot:",
-            "",
-            "| " + " | ".join(SNAPSHOT_HEADER) + " |",
-            "|" + "---|" * len(SNAPSHOT_HEADER),
-        ]
-        out += ["| " + " | ".join(r) + " |" for r in _snapshot_rows(merged)]
-        out.append("")
-    return out
-
-
-def judge(rec: dict[str, Any]) -> Any:
-    """Reproduced: every hypothesis holds and the models play (legal-move accuracy ≥ 0.95); partial: some
-    hold, or all hold on models that do not play; not reproduced: none."""
-    from .claims import Verdict
-
-    tests = rec["tests"]["hypotheses"]
-    held = [k for k, t in tests.items() if t["holds"]]
-    acc = rec["quality"]["legal_acc"]["mean"]
-    infl = rec["numbers"]["influence"].get("main", {}).get("real", {})
-    ours = (
-        f"direct {_ci(infl.get('direct', {}).get('useful'))} / {_ci(infl.get('direct', {}).get('useless'))}, "
-        f"pre-cached {_ci(infl.get('precached', {}).get('useful'))} / "
-        f"{_ci(infl.get('precached', {}).get('useless'))}, shared {_ci(infl.get('shared', {}).get('useful'))} / "
-        f"{_ci(infl.get('shared', {}).get('useless'))} (useful / useless); {len(held)}/{len(tests)} tests hold; "
-        f"legal-move accuracy {_f(acc)}"
-    )
-    scale = f"{rec['scale']['model']}; {rec['scale']['attribution']}; {len(rec['seeds'])} seeds; deviations: " + (
-        ", ".join(rec["scale"]["deviations"]) or "none"
-    )
-    if not held:
-        return Verdict("not reproduced", ours, scale)
-    if len(held) < len(tests) or acc is None or acc < PLAYS:
-        return Verdict(
-            "partial",
-            ours + ("" if acc is not None and acc >= PLAYS else f"; the models do not play (accuracy < {PLAYS})"),
-            scale,
-        )
-    return Verdict("reproduced", ours, scale)

@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ConfigError
 
@@ -164,8 +164,8 @@ def _attribute(cfg: OthelloExperimentConfig, run: Path) -> dict[str, Any]:
         sign_pattern,
         summarize,
         summary_records,
-        write_report,
     )
+    from ..attribution.store_report import write_report
 
     store = run / "attribution"
     end = cfg.attribute_steps or cfg.steps
@@ -274,8 +274,10 @@ def _human(cfg: OthelloExperimentConfig, run: Path) -> dict[str, Any]:
     from ..models import GPT
     from ..probes import ProbeSet
     from ..tasks import get_task
+    from ..tasks.othello import OthelloTask
     from ..tasks.othello_records import read_game_records
 
+    assert cfg.human_games is not None  # called only when records are given
     recs = read_game_records(cfg.human_games)
     usable = recs.complete()
     if len(usable) == 0:
@@ -283,7 +285,7 @@ def _human(cfg: OthelloExperimentConfig, run: Path) -> dict[str, Any]:
             f"{cfg.human_games}: none of the {len(recs)} games is complete",
             "pass records that reach the end of the game",
         )
-    task = get_task("othello")
+    task = cast(OthelloTask, get_task("othello"))
     human = task.batch_from_games(usable.games(feature_types=True))
     n_syn = min(cfg.compare_games, len(usable)) if cfg.compare_games else len(usable)
     synthetic = task.sample(n_syn, np.random.default_rng([cfg.seed, 99]))

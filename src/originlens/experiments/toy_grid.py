@@ -221,9 +221,9 @@ def summarise(config: ToyGridConfig, out: str | Path) -> dict[str, Any]:
     for regime in config.regimes:
         tr = [_per_run(trained_grid, out / "trained", regime, s) for s in config.seeds]
         ini = [_per_run(initial_grid, out / "initial", regime, s) for s in config.seeds]
-        for a, b in zip(tr, ini):
-            a["initial_useless_r"] = b["useless_r"]
-            a["initial_eval_loss"] = b["eval_loss"]
+        for trained, initial in zip(tr, ini):
+            trained["initial_useless_r"] = initial["useless_r"]
+            trained["initial_eval_loss"] = initial["eval_loss"]
         runs += tr
         useless = [r["useless_r"] for r in tr]
         init = [r["initial_useless_r"] for r in tr]

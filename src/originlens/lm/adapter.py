@@ -35,7 +35,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -166,7 +166,7 @@ class LMAdapter(ABC):
     def residuals(self, tokens: Tensor) -> list[Tensor]:
         """The L+1 residual streams ``(B, T, d)`` of a clean run."""
         with torch.no_grad():
-            return self.run(tokens, return_residuals=True)[1]  # type: ignore[index]
+            return cast("tuple[Tensor, list[Tensor]]", self.run(tokens, return_residuals=True))[1]
 
     def logits(self, tokens: Tensor, hooks: Mapping[int, ResidHook | Sequence[ResidHook]] | None = None) -> Tensor:
         """Logits ``(B, T, V)``, with optional residual hooks."""

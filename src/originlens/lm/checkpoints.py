@@ -160,7 +160,7 @@ def weights_hash(tensors: Mapping[str, Any]) -> str:
             a = np.ascontiguousarray(t)
             h.update(f"{name}|{a.dtype}|{tuple(int(n) for n in a.shape)}|".encode())
             raw = a.reshape(-1).view(np.uint8)
-        h.update(memoryview(raw))
+        h.update(raw.data)
     return h.hexdigest()
 
 
@@ -199,7 +199,7 @@ def load_gpt_adapter(path: str | Path) -> Any:
         model = GPT.load(path)
     model.eval()
     bos = _meta_value(meta.get("bos_id"))
-    adapter = GPTAdapter(model, bos_id=None if bos is None else int(bos))
+    adapter: Any = GPTAdapter(model, bos_id=None if bos is None else int(bos))  # gets a vocab_hash attribute
     vh = meta.get("vocab_hash")  # a string, possibly JSON-quoted; never parsed as a number ("1234e567")
     if vh in ("null", ""):  # written as JSON null: no hash recorded
         vh = None
@@ -237,6 +237,7 @@ def default_loader(spec: str) -> Any:
     p = Path(spec)
     if not spec.startswith("hf:") and (_safetensors_metadata(p) or {}).get("kind") in ("gpt", "ntp-checkpoint"):
         return load_gpt_adapter(p)
+    load_adapter: Callable[[str], Any] | None
     try:
         from .loading import load_adapter  # added by the adapter loading work; imported lazily
     except ImportError:

@@ -45,6 +45,10 @@ Caveats: the comparison is empirical (the theorem covers attention-only models f
 E_pre of layer 1 is the raw token embedding.  Statistics given precomputed (``--stats``) are used as
 they are (their BOS handling is whatever produced them).  Results are float64 by default;
 ``dtype="float32"`` is for very large K on an accelerator.
+
+Size: the statistic, its per-checkpoint evaluation, the sweep over checkpoints and the null-level warning
+are one computation with one result type (:class:`ComparisonResult`); its statistics inputs and its report
+live apart (:mod:`.compare_statistics`, :mod:`.compare_report`).
 """
 
 from __future__ import annotations

@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from ..errors import ConfigError, InputError
-from ..models.gpt import GPT, LN_EPS
+from ..models.gpt import GPT, LN_EPS, Block, BlockCopy, EmbedCopy, HeadCopy
 from ..storage import atomic_directory
 from .hf import quiet_transformers, require_transformers
 from .llama2c import BOS_ID, EOS_ID, Llama2cModel
+from .llama2c import Block as LlamaBlock
 
 
 def llama2c_to_rotate_half(w: Tensor, n_heads: int) -> Tensor:
@@ -90,11 +91,11 @@ def gpt2_config_dict(model: GPT, *, bos_id: int | None = None, eos_id: int | Non
 def gpt2_state_dict(model: GPT) -> dict[str, Tensor]:
     """``GPT2LMHeadModel`` state dict holding ``model``'s weights (Conv1D weights transposed)."""
     sd: dict[str, Tensor] = {}
-    emb, head = model.embed[0], model.head[0]
+    emb, head = cast(EmbedCopy, model.embed[0]), cast(HeadCopy, model.head[0])
     sd["transformer.wte.weight"] = emb.wte.weight
     sd["transformer.wpe.weight"] = emb.wpe.weight
-    for i, block in enumerate(model.blocks):
-        c, p = block.copies[0], f"transformer.h.{i}."
+    for i, block in enumerate(cast("Iterable[Block]", model.blocks)):
+        c, p = cast(BlockCopy, block.copies[0]), f"transformer.h.{i}."
         sd[p + "ln_1.weight"], sd[p + "ln_1.bias"] = c.ln_1.weight, c.ln_1.bias
         sd[p + "attn.c_attn.weight"], sd[p + "attn.c_attn.bias"] = c.attn_qkv.weight.T, c.attn_qkv.bias
         sd[p + "attn.c_proj.weight"], sd[p + "attn.c_proj.bias"] = c.attn_out.weight.T, c.attn_out.bias
@@ -150,7 +151,7 @@ def llama_state_dict(model: Llama2cModel) -> dict[str, Tensor]:
     """``LlamaForCausalLM`` state dict holding ``model``'s weights (rotary rows permuted)."""
     c = model.cfg
     sd: dict[str, Tensor] = {"model.embed_tokens.weight": model.tok_embeddings.weight}
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(cast("Iterable[LlamaBlock]", model.layers)):
         p, a, f = f"model.layers.{i}.", layer.attention, layer.feed_forward
         sd[p + "self_attn.q_proj.weight"] = llama2c_to_rotate_half(a.wq.weight, c.n_heads)
         sd[p + "self_attn.k_proj.weight"] = llama2c_to_rotate_half(a.wk.weight, c.n_kv_heads)

@@ -13,16 +13,19 @@ only: not for untied models; forward values only, no myopic gradient semantics).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..models.gpt import GPT, causal_self_attention
+from ..models.gpt import GPT, BlockCopy, EmbedCopy, causal_self_attention
+from ..models.gpt import Block as GPTBlock
 from ..sites import site_name
 from .adapter import LMAdapter, ResidHook, TokenStates, apply_hooks, normalise_hooks, past_attention_mask
+from .llama2c import Block as LlamaBlock
 from .llama2c import KVCache, Llama2cModel, rotary_angles
 
 
@@ -83,7 +86,9 @@ class GPTAdapter(LMAdapter):
 
         def attention(q: Tensor, kk: Tensor, v: Tensor) -> Tensor:
             past.append((kk, v))
-            return causal_self_attention(q, kk, v, myopic=m.is_myopic, impl=m.attn_impl, future=m._future[:T, :T])
+            return causal_self_attention(
+                q, kk, v, myopic=m.is_myopic, impl=m.attn_impl, future=m.get_buffer("_future")[:T, :T]
+            )
 
         x = resid_k = m.embed[0](tokens, 0)
         for i, block in enumerate(m.blocks, start=1):
@@ -101,7 +106,9 @@ class GPTAdapter(LMAdapter):
 
         def attention(q: Tensor, kk: Tensor, v: Tensor) -> Tensor:
             past.append((kk, v))
-            return causal_self_attention(q, kk, v, myopic=m.is_myopic, impl=m.attn_impl, future=m._future[:T, :T])
+            return causal_self_attention(
+                q, kk, v, myopic=m.is_myopic, impl=m.attn_impl, future=m.get_buffer("_future")[:T, :T]
+            )
 
         for block in m.blocks[k:]:
             x = block(x, [(0, 0, T)], attention)
@@ -128,20 +135,25 @@ class GPTAdapter(LMAdapter):
     def single_token_states(self, token_ids: Tensor) -> TokenStates:
         m = self.module
         d = self.d_model
-        x = m.embed[0].wte(token_ids.view(-1)) + m.embed[0].wpe.weight[0]
-        pre, attn, post = [], [], []
-        for block in m.blocks:
-            c = block.copies[0]
+        emb = cast(EmbedCopy, m.embed[0])
+        x = emb.wte(token_ids.view(-1)) + emb.wpe.weight[0]
+        pre: list[Tensor] = []
+        attn: list[Tensor] = []
+        post: list[Tensor] = []
+        for block in cast("Iterable[GPTBlock]", m.blocks):
+            c = cast(BlockCopy, block.copies[0])
             v = c.attn_qkv(c.ln_1(x))[:, 2 * d :]  # one key: softmax weight 1, output = value
             h = x + c.attn_out(v)
             out = h + c.mlp_out(F.gelu(c.mlp_in(c.ln_2(h)), approximate="tanh"))
-            pre.append(x), attn.append(h), post.append(out)
+            pre.append(x)
+            attn.append(h)
+            post.append(out)
             x = out
         return TokenStates(torch.stack(pre), torch.stack(attn), torch.stack(post))
 
     def qk_weights(self, layer: int) -> tuple[Tensor, Tensor]:
         layer = _check_layer(layer, self.n_layers)
-        w = self.module.blocks[layer].copies[0].attn_qkv.weight
+        w = cast(BlockCopy, cast(GPTBlock, self.module.blocks[layer]).copies[0]).attn_qkv.weight
         d, H = self.d_model, self.n_heads
         return w[:d].view(H, d // H, d), w[d : 2 * d].view(H, d // H, d)
 
@@ -270,14 +282,18 @@ class Llama2cAdapter(LMAdapter):
     def single_token_states(self, token_ids: Tensor) -> TokenStates:
         m, cfg = self.module, self.module.cfg
         x = m.tok_embeddings(token_ids.view(-1))
-        pre, attn, post = [], [], []
-        for layer in m.layers:
+        pre: list[Tensor] = []
+        attn: list[Tensor] = []
+        post: list[Tensor] = []
+        for layer in cast("Iterable[LlamaBlock]", m.layers):
             a = layer.attention
             v = a.wv(layer.attention_norm(x)).view(-1, cfg.n_kv_heads, cfg.head_dim)
             v = v.repeat_interleave(cfg.kv_group, dim=1).reshape(-1, cfg.n_heads * cfg.head_dim)
             h = x + a.wo(v)  # position 0: no rotation, one key
             out = h + layer.feed_forward(layer.ffn_norm(h))
-            pre.append(x), attn.append(h), post.append(out)
+            pre.append(x)
+            attn.append(h)
+            post.append(out)
             x = out
         return TokenStates(torch.stack(pre), torch.stack(attn), torch.stack(post))
 

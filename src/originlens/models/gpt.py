@@ -41,6 +41,10 @@ token t+1; ``λ_t`` is its column sum and the training loss is the total sum.  D
 Caveats: myopic/eager attention materialises the (B, H, T, T) score matrix; untied ranges are processed
 by a Python loop over ranges (fine for a few ranges; ``untie_at="all"`` costs one small matmul per
 position and layer).  No KV cache.
+
+Size: one model in one file, as nanoGPT's ``model.py``: the configuration, the attention kernels, the block
+with its untied copies, the residual-site hooks and the loss are read together whenever the model changes,
+and the pathway decomposition (:mod:`originlens.attribution.structured`) mirrors this block line by line.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -201,7 +205,8 @@ class GPTConfig:
         elif self.untie_at == "all":
             bounds = list(range(1, self.seq_len))
         else:
-            bounds = list(self.untie_at)
+            bounds = list(cast("Sequence[int]", self.untie_at))  # validated: a tuple of boundaries
+        assert self.n_positions is not None  # set by __post_init__
         edges = [0, *bounds, self.n_positions]
         return list(zip(edges[:-1], edges[1:]))
 
@@ -286,6 +291,7 @@ class EmbedCopy(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         dt = cfg.torch_dtype
+        assert cfg.n_positions is not None  # set by GPTConfig.__post_init__
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model, dtype=dt)
         self.wpe = nn.Embedding(cfg.n_positions, cfg.d_model, dtype=dt)
 
@@ -323,13 +329,18 @@ class Block(nn.Module):
         """x (B, T, d) -> (B, T, d).  ``spans`` = [(copy, start, stop)] covering 0..T."""
         B, T, d = x.shape
         xs = _split(x, spans)
-        qkv = _cat([self.copies[r].attn_qkv(self.copies[r].ln_1(xr)) for (r, _, _), xr in zip(spans, xs)])
+        qkv = _cat(
+            [
+                cast(BlockCopy, self.copies[r]).attn_qkv(cast(BlockCopy, self.copies[r]).ln_1(xr))
+                for (r, _, _), xr in zip(spans, xs)
+            ]
+        )
         q, k, v = (t.view(B, T, self.n_head, d // self.n_head).transpose(1, 2) for t in qkv.split(d, dim=2))
         y = attention(q, k, v).transpose(1, 2).reshape(B, T, d)
         p = self.dropout if self.training else 0.0
         out = []
         for (r, _, _), xr, yr in zip(spans, xs, _split(y, spans)):
-            c = self.copies[r]
+            c = cast(BlockCopy, self.copies[r])
             h = xr + _drop(c.attn_out(yr), p)
             h = h + _drop(c.mlp_out(F.gelu(c.mlp_in(c.ln_2(h)), approximate="tanh")), p)
             out.append(h)
@@ -376,6 +387,8 @@ class GPT(nn.Module):
     when untied from the embedding); ``e`` is 0 unless ``untie_scope="everything"`` (then e = r).
     """
 
+    _future: torch.Tensor  # (n_positions, n_positions) bool buffer: True above the diagonal
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
@@ -389,6 +402,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config, n_copies) for _ in range(config.n_layer))
         self.head = nn.ModuleList(HeadCopy(config) for _ in range(n_outer))
         n = config.n_positions
+        assert n is not None  # set by GPTConfig.__post_init__
         self.register_buffer("_future", torch.ones(n, n, dtype=torch.bool).triu(1), persistent=False)
         self._init_weights()
 
@@ -527,6 +541,7 @@ class GPT(nn.Module):
         if tokens.dtype not in (torch.int64, torch.int32):
             raise InputError(f"tokens must be integers, got {tokens.dtype}", "convert with tokens.long()")
         B, T = tokens.shape
+        assert self.config.n_positions is not None  # set by GPTConfig.__post_init__
         if T < 1 or self.config.n_positions < T or B < 1:
             raise InputError(
                 f"tokens of shape {tuple(tokens.shape)}: need B ≥ 1 and 1 ≤ T ≤ n_positions={self.config.n_positions}",
@@ -625,8 +640,8 @@ class GPT(nn.Module):
         return _cat([self._logits(e, xe) for (e, _, _), xe in zip(outer, _split(x, outer))])
 
     def _logits(self, e: int, h: torch.Tensor) -> torch.Tensor:
-        head = self.head[e]
-        w = self.embed[e].wte.weight if head.lm_head is None else head.lm_head.weight
+        head = cast(HeadCopy, self.head[e])
+        w = cast(EmbedCopy, self.embed[e]).wte.weight if head.lm_head is None else head.lm_head.weight
         return F.linear(head.ln_f(h), w)
 
     def run_with_hooks(

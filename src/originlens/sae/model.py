@@ -120,6 +120,7 @@ class SAE(nn.Module):
         self.b_enc = nn.Parameter(torch.zeros(m, dtype=dt))
         self.W_dec = nn.Parameter(torch.zeros(m, d, dtype=dt))
         self.b_dec = nn.Parameter(torch.zeros(d, dtype=dt))
+        self.threshold: nn.Parameter | None
         if cfg.architecture == "jumprelu":
             self.threshold = nn.Parameter(torch.zeros(m, dtype=dt))
         else:
@@ -166,7 +167,9 @@ class SAE(nn.Module):
         if arch == "standard":
             return torch.relu(pre)
         if arch == "jumprelu":
+            assert self.threshold is not None  # jumprelu SAEs have one
             return torch.relu(pre) * (pre > self.threshold).to(pre.dtype)
+        assert self.cfg.k is not None  # SAEConfig requires k for topk
         top = torch.topk(pre, self.cfg.k, dim=-1)
         return torch.zeros_like(pre).scatter(-1, top.indices, torch.relu(top.values))
 
@@ -191,6 +194,7 @@ class SAE(nn.Module):
         pre = xn @ self.W_enc[:, features] + self.b_enc[features]
         if self.cfg.architecture == "standard":
             return torch.relu(pre)
+        assert self.threshold is not None  # jumprelu SAEs have one
         return torch.relu(pre) * (pre > self.threshold[features]).to(pre.dtype)
 
     def decode(self, acts: Tensor, state: NormState | None = None) -> Tensor:

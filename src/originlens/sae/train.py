@@ -189,10 +189,11 @@ def train_sae_on_activations(
         loss.backward()
         with torch.no_grad():
             w, g = sae.W_dec, sae.W_dec.grad
+            assert g is not None  # W_dec is in every loss, so backward() set its gradient
             g -= (g * w).sum(-1, keepdim=True) * w
         opt.step()
         with torch.no_grad():
-            sae.W_dec /= sae.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-12))
         alive |= (acts > 0).any(0)
         if step % config.log_every == 0 or step == config.steps:
             with torch.no_grad():

@@ -122,20 +122,9 @@ class CorpusStatistics:
 def _check_tokens(tokens: Any, vocab_size: int) -> np.ndarray:
     if vocab_size is None or int(vocab_size) < 1:
         raise ConfigError(f"vocab size must be ≥ 1 (got {vocab_size})", "pass --vocab-size V with V ≥ 1")
-    arr = np.asarray(tokens)
-    if arr.ndim != 2:
-        raise InputError(
-            f"token array must be 2-D (N, T+1), got shape {arr.shape}", "store windows as an (N, T+1) integer array"
-        )
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise InputError(f"token array must hold integers, got {arr.dtype}", "store token ids as integers")
-    if arr.shape[1] < 2:
-        raise InputError(
-            f"windows need at least 2 tokens (T+1 ≥ 2), got {arr.shape[1]}", "build the corpus with a larger --seq-len"
-        )
-    if arr.shape[0] == 0:
-        raise InputError("token array is empty (0 windows)", "use a corpus with at least one window")
-    return arr
+    from ..data.store import check_window_array
+
+    return check_window_array(tokens)
 
 
 def _remap_table(vocab_size: int, token_ids: np.ndarray | None, pad_id: int | None) -> np.ndarray:

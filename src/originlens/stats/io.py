@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -117,7 +117,7 @@ class _Fields:
     def __init__(self, file: Path, meta: dict[str, Any]) -> None:
         self.file, self.meta = file, meta
 
-    def bad(self, key: str, got: str) -> None:
+    def bad(self, key: str, got: str) -> NoReturn:
         raise InputError(
             f"{self.file} has malformed metadata: {key} = {got}",
             "the file was edited or written by another program; recompute it with `originlens stats`",

@@ -254,7 +254,7 @@ def _check_moves(mv: np.ndarray, legal: np.ndarray, no_move: np.ndarray, t: int,
     if not ok.all():
         g = int(np.flatnonzero(~ok)[0])
         colour = "black" if t % 2 == 0 else "white"
-        allowed = [cell_name(c) for c in np.flatnonzero(unpack_bits(legal[g]))] or ["pass"]
+        allowed = [cell_name(int(c)) for c in np.flatnonzero(unpack_bits(legal[g]))] or ["pass"]
         what = "a pass is illegal while" if is_pass[g] else "illegal for"
         raise InputError(
             f"game {g + offset}, move {t} ({cell_name(mv[g])}): {what} {colour}"

@@ -149,7 +149,7 @@ def _illegal(
 ) -> None:
     mv = int(rec[g, ptr[g]])
     k = int(ptr[g])
-    allowed = [cell_name(c) for c in np.flatnonzero(unpack_bits(legal[g]))] or ["none (must pass)"]
+    allowed = [cell_name(int(c)) for c in np.flatnonzero(unpack_bits(legal[g]))] or ["none (must pass)"]
     colour = "black" if t % 2 == 0 else "white"
     what = cell_name(mv) if 0 <= mv <= PASS else str(mv)
     raise InputError(

@@ -21,6 +21,10 @@ unrelated corpus of :func:`resolve_null_statistics`), the causal intervention an
 Caveats: the theorem is for full-batch GD from zero init inside its validity window
 (:func:`~originlens.theory.leading_terms.validity_window`); for SGD runs, first-batch statistics or steps
 beyond the window the comparison is empirical, and the Frobenius bounds are reported only as a reference.
+
+Size: checkpoint tracking, run loading and the run analysis form one pipeline over one record format (the
+per-checkpoint cosines and bounds); the nulls, the intervention and the report are separate modules
+(:mod:`.nulls`, :mod:`.intervention`, :mod:`.tracking_report`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -133,13 +137,13 @@ def track_checkpoints(
         _check_shapes(w, stats)
         cmp = compare_to_theory(w, stats, int(s), lr, variant=variant)
         mx: dict[str, float] = {}
-        for name, rec in cmp.items():
+        for name, c in cmp.items():
             k = _kind(name)
-            mx[k] = rec["cos"] if k not in mx else max(mx[k], rec["cos"])
+            mx[k] = c["cos"] if k not in mx else max(mx[k], c["cos"])
         T = seq_len or w["P.1"].shape[0]
         Vs = vocab_size or w["W_O"].shape[0]
         win = validity_window(T, _n_layers(w), lr, Vs, variant=variant)
-        rec = {
+        rec: dict[str, Any] = {
             "step": int(s),
             "epoch": int(s) / max(1, int(steps_per_epoch)),
             "theory": cmp,
@@ -314,10 +318,10 @@ def load_run(run_dir: str | Path, *, stats: Any = None, data: str | Path | None 
     train = held = vocab = None
     note = ""
     if data is not None:
-        from ..data import load_token_array
+        from ..data import TokenWindows
 
-        toks, vocab, _ = load_token_array(data, int(cfg["identity"]["vocab_size"]))
-        train = np.asarray(toks)
+        windows = TokenWindows.load(data, int(cfg["identity"]["vocab_size"]))
+        train, vocab = np.asarray(windows.tokens), windows.vocab
         note = f"windows from {data} (all treated as training windows)"
     elif (p / "data" / "train.npy").is_file():
         train = _load_npy(p / "data" / "train.npy")
@@ -415,10 +419,11 @@ def resolve_null_statistics(
     windows; longer windows are cut to T+1 tokens).  Returns ``(stats, vocab, description)``."""
     import tempfile
 
-    from ..data import build_corpus, is_corpus_dir, load_token_array
+    from ..data import TokenWindows, build_corpus, is_corpus_dir
     from ..stats import corpus_statistics, load_statistics
 
     spec_s = str(spec)
+    vocab: list[str] | None
     if spec_s == "storyworld":
         with tempfile.TemporaryDirectory() as tmp:
             store = build_corpus(
@@ -441,11 +446,12 @@ def resolve_null_statistics(
             f"{p} is neither a statistics nor a corpus directory",
             "pass --null-corpus storyworld, a corpus directory or a statistics directory",
         )
-    toks, vocab, manifest = load_token_array(p)
-    toks = np.asarray(toks[:windows])
+    loaded = TokenWindows.load(p)
+    vocab = loaded.vocab
+    toks = np.asarray(loaded.tokens[:windows])
     if toks.shape[1] > seq_len + 1:
         toks = toks[:, : seq_len + 1]
-    V = len(vocab) if vocab is not None else int(toks.max()) + 1
+    V = loaded.vocab_size
     st = corpus_statistics(toks, V, vocab=vocab)
     return st, (list(vocab) if vocab is not None else None), f"corpus {p} ({toks.shape[0]} windows, |V| = {V})"
 
@@ -615,7 +621,11 @@ def analyse_run(
         else:
             n = min(cfg.eval_windows or run.train_tokens.shape[0], run.train_tokens.shape[0])
             ev, src = run.train_tokens[-n:], f"last {n} TRAINING windows (the run has no held-out set)"
-        held = heldout_losses(model, run.stats, s_final, run.lr, ev, run.train_tokens, batch_size=cfg.batch_size)
+        # the losses, then the record's source (text) and step
+        held = cast(
+            dict[str, Any],
+            heldout_losses(model, run.stats, s_final, run.lr, ev, run.train_tokens, batch_size=cfg.batch_size),
+        )
         held["source"] = src
         held["step"] = s_final
         timings["heldout_s"] = time.perf_counter() - t1

@@ -54,6 +54,9 @@ rank stops all of them.
 Callbacks (minGPT style): objects with any of ``on_step_end(trainer)``, ``on_checkpoint(trainer, path)``,
 ``on_train_end(trainer)``; ``trainer.request_stop()`` ends training cleanly after the current step
 (a checkpoint is written so the run can be resumed).
+
+Size: the trainer is one class whose step, data order, checkpoint and resume logic must change together to
+keep resumption bit-identical; its configuration and run-directory helpers sit beside it.
 """
 
 from __future__ import annotations
@@ -66,12 +69,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 
 from .. import distributed as dist_
+from ..data.store import check_window_array
 from ..devices import resolve_device
 from ..errors import CompatibilityError, ConfigError, InputError, NumericalError
 from ..interrupts import Interrupted, deferred
@@ -253,14 +257,7 @@ def steps_per_epoch(n_sequences: int, batch_size: int | None) -> int:
 def _check_tokens(tokens: Any, vocab_size: int) -> np.ndarray:
     if int(vocab_size) < 1:
         raise ConfigError(f"vocab_size must be ≥ 1 (got {vocab_size})", "pass the vocabulary size")
-    arr = tokens.detach().cpu().numpy() if torch.is_tensor(tokens) else np.asarray(tokens)
-    if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 2:
-        raise InputError(
-            f"tokens must be an (N, T+1) array with N ≥ 1, T ≥ 1; got shape {arr.shape}",
-            "pass token windows x_0..x_T, one per row",
-        )
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise InputError(f"tokens must be integers, got {arr.dtype}", "pass token ids")
+    arr = check_window_array(tokens.detach().cpu().numpy() if torch.is_tensor(tokens) else tokens, "tokens")
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= vocab_size:
         raise InputError(
@@ -283,6 +280,14 @@ def _nan_to_none(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_nan_to_none(v) for v in obj]
     return obj
+
+
+class _Bar(Protocol):
+    """A progress bar without an iterable: tqdm or :class:`~originlens.progress.Heartbeat`."""
+
+    def update(self, n: int = 1) -> object: ...
+    def set_postfix(self, **kw: Any) -> object: ...
+    def close(self) -> None: ...
 
 
 class AssocTrainer:
@@ -321,7 +326,11 @@ class AssocTrainer:
         if stats is not None:
             self._check_stats(stats)
         self.spe = steps_per_epoch(self.n_sequences, cfg.batch_size)
-        self.total_steps = int(cfg.steps) if cfg.steps is not None else int(cfg.epochs) * self.spe
+        if cfg.steps is not None:
+            self.total_steps = int(cfg.steps)
+        else:
+            assert cfg.epochs is not None  # AssocTrainConfig: exactly one of steps and epochs
+            self.total_steps = int(cfg.epochs) * self.spe
         self.batch = self.n_sequences if cfg.batch_size is None else min(int(cfg.batch_size), self.n_sequences)
         self.grad_chunk = int(cfg.grad_chunk) if cfg.grad_chunk is not None else self._auto_chunk()
         self.data_hash = _data_hash(self.tokens)
@@ -410,6 +419,7 @@ class AssocTrainer:
     # ------------------------------------------------------------------ run directory
     def _prepare_dir(self, resume: bool, overwrite: bool) -> int:
         """Create / validate the run directory; returns the step to start from (loads a checkpoint)."""
+        assert self.cfg.out is not None  # run() prepares a directory only when out is given
         path = Path(self.cfg.out)
         kind = run_dir_kind(path)
         if kind == "foreign" and not path.is_dir():
@@ -488,6 +498,7 @@ class AssocTrainer:
         """A CPU run resumed with another torch thread count than it started with (``environment.json``)
         warns: matrix products reduce in a thread-dependent order, so later weights differ in the last bits
         from an uninterrupted run."""
+        assert self.run_dir is not None
         env = self.run_dir.file("environment.json")
         if self.device.type != "cpu" or not env.is_file() or dist_.world()[0] != 0:
             return
@@ -620,7 +631,7 @@ class AssocTrainer:
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self) -> Path:
         assert self.run_dir is not None
-        tensors = dict(self.model.weights())
+        tensors: dict[str, torch.Tensor | np.ndarray] = dict(self.model.weights())
         # state at the start of the epoch that contains step+1: after the last step of an epoch the next
         # permutation has not been drawn yet, so that is the generator's current state
         state = self._gen.get_state() if self.step % self.spe == 0 else self._epoch_state
@@ -696,10 +707,12 @@ class AssocTrainer:
         if not math.isfinite(total):
             raise self._fail("loss", s)
         for name, p in model.named_weights():
+            assert p.grad is not None  # accumulate_gradients (mean_over_shards) filled every weight's gradient
             if not torch.isfinite(p.grad).all():
                 raise self._fail(f"gradient of {name}", s)
         with torch.no_grad():
             for name, p in model.named_weights():
+                assert p.grad is not None
                 p.add_(p.grad, alpha=-float(self.cfg.lr))
                 if not torch.isfinite(p).all():
                     raise self._fail(f"weight {name} (after the update)", s)
@@ -774,7 +787,7 @@ class AssocTrainer:
         if self.run_dir is not None and start:
             self._log_lost_checkpoint_record(start)
             self.run_dir.log_metrics({"event": "resume", "step": start, "from": str(self.last_checkpoint)})
-        bar = progress(total=self.total_steps, desc=f"assoc {self.cfg.optimizer}", unit="step")
+        bar = cast(_Bar, progress(total=self.total_steps, desc=f"assoc {self.cfg.optimizer}", unit="step"))
         bar.update(start)
         with deferred() as signalled, closing(bar):
             while self.step < self.total_steps:

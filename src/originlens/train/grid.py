@@ -190,6 +190,7 @@ def summarise_grid(config: GridConfig, out: str | Path) -> dict[str, Any]:
     out = Path(out)
     runs, per_regime = [], {}
     for regime in config.regimes:
+        by_layer: dict[str, list[float]]
         vals, by_layer, losses, accs, firsts = [], {}, [], [], []
         for seed in config.seeds:
             d = run_dir_for(out, regime, seed)

@@ -29,7 +29,7 @@ replay's bit-exact checks need ``--replay-rtol``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -150,5 +150,5 @@ def check_in_sync(params: Iterable[torch.Tensor], where: str) -> None:
         )
 
 
-def _device_of(params: list[torch.Tensor]) -> torch.device:
+def _device_of(params: Sequence[torch.Tensor]) -> torch.device:
     return params[0].device if params else torch.device("cpu")

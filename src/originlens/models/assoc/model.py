@@ -264,6 +264,7 @@ class AssocModel(nn.Module):
             prods = self._products(ws.get, team)
             inp = _PathInputs.build(prods.Kr, prods.ZL, list(self.P), T)
             acc = _path_pass(inp, x, ws, team, targets=tokens[:, 1:].long(), scale=1.0 / (n * T), chunk=chunk)
+            assert acc is not None  # no logits given: gradients are returned
             grads = prods.backward(acc.dW, acc.dZ, acc.dKr, team)
             for l in range(self.n_layers):
                 grads[f"P.{l + 1}"] = F.pad(acc.dP[l], (0, self.seq_len - T))

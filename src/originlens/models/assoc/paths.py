@@ -5,6 +5,7 @@ wraps them.  Part of :mod:`originlens.models.assoc` (its docstring explains the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -65,10 +66,10 @@ class _Products:
             self.K[l] = K
         offs, width = _pair_columns(L)
         self.Kr = ws("prod.Kr", (V * V, width), dt, dev)
-        srcs = [None] * L
+        srcs = cast("list[torch.Tensor]", [None] * L)  # every entry is set below, before use
         srcs[0] = Ws[0].reshape(-1, 1)
         for l in range(1, L):
-            srcs[l] = self.K[l].view(4**l, V * V)
+            srcs[l] = cast(torch.Tensor, self.K[l]).view(4**l, V * V)  # set above for l ≥ 1
         pad = torch.zeros(1, width - (4**L - 1) // 3, dtype=dt, device=dev)
 
         def pack(r0: int, r1: int) -> None:  # rows r0..r1 of Kr, contiguous writes
@@ -98,6 +99,7 @@ class _Products:
         for l in range(1, L):
             n = 1 << l
             K = self.K[l]
+            assert K is not None  # set for every layer l ≥ 1
             dK = self.Kr.view(-1)[o_dK[l] : o_dK[l] + n * n * V * V].view(n, n, V, V)  # Kr is dead: reuse it
             dst, src = dK.view(n * n, V * V), dKr[:, offs[l] : offs[l] + n * n]
             _blocks(team, V * V, lambda r0, r1, dst=dst, src=src: dst[:, r0:r1].copy_(src[r0:r1].t()), dev)
@@ -354,6 +356,7 @@ class _Chunk:
         """Add ∂K_l (pair-major) and ∂P_l to ``acc`` given the ∂AI of the logits path."""
         c, T, L = self.c, self.T, self.L
         AI, dAI = self.AI, self.dAI
+        assert dAI is not None  # set by the logits backward (loss_backward / grad_backward)
         low, off_low = self.inp.low
         width = self.inp.Kr.shape[1]
         dR = self._buf("R", (c, T, T, width))  # the forward's buffer: its padding is 0
@@ -372,6 +375,7 @@ class _Chunk:
                 dR[..., self.offs[0]] = ds
                 continue
             G, Y, Ai = self.G[l], self.Y[l], self.Ai[l]
+            assert Y is not None and Ai is not None  # kept for every layer with n > 1
             U = torch.bmm(ds, Ai, out=self._buf("U", (c, T, T * n)))  # ∂Y = ∂s Â
             dAi = torch.bmm(ds.transpose(1, 2), Y, out=self._buf("dAi", (c, T, T * n)))
             dAi.baddbmm_(U, G.transpose(1, 2))  # ∂Â = ∂sᵀ Y + U Gᵀ
@@ -448,6 +452,7 @@ def _path_pass(
         if targets is not None:
             p.loss_backward(targets[b0:b1], scale, accs[w])
         else:
+            assert g is not None  # gradients from targets or from g
             p.grad_backward(g[b0:b1], accs[w])
         p.attention_backward(accs[w])
 

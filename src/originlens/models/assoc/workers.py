@@ -8,6 +8,7 @@ import math
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal
 
 import numpy as np
 import torch
@@ -105,7 +106,7 @@ class _Job:
         self.left = sum(len(q) for q in lanes)  # tasks not yet finished
         self.error: BaseException | None = None
 
-    def take(self, w: int) -> tuple[int, int] | bool | None:
+    def take(self, w: int) -> tuple[int, int] | Literal[False] | None:
         """(lane, task) to run; None when every task is handed out (or the job failed); False when the
         remaining tasks all belong to running lanes (wait)."""
         if self.error is not None:
@@ -178,6 +179,7 @@ class _Team:
                     if self._stop:
                         return
                     seen, job = self._gen, self._job
+                assert job is not None  # published with each new generation
                 self._work(job, w)
 
     def _work(self, job: _Job, w: int) -> None:

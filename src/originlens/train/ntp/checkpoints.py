@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -31,7 +31,9 @@ def numpy_global_seed(seed: int) -> int:
 
 
 def _numpy_rng_state() -> np.ndarray:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # the global legacy RNG is an MT19937, whose legacy state is this tuple (never the dict form)
+    state = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    name, keys, pos, has_gauss, cached = state
     return _encode_json_bytes([name, keys.tolist(), int(pos), int(has_gauss), float(cached)])
 
 

@@ -1,11 +1,12 @@
-"""The configuration of a next-token-prediction run (:class:`NTPConfig`), the paper's per-task defaults
-(:data:`TASK_DEFAULTS`), the task registry lookup and the fields that define a trained model
-(:func:`config_identity`).  Part of :mod:`originlens.train.ntp`."""
+"""The configuration of a next-token-prediction run (:class:`NTPConfig`, with the model's architecture
+options nested as :class:`ModelOptions`), the paper's per-task defaults (:data:`TASK_DEFAULTS`), the task
+lookup and the fields that define a trained model (:func:`config_identity`).  Part of
+:mod:`originlens.train.ntp`."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -92,13 +93,15 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
         train_size=0,
     ),
 }
-# Trainer tasks outside originlens.tasks' registry: name -> (module, class); built by get_task below.
-EXTRA_TASKS: dict[str, tuple[str, str]] = {}  # tasks outside originlens.tasks' registry (none at present)
 # Fields that may change between a run and its resumption (they do not change the trained weights).
 OPERATIONAL_FIELDS = ("steps", "checkpoint_every", "keep_checkpoints", "device", "log_every")
 # Fields added after runs were first recorded, with the value every earlier run implicitly had: at that
 # value they are left out of a run's identity, so earlier runs stay finished / resumable.
-LATER_FIELDS = {"task_options": {}, "lr_decay": None}
+LATER_FIELDS: dict[str, Any] = {
+    "task_options": {},
+    "lr_decay": None,
+    "model": {"mlp_ratio": 4, "tie_embeddings": True, "untie_init": "independent", "dropout": 0.0},
+}
 
 
 def config_identity(d: dict[str, Any]) -> dict[str, Any]:
@@ -110,18 +113,31 @@ def config_identity(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def all_task_names() -> list[str]:
-    """Tasks the trainer accepts: the synthetic worlds, :data:`EXTRA_TASKS` and ``language`` (a token store)."""
-    return [*task_names(), *EXTRA_TASKS, LANGUAGE]
+    """Tasks the trainer accepts: the registry's (:func:`originlens.tasks.task_names`) and ``language``
+    (a token store)."""
+    return [*task_names(), LANGUAGE]
 
 
 def get_task(name: str, **kw: Any) -> Any:
-    """:func:`originlens.tasks.get_task` extended by :data:`EXTRA_TASKS` (``tinystories``)."""
-    if name in EXTRA_TASKS:
-        import importlib
-
-        module, cls_name = EXTRA_TASKS[name]
-        return getattr(importlib.import_module(module), cls_name)(**kw)
+    """The task object of a registry name (:func:`originlens.tasks.get_task`)."""
     return registry_task(name, **kw)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The :class:`~originlens.models.gpt.GPTConfig` choices a run makes beyond the fields :class:`NTPConfig`
+    owns (its shape, regime, dtype and attention kernel) and those the task fixes (|V|, T): nested in
+    ``NTPConfig.model``. Defaults are GPTConfig's (the papers' architecture), validated by GPTConfig.
+
+    ``dropout > 0`` makes training stochastic beyond the data order (the torch RNG state is checkpointed,
+    so resumption stays exact), but the gradient-pathway attribution replays updates without it and
+    refuses such runs.
+    """
+
+    mlp_ratio: int = 4
+    tie_embeddings: bool = True
+    untie_init: str = "independent"
+    dropout: float = 0.0
 
 
 @dataclass
@@ -141,7 +157,10 @@ class NTPConfig:
     for ``tinystories``); part of the run's identity.  ``lr_decay``: ``None`` (the paper: a constant
     learning rate) or ``[a, b]`` (updates, 0 ≤ a < b): constant ``lr`` up to update a, then a linear
     cool-down to ``lr / (b − a)`` at update b, held after b (:meth:`lr_at`); a pure function of the update
-    number, so resume and the attribution replay take exactly the trained steps.
+    number, so resume and the attribution replay take exactly the trained steps.  ``model``: the
+    architecture options beyond the shape (:class:`ModelOptions`: MLP ratio, tied embeddings, the untied
+    copies' initialisation, dropout), a mapping accepted; at their defaults they are left out of the run's
+    identity.
     """
 
     task: str = "cond-majority"
@@ -176,8 +195,21 @@ class NTPConfig:
     othello_pool: int = 500_000
     corpus: str | None = None
     eval_seed: int | None = None
+    model: ModelOptions = field(default_factory=ModelOptions)
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, dict):
+            unknown = sorted(set(self.model) - set(ModelOptions.__dataclass_fields__))
+            if unknown:
+                raise ConfigError(
+                    f"unknown model option(s) {unknown}",
+                    f"use: {', '.join(ModelOptions.__dataclass_fields__)}",
+                )
+            self.model = ModelOptions(**self.model)
+        elif not isinstance(self.model, ModelOptions):
+            raise ConfigError(
+                f"model must be ModelOptions or a mapping, got {self.model!r}", "e.g. model={'mlp_ratio': 2}"
+            )
         if self.task not in all_task_names():
             raise ConfigError(f"unknown task {self.task!r}", f"use one of: {', '.join(all_task_names())}")
         if self.regime not in REGIMES:
@@ -257,6 +289,7 @@ class NTPConfig:
         from ...devices import check_device_spec
 
         check_device_spec(self.device)
+        assert self.probe_size is not None and self.eval_size is not None  # need_int above
         if self.probe_size > self.eval_size:
             raise ConfigError(
                 f"probe_size={self.probe_size} exceeds eval_size={self.eval_size}",
@@ -307,6 +340,7 @@ class NTPConfig:
 
     def gpt_config(self, vocab_size: int, seq_len: int) -> GPTConfig:
         """The model configuration (position table of size T + 1)."""
+        assert self.n_layer is not None and self.d_model is not None and self.n_head is not None  # task defaults
         return GPTConfig(
             vocab_size=vocab_size,
             seq_len=seq_len,
@@ -319,6 +353,7 @@ class NTPConfig:
             n_positions=seq_len + 1,
             dtype=self.dtype,
             attn_impl=self.attn_impl,
+            **asdict(self.model),
         )
 
     def lr_at(self, update: int) -> float:

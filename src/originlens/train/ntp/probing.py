@@ -19,7 +19,7 @@ from ...storage import (
 
 def save_probe_metrics(path: str | Path, metrics: ProbeMetrics) -> Path:
     """Write :class:`ProbeMetrics` as a plain ``.npz`` (no object arrays, readable without pickle)."""
-    arrays = {
+    arrays: dict[str, Any] = {
         "pearson": metrics.pearson,
         "r2": metrics.r2,
         "mse": metrics.mse,

@@ -1,5 +1,10 @@
 """The next-token-prediction :class:`Trainer` (train, evaluate, probe, checkpoint, resume) and :func:`train`.
-Part of :mod:`originlens.train.ntp` (its docstring describes the run directory and resume)."""
+Part of :mod:`originlens.train.ntp` (its docstring describes the run directory and resume).
+
+Size: one class, :class:`Trainer`, whose step, evaluation, probing, checkpoint and resume paths share its
+state and must change together to keep resumption and the attribution replay bit-identical; the
+configuration, data, checkpoints and probing helpers are already separate modules of the package.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -44,6 +49,14 @@ from .checkpoints import (
 from .config import COUNTING_TASKS, EVAL_STREAM, EVENTS, LANGUAGE, POOL_CHUNK, POOL_STREAM, NTPConfig, config_identity
 from .data import EvalData, _PoolData, _SampledData, othello_pool
 from .probing import probe_summary, save_probe_metrics
+
+
+class _Bar(Protocol):
+    """A progress bar without an iterable: tqdm or :class:`~originlens.progress.Heartbeat`."""
+
+    def update(self, n: int = 1) -> object: ...
+    def set_postfix(self, **kw: Any) -> object: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -145,6 +158,8 @@ class Trainer:
 
     def _run(self) -> TrainResult:
         cfg = self.config
+        # filled by NTPConfig.__post_init__ (the task's defaults)
+        assert cfg.steps is not None and cfg.eval_every is not None and cfg.probe_every is not None
         self._t_start = time.time()
         dist_.barrier()  # rank 0 has checked (or cleared) the run directory
         if self.resume and is_finished(self.run_path, cfg):
@@ -173,7 +188,9 @@ class Trainer:
         if self._writer:
             self._write_environment(resumed=start > 0)
 
-        bar = progress(total=cfg.steps, initial=start, desc=f"{cfg.task}/{cfg.regime}/s{cfg.seed}", unit="step")
+        bar = cast(
+            _Bar, progress(total=cfg.steps, initial=start, desc=f"{cfg.task}/{cfg.regime}/s{cfg.seed}", unit="step")
+        )
         window: list[float] = []
         self.model.train()
         with deferred() as stop, closing(bar):
@@ -290,23 +307,24 @@ class Trainer:
     def _vocab_and_len(self) -> tuple[int, int]:
         if self.task is not None:
             return self.task.vocab_size, self.task.seq_len
-        from ...data import load_token_array
+        from ...data import TokenWindows
 
-        tokens, vocab, manifest = load_token_array(self.config.corpus)
+        assert self.config.corpus is not None  # NTPConfig requires a corpus for task 'language'
+        windows = TokenWindows.load(self.config.corpus)
+        tokens = windows.tokens
         n, t1 = tokens.shape
         if n <= self.config.eval_size:
             raise ConfigError(
                 f"corpus {self.config.corpus} has {n} windows, not more than eval_size={self.config.eval_size}",
                 "lower --eval-size (the rest are training windows)",
             )
-        vs = len(vocab) if vocab is not None else int(tokens.max()) + 1
+        vs = windows.vocab_size
         self._corpus_tokens = tokens
         self._corpus_info = {
             "windows": n,
             "vocab_size": vs,
-            "vocab_hash": (manifest or {}).get("vocab_hash")
-            or (vocab_hash(vocab, len(vocab)) if vocab is not None else None),
-            "tokens_sha256": (manifest or {}).get("tokens_sha256"),
+            "vocab_hash": windows.vocab_hash,
+            "tokens_sha256": windows.tokens_sha256,
         }
         return vs, t1
 
@@ -328,9 +346,12 @@ class Trainer:
 
     def _train_data(self) -> _SampledData | _PoolData:
         cfg = self.config
+        # filled by NTPConfig.__post_init__ (the task's defaults)
+        assert cfg.eval_size is not None and cfg.batch_size is not None
         if cfg.task == LANGUAGE:
             train = self._corpus_tokens[: len(self._corpus_tokens) - cfg.eval_size]
             return _PoolData(train, cfg.seed, cfg.batch_size, f"the first windows of {cfg.corpus}")
+        assert self.task is not None  # every task but 'language' has one
         if cfg.task == "othello":
             task = cfg.make_task(with_feature_types=False)
             if cfg.othello_pool == 0:
@@ -365,11 +386,13 @@ class Trainer:
 
     def _eval_data(self) -> EvalData:
         cfg = self.config
+        assert cfg.eval_size is not None  # filled by NTPConfig.__post_init__ (the task's defaults)
         if cfg.eval_size == 0:
             return EvalData(np.zeros((0, self.gpt_config.seq_len), dtype=np.int64), None)
         if cfg.task == LANGUAGE:
             tok = np.asarray(self._corpus_tokens[len(self._corpus_tokens) - cfg.eval_size :], dtype=np.int64)
             return EvalData(tok, None)
+        assert self.task is not None  # every task but 'language' has one
         rng = np.random.default_rng([cfg.effective_eval_seed, EVAL_STREAM])
         sample = getattr(self.task, "sample_eval", self.task.sample)  # held-out split (tinystories)
         batch = sample(cfg.eval_size, rng)
@@ -461,6 +484,7 @@ class Trainer:
             self.step = 0
             return 0
         step, path = cks[-1]
+        assert self.config.steps is not None  # filled by NTPConfig.__post_init__ (the task's defaults)
         if step > self.config.steps:
             raise ConfigError(
                 f"{self.run_path} is already at step {step} > steps={self.config.steps}",
@@ -532,6 +556,7 @@ class Trainer:
 
     def _can_probe(self) -> bool:
         b = self.eval_data.batch if hasattr(self, "eval_data") else None
+        assert self.config.probe_size is not None  # filled by NTPConfig.__post_init__ (the task's defaults)
         return b is not None and self.config.probe_size >= 10
 
     def _probe_positions(self) -> list[int]:
@@ -540,7 +565,9 @@ class Trainer:
         if pp == "all":
             return list(range(1, T))
         if pp == "tracked":
+            assert self.task is not None  # probes need a task's eval batch (_can_probe)
             return sorted(set(self.task.tracked.positions))
+        assert isinstance(pp, list)  # NTPConfig._validate: "all", "tracked" or a list of positions
         bad = [i for i in pp if not 1 <= i < T]
         if bad:
             raise ConfigError(f"probe positions {bad} outside 1..{T - 1}", "choose positions of the sequence")
@@ -550,6 +577,7 @@ class Trainer:
     def _evaluate(self, probe: bool) -> None:
         """Eval loss and task metrics on the eval set; with ``probe``, fit probes on its residuals."""
         cfg = self.config
+        assert cfg.probe_size is not None  # filled by NTPConfig.__post_init__ (the task's defaults)
         tokens = self.eval_data.tokens
         n = len(tokens)
         if n == 0:
@@ -606,6 +634,7 @@ class Trainer:
     def _fit_probes(self, resid: list[np.ndarray], positions: list[int]) -> None:
         cfg = self.config
         batch = self.eval_data.batch
+        assert batch is not None and self.task is not None  # probes need a task's eval batch (_can_probe)
         n = cfg.probe_size
         Y = batch.features[:n][:, positions]
         FT = None if batch.feature_types is None else batch.feature_types[:n][:, positions]
@@ -633,12 +662,15 @@ class Trainer:
                 [get(pm) if get(pm) is not None else np.full((1, *shape), np.nan) for pm in per_layer]
             )
 
+        def of_type(t: int) -> Callable[[ProbeMetrics], np.ndarray | None]:
+            return lambda m: m.by_type.get(t)
+
         metrics = ProbeMetrics(
             pearson=stack(lambda m: m.pearson),
             r2=stack(lambda m: m.r2),
             mse=stack(lambda m: m.mse),
             accuracy=stack(lambda m: m.accuracy),
-            by_type={t: stack(lambda m, t=t: m.by_type.get(t)) for t in types},
+            by_type={t: stack(of_type(t)) for t in types},
             layers=layers,
             positions=list(positions),
             feature_names=list(batch.feature_names),
