@@ -538,3 +538,44 @@ def test_the_null_baseline_is_on_by_default_and_null_level_agreement_is_flagged(
     )
     assert null_level_warnings(far) == []
     assert null_level_warnings(ComparisonResult(labels=["a"], layers=[1], cosines={"spec": real}, heads={})) == []
+
+
+def test_sharded_checkpoint_grid_merges_to_the_unsharded_run(tmp_path, capsys):
+    """`lm compare --shard I/N` on blocks of the checkpoint list, merged by `lm compare-merge`, gives the
+    results of one unsharded run: same labels, cosines, per-head cosines, statistics, duplicates across
+    blocks and warnings; bad shard sets are refused."""
+    from originlens.cli.main import main
+    from originlens.data import storyworld_store
+
+    store = storyworld_store(tmp_path / "corpus", n=30, vocab_size=100, seq_len=16, windows="pack", oov="unk")
+    eot = store.vocab.index("<eot>")
+    ckpts = _save_checkpoints(tmp_path, store.vocab_size, store.vocab_hash, eot, steps=(0, 1, 2, 3))
+    # a duplicate whose original lies in another block
+    (ckpts / "step-000005.safetensors").write_bytes((ckpts / "step-000000.safetensors").read_bytes())
+    base = ["-q", "lm", "compare", "--checkpoint-dir", str(ckpts), "--corpus", str(tmp_path / "corpus")]
+    base += ["--top-tokens", "40", "--heads-layers", "1,2"]
+    assert main([*base, "--out", str(tmp_path / "all")]) == 0
+    for i in range(3):
+        assert main([*base, "--shard", f"{i}/3", "--out", str(tmp_path / f"s{i}")]) == 0
+    blocks = [json.loads((tmp_path / f"s{i}" / "results.json").read_text())["labels"] for i in range(3)]
+    assert blocks == [["step0", "step1"], ["step2", "step3"], ["step5"]]
+    shards = [str(tmp_path / f"s{i}") for i in (2, 0, 1)]  # any order
+    assert main(["-q", "lm", "compare-merge", *shards, "--out", str(tmp_path / "merged")]) == 0
+    want = json.loads((tmp_path / "all" / "results.json").read_text())
+    got = json.loads((tmp_path / "merged" / "results.json").read_text())
+    for key in ("kind", "labels", "layers", "cosines", "heads", "statistics", "model", "warnings"):
+        assert got[key] == want[key], key
+    assert (
+        got["grid"]["duplicates"]
+        == want["grid"]["duplicates"]
+        == [{"label": "step5", "same_as": "step0", "sha256": want["grid"]["hashes"]["step0"]}]
+    )
+    assert got["config"]["merged_from_shards"] == 3 and got["config"]["checkpoints_total"] == 5
+    assert (tmp_path / "merged" / "report.html").is_file()
+    # refused: a missing block, a run without --shard, more blocks than checkpoints
+    capsys.readouterr()
+    assert main(["-q", "lm", "compare-merge", *shards[:2], "--out", str(tmp_path / "m2")]) == 2
+    assert "exactly once" in capsys.readouterr().err
+    assert main(["-q", "lm", "compare-merge", shards[0], str(tmp_path / "all"), "--out", str(tmp_path / "m3")]) == 2
+    assert main([*base, "--shard", "0/9", "--out", str(tmp_path / "s9")]) == 2
+    assert "cannot fill 9 blocks" in capsys.readouterr().err

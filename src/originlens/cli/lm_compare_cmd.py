@@ -29,12 +29,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .options import add_device, add_option, add_threads, apply_threads, finite_float, int_list
+from .options import add_device, add_option, add_threads, apply_threads, finite_float, int_list, shard_arg
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from ..experiments.compare_run import CompareRunConfig, run_compare
-    from ..lm.compare import MAPPINGS
 
     apply_threads(args)
     cfg = CompareRunConfig(
@@ -61,8 +60,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
         token_chunk=args.token_chunk,
         device=args.device,
         dtype=args.dtype,
+        shard=args.shard,
     )
-    run = run_compare(cfg, args.out, overwrite=args.overwrite)
+    _print_comparison(run_compare(cfg, args.out, overwrite=args.overwrite), args.out)
+    return 0
+
+
+def cmd_compare_merge(args: argparse.Namespace) -> int:
+    from ..experiments.compare_run import merge_compare_runs
+
+    _print_comparison(merge_compare_runs(args.runs, args.out, overwrite=args.overwrite), args.out)
+    return 0
+
+
+def _print_comparison(run: Any, out: str) -> None:
+    from ..lm.compare import MAPPINGS
+
     result = run.result
     for v, data in result.cosines.items():
         for key in MAPPINGS:
@@ -74,9 +87,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"warning: {w}")
     print(
         f"compared {len(result.labels)} checkpoint(s) at K = {result.statistics['K']} in "
-        f"{run.seconds:.1f} s; {Path(args.out) / 'results.json'}, {run.report}"
+        f"{run.seconds:.1f} s; {Path(out) / 'results.json'}, {run.report}"
     )
-    return 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -146,6 +158,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="float64",
         help="precision of the statistics and of the weight comparisons",
     )
+    c.add_argument(
+        "--shard",
+        type=shard_arg,
+        default=None,
+        metavar="I/N",
+        help="compare only the I-th of N contiguous blocks of the checkpoints (0-based; combine the N runs "
+        "with `lm compare-merge`)",
+    )
     add_threads(c)
     p.add_argument("--out", required=True, help="run directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison run at --out")
@@ -172,3 +192,13 @@ def register(subparsers: Any) -> None:
     )
     add_arguments(p)
     p.set_defaults(func=cmd_compare)
+    m = _lm_subparsers(subparsers).add_parser(
+        "compare-merge",
+        help="combine the runs of `lm compare --shard I/N` into one comparison run",
+        description="Read N block run directories (every I/N once, same statistics, model and settings) and "
+        "write the comparison of the whole checkpoint list, as an unsharded run would.",
+    )
+    m.add_argument("runs", nargs="+", help="the block run directories")
+    m.add_argument("--out", required=True, help="run directory to write")
+    m.add_argument("--overwrite", action="store_true", help="replace an earlier comparison run at --out")
+    m.set_defaults(func=cmd_compare_merge)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from .options import add_device, add_threads, apply_threads, float_list, int_list_or_all, utf8_text
+from .options import add_device, add_threads, apply_threads, float_list, int_list_or_all, shard_arg, utf8_text
 
 if TYPE_CHECKING:  # the experiments package imports torch: deferred to keep `originlens --help` fast
     from ..experiments.lm_inputs import CorpusSource, ModelSource
@@ -136,17 +136,6 @@ def cmd_qscore_merge(args: argparse.Namespace) -> int:
 
     _print_qscore(merge_qscore_runs(args.shards, args.out, overwrite=args.overwrite))
     return 0
-
-
-def shard_arg(s: str) -> tuple[int, int]:
-    """argparse type of ``--shard I/N`` (0 ≤ I < N)."""
-    try:
-        i, n = (int(v) for v in s.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected I/N, e.g. 0/4, got {s!r}") from None
-    if n < 1 or not 0 <= i < n:
-        raise argparse.ArgumentTypeError(f"I/N needs 0 ≤ I < N, got {s!r}")
-    return i, n
 
 
 def cmd_steer(args: argparse.Namespace) -> int:

@@ -155,3 +155,14 @@ def int_list(s: str) -> list[int]:
 def int_list_or_all(s: str) -> list[int] | None:
     """:func:`int_list`, or ``all`` → None (every index)."""
     return None if s.strip().lower() == "all" else int_list(s)
+
+
+def shard_arg(s: str) -> tuple[int, int]:
+    """argparse type of ``--shard I/N`` (0 ≤ I < N)."""
+    try:
+        i, n = (int(v) for v in s.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N, e.g. 0/4, got {s!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"I/N needs 0 ≤ I < N, got {s!r}")
+    return i, n

@@ -12,6 +12,10 @@ into ``window``-token texts with the paper's minimum-length filters), checks eve
 against them, and calls :func:`originlens.lm.compare.compare_checkpoints`.  Writes ``OUT/results.json``
 (with the tokenizer used, the text counts, every corpus source's fingerprint and, for hub revisions, the
 commit each resolved to), ``OUT/figures/*.png`` and ``OUT/report.html``.
+
+Checkpoint grids too long for one process: ``shard=(i, N)`` (``--shard I/N``) compares the i-th of N
+contiguous blocks of the checkpoint list, and :func:`merge_compare_runs` (``lm compare-merge``) writes the
+run of the whole list from the N block runs (:mod:`originlens.lm.compare_merge`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class CompareRunConfig:
     token_chunk: int = 4096
     device: str = "cpu"
     dtype: str = "float64"
+    shard: tuple[int, int] | None = None  # (i, N): compare block i of N of the checkpoint list
 
 
 @dataclass
@@ -316,6 +321,9 @@ def run_compare(cfg: CompareRunConfig, out: str | Path, *, overwrite: bool = Fal
     device = str(resolve_device(cfg.device))  # CUDA missing: one line, before any checkpoint loads
     t0 = time.perf_counter()
     specs = checkpoint_specs(cfg.model, cfg.checkpoints, cfg.checkpoint_dir, cfg.log_steps)
+    n_all = len(specs)
+    if cfg.shard is not None:
+        specs = shard_of(specs, cfg.shard)
     grid = CheckpointGrid(specs, on_missing=cfg.on_missing, hash_weights=not cfg.no_hash)
     session = _Session(cfg, specs)
     ccfg = CompareConfig(
@@ -333,12 +341,64 @@ def run_compare(cfg: CompareRunConfig, out: str | Path, *, overwrite: bool = Fal
     result.config["tokenizer_source"] = session.info.get("tokenizer_source")
     result.config["texts"] = session.info.get("texts")
     result.config["corpus_sources"] = _source_records(cfg.corpus)
+    if cfg.shard is not None:
+        from ..lm.compare_merge import SHARD_KEY
+
+        result.config[SHARD_KEY] = {"index": cfg.shard[0], "count": cfg.shard[1], "checkpoints_total": n_all}
     extra = {
         "model": cfg.model,
         "checkpoints": specs,
         "corpus": cfg.corpus,
         "stats": cfg.stats,
         "tokenizer": cfg.tokenizer,
+    }
+    report = write_comparison(result, out, extra=extra, overwrite=overwrite)
+    return CompareRun(path=Path(out), result=result, report=Path(report), seconds=time.perf_counter() - t0)
+
+
+def shard_of(specs: list[str], shard: tuple[int, int]) -> list[str]:
+    """Block ``i`` of ``N`` contiguous blocks of the checkpoint list (the first ``len % N`` blocks one longer)."""
+    from ..distributed import shard_bounds
+
+    i, n = shard
+    if not 0 <= i < n:
+        raise ConfigError(f"--shard {i}/{n}: the index must be in 0..{n - 1}", "e.g. --shard 0/4")
+    if n > len(specs):
+        raise ConfigError(
+            f"--shard {i}/{n}: {len(specs)} checkpoint(s) cannot fill {n} blocks", f"use at most {len(specs)} shards"
+        )
+    a, b = shard_bounds(len(specs), i, n)
+    return specs[a:b]
+
+
+def merge_compare_runs(runs: list[str | Path], out: str | Path, *, overwrite: bool = False) -> CompareRun:
+    """The run of the whole checkpoint list from the N run directories of ``lm compare --shard I/N``
+    (each I once; same statistics, model and settings), written to ``out`` as an unsharded run would be."""
+    from ..lm.compare import ComparisonResult
+    from ..lm.compare_merge import merge_comparisons
+    from ..lm.compare_report import check_out, write_comparison
+    from ..storage import read_json
+
+    check_out(out, overwrite)
+    t0 = time.perf_counter()
+    parts, configs = [], []
+    for d in map(Path, runs):
+        if not (d / "results.json").is_file():
+            raise InputError(
+                f"{d} holds no comparison results", "pass finished `lm compare --shard I/N` run directories"
+            )
+        parts.append(ComparisonResult.from_json(read_json(d / "results.json")))
+        configs.append(read_json(d / "config.json") if (d / "config.json").is_file() else {})
+    order = sorted(range(len(parts)), key=lambda j: int((parts[j].config.get("shard") or {}).get("index", -1)))
+    result = merge_comparisons(parts)
+    first = configs[order[0]]
+    extra = {
+        "model": first.get("model"),
+        "checkpoints": [c for j in order for c in configs[j].get("checkpoints") or []],
+        "corpus": first.get("corpus"),
+        "stats": first.get("stats"),
+        "tokenizer": first.get("tokenizer"),
+        "merged_from": [str(runs[j]) for j in order],
     }
     report = write_comparison(result, out, extra=extra, overwrite=overwrite)
     return CompareRun(path=Path(out), result=result, report=Path(report), seconds=time.perf_counter() - t0)

@@ -423,6 +423,28 @@ class ComparisonResult:
             "warnings": self.warnings,
         }
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ComparisonResult:
+        """The result :meth:`to_json` wrote (``null`` cosines read back as NaN; values as rounded there)."""
+        if d.get("kind") != RESULTS_KIND:
+            raise InputError("not the results of a checkpoint comparison", "pass an `lm compare` run directory")
+
+        def arr(rows: list) -> np.ndarray:
+            return np.array([[np.nan if x is None else float(x) for x in row] for row in rows], dtype=np.float64)
+
+        return cls(
+            labels=list(d["labels"]),
+            layers=[int(x) for x in d["layers"]],
+            cosines={v: {k: arr(m) for k, m in m_.items()} for v, m_ in d["cosines"].items()},
+            heads={v: {int(l): arr(m) for l, m in m_.items()} for v, m_ in d["heads"].items()},
+            grid=dict(d.get("grid") or {}),
+            statistics=dict(d.get("statistics") or {}),
+            model=dict(d.get("model") or {}),
+            config=dict(d.get("config") or {}),
+            timings=dict(d.get("timings") or {}),
+            warnings=list(d.get("warnings") or []),
+        )
+
 
 StatsProvider = Callable[[Any], Any]
 
