@@ -272,3 +272,21 @@ def test_unit_records_combine_into_the_same_results(ci_run, tmp_path):
     more = P.PersistenceConfig(scale="ci", seeds=[0, 1, 2, 9], overrides={"steps": 16})
     with pytest.raises(InputError, match="no record of lr-"):
         P.run_persistence(more, tmp_path / "y", results=out / "res.json", from_records=True)
+    # units built their corpus in separate output directories: equal windows, manifests differing only in
+    # their build time, combine; a unit trained on other windows is refused
+    import json
+
+    path = record_path(out / "res.json", P.unit_name(cfg.lrs[0], cfg.seeds[1]))
+    saved = path.read_text()
+    raw = json.loads(saved)
+    try:
+        path.write_text(json.dumps({**raw, "values": {**raw["values"], "corpus_manifest_sha256": "0" * 64}}))
+        again = P.run_persistence(cfg, tmp_path / "again", results=out / "res.json", from_records=True)
+        assert again["by_lr"] == s["by_lr"]
+        other_data = {**raw["values"], "data_hashes": {"tokens": "f" * 64}}
+        path.write_text(json.dumps({**raw, "values": other_data}))
+        with pytest.raises(InputError, match="another corpus"):
+            P.run_persistence(cfg, tmp_path / "z", results=out / "res.json", from_records=True)
+    finally:  # the module's shared run as it was
+        path.write_text(saved)
+        P.run_persistence(cfg, tmp_path / "comb2", results=out / "res.json", command="combine", from_records=True)

@@ -337,7 +337,8 @@ def run_persistence(
                     corpus.setdefault("sha", values.get("corpus_manifest_sha256"))
                     corpus.setdefault("windows", values.get("corpus_windows"))
                     corpus.setdefault("vocab_size", values.get("corpus_vocab_size"))
-                    if values.get("corpus_manifest_sha256") != corpus["sha"]:
+                    corpus.setdefault("identity", training_data_identity(values))
+                    if training_data_identity(values) != corpus["identity"]:
                         raise InputError(
                             f"{record_path(res_path, unit)} was trained on another corpus than the other records",
                             "combine only runs of one corpus build, or rerun that unit",
@@ -454,3 +455,11 @@ def _sha(path: Path) -> str:
     import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def training_data_identity(values: dict[str, Any]) -> Any:
+    """What a unit record says it was trained on: the sha256 of its training windows (``data_hashes``), or,
+    for a record without one, its corpus manifest's sha256. Corpus builds of the same data in different
+    output directories have equal windows but manifests that differ in their build time."""
+    tokens = (values.get("data_hashes") or {}).get("tokens")
+    return ("tokens", tokens) if tokens else ("manifest", values.get("corpus_manifest_sha256"))
