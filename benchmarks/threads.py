@@ -7,6 +7,16 @@ across threads, so the summation order (and with it the last bits) can depend on
 difference then grows with training like any perturbation of a chaotic optimiser.
 
     python benchmarks/threads.py [--task cond-majority] [--steps 200] [--d-model 64]
+    python benchmarks/threads.py --wait-policy [--steps 100] [--repeat 3]
+
+``--wait-policy`` measures instead what the ``originlens`` command's default ``OMP_WAIT_POLICY=PASSIVE``
+buys: the same ``ntp train`` command in fresh processes with 1 thread, 2 threads whose OpenMP workers spin
+while waiting (``ACTIVE``, the OpenMP runtime's choice when nothing is set) and 2 passive threads; CPU
+time (the children's user + system) and wall time per step, medians of ``--repeat`` runs, and whether
+the two 2-thread runs wrote bit-identical models (the policy changes waiting, not arithmetic).  Profile
+behind it: with ACTIVE workers most of a small model's CPU time is the workers' spin loop between
+operations of a few microseconds each, which on a shared machine takes the core from the process that
+has work.
 
 Writes nothing; prints one table (the figures quoted in docs/reliability.md and benchmarks/RESULTS.md).
 """
@@ -14,6 +24,12 @@ Writes nothing; prints one table (the figures quoted in docs/reliability.md and 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
+import resource
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +53,47 @@ def train(cfg: NTPConfig, threads: int, out: Path) -> tuple[dict[str, torch.Tens
     )
 
 
+def policy_run(policy: str, threads: int, a: argparse.Namespace, out: Path) -> tuple[float, float, str]:
+    """One ``originlens ntp train`` in a fresh process: (wall s/step, CPU s/step, sha256 of the model)."""
+    cmd = [sys.executable, "-m", "originlens", "-q", "ntp", "train", "--task", a.task, "--d-model", str(a.d_model)]
+    cmd += ["--batch-size", str(a.batch_size), "--steps", str(a.steps), "--seed", str(a.seed), "--eval-every", "0"]
+    cmd += ["--probe-every", "0", "--checkpoint-every", "0", "--eval-size", "256", "--threads", str(threads)]
+    cmd += ["--out", str(out)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = time.perf_counter()
+    subprocess.run(cmd, check=True, env={**os.environ, "OMP_WAIT_POLICY": policy}, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - wall
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    return wall / a.steps, cpu / a.steps, digest
+
+
+def wait_policy(a: argparse.Namespace) -> None:
+    cases = [("PASSIVE", 1), ("ACTIVE", 2), ("PASSIVE", 2)]
+    times: dict[tuple[str, int], list[tuple[float, float]]] = {c: [] for c in cases}
+    digests: dict[tuple[str, int], str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(a.repeat):  # interleaved, so a change of load hits every case alike
+            for policy, threads in cases:
+                w, c, d = policy_run(policy, threads, a, Path(tmp) / f"{policy}-{threads}-{r}")
+                times[(policy, threads)].append((w, c))
+                digests[(policy, threads)] = d
+    print(f"{a.task}, d={a.d_model}, batch {a.batch_size}, {a.steps} steps, medians of {a.repeat} fresh processes")
+    print("| threads, OMP_WAIT_POLICY | wall ms/step | CPU ms/step | CPU vs 1 thread |")
+    print("|---|---|---|---|")
+    base = statistics.median(c for _, c in times[("PASSIVE", 1)])
+    for policy, threads in cases:
+        w = statistics.median(x for x, _ in times[(policy, threads)])
+        c = statistics.median(x for _, x in times[(policy, threads)])
+        spread = max(x for _, x in times[(policy, threads)]) - min(x for _, x in times[(policy, threads)])
+        print(f"| {threads}, {policy} | {w * 1e3:.1f} | {c * 1e3:.1f} (spread {spread * 1e3:.1f}) | {c / base:.2f}× |")
+    same = digests[("ACTIVE", 2)] == digests[("PASSIVE", 2)]
+    print(f"2 threads ACTIVE vs PASSIVE: models bit-identical: {same}")
+    if not same:
+        raise SystemExit("the wait policy changed the result")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="cond-majority")
@@ -44,7 +101,12 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--wait-policy", action="store_true", help="compare OpenMP wait policies instead")
+    ap.add_argument("--repeat", type=int, default=3, help="fresh processes per case (--wait-policy)")
     a = ap.parse_args()
+    if a.wait_policy:
+        wait_policy(a)
+        return
     cfg = NTPConfig(
         task=a.task,
         d_model=a.d_model,

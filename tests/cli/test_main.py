@@ -129,3 +129,20 @@ def test_one_spelling_per_concept_old_spellings_warn(capsys):
     # where --layers selects layers it is not deprecated
     ns = parser.parse_args(["ntp", "attribute", "r", "--layers", "1-2", "--positions", "3"])
     assert ns.layers == [1, 2] and capsys.readouterr().err == ""
+
+
+def _omp_policy_seen_by_torch(env: dict[str, str]) -> str:
+    """OMP_WAIT_POLICY as a fresh ``originlens`` process leaves it when torch's OpenMP runtime starts."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import originlens.cli.main, os, torch; torch.ones(2) @ torch.ones(2); print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | env
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+
+def test_the_command_lets_idle_openmp_threads_sleep_unless_the_user_chose():
+    # spinning OpenMP workers cost a shared machine 3-8x the CPU of one thread (benchmarks/threads.py)
+    assert _omp_policy_seen_by_torch({}).strip() == "PASSIVE"
+    assert _omp_policy_seen_by_torch({"OMP_WAIT_POLICY": "ACTIVE"}).strip() == "ACTIVE"

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+# OpenMP worker threads (torch's intra-op pool) spin while they wait for work by default; on a shared
+# machine two spinning threads of a small model cost 3–8× the CPU time of one thread for identical
+# results (benchmarks/threads.py).  Passive waiting keeps what a second core buys when it is free and
+# loses nothing when it is not.  Read once, when the OpenMP runtime starts (the first torch import,
+# which the CLI defers), so it is set here; a value the user set wins, and results do not depend on it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from ..errors import OriginlensError
 from ..interrupts import Interrupted, terminate_as_interrupt
