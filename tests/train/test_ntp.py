@@ -363,6 +363,46 @@ def test_othello_pool_is_cached_and_indexed_by_the_rule(tmp_path):
     assert (tmp_path / "r" / "probe_metrics.npz").is_file()
 
 
+def test_othello_pool_games_equal_the_reference_engine(monkeypatch):
+    # the pool (hence every batch and the recorded pool sha256) must not depend on the engine: rows are
+    # the moves the numpy reference engine plays from default_rng([seed, 11, c]) per chunk c
+    import hashlib
+
+    from originlens.tasks import BOS_ID, moves_to_tokens
+    from originlens.tasks.othello import _run
+    from originlens.train.ntp import data
+
+    # frozen: sha256 of othello_pool(1000, 3)'s bytes as the numpy engine made it
+    want = "4a54cf99942c45286b3836fd6b4819b42d9e6c052431f3c1bc411f9ac9749e6e"
+    assert hashlib.sha256(othello_pool(1000, 3).tobytes()).hexdigest() == want
+    monkeypatch.setattr(data, "POOL_CHUNK", 64)  # several chunks, the last one partial
+    n, seed = 150, 5
+    ref = np.empty((n, 61), dtype=np.uint8)
+    ref[:, 0] = BOS_ID
+    for c, a in enumerate(range(0, n, 64)):
+        b = min(n, a + 64)
+        u = np.random.default_rng([seed, 11, c]).random((b - a, 60))
+        ref[a:b, 1:] = moves_to_tokens(_run(np.empty((b - a, 60), np.int64), u, False, 1024, compiled=False).moves)
+    np.testing.assert_array_equal(data.othello_pool(n, seed), ref)
+
+
+def test_othello_pool_reproduces_the_committed_runs_pool_hash():
+    # the committed Othello results record the sha256 of their 500,000-game pool file; resuming or
+    # attributing those runs regenerates it when absent, so the file must come out byte-identical
+    import hashlib
+    import io
+    from pathlib import Path
+
+    rec = Path(__file__).resolve().parents[2] / "results" / "othello" / "othello-cpu" / "seed-0.json"
+    if not rec.is_file():
+        pytest.skip("committed Othello results not in this tree")
+    r = json.loads(rec.read_text())
+    assert r["unit"] == "seed-0"
+    buf = io.BytesIO()
+    np.save(buf, othello_pool(r["config_key"]["ntp"]["othello_pool"], 0), allow_pickle=False)  # as atomic_save_npy
+    assert hashlib.sha256(buf.getvalue()).hexdigest() == r["values"]["data_hashes"]["othello_pool_sha256"]
+
+
 def test_language_task_from_a_token_array(tmp_path):
     rng = np.random.default_rng(0)
     np.save(tmp_path / "tok.npy", rng.integers(0, 30, size=(60, 9)).astype(np.uint16))

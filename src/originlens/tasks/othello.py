@@ -14,9 +14,13 @@ Conventions:
 * ``feature_types[g, t, c]``: 0 empty cell; otherwise flip the colour of that stone and recompute the
   next player's legal set: 1 if unchanged (NTP-useless), 2 if changed (NTP-useful).
 
-Engine: each position is two uint64 bitboards (own, opponent) per game, held in numpy arrays over all
-games; moves and flips are found by shift-and-mask fills in the 8 directions.  Feature types evaluate
-the colour flips of all occupied cells of every position at once on an (n, K) array of bitboards.
+Engine: each position is two uint64 bitboards (own, opponent) per game; moves and flips are found by
+shift-and-mask fills in the 8 directions.  Games are played by the compiled per-game kernel of
+:mod:`.othello_kernels` (numba), which writes boards, legal sets and feature types straight into the
+output arrays.  The vectorised numpy engine (:func:`_play`: numpy arrays over all games, feature types
+evaluated on an (n, K) array of colour-flipped bitboards) is kept as the reference the kernel is tested
+against (``_run(..., compiled=False)``), and reports illegal moves in :func:`replay`; its helpers
+:func:`legal_bitboard` and :func:`flips` serve :mod:`.othello_records`.
 
 Randomness: ``u = default_rng(seed).random((n, 60))``; move t of game g is the ⌊u[g,t]·c⌋-th legal
 cell in increasing cell order (c legal cells).  Hence games of ``generate_games(n, s)`` are a prefix of
@@ -24,7 +28,8 @@ cell in increasing cell order (c legal cells).  Hence games of ``generate_games(
 
 LM vocabulary: ``["<pad>", "<bos>", "pass", "a1", …, "h8"]`` (67 tokens): token = cell + 3, pass = 2.
 
-Caveats: memory is about 12 KB per game (boards, legal sets, types; 16 KB more as float32 task
+Caveats: the first call in a fresh environment compiles the kernel (seconds; cached afterwards).
+Memory is about 12 KB per game (boards, legal sets, types; 16 KB more as float32 task
 features), so generate eval sets of 20,480 games in one call but training data on the fly (use
 ``feature_types=False`` there).  Bit ↔ cell unpacking converts to ``'<u8'`` first, so the cell order
 does not depend on the host's byte order.
@@ -263,13 +268,31 @@ def _check_moves(mv: np.ndarray, legal: np.ndarray, no_move: np.ndarray, t: int,
         )
 
 
-def _run(moves: np.ndarray, u: np.ndarray | None, feature_types: bool, chunk_size: int) -> OthelloGames:
+def _run(
+    moves: np.ndarray, u: np.ndarray | None, feature_types: bool, chunk_size: int, *, compiled: bool = True
+) -> OthelloGames:
+    """Play (``u`` given: draw, else replay and check) the games; ``compiled`` picks the numba kernel of
+    :mod:`.othello_kernels`, else the vectorised numpy engine :func:`_play` (the reference)."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ConfigError(f"chunk_size must be an integer >= 1, got {chunk_size!r}", "use e.g. 2048")
     n, length = moves.shape
     boards = np.empty((n, length, 64), dtype=np.int8)
     legal = np.empty((n, length, 65), dtype=bool)
     types = np.empty((n, length, 64), dtype=np.uint8) if feature_types else None
+    if compiled:
+        from .othello_kernels import play_games
+
+        err_t = np.empty(n, dtype=np.int64)
+        draw = u is not None
+        uu = u if u is not None else np.zeros((0, 0))
+        tt = types if types is not None else np.zeros((0, 0, 64), dtype=np.uint8)
+        if play_games(moves, uu, draw, boards.view(np.uint64), legal, tt, True, feature_types, err_t):
+            # the first illegal move (earliest move, then lowest game): the numpy engine words the error
+            t_bad = np.where(err_t >= 0, err_t, np.iinfo(np.int64).max)
+            g = int(np.lexsort((np.arange(n), t_bad))[0])
+            _play(moves[g : g + 1], u=None, check=True, types_out=None, offset=g)
+            raise AssertionError(f"game {g}: the compiled and numpy engines disagree on legality")  # unreachable
+        return OthelloGames(moves, boards, legal, types)
     for a in range(0, n, chunk_size):
         b = min(n, a + chunk_size)
         own, opp, lg = _play(
@@ -292,12 +315,26 @@ def generate_games(
 
     ``seed``: int or ``numpy.random.Generator`` (consumed: one (n, 60) uniform draw).
     ``feature_types=False`` skips the 64 colour-flip recomputations per position (much faster;
-    enough for training data).  ``chunk_size`` games are played at once (memory/cache trade-off;
-    results do not depend on it).
+    enough for training data).  ``chunk_size``: games played at once by the numpy reference engine
+    (validated, otherwise unused by the compiled kernel, which plays one game at a time; results
+    never depend on it).
     """
     n = check_n(n)
     u = np.random.default_rng(seed).random((n, N_MOVES))
     return _run(np.empty((n, N_MOVES), dtype=np.int64), u, feature_types, chunk_size)
+
+
+def generate_moves(n: int, seed: int | np.random.Generator | None = 0) -> np.ndarray:
+    """(n, 60) int64 moves of the games of :func:`generate_games` ``(n, seed)`` (the same uniforms are
+    consumed), without boards or legal sets: for training data, which needs the tokens only."""
+    from .othello_kernels import play_games
+
+    n = check_n(n)
+    u = np.random.default_rng(seed).random((n, N_MOVES))
+    moves = np.empty((n, N_MOVES), dtype=np.int64)
+    boards, legal, types = np.empty((0, 0, 8), np.uint64), np.empty((0, 0, 65), bool), np.empty((0, 0, 64), np.uint8)
+    play_games(moves, u, True, boards, legal, types, False, False, np.empty(n, dtype=np.int64))
+    return moves
 
 
 def replay(moves: Any, *, feature_types: bool = True, chunk_size: int = 1024) -> OthelloGames:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ...tasks import BOS_ID, TaskBatch, moves_to_tokens
-from ...tasks.othello import generate_games
+from ...tasks.othello import generate_moves
 from .config import POOL_CHUNK, POOL_STREAM, TRAIN_STREAM
 
 
@@ -55,13 +55,18 @@ class _PoolData:
 
 
 def othello_pool(n: int, seed: int) -> np.ndarray:
-    """(n, 61) uint8 tokens of n random games; chunk c of 16384 games from ``default_rng([seed, 11, c])``."""
+    """(n, 61) uint8 tokens of n random games; chunk c of 16384 games from ``default_rng([seed, 11, c])``
+    (the games of ``generate_games(len(chunk), that generator)``; only their moves are computed).
+
+    All n games are generated, whatever the run draws: the batch rows depend on n (``integers(0, n, B)``)
+    and the run records the sha256 of the whole pool file (checked on resume and by attribution), so a
+    smaller or partial pool would change either the games or the recorded hash."""
     out = np.empty((n, 61), dtype=np.uint8)
     out[:, 0] = BOS_ID
     for c, a in enumerate(range(0, n, POOL_CHUNK)):
         b = min(n, a + POOL_CHUNK)
-        games = generate_games(b - a, np.random.default_rng([int(seed), POOL_STREAM, c]), feature_types=False)
-        out[a:b, 1:] = moves_to_tokens(games.moves)
+        moves = generate_moves(b - a, np.random.default_rng([int(seed), POOL_STREAM, c]))
+        out[a:b, 1:] = moves_to_tokens(moves)
     return out
 
 
