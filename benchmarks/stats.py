@@ -7,11 +7,18 @@ Scenarios (each in its own subprocess so peak memory is measured per scenario):
 * ``paper``  — the paper's scale: |V|=3,000, T=200, N=65,536 windows (TinyStories word windows, tiled
   to 65,536 when the subset is smaller; synthetic Zipf tokens when TinyStories is absent); target
   ≤ 2 minutes and ≤ 4 GB peak memory for all six statistics.
-* ``big``    — top-20,000 tokens of a large vocabulary at T=128 (float32 outputs); target: no OOM.
+* ``big``    — top-20,000 tokens of a large vocabulary at T=128, float32 outputs streamed to a
+  statistics directory (``stream_statistics``, what ``originlens stats`` runs); target ≤ 4 GB peak.
   A BPE tokenizer trained on the TinyStories subset stops near 11k tokens, so this scenario draws
-  Zipf-distributed ids over 50,304 (Pythia's vocabulary size) — a worst case for sparsity.
+  Zipf-distributed ids over 50,304 (Pythia's vocabulary size) — a worst case for sparsity.  Writes
+  5 × 1.6 GB to a temporary directory (deleted afterwards).
+* ``cli``    — peak memory of ``originlens stats`` against the library on the ``paper`` corpus, each in
+  its own process measured by ``os.wait4``: the library in memory (``corpus_statistics``), the library
+  streaming to disk (``stream_statistics``) and the command; target: the command at the library's peak.
 
-Usage: ``python benchmarks/stats.py [dense|paper|big|all] [--quick]``.
+Wall time and process CPU time are given for each; peaks are the maximum resident set size (GiB).
+
+Usage: ``python benchmarks/stats.py [dense|paper|big|cli|all] [--quick]``.
 """
 
 from __future__ import annotations
@@ -114,21 +121,25 @@ def scenario_dense(quick: bool) -> dict:
     }
 
 
-def scenario_paper(quick: bool) -> dict:
-    from originlens.stats import corpus_statistics
-
+def paper_windows(quick: bool) -> tuple[np.ndarray, int, str]:
     V, T, N = 3000, 200, (8192 if quick else 65536)
     got = tinystories_windows(V, T)
     if got is None:
-        tokens, src = zipf_windows(V, T, N), "zipf"
-    else:
-        base, V = got
-        reps = -(-N // len(base))
-        tokens, src = np.concatenate([base] * reps)[:N], f"tinystories-words ({len(base)} windows tiled)"
+        return zipf_windows(V, T, N), V, "zipf"
+    base, V = got
+    reps = -(-N // len(base))
+    return np.concatenate([base] * reps)[:N], V, f"tinystories-words ({len(base)} windows tiled)"
+
+
+def scenario_paper(quick: bool) -> dict:
+    from originlens.stats import corpus_statistics
+
+    tokens, V, src = paper_windows(quick)
+    T = tokens.shape[1] - 1
     corpus_statistics(tokens[:4], V)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     st = corpus_statistics(tokens, V)
-    secs = time.perf_counter() - t0
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {
         "scenario": "paper",
         "source": src,
@@ -136,12 +147,13 @@ def scenario_paper(quick: bool) -> dict:
         "T": T,
         "N": int(tokens.shape[0]),
         "ours_s": secs,
+        "ours_cpu_s": cpu,
         "n_pairs": st.n_pairs,
     }
 
 
 def scenario_big(quick: bool) -> dict:
-    from originlens.stats import corpus_statistics
+    from originlens.stats import corpus_statistics, stream_statistics
 
     T, K = 128, 20000
     got = None if quick else tinystories_windows(32000, T, tokenizer="bpe")
@@ -155,26 +167,91 @@ def scenario_big(quick: bool) -> dict:
         tokens, V = got
         src = f"tinystories-bpe (|V|={V})"
     K = min(K, V)
-    corpus_statistics(tokens[:4], V, top_k=8, dtype=np.float32)
-    t0 = time.perf_counter()
-    st = corpus_statistics(tokens, V, top_k=K, dtype=np.float32)
-    secs = time.perf_counter() - t0
-    return {"scenario": "big", "source": src, "V": V, "K": st.size, "T": T, "N": int(tokens.shape[0]), "ours_s": secs}
+    corpus_statistics(tokens[:4], V, top_k=8, dtype=np.float32)  # compile kernels outside the timing
+    with tempfile.TemporaryDirectory() as d:
+        t0, c0 = time.perf_counter(), time.process_time()
+        st = stream_statistics(tokens, V, Path(d) / "stats", top_k=K, dtype=np.float32)
+        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+        size = st.size
+        del st
+    return {
+        "scenario": "big",
+        "source": src,
+        "V": V,
+        "K": size,
+        "T": T,
+        "N": int(tokens.shape[0]),
+        "ours_s": secs,
+        "ours_cpu_s": cpu,
+    }
+
+
+def run_measured(cmd: list[str]) -> tuple[float, float, float]:
+    """Run ``cmd``; (wall s, CPU s, peak RSS GiB) of that process alone (``os.wait4``)."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "CI": "1"})
+        _, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{cmd[2:4]} failed:\n{err.read().decode()[-2000:]}")
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024**2
+
+
+def library_child(how: str, tokens_file: str, V: int) -> None:
+    """One library run on a saved token file (``cli`` scenario): in memory or streamed to a directory."""
+    from originlens.stats import corpus_statistics, stream_statistics
+
+    tokens = np.load(tokens_file, mmap_mode="r")  # as the command does; both load the compiled kernels
+    if how == "memory":
+        corpus_statistics(tokens, V)
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            stream_statistics(tokens, V, Path(d) / "stats")
+
+
+def scenario_cli(quick: bool) -> dict:
+    tokens, V, src = paper_windows(quick)
+    res: dict = {"scenario": "cli", "source": src, "V": V, "T": tokens.shape[1] - 1, "N": int(tokens.shape[0])}
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "tokens.npy"
+        np.save(f, tokens)
+        del tokens
+        for name, cmd in (
+            ("library", [sys.executable, __file__, "lib-memory", "--child", "--lib-args", str(f), str(V)]),
+            ("library_stream", [sys.executable, __file__, "lib-stream", "--child", "--lib-args", str(f), str(V)]),
+            ("cli", [sys.executable, "-m", "originlens", "-q", "stats", "--tokens", str(f), "--vocab-size", str(V)]
+             + ["--out", str(Path(d) / "out")]),
+        ):  # fmt: skip
+            wall, cpu, peak = run_measured(cmd)
+            res.update({f"{name}_s": wall, f"{name}_cpu_s": cpu, f"{name}_peak_gb": peak})
+    return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="?", default="all", choices=["dense", "paper", "big", "all"])
+    ap.add_argument(
+        "which", nargs="?", default="all", choices=["dense", "paper", "big", "cli", "all", "lib-memory", "lib-stream"]
+    )
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--lib-args", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.which.startswith("lib-"):
+        library_child(a.which[4:], a.lib_args[0], int(a.lib_args[1]))
+        return
+    if a.child and a.which == "cli":
+        print(json.dumps(scenario_cli(a.quick)))
+        return
     if a.child:
         fn = {"dense": scenario_dense, "paper": scenario_paper, "big": scenario_big}[a.which]
         res = fn(a.quick)
         res["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
         print(json.dumps(res))
         return
-    names = ["dense", "paper", "big"] if a.which == "all" else [a.which]
+    names = ["dense", "paper", "big", "cli"] if a.which == "all" else [a.which]
     print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
     for n in names:
         cmd = [sys.executable, __file__, n, "--child"] + (["--quick"] if a.quick else [])
@@ -193,13 +270,19 @@ def main() -> None:
         elif n == "paper":
             print(
                 f"paper  V={r['V']} T={r['T']} N={r['N']} ({r['source']}): all six statistics in "
-                f"{r['ours_s']:.1f} s, peak {r['peak_rss_gb']:.2f} GB"
+                f"{r['ours_s']:.1f} s [CPU {r['ours_cpu_s']:.1f} s], peak {r['peak_rss_gb']:.2f} GB"
+            )
+        elif n == "big":
+            print(
+                f"big    top-{r['K']} of V={r['V']} T={r['T']} N={r['N']} ({r['source']}), float32 streamed to disk: "
+                f"{r['ours_s']:.1f} s [CPU {r['ours_cpu_s']:.1f} s], peak {r['peak_rss_gb']:.2f} GB"
             )
         else:
-            print(
-                f"big    top-{r['K']} of V={r['V']} T={r['T']} N={r['N']} ({r['source']}), float32: "
-                f"{r['ours_s']:.1f} s, peak {r['peak_rss_gb']:.2f} GB"
+            line = ", ".join(
+                f"{k.replace('_', ' ')} {r[k + '_peak_gb']:.2f} GB in {r[k + '_s']:.1f} s [CPU {r[k + '_cpu_s']:.1f} s]"
+                for k in ("library", "library_stream", "cli")
             )
+            print(f"cli    V={r['V']} T={r['T']} N={r['N']} ({r['source']}), peak RSS per process: {line}")
 
 
 if __name__ == "__main__":

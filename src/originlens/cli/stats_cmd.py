@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..data import TokenWindows
     from ..distributed import distributed_corpus_statistics, init
-    from ..stats import corpus_statistics, save_statistics
+    from ..stats import CorpusStatistics, save_statistics, stream_statistics
     from ..storage import sha256_file
 
     if bool(args.corpus) == bool(args.tokens):
@@ -84,36 +84,37 @@ def run(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
         vocab=vocab,
     )
-    if world_size > 1:
-        st = distributed_corpus_statistics(tokens, V, **kwargs)
+    corpus = manifest if manifest is not None else {"tokens_file": str(src), "sha256": sha256_file(src)}
+
+    def out_manifest(st: CorpusStatistics) -> dict:
+        return {
+            "statistics": {
+                "source": str(src),
+                "windows": int(tokens.shape[0]),
+                "processes": world_size,
+                "seq_len": st.seq_len,
+                "vocab_size": V,
+                "size": st.size,
+                "centering": st.centering,
+                "n_pairs": st.n_pairs,
+                "top_k": args.top_k,
+                "pad_id": args.pad_id,
+                "dtype": args.dtype,
+                "seconds": time.perf_counter() - t0,
+            },
+            "corpus": corpus,
+        }
+
+    meta = {"source": str(src), "windows": int(tokens.shape[0]), "seconds": None, "top_k": args.top_k}
+    if world_size == 1:  # each statistic goes to disk as it is computed (peak memory: one or two K×K arrays)
+        st = stream_statistics(tokens, V, args.out, meta=meta, manifest=out_manifest, inputs=[src], **kwargs)
     else:
-        st = corpus_statistics(tokens, V, **kwargs)
+        st = distributed_corpus_statistics(tokens, V, **kwargs)
+        if rank != 0:  # every rank holds the same result; rank 0 writes it
+            return 0
+        st.meta.update({**meta, "seconds": round(time.perf_counter() - t0, 3)})
+        save_statistics(st, args.out, manifest=out_manifest(st), inputs=[src])
     secs = time.perf_counter() - t0
-    if rank != 0:  # every rank holds the same result; rank 0 writes it
-        return 0
-    st.meta.update(
-        {"source": str(src), "windows": int(tokens.shape[0]), "seconds": round(secs, 3), "top_k": args.top_k}
-    )
-    out_manifest = {
-        "statistics": {
-            "source": str(src),
-            "windows": int(tokens.shape[0]),
-            "processes": world_size,
-            "seq_len": st.seq_len,
-            "vocab_size": V,
-            "size": st.size,
-            "centering": st.centering,
-            "n_pairs": st.n_pairs,
-            "top_k": args.top_k,
-            "pad_id": args.pad_id,
-            "dtype": args.dtype,
-            "seconds": secs,
-        },
-        "corpus": manifest,
-    }
-    if manifest is None:
-        out_manifest["corpus"] = {"tokens_file": str(src), "sha256": sha256_file(src)}
-    save_statistics(st, args.out, manifest=out_manifest, inputs=[src])
     print(
         f"wrote {Path(args.out) / 'statistics.safetensors'} ({st.size}×{st.size}, T={st.seq_len}, "
         f"{st.n_pairs} pairs, {secs:.1f} s)"

@@ -11,7 +11,7 @@ from .corpus import (
     corpus_statistics,
     most_frequent_tokens,
 )
-from .io import load_statistics, save_statistics
+from .io import load_statistics, save_statistics, stream_statistics
 
 __all__ = [
     "BASES",
@@ -26,5 +26,6 @@ __all__ = [
     "load_statistics",
     "most_frequent_tokens",
     "save_statistics",
+    "stream_statistics",
     "top_associations",
 ]

@@ -59,15 +59,19 @@ def _context_kernel(x, y, valid, w, context_raw, prefix_raw_parts):  # pragma: n
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _query_key_kernel(x, y, valid, w, G, g_sub, qk_raw, delta_parts):  # pragma: no cover - compiled
+def _query_key_kernel(x, y, valid, w, G, g_sub, qk_raw, delta_parts, row0, with_delta):  # pragma: no cover
     """Accumulate Q̄_raw[x_t, x_j] += Q_n[t, j] and Δ_raw[t − j] += Q_n[t, j] (:mod:`.corpus`).
 
     M[t, j] = G[y_t, x_j]·[y_t kept] − g_sub[x_j] for kept x_j, else 0;
     Q_n[t, j] = M[t, j]/(t+1) − (Σ_{m≤t} M[t, m])/(t+1)²  for j ≤ t.
     G: (K, K) float (next token × prefix token); g_sub: (K,) = c·Σ_a G[a, :];
-    qk_raw: (K, K) float64 (in/out); delta_parts: (N_PARTS, T) float64 (in/out).
+    qk_raw: (R, K) float64 (in/out), rows row0..row0+R−1 of Q̄_raw (R = K, row0 = 0: all of it);
+    delta_parts: (N_PARTS, T) float64 (in/out), accumulated only when ``with_delta``.  Positions whose
+    query token lies outside the row block are skipped unless ``with_delta``, so a row-blocked run
+    (one call per block, ``with_delta`` in one of them) adds every term once and in the same order.
     """
     n, T = x.shape
+    row1 = row0 + qk_raw.shape[0]
     for part in numba.prange(N_PARTS):
         dl = delta_parts[part]
         for s in range(n):
@@ -77,6 +81,9 @@ def _query_key_kernel(x, y, valid, w, G, g_sub, qk_raw, delta_parts):  # pragma:
                 q = x[s, t]
                 owner = q % N_PARTS if q >= 0 else s % N_PARTS
                 if owner != part:
+                    continue
+                inside = q >= row0 and q < row1 and q >= 0
+                if not inside and not with_delta:
                     continue
                 a = y[s, t]
                 wt = w[t]
@@ -95,8 +102,8 @@ def _query_key_kernel(x, y, valid, w, G, g_sub, qk_raw, delta_parts):  # pragma:
                             r -= g_sub[b]
                 corr = r * wt * wt
                 # pass 2: centred, normalised entries
-                if q >= 0:
-                    qrow = qk_raw[q]
+                if inside:
+                    qrow = qk_raw[q - row0]
                     for j in range(t + 1):
                         b = x[s, j]
                         if b >= 0:
@@ -105,7 +112,8 @@ def _query_key_kernel(x, y, valid, w, G, g_sub, qk_raw, delta_parts):  # pragma:
                             qrow[b] += v
                         else:
                             v = -corr
-                        dl[t - j] += v
+                        if with_delta:
+                            dl[t - j] += v
                 else:
                     for j in range(t + 1):
                         b = x[s, j]

@@ -28,6 +28,7 @@ Caveats: padding is handled by the ``valid`` mask / ``pad_id`` (padded pairs are
 in a prefix counts as an out-of-set token, i.e. a zero row of X).  With a restricted token set
 (``token_ids``), out-of-set tokens are zero rows of X and Y but their positions still count in P (P is
 that of the unrestricted corpus).  Accumulators are float64; ``dtype`` only sets the output precision.
+Outputs too large to hold at once: :func:`originlens.stats.stream_statistics` (:mod:`.stream`).
 """
 
 from __future__ import annotations
@@ -312,7 +313,7 @@ class FirstOrderSums:
         bphi = np.asarray(JPo @ context)
         bphi -= np.outer((c * alpha).astype(out), colsum.astype(out))
         G = np.asarray(JPo.T @ bphi)
-        G -= (c * (alpha @ bphi)).astype(out)[None, :]
+        G -= (c * alpha_dot(alpha, bphi)).astype(out)[None, :]
         value_target = np.ascontiguousarray(bphi.T)
         del bphi
         return FirstOrder(
@@ -324,6 +325,23 @@ class FirstOrderSums:
             unigram=alpha,
             sums=self,
         )
+
+
+def spans(n: int, step: int) -> list[tuple[int, int]]:
+    """Blocks (start, stop) of 0..n of ``step`` items; a last block of one item joins the one before (a
+    one-column block would be summed in another order by numpy's reductions)."""
+    cuts = [*range(0, n, max(2, int(step))), n]
+    if len(cuts) > 2 and cuts[-1] - cuts[-2] == 1:
+        del cuts[-2]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def alpha_dot(alpha: np.ndarray, M: np.ndarray, width: int = 512) -> np.ndarray:
+    """αᵀM (float64), summed over the rows of M in order: the same bits for any column block of M."""
+    out = np.empty(M.shape[1], dtype=np.float64)
+    for a, b in spans(M.shape[1], width):
+        out[a:b] = (alpha[:, None] * M[:, a:b]).sum(axis=0)
+    return out
 
 
 def _gram_dense(A: sp.csr_matrix, block: int = 2048) -> np.ndarray:
@@ -354,16 +372,24 @@ class FirstOrder:
 
 
 class SecondOrderSums:
-    """Sums behind Q̄ and Δ; needs the finalised first-order statistics of the *whole* corpus."""
+    """Sums behind Q̄ and Δ; needs the finalised first-order statistics of the *whole* corpus.
 
-    def __init__(self, first: FirstOrder) -> None:
+    ``rows=(r0, r1)`` accumulates only rows r0..r1−1 of Q̄ (``qk_raw`` is (r1−r0) × K), so Q̄ can be
+    computed in row blocks, one pass over the corpus each; Δ is accumulated only in the block with
+    r0 = 0 (zero elsewhere).  Every block gives exactly the rows (and Δ) of the unblocked sums.
+    """
+
+    def __init__(self, first: FirstOrder, rows: tuple[int, int] | None = None) -> None:
         self.first = first
         s = first.sums
         self.K, self.seq_len, self.vocab_size = s.K, s.seq_len, s.vocab_size
+        self.rows = (0, self.K) if rows is None else (int(rows[0]), int(rows[1]))
+        if not 0 <= self.rows[0] < self.rows[1] <= self.K:
+            raise ConfigError(f"row block {rows} is not within 0..{self.K}", "pass (r0, r1) with 0 ≤ r0 < r1 ≤ K")
         self.n_pairs = 0
         self.G = np.ascontiguousarray(first.composed)
         self.g_sub = (s.centering * self.G.sum(axis=0, dtype=np.float64)).astype(self.G.dtype)
-        self.qk_raw = np.zeros((self.K, self.K), dtype=np.float64)
+        self.qk_raw = np.zeros((self.rows[1] - self.rows[0], self.K), dtype=np.float64)
         self.delta_parts = _kernels.empty_parts(self.seq_len)
 
     def update(self, tokens: np.ndarray, valid: np.ndarray | None = None) -> SecondOrderSums:
@@ -376,10 +402,16 @@ class SecondOrderSums:
             )
         x, y, v = _prepare(tokens, self.vocab_size, s.table, s.pad_id, valid)
         self.n_pairs += int(v.sum())
-        _kernels.query_key_kernel(x, y, v, s.weights, self.G, self.g_sub, self.qk_raw, self.delta_parts)
+        _kernels.query_key_kernel(
+            x, y, v, s.weights, self.G, self.g_sub, self.qk_raw, self.delta_parts, self.rows[0], self.rows[0] == 0
+        )
         return self
 
     def merge(self, other: SecondOrderSums) -> SecondOrderSums:
+        if other.rows != self.rows:
+            raise CompatibilityError(
+                f"cannot merge row blocks {other.rows} and {self.rows} of Q̄", "merge shards of the same row block"
+            )
         if other.first is not self.first and not np.array_equal(other.G, self.G):
             raise CompatibilityError(
                 "second-order shards were computed against different first-order statistics",
@@ -423,8 +455,34 @@ def corpus_statistics(
     ``top_k`` keeps the K most frequent input tokens (ties by id) — matrices become K×K;
     ``token_ids`` gives the kept set explicitly.  ``centering`` defaults to 1/vocab_size.
     ``mask`` (N, T) marks counted pairs; ``pad_id`` excludes pairs touching a pad.
-    ``tokens`` may be a memory-mapped array (read in chunks of ``chunk_size`` windows).
+    ``tokens`` may be a memory-mapped array (read in chunks of ``chunk_size`` windows).  Everything is
+    held in memory (several K×K arrays at the peak); :func:`~originlens.stats.stream_statistics`
+    writes the same values to disk as they are computed.
     """
+    arr, first_sums = first_pass(
+        tokens, vocab_size, token_ids=token_ids, top_k=top_k, centering=centering, pad_id=pad_id, mask=mask,
+        chunk_size=chunk_size,
+    )  # fmt: skip
+    first = first_sums.finalize(dtype, release=True)
+    second = SecondOrderSums(first)
+    for chunk, m in _chunks(arr, chunk_size, mask, "statistics pass 2/2"):
+        second.update(chunk, m)
+    q, delta = second.finalize(dtype)
+    return assemble(first, q, delta, vocab=vocab)
+
+
+def first_pass(
+    tokens: Any,
+    vocab_size: int,
+    *,
+    token_ids: np.ndarray | None = None,
+    top_k: int | None = None,
+    centering: float | None = None,
+    pad_id: int | None = None,
+    mask: np.ndarray | None = None,
+    chunk_size: int = 1024,
+) -> tuple[np.ndarray, FirstOrderSums]:
+    """Checked token array and its :class:`FirstOrderSums` (arguments as :func:`corpus_statistics`)."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ConfigError(f"chunk size must be an integer ≥ 1, got {chunk_size!r}", "e.g. --chunk-size 1024")
     arr = _check_tokens(tokens, vocab_size)
@@ -441,12 +499,7 @@ def corpus_statistics(
     first_sums = FirstOrderSums(vocab_size, T, token_ids=token_ids, centering=centering, pad_id=pad_id)
     for chunk, m in _chunks(arr, chunk_size, mask, "statistics pass 1/2"):
         first_sums.update(chunk, m)
-    first = first_sums.finalize(dtype, release=True)
-    second = SecondOrderSums(first)
-    for chunk, m in _chunks(arr, chunk_size, mask, "statistics pass 2/2"):
-        second.update(chunk, m)
-    q, delta = second.finalize(dtype)
-    return assemble(first, q, delta, vocab=vocab)
+    return arr, first_sums
 
 
 def assemble(

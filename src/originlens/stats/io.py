@@ -9,6 +9,7 @@ vocabulary hash, so statistics are never silently applied to another vocabulary.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -17,12 +18,58 @@ import numpy as np
 from ..errors import InputError
 from ..storage import atomic_directory, atomic_write_json, load_tensors, read_json, save_tensors, vocab_hash
 from .corpus import STAT_KEYS, CorpusStatistics
+from .tensorfile import TensorFileWriter
 
 FILENAME = "statistics.safetensors"
+KIND = "corpus-statistics"
 
 
 def statistics_vocab_hash(stats: CorpusStatistics) -> str:
     return vocab_hash(stats.vocab, stats.size) if stats.vocab is not None else vocab_hash(None, stats.vocab_size)
+
+
+def _metadata(
+    stats: CorpusStatistics | None = None, *, unigram: Any = None, token_ids: Any = None, **fields: Any
+) -> dict[str, Any]:
+    """The safetensors metadata of a statistics file (from ``stats``, or from the same fields by name)."""
+    if stats is not None:
+        fields = {k: getattr(stats, k) for k in ("n_pairs", "vocab_size", "seq_len", "centering", "size", "vocab")}
+        fields["meta"] = stats.meta
+        unigram, token_ids = stats.unigram, stats.token_ids
+    vocab = fields["vocab"]
+    return {
+        "n_pairs": int(fields["n_pairs"]),
+        "vocab_size": int(fields["vocab_size"]),
+        "seq_len": int(fields["seq_len"]),
+        "centering": float(fields["centering"]),
+        "size": int(fields["size"]),
+        "token_ids": None if token_ids is None else [int(i) for i in token_ids],
+        "unigram": None if unigram is None else [float(u) for u in unigram],
+        "vocab_hash": vocab_hash(vocab, fields["size"])
+        if vocab is not None
+        else vocab_hash(None, fields["vocab_size"]),
+        "meta": fields["meta"],
+    }
+
+
+def _side_files(
+    tmp: Path, vocab: list[str] | None, manifest: dict[str, Any] | None, extra_files: dict[str, Any] | None
+) -> None:
+    if vocab is not None:
+        atomic_write_json(tmp / "vocab.json", vocab)
+    if manifest is not None:
+        from ..runs import git_commit, package_versions
+
+        atomic_write_json(
+            tmp / "manifest.json",
+            {"environment": {"versions": package_versions(), "git_commit": git_commit()}, **manifest},
+        )
+    for name, obj in (extra_files or {}).items():
+        atomic_write_json(tmp / name, obj)
+
+
+def _specs(size: int, seq_len: int, dtype: Any) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    return {k: (dtype, (seq_len,) if k == "positional" else (size, size)) for k in STAT_KEYS}
 
 
 def save_statistics(
@@ -35,34 +82,122 @@ def save_statistics(
 ) -> Path:
     """Write ``out/statistics.safetensors`` (+ vocab.json, manifest.json) atomically; returns ``out``.
 
-    An existing ``out`` is replaced only when it is an earlier statistics output, and never when it is
-    (or contains) one of ``inputs`` (the corpus the statistics were computed from)."""
+    The tensors are written straight from ``stats`` (no copy of the file in memory).  An existing ``out``
+    is replaced only when it is an earlier statistics output, and never when it is (or contains) one of
+    ``inputs`` (the corpus the statistics were computed from)."""
     out = Path(out)
-    meta = {
-        "n_pairs": stats.n_pairs,
-        "vocab_size": stats.vocab_size,
-        "seq_len": stats.seq_len,
-        "centering": stats.centering,
-        "size": stats.size,
-        "token_ids": None if stats.token_ids is None else [int(i) for i in stats.token_ids],
-        "unigram": None if stats.unigram is None else [float(u) for u in stats.unigram],
-        "vocab_hash": statistics_vocab_hash(stats),
-        "meta": stats.meta,
-    }
+    meta = _metadata(stats)
+    arrays = {k: np.asarray(v) for k, v in stats.as_dict().items()}
+    dtypes = {a.dtype for a in arrays.values()}
+    specs = {k: (a.dtype, a.shape) for k, a in arrays.items()}
     with atomic_directory(out, kind_file=FILENAME, kind="statistics output", inputs=inputs) as tmp:
-        save_tensors(tmp / FILENAME, stats.as_dict(), kind="corpus-statistics", metadata=meta)
-        if stats.vocab is not None:
-            atomic_write_json(tmp / "vocab.json", stats.vocab)
-        if manifest is not None:
-            from ..runs import git_commit, package_versions
-
-            atomic_write_json(
-                tmp / "manifest.json",
-                {"environment": {"versions": package_versions(), "git_commit": git_commit()}, **manifest},
-            )
-        for name, obj in (extra_files or {}).items():
-            atomic_write_json(tmp / name, obj)
+        if len(dtypes) == 1 and all(a.ndim >= 1 for a in arrays.values()):
+            with TensorFileWriter(tmp / FILENAME, specs, kind=KIND, metadata=meta) as w:
+                for k, a in arrays.items():
+                    w.write(k, a)
+                w.commit(meta)
+        else:  # unusual content (mixed precisions, scalars): the general writer
+            save_tensors(tmp / FILENAME, arrays, kind=KIND, metadata=meta)
+        _side_files(tmp, stats.vocab, manifest, extra_files)
     return out
+
+
+def stream_statistics(
+    tokens: Any,
+    vocab_size: int,
+    out: str | Path,
+    *,
+    dtype: Any = np.float64,
+    meta: dict[str, Any] | None = None,
+    manifest: dict[str, Any] | Callable[[CorpusStatistics], dict[str, Any]] | None = None,
+    extra_files: dict[str, Any] | None = None,
+    inputs: Any = (),
+    vocab: list[str] | None = None,
+    chunk_size: int = 1024,
+    mask: np.ndarray | None = None,
+    block_bytes: int | None = None,
+    **kwargs: Any,
+) -> CorpusStatistics:
+    """:func:`~originlens.stats.corpus_statistics` written to ``out`` as :func:`save_statistics` would,
+    but each statistic goes to disk block by block as it is computed (peak memory: see
+    :mod:`originlens.stats.stream`; bit-identical values and file).
+
+    ``kwargs``: ``token_ids``, ``top_k``, ``centering``, ``pad_id``.  ``meta`` goes to the file's
+    ``meta``; a ``seconds`` entry that is None there is set to the wall time of computing and writing
+    the tensors (rounded to 3 decimals or, when that keeps the header's length, fewer: the header is
+    written last and the data are copied once if it changed length).  ``manifest`` may be a
+    function of the finished statistics.  ``block_bytes`` bounds the float64 block of Q̄ rows (each block
+    is one more pass over the corpus).  Returns the statistics with their matrices memory-mapped from
+    the written file (read-only; nothing is loaded until used).
+    """
+    import time
+
+    from .corpus import first_pass
+    from .stream import finalize_first, second_pass
+
+    t0 = time.perf_counter()
+    out = Path(out)
+    with atomic_directory(out, kind_file=FILENAME, kind="statistics output", inputs=inputs) as tmp:
+        arr, sums = first_pass(tokens, vocab_size, chunk_size=chunk_size, mask=mask, **kwargs)
+        kept_vocab = vocab
+        if vocab is not None and sums.token_ids is not None and len(vocab) == sums.vocab_size:
+            kept_vocab = [vocab[i] for i in sums.token_ids]
+        fields: dict[str, Any] = dict(
+            n_pairs=sums.n_pairs, vocab_size=sums.vocab_size, seq_len=sums.seq_len, centering=sums.centering,
+            size=sums.K, vocab=kept_vocab, token_ids=sums.token_ids,
+        )  # fmt: skip
+        user_meta = dict(meta or {})
+        timed = "seconds" in user_meta and user_meta["seconds"] is None
+        if timed:
+            user_meta["seconds"] = 10.001  # a typical width for the provisional header
+        unigram = sums.unigram.astype(np.float64) / float(max(sums.n_pairs, 1))
+        with TensorFileWriter(
+            tmp / FILENAME,
+            _specs(sums.K, sums.seq_len, np.dtype(dtype)),
+            kind=KIND,
+            metadata=_metadata(unigram=unigram, meta=user_meta, **fields),
+        ) as w:
+            first = finalize_first(sums, dtype, w)
+            second_pass(first, arr, mask, dtype, w, chunk_size=chunk_size, block_bytes=block_bytes)
+            del first
+            if timed:
+                secs = time.perf_counter() - t0
+                fitting = [
+                    d
+                    for d in (3, 2, 1, 0)
+                    if w.fits(_metadata(unigram=unigram, meta={**user_meta, "seconds": round(secs, d)}, **fields))
+                ]
+                user_meta["seconds"] = round(secs, fitting[0] if fitting else 3)
+            w.commit(_metadata(unigram=unigram, meta=user_meta, **fields))
+        st = _mapped(tmp / FILENAME, kept_vocab)
+        _side_files(tmp, kept_vocab, manifest(st) if callable(manifest) else manifest, extra_files)
+    return st
+
+
+def _mapped(file: Path, vocab: list[str] | None) -> CorpusStatistics:
+    """The statistics of a file written by :func:`stream_statistics`, matrices memory-mapped."""
+    with open(file, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    m = {k: _decode(v) for k, v in header.pop("__metadata__").items() if k not in ("format_version", "kind")}
+    kinds = {"F64": np.float64, "F32": np.float32}
+    arrays = {
+        k: np.memmap(
+            file, dtype=kinds[h["dtype"]], mode="r", offset=8 + n + h["data_offsets"][0], shape=tuple(h["shape"])
+        )
+        for k, h in header.items()
+    }
+    return CorpusStatistics(
+        **{k: arrays[k] for k in STAT_KEYS},
+        n_pairs=m["n_pairs"],
+        vocab_size=m["vocab_size"],
+        seq_len=m["seq_len"],
+        centering=m["centering"],
+        unigram=None if m["unigram"] is None else np.asarray(m["unigram"], dtype=np.float64),
+        token_ids=None if m["token_ids"] is None else np.asarray(m["token_ids"], dtype=np.int64),
+        vocab=vocab,
+        meta=m.get("meta") or {},
+    )
 
 
 def _decode(v: str) -> Any:
