@@ -19,10 +19,11 @@ $(STAMP): pyproject.toml requirements-ci.txt
 	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,hf]'
 	touch $(STAMP)
 
-# the tests also check our SAEs / TL adapter against SAELens and TransformerLens themselves (extra [sae])
+# the tests also check our SAEs / TL adapter against SAELens and TransformerLens themselves and the
+# generic backend through nnsight (test-only extra [interop])
 # and the spaCy annotator on a pipeline they build (extra [syntax]; no downloaded model needed)
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,hf,sae,syntax]'
+	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,hf,interop,syntax]'
 	touch $(TEST_STAMP)
 
 venv: $(STAMP)

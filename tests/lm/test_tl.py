@@ -123,7 +123,7 @@ def test_real_hooked_transformer():
     """TLAdapter on a real (random, float64) TransformerLens HookedTransformer when the extra is installed:
     logits, residual sites, hooks, single-token states and Q/K weights against TransformerLens' own
     forward, cache and weights, computed independently here."""
-    tl = pytest.importorskip("transformer_lens", reason="TransformerLens not installed (extra [sae])")
+    tl = pytest.importorskip("transformer_lens", reason="TransformerLens not installed (extra [interop])")
     if not hasattr(tl, "HookedTransformer"):
         pytest.skip("this TransformerLens has no HookedTransformer (4.x)")
     import warnings

@@ -41,8 +41,8 @@ if TYPE_CHECKING:  # the experiments package imports torch: deferred to keep `or
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corpus_required: bool = True) -> None:
-    """``--model``, ``--revision``, ``--tokenizer``, ``--device``, ``--dtype``, ``--threads`` and the corpus
-    options."""
+    """``--model``, ``--revision``, ``--tokenizer``, ``--device``, ``--dtype``, ``--backend``, ``--threads`` and
+    the corpus options."""
     from ..devices import dtype_arg
 
     g = p.add_argument_group("model")
@@ -61,6 +61,14 @@ def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corp
         default=None,
         help="the model's weights: float32 | float64 | bfloat16 | float16 | auto (as stored); default "
         "float32 for Hugging Face models, as stored otherwise (the SAE keeps its own dtype)",
+    )
+    g.add_argument(
+        "--backend",
+        choices=("auto", "hf", "generic"),
+        default="auto",
+        help="how a Hugging Face model is wrapped: hf = hand-written adapter (GPT-2, GPT-NeoX, Llama, Gemma-2), "
+        "generic = any causal LM through nnsight (pip install nnsight), auto = hf for those families and "
+        "generic otherwise (default: auto).",
     )
     add_threads(g)
     if corpus:
@@ -81,7 +89,12 @@ def model_source(args: argparse.Namespace) -> ModelSource:
 
     apply_threads(args)
     return ModelSource(
-        model=args.model, revision=args.revision, tokenizer=args.tokenizer, device=args.device, dtype=args.dtype
+        model=args.model,
+        revision=args.revision,
+        tokenizer=args.tokenizer,
+        device=args.device,
+        dtype=args.dtype,
+        backend=getattr(args, "backend", "auto"),
     )
 
 

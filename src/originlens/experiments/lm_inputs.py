@@ -29,13 +29,15 @@ from ..runs import RunDir
 class ModelSource:
     """A checkpoint path or ``hf:ID[@REVISION]``, an optional hub revision and tokenizer, a device, and the
     weights' dtype (None: float32 for Hugging Face models, as stored for native checkpoints; ``"auto"``:
-    as stored; see :func:`originlens.lm.loading.load_adapter`)."""
+    as stored; see :func:`originlens.lm.loading.load_adapter`), and how a Hugging Face model is wrapped
+    (``backend``: ``"auto"``, ``"hf"`` or ``"generic"``, see :func:`~originlens.lm.loading.load_adapter`)."""
 
     model: str
     revision: str | None = None
     tokenizer: str | None = None
     device: str = "cpu"
     dtype: str | None = None
+    backend: str = "auto"
 
 
 @dataclass
@@ -62,7 +64,7 @@ def load_model_and_codec(src: ModelSource) -> tuple[Any, Any]:
         if src.tokenizer is not None:
             raise
         log("note: no tokenizer found next to the model; texts will not be decoded (pass --tokenizer)")
-    adapter = load_adapter(src.model, revision=src.revision, tokenizer=codec, dtype=src.dtype)
+    adapter = load_adapter(src.model, revision=src.revision, tokenizer=codec, dtype=src.dtype, backend=src.backend)
     if device.type != "cpu":
         module = getattr(adapter, "module", None)
         if module is None:

@@ -1,5 +1,6 @@
 """Language models under analysis: the adapter protocol, llama2.c checkpoints (model, tokenizer,
-generation) and adapters for our own GPT."""
+generation) and adapters for our own GPT, Hugging Face models (hand-written families, or any causal LM
+through nnsight) and TransformerLens."""
 
 from ..sites import hook_name_from_site, parse_site, site_from_hook_name
 from .adapter import LMAdapter, TokenStates
@@ -21,6 +22,7 @@ from .compare import (
 )
 from .compare_report import write_comparison
 from .export import export_to_hf, gpt_to_hf, llama2c_to_hf
+from .generic import GenericHFAdapter, load_generic
 from .hf import HFAdapter, load_hf, load_hf_model
 from .llama2c import (
     BOS_ID,
@@ -68,6 +70,7 @@ __all__ = [
     "ComparisonResult",
     "FeatureQ",
     "GPTAdapter",
+    "GenericHFAdapter",
     "HFAdapter",
     "KVCache",
     "LMAdapter",
@@ -100,6 +103,7 @@ __all__ = [
     "hook_name_from_site",
     "llama2c_to_hf",
     "load_adapter",
+    "load_generic",
     "load_hf",
     "load_hf_model",
     "load_llama2c",

@@ -88,6 +88,38 @@ def _first(args: tuple, kwargs: dict) -> Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
+def stop_ids_of(model: Any) -> tuple[int, ...]:
+    """Tokens that end a generated text: the generation config's ``eos_token_id`` (an int or a list), else
+    the model config's."""
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    return tuple(sorted({int(e) for e in ([eos] if isinstance(eos, int) else (eos or []))}))
+
+
+def check_tokens(adapter: LMAdapter, tokens: Tensor) -> Tensor:
+    """``tokens`` ``(B, T)`` checked against the adapter's context and vocabulary, as int64 on its device."""
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.shape[1] < 1:
+        raise InputError(
+            f"tokens must be a (B, T) tensor with T >= 1, got {getattr(tokens, 'shape', type(tokens))}",
+            "pass a 2-D LongTensor of token ids",
+        )
+    T = tokens.shape[1]
+    if adapter.max_seq_len is not None and adapter.max_seq_len < T:
+        raise ConfigError(
+            f"sequence of {T} tokens exceeds the model's context of {adapter.max_seq_len}",
+            f"use at most {adapter.max_seq_len} tokens per sequence",
+        )
+    lo, hi = (int(v) for v in torch.aminmax(tokens))
+    if lo < 0 or hi >= adapter.vocab_size:
+        raise InputError(
+            f"token ids span [{lo}, {hi}] outside the vocabulary [0, {adapter.vocab_size})",
+            "use the tokenizer that belongs to the model",
+        )
+    return tokens.long().to(adapter.device)
+
+
 class HFAdapter(LMAdapter):
     """A Hugging Face causal LM (GPT-2, GPT-NeoX/Pythia or Llama family) behind the adapter protocol.
 
@@ -111,11 +143,7 @@ class HFAdapter(LMAdapter):
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_seq_len = getattr(cfg, "max_position_embeddings", None)
         self.bos_id = bos_id if bos_id is not None else getattr(cfg, "bos_token_id", None)
-        gen = getattr(model, "generation_config", None)
-        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-        if eos is None:
-            eos = getattr(cfg, "eos_token_id", None)
-        self.stop_ids = tuple(sorted({int(e) for e in ([eos] if isinstance(eos, int) else (eos or []))}))
+        self.stop_ids = stop_ids_of(model)
 
     # -- pieces -----------------------------------------------------------------------------------
     @property
@@ -133,24 +161,7 @@ class HFAdapter(LMAdapter):
         return dict(self.module.state_dict())
 
     def _check_tokens(self, tokens: Tensor) -> Tensor:
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.shape[1] < 1:
-            raise InputError(
-                f"tokens must be a (B, T) tensor with T >= 1, got {getattr(tokens, 'shape', type(tokens))}",
-                "pass a 2-D LongTensor of token ids",
-            )
-        T = tokens.shape[1]
-        if self.max_seq_len is not None and self.max_seq_len < T:
-            raise ConfigError(
-                f"sequence of {T} tokens exceeds the model's context of {self.max_seq_len}",
-                f"use at most {self.max_seq_len} tokens per sequence",
-            )
-        lo, hi = (int(v) for v in torch.aminmax(tokens))
-        if lo < 0 or hi >= self.vocab_size:
-            raise InputError(
-                f"token ids span [{lo}, {hi}] outside the vocabulary [0, {self.vocab_size})",
-                "use the tokenizer that belongs to the model",
-            )
-        return tokens.long().to(self.device)
+        return check_tokens(self, tokens)
 
     # -- protocol ---------------------------------------------------------------------------------
     def run(

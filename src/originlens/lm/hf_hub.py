@@ -149,6 +149,7 @@ def load_hf_model(
     attn_implementation: str | None = None,
     device: str | torch.device | None = None,
     allow_pickled_weights: bool = False,
+    any_architecture: bool = False,
 ) -> Any:
     """The ``transformers`` causal LM of a local directory or hub id (eval mode).
 
@@ -159,6 +160,8 @@ def load_hf_model(
         A local directory is read with ``use_safetensors=True``: one holding only pickled PyTorch weights
         (``pytorch_model.bin``) is refused with an :class:`InputError` before anything is unpickled, unless
         ``allow_pickled_weights=True`` (then ``transformers`` reads them with ``torch.load(weights_only=True)``).
+        Architectures outside the hand-written families (:mod:`.hf_families`) are refused before any weight
+        is read, unless ``any_architecture`` (the generic backend, :mod:`.generic`).
     """
     tf = require_transformers()
     source, local = resolve_hf_source(path_or_id)
@@ -202,7 +205,8 @@ def load_hf_model(
                     "pass a directory written by save_pretrained",
                 ) from None
             raise hub_error(exc, source, revision) from None
-        _family(getattr(config, "model_type", ""))  # fail before downloading weights
+        if not any_architecture:
+            _family(getattr(config, "model_type", ""))  # fail before downloading weights
         mkw = dict(kw)
         mkw["dtype"] = "auto" if dtype is None else dtype
         if local and not allow_pickled_weights:

@@ -2,7 +2,7 @@
 
 * :func:`load_model` (path or ``hf:ID[@REV]``) → the native model object;
 * :func:`load_adapter` → an :class:`~originlens.lm.adapter.LMAdapter` (``Llama2cAdapter``,
-  ``GPTAdapter`` or ``HFAdapter``);
+  ``GPTAdapter``, ``HFAdapter`` or, for other Hugging Face architectures, ``GenericHFAdapter``);
 * :func:`load_tokenizer` → a :class:`TextCodec` (``encode`` plain text, ``decode`` ids).
 
 :data:`MODEL_FORMATS` is a registry of :class:`ModelFormat` entries (recognise a path, load the model,
@@ -53,6 +53,7 @@ from .llama2c import (
 )
 
 HF_PREFIX = "hf:"
+BACKENDS = ("auto", "hf", "generic")  # how Hugging Face models are wrapped (load_adapter)
 GPT_KINDS = ("gpt", "ntp-checkpoint")
 
 
@@ -324,8 +325,8 @@ MODEL_FORMATS: list[ModelFormat] = [
     ),
     ModelFormat(
         "hf",
-        "Hugging Face model directory (config.json + weights; GPT-2, GPT-NeoX/Pythia, Llama), "
-        "or hf:ID[@REVISION] for the hub",
+        "Hugging Face model directory (config.json + weights; GPT-2, GPT-NeoX/Pythia, Llama, Gemma-2, "
+        "other causal LMs with nnsight), or hf:ID[@REVISION] for the hub",
         _looks_like_hf,
         _load_hf_dir,
         _hf_tokenizer,
@@ -414,11 +415,15 @@ def load_adapter(
     revision: str | None = None,
     tokenizer: str | os.PathLike | TextCodec | None = None,
     dtype: Any = None,
+    backend: str = "auto",
 ) -> LMAdapter:
     """An :class:`~originlens.lm.adapter.LMAdapter` for a model path or ``hf:ID[@REVISION]``.
 
     llama2.c ``.bin`` → ``Llama2cAdapter``; GPT ``.safetensors`` → ``GPTAdapter``; Hugging Face
-    directory or hub spec → ``HFAdapter``; an adapter is returned as is.  With ``tokenizer`` (a path or
+    directory or hub spec → ``HFAdapter`` or ``GenericHFAdapter`` by ``backend`` (:data:`BACKENDS`):
+    ``"auto"`` the hand-written adapter for its families (:mod:`.hf_families`) and the generic one
+    (:mod:`.generic`, needs nnsight) for any other architecture, ``"hf"`` only the hand-written one,
+    ``"generic"`` always the generic one; native checkpoints ignore it.  An adapter is returned as is.  With ``tokenizer`` (a path or
     a :class:`TextCodec`), the codec is loaded (see :func:`load_tokenizer`), checked against the model's vocabulary size and stored as ``adapter.tokenizer``; its BOS
     becomes the adapter's ``bos_id`` when the model has none.  ``dtype`` (a name or ``torch.dtype``;
     :func:`originlens.devices.resolve_dtype`): the weights' dtype — Hugging Face models are loaded in it
@@ -427,21 +432,20 @@ def load_adapter(
     """
     from ..devices import resolve_dtype
 
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}", f"use one of: {', '.join(BACKENDS)}")
     dt = resolve_dtype(dtype) if dtype is not None else None
     hf_dtype = torch.float32 if dtype is None else dt  # None: "auto", the stored dtype
     if isinstance(spec, LMAdapter):
         adapter = spec
     elif isinstance(spec, str) and spec.startswith(HF_PREFIX):
-        from .hf import load_hf
-
-        adapter = load_hf(*parse_hub_spec(spec, revision), dtype=hf_dtype)
+        repo, rev = parse_hub_spec(spec, revision)
+        adapter = _hf_backend_adapter(repo, rev, hf_dtype, backend)
     else:
         p = _local(spec, revision)
         fmt = detect_format(p)
         if fmt.name == "hf":
-            from .hf import load_hf_model
-
-            adapter = fmt.adapter(load_hf_model(p, dtype=hf_dtype))
+            adapter = _hf_backend_adapter(p, None, hf_dtype, backend)
         else:
             adapter = fmt.adapter(fmt.load(p))
             if dt is not None:
@@ -460,6 +464,29 @@ def load_adapter(
         if adapter.bos_id is None and codec.bos_id is not None:
             adapter.bos_id = codec.bos_id
         adapter.tokenizer = codec  # type: ignore[attr-defined]
+    return adapter
+
+
+def _hf_backend_adapter(source: str | os.PathLike, revision: str | None, dtype: Any, backend: str) -> LMAdapter:
+    """A Hugging Face model behind the adapter that ``backend`` selects (see :func:`load_adapter`)."""
+    from .generic import INSTALL, GenericHFAdapter, has_nnsight, require_nnsight
+    from .hf import FAMILIES, HFAdapter, load_hf_model, resolve_hf_source, resolved_commit
+
+    if backend == "generic":
+        require_nnsight()  # before reading any weight
+    generic_ok = backend == "generic" or (backend == "auto" and has_nnsight())
+    try:
+        model = load_hf_model(source, revision, dtype=dtype, any_architecture=generic_ok)
+    except CompatibilityError as exc:
+        if backend == "auto":  # an architecture outside the table, and nnsight is missing
+            raise CompatibilityError(exc.what, f"{exc.fix}; or, for any architecture, {INSTALL}") from None
+        raise
+    use_generic = backend == "generic" or (backend == "auto" and model.config.model_type not in FAMILIES)
+    hub = isinstance(source, str) and not resolve_hf_source(source)[1]
+    src = str(source) + (f"@{revision}" if revision else "") if hub else None
+    adapter: LMAdapter = GenericHFAdapter(model, source=src) if use_generic else HFAdapter(model, source=src)
+    if hub:
+        adapter.commit = resolved_commit(str(source), revision)  # type: ignore[attr-defined]
     return adapter
 
 
