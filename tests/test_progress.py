@@ -67,3 +67,29 @@ def test_progress_picks_bar_heartbeat_or_nothing(monkeypatch):
     bar = pg.progress(total=3)
     assert isinstance(bar, tqdm) and not bar.disable
     bar.close()
+
+
+def test_bars_show_in_a_jupyter_kernel(monkeypatch):
+    """A notebook kernel's stderr is no TTY, but it shows (tqdm.auto) bars: no heartbeat there."""
+    import sys
+    import types
+
+    monkeypatch.setattr(pg.sys.stderr, "isatty", lambda: False, raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("ORIGINLENS_HEARTBEAT", raising=False)
+    pg.set_verbosity(None)
+    fake = types.ModuleType("IPython")
+    shell = types.SimpleNamespace(kernel=None)  # a terminal IPython: no kernel
+    fake.get_ipython = lambda: shell
+    monkeypatch.setitem(sys.modules, "IPython", fake)
+    assert not pg.in_notebook() and isinstance(pg.progress(total=3), pg.Heartbeat)
+    shell.kernel = object()  # ipykernel's shell
+    assert pg.in_notebook() and pg.verbosity() == 1
+    bar = pg.progress(total=3)
+    assert isinstance(bar, tqdm) and not bar.disable
+    bar.close()
+    monkeypatch.setenv("CI", "1")
+    assert pg.verbosity() == 0
+    monkeypatch.setitem(sys.modules, "IPython", None)
+    monkeypatch.delenv("CI")
+    assert not pg.in_notebook()

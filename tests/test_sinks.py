@@ -90,3 +90,37 @@ def test_cli_flag_and_env(tmp_path, monkeypatch, capsys):
     rc = main(["--log-to", "wandb,nope", "report", str(tmp_path / "a")])
     assert rc == 2 and "nope" in capsys.readouterr().err
     assert sinks.requested_sinks() == ["tensorboard"]  # the flag does not leak past the command
+
+
+def test_wandb_run_gets_the_run_config(tmp_path, monkeypatch):
+    inits = []
+    wandb = types.ModuleType("wandb")
+
+    class Run:
+        def log(self, values, step):
+            pass
+
+        def finish(self):
+            pass
+
+    wandb.init = lambda **kw: (inits.append(kw), Run())[1]
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    sinks.set_sinks("wandb")
+    run = RunDir(tmp_path / "w")
+    run.write_config({"lr": 0.01, "model": {"layers": 2}})
+    run.log_metrics({"step": 0, "loss": 1.0})
+    RunDir(tmp_path / "bare").log_metrics({"loss": 1.0})  # no config.json: an empty config
+    assert inits[0]["config"] == {"lr": 0.01, "model": {"layers": 2}} and inits[1]["config"] == {}
+
+
+def test_missing_tracker_fails_before_the_run_directory_exists(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
+    monkeypatch.delenv("ORIGINLENS_LOG_TO", raising=False)
+    out = tmp_path / "run"
+    argv = ["--log-to", "tensorboard", "sae", "train", "--model", str(tmp_path / "m.bin"), "--corpus", "c"]
+    assert main([*argv, "--site", "resid.0", "--out", str(out)]) == 2
+    assert "pip install tensorboard" in capsys.readouterr().err
+    assert not out.exists()
+    with pytest.raises(CompatibilityError, match="tensorboard"):
+        sinks.set_sinks("tensorboard")
+    assert sinks.requested_sinks() == []

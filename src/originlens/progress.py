@@ -1,7 +1,8 @@
 """Progress bars that stay quiet where nobody watches.
 
-``progress(iterable, ...)`` wraps tqdm; bars are shown on an interactive terminal and hidden in CI or
-when output is not a TTY, unless forced with :func:`set_verbosity`.  The CLI's ``--quiet``/``--verbose``
+``progress(iterable, ...)`` wraps tqdm (``tqdm.auto``: widgets in a notebook); bars are shown on an
+interactive terminal or in a Jupyter kernel and hidden in CI or when output is not a TTY, unless forced
+with :func:`set_verbosity`.  The CLI's ``--quiet``/``--verbose``
 flags call :func:`set_verbosity`.
 
 Where the bar is hidden only because nobody is at a terminal (a log file, ``nohup``, a batch job) and
@@ -31,10 +32,19 @@ def set_verbosity(level: int | None) -> None:
     _VERBOSITY = level
 
 
+def in_notebook() -> bool:
+    """True inside a Jupyter (ipykernel) kernel, whose stderr is no TTY but shows tqdm widgets.  Looks at
+    an IPython that is already imported, never imports it."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None) if ipython is not None else None
+    shell = get() if callable(get) else None
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
 def verbosity() -> int:
     if _VERBOSITY is not None:
         return _VERBOSITY
-    if os.environ.get("CI") or not sys.stderr.isatty():
+    if os.environ.get("CI") or not (sys.stderr.isatty() or in_notebook()):
         return 0
     return 1
 

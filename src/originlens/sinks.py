@@ -6,13 +6,17 @@ module mirrors the numeric fields of each record to external trackers when asked
 :func:`set_sinks`.  Sinks are opened lazily per run directory (TensorBoard event files under
 ``RUN/tensorboard``; W&B in offline mode unless ``WANDB_MODE`` says otherwise, files under ``RUN``).
 
+A W&B run gets the run directory's ``config.json`` (when it has one) as its ``config``.
+
 Caveats: only scalar (int/float) fields are forwarded; the x-axis is the record's ``step`` (else a
 per-run counter).  A requested tracker that is not installed is a :class:`CompatibilityError` naming the
-package to install.
+package to install, raised by :func:`set_sinks` (so ``--log-to`` fails before a command creates its run
+directory); trackers asked for through ``ORIGINLENS_LOG_TO`` alone are imported at the first record.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -36,9 +40,13 @@ def parse_sinks(spec: str | None) -> list[str]:
 
 
 def set_sinks(names: list[str] | str | None) -> None:
-    """Select the sinks for this process (overrides ``ORIGINLENS_LOG_TO``)."""
+    """Select the sinks for this process (overrides ``ORIGINLENS_LOG_TO``); a selected tracker that is not
+    installed is a :class:`CompatibilityError` now, before anything is written."""
     global _REQUESTED
-    _REQUESTED = parse_sinks(names) if isinstance(names, str) or names is None else parse_sinks(",".join(names))
+    chosen = parse_sinks(names) if isinstance(names, str) or names is None else parse_sinks(",".join(names))
+    for name in chosen:
+        _IMPORTS[name]()
+    _REQUESTED = chosen
 
 
 def reset_sinks() -> None:
@@ -55,16 +63,43 @@ class _Sink(Protocol):
     def log(self, values: Mapping[str, float], step: int) -> None: ...
 
 
+def _summary_writer() -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise CompatibilityError(
+            "TensorBoard logging was requested but tensorboard is not installed",
+            "pip install tensorboard (or drop --log-to tensorboard)",
+        ) from None
+    return SummaryWriter
+
+
+def _wandb() -> Any:
+    try:
+        import wandb
+    except ImportError:
+        raise CompatibilityError(
+            "Weights & Biases logging was requested but wandb is not installed",
+            "pip install wandb (or drop --log-to wandb)",
+        ) from None
+    return wandb
+
+
+_IMPORTS: dict[str, Callable[[], Any]] = {"tensorboard": _summary_writer, "wandb": _wandb}
+
+
+def _run_config(run_dir: Path) -> dict[str, Any]:
+    """The run's ``config.json`` as a dict (empty when missing or not a JSON object)."""
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
 class _TensorBoard:
     def __init__(self, run_dir: Path) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise CompatibilityError(
-                "TensorBoard logging was requested but tensorboard is not installed",
-                "pip install tensorboard (or drop --log-to tensorboard)",
-            ) from None
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.writer = _summary_writer()(log_dir=str(run_dir / "tensorboard"))
 
     def log(self, values: Mapping[str, float], step: int) -> None:
         for k, v in values.items():
@@ -74,16 +109,10 @@ class _TensorBoard:
 
 class _WandB:
     def __init__(self, run_dir: Path) -> None:
-        try:
-            import wandb
-        except ImportError:
-            raise CompatibilityError(
-                "Weights & Biases logging was requested but wandb is not installed",
-                "pip install wandb (or drop --log-to wandb)",
-            ) from None
+        wandb = _wandb()
         # WANDB_MODE is passed through as given; wandb.init validates it.
         mode = cast(Literal["online", "offline", "disabled", "shared"], os.environ.get("WANDB_MODE", "offline"))
-        self.run = wandb.init(dir=str(run_dir), name=run_dir.name, mode=mode, reinit=True)
+        self.run = wandb.init(dir=str(run_dir), name=run_dir.name, mode=mode, reinit=True, config=_run_config(run_dir))
 
     def log(self, values: Mapping[str, float], step: int) -> None:
         self.run.log(dict(values), step=step)

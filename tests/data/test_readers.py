@@ -306,3 +306,48 @@ def test_source_fingerprint(tmp_path):
     assert fp[2]["bytes"] is None
     with pytest.raises(OriginlensError):
         source_fingerprint(tmp_path / "missing")
+
+
+def _save_to_disk_layout(root, texts, shards=2):
+    """A directory shaped like ``datasets.Dataset.save_to_disk`` output (Arrow IPC streams + state.json)."""
+    root.mkdir()
+    files = []
+    per = -(-len(texts) // shards)
+    for i in range(shards):
+        name = f"data-{i:05d}-of-{shards:05d}.arrow"
+        part = texts[i * per : (i + 1) * per]
+        table = pa.table({"id": list(range(len(part))), "text": part})
+        with pa.OSFile(str(root / name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        files.append({"filename": name})
+    (root / "state.json").write_text(json.dumps({"_data_files": files[::-1], "_split": "train"}))
+    (root / "dataset_info.json").write_text(json.dumps({"citation": "", "features": {}}))
+    return root
+
+
+def test_arrow_files_and_save_to_disk_directories_are_read_not_decoded_as_text(tmp_path):
+    """datasets' save_to_disk directory: its shards in state.json's order (never its JSON metadata); a bare
+    .arrow file: its text column; a DatasetDict directory: refused naming its splits; other binary
+    files: refused as binary, without suggesting --encoding-errors replace."""
+    saved = _save_to_disk_layout(tmp_path / "ds", ["a b", "c d", "e f"])
+    assert list(iter_documents(saved)) == ["e f", "a b", "c d"]  # state.json lists shard 1 first
+    assert list(iter_documents(saved / "data-00000-of-00002.arrow")) == ["a b", "c d"]
+    (tmp_path / "outer").mkdir()
+    _save_to_disk_layout(tmp_path / "outer" / "nested", ["x y"], shards=1)
+    assert list(iter_documents(tmp_path / "outer")) == ["x y"]
+    with pytest.raises(InputError, match="no column 'body'"):
+        list(iter_documents(saved, text_field="body"))
+    dd = tmp_path / "dd"
+    _save_to_disk_layout(dd.mkdir() or dd / "train", ["t"], shards=1)
+    (dd / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
+    with pytest.raises(InputError, match="DatasetDict.*dd/train"):
+        iter_documents(dd)
+    blob = tmp_path / "weights.bin"
+    blob.write_bytes(b"\x00\x01\xff\xfe" * 64)
+    with pytest.raises(InputError, match="binary") as exc:
+        list(iter_documents(blob))
+    assert "encoding-errors" not in str(exc.value)
+    datasets = pytest.importorskip("datasets")
+    real = tmp_path / "real"
+    datasets.Dataset.from_dict({"text": ["one doc", "two doc"], "n": [1, 2]}).save_to_disk(str(real))
+    assert list(iter_documents(real)) == ["one doc", "two doc"]

@@ -185,7 +185,28 @@ def test_replacing_hooks_equal_the_same_intervention_in_transformers(kind):
         zero = ad.run(toks, hooks={L: lambda x, _k: torch.zeros_like(x)})
         lm_head = model.get_output_embeddings()
         norm = model.get_submodule(PATHS[kind][1])
-        torch.testing.assert_close(zero, lm_head(norm(torch.zeros(3, T, D, dtype=torch.float64))), rtol=0, atol=1e-12)
+        want = lm_head(norm(torch.zeros(3, T, D, dtype=torch.float64)))
+        # the model's own logits dtype (GPT-J in transformers 4.x casts them to float32)
+        torch.testing.assert_close(zero, want.to(zero.dtype), rtol=0, atol=1e-12)
+
+
+def test_logits_cast_by_the_model_are_cast_by_unembed_too():
+    """A model that returns float32 logits from float64 weights (GPT-J in transformers 4.x): unembed
+    follows the dtype of the model's own logits."""
+    model = make("qwen2")
+
+    def cast(module, args, kwargs, out):
+        out.logits = out.logits.float()
+        return out
+
+    model.register_forward_hook(cast, with_kwargs=True)
+    ad = GenericHFAdapter(model)
+    assert ad.logits_dtype == torch.float32
+    with torch.no_grad():
+        logits, res = ad.run(tokens(), return_residuals=True)
+        assert logits.dtype == ad.unembed(res[L]).dtype == torch.float32
+        torch.testing.assert_close(ad.unembed(res[L]), logits, rtol=0, atol=1e-6)
+    assert GenericHFAdapter(make("qwen2")).logits_dtype is None
 
 
 def test_errors_and_unsupported_methods():

@@ -436,6 +436,41 @@ def test_cached_ablation_through_the_models_own_cache_equals_rerunning_the_prefi
                     torch.testing.assert_close(out[b], ref, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_cached_ablation_keys_never_outnumber_the_positions(kind, monkeypatch):
+    """Past columns at or beyond every row's start are dropped before the forward: a full-context past
+    (8 = n_positions) plus 3 new positions reaches the model as at most max(start) + 3 keys, and starts
+    all 0 run without a past (GPT-2's eager attention in transformers 4.x cannot take more keys than
+    positions)."""
+    ad = HFAdapter(make(kind).double())
+    toks = torch.randint(0, V, (2, 8), generator=torch.Generator().manual_seed(4))
+    n, k = 3, 1
+    seen: list[int] = []
+    real = ad._forward_cached
+
+    def spy(cache, **kw):
+        seen.append(int(cache.get_seq_length()) + kw["input_ids"].shape[1])
+        return real(cache, **kw)
+
+    monkeypatch.setattr(ad, "_forward_cached", spy)
+    with torch.no_grad():
+        res = ad.run(toks, return_residuals=True)[1]
+        past = ad.run_cached(toks, k)[2]
+        for start in (torch.tensor([2, 5]), torch.tensor([0, 0])):
+            x = torch.stack([res[k][b, s : s + n] for b, s in enumerate(start.tolist())]) * 0.5
+            out = ad.run_positions_from(k, x, start, past)
+            assert seen[-1] == int(start.max()) + n
+            for b, s in enumerate(start.tolist()):
+
+                def put(h, _k, b=b, s=s):
+                    h = h.clone()
+                    h[:, s : s + n] = x[b]
+                    return h
+
+                ref = ad.run(toks[b : b + 1, : s + n], hooks={k: put})[0, s:]
+                torch.testing.assert_close(out[b], ref, rtol=0, atol=1e-10)
+
+
 def test_qscore_on_a_hf_model_cached_equals_hooks_and_sliding_windows_fall_back():
     from originlens.lm.qscore import QScoreConfig, ablation_kl, find_top_contexts
     from originlens.sae import SAE, SAEConfig
@@ -499,3 +534,48 @@ def test_load_adapter_dtype(tmp_path):
     assert dtype_of(load_adapter(tmp_path / "g.safetensors", dtype="bf16")) == torch.bfloat16
     with pytest.raises(ConfigError, match="dtype"):
         load_adapter(tmp_path / "g.safetensors", dtype="int8")
+
+
+def test_device_map_reaches_from_pretrained_and_inputs_follow_the_embedding(tmp_path, monkeypatch):
+    """``device_map`` (load_adapter, ModelSource, --device-map) is passed to from_pretrained; the adapter
+    feeds its inputs to the input embedding's device; it is refused with --device, for native checkpoints
+    and for adapters given as objects."""
+    import argparse
+
+    from originlens.cli.lm_features_cmd import add_model_arguments, model_source
+    from originlens.experiments.lm_inputs import ModelSource, load_model_and_codec
+    from originlens.lm.loading import load_adapter
+    from originlens.models.gpt import GPT, GPTConfig
+
+    m = make("llama")
+    m.save_pretrained(tmp_path / "m")
+    seen = []
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kw):
+        seen.append(kw.get("device_map", "absent"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    x = tokens()
+    for dm in ("cpu", {"": "cpu"}):
+        ad = load_adapter(tmp_path / "m", device_map=dm)
+        assert seen[-1] == dm and ad.device == torch.device("cpu")
+        torch.testing.assert_close(ad.run(x), m(x).logits, rtol=1e-5, atol=1e-5)
+    load_adapter(tmp_path / "m")
+    assert seen[-1] == "absent"
+    p = argparse.ArgumentParser()
+    add_model_arguments(p, corpus=False)
+    src = model_source(p.parse_args(["--model", str(tmp_path / "m"), "--device-map", "cpu"]))
+    assert src.device_map == "cpu" and model_source(p.parse_args(["--model", "x"])).device_map is None
+    ad, _ = load_model_and_codec(src)
+    assert seen[-1] == "cpu" and isinstance(ad, HFAdapter)
+    with pytest.raises(ConfigError, match="--device-map cpu and --device cuda"):
+        load_model_and_codec(ModelSource(str(tmp_path / "m"), device="cuda", device_map="cpu"))
+    GPT(GPTConfig(vocab_size=13, seq_len=8, n_layer=1, d_model=8, n_head=2)).save(tmp_path / "g.safetensors")
+    with pytest.raises(ConfigError, match="Hugging Face models only"):
+        load_adapter(tmp_path / "g.safetensors", device_map="auto")
+    with pytest.raises(ConfigError, match="Hugging Face models only"):
+        load_adapter(ad, device_map="auto")
+    with pytest.raises(ConfigError, match="together"):
+        load_hf(tmp_path / "m", device="cpu", device_map="cpu")

@@ -265,3 +265,29 @@ def test_unknown_files(tmp_path):
     (tmp_path / "t.bin").write_bytes(b"\x00" * 7)
     with pytest.raises(InputError, match="llama2.c tokenizer"):
         open_tokenizer(tmp_path / "t.bin")
+
+
+def test_load_adapter_attaches_the_tokenizer_next_to_the_model(tmp_path, corpus):
+    """A library caller gets the tokenizer that sits next to the model (as the commands find it) as
+    ``adapter.tokenizer``; None when there is none, or when not asked to look."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from originlens.lm.export import gpt_to_hf
+
+    vocab = {w: i for i, w in enumerate(["<|endoftext|>", "the", "cat", "sat", "[UNK]"])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.save(str(tmp_path / "tokenizer.json"))
+    gpt_to_hf(_gpt(5), tmp_path / "hf", tokenizer=tmp_path / "tokenizer.json", bos_id=0, eos_id=0)
+    ad = load_adapter(tmp_path / "hf")
+    assert ad.tokenizer is not None and ad.tokenizer.encode("the cat sat") == [1, 2, 3]
+    assert load_adapter(tmp_path / "hf", find_tokenizer=False).tokenizer is None
+    gpt_to_hf(_gpt(5), tmp_path / "bare", bos_id=0, eos_id=0)
+    assert load_adapter(tmp_path / "bare").tokenizer is None
+    run = tmp_path / "run"
+    _gpt(corpus.vocab_size).save(run / "model.safetensors")
+    assert load_adapter(run / "model.safetensors").tokenizer is None
+    corpus.tokenizer().save(run)
+    codec = load_adapter(run / "model.safetensors").tokenizer
+    assert codec is not None and codec.source == str(run)

@@ -124,8 +124,9 @@ def test_real_hooked_transformer():
     logits, residual sites, hooks, single-token states and Q/K weights against TransformerLens' own
     forward, cache and weights, computed independently here."""
     tl = pytest.importorskip("transformer_lens", reason="TransformerLens not installed (extra [interop])")
-    if not hasattr(tl, "HookedTransformer"):
-        pytest.skip("this TransformerLens has no HookedTransformer (4.x)")
+    # TransformerLens 4 raises ImportError (not AttributeError) for its removed names: hasattr would raise
+    if "HookedTransformer" not in dir(tl):
+        pytest.skip("this TransformerLens has no HookedTransformer (4.x: see the TransformerBridge test)")
     import warnings
 
     with warnings.catch_warnings():
@@ -233,3 +234,89 @@ def test_grouped_query_keys_are_repeated():
     full = ref.qk_weights(0)[1]
     for h in range(H):  # query head h reads key head h // 2 = full head 2 * (h // 2)
         torch.testing.assert_close(wk[h], full[2 * (h // 2)], rtol=0, atol=0)
+
+
+def _tiny_hf_gpt2_and_tokenizer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(V)}, unk_token="t0"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="t0", eos_token="t0", unk_token="t0")
+    fast.save_pretrained(tmp_path / "tok")  # the bridge re-reads its tokenizer from name_or_path
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
+    cfg = transformers.GPT2Config(
+        vocab_size=V, n_embd=D, n_layer=2, n_head=H, n_positions=8, bos_token_id=0, eos_token_id=0
+    )
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return model, tok
+
+
+def test_real_transformer_bridge(tmp_path):
+    """TLAdapter on a TransformerLens TransformerBridge (TransformerLens 4; ``model_bridge`` in 3) over a
+    random float64 GPT-2: the bridge runs the Hugging Face weights unprocessed, so logits, residuals,
+    hooks, single-token states and Q/K weights equal HFAdapter's on the same model."""
+    pytest.importorskip("transformer_lens", reason="TransformerLens not installed (extra [interop])")
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:
+        pytest.skip("this TransformerLens has no TransformerBridge")
+    import warnings
+
+    from originlens.lm.hf import HFAdapter
+
+    model, tok = _tiny_hf_gpt2_and_tokenizer(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bridge = TransformerBridge.boot_transformers("gpt2", hf_model=model, tokenizer=tok)
+    ad, ref = TLAdapter(bridge), HFAdapter(model)
+    assert (ad.n_layers, ad.d_model, ad.n_heads, ad.vocab_size, ad.max_seq_len, ad.bos_id) == (2, D, H, V, 8, 0)
+    x = torch.randint(0, V, (3, 8), generator=torch.Generator().manual_seed(1))
+    v = torch.randn(D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    with torch.no_grad():
+        logits, res = ad.run(x, return_residuals=True)
+        want, want_res = ref.run(x, return_residuals=True)
+        torch.testing.assert_close(logits, want, rtol=0, atol=1e-10)
+        for a, b in zip(res, want_res, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+        torch.testing.assert_close(ad.unembed(res[-1]), want, rtol=0, atol=1e-10)
+        for k in range(3):
+            hook = {k: lambda h, _k: h * 0.5 + v}
+            torch.testing.assert_close(ad.run(x, hooks=hook), ref.run(x, hooks=hook), rtol=0, atol=1e-10)
+        ids = torch.tensor([0, 5, 10])
+        st, st_ref = ad.single_token_states(ids), ref.single_token_states(ids)
+        for f in ("pre", "attn", "post"):
+            torch.testing.assert_close(getattr(st, f), getattr(st_ref, f), rtol=0, atol=1e-10)
+    for layer in range(2):
+        for a, b in zip(ad.qk_weights(layer), ref.qk_weights(layer), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_required_attributes_are_found_without_evaluating_them():
+    """The API check reads no property: a model whose weight properties raise (as a TransformerBridge
+    property can, or TransformerLens 4's removed names do) is still accepted, and one lacking them is
+    refused with the names."""
+
+    class Raising(FakeHookedTransformer):
+        @property
+        def W_Q(self):
+            raise ImportError("computed on access")
+
+    ref, _ = _pair()
+    ad = TLAdapter(Raising(ref.module))
+    assert ad.n_layers == L
+
+    class Partial(nn.Module):
+        cfg = SimpleNamespace(n_layers=1)
+
+        def __init__(self):
+            super().__init__()
+            self.ln_final = nn.LayerNorm(4)
+
+    with pytest.raises(CompatibilityError, match="run_with_hooks.*W_Q"):
+        TLAdapter(Partial())

@@ -76,3 +76,21 @@ def test_cli_and_errors(tmp_path, capsys):
     (tmp_path / "a" / "figures" / "loss.png").unlink()
     with pytest.raises(InputError, match="missing"):
         load_report(tmp_path / "a")
+
+
+def test_reports_render_inline_in_notebooks(tmp_path):
+    """_repr_html_: the page's body (title, blocks, embedded figures) in a div whose styles are scoped to it,
+    so a notebook's own page style is untouched; a loaded report renders the same way."""
+    plt = setup_matplotlib()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    rep = Report("Inline <1>").section("S").text("t").table(["a"], [[0.5]]).figure(fig, "a line")
+    out = rep._repr_html_()
+    assert out.startswith("<div class='originlens-report'>") and out.endswith("</div>")
+    assert "<h1>Inline &lt;1&gt;</h1>" in out and "data:image/png;base64," in out and "<td>0.5</td>" in out
+    assert "<html" not in out and "body{" not in out
+    assert all(
+        rule.startswith(".originlens-report ") for rule in out.split("<style>")[1].split("</style>")[0].split("}")[:-1]
+    )
+    rep.write(tmp_path, run_record=False)
+    assert load_report(tmp_path)._repr_html_() == out

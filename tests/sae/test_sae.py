@@ -338,7 +338,9 @@ def test_cli_sae_train_and_info(tmp_path, capsys):
     ]
     assert main(args + ["--site", "blocks.1.hook_resid_pre"]) == 0
     sae = read_sae(tmp_path / "run" / "sae")
-    assert sae.cfg.hook_name == "blocks.0.hook_resid_post" and sae.cfg.k == 3 and sae.d_sae == 24  # resid.1
+    # the hook name as given, though it is the site of blocks.0.hook_resid_post (resid.1)
+    assert sae.cfg.hook_name == "blocks.1.hook_resid_pre" and sae.cfg.k == 3 and sae.d_sae == 24
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["site"] == "resid.1"
     assert main(["-q", "sae", "info", str(tmp_path / "run" / "sae")]) == 0
     assert json.loads(capsys.readouterr().out.split("report:")[-1].split("\n", 1)[1])["d_sae"] == 24
     assert main(args + ["--site", "resid.1"]) == 2  # results exist: needs --overwrite
@@ -382,3 +384,22 @@ def test_reads_saes_that_saelens_saved(tmp_path):
         torch.testing.assert_close(ours.encode(x), theirs.encode(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(ours(x), theirs.decode(theirs.encode(x)), rtol=1e-5, atol=1e-5)
         assert (ours.encode(x) > 0).any() and (ours.encode(x) == 0).any()  # the activation actually gates
+
+
+def test_hook_names_are_kept_and_remote_code_is_not_claimed(tmp_path):
+    """An SAE trained on blocks.1.hook_resid_pre keeps that name (same site as blocks.0.hook_resid_post);
+    cfg.json says dataset_trust_remote_code only as a read cfg.json said it (default false)."""
+    from originlens.sae.format import config_to_dict
+
+    ad = _gpt()
+    toks = np.random.default_rng(0).integers(1, 13, size=(8, 6))
+    cfg = SAETrainConfig(d_sae=8, steps=2, batch_size=16, seed=0)
+    for site, name in (("blocks.1.hook_resid_pre", "blocks.1.hook_resid_pre"), ("resid.1", "blocks.0.hook_resid_post")):
+        res, sae_dir = train_sae_run(ad, toks, site, cfg, tmp_path / site)
+        raw = json.loads((sae_dir / "cfg.json").read_text())
+        assert raw["hook_name"] == name and raw["dataset_trust_remote_code"] is False
+        assert sae_site(read_sae(sae_dir), ad) == 1
+    sae = SAE(SAEConfig(d_in=16, d_sae=8, extra={"dataset_trust_remote_code": True}))
+    assert config_to_dict(sae.cfg)["dataset_trust_remote_code"] is True
+    write_sae(sae, tmp_path / "kept")
+    assert read_sae(tmp_path / "kept").cfg.extra["dataset_trust_remote_code"] is True

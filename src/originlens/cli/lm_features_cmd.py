@@ -41,8 +41,8 @@ if TYPE_CHECKING:  # the experiments package imports torch: deferred to keep `or
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corpus_required: bool = True) -> None:
-    """``--model``, ``--revision``, ``--tokenizer``, ``--device``, ``--dtype``, ``--backend``, ``--threads`` and
-    the corpus options."""
+    """``--model``, ``--revision``, ``--tokenizer``, ``--device``, ``--device-map``, ``--dtype``, ``--backend``,
+    ``--threads`` and the corpus options."""
     from ..devices import dtype_arg
 
     g = p.add_argument_group("model")
@@ -55,6 +55,13 @@ def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corp
         "default: found next to the model",
     )
     add_device(g, help="where the model and the SAE run (default cpu)")
+    g.add_argument(
+        "--device-map",
+        default=None,
+        metavar="MAP",
+        help="Hugging Face models only: from_pretrained's device_map, e.g. auto (spreads the layers over the "
+        "available devices; needs accelerate) or cuda:0; not with --device",
+    )
     g.add_argument(
         "--dtype",
         type=dtype_arg,
@@ -93,6 +100,7 @@ def model_source(args: argparse.Namespace) -> ModelSource:
         revision=args.revision,
         tokenizer=args.tokenizer,
         device=args.device,
+        device_map=getattr(args, "device_map", None),
         dtype=args.dtype,
         backend=getattr(args, "backend", "auto"),
     )

@@ -10,16 +10,19 @@ the largest document (plus a 1 MiB read buffer):
   starts with ``{`` is read as a sequence of objects (JSON Lines saved under ``.json``, as
   ``datasets.Dataset.to_json`` does);
 * JSON Lines (``.jsonl``, ``.ndjson``); ``.gz`` versions of text/JSON/JSONL files are decompressed;
-* Parquet (``.parquet``): record batches of one string column;
+* Parquet (``.parquet``) and Arrow (``.arrow``, as ``datasets`` writes): one string column
+  (:mod:`.columnar`);
 * a directory: every file above, recursively, sorted by relative path; hidden entries and nested
-  originlens corpus directories are skipped;
+  originlens corpus directories are skipped; a directory written by ``datasets``' ``save_to_disk``
+  stands for its Arrow shards (a ``DatasetDict`` is refused with a line naming its splits);
 * ``hf:NAME[/CONFIG][@REVISION][:SPLIT]``: a Hugging Face dataset through the optional ``datasets``
   package (streaming; :func:`parse_hf`), recorded with the commit its revision resolved to.
 
 Objects take the field ``text_field`` if given, else ``text``, else ``story``; ``null`` values are
 skipped. Documents that are empty or whitespace-only are skipped everywhere. ``split_mode`` applies to
 plain text only. Invalid UTF-8 stops with the file and byte offset (offsets count *decompressed*
-bytes for ``.gz``) unless ``errors="replace"``.
+bytes for ``.gz``) unless ``errors="replace"``; a file read as text whose first MiB holds a NUL byte is
+refused as binary.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError, InputError
 from ..storage import sha256_file
+from .columnar import is_saved_dataset, iter_arrow, iter_parquet, refuse_dataset_dict, saved_dataset_files
 from .store import is_corpus_dir
 
 EOT_MARKER = "<|endoftext|>"
@@ -45,7 +49,8 @@ TEXT_EXTS = (".txt", ".text")
 JSON_EXTS = (".json",)
 JSONL_EXTS = (".jsonl", ".ndjson")
 PARQUET_EXTS = (".parquet",)
-KNOWN_EXTS = TEXT_EXTS + JSON_EXTS + JSONL_EXTS + PARQUET_EXTS
+ARROW_EXTS = (".arrow",)
+KNOWN_EXTS = TEXT_EXTS + JSON_EXTS + JSONL_EXTS + PARQUET_EXTS + ARROW_EXTS
 DEFAULT_FIELDS = ("text", "story")
 HF_PREFIX = "hf:"
 _CHUNK = 1 << 20
@@ -87,7 +92,8 @@ def source_files(source: Source) -> list[Path]:
             f"corpus source {p} does not exist", "check the path (or use hf:NAME for a Hugging Face dataset)"
         )
     if p.is_dir():
-        files = _walk(p)
+        refuse_dataset_dict(p)
+        files = saved_dataset_files(p) if is_saved_dataset(p) else _walk(p)
         if not files:
             raise InputError(
                 f"directory {p} holds no corpus files ({', '.join(KNOWN_EXTS)}, or .gz)",
@@ -223,6 +229,11 @@ def _walk(root: Path) -> list[Path]:
     out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         d = Path(dirpath)
+        refuse_dataset_dict(d)
+        if is_saved_dataset(d):  # datasets' save_to_disk: its shards, not its JSON metadata
+            out += saved_dataset_files(d)
+            dirnames[:] = []
+            continue
         dirnames[:] = sorted(x for x in dirnames if not x.startswith(".") and not is_corpus_dir(d / x))
         for name in filenames:
             if not name.startswith(".") and _kind(Path(name), strict=True) is not None:
@@ -231,13 +242,14 @@ def _walk(root: Path) -> list[Path]:
 
 
 def _kind(p: Path, strict: bool = False) -> str | None:
-    """'text' | 'json' | 'jsonl' | 'parquet' (None for unknown extensions when ``strict``)."""
+    """'text' | 'json' | 'jsonl' | 'parquet' | 'arrow' (None for unknown extensions when ``strict``)."""
     name = p.name.lower()
     if name.endswith(".gz"):
         name = name[:-3]
-        if name.endswith(PARQUET_EXTS):
+        if name.endswith(PARQUET_EXTS + ARROW_EXTS):
             return None if strict else "text"
-    for exts, kind in ((TEXT_EXTS, "text"), (JSON_EXTS, "json"), (JSONL_EXTS, "jsonl"), (PARQUET_EXTS, "parquet")):
+    kinds = ((TEXT_EXTS, "text"), (JSON_EXTS, "json"), (JSONL_EXTS, "jsonl"), (PARQUET_EXTS, "parquet"))
+    for exts, kind in (*kinds, (ARROW_EXTS, "arrow")):
         if name.endswith(exts):
             return kind
     return None if strict else "text"
@@ -248,8 +260,8 @@ def _kind(p: Path, strict: bool = False) -> str | None:
 
 def _iter_file(path: Path, text_field, split_mode, errors) -> Iterator[str | None]:
     kind = _kind(path)
-    if kind == "parquet":
-        yield from _iter_parquet(path, text_field)
+    if kind in ("parquet", "arrow"):
+        yield from (iter_parquet if kind == "parquet" else iter_arrow)(path, text_field)
         return
     try:
         f = gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")  # noqa: SIM115
@@ -285,6 +297,11 @@ def _decoded_chunks(f: _ByteReader, path: Path, errors: str) -> Iterator[str]:
     first = True
     while True:
         b = f.read(_CHUNK)
+        if first and b"\x00" in b:
+            raise InputError(
+                f"{path} is a binary file (it holds NUL bytes), not UTF-8 text",
+                "pass text, JSON/JSONL, Parquet or Arrow files, or a directory written by datasets' save_to_disk",
+            )
         pending = len(dec.getstate()[0])
         try:
             text = dec.decode(b, final=not b)
@@ -457,35 +474,6 @@ def _iter_json(chunks: Iterable[str], path: Path, text_field) -> Iterator[str | 
         pos = end
         yield _field(obj, path, f"element {index}", text_field)
         index += 1
-
-
-def _iter_parquet(path: Path, text_field) -> Iterator[str | None]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"{path} is not a readable Parquet file ({exc})", "check the file") from None
-    names = pf.schema_arrow.names
-    wanted = (text_field,) if text_field else DEFAULT_FIELDS
-    col = next((n for n in wanted if n in names), None)
-    if col is None:
-        want = repr(text_field) if text_field else "'text' or 'story'"
-        raise InputError(
-            f"{path} has no column {want} (columns: {', '.join(names[:10])})",
-            "pass --text-field (text_field=) naming the text column",
-        )
-    typ = pf.schema_arrow.field(col).type
-    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-        raise InputError(
-            f"{path}: column {col!r} has type {typ}, not string", "pass --text-field naming a string column"
-        )
-    try:
-        for batch in pf.iter_batches(batch_size=1024, columns=[col]):
-            yield from batch.column(0).to_pylist()
-    except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"cannot read {path} ({exc})", "check that the file is complete") from None
 
 
 # --------------------------------------------------------------------------------------- Hugging Face

@@ -2,7 +2,8 @@
 ``lm lookahead`` and ``sae train``: the model and its tokenizer, the token windows, the SAE, the features.
 
 * :class:`ModelSource` → :func:`load_model_and_codec`: an :class:`~originlens.lm.adapter.LMAdapter` (any
-  checkpoint :func:`originlens.lm.loading.load_adapter` reads) on the requested device, and its tokenizer
+  checkpoint :func:`originlens.lm.loading.load_adapter` reads) on the requested device (or placed by a
+  Hugging Face ``device_map``), and its tokenizer
   codec (``None`` when none is found next to the model and none was named: texts are then shown as ids);
 * :class:`CorpusSource` → :func:`load_corpus`: token windows ``(N, T)`` without BOS (the runs prepend it)
   from an originlens corpus directory (its vocabulary must be the model's, proven by the tokenizer's
@@ -30,7 +31,9 @@ class ModelSource:
     """A checkpoint path or ``hf:ID[@REVISION]``, an optional hub revision and tokenizer, a device, and the
     weights' dtype (None: float32 for Hugging Face models, as stored for native checkpoints; ``"auto"``:
     as stored; see :func:`originlens.lm.loading.load_adapter`), and how a Hugging Face model is wrapped
-    (``backend``: ``"auto"``, ``"hf"`` or ``"generic"``, see :func:`~originlens.lm.loading.load_adapter`)."""
+    (``backend``: ``"auto"``, ``"hf"`` or ``"generic"``, see :func:`~originlens.lm.loading.load_adapter`).
+    ``device_map`` (Hugging Face models only, with ``device`` left at ``"cpu"``) is passed to
+    ``from_pretrained``: e.g. ``"auto"`` spreads the layers over the available devices."""
 
     model: str
     revision: str | None = None
@@ -38,6 +41,7 @@ class ModelSource:
     device: str = "cpu"
     dtype: str | None = None
     backend: str = "auto"
+    device_map: str | None = None
 
 
 @dataclass
@@ -56,6 +60,11 @@ def load_model_and_codec(src: ModelSource) -> tuple[Any, Any]:
     from ..devices import resolve_device
     from ..lm.loading import load_adapter, load_tokenizer
 
+    if src.device_map is not None and src.device != "cpu":
+        raise ConfigError(
+            f"--device-map {src.device_map} and --device {src.device} given together",
+            "give one: --device-map places the model's layers itself",
+        )
     device = resolve_device(src.device)  # before loading anything: CUDA missing is one line
     codec = None
     try:
@@ -64,8 +73,16 @@ def load_model_and_codec(src: ModelSource) -> tuple[Any, Any]:
         if src.tokenizer is not None:
             raise
         log("note: no tokenizer found next to the model; texts will not be decoded (pass --tokenizer)")
-    adapter = load_adapter(src.model, revision=src.revision, tokenizer=codec, dtype=src.dtype, backend=src.backend)
-    if device.type != "cpu":
+    adapter = load_adapter(
+        src.model,
+        revision=src.revision,
+        tokenizer=codec,
+        dtype=src.dtype,
+        backend=src.backend,
+        device_map=src.device_map,
+        find_tokenizer=False,  # looked for above
+    )
+    if device.type != "cpu" and src.device_map is None:
         module = getattr(adapter, "module", None)
         if module is None:
             raise ConfigError(f"cannot move a {type(adapter).__name__} to {src.device}", "use --device cpu")

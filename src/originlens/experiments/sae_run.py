@@ -41,12 +41,12 @@ def run_sae_train(cfg: SAERunConfig, out: str | Path, *, overwrite: bool = False
 
     run = open_lm_run(out, overwrite)
     adapter, codec = load_model_and_codec(cfg.model)
-    k = adapter.check_site(cfg.site)
+    adapter.check_site(cfg.site)  # before the corpus is read
     tokens, desc = load_corpus(cfg.corpus, adapter, codec)
     result, sae_dir = train_sae_run(
         adapter,
         tokens,
-        k,
+        cfg.site,  # a hook name is kept as the SAE's hook_name
         cfg.train if cfg.train is not None else SAETrainConfig(),
         run.path,
         prepend_bos=cfg.corpus.prepend_bos,

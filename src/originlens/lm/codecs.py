@@ -2,7 +2,8 @@
 :class:`originlens.data.TextTokenizer` protocol plus the special ids a model needs) and its constructors
 for llama2.c ``tokenizer.bin``, Hugging Face ``tokenizer.json`` (through ``tokenizers``, no remote code),
 a local ``AutoTokenizer`` directory (offline, never remote code) and the corpus tokenizers of
-:mod:`originlens.data.tokenizers`.  Which one a model path gets is decided in :mod:`.loading`."""
+:mod:`originlens.data.tokenizers`.  Which one a model path gets is decided in :mod:`.loading`;
+:func:`check_vocab` checks a codec against a model's adapter."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InputError
+from ..errors import CompatibilityError, InputError, OriginlensError
 from .llama2c import (
     BOS_ID,
     EOS_ID,
@@ -142,3 +143,29 @@ def originlens_codec(tok: Any, source: str = "") -> TextCodec:
     return TextCodec(
         encode, lambda ids: tok.decode([i for i in ids if i not in control]), tok.vocab_size, bos, eos, source, tok
     )
+
+
+def check_vocab(adapter: Any, codec: TextCodec) -> None:
+    """:class:`CompatibilityError` when the tokenizer has ids the model cannot embed, or when the model file
+    records a vocabulary hash (``adapter.vocab_hash``, written by ``ntp train``) that the tokenizer's
+    token strings do not have.  Without a recorded hash only the size is checked."""
+    if codec.vocab_size > adapter.vocab_size:
+        raise CompatibilityError(
+            f"tokenizer {codec.source or ''} has {codec.vocab_size} tokens but the model only {adapter.vocab_size}",
+            "use the tokenizer the model was trained with",
+        )
+    want = getattr(adapter, "vocab_hash", None)
+    if want is None or codec.inner is None:
+        return
+    from .compare_statistics import tokenizer_identity
+
+    try:
+        got = tokenizer_identity(codec.inner).vocab_hash
+    except OriginlensError:  # a tokenizer whose token strings cannot be listed: size check only
+        return
+    if got != want:
+        raise CompatibilityError(
+            f"tokenizer {codec.source or ''} is not the model's: its vocabulary hash is "
+            f"{got}, the model was trained on {want}",
+            "use the tokenizer (corpus vocabulary) the model was trained with",
+        )

@@ -15,7 +15,8 @@ Nothing is named per family.  The decoder layers are the model's ``nn.ModuleList
 final norm is the normalisation module registered next to that list (``norm``, ``ln_f``,
 ``final_layer_norm``, ``final_layernorm``, …).  :meth:`GenericHFAdapter.unembed` is that norm, the
 output embedding and the config's final-logit post-processing (Gemma-2's soft-capping
-``c · tanh(z / c)``, Cohere's ``logit_scale``, Granite's ``logits_scaling``).  Construction runs a
+``c · tanh(z / c)``, Cohere's ``logit_scale``, Granite's ``logits_scaling``), cast to the dtype of the
+model's own logits where the model casts them (GPT-J in transformers 4.x: float32).  Construction runs a
 4-token probe and refuses (:class:`~originlens.errors.CompatibilityError`) a model whose logits are not
 ``unembed(resid.L)`` — an architecture doing more after its last block than these pieces — instead of
 returning wrong residuals silently.
@@ -52,7 +53,7 @@ from torch import Tensor, nn
 
 from ..errors import CompatibilityError, ConfigError
 from .adapter import LMAdapter, ResidHook, TokenStates, apply_hooks, normalise_hooks
-from .hf import check_tokens, load_hf_model, resolve_hf_source, resolved_commit, stop_ids_of
+from .hf import check_tokens, input_device, load_hf_model, resolve_hf_source, resolved_commit, stop_ids_of
 
 INSTALL = "pip install nnsight"
 NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "final_norm", "ln_final")
@@ -171,6 +172,7 @@ class GenericHFAdapter(LMAdapter):
         self._root = nnsight.NNsight(model)
         self._layer_envs = _envoy_at(self._root, self.layers_path, model)
         self._norm_env = _envoy_at(self._root, self.norm_path, model)
+        self.logits_dtype: torch.dtype | None = None  # set by the probe when the model casts its logits
         if check:
             self._check_unembedding()
 
@@ -186,6 +188,11 @@ class GenericHFAdapter(LMAdapter):
     def parameters(self):
         return self.module.parameters()
 
+    @property
+    def device(self) -> torch.device:
+        """Where the inputs go: the input embedding's device (a ``device_map`` may spread the layers)."""
+        return input_device(self.module)
+
     def named_tensors(self) -> Mapping[str, Tensor]:
         return dict(self.module.state_dict())
 
@@ -198,6 +205,9 @@ class GenericHFAdapter(LMAdapter):
             again = self.unembed(res[-1])
         if res[0].shape[-1] != self.d_model:
             self.d_model = int(res[0].shape[-1])
+        if logits.dtype != again.dtype:  # e.g. GPT-J in transformers 4.x returns float32 logits
+            self.logits_dtype = logits.dtype
+            again = again.to(logits.dtype)
         tol = 1e-4 if logits.dtype in (torch.float32, torch.float64) else 3e-2
         err = float((again.float() - logits.float()).abs().max()) / (float(logits.float().abs().max()) + 1e-6)
         if not err <= tol:
@@ -247,7 +257,8 @@ class GenericHFAdapter(LMAdapter):
         if isinstance(div, (int, float)) and div:
             z = z / div
         cap = getattr(cfg, "final_logit_softcapping", None)
-        return z if not cap else torch.tanh(z / cap) * cap
+        z = z if not cap else torch.tanh(z / cap) * cap
+        return z if self.logits_dtype is None else z.to(self.logits_dtype)
 
     def single_token_states(self, token_ids: Tensor) -> TokenStates:
         raise ConfigError(

@@ -98,6 +98,15 @@ def stop_ids_of(model: Any) -> tuple[int, ...]:
     return tuple(sorted({int(e) for e in ([eos] if isinstance(eos, int) else (eos or []))}))
 
 
+def input_device(model: Any) -> torch.device:
+    """The device of a transformers model's input embedding (its first parameter's when it has none)."""
+    try:
+        weight = model.get_input_embeddings().weight
+    except (AttributeError, NotImplementedError):
+        weight = None
+    return weight.device if isinstance(weight, Tensor) else next(iter(model.parameters())).device
+
+
 def check_tokens(adapter: LMAdapter, tokens: Tensor) -> Tensor:
     """``tokens`` ``(B, T)`` checked against the adapter's context and vocabulary, as int64 on its device."""
     if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.shape[1] < 1:
@@ -156,6 +165,11 @@ class HFAdapter(LMAdapter):
 
     def parameters(self):
         return self.module.parameters()
+
+    @property
+    def device(self) -> torch.device:
+        """Where the inputs go: the input embedding's device (a ``device_map`` may spread the layers)."""
+        return input_device(self.module)
 
     def named_tensors(self) -> Mapping[str, Tensor]:
         return dict(self.module.state_dict())
@@ -255,7 +269,13 @@ class HFAdapter(LMAdapter):
         B, n, _ = x.shape
         if k == self.n_layers:
             return self.unembed(x)
-        P = int(past[0][0].shape[2])
+        dev = x.device
+        start = start.to(dev)
+        # columns at or past every row's start are masked for all rows: drop them, so the keys never
+        # outnumber the positions the model has (GPT-2's eager attention in transformers 4.x slices its
+        # causal mask buffer by key count)
+        P = min(int(past[0][0].shape[2]), int(start.max()) if B else 0)
+        past = [(kk[:, :, :P], vv[:, :, :P]) for kk, vv in past]
         window = self.cached_ablation_max_len
         if window is not None and P + n > window:
             raise ConfigError(
@@ -263,10 +283,8 @@ class HFAdapter(LMAdapter):
                 f"got {P} + {n}",
                 "use shorter windows, or the hooks method of Q(w)",
             )
-        dev = x.device
-        start = start.to(dev)
         cache = DynamicCache()
-        for j in range(self.n_layers):
+        for j in range(self.n_layers if P else 0):
             kv = past[j - k] if j >= k else tuple(torch.zeros_like(t) for t in past[0])
             cache.update(kv[0], kv[1], j)
         mask = torch.cat(
@@ -357,9 +375,11 @@ def load_hf(
     attn_implementation: str | None = None,
     device: str | torch.device | None = None,
     allow_pickled_weights: bool = False,
+    device_map: str | dict[str, Any] | None = None,
 ) -> HFAdapter:
     """:class:`HFAdapter` of a local Hugging Face directory or hub id (see :func:`load_hf_model`; a local
-    directory with only pickled ``pytorch_model.bin`` weights is refused unless ``allow_pickled_weights``)."""
+    directory with only pickled ``pytorch_model.bin`` weights is refused unless ``allow_pickled_weights``;
+    ``device_map`` is passed to ``from_pretrained``)."""
     model = load_hf_model(
         path_or_id,
         revision,
@@ -369,6 +389,7 @@ def load_hf(
         attn_implementation=attn_implementation,
         device=device,
         allow_pickled_weights=allow_pickled_weights,
+        device_map=device_map,
     )
     src = str(path_or_id) + (f"@{revision}" if revision else "")
     adapter = HFAdapter(model, source=src)

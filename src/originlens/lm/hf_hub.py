@@ -150,6 +150,7 @@ def load_hf_model(
     device: str | torch.device | None = None,
     allow_pickled_weights: bool = False,
     any_architecture: bool = False,
+    device_map: str | dict[str, Any] | None = None,
 ) -> Any:
     """The ``transformers`` causal LM of a local directory or hub id (eval mode).
 
@@ -161,8 +162,14 @@ def load_hf_model(
         (``pytorch_model.bin``) is refused with an :class:`InputError` before anything is unpickled, unless
         ``allow_pickled_weights=True`` (then ``transformers`` reads them with ``torch.load(weights_only=True)``).
         Architectures outside the hand-written families (:mod:`.hf_families`) are refused before any weight
-        is read, unless ``any_architecture`` (the generic backend, :mod:`.generic`).
+        is read, unless ``any_architecture`` (the generic backend, :mod:`.generic`).  ``device_map`` is
+        passed to ``from_pretrained`` (``"auto"`` needs ``accelerate``); it excludes ``device``.
     """
+    if device_map is not None and device is not None:
+        raise ConfigError(
+            f"device_map={device_map!r} and device={str(device)!r} given together",
+            "give one: device_map places the weights itself",
+        )
     tf = require_transformers()
     source, local = resolve_hf_source(path_or_id)
     if (
@@ -213,8 +220,15 @@ def load_hf_model(
             mkw["use_safetensors"] = True  # never fall back to a pickled pytorch_model.bin
         if attn_implementation is not None:
             mkw["attn_implementation"] = attn_implementation
+        if device_map is not None:
+            mkw["device_map"] = device_map
         try:
             model = tf.AutoModelForCausalLM.from_pretrained(source, config=config, **mkw)
+        except ImportError as exc:  # device_map without accelerate
+            raise CompatibilityError(
+                f"loading {source} with device_map={device_map!r} failed: {' '.join(str(exc).split())[:200]}",
+                "pip install accelerate, or drop the device map",
+            ) from None
         except (OSError, ValueError) as exc:
             if local:
                 raise InputError(

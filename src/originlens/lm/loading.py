@@ -40,6 +40,7 @@ from ..errors import CompatibilityError, ConfigError, InputError, OriginlensErro
 from .adapter import LMAdapter
 from .codecs import TextCodec as TextCodec  # re-exported: the LM tools' tokenizers (.codecs)
 from .codecs import auto_tokenizer_codec as auto_tokenizer_codec
+from .codecs import check_vocab as check_vocab
 from .codecs import count_llama2c_pieces as count_llama2c_pieces
 from .codecs import llama2c_codec as llama2c_codec
 from .codecs import originlens_codec as originlens_codec
@@ -416,6 +417,8 @@ def load_adapter(
     tokenizer: str | os.PathLike | TextCodec | None = None,
     dtype: Any = None,
     backend: str = "auto",
+    device_map: str | dict[str, Any] | None = None,
+    find_tokenizer: bool = True,
 ) -> LMAdapter:
     """An :class:`~originlens.lm.adapter.LMAdapter` for a model path or ``hf:ID[@REVISION]``.
 
@@ -428,24 +431,35 @@ def load_adapter(
     becomes the adapter's ``bos_id`` when the model has none.  ``dtype`` (a name or ``torch.dtype``;
     :func:`originlens.devices.resolve_dtype`): the weights' dtype — Hugging Face models are loaded in it
     (default float32, ``"auto"`` the stored dtype), native checkpoints cast after loading (default and
-    ``"auto"``: as stored).
+    ``"auto"``: as stored).  ``device_map`` (Hugging Face models only; e.g. ``"auto"``, which needs
+    ``accelerate``, or ``{"": "cpu"}``) is passed to ``from_pretrained``; the adapter feeds its inputs to
+    the device of the input embedding.
+
+    Without ``tokenizer``, the one found next to the model (as :func:`load_tokenizer` finds it; from the
+    hub for ``hf:`` specs) is attached when there is one that fits the model; ``adapter.tokenizer`` is None
+    otherwise (``find_tokenizer=False``: none is looked for).
     """
     from ..devices import resolve_dtype
 
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}", f"use one of: {', '.join(BACKENDS)}")
+    if device_map is not None and (isinstance(spec, LMAdapter) or not _is_hf_spec(spec, revision)):
+        raise ConfigError(
+            f"device_map applies to Hugging Face models only, not to {getattr(spec, 'family', None) or spec}",
+            "drop --device-map (use --device)",
+        )
     dt = resolve_dtype(dtype) if dtype is not None else None
     hf_dtype = torch.float32 if dtype is None else dt  # None: "auto", the stored dtype
     if isinstance(spec, LMAdapter):
         adapter = spec
     elif isinstance(spec, str) and spec.startswith(HF_PREFIX):
         repo, rev = parse_hub_spec(spec, revision)
-        adapter = _hf_backend_adapter(repo, rev, hf_dtype, backend)
+        adapter = _hf_backend_adapter(repo, rev, hf_dtype, backend, device_map)
     else:
         p = _local(spec, revision)
         fmt = detect_format(p)
         if fmt.name == "hf":
-            adapter = _hf_backend_adapter(p, None, hf_dtype, backend)
+            adapter = _hf_backend_adapter(p, None, hf_dtype, backend, device_map)
         else:
             adapter = fmt.adapter(fmt.load(p))
             if dt is not None:
@@ -464,10 +478,32 @@ def load_adapter(
         if adapter.bos_id is None and codec.bos_id is not None:
             adapter.bos_id = codec.bos_id
         adapter.tokenizer = codec  # type: ignore[attr-defined]
+    elif not isinstance(spec, LMAdapter):
+        adapter.tokenizer = _found_tokenizer(adapter, spec, revision) if find_tokenizer else None  # type: ignore[attr-defined]
     return adapter
 
 
-def _hf_backend_adapter(source: str | os.PathLike, revision: str | None, dtype: Any, backend: str) -> LMAdapter:
+def _is_hf_spec(spec: str | os.PathLike, revision: str | None) -> bool:
+    if isinstance(spec, str) and spec.startswith(HF_PREFIX):
+        return True
+    return detect_format(_local(spec, revision)).name == "hf"
+
+
+def _found_tokenizer(adapter: LMAdapter, spec: str | os.PathLike, revision: str | None) -> TextCodec | None:
+    """The tokenizer next to the model when there is one that fits it (attached like an explicit one)."""
+    try:
+        codec = load_tokenizer(spec, revision=revision)
+        check_vocab(adapter, codec)
+    except OriginlensError:
+        return None
+    if adapter.bos_id is None and codec.bos_id is not None:
+        adapter.bos_id = codec.bos_id
+    return codec
+
+
+def _hf_backend_adapter(
+    source: str | os.PathLike, revision: str | None, dtype: Any, backend: str, device_map: Any = None
+) -> LMAdapter:
     """A Hugging Face model behind the adapter that ``backend`` selects (see :func:`load_adapter`)."""
     from .generic import INSTALL, GenericHFAdapter, has_nnsight, require_nnsight
     from .hf import FAMILIES, HFAdapter, load_hf_model, resolve_hf_source, resolved_commit
@@ -476,7 +512,7 @@ def _hf_backend_adapter(source: str | os.PathLike, revision: str | None, dtype: 
         require_nnsight()  # before reading any weight
     generic_ok = backend == "generic" or (backend == "auto" and has_nnsight())
     try:
-        model = load_hf_model(source, revision, dtype=dtype, any_architecture=generic_ok)
+        model = load_hf_model(source, revision, dtype=dtype, any_architecture=generic_ok, device_map=device_map)
     except CompatibilityError as exc:
         if backend == "auto":  # an architecture outside the table, and nnsight is missing
             raise CompatibilityError(exc.what, f"{exc.fix}; or, for any architecture, {INSTALL}") from None
@@ -488,29 +524,3 @@ def _hf_backend_adapter(source: str | os.PathLike, revision: str | None, dtype: 
     if hub:
         adapter.commit = resolved_commit(str(source), revision)  # type: ignore[attr-defined]
     return adapter
-
-
-def check_vocab(adapter: LMAdapter, codec: TextCodec) -> None:
-    """:class:`CompatibilityError` when the tokenizer has ids the model cannot embed, or when the model file
-    records a vocabulary hash (``adapter.vocab_hash``, written by ``ntp train``) that the tokenizer's
-    token strings do not have.  Without a recorded hash only the size is checked."""
-    if codec.vocab_size > adapter.vocab_size:
-        raise CompatibilityError(
-            f"tokenizer {codec.source or ''} has {codec.vocab_size} tokens but the model only {adapter.vocab_size}",
-            "use the tokenizer the model was trained with",
-        )
-    want = getattr(adapter, "vocab_hash", None)
-    if want is None or codec.inner is None:
-        return
-    from .compare_statistics import tokenizer_identity
-
-    try:
-        got = tokenizer_identity(codec.inner).vocab_hash
-    except OriginlensError:  # a tokenizer whose token strings cannot be listed: size check only
-        return
-    if got != want:
-        raise CompatibilityError(
-            f"tokenizer {codec.source or ''} is not the model's: its vocabulary hash is "
-            f"{got}, the model was trained on {want}",
-            "use the tokenizer (corpus vocabulary) the model was trained with",
-        )

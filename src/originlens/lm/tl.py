@@ -1,8 +1,10 @@
 """TransformerLens models behind the :class:`~originlens.lm.adapter.LMAdapter` protocol (optional).
 
 :class:`TLAdapter` is duck-typed on the subset of ``HookedTransformer``'s API it needs, so it never
-imports ``transformer_lens`` (not a dependency; TransformerLens 4 removed ``HookedTransformer``, older
-releases still have it):
+imports ``transformer_lens`` (not a dependency).  TransformerLens 3 has ``HookedTransformer``;
+TransformerLens 4 removed it, and its ``TransformerBridge`` (also in 3, ``transformer_lens.model_bridge``)
+has the same subset and works as is.  The attributes are looked up without being evaluated (several are
+properties that compute stacked weights):
 
 * ``cfg.n_layers``, ``cfg.d_model``, ``cfg.n_heads``, ``cfg.d_vocab``, ``cfg.n_ctx`` (and optionally
   ``cfg.n_key_value_heads``);
@@ -17,15 +19,19 @@ Site ``resid.k`` is ``blocks.{k}.hook_resid_pre`` for k < L and ``blocks.{L-1}.h
 k = L (the hook point the next stage consumes; TransformerLens fires ``resid_post`` of block l before
 ``resid_pre`` of block l+1 on the same tensor, so one name per site is enough).
 
-Caveats: TransformerLens' default processing (``fold_ln``, ``center_writing_weights``,
+Caveats: ``HookedTransformer``'s default processing (``fold_ln``, ``center_writing_weights``,
 ``center_unembed``) changes the residual basis and the unembedding: residuals and ``qk_weights`` are
 those of the processed model, which differ from the Hugging Face model's (load with
 ``HookedTransformer.from_pretrained_no_processing`` to compare with :class:`~originlens.lm.hf.HFAdapter`).
+A ``TransformerBridge`` (``TransformerBridge.boot_transformers``) runs the Hugging Face weights
+unprocessed, so its residuals are the Hugging Face model's, until ``enable_compatibility_mode()`` folds
+them as ``HookedTransformer`` did.  Its ``W_K`` is already repeated to the query heads.
 Query/key biases ``b_Q``/``b_K`` are not part of ``qk_weights``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,17 +45,31 @@ _CHUNK = 4096  # tokens per run_with_cache call in single_token_states
 _REQUIRED = ("cfg", "run_with_hooks", "run_with_cache", "W_Q", "W_K", "ln_final", "W_U", "b_U", "parameters")
 
 
+def _has(obj: Any, name: str) -> bool:
+    """Whether ``obj`` has attribute ``name``, found without running a property or ``__getattr__``
+    (``hasattr`` would compute stacked weights, and propagates anything but AttributeError): the class
+    and instance dictionaries, then a torch module's registered submodules and parameters."""
+    try:
+        inspect.getattr_static(obj, name)
+        return True
+    except AttributeError:
+        pass
+    d = getattr(obj, "__dict__", {})
+    return any(isinstance(d.get(reg), dict) and name in d[reg] for reg in ("_modules", "_parameters", "_buffers"))
+
+
 class TLAdapter(LMAdapter):
-    """A TransformerLens ``HookedTransformer`` (or anything with that API subset) as an adapter."""
+    """A TransformerLens ``HookedTransformer`` or ``TransformerBridge`` (or anything with that API subset)
+    as an adapter."""
 
     family = "transformer_lens"
 
     def __init__(self, model: Any, *, bos_id: int | None = None) -> None:
-        missing = [a for a in _REQUIRED if not hasattr(model, a)]
+        missing = [a for a in _REQUIRED if not _has(model, a)]
         if missing:
             raise CompatibilityError(
                 f"{type(model).__name__} lacks {', '.join(missing)} of the HookedTransformer API",
-                "pass a TransformerLens HookedTransformer",
+                "pass a TransformerLens HookedTransformer (TransformerLens 3) or TransformerBridge (3 and 4)",
             )
         cfg = model.cfg
         self.module = model

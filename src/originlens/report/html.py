@@ -25,6 +25,20 @@ from ..storage import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 REPORT_FORMAT = 1
 
+# the page's element styles; "{S}" is the scope prefix (empty for report.html, the wrapper in a notebook)
+_STYLE = "".join(
+    "{S}" + rule
+    for rule in (
+        "table{border-collapse:collapse;margin:.5em 0}",
+        "td,{S}th{border:1px solid #bbb;padding:2px 8px;text-align:left}",
+        "th{background:#eee}",
+        "figure{margin:1em 0}",
+        "figcaption{color:#333;font-size:.9em}",
+        "img{max-width:100%}",
+        "pre{background:#f4f4f4;padding:.5em;overflow-x:auto}",
+    )
+)
+
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
 
 
@@ -106,12 +120,23 @@ class Report:
         parts = [
             f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{e(self.title)}</title>",
             "<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;"
-            "color:#111}table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #bbb;"
-            "padding:2px 8px;text-align:left}th{background:#eee}figure{margin:1em 0}figcaption{color:#333;"
-            "font-size:.9em}img{max-width:100%}pre{background:#f4f4f4;padding:.5em;overflow-x:auto}</style>"
-            "</head><body>",
-            f"<h1>{e(self.title)}</h1>",
+            "color:#111}" + _STYLE.replace("{S}", "") + "</style></head><body>",
+            *self._body(extra),
+            "</body></html>",
         ]
+        return "\n".join(parts)
+
+    def _repr_html_(self) -> str:
+        """The report inline in a Jupyter notebook: the page's body in a ``div``, its styles scoped to it."""
+        scoped = _STYLE.replace("{S}", ".originlens-report ")
+        return "\n".join(["<div class='originlens-report'>", f"<style>{scoped}</style>", *self._body(), "</div>"])
+
+    def __repr__(self) -> str:
+        return f"Report({self.title!r}, {len(self.blocks)} blocks)"
+
+    def _body(self, extra: Sequence[tuple[str, Any]] = ()) -> list[str]:
+        e = html.escape
+        parts = [f"<h1>{e(self.title)}</h1>"]
         for kind, val in [*self.blocks, *extra]:
             if kind == "h2":
                 parts.append(f"<h2>{e(val)}</h2>")
@@ -150,8 +175,7 @@ class Report:
                     f"<figure><div style='display:flex;gap:.5em'>{cells}</div>"
                     f"<figcaption>{e(caption)}</figcaption></figure>"
                 )
-        parts.append("</body></html>")
-        return "\n".join(parts)
+        return parts
 
     def to_markdown(self, extra: Sequence[tuple[str, Any]] = ()) -> str:
         out = [f"# {self.title}", ""]

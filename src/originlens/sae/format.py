@@ -185,7 +185,6 @@ def config_to_dict(cfg: SAEConfig) -> dict[str, Any]:
         "prepend_bos": cfg.prepend_bos,
         "context_size": cfg.context_size,
         "dataset_path": cfg.dataset_path or "",
-        "dataset_trust_remote_code": True,
         "sae_lens_training_version": None,
         "neuronpedia_id": None,
         "model_from_pretrained_kwargs": {},
@@ -195,6 +194,8 @@ def config_to_dict(cfg: SAEConfig) -> dict[str, Any]:
         out["k"] = cfg.k
     for key, v in cfg.extra.items():
         out.setdefault(key, v)
+    # only what a read cfg.json said: an SAE trained here never ran a dataset's remote code
+    out.setdefault("dataset_trust_remote_code", False)
     return out
 
 

@@ -230,6 +230,19 @@ def train_sae_on_activations(
     return SAETrainResult(sae=sae, history=history, metrics=metrics)
 
 
+def _hook_name(site: int | str, k: int) -> str:
+    """The SAELens hook name of residual site k: ``site`` itself when it is a hook name of that site."""
+    from ..sites import hook_name_from_site, site_from_hook_name
+
+    if isinstance(site, str) and site.startswith("blocks."):
+        try:
+            if site_from_hook_name(site) == k:
+                return site
+        except ConfigError:
+            pass
+    return hook_name_from_site(k)
+
+
 def train_sae(
     adapter: Any,
     tokens: Any,
@@ -245,9 +258,10 @@ def train_sae(
 ) -> SAETrainResult:
     """Collect activations of ``adapter`` at ``site`` over ``tokens`` ``(N, T)`` and train an SAE on them.
 
-    The BOS position is excluded.  ``site``: ``resid.k``, ``blocks.L.hook_resid_{pre,post}`` or an int k.
+    The BOS position is excluded.  ``site``: ``resid.k``, ``blocks.L.hook_resid_{pre,post}`` or an int k; a
+    hook name is kept as the SAE's ``hook_name`` (``blocks.1.hook_resid_pre`` stays so, though it is the
+    site of ``blocks.0.hook_resid_post``), other spellings get the ``hook_resid_post`` form.
     """
-    from ..sites import hook_name_from_site
     from .activations import as_sequences, collect_activations
 
     k = adapter.check_site(site)
@@ -257,7 +271,7 @@ def train_sae(
     return train_sae_on_activations(
         x,
         config,
-        hook_name=hook_name_from_site(k),
+        hook_name=_hook_name(site, k),
         model_name=model_name,
         log_fn=log_fn,
         prepend_bos=bool(skip),
@@ -336,7 +350,7 @@ def train_sae_run(
     result = train_sae(
         adapter,
         tokens,
-        k,
+        site,
         config,
         prepend_bos=prepend_bos,
         max_tokens=max_tokens,
