@@ -62,7 +62,7 @@ FLOORS: dict[str, float] = {
     "gpt_step.majority.hf_over_ours": 0.5,
     "gpt_step.majority.standard_over_myopic": 0.4,
     "gpt_step.majority.naive_over_myopic": 0.5,
-    "gpt_step.majority.standard_over_untied": 0.3,
+    "gpt_step.majority.standard_over_untied": 0.6,  # untied measured at ≈ 1.07× standard (1 thread)
     "qscore.gpt.loop_over_batched": 1.5,
     "qscore_hf.hooks_over_cached": 1.1,
     "assoc_train.paths_vs_dense.threads1": 1.1,

@@ -2,7 +2,8 @@
 
 The reference (`ref_forward`) loops over positions and queries and applies the regime definitions of docs/concepts.md (arXiv 2603.14087's interventions)
 literally: per-position choice of the range copy (untied), and for myopic attention the keys and values
-of positions j ≠ t detached for query t.
+of positions j ≠ t detached for query t.  The untied path is also held bit-identical (training included)
+to its earlier split-and-concatenate form, kept here as `previous_forward`.
 """
 
 from __future__ import annotations
@@ -570,3 +571,96 @@ def test_dropout_only_in_training():
     assert torch.equal(m(x), ref(x))
     m.train()
     assert not torch.allclose(m(x), ref(x))
+
+
+# ---------------------------------------------------------------------------------------------------
+# untied path: bit-identical to the previous implementation
+
+
+def previous_forward(model: GPT, toks: torch.Tensor) -> torch.Tensor:
+    """The earlier untied forward pass, kept verbatim as a reference: the residual stream is one
+    (B, T, d) tensor, each block splits it per range and concatenates the range outputs again."""
+    cfg = model.config
+    t_len = toks.shape[1]
+    spans = [(r, a, min(b, t_len)) for r, (a, b) in enumerate(model.ranges) if a < t_len]
+    outer = spans if len(model.embed) > 1 else [(0, 0, t_len)]
+
+    def cat(parts):
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def split(x, sp):
+        return [x] if len(sp) == 1 else list(x.split([b - a for _, a, b in sp], dim=1))
+
+    def attention(q, k, v):
+        fut = model._future[:t_len, :t_len]
+        return causal_self_attention(q, k, v, myopic=model.is_myopic, impl=model.attn_impl, future=fut)
+
+    x = cat([model.embed[e](toks[:, a:b], a) for e, a, b in outer])
+    for block in model.blocks:
+        b_, t_, d = x.shape
+        xs = split(x, spans)
+        qkv = cat([block.copies[r].attn_qkv(block.copies[r].ln_1(xr)) for (r, _, _), xr in zip(spans, xs)])
+        q, k, v = (z.view(b_, t_, cfg.n_head, d // cfg.n_head).transpose(1, 2) for z in qkv.split(d, dim=2))
+        y = attention(q, k, v).transpose(1, 2).reshape(b_, t_, d)
+        out = []
+        for (r, _, _), xr, yr in zip(spans, xs, split(y, spans)):
+            c = block.copies[r]
+            h = xr + c.attn_out(yr)
+            out.append(h + c.mlp_out(F.gelu(c.mlp_in(c.ln_2(h)), approximate="tanh")))
+        x = cat(out)
+    return cat([model._logits(e, xe) for (e, _, _), xe in zip(outer, split(x, outer))])
+
+
+UNTIED_CASES = {
+    "untied": dict(regime="untied", untie_at=[5]),
+    "myopic+untied": dict(regime="myopic+untied", untie_at=[5]),
+    "untied-3-ranges-everything": dict(regime="untied", untie_at=[3, 8], untie_scope="everything"),
+    "untied-eager": dict(regime="untied", untie_at=[5], attn_impl="eager"),
+    "myopic+untied-everything-own-head": dict(
+        regime="myopic+untied", untie_at=[4], untie_scope="everything", tie_embeddings=False
+    ),
+    "untied-all": dict(regime="untied", untie_at="all"),
+    "standard": dict(),
+}
+
+
+@pytest.mark.parametrize(
+    "case, size",
+    [(c, "small") for c in UNTIED_CASES] + [("untied", "benchmark"), ("myopic+untied", "benchmark")],
+)
+def test_training_bit_identical_to_previous_untied_path(case, size):
+    """A few Adam steps (float32) give bit-identical logits, gradients and parameters with the model's
+    forward and with `previous_forward`; "benchmark" is about the size of benchmarks/gpt_step.py."""
+    n_pos, d, batch = (12, 32, 48) if size == "small" else (21, 128, 128)
+    extra = dict(UNTIED_CASES[case])
+    if size == "benchmark":
+        extra["untie_at"] = [10]
+    kw = dict(vocab_size=11, seq_len=n_pos, n_layer=2, d_model=d, n_head=4, dtype="float32", **extra)
+    torch.manual_seed(3)
+    fast = GPT(GPTConfig(**kw))
+    ref = GPT.from_state_dict(fast.state_dict(), fast.config)
+    g = torch.Generator().manual_seed(4)
+    opts = [torch.optim.Adam(m.parameters(), lr=1e-2) for m in (fast, ref)]
+    for step in range(4):
+        x = torch.randint(0, 11, (batch, n_pos), generator=g)
+        logits = [fast(x), previous_forward(ref, x)]
+        assert torch.equal(logits[0], logits[1]), step
+        for opt, lg in zip(opts, logits):
+            opt.zero_grad(set_to_none=True)
+            position_losses(lg, x).sum().backward()
+        for (n, p), q in zip(fast.named_parameters(), ref.parameters()):
+            assert torch.equal(p.grad, q.grad), (step, n)
+        for opt in opts:
+            opt.step()
+    for (n, p), q in zip(fast.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), n
+    # the other entry points take the same path: loss, residual sites, forward_from
+    x = torch.randint(0, 11, (8, n_pos), generator=g)
+    logits, res = fast(x, return_residuals=True)
+    assert torch.equal(logits, previous_forward(ref, x))
+    assert torch.equal(fast.loss(x), position_losses(previous_forward(ref, x), x).sum())
+    for k in range(fast.config.n_layer + 1):
+        assert torch.equal(fast.forward_from(k, res[k]), logits), k
+        assert torch.equal(fast(x, hooks={f"resid.{k}": lambda h, site: None}), logits), k
+    short = x[:, :4]  # shorter than the first range (one span) for most cases
+    assert torch.equal(fast(short), previous_forward(ref, short))

@@ -40,7 +40,8 @@ token t+1; ``λ_t`` is its column sum and the training loss is the total sum.  D
 
 Caveats: myopic/eager attention materialises the (B, H, T, T) score matrix; untied ranges are processed
 by a Python loop over ranges (fine for a few ranges; ``untie_at="all"`` costs one small matmul per
-position and layer).  No KV cache.
+position and layer); between blocks the untied stream is held as one tensor per range and concatenated
+only at residual sites that are hooked or returned.  No KV cache.
 
 Size: one model in one file, as nanoGPT's ``model.py``: the configuration, the attention kernels, the block
 with its untied copies, the residual-site hooks and the loss are read together whenever the model changes,
@@ -327,24 +328,39 @@ class Block(nn.Module):
         self, x: torch.Tensor, spans: list[tuple[int, int, int]], attention: Callable[..., torch.Tensor]
     ) -> torch.Tensor:
         """x (B, T, d) -> (B, T, d).  ``spans`` = [(copy, start, stop)] covering 0..T."""
-        B, T, d = x.shape
-        xs = _split(x, spans)
-        qkv = _cat(
-            [
-                cast(BlockCopy, self.copies[r]).attn_qkv(cast(BlockCopy, self.copies[r]).ln_1(xr))
-                for (r, _, _), xr in zip(spans, xs)
-            ]
-        )
-        q, k, v = (t.view(B, T, self.n_head, d // self.n_head).transpose(1, 2) for t in qkv.split(d, dim=2))
-        y = attention(q, k, v).transpose(1, 2).reshape(B, T, d)
+        return _cat(self.forward_parts(_split(x, spans), spans, attention))
+
+    def forward_parts(
+        self, xs: list[torch.Tensor], spans: list[tuple[int, int, int]], attention: Callable[..., torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """The block on the residual stream held as one (B, stop − start, d) tensor per span.
+
+        Bit-identical values and gradients to splitting one (B, T, d) stream per range and concatenating
+        the range outputs (the same kernels on the same operands; only copies differ); the model passes
+        these parts from block to block and concatenates them only where a residual site is observed.
+        """
+        B, d = xs[0].shape[0], xs[0].shape[2]
+        T, H = sum(xr.shape[1] for xr in xs), self.n_head
+        copies = [cast(BlockCopy, self.copies[r]) for r, _, _ in spans]
         p = self.dropout if self.training else 0.0
+        if len(xs) == 1:  # one copy: the plain block
+            c, x = copies[0], xs[0]
+            q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in c.attn_qkv(c.ln_1(x)).split(d, dim=2))
+            h = x + _drop(c.attn_out(attention(q, k, v).transpose(1, 2).reshape(B, T, d)), p)
+            return [h + _drop(c.mlp_out(F.gelu(c.mlp_in(c.ln_2(h)), approximate="tanh")), p)]
+        # per range: Q, K, V from its own copy, joined along T (one cat each) for attention over the prefix
+        qkv = [c.attn_qkv(c.ln_1(xr)).split(d, dim=2) for c, xr in zip(copies, xs)]
+        q, k, v = (torch.cat([z[i] for z in qkv], dim=1).view(B, T, H, d // H).transpose(1, 2) for i in range(3))
+        # (B, T, H, hd) split per range; each range's (B·t, d) rows gathered once for its output projection,
+        # then matmul and bias add as F.linear does for such strided input
+        ys = attention(q, k, v).transpose(1, 2).split([xr.shape[1] for xr in xs], dim=1)
         out = []
-        for (r, _, _), xr, yr in zip(spans, xs, _split(y, spans)):
-            c = cast(BlockCopy, self.copies[r])
-            h = xr + _drop(c.attn_out(yr), p)
-            h = h + _drop(c.mlp_out(F.gelu(c.mlp_in(c.ln_2(h)), approximate="tanh")), p)
-            out.append(h)
-        return _cat(out)
+        for c, xr, yr in zip(copies, xs, ys):
+            t = xr.shape[1]
+            proj = torch.mm(yr.reshape(B * t, d), c.attn_out.weight.t()).view(B, t, d) + c.attn_out.bias
+            h = xr + _drop(proj, p)
+            out.append(h + _drop(c.mlp_out(F.gelu(c.mlp_in(c.ln_2(h)), approximate="tanh")), p))
+        return out
 
 
 class HeadCopy(nn.Module):
@@ -365,6 +381,12 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
 def _split(x: torch.Tensor, spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:
     """Views of x (B, T, ...) per span along T (one split op: its backward is a single cat)."""
     return [x] if len(spans) == 1 else list(x.split([b - a for _, a, b in spans], dim=1))
+
+
+def _parts(x: torch.Tensor, spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+    """Contiguous copies of x's spans (x itself for one span): the per-range LayerNorms and linear
+    layers read them without a copy of their own, in the forward and the backward pass."""
+    return [x] if len(spans) == 1 else [xr.contiguous() for xr in _split(x, spans)]
 
 
 def _drop(x: torch.Tensor, p: float) -> torch.Tensor:
@@ -607,14 +629,22 @@ class GPT(nn.Module):
 
         spans = self._spans(T)
         outer = spans if self._outer_per_range else [(0, 0, T)]
-        x = _drop(_cat([self.embed[e](tokens[:, a:b], a) for e, a, b in outer]), p)
-        x = self._site(0, x, hook_map)
+        # the stream is kept as per-span parts between blocks and concatenated only at observed sites
+        observed = set(hook_map) | (set(range(self.config.n_layer + 1)) if return_residuals else set())
+        xs = [self.embed[e](tokens[:, a:b], a) for e, a, b in outer]
+        x: torch.Tensor | None = None
+        if len(outer) != len(spans) or p > 0.0 or 0 in observed:
+            x = self._site(0, _drop(_cat(xs), p), hook_map)
+            xs = _parts(x, spans)
         residuals = [x]
         for k, block in enumerate(self.blocks, start=1):
-            x = self._site(k, block(x, spans, attention), hook_map)
-            residuals.append(x)
-        logits = _cat([self._logits(e, xe) for (e, _, _), xe in zip(outer, _split(x, outer))])
-        return (logits, residuals) if return_residuals else logits
+            xs, x = cast(Block, block).forward_parts(xs, spans, attention), None
+            if k in observed:
+                x = self._site(k, _cat(xs), hook_map)
+                xs = _parts(x, spans)
+                residuals.append(x)
+        logits = self._head_logits(xs, x, outer)
+        return (logits, cast("list[torch.Tensor]", residuals)) if return_residuals else logits
 
     def forward_from(self, k: int, x: torch.Tensor, *, myopic: bool | None = None) -> torch.Tensor:
         """Continue a forward pass from residual site ``resid.k``: x (B, T, d) -> logits (B, T, V).
@@ -635,8 +665,18 @@ class GPT(nn.Module):
 
         spans = self._spans(T)
         outer = spans if self._outer_per_range else [(0, 0, T)]
+        xs = _parts(x, spans)
         for block in self.blocks[k:]:
-            x = block(x, spans, attention)
+            xs = cast(Block, block).forward_parts(xs, spans, attention)
+        return self._head_logits(xs, x if k == self.config.n_layer else None, outer)
+
+    def _head_logits(
+        self, xs: list[torch.Tensor], x: torch.Tensor | None, outer: list[tuple[int, int, int]]
+    ) -> torch.Tensor:
+        """Logits from the final stream: its per-span parts ``xs`` or, when given, the whole tensor ``x``."""
+        if len(outer) == len(xs) and x is None:
+            return _cat([self._logits(e, xe) for (e, _, _), xe in zip(outer, xs)])
+        x = _cat(xs) if x is None else x
         return _cat([self._logits(e, xe) for (e, _, _), xe in zip(outer, _split(x, outer))])
 
     def _logits(self, e: int, h: torch.Tensor) -> torch.Tensor:
