@@ -579,3 +579,34 @@ def test_sharded_checkpoint_grid_merges_to_the_unsharded_run(tmp_path, capsys):
     assert main(["-q", "lm", "compare-merge", shards[0], str(tmp_path / "all"), "--out", str(tmp_path / "m3")]) == 2
     assert main([*base, "--shard", "0/9", "--out", str(tmp_path / "s9")]) == 2
     assert "cannot fill 9 blocks" in capsys.readouterr().err
+
+
+def test_models_are_placed_where_the_comparison_runs(tmp_path, monkeypatch, capsys):
+    """`lm compare --device-map` reaches the Hugging Face loader, is refused for our own checkpoints and
+    beside another --device; without it each model is moved to --device (the CPU here)."""
+    from originlens.cli.main import main
+    from originlens.data import storyworld_store
+    from originlens.errors import ConfigError
+    from originlens.experiments import compare_run
+    from originlens.lm import loading
+
+    store = storyworld_store(tmp_path / "corpus", n=20, vocab_size=60, seq_len=16, windows="pack", oov="unk")
+    ckpts = _save_checkpoints(tmp_path, store.vocab_size, store.vocab_hash, store.vocab.index("<eot>"), steps=(0,))
+    spec = str(next(ckpts.glob("*.safetensors")))
+    adapter = compare_run.placing_loader("cpu")(spec)
+    assert {p.device.type for p in adapter.module.parameters()} == {"cpu"}
+    with pytest.raises(ConfigError, match="given together"):
+        compare_run.placing_loader("cuda", "auto")
+    seen = {}
+
+    def fake_load_adapter(s, **kw):
+        seen.update(kw, spec=s)
+        return adapter
+
+    monkeypatch.setattr(loading, "load_adapter", fake_load_adapter)
+    assert compare_run.placing_loader("cpu", "auto")("hf:org/model@main") is adapter
+    assert seen["spec"] == "hf:org/model@main" and seen["device_map"] == "auto"
+    monkeypatch.undo()
+    base = ["-q", "lm", "compare", "--checkpoint-dir", str(ckpts), "--corpus", str(tmp_path / "corpus")]
+    assert main([*base, "--top-tokens", "20", "--device-map", "auto", "--out", str(tmp_path / "dm")]) == 2
+    assert "device_map" in capsys.readouterr().err.replace("--device-map", "device_map")

@@ -338,8 +338,9 @@ def _register_report(asub) -> None:
     r.add_argument(
         "--eval-windows",
         type=int,
-        default=2048,
-        help="training windows for the intervention (first N, unshuffled; 0 = all as in the paper; default 2048)",
+        default=None,
+        help="training windows for the intervention (first N, unshuffled; 0 = all as in the paper; "
+        "default: as many as hold 131,072 predicted tokens, e.g. 2,048 windows of T = 64)",
     )
     r.add_argument("--null-windows", type=int, default=2048, help="windows for null statistics (default 2048)")
     r.add_argument("--no-intervention", action="store_true", help="skip the causal intervention")
@@ -357,7 +358,12 @@ def run_report(args: argparse.Namespace) -> int:
     from ..theory.tracking import EXAMPLE_WORDS, AnalysisConfig
 
     apply_threads(args)
-    if args.eval_windows < 0 or args.null_windows < 1 or args.batch_size < 1 or args.k < 1:
+    if (
+        (args.eval_windows is not None and args.eval_windows < 0)
+        or args.null_windows < 1
+        or args.batch_size < 1
+        or args.k < 1
+    ):
         raise ConfigError("--eval-windows must be ≥ 0, --null-windows, --batch-size and -k ≥ 1", "fix the flag")
     words = tuple(w.strip() for w in args.examples.split(",") if w.strip()) if args.examples else EXAMPLE_WORDS
     cfg = AnalysisConfig(

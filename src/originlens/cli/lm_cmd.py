@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, InputError
@@ -170,13 +169,14 @@ def generate_text(
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from ..distributed import single_process
-    from ..lm.loading import load_adapter, load_tokenizer
+    from ..experiments.lm_inputs import load_model_and_codec
+    from .lm_features_cmd import model_source
 
     single_process("lm generate")
 
-    tok = None if args.tokenizer is None else Path(args.tokenizer)
-    codec = load_tokenizer(args.model, tok, revision=args.revision)
-    adapter = load_adapter(args.model, revision=args.revision)
+    adapter, codec = load_model_and_codec(model_source(args))
+    if codec is None:
+        raise InputError(f"no tokenizer found next to {args.model}", "pass --tokenizer")
     greedy = args.temperature is None
     text = generate_text(
         adapter,
@@ -225,6 +225,8 @@ def _non_negative_int(s: str) -> int:
 
 
 def register(subparsers: Any) -> None:
+    from .lm_features_cmd import add_model_arguments
+
     formats = ", ".join(FORMAT_NAMES)
     lm = subparsers.add_parser("lm", help="pretrained language models (llama2.c, originlens GPT, Hugging Face)")
     lm_sub = lm.add_subparsers(dest="lm_command", metavar="LM_COMMAND")
@@ -232,16 +234,9 @@ def register(subparsers: Any) -> None:
         "generate",
         help="generate text from BOS (and an optional prompt)",
         description="Print the prompt and its continuation; generation starts from BOS "
-        "and stops at a stop token, a full context, or after N new tokens.",
+        f"and stops at a stop token, a full context, or after N new tokens. Model formats: {formats}.",
     )
-    g.add_argument("--model", required=True, help=f"checkpoint path or hf:ID[@REVISION]; formats: {formats}")
-    g.add_argument("--revision", default=None, help="hub revision (branch, tag or commit) for hf:ID")
-    g.add_argument(
-        "--tokenizer",
-        default=None,
-        help="tokenizer (llama2.c .bin, tokenizer.json, corpus or tokenizer directory); "
-        "default: found next to the model",
-    )
+    add_model_arguments(g, corpus=False)  # --model, --tokenizer, --device, --device-map, --dtype, --backend …
     g.add_argument("--prompt", type=utf8_text, default="", help="text to continue (default: none)")
     g.add_argument("--max-new-tokens", type=_non_negative_int, default=256, help="default 256")
     mode = g.add_mutually_exclusive_group()

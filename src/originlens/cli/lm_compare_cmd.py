@@ -61,6 +61,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         shard=args.shard,
+        device_map=args.device_map,
     )
     _print_comparison(run_compare(cfg, args.out, overwrite=args.overwrite), args.out)
     return 0
@@ -151,7 +152,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also the token-centred cosine (mean row removed; not in the paper)",
     )
     c.add_argument("--token-chunk", type=int, default=4096, help="tokens per model pass (memory bound)")
-    add_device(c, help="device of the comparison matmuls (default cpu)")
+    add_device(c, help="where the models run and the comparison matmuls are done (default cpu)")
+    c.add_argument(
+        "--device-map",
+        default=None,
+        metavar="MAP",
+        help="Hugging Face checkpoints only: from_pretrained's device_map, e.g. auto (needs accelerate); "
+        "not with --device",
+    )
     c.add_argument(
         "--dtype",
         choices=["float64", "float32"],

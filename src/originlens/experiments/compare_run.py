@@ -21,6 +21,7 @@ run of the whole list from the N block runs (:mod:`originlens.lm.compare_merge`)
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,10 @@ class CompareRunConfig:
     null_baseline: bool = True
     token_centred: bool = False
     token_chunk: int = 4096
-    device: str = "cpu"
+    device: str = "cpu"  # where the models run and the comparison matmuls are done
     dtype: str = "float64"
     shard: tuple[int, int] | None = None  # (i, N): compare block i of N of the checkpoint list
+    device_map: str | None = None  # Hugging Face checkpoints: from_pretrained's device_map (not with device)
 
 
 @dataclass
@@ -302,6 +304,35 @@ def _source_records(corpus: str | None) -> list[dict[str, Any]] | None:
     return source_fingerprint([s.strip() for s in corpus.split(",") if s.strip()])
 
 
+def placing_loader(device: str, device_map: str | None = None) -> Callable[[str], Any]:
+    """A checkpoint loader (:class:`~originlens.lm.checkpoints.CheckpointGrid`) that puts each model where
+    it runs: on ``device``, or, for Hugging Face checkpoints, where ``device_map`` places its layers (the
+    adapter then feeds inputs to its embedding's device).  A device map with another ``device`` than the
+    CPU is refused (one of the two places the model)."""
+    from ..lm.checkpoints import default_loader
+
+    if device_map is not None and device != "cpu":
+        raise ConfigError(
+            f"--device-map {device_map} and --device {device} given together",
+            "give one: --device-map places the model's layers itself",
+        )
+
+    def load(spec: str) -> Any:
+        if device_map is not None:
+            from ..lm.loading import load_adapter
+
+            return load_adapter(spec, device_map=device_map, find_tokenizer=False)
+        adapter = default_loader(spec)
+        module = getattr(adapter, "module", None)
+        if device != "cpu":
+            if module is None:
+                raise ConfigError(f"cannot move a {type(adapter).__name__} to {device}", "use --device cpu")
+            module.to(device)
+        return adapter
+
+    return load
+
+
 def run_compare(cfg: CompareRunConfig, out: str | Path, *, overwrite: bool = False) -> CompareRun:
     """Compare every checkpoint with the leading terms and write the run directory (module docstring)."""
     from ..distributed import single_process
@@ -324,7 +355,9 @@ def run_compare(cfg: CompareRunConfig, out: str | Path, *, overwrite: bool = Fal
     n_all = len(specs)
     if cfg.shard is not None:
         specs = shard_of(specs, cfg.shard)
-    grid = CheckpointGrid(specs, on_missing=cfg.on_missing, hash_weights=not cfg.no_hash)
+    grid = CheckpointGrid(
+        specs, loader=placing_loader(device, cfg.device_map), on_missing=cfg.on_missing, hash_weights=not cfg.no_hash
+    )
     session = _Session(cfg, specs)
     ccfg = CompareConfig(
         top_tokens=cfg.top_tokens or 2000,

@@ -367,8 +367,12 @@ class LeadingTermModel:
         for i in range(0, t.shape[0], batch_size):
             b = t[i : i + batch_size].long()
             lg = fn(b[:, :-1])
-            ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), b[:, 1:].reshape(-1), reduction="sum")
-            total += float(ce)
+            # float64 logits: one call per 2^24 of them bounds the log-softmax's copy
+            flat, tgt = lg.reshape(-1, lg.shape[-1]), b[:, 1:].reshape(-1)
+            rows = max(1, (1 << 24) // max(1, flat.shape[1]))
+            for j in range(0, flat.shape[0], rows):
+                total += float(F.cross_entropy(flat[j : j + rows], tgt[j : j + rows], reduction="sum"))
+            del lg, flat
             count += b[:, 1:].numel()
         return total / count
 

@@ -221,7 +221,10 @@ def example_associations(
 class AnalysisConfig:
     """Options of :func:`analyse_run`.
 
-    * ``eval_windows``: training windows (first n, unshuffled) for the intervention; 0 = all (paper).
+    * ``eval_windows``: training windows (first n, unshuffled) for the intervention and, when the run has
+      no held-out split, for the held-out losses; 0 = all (paper); None (default) = as many as hold
+      ``eval_positions`` predicted tokens (131,072: 2,048 windows of T = 64, 655 of T = 200), so that the
+      cost of the intervention's 3L + 2 passes over them does not grow with T.
     * ``null_windows``: cap on windows used for null / same-corpus statistics.
     * ``examples``: words whose top associations are listed; ``top_k`` how many.
     * ``intervention`` / ``heldout``: switch those parts off (they run the model over many windows).
@@ -230,7 +233,8 @@ class AnalysisConfig:
     * ``device``: where the model runs for the intervention and held-out losses ("cpu", "cuda", "auto").
     """
 
-    eval_windows: int = 2048
+    eval_windows: int | None = None
+    eval_positions: int = 131_072
     null_windows: int = 2048
     examples: tuple[str, ...] = EXAMPLE_WORDS
     top_k: int = 10
@@ -240,6 +244,14 @@ class AnalysisConfig:
     batch_size: int = 256
     full_stats: bool = True
     device: str = "cpu"
+
+    def n_eval(self, available: int, seq_len: int) -> int:
+        """How many windows (of ``available``, each predicting ``seq_len`` tokens) are evaluated."""
+        if self.eval_windows == 0:
+            return available
+        if self.eval_windows is None:
+            return min(available, max(1, -(-int(self.eval_positions) // max(1, int(seq_len)))))
+        return min(int(self.eval_windows), available)
 
 
 @dataclass
@@ -476,6 +488,7 @@ def analyse_run(
     """Everything the report shows, as one JSON-able dict (NaN → None).  ``null`` = the output of
     :func:`resolve_null_statistics` (optional)."""
     from ..models.assoc import AssocConfig, AssocModel
+    from ..progress import log
     from ..stats import corpus_statistics
 
     cfg = cfg or AnalysisConfig()
@@ -596,11 +609,8 @@ def analyse_run(
     interv = None
     if cfg.intervention and run.train_tokens is not None:
         t1 = time.perf_counter()
-        n = (
-            run.train_tokens.shape[0]
-            if cfg.eval_windows in (0, None)
-            else min(cfg.eval_windows, run.train_tokens.shape[0])
-        )
+        n = cfg.n_eval(run.train_tokens.shape[0], run.seq_len)
+        log(f"assoc report: intervention, {len(list(model.named_weights())) + 1} passes over {n} windows")
         interv = intervention_losses(model, run.stats, run.train_tokens[:n], batch_size=cfg.batch_size)
         interv["windows"] = int(n)
         interv["source"] = (
@@ -619,8 +629,9 @@ def analyse_run(
         if run.heldout_tokens is not None:
             ev, src = run.heldout_tokens, f"{run.heldout_tokens.shape[0]} held-out windows (never trained on)"
         else:
-            n = min(cfg.eval_windows or run.train_tokens.shape[0], run.train_tokens.shape[0])
+            n = cfg.n_eval(run.train_tokens.shape[0], run.seq_len)
             ev, src = run.train_tokens[-n:], f"last {n} TRAINING windows (the run has no held-out set)"
+        log(f"assoc report: held-out losses over {ev.shape[0]} windows")
         # the losses, then the record's source (text) and step
         held = cast(
             dict[str, Any],

@@ -296,6 +296,7 @@ class AssocModel(nn.Module):
         hit = self.__dict__.get("_product_cache")
         if hit is not None and hit[0] == key:
             return hit[1]
+        self.__dict__.pop("_product_cache", None)  # stale: free it before building the next (≈ 40 |V|² numbers)
         with torch.no_grad():
             prods = self._products(_fresh, team)
         prods.K = []  # only the backward needs them
