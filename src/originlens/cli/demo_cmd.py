@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--stages", default="all", help="all, or a comma-separated subset of statistics,leading,regimes,othello"
     )
-    p.add_argument("--quick", action="store_true", help="smaller settings (used by the tests)")
+    p.add_argument("--quick", action="store_true", help="smaller settings (≈ 1 min on 2 cores; used by the tests)")
     p.add_argument(
         "--restart",
         action="store_true",
