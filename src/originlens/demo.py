@@ -470,6 +470,15 @@ def _stage_leading(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], 
     _append_stage_report(rep, out, keep_figures=3)
 
 
+def _jobs() -> int:
+    """Runs trained side by side in the regimes stage: one per CPU this process may use, at most 2 (the
+    four small runs are independent; a second process beats a second thread per run)."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(2, cpus))
+
+
 def _stage_regimes(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], data_hashes: dict[str, str]) -> None:
     out = run.file("regimes")
     steps = max(50, cfg.regime_steps // 4) if cfg.quick else cfg.regime_steps
@@ -490,6 +499,8 @@ def _stage_regimes(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], 
         2,
         "--batch-size",
         128,
+        "--jobs",
+        _jobs(),
         "--out",
         out,
         "--overwrite",
@@ -506,6 +517,7 @@ def _stage_regimes(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], 
             ),
             out,
             overwrite=True,
+            jobs=_jobs(),
         )
     commands.append(_command(grid))
     rep.section(
@@ -554,7 +566,10 @@ def _stage_othello(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], 
         out,
         "--overwrite",
     ]
-    attribute = ["ntp", "attribute", out, "--layers", "1-2", "--positions", "12,20", "--report", "--overwrite"]
+    stride = 3  # influences recorded at every 3rd update (the Othello experiment's cpu scale: every 5th)
+    record = f"{stride}:{steps}:{stride}"
+    attribute = ["ntp", "attribute", out, "--layers", "1-2", "--positions", "12,20", "--steps", record]
+    attribute += ["--report", "--overwrite"]
     from .attribution.replay import attribute_run
     from .attribution.store_report import write_report
     from .train.ntp import NTPConfig, Trainer
@@ -576,7 +591,13 @@ def _stage_othello(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], 
     )
     with _quietly():
         Trainer(ntp, out, overwrite=True).run()
-        res = attribute_run(out, sites=[(k, i) for k in (1, 2) for i in (12, 20)], features="tracked", overwrite=True)
+        res = attribute_run(
+            out,
+            sites=[(k, i) for k in (1, 2) for i in (12, 20)],
+            features="tracked",
+            steps=range(stride, steps + 1, stride),
+            overwrite=True,
+        )
         write_report(res.store)
     commands.extend(_command(argv) for argv in (train, attribute))
     rep.section(
@@ -587,7 +608,8 @@ def _stage_othello(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str], 
         "linear probes read the board from the player-to-move's perspective. Every update of the run "
         "is replayed from its checkpoints and split exactly into direct, pre-cached and shared "
         "gradient pathways at residual sites; the influence of each pathway on each probed feature "
-        "is its contribution to moving the feature toward its final value. Full report: "
+        f"is its contribution to moving the feature toward its final value, recorded at every {stride}rd "
+        "update (the forward-mode derivatives are the larger cost). Full report: "
         "othello/attribution/report.html (or the directory printed by the command)."
     )
     attr_dirs = sorted(p.parent for p in out.rglob("report.blocks.json") if p.parent != out)

@@ -547,6 +547,7 @@ def test_device_map_reaches_from_pretrained_and_inputs_follow_the_embedding(tmp_
     from originlens.lm.loading import load_adapter
     from originlens.models.gpt import GPT, GPTConfig
 
+    pytest.importorskip("accelerate", reason="device_map needs accelerate")
     m = make("llama")
     m.save_pretrained(tmp_path / "m")
     seen = []
@@ -579,3 +580,17 @@ def test_device_map_reaches_from_pretrained_and_inputs_follow_the_embedding(tmp_
         load_adapter(ad, device_map="auto")
     with pytest.raises(ConfigError, match="together"):
         load_hf(tmp_path / "m", device="cpu", device_map="cpu")
+
+
+def test_device_map_without_accelerate_says_what_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    from originlens.errors import CompatibilityError
+    from originlens.lm.loading import load_adapter
+
+    make("llama").save_pretrained(tmp_path / "m")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    with pytest.raises(CompatibilityError, match="accelerate") as exc:
+        load_adapter(str(tmp_path / "m"), device_map="auto")
+    assert "pip install accelerate" in exc.value.fix

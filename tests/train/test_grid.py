@@ -157,3 +157,31 @@ def test_tiny_grid_writes_cis_and_skips_finished_runs(tmp_path, capsys):
     assert cli_main(args) == 0  # re-run: everything skipped
     assert "trained 0, skipped 4" in capsys.readouterr().out
     assert model.stat().st_mtime_ns == mtime
+
+
+def test_runs_trained_side_by_side_equal_runs_trained_in_turn_at_one_thread(tmp_path):
+    """jobs = 2 trains in worker processes at one thread each: the same bytes as training the runs one
+    after another at one thread in this process."""
+    import torch
+
+    from originlens.train.grid import GridConfig, run_dir_for, train_runs
+
+    cfg = GridConfig(
+        task="cond-majority",
+        regimes=["standard", "myopic"],
+        seeds=[0],
+        overrides={"steps": 4, "d_model": 16, "n_layer": 1, "batch_size": 8, "eval_size": 64, "probe_size": 64},
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        done, skipped = train_runs(cfg, tmp_path / "turn", jobs=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert done == ["standard/seed-0", "myopic/seed-0"] and skipped == []
+    assert train_runs(cfg, tmp_path / "side", jobs=2)[0] == done
+    for regime in cfg.regimes:
+        a = (run_dir_for(tmp_path / "turn", regime, 0) / "model.safetensors").read_bytes()
+        b = (run_dir_for(tmp_path / "side", regime, 0) / "model.safetensors").read_bytes()
+        assert a == b, regime
+    assert train_runs(cfg, tmp_path / "side", jobs=2) == ([], done)  # finished runs are skipped

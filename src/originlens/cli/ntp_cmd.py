@@ -21,7 +21,7 @@ import argparse
 from typing import Any
 
 from ..errors import ConfigError
-from .options import add_option, add_threads, apply_threads, int_list
+from .options import add_option, add_threads, apply_threads, int_list, positive_int
 
 
 def _untie_at(s: str) -> Any:
@@ -209,7 +209,7 @@ def _cmd_grid(args: argparse.Namespace) -> int:
     cfg = GridConfig(
         task=args.task, regimes=regimes, seeds=args.seeds, overrides=_overrides(args), confidence=args.confidence
     )
-    res = run_grid(cfg, args.out, overwrite=args.overwrite, report_only=args.report_only)
+    res = run_grid(cfg, args.out, overwrite=args.overwrite, report_only=args.report_only, jobs=args.jobs)
     print(format_grid_table(res.summary))
     print(
         f"trained {len(res.trained)}, skipped {len(res.skipped)} (finished) in "
@@ -248,6 +248,12 @@ def register(subparsers: Any) -> None:
     g.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
     g.add_argument("--out", required=True, help="grid directory")
     g.add_argument("--report-only", action="store_true", help="aggregate finished runs without training")
+    g.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="runs trained at once in worker processes, one torch thread each (default 1: in this process)",
+    )
     _add_overrides(g)
     g.set_defaults(func=_cmd_grid)
 

@@ -38,11 +38,10 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..models.gpt import REGIMES
-from ..progress import log
 from ..runs import exclusive, to_jsonable
 from ..storage import atomic_write_json, read_json
-from ..train.grid import GridConfig, run_dir_for, run_quality
-from ..train.ntp import COUNTING_TASKS, NTPConfig, is_finished, train
+from ..train.grid import GridConfig, run_dir_for, run_quality, train_runs
+from ..train.ntp import COUNTING_TASKS, NTPConfig
 from . import inference
 from .formatting import num as _f
 from .formatting import pval as _p
@@ -156,41 +155,8 @@ class ToyGridConfig:
         return out
 
 
-def _train_one(args: tuple[dict[str, Any], str, int]) -> str:
-    cfg_dict, run_dir, threads = args
-    import torch
-
-    torch.set_num_threads(threads)
-    cfg = NTPConfig.from_dict(cfg_dict)
-    t = time.time()
-    train(cfg, run_dir, resume=True)
-    return f"{run_dir}: {time.time() - t:.0f} s"
-
-
 def _train_all(grid: GridConfig, out: Path, jobs: int) -> list[str]:
-    todo = []
-    for regime in grid.regimes:
-        for seed in grid.seeds:
-            cfg = grid.run_config(regime, seed)
-            d = run_dir_for(out, regime, seed)
-            if not is_finished(d, cfg):
-                todo.append((cfg.to_dict(), str(d), 1))  # parallel workers: one thread each
-    if not todo:
-        return []
-    if jobs == 1:
-        import torch
-
-        threads = torch.get_num_threads()  # in-process: the caller's thread count
-        return [_train_one((c, d, threads)) for c, d, _ in todo]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        done = []
-        for msg in pool.map(_train_one, todo):
-            log(msg, level=2)
-            done.append(msg)
-        return done
+    return train_runs(grid, out, jobs=jobs)[0]
 
 
 def _per_run(grid: GridConfig, out: Path, regime: str, seed: int) -> dict[str, Any]:

@@ -222,6 +222,14 @@ def load_hf_model(
             mkw["attn_implementation"] = attn_implementation
         if device_map is not None:
             mkw["device_map"] = device_map
+        if device_map is not None:
+            import importlib.util
+
+            if importlib.util.find_spec("accelerate") is None:  # transformers says so only in a ValueError
+                raise CompatibilityError(
+                    f"loading {source} with device_map={device_map!r} needs the accelerate package",
+                    "pip install accelerate, or drop the device map",
+                )
         try:
             model = tf.AutoModelForCausalLM.from_pretrained(source, config=config, **mkw)
         except ImportError as exc:  # device_map without accelerate

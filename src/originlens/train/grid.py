@@ -158,25 +158,68 @@ class GridResult:
     skipped: list[str]
 
 
-def run_grid(config: GridConfig, out: str | Path, *, overwrite: bool = False, report_only: bool = False) -> GridResult:
-    """Train (or skip/resume) every run, then aggregate and write ``grid.json`` and the report."""
+def _train_one(job: tuple[dict[str, Any], str, int, bool, int | None]) -> float:
+    """One run of a grid (a process pool's task): config dict, run directory, torch threads, overwrite,
+    verbosity of the parent."""
+    cfg_dict, run_dir, threads, overwrite, verbosity = job
+    import torch
+
+    from ..progress import set_verbosity
+
+    set_verbosity(verbosity)
+    torch.set_num_threads(threads)
+    t = time.time()
+    train(NTPConfig.from_dict(cfg_dict), run_dir, resume=not overwrite, overwrite=overwrite)
+    return time.time() - t
+
+
+def train_runs(
+    config: GridConfig, out: str | Path, *, jobs: int = 1, overwrite: bool = False
+) -> tuple[list[str], list[str]]:
+    """Train every unfinished (regime, seed) run of ``config`` under ``out`` (all of them with
+    ``overwrite``); returns the names trained and skipped.  ``jobs`` > 1 trains that many runs at once in
+    worker processes (spawned, one torch thread each: on a few cores, independent small runs side by side
+    beat more threads per run); ``jobs`` = 1 trains in this process with its thread count.  The thread
+    count is recorded in each run (``environment.json``), as it decides the last bits of the weights."""
+    from ..progress import _VERBOSITY
+
+    todo, skipped = [], []
+    for regime in config.regimes:
+        for seed in config.seeds:
+            cfg = config.run_config(regime, seed)
+            d = run_dir_for(out, regime, seed)
+            name = f"{regime}/seed-{seed}"
+            if not overwrite and is_finished(d, cfg):
+                skipped.append(name)
+                log(f"{name}: finished, skipped", level=2)
+            else:
+                todo.append((name, (cfg.to_dict(), str(d), 1, overwrite, _VERBOSITY)))
+    if jobs <= 1 or len(todo) <= 1:
+        import torch
+
+        for name, (c, rd, _, ow, v) in todo:
+            log(f"{name}: trained in {_train_one((c, rd, torch.get_num_threads(), ow, v)):.1f} s")
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp.get_context("spawn")) as pool:
+            for (name, _), secs in zip(todo, pool.map(_train_one, [job for _, job in todo])):
+                log(f"{name}: trained in {secs:.1f} s (worker process, 1 thread)")
+    return [name for name, _ in todo], skipped
+
+
+def run_grid(
+    config: GridConfig, out: str | Path, *, overwrite: bool = False, report_only: bool = False, jobs: int = 1
+) -> GridResult:
+    """Train (or skip/resume) every run (``jobs`` at once, see :func:`train_runs`), then aggregate and
+    write ``grid.json`` and the report."""
     out = Path(out)
-    trained, skipped = [], []
+    trained: list[str] = []
+    skipped: list[str] = []
     t0 = time.time()
     if not report_only:
-        for regime in config.regimes:
-            for seed in config.seeds:
-                cfg = config.run_config(regime, seed)
-                d = run_dir_for(out, regime, seed)
-                name = f"{regime}/seed-{seed}"
-                if not overwrite and is_finished(d, cfg):
-                    skipped.append(name)
-                    log(f"{name}: finished, skipped", level=2)
-                    continue
-                t = time.time()
-                train(cfg, d, resume=not overwrite, overwrite=overwrite)
-                trained.append(name)
-                log(f"{name}: trained in {time.time() - t:.1f} s")
+        trained, skipped = train_runs(config, out, jobs=jobs, overwrite=overwrite)
     summary = summarise_grid(config, out)
     summary["wall_seconds"] = time.time() - t0
     summary["trained"], summary["skipped"] = trained, skipped
