@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from ..errors import CompatibilityError, ConfigError
 from .adapter import LMAdapter, ResidHook, TokenStates, apply_hooks, normalise_hooks
-from .hf import check_tokens, input_device, load_hf_model, resolve_hf_source, resolved_commit, stop_ids_of
+from .hf import HFModule, check_tokens, load_hf_model, resolve_hf_source, resolved_commit, stop_ids_of
 
 INSTALL = "pip install nnsight"
 NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "final_norm", "ln_final")
@@ -143,7 +143,7 @@ def _envoy_at(root: Any, path: str, model: nn.Module) -> Any:
 # --------------------------------------------------------------------------------------------------
 
 
-class GenericHFAdapter(LMAdapter):
+class GenericHFAdapter(HFModule, LMAdapter):
     """Any Hugging Face causal LM behind the adapter protocol (see the module docstring).
 
     ``bos_id`` defaults to the config's ``bos_token_id``; ``stop_ids`` to the generation config's
@@ -184,17 +184,6 @@ class GenericHFAdapter(LMAdapter):
     @property
     def final_norm(self) -> nn.Module:
         return self.module.get_submodule(self.norm_path)
-
-    def parameters(self):
-        return self.module.parameters()
-
-    @property
-    def device(self) -> torch.device:
-        """Where the inputs go: the input embedding's device (a ``device_map`` may spread the layers)."""
-        return input_device(self.module)
-
-    def named_tensors(self) -> Mapping[str, Tensor]:
-        return dict(self.module.state_dict())
 
     def _check_unembedding(self) -> None:
         """Refuse a model whose logits are not ``unembed(resid.L)`` or whose stream is not ``d_model`` wide."""

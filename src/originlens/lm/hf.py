@@ -129,7 +129,24 @@ def check_tokens(adapter: LMAdapter, tokens: Tensor) -> Tensor:
     return tokens.long().to(adapter.device)
 
 
-class HFAdapter(LMAdapter):
+class HFModule:
+    """What every adapter around a Hugging Face ``module`` shares: its parameters, its weights by name and
+    the device its inputs go to (the input embedding's: a ``device_map`` may spread the layers)."""
+
+    module: Any  # a transformers PreTrainedModel
+
+    def parameters(self):
+        return self.module.parameters()
+
+    @property
+    def device(self) -> torch.device:
+        return input_device(self.module)
+
+    def named_tensors(self) -> Mapping[str, Tensor]:
+        return dict(self.module.state_dict())
+
+
+class HFAdapter(HFModule, LMAdapter):
     """A Hugging Face causal LM (GPT-2, GPT-NeoX/Pythia or Llama family) behind the adapter protocol.
 
     ``bos_id`` defaults to the config's ``bos_token_id``; ``stop_ids`` (tokens that end a generated
@@ -162,17 +179,6 @@ class HFAdapter(LMAdapter):
     @property
     def final_norm(self) -> nn.Module:
         return self.arch.final_norm(self.module)
-
-    def parameters(self):
-        return self.module.parameters()
-
-    @property
-    def device(self) -> torch.device:
-        """Where the inputs go: the input embedding's device (a ``device_map`` may spread the layers)."""
-        return input_device(self.module)
-
-    def named_tensors(self) -> Mapping[str, Tensor]:
-        return dict(self.module.state_dict())
 
     def _check_tokens(self, tokens: Tensor) -> Tensor:
         return check_tokens(self, tokens)
