@@ -46,14 +46,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import CompatibilityError, ConfigError
 from .adapter import LMAdapter, ResidHook, TokenStates, apply_hooks, normalise_hooks
-from .hf import HFModule, check_tokens, load_hf_model, resolve_hf_source, resolved_commit, stop_ids_of
+from .hf import HFModule, check_tokens, stop_ids_of, wrap_loaded
 
 INSTALL = "pip install nnsight"
 NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "final_norm", "ln_final")
@@ -281,18 +281,18 @@ def load_generic(
     """:class:`GenericHFAdapter` of a local Hugging Face directory or hub id, loaded as
     :func:`~originlens.lm.hf_hub.load_hf_model` does (any architecture)."""
     require_nnsight()  # before reading any weight
-    model = load_hf_model(
-        path_or_id,
-        revision,
-        dtype=dtype,
-        local_files_only=local_files_only,
-        trust_remote_code=trust_remote_code,
-        attn_implementation=attn_implementation,
-        device=device,
-        allow_pickled_weights=allow_pickled_weights,
-        any_architecture=True,
+    return cast(
+        GenericHFAdapter,
+        wrap_loaded(
+            GenericHFAdapter,
+            path_or_id,
+            revision,
+            dtype=dtype,
+            local_files_only=local_files_only,
+            trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation,
+            device=device,
+            allow_pickled_weights=allow_pickled_weights,
+            any_architecture=True,
+        ),
     )
-    src = str(path_or_id) + (f"@{revision}" if revision else "")
-    adapter = GenericHFAdapter(model, source=src)
-    adapter.commit = None if resolve_hf_source(path_or_id)[1] else resolved_commit(str(path_or_id), revision)  # type: ignore[attr-defined]
-    return adapter

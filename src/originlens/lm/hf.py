@@ -386,7 +386,8 @@ def load_hf(
     """:class:`HFAdapter` of a local Hugging Face directory or hub id (see :func:`load_hf_model`; a local
     directory with only pickled ``pytorch_model.bin`` weights is refused unless ``allow_pickled_weights``;
     ``device_map`` is passed to ``from_pretrained``)."""
-    model = load_hf_model(
+    return wrap_loaded(
+        HFAdapter,
         path_or_id,
         revision,
         dtype=dtype,
@@ -397,7 +398,12 @@ def load_hf(
         allow_pickled_weights=allow_pickled_weights,
         device_map=device_map,
     )
-    src = str(path_or_id) + (f"@{revision}" if revision else "")
-    adapter = HFAdapter(model, source=src)
-    adapter.commit = None if resolve_hf_source(path_or_id)[1] else resolved_commit(str(path_or_id), revision)  # type: ignore[attr-defined]
+
+
+def wrap_loaded(cls: Any, path_or_id: str | os.PathLike, revision: str | None, **load_kw: Any) -> Any:
+    """``cls(model)`` for the model :func:`load_hf_model` loads with ``load_kw``, with its source and, for
+    a hub id, the resolved commit (``adapter.commit``; None for a local directory)."""
+    model = load_hf_model(path_or_id, revision, **load_kw)
+    adapter = cls(model, source=str(path_or_id) + (f"@{revision}" if revision else ""))
+    adapter.commit = None if resolve_hf_source(path_or_id)[1] else resolved_commit(str(path_or_id), revision)
     return adapter
