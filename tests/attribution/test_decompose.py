@@ -618,6 +618,21 @@ def test_structured_equals_autograd(case, monkeypatch):
             assert float((got - want).norm()) <= 1e-12 * scale, (s, c)
 
 
+def test_structured_large_vocabulary_equals_brute():
+    """Both embedding reductions of the first block (GEMM with an indicator for small vocabularies,
+    index_add above the threshold) against the stop-gradient definition, float64."""
+    for vocab in (V, 40):
+        model = make(seed=43, vocab_size=vocab)
+        g = torch.Generator().manual_seed(44)
+        x = torch.randint(0, vocab, (3, T), generator=g)
+        fast = decompose(model, x, "all", chunk_size=4)
+        brute = decompose(model, x, "all", method="brute")
+        scale = float(flat(brute[(0, 0)].full).norm())
+        for s in brute:
+            for c in COMPONENTS:
+                assert rel(flat(getattr(fast[s], c)), flat(getattr(brute[s], c)), scale) <= 1e-10, (vocab, s, c)
+
+
 def test_structured_cut_identity_and_subsets_give_the_same_gradient():
     """With every loss position of layer L requested, ∇L is summed from the sites (cut identity);
     otherwise it comes from the adjoint recursion: both equal autograd's ∇L."""

@@ -27,10 +27,11 @@ Three methods, same result (float64 agreement ~1e-15 relative):
   ∇L = head part + Σ_i G_dir(L, i) when all of layer L is requested; falls back to ``"autograd"``
   for other models.
   Measured (benchmarks/decompose.py, Majority size L=2, d=128, T=21, float32, 1 thread, shared CPU,
-  CPU time, min of 3–5): B = 256, all 63 sites: 5.2× one training step (fwd+bwd+Adam) and 31× faster
-  than the straightforward per-site loop (1 forward + 3 backwards per site); the 36 tracked sites:
-  5.3× / 15×; B = 64: 6.2× / 23× (all), 5.8× / 13× (tracked).  The autograd method is ≈ 4.7× faster
-  than that loop.
+  CPU time, min of 3): B = 256, all 63 sites: 6.4× one training step (fwd+bwd+Adam) and 23×
+  faster than the straightforward per-site loop (1 forward + 3 backwards per site); the 36 tracked
+  sites: 6.0× / 13×; B = 64: 7.1× / 20× (all), 6.3× / 13× (tracked).  Its matrix products alone are
+  5.0× those of a training step (see :mod:`.structured`).  The autograd method is ≈ 4.7× faster than
+  that loop.
 
 Results are ``{(k, i): PathwayGradients}``, each component a dict parameter-name → tensor with names
 from ``model.named_parameters()`` (tied tensors once).  Tensors may be shared between entries: ``full``

@@ -27,8 +27,14 @@ hand-written backward passes whose structure keeps the per-site work small:
   is handled at position i alone, batched over all sources.
 * **∇L** from the sites when all of layer L is requested (cut identity, done by ``decompose``).
 
-Cost (Majority size, all 63 sites, B = 256): the dense part is ≈ 3 training steps of arithmetic
-(Σ_i (i+1) batch rows per source through a full block backward), the rest ≈ 2.5; see
+Cost (Majority size, all 63 sites, B = 256, float32, counted by ``torch.profiler``): 64 GFLOP of
+matrix products against 12.7 for one training step (5.0×): the dense part 40 (Σ_i (i+1) batch rows per
+source through a full block backward, itself 3.1 training steps), fresh sources 12, the adjoint
+recursions 7, the cached forward 4.  Every per-site weight gradient is a contraction over its own
+batch rows (rank B at the site's block, B·(i+1) rows below it), so these products are what an exact
+per-site result costs here; they take about half of the CPU time, the rest is memory traffic (head
+layouts, causal-prefix copies, LayerNorm backward, elementwise products).  Linear maps run against
+cached contiguous Wᵀ (:func:`_times`), which is faster on CPU for inner dimension d.  See
 ``benchmarks/decompose.py``.
 
 Supported (:func:`supported`): a GPT with one parameter range (standard or myopic regime, tied or
@@ -39,8 +45,8 @@ stop-gradient definition to float64 round-off (tests).  Caveat: this module mirr
 compare it with the model and with the brute-force definition).
 
 Size: one hand-written forward and backward pass; its stages share the saved intermediates of one layout
-(per block: LayerNorm statistics, attention probabilities, MLP pre-activations), so splitting it would
-export those private layouts between modules.
+(per block: LayerNorm statistics, attention probabilities, MLP pre-activations, cached transposed
+weights), so splitting it would export those private layouts between modules.
 """
 
 from __future__ import annotations
@@ -385,7 +391,7 @@ def _qkv_to_embedding(fw: Forward, blk: _Block, dqkv: torch.Tensor, dy: torch.Te
     if fw._z0 is None:
         fw._z0 = (blk.xhat1 * gamma) @ W.t()  # (B, T, 3d)
     w1 = (dqkv @ (W @ gamma)).unsqueeze(-1) * rstd / d  # (n, B, P, 1): rstd·m1
-    w2 = torch.einsum("nbpc,bpc->nbp", dqkv, fw._z0[:, :P]).unsqueeze(-1) * rstd / d  # rstd·m2
+    w2 = torch.linalg.vecdot(dqkv, fw._z0[:, :P]).unsqueeze(-1) * rstd / d  # rstd·m2
     emb = cast(EmbedCopy, fw.model.embed[0])
     V = emb.wte.weight.shape[0]
     wpe = dqkv.new_zeros((n,) + tuple(emb.wpe.weight.shape))

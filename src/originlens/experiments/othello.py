@@ -91,7 +91,7 @@ from .othello_seeds import (  # noqa: F401 (re-exported)
     recorded_updates,
     seed_record_path,
 )
-from .records import commits_of, write_unit_record
+from .records import check_record_slot, commits_of, write_unit_record
 from .results import default_results_path, write_results
 
 SCALES: dict[str, dict[str, Any]] = {
@@ -328,6 +328,8 @@ def run_othello(
                 per_seed[seed] = rec["values"]
                 seed_commits[seed] = commits_of(rec)
         else:
+            for seed in config.seeds:  # before hours of training, not after
+                check_record_slot(seed_record_path(res_path, seed), unit=f"seed-{seed}", config_key=config_key(config))
             prepared = _prepare_all(config, out)
             for seed in config.seeds:
                 d = out / f"seed-{seed}"

@@ -35,6 +35,24 @@ def record_path(results_path: str | Path, unit: str) -> Path:
     return p.parent / p.stem / f"{unit}.json"
 
 
+def check_record_slot(path: str | Path, *, unit: str, config_key: dict[str, Any]) -> None:
+    """Refuse (one :class:`~originlens.errors.InputError`) when ``path`` holds a unit record made with
+    another configuration: writing this unit's record there would silently replace a committed one (a
+    short trial run of a named scale with a few flags changed, say).  Call it before the work, too."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    try:
+        rec = read_json(path)
+    except Exception:  # unreadable: the writer replaces it like any broken file
+        return
+    if isinstance(rec, dict) and rec.get("format") == FORMAT and rec.get("config_key") != to_jsonable(config_key):
+        raise InputError(
+            f"{path} holds the record of {unit} made with another configuration; this run's record would replace it",
+            "pass --results PATH to record this configuration elsewhere, or move that record away",
+        )
+
+
 def write_unit_record(
     path: str | Path,
     *,
@@ -50,6 +68,7 @@ def write_unit_record(
     ``environment.json`` names the commit that trained it."""
     from .results import provenance
 
+    check_record_slot(path, unit=unit, config_key=config_key)
     train_commit = None
     env = Path(run_dir) / "environment.json" if run_dir is not None else None
     if env is not None and env.is_file():
