@@ -13,8 +13,9 @@ batch 64 by default) on one random batch, times:
 and prints the ratios plus the worst relative disagreement of the components (fast vs each; ref45's
 G_pre is a difference of large vectors, so in float32 it carries cancellation error ~1e-7‖∇L‖).  Then,
 on a few tracked Majority sites (layers 1–2, positions 2–19): influences by forward-mode JVP
-(``influences``: 3 JVPs per site) vs one explicit ∇R backward per probe and type subset, for 3 probes
-per site without types (Majority) and 16 probes × (all + 3 types) (Othello-like).
+(``influences``: 3 JVPs per site, written out by hand for this tied GPT) vs one explicit ∇R backward per
+probe and type subset, and vs the generic ``torch.func.jvp`` path (``jvp="forward"``), for 3 probes per
+site without types (Majority) and 16 probes × (all + 3 types) (Othello-like).
 
 Usage: ``.venv/bin/python benchmarks/attribution.py [--batch 64] [--threads 1] [--brute-sites N]``
 (``--brute-sites N`` times brute/ref45 on N evenly spread sites and extrapolates linearly; marked).
@@ -156,8 +157,12 @@ def bench_influences(model, tokens, fast, n_probes: int, n_types: int, n_sites: 
     types = {p.name: torch.randint(0, n_types, (tokens.shape[0],), generator=gen) for p in probes} if n_types else None
     refs = reference_projections(GPT(cfg), tokens, probes)
     steps = sgd_steps({s: fast[s] for s in tracked}, lr=1e-3)
-    influences(model, tokens, steps, probes[:1], refs)  # warm-up (forward-AD setup)
-    recs, t_jvp = timed(lambda: influences(model, tokens, steps, probes, refs, types=types))
+    influences(model, tokens, steps, probes[:1], refs, half=True)  # warm-up
+    influences(model, tokens, steps, probes[:1], refs, half=True, jvp="forward")  # (forward-AD setup)
+    recs, t_jvp = timed(lambda: influences(model, tokens, steps, probes, refs, types=types, half=True))
+    recs_fwd, t_fwd = timed(
+        lambda: influences(model, tokens, steps, probes, refs, types=types, half=True, jvp="forward")
+    )
 
     def explicit():
         params = list(model.parameters())
@@ -178,13 +183,17 @@ def bench_influences(model, tokens, fast, n_probes: int, n_types: int, n_sites: 
 
     want, t_exp = timed(explicit)
     got = {(r.probe, r.feature_type, r.component): r.value for r in recs if r.component != "full"}
+    fwd = {(r.probe, r.feature_type, r.component): r.value for r in recs_fwd if r.component != "full"}
     err = max(abs(got[key] - v) / max(abs(v), 1e-12) for key, v in want.items())
+    err_fwd = max(abs(got[key] - v) / max(abs(v), 1e-12) for key, v in fwd.items())
     print(
         f"influences, {len(tracked)} sites × {n_probes} probes × {1 + n_types} row subsets: "
         f"JVP {t_jvp:.2f} s vs explicit ∇R per risk {t_exp:.2f} s, ratio explicit/JVP = {t_exp / t_jvp:.1f}×; "
-        f"worst relative difference {err:.1e}"
+        f"worst relative difference {err:.1e}; torch.func JVP {t_fwd:.2f} s, ratio torch.func/JVP = "
+        f"{t_fwd / t_jvp:.1f}× (worst relative difference {err_fwd:.1e})"
     )
     emit(f"attribution.influence_{n_probes}x{1 + n_types}.explicit_over_jvp", t_exp / t_jvp, cpu=True)
+    emit(f"attribution.influence_{n_probes}x{1 + n_types}.torch_func_over_jvp", t_fwd / t_jvp, cpu=True)
 
 
 if __name__ == "__main__":
