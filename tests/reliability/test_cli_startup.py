@@ -113,6 +113,10 @@ def test_ctrl_c_at_any_moment_of_start_up_is_one_line(tmp_path, delay):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # a terminal's Ctrl-C reaches a process whose SIGINT is at its default; pytest-xdist workers (like
+        # a shell's background jobs) ignore SIGINT, and Python keeps an inherited "ignore" until the
+        # training loop installs its own handler, so without this an early signal would be dropped
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
