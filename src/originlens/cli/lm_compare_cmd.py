@@ -29,7 +29,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .options import add_device, add_option, add_threads, apply_threads, finite_float, int_list, shard_arg
+from .options import (
+    add_device,
+    add_device_map,
+    add_option,
+    add_threads,
+    apply_threads,
+    finite_float,
+    int_list,
+    shard_arg,
+)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -153,13 +162,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--token-chunk", type=int, default=4096, help="tokens per model pass (memory bound)")
     add_device(c, help="where the models run and the comparison matmuls are done (default cpu)")
-    c.add_argument(
-        "--device-map",
-        default=None,
-        metavar="MAP",
-        help="Hugging Face checkpoints only: from_pretrained's device_map, e.g. auto (needs accelerate); "
-        "not with --device",
-    )
+    add_device_map(c)
     c.add_argument(
         "--dtype",
         choices=["float64", "float32"],

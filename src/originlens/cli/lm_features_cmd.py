@@ -31,7 +31,16 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from .options import add_device, add_threads, apply_threads, float_list, int_list_or_all, shard_arg, utf8_text
+from .options import (
+    add_device,
+    add_device_map,
+    add_threads,
+    apply_threads,
+    float_list,
+    int_list_or_all,
+    shard_arg,
+    utf8_text,
+)
 
 if TYPE_CHECKING:  # the experiments package imports torch: deferred to keep `originlens --help` fast
     from ..experiments.lm_inputs import CorpusSource, ModelSource
@@ -55,13 +64,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, corpus: bool = True, corp
         "default: found next to the model",
     )
     add_device(g, help="where the model and the SAE run (default cpu)")
-    g.add_argument(
-        "--device-map",
-        default=None,
-        metavar="MAP",
-        help="Hugging Face models only: from_pretrained's device_map, e.g. auto (spreads the layers over the "
-        "available devices; needs accelerate) or cuda:0; not with --device",
-    )
+    add_device_map(g)
     g.add_argument(
         "--dtype",
         type=dtype_arg,

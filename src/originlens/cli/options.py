@@ -124,6 +124,18 @@ def add_device(p: Any, *, default: str | None = "cpu", help: str = "") -> None:
     p.add_argument("--device", type=device_arg, default=default, metavar="DEVICE", help=f"{SPECS}: {what}")
 
 
+def add_device_map(p: Any) -> None:
+    """Add ``--device-map MAP`` to parser or group ``p``: Hugging Face models' ``device_map`` (passed to
+    ``from_pretrained``; refused beside another ``--device`` and for other formats when the model loads)."""
+    p.add_argument(
+        "--device-map",
+        default=None,
+        metavar="MAP",
+        help="Hugging Face models only: from_pretrained's device_map, e.g. auto (spreads the layers over the "
+        "available devices; needs accelerate) or cuda:0; not with --device",
+    )
+
+
 def int_list(s: str) -> list[int]:
     """argparse type, the one integer-list grammar of the CLI: comma-separated ``N``, inclusive ranges
     ``A-B`` and strided ranges ``A-B:S`` (``1,3``, ``1-6``, ``4-56:4``; a leading minus is a sign)."""
