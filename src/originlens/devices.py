@@ -97,3 +97,42 @@ def resolve_dtype(spec: Any) -> Any:
         return spec
     name = check_dtype_spec(spec)
     return None if name == "auto" else getattr(torch, name)
+
+
+MATMUL_PRECISIONS = ("highest", "tf32")
+DETERMINISTIC_ENV = "ORIGINLENS_CUDA_DETERMINISTIC"
+
+
+def configure_device(device: Any, matmul_precision: str = "highest") -> dict[str, Any]:
+    """Process-wide kernel settings for training or replaying on ``device``; returns what was set (recorded
+    in a run's ``environment.json``).  A no-op on the CPU (``matmul_precision`` is validated only).
+
+    On CUDA: deterministic kernels (``torch.use_deterministic_algorithms``, cuBLAS's fixed workspace), so
+    that a run's attribution replay repeats its updates bit for bit on the same GPU and software, unless the
+    environment sets ``ORIGINLENS_CUDA_DETERMINISTIC=0``; and float32 matrix products in TF32 (10-bit
+    mantissa inputs, float32 accumulation and storage) when ``matmul_precision`` is ``"tf32"``.  Both are
+    process-wide torch flags: they stay set for the rest of the process."""
+    import os
+
+    import torch
+
+    check_matmul_precision(matmul_precision)
+    if torch.device(device).type != "cuda":
+        return {}  # TF32 and these kernels are CUDA's; CPU products are float32 throughout
+    deterministic = os.environ.get(DETERMINISTIC_ENV, "1") != "0"
+    if deterministic:
+        # read when cuBLAS creates its handle: set before the first product of the process
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    tf32 = matmul_precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    return {"deterministic": deterministic, "matmul_precision": matmul_precision}
+
+
+def check_matmul_precision(spec: Any) -> str:
+    """``"highest"`` (float32 products in float32) or ``"tf32"``; :class:`ConfigError` otherwise."""
+    name = str(spec).strip().lower()
+    if name not in MATMUL_PRECISIONS:
+        raise ConfigError(f"unknown matmul precision {spec!r}", f"use one of: {', '.join(MATMUL_PRECISIONS)}")
+    return name

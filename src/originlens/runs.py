@@ -56,10 +56,11 @@ def package_versions() -> dict[str, str]:
 
 
 def git_commit() -> str | None:
-    """Commit of the originlens checkout, if installed from a git checkout."""
+    """Commit of the originlens checkout, if installed from a git checkout; for a copy of a checkout without
+    its ``.git`` (a tree copied to another machine), the ``ORIGINLENS_GIT_COMMIT`` environment variable."""
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
-        return None
+        return os.environ.get("ORIGINLENS_GIT_COMMIT") or None
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         dirty = subprocess.run(

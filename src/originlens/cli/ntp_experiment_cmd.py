@@ -102,3 +102,6 @@ def register(subparsers: Any) -> None:
     from . import formal_experiment_cmd
 
     formal_experiment_cmd.add_parser(esub)
+    from . import paper_scale_cmd
+
+    paper_scale_cmd.add_parser(esub)

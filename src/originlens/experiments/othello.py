@@ -157,6 +157,8 @@ class OthelloConfig:
     device: str = "cpu"
     confidence: float = 0.95
     jobs: int = 1  # seeds trained and attributed in parallel processes
+    matmul_precision: str = "highest"  # "tf32": CUDA products in TF32 (training and replay)
+    replay_rtol: float = 0.0  # tolerance of the replay's checks against training (0: bit-exact)
 
     def __post_init__(self) -> None:
         if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
@@ -192,6 +194,8 @@ class OthelloConfig:
                     f"{key}={v!r} must be an integer ≥ {0 if key == 'snapshot_updates' else 1}",
                     "snapshot_updates 0 switches the snapshots off",
                 )
+        if not self.replay_rtol >= 0:
+            raise ConfigError(f"replay_rtol={self.replay_rtol!r} must be ≥ 0", "use 0 (bit-exact) on the CPU")
         if s["attribute_steps"] is not None and not 1 <= s["attribute_steps"] <= s["steps"]:
             raise ConfigError(
                 f"attribute_steps={s['attribute_steps']} outside 1..{s['steps']}",
@@ -235,6 +239,7 @@ class OthelloConfig:
             checkpoint_every=0 if initial else self.checkpoint_every,
             keep_checkpoints=0,
             device=self.device,
+            matmul_precision=self.matmul_precision,
         )
 
     def deviations(self) -> list[str]:

@@ -69,6 +69,7 @@ def _attribute(cfg: OthelloConfig, run: Path) -> Path:
             random_directions=cfg.random_directions,
             overwrite=True,
             steps=recorded_updates(end, cfg.settings["record_every"]),
+            replay_rtol=cfg.replay_rtol,
         )
     return store
 
@@ -101,6 +102,7 @@ def _attribute_snapshots(cfg: OthelloConfig, run: Path) -> Path | None:
                 overwrite=True,
                 steps=cfg.snapshot_recorded(c),
                 verify="segment",
+                replay_rtol=cfg.replay_rtol,
             )
     return store
 
@@ -182,7 +184,7 @@ def seed_record_path(results_path: str | Path, seed: int) -> Path:
 
 
 # settings added after records existed: left out of the key at their defaults, so older records still combine
-LATER_SETTINGS: dict[str, Any] = {"lr_decay": None}
+LATER_SETTINGS: dict[str, Any] = {"lr_decay": None, "matmul_precision": "highest"}
 
 
 def config_key(config: OthelloConfig) -> dict[str, Any]:
@@ -193,7 +195,11 @@ def config_key(config: OthelloConfig) -> dict[str, Any]:
     def later_default(k: str, v: Any) -> bool:
         return k in LATER_SETTINGS and v == LATER_SETTINGS[k]
 
-    exp = {k: v for k, v in to_jsonable(config).items() if k not in ("seeds", "jobs", "device")}
+    exp = {
+        k: v
+        for k, v in to_jsonable(config).items()
+        if k not in ("seeds", "jobs", "device", "replay_rtol") and not later_default(k, v)
+    }
     exp["overrides"] = {k: v for k, v in exp.get("overrides", {}).items() if not later_default(k, v)}
     settings = {k: v for k, v in to_jsonable(config.settings).items() if not later_default(k, v)}
     ntp = {

@@ -416,6 +416,9 @@ class GPT(nn.Module):
         self.config = config
         self.is_myopic = config.myopic
         self.attn_impl = config.attn_impl
+        # the token-id range check reads the batch's min/max (a host synchronisation on GPUs): callers that
+        # validated their ids once (the trainer's fast path, :meth:`trusted_tokens`) switch it off
+        self.check_token_range = True
         self.ranges = config.ranges()
         n_copies = len(self.ranges)
         self._outer_per_range = config.untied and config.untie_scope == "everything"
@@ -553,6 +556,18 @@ class GPT(nn.Module):
         finally:
             self.is_myopic = previous
 
+    @contextlib.contextmanager
+    def trusted_tokens(self) -> Iterator[GPT]:
+        """Within the block, forward passes skip the token-id range check (shape and dtype are still
+        checked): for callers that validated every id once on the host, so that no step waits for the
+        device.  Out-of-range ids then fail inside the embedding (a device-side assert on CUDA)."""
+        previous = self.check_token_range
+        self.check_token_range = False
+        try:
+            yield self
+        finally:
+            self.check_token_range = previous
+
     # -- forward --------------------------------------------------------------------------------------
     def _check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
@@ -569,6 +584,8 @@ class GPT(nn.Module):
                 f"tokens of shape {tuple(tokens.shape)}: need B ≥ 1 and 1 ≤ T ≤ n_positions={self.config.n_positions}",
                 "crop the sequences or enlarge n_positions",
             )
+        if not self.check_token_range:
+            return tokens.long()
         lo, hi = (int(v) for v in torch.aminmax(tokens))
         if lo < 0 or hi >= self.config.vocab_size:
             raise InputError(

@@ -100,6 +100,7 @@ OPERATIONAL_FIELDS = ("steps", "checkpoint_every", "keep_checkpoints", "device",
 LATER_FIELDS: dict[str, Any] = {
     "task_options": {},
     "lr_decay": None,
+    "matmul_precision": "highest",
     "model": {"mlp_ratio": 4, "tie_embeddings": True, "untie_init": "independent", "dropout": 0.0},
 }
 
@@ -191,6 +192,8 @@ class NTPConfig:
     task_options: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
     device: str = "cpu"
+    # "tf32": CUDA float32 products in TF32 (devices.configure_device); no effect on the CPU
+    matmul_precision: str = "highest"
     attn_impl: str = "sdpa"
     othello_pool: int = 500_000
     corpus: str | None = None
@@ -286,9 +289,10 @@ class NTPConfig:
                 f"training dtype {self.dtype!r} is not supported",
                 f"use one of: {', '.join(TRAIN_DTYPES)} (Adam state underflows in 16 bits)",
             )
-        from ...devices import check_device_spec
+        from ...devices import check_device_spec, check_matmul_precision
 
         check_device_spec(self.device)
+        self.matmul_precision = check_matmul_precision(self.matmul_precision)
         assert self.probe_size is not None and self.eval_size is not None  # need_int above
         if self.probe_size > self.eval_size:
             raise ConfigError(

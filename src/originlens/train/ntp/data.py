@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
+from ...errors import InputError
 from ...tasks import BOS_ID, TaskBatch, moves_to_tokens
 from ...tasks.othello import generate_moves
 from .config import POOL_CHUNK, POOL_STREAM, TRAIN_STREAM
@@ -28,6 +30,12 @@ class _SampledData:
     def batch(self, b: int) -> np.ndarray:
         return self.task.sample(self.batch_size, train_rng(self.seed, b)).tokens
 
+    def device_batch(self, b: int, device: torch.device, vocab_size: int) -> torch.Tensor:
+        """:meth:`batch` as int64 on ``device``, its ids checked on the host (no device synchronisation)."""
+        x = self.batch(b)
+        check_ids(x, vocab_size)
+        return _upload(torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)), device)
+
     def describe(self) -> str:
         return (
             f"batch b = {self.task.name}.sample({self.batch_size}, numpy.random.default_rng([seed, "
@@ -35,11 +43,15 @@ class _SampledData:
         )
 
 
+DEVICE_POOL_BYTES = 1 << 30  # pools up to this size are copied to the device once (fast path)
+
+
 class _PoolData:
     """Batches of rows of a fixed pool (N, T), indices ``default_rng([seed, 7, b]).integers(0, N, B)``."""
 
     def __init__(self, pool: np.ndarray, seed: int, batch_size: int, what: str) -> None:
         self.pool, self.seed, self.batch_size, self.what = pool, seed, batch_size, what
+        self._on_device: tuple[tuple[str, int], torch.Tensor] | None = None
 
     def indices(self, b: int) -> np.ndarray:
         return np.sort(train_rng(self.seed, b).integers(0, len(self.pool), self.batch_size))
@@ -47,11 +59,41 @@ class _PoolData:
     def batch(self, b: int) -> np.ndarray:
         return np.asarray(self.pool[self.indices(b)], dtype=np.int64)
 
+    def device_batch(self, b: int, device: torch.device, vocab_size: int) -> torch.Tensor:
+        """:meth:`batch` as int64 on ``device``, the same rows: the pool is copied to the device once (its
+        ids checked once on the host) and each batch is gathered there, so only the B row indices travel."""
+        if self.pool.nbytes > DEVICE_POOL_BYTES:  # a large token store: gather on the host
+            x = self.batch(b)
+            check_ids(x, vocab_size)
+            return _upload(torch.from_numpy(x), device)
+        key = (str(device), vocab_size)
+        if self._on_device is None or self._on_device[0] != key:
+            check_ids(self.pool, vocab_size)
+            self._on_device = (key, torch.from_numpy(np.ascontiguousarray(self.pool)).to(device))
+        idx = _upload(torch.from_numpy(self.indices(b)), device)
+        return self._on_device[1].index_select(0, idx).long()
+
     def describe(self) -> str:
         return (
             f"batch b = rows sort(numpy.random.default_rng([seed, {TRAIN_STREAM}, b]).integers(0, N, "
             f"{self.batch_size})) of {self.what} (N = {len(self.pool)}), b = update - 1"
         )
+
+
+def check_ids(tokens: np.ndarray, vocab_size: int) -> None:
+    """Raise :class:`InputError` unless every id lies in [0, vocab_size) (checked on the host)."""
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise InputError(
+            f"token ids span [{int(tokens.min())}, {int(tokens.max())}] outside the vocabulary [0, {vocab_size})",
+            "use the tokenizer/vocabulary the model was built for",
+        )
+
+
+def _upload(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``: through pinned memory without blocking the host on CUDA."""
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 def othello_pool(n: int, seed: int) -> np.ndarray:

@@ -102,7 +102,12 @@ class Trainer:
         self.run_path = Path(run_dir)
         self.callbacks: dict[str, list[Callable[[Trainer], None]]] = {e: [] for e in EVENTS}
         self.step = 0
-        self.last_loss = float("nan")
+        self._last_loss = float("nan")
+        self._last_loss_t: torch.Tensor | None = None
+        # "step": read the loss and check the gradients after every update (the CPU default, and always
+        # under torchrun); "log": the fast path — batches gathered on the device, losses and finiteness
+        # read at log / eval / checkpoint points only (the default on GPUs; the same updates, bit for bit)
+        self.host_sync = "step"
         self.last_eval: dict[str, float] = {}
         self.last_probe: dict[str, float] = {}
         self.last_checkpoint: Path | None = None
@@ -110,9 +115,12 @@ class Trainer:
         self.probe_metrics: ProbeMetrics | None = None
         self._seconds_before = 0.0
         self._t_start = time.time()
-        from ...devices import resolve_device
+        from ...devices import configure_device, resolve_device
 
         self.device = resolve_device(config.device)
+        self._device_settings = configure_device(self.device, config.matmul_precision)
+        if self.device.type != "cpu":
+            self.host_sync = "log"
         self.task = None if config.task == LANGUAGE else config.make_task()
         self._writer = dist_.world()[0] == 0  # under torchrun only rank 0 writes (see run())
         if self._writer:
@@ -192,36 +200,52 @@ class Trainer:
             _Bar, progress(total=cfg.steps, initial=start, desc=f"{cfg.task}/{cfg.regime}/s{cfg.seed}", unit="step")
         )
         window: list[float] = []
+        pending: list[torch.Tensor] = []  # fast path: losses of updates not yet read from the device
+        first_pending = start + 1
+        fast = self._fast_path()
         self.model.train()
         with deferred() as stop, closing(bar):
             for b in range(start, cfg.steps):
-                x = torch.from_numpy(self.data.batch(b)).to(self.device)
-                loss = parallel.shard_loss(self.model, x)  # this rank's rows of the global batch
-                value = parallel.global_value(loss)  # Σ over ranks: the global batch's loss
-                if not math.isfinite(value):
-                    last = str(self.last_checkpoint) if self.last_checkpoint else "none (no checkpoint yet)"
-                    raise NumericalError(
-                        f"training loss is {value} at update {b + 1} ({cfg.task}/{cfg.regime}, seed {cfg.seed}); "
-                        f"last good checkpoint: {last}",
-                        "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume",
-                    )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                parallel.allreduce_gradients(self.model.parameters())
-                _check_finite(self.model.named_parameters(), "gradient", b + 1, cfg, self.last_checkpoint)
+                if fast:
+                    x = self.data.device_batch(b, self.device, self.gpt_config.vocab_size)
+                    with self.model.trusted_tokens():
+                        loss = self.model.loss(x)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                else:
+                    x = torch.from_numpy(self.data.batch(b)).to(self.device)
+                    loss = parallel.shard_loss(self.model, x)  # this rank's rows of the global batch
+                    value = parallel.global_value(loss)  # Σ over ranks: the global batch's loss
+                    if not math.isfinite(value):
+                        self._raise_nonfinite_loss(value, b + 1)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    parallel.allreduce_gradients(self.model.parameters())
+                    _check_finite(self.model.named_parameters(), "gradient", b + 1, cfg, self.last_checkpoint)
                 set_lr(self.optimizer, cfg.lr_at(b + 1))
                 self.optimizer.step()
                 self.step = b + 1
-                self.last_loss = value
-                window.append(value)
+                if fast:
+                    pending.append(loss.detach())
+                    self._last_loss_t = pending[-1]
+                else:
+                    self.last_loss = value
+                    window.append(value)
                 bar.update(1)
-                if (self.step % cfg.log_every == 0 or self.step == cfg.steps) and self._writer:
+                log_now = self.step % cfg.log_every == 0 or self.step == cfg.steps
+                probe_now = _due(self.step, cfg.probe_every) and self._can_probe()
+                eval_now = _due(self.step, cfg.eval_every) or probe_now
+                checkpoint_now = _due(self.step, cfg.checkpoint_every)
+                if fast and (log_now or eval_now or checkpoint_now or stop.requested):
+                    window += self._read_pending(pending, first_pending)
+                    pending, first_pending = [], self.step + 1
+                if log_now and self._writer:
                     self.rundir.log_metrics(
                         {
                             "event": "train",
                             "step": self.step,
                             "loss": float(np.mean(window)),
-                            "last_loss": value,
+                            "last_loss": self.last_loss,
                             "time": self._elapsed(),
                         }
                     )
@@ -230,10 +254,9 @@ class Trainer:
                 self._fire("on_step_end")
                 if self.step == cfg.steps:
                     break
-                probe_now = _due(self.step, cfg.probe_every) and self._can_probe()
-                if _due(self.step, cfg.eval_every) or probe_now:
+                if eval_now:
                     dist_.rank_zero_only(self._evaluate, probe=probe_now)
-                if _due(self.step, cfg.checkpoint_every):
+                if checkpoint_now:
                     self._checkpoint()
                 if dist_.any_rank(stop.requested):
                     self._stop_on_signal(stop.signal or "SIGINT")
@@ -466,6 +489,8 @@ class Trainer:
                     f"[eval_seed, {EVAL_STREAM}]))"
                 ),
                 "device": str(self.device),
+                **({"device_settings": self._device_settings} if self._device_settings else {}),
+                "host_sync": self.host_sync,
                 "torch_threads": torch.get_num_threads(),
                 "torch_threads_history": getattr(self, "_thread_history", [torch.get_num_threads()]),
                 "processes": dist_.world()[1],
@@ -698,6 +723,55 @@ class Trainer:
         raise Interrupted(
             f"{name} at update {self.step}/{self.config.steps}: checkpoint {where} written; continue with --resume",
             name,
+        )
+
+    # -- the fast path (no host synchronisation inside the step loop) ---------------------------------
+    def _fast_path(self) -> bool:
+        """Whether the step loop runs without host synchronisations (:attr:`host_sync` ``"log"``)."""
+        if self.host_sync not in ("step", "log"):
+            raise ConfigError(f"host_sync must be 'step' or 'log', got {self.host_sync!r}", "use 'step' or 'log'")
+        return self.host_sync == "log" and not dist_.is_distributed()
+
+    @property
+    def last_loss(self) -> float:
+        """The loss of the last update (on the fast path read from the device when asked for)."""
+        if self._last_loss_t is not None:
+            self._last_loss, self._last_loss_t = float(self._last_loss_t), None
+        return self._last_loss
+
+    @last_loss.setter
+    def last_loss(self, value: float) -> None:
+        self._last_loss, self._last_loss_t = float(value), None
+
+    def _read_pending(self, pending: list[torch.Tensor], first: int) -> list[float]:
+        """The fast path's losses of updates ``first``, ``first`` + 1, … as floats (one copy to the host);
+        raises :class:`NumericalError` at the first non-finite loss, or when a parameter became non-finite
+        (a non-finite gradient with a finite loss) somewhere in these updates."""
+        if not pending:
+            return []
+        values = torch.stack(pending).cpu().tolist()
+        for j, v in enumerate(values):
+            if not math.isfinite(v):
+                self._raise_nonfinite_loss(v, first + j)
+        params = list(self.model.named_parameters())
+        if not bool(torch.stack([torch.isfinite(p.detach()).all() for _, p in params]).all()):
+            name = next(n for n, p in params if not bool(torch.isfinite(p.detach()).all()))
+            last = str(self.last_checkpoint) if self.last_checkpoint else "none (no checkpoint yet)"
+            raise NumericalError(
+                f"parameter {name!r} became non-finite in updates {first}..{self.step} ({self.config.task}/"
+                f"{self.config.regime}, seed {self.config.seed}; a non-finite gradient); last good checkpoint: {last}",
+                "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume",
+            )
+        self._last_loss, self._last_loss_t = float(values[-1]), None
+        return [float(v) for v in values]
+
+    def _raise_nonfinite_loss(self, value: float, update: int) -> None:
+        cfg = self.config
+        last = str(self.last_checkpoint) if self.last_checkpoint else "none (no checkpoint yet)"
+        raise NumericalError(
+            f"training loss is {value} at update {update} ({cfg.task}/{cfg.regime}, seed {cfg.seed}); "
+            f"last good checkpoint: {last}",
+            "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume",
         )
 
     def _checkpoint(self) -> None:
