@@ -189,7 +189,7 @@ def calibrate(config: PaperScaleConfig, device: Any, work: Path) -> dict[str, An
     )
     ov = oth.ntp_config(0, initial=False)
     n = 12
-    ocfg = ov.replace(steps=n, eval_size=256, othello_pool=4096, eval_every=0, checkpoint_every=n // 2, log_every=1)
+    ocfg = ov.replace(steps=n, eval_size=256, probe_size=256, othello_pool=4096, eval_every=0, checkpoint_every=n // 2, log_every=1)
     s, tr, other = _timed_training(ocfg, work / "othello", 4)
     cal["othello_other_seconds"] = other
     cal["othello_step_seconds"] = s
