@@ -124,6 +124,9 @@ def configure_device(device: Any, matmul_precision: str = "highest") -> dict[str
         # read when cuBLAS creates its handle: set before the first product of the process
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
+        # deterministic mode also fills every new allocation with NaN (a kernel per tensor); nothing here
+        # reads memory before writing it, so that guard is dropped
+        torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     tf32 = matmul_precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
