@@ -247,4 +247,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from originlens.cli.main import run_script
+
+    sys.exit(run_script(main, "compare_tinystories.py"))

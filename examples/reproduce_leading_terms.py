@@ -229,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     E = args.epochs or 100
     eval_windows = args.eval_windows if args.eval_windows is not None else (0 if paper else 2048)
     device = args.device or ("auto" if paper else "cpu")
+    from originlens.devices import resolve_device
+
+    resolve_device(device)  # a missing GPU is one line now, not after the corpus is built
     try:
         specs = (
             [(float(a), int(b)) for a, b in (r.split(":") for r in args.runs.split(",") if r.strip())]
@@ -445,7 +448,7 @@ def render(s: dict) -> str:
     lines.append("| paper η=0.05 (t=160) | every 2 epochs | ≥ 0.7 (Fig. 4) | ≥ 0.7 | ≥ 0.7 | — | 8.00 → 5.35 | — | — |")
     for label, r in s["runs"].items():
         if "error" in r:
-            lines.append(f"| {label} | {r['error']} | | | | | | | {_f(r['train_seconds'], 0)} |")
+            lines.append(f"| {label} | {r['error']} | | | | | | | {_f(r.get('train_seconds'), 0)} |")
             continue
         head = f"{label} (η={r['eta']:g}, {r['steps']} steps, t={r['t']:.3g})"
         for tag, m, mf in (
@@ -584,4 +587,6 @@ def render(s: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from originlens.cli.main import run_script
+
+    sys.exit(run_script(main, "reproduce_leading_terms.py"))

@@ -580,4 +580,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from originlens.cli.main import run_script
+
+    sys.exit(run_script(main, "tinystories_myopic.py"))

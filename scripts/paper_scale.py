@@ -8,9 +8,11 @@ tiny size on the CPU in under a minute (a test runs it).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the originlens command does (read at torch's start)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from originlens.cli.paper_scale_cmd import main

@@ -37,3 +37,7 @@ class CompatibilityError(OriginlensError):
 
 class NumericalError(OriginlensError):
     """Training or analysis produced NaN/Inf."""
+
+
+class BudgetExceeded(OriginlensError):
+    """A run reached its wall-clock deadline and stopped after writing a checkpoint (resumable)."""

@@ -56,11 +56,14 @@ def package_versions() -> dict[str, str]:
 
 
 def git_commit() -> str | None:
-    """Commit of the originlens checkout, if installed from a git checkout; for a copy of a checkout without
-    its ``.git`` (a tree copied to another machine), the ``ORIGINLENS_GIT_COMMIT`` environment variable."""
+    """Commit of the originlens checkout, if installed from a git checkout.  The ``ORIGINLENS_GIT_COMMIT``
+    environment variable, when set, is taken instead: for a copy of a checkout on another machine, whose
+    ``.git`` may be missing or not the copied tree's."""
+    if os.environ.get("ORIGINLENS_GIT_COMMIT"):
+        return os.environ["ORIGINLENS_GIT_COMMIT"]
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
-        return os.environ.get("ORIGINLENS_GIT_COMMIT") or None
+        return None
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         dirty = subprocess.run(

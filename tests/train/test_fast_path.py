@@ -158,3 +158,24 @@ def test_matmul_precision_is_validated_and_kept_out_of_old_identities():
     assert configure_device(torch.device("cpu"), "tf32") == {}
     with pytest.raises(ConfigError):
         configure_device(torch.device("cpu"), "fast")
+
+
+@pytest.mark.parametrize("host_sync", ["step", "log"])
+def test_a_deadline_checkpoints_and_the_resumed_run_is_bit_identical(tmp_path, host_sync):
+    import time
+
+    from originlens.errors import BudgetExceeded
+    from originlens.train.ntp import list_checkpoints
+
+    cfg = tiny(steps=12, checkpoint_every=0, eval_every=0)
+    whole, _ = _train(cfg, tmp_path / "whole", host_sync)
+    tr = Trainer(cfg, tmp_path / "cut")
+    tr.host_sync = host_sync
+    tr.add_callback("on_step_end", lambda t: setattr(t, "deadline", time.time() - 1) if t.step == 4 else None)
+    with pytest.raises(BudgetExceeded, match="deadline reached at update 5/12"):
+        tr.run()
+    assert [s for s, _ in list_checkpoints(tmp_path / "cut")] == [5]
+    Trainer(cfg, tmp_path / "cut", resume=True).run()
+    assert (tmp_path / "cut" / "model.safetensors").read_bytes() == (
+        tmp_path / "whole" / "model.safetensors"
+    ).read_bytes()

@@ -185,3 +185,35 @@ def test_runs_trained_side_by_side_equal_runs_trained_in_turn_at_one_thread(tmp_
         b = (run_dir_for(tmp_path / "side", regime, 0) / "model.safetensors").read_bytes()
         assert a == b, regime
     assert train_runs(cfg, tmp_path / "side", jobs=2) == ([], done)  # finished runs are skipped
+
+
+def test_worker_environment_is_single_threaded_and_restored(monkeypatch):
+    import os
+
+    from originlens.train.grid import WORKER_ENV, worker_environment
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    with worker_environment():
+        assert all(os.environ[k] == v for k, v in WORKER_ENV.items())
+        assert os.environ["OMP_WAIT_POLICY"]
+    assert os.environ["OMP_NUM_THREADS"] == "7" and "OPENBLAS_NUM_THREADS" not in os.environ
+
+
+def test_train_runs_past_the_deadline_stops_every_run(tmp_path):
+    import time
+
+    from originlens.errors import BudgetExceeded
+    from originlens.train.grid import train_runs
+
+    grid = GridConfig(
+        task="majority",
+        regimes=["standard"],
+        seeds=[0, 1],
+        overrides=dict(d_model=16, n_head=2, batch_size=8, steps=5, eval_size=32, checkpoint_every=0),
+    )
+    with pytest.raises(BudgetExceeded, match="2 of 2 runs stopped"):
+        train_runs(grid, tmp_path, jobs=2, deadline=time.time() - 1)
+    with pytest.raises(BudgetExceeded, match="deadline passed before the run started"):
+        train_runs(grid, tmp_path, jobs=1, deadline=time.time() - 1)
+    assert not list(tmp_path.rglob("model.safetensors"))

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 
 # OpenMP worker threads (torch's intra-op pool) spin while they wait for work by default; on a shared
 # machine two spinning threads of a small model cost 3–8× the CPU time of one thread for identical
@@ -119,6 +120,24 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if str(exc) == "SIGTERM" else 130
     finally:
         _progress.set_verbosity(saved)
+
+
+def run_script(fn: Callable[[], int | None], prog: str) -> int:
+    """Exit status of a script's ``fn()`` (``examples/``, ``scripts/``) with the command's error handling:
+    an :class:`OriginlensError` is one line ``PROG: error: …`` and status 2 (never a traceback), Ctrl-C or
+    SIGTERM one line and status 130 / 143 (after a training loop's checkpoint)."""
+    try:
+        with terminate_as_interrupt():
+            return int(fn() or 0)
+    except OriginlensError as exc:
+        print(f"{prog}: error: {exc.one_line()}", file=sys.stderr)
+        return 2
+    except Interrupted as exc:
+        print(f"{prog}: interrupted by {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:
+        print(f"{prog}: interrupted (partial outputs were not published)", file=sys.stderr)
+        return 143 if str(exc) == "SIGTERM" else 130
 
 
 def _main(argv: list[str] | None) -> int:

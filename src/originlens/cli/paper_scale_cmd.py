@@ -10,6 +10,8 @@ summary table.  ``--smoke``: the same run at tiny size on the CPU (under a minut
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from typing import Any
 
 from .options import add_device, int_list
@@ -32,7 +34,7 @@ def cmd_paper_scale(args: argparse.Namespace) -> int:
         toy_steps=args.toy_steps,
     )
     results = args.results or (f"{args.out}/results" if args.smoke else "results")
-    rec = run_paper_scale(cfg, args.out, results=results, command=command_line())
+    rec = run_paper_scale(cfg, args.out, results=results, command=getattr(args, "command", None) or command_line())
     print(rec["results_file"])
     return 1 if rec["errors"] else 0
 
@@ -78,15 +80,10 @@ def add_parser(esub: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``scripts/paper_scale.py``: the same options as ``originlens ntp experiment paper-scale``."""
-    import sys
-
-    from ..errors import OriginlensError
+    from .main import run_script
 
     p = argparse.ArgumentParser(prog="paper_scale.py", description=__doc__.split("\n\n")[0])
     _configure(p)
     args = p.parse_args(argv)
-    try:
-        return cmd_paper_scale(args)
-    except OriginlensError as exc:
-        print(f"paper_scale.py: error: {exc}", file=sys.stderr)
-        return 2
+    args.command = "PYTHONPATH=src python3 scripts/paper_scale.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return run_script(lambda: cmd_paper_scale(args), "paper_scale.py")

@@ -150,8 +150,10 @@ def _prepare_all(config: OthelloConfig, out: Path) -> dict[int, dict[str, Any]]:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
+    from ..train.grid import worker_environment
+
     log(f"[othello] seeds {config.seeds}: training and attributing in {config.jobs} processes ...")
-    with ProcessPoolExecutor(max_workers=config.jobs, mp_context=mp.get_context("spawn")) as pool:
+    with worker_environment(), ProcessPoolExecutor(max_workers=config.jobs, mp_context=mp.get_context("spawn")) as pool:
         return dict(zip(config.seeds, pool.map(_prepare_seed, todo)))
 
 

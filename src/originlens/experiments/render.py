@@ -146,6 +146,12 @@ def _leading_terms_section(key: str, rec: dict[str, Any]) -> list[str]:
     return render_section(key, rec)
 
 
+def _paper_scale_section(key: str, rec: dict[str, Any]) -> list[str]:
+    from .paper_scale import render_section
+
+    return render_section(key, rec)
+
+
 def _formal_section(key: str, rec: dict[str, Any]) -> list[str]:
     from .formal_report import render_section
 
@@ -158,6 +164,7 @@ SECTIONS: dict[str, Callable[[str, dict[str, Any]], list[str]]] = {
     "othello": _othello_section,
     "language": _language_section,
     "leading-terms": _leading_terms_section,
+    "paper-scale": _paper_scale_section,
 }
 
 
@@ -317,6 +324,7 @@ def results_markdown(results: dict[str, dict[str, Any]], pending: dict[str, list
         "othello": "Gradient pathways (arXiv 2603.14087): OthelloGPT attribution over seeds",
         "language": "Gradient pathways (arXiv 2603.14087): TinyStories, standard vs myopic",
         "leading-terms": "Leading terms (arXiv 2601.19208): persistence and horizon beyond the theorem's window",
+        "paper-scale": "Gradient pathways (arXiv 2603.14087) on one GPU: budgeted paper-scale runs",
     }
     for exp, keys in by_exp.items():
         section = SECTIONS.get(exp)

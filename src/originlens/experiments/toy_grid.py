@@ -155,8 +155,8 @@ class ToyGridConfig:
         return out
 
 
-def _train_all(grid: GridConfig, out: Path, jobs: int) -> list[str]:
-    return train_runs(grid, out, jobs=jobs)[0]
+def _train_all(grid: GridConfig, out: Path, jobs: int, deadline: float | None = None) -> list[str]:
+    return train_runs(grid, out, jobs=jobs, deadline=deadline)[0]
 
 
 def _per_run(grid: GridConfig, out: Path, regime: str, seed: int) -> dict[str, Any]:
@@ -247,16 +247,23 @@ def summarise(config: ToyGridConfig, out: str | Path) -> dict[str, Any]:
 
 
 def run_toy_grid(
-    config: ToyGridConfig, out: str | Path, *, results: str | Path | None = None, command: str | None = None
+    config: ToyGridConfig,
+    out: str | Path,
+    *,
+    results: str | Path | None = None,
+    command: str | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) the grid and its initial-model nulls, aggregate, write the experiment record,
-    the report and the results file; returns the record."""
+    the report and the results file; returns the record.  ``deadline`` (``time.time()``): runs still
+    training then stop with a checkpoint and :class:`~originlens.errors.BudgetExceeded` is raised before
+    anything is aggregated (a later call resumes them)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with exclusive(out):
-        trained = _train_all(config.grid(False), out / "trained", config.jobs)
-        _train_all(config.grid(True), out / "initial", config.jobs)
+        trained = _train_all(config.grid(False), out / "trained", config.jobs, deadline)
+        _train_all(config.grid(True), out / "initial", config.jobs, deadline)
         summary = summarise(config, out)
         summary["wall_seconds_this_call"] = time.time() - t0
         summary["trained_this_call"] = len(trained)

@@ -19,9 +19,11 @@ intervals are separated), nothing more.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,29 +160,64 @@ class GridResult:
     skipped: list[str]
 
 
-def _train_one(job: tuple[dict[str, Any], str, int, bool, int | None]) -> float:
+def _train_one(job: tuple[dict[str, Any], str, int, bool, int | None, float | None]) -> float:
     """One run of a grid (a process pool's task): config dict, run directory, torch threads, overwrite,
-    verbosity of the parent."""
-    cfg_dict, run_dir, threads, overwrite, verbosity = job
+    verbosity of the parent, deadline (``time.time()``, or None)."""
+    cfg_dict, run_dir, threads, overwrite, verbosity, deadline = job
     import torch
 
     from ..progress import set_verbosity
 
     set_verbosity(verbosity)
     torch.set_num_threads(threads)
+    if deadline is not None and time.time() > deadline:
+        from ..errors import BudgetExceeded
+
+        raise BudgetExceeded(f"{run_dir}: deadline passed before the run started", "give the runs more time")
     t = time.time()
-    train(NTPConfig.from_dict(cfg_dict), run_dir, resume=not overwrite, overwrite=overwrite)
+    train(NTPConfig.from_dict(cfg_dict), run_dir, resume=not overwrite, overwrite=overwrite, deadline=deadline)
     return time.time() - t
 
 
+# Worker processes train with one thread: torch's (set in the worker) and, through the environment they
+# are spawned with, the OpenMP/BLAS pools numpy and scipy start at import (the probes' ridge fits).  Without
+# it every worker starts one BLAS thread per core: N workers on N cores run N² threads.
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@contextlib.contextmanager
+def worker_environment() -> Iterator[None]:
+    """While open, processes spawned from here start single-threaded (:data:`WORKER_ENV`) with passive
+    OpenMP waiting (unless the environment sets it); this process's own pools are unaffected (fixed at
+    their start)."""
+    saved = {k: os.environ.get(k) for k in (*WORKER_ENV, "OMP_WAIT_POLICY")}
+    os.environ.update(WORKER_ENV)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def train_runs(
-    config: GridConfig, out: str | Path, *, jobs: int = 1, overwrite: bool = False
+    config: GridConfig,
+    out: str | Path,
+    *,
+    jobs: int = 1,
+    overwrite: bool = False,
+    deadline: float | None = None,
 ) -> tuple[list[str], list[str]]:
     """Train every unfinished (regime, seed) run of ``config`` under ``out`` (all of them with
     ``overwrite``); returns the names trained and skipped.  ``jobs`` > 1 trains that many runs at once in
     worker processes (spawned, one torch thread each: on a few cores, independent small runs side by side
     beat more threads per run); ``jobs`` = 1 trains in this process with its thread count.  The thread
-    count is recorded in each run (``environment.json``), as it decides the last bits of the weights."""
+    count is recorded in each run (``environment.json``), as it decides the last bits of the weights.
+    ``deadline`` (``time.time()``): runs still training then checkpoint and stop, and
+    :class:`~originlens.errors.BudgetExceeded` is raised once the others have finished."""
     from ..progress import _VERBOSITY
 
     todo, skipped = [], []
@@ -193,19 +230,34 @@ def train_runs(
                 skipped.append(name)
                 log(f"{name}: finished, skipped", level=2)
             else:
-                todo.append((name, (cfg.to_dict(), str(d), 1, overwrite, _VERBOSITY)))
+                todo.append((name, (cfg.to_dict(), str(d), 1, overwrite, _VERBOSITY, deadline)))
     if jobs <= 1 or len(todo) <= 1:
         import torch
 
-        for name, (c, rd, _, ow, v) in todo:
-            log(f"{name}: trained in {_train_one((c, rd, torch.get_num_threads(), ow, v)):.1f} s")
+        for name, (c, rd, _, ow, v, dl) in todo:
+            log(f"{name}: trained in {_train_one((c, rd, torch.get_num_threads(), ow, v, dl)):.1f} s")
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp.get_context("spawn")) as pool:
-            for (name, _), secs in zip(todo, pool.map(_train_one, [job for _, job in todo])):
-                log(f"{name}: trained in {secs:.1f} s (worker process, 1 thread)")
+        from ..errors import BudgetExceeded
+
+        stopped: list[str] = []
+        with (
+            worker_environment(),
+            ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp.get_context("spawn")) as pool,
+        ):
+            futures = [(name, pool.submit(_train_one, job)) for name, job in todo]
+            for name, fut in futures:
+                try:
+                    log(f"{name}: trained in {fut.result():.1f} s (worker process, 1 thread)")
+                except BudgetExceeded:
+                    stopped.append(name)
+        if stopped:
+            raise BudgetExceeded(
+                f"deadline reached: {len(stopped)} of {len(todo)} runs stopped with a checkpoint ({', '.join(stopped)})",
+                "continue with --resume (or give the runs more time)",
+            )
     return [name for name, _ in todo], skipped
 
 

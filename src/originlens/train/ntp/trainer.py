@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ... import distributed as dist_
-from ...errors import CompatibilityError, ConfigError, InputError, NumericalError
+from ...errors import BudgetExceeded, CompatibilityError, ConfigError, InputError, NumericalError
 from ...interrupts import Interrupted, deferred
 from ...models.gpt import GPT
 from ...probes import ProbeMetrics, ProbeSet, fit_probes
@@ -108,6 +108,8 @@ class Trainer:
         # under torchrun); "log": the fast path — batches gathered on the device, losses and finiteness
         # read at log / eval / checkpoint points only (the default on GPUs; the same updates, bit for bit)
         self.host_sync = "step"
+        # wall-clock time (time.time()) after which the run checkpoints and raises BudgetExceeded
+        self.deadline: float | None = None
         self.last_eval: dict[str, float] = {}
         self.last_probe: dict[str, float] = {}
         self.last_checkpoint: Path | None = None
@@ -236,7 +238,8 @@ class Trainer:
                 probe_now = _due(self.step, cfg.probe_every) and self._can_probe()
                 eval_now = _due(self.step, cfg.eval_every) or probe_now
                 checkpoint_now = _due(self.step, cfg.checkpoint_every)
-                if fast and (log_now or eval_now or checkpoint_now or stop.requested):
+                late = self.deadline is not None and time.time() > self.deadline
+                if fast and (log_now or eval_now or checkpoint_now or stop.requested or late):
                     window += self._read_pending(pending, first_pending)
                     pending, first_pending = [], self.step + 1
                 if log_now and self._writer:
@@ -260,6 +263,8 @@ class Trainer:
                     self._checkpoint()
                 if dist_.any_rank(stop.requested):
                     self._stop_on_signal(stop.signal or "SIGINT")
+                if self.deadline is not None and dist_.any_rank(late):
+                    self._stop_at_deadline()
         self.step = cfg.steps
         dist_.rank_zero_only(self._evaluate, probe=self._can_probe())  # probes always at the end
         cks = list_checkpoints(self.run_path)
@@ -725,6 +730,16 @@ class Trainer:
             name,
         )
 
+    def _stop_at_deadline(self) -> None:
+        """The deadline passed during training: checkpoint the current update, raise BudgetExceeded."""
+        cks = list_checkpoints(self.run_path)
+        if not cks or cks[-1][0] != self.step:
+            self._checkpoint()
+        raise BudgetExceeded(
+            f"{self.run_path}: deadline reached at update {self.step}/{self.config.steps}; checkpoint written",
+            "continue with --resume (or give the run more time)",
+        )
+
     # -- the fast path (no host synchronisation inside the step loop) ---------------------------------
     def _fast_path(self) -> bool:
         """Whether the step loop runs without host synchronisations (:attr:`host_sync` ``"log"``)."""
@@ -853,9 +868,12 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     callbacks: dict[str, Callable[[Trainer], None]] | None = None,
+    deadline: float | None = None,
 ) -> TrainResult:
-    """Convenience wrapper: build a :class:`Trainer`, register ``callbacks``, run it."""
+    """Convenience wrapper: build a :class:`Trainer`, register ``callbacks``, run it (``deadline``: a
+    ``time.time()`` after which it checkpoints and raises :class:`~originlens.errors.BudgetExceeded`)."""
     trainer = Trainer(config, run_dir, resume=resume, overwrite=overwrite)
+    trainer.deadline = deadline
     for event, fn in (callbacks or {}).items():
         trainer.add_callback(event, fn)
     return trainer.run()

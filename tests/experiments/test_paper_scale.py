@@ -1,0 +1,156 @@
+"""Tests for originlens.experiments.paper_scale (and scripts/paper_scale.py): the smoke run end to end on
+the CPU (calibration, toy grids, Othello, results files, archive, summary), the plan's cuts, the deadline
+of a child unit, the FLOP count, and the configuration's refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from originlens.errors import ConfigError
+from originlens.experiments.paper_scale import (
+    PaperScaleConfig,
+    _run_until,
+    _toy_round_seconds,
+    gpt_step_flops,
+    plan_othello,
+)
+from originlens.storage import read_json
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_the_smoke_run_goes_end_to_end_on_the_cpu_in_under_a_minute(tmp_path):
+    out, results = tmp_path / "runs", tmp_path / "results"
+    t = time.time()
+    # the documented smoke line (docs/reproduce.md), its budget and directories set for the test
+    import re
+    import shlex
+
+    doc = (ROOT / "docs" / "reproduce.md").read_text(encoding="utf-8")
+    line = next(c for c in re.findall(r"`([^`]+)`", doc) if "scripts/paper_scale.py" in c and "--smoke" in c)
+    words = shlex.split(line)[1:]  # without PYTHONPATH=src (the script finds src/ itself)
+    extra = ["--budget-minutes", "1", "--seed-rounds", "3", "--othello-seeds", "1"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / words[1]), *words[2:], *extra, "--out", str(out), "--results", str(results)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert time.time() - t < 60 * 1.5  # the budget (1 min) plus the process's start and the tests' load
+    rec = read_json(results / "paper-scale" / "smoke-cpu.json")
+    cal = rec["numbers"]["calibration"]
+    for key in ("toy_steps_per_second", "othello_steps_per_second", "recorded_update_seconds", "othello_step_flops"):
+        assert cal[key] > 0, key
+    extra = rec  # the run record's other fields sit at the top level
+    assert extra["errors"] == [] and extra["wall_seconds"] < 60
+    for name in ("toy-grid/cond-majority-ci.json", "toy-grid/majority-ci.json", "othello/othello-ci.json"):
+        assert (results / name).is_file(), name
+    assert set(extra["verdicts"]) == {"gp-cond-majority", "gp-majority", "gp-othello"}
+    with tarfile.open(out / "paper-scale-runs.tar.gz") as tar:
+        names = tar.getnames()
+    assert any(n.endswith("config.json") for n in names) and any(n.endswith("metrics.jsonl") for n in names)
+    assert not any(n.endswith((".safetensors", ".npy")) for n in names)
+    assert "claim" in proc.stdout and "gp-othello" in proc.stdout  # the summary table
+
+
+def test_the_smoke_run_refuses_a_gpu_and_cuda_is_refused_without_one(tmp_path):
+    from originlens.experiments.paper_scale import run_paper_scale
+
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA is unavailable"):
+            run_paper_scale(PaperScaleConfig(device="cuda"), tmp_path / "o", results=tmp_path / "r")
+        assert not (tmp_path / "o").exists()  # nothing written before the device is known
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(budget_minutes=0),
+        dict(tasks=["othello"]),
+        dict(seed_rounds=[5, 3]),
+        dict(jobs=-1),
+        dict(toy_share=1.5),
+        dict(othello_seeds=0),
+        dict(toy_steps=0),
+        dict(device="tpu"),
+        dict(matmul_precision="bf16"),
+    ],
+)
+def test_config_refusals(kw):
+    with pytest.raises(ConfigError):
+        PaperScaleConfig(**kw)
+
+
+CAL = dict(
+    othello_step_seconds=0.067,
+    decomposed_update_seconds=4.2,
+    recorded_update_seconds=10.5,
+    attribution_fixed_seconds=20.0,
+    othello_other_seconds=4.5,
+)
+PAPER = dict(steps=5000, snapshot_updates=10)
+
+
+def test_the_othello_plan_cuts_in_the_stated_order():
+    full = plan_othello(1e9, CAL, PAPER, 3)
+    assert full is not None
+    assert (full["steps"], full["attribute_steps"], full["record_every"], full["snapshot_updates"], full["seeds"]) == (
+        5000,
+        None,
+        1,
+        10,
+        3,
+    )
+    # less time: the snapshots go first, then the recording stride grows, then the prefix shrinks
+    mid = plan_othello(full["predicted_seconds"] / 6, CAL, PAPER, 3)
+    assert mid is not None and mid["steps"] == 5000 and mid["seeds"] == 3
+    assert (mid["record_every"], -(mid["attribute_steps"] or 5000)) > (1, -5000)
+    for seconds in (3000, 1000, 400):
+        p = plan_othello(seconds, CAL, PAPER, 3)
+        assert p is None or p["predicted_seconds"] <= seconds
+    assert plan_othello(10, CAL, PAPER, 3) is None  # not even a tenth of training
+
+
+def test_the_toy_round_prediction_uses_the_measured_rate_first():
+    cal = {"device": "cuda", "toy_step_seconds": 0.008, "toy_other_seconds": 2.0}
+    assert _toy_round_seconds(3.0, 40, cal, 3000, 16) == 120.0
+    cpu = dict(cal, device="cpu")
+    assert _toy_round_seconds(None, 8, cpu, 100, 2) == pytest.approx(8 * (0.8 + 4.0 + 1.0) / 2)
+
+
+def test_gpt_step_flops_counts_the_projections_attention_and_unembedding():
+    # one layer, d = 2, ratio 4, T = 3, |V| = 5, batch 1: per token 2·12·4 + 2·3·2 = 108, unembed 2·2·5 = 20
+    assert gpt_step_flops(1, 2, 5, 1, 3) == 3.0 * (108 + 20) * 3
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _fail() -> None:
+    raise SystemExit(3)
+
+
+def test_a_unit_past_its_deadline_is_stopped():
+    t = time.time()
+    assert _run_until(_sleep, (60.0,), 2.0, grace=2.0) == "deadline"
+    assert time.time() - t < 30
+    assert _run_until(_sleep, (0.0,), 60.0) == "finished"
+    assert _run_until(_fail, (), 60.0) == "failed (exit code 3)"
+
+
+def test_the_cli_command_parses():
+    from originlens.cli.main import build_parser
+
+    args = build_parser().parse_args(["ntp", "experiment", "paper-scale", "--budget-minutes", "3", "--smoke"])
+    assert args.budget_minutes == 3.0 and args.smoke and args.seed_rounds == [3, 5, 10]
