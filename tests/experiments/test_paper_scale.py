@@ -62,9 +62,9 @@ def test_the_smoke_run_goes_end_to_end_on_the_cpu_in_under_a_minute(tmp_path):
 
 
 def test_the_smoke_run_refuses_a_gpu_and_cuda_is_refused_without_one(tmp_path):
-    from originlens.experiments.paper_scale import run_paper_scale
-
     import torch
+
+    from originlens.experiments.paper_scale import run_paper_scale
 
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="CUDA is unavailable"):

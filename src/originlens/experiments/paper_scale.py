@@ -27,21 +27,25 @@ started, and what finished is written (the record says what was skipped).  ``smo
 code end to end on the CPU at tiny size (toy scale ``ci`` with fewer steps, Othello scale ``ci``) in under
 a minute — the test suite runs it.
 
-Settings on CUDA, and why they leave the science unchanged: TF32 products (``matmul_precision="tf32"``:
-10-bit mantissa inputs, float32 accumulation; the decomposition identities are checked in the records at
-the measured tolerance), deterministic kernels (so the attribution replay repeats training; the replay's
-checks run with ``replay_rtol`` as a guard), the trainer's fast path (no host synchronisation inside the
-step loop; bit-identical to the per-step path).  Caveat: the toy models are trained as separate processes
-sharing the GPU, not vmapped together (their trainer, evaluation, probes and checkpoints stay the ones
-every other experiment uses).
+Settings on CUDA: TF32 products (``matmul_precision="tf32"``: 10-bit mantissa inputs, float32 accumulation
+and storage; training and its replay alike, so the replay repeats training; ``"highest"`` turns it off),
+deterministic kernels (so that the attribution replay repeats training; its checks run with
+``replay_rtol`` as a guard), the trainer's fast path (no host synchronisation inside the step loop;
+bit-identical to the per-step path).  Caveats: how far TF32 moves the pathway components from float32 has
+not been measured on a GPU yet (``--matmul-precision highest`` is the conservative choice); the toy models are
+trained as separate processes sharing the GPU, not vmapped together — stacking 40 of them with
+``torch.func.vmap`` measured slower than 8 processes on an H200 (``benchmarks/stacked_models.py``: 6.1× vs
+7.6× one process stepping them in turn; torch has no batching rule for the memory-efficient attention
+backward), and processes keep the trainer, evaluation, probes and checkpoints every experiment uses.
+
+Parts: :mod:`.paper_scale_calibration` (the measurements), :mod:`.paper_scale_report` (summary table,
+docs section, archive); this module holds the configuration, the plans and the run.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import shutil
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -52,17 +56,24 @@ from ..errors import BudgetExceeded, ConfigError
 from ..progress import log
 from ..runs import to_jsonable
 from ..storage import read_json
+from .paper_scale_calibration import SMOKE_OTHELLO, SMOKE_TOY, calibrate, calibrate_othello, gpt_step_flops
+from .paper_scale_report import _archive, _othello_line, _toy_line, render_section, summary_table
 from .results import write_results
+
+__all__ = [
+    "PaperScaleConfig",
+    "calibrate",
+    "calibrate_othello",
+    "gpt_step_flops",
+    "plan_othello",
+    "render_section",
+    "run_paper_scale",
+    "summary_table",
+]
 
 EXPERIMENT = "paper-scale"
 TOY_TASKS = ("cond-majority", "majority")
 SEED_ROUNDS = (3, 5, 10)
-# the paper's Othello numbers (Fig. 6: mean influence per component and type, useful / useless)
-PAPER_OTHELLO = {"direct": (7.61, -0.97), "pre-cached": (-0.66, 1.80), "shared": (8.64, 6.42)}
-# published dense peaks (FLOP/s) of the accelerators this is meant for, by the name torch reports
-PEAKS = {"H200": {"tf32": 494.7e12, "bf16": 989.5e12}, "H100": {"tf32": 494.7e12, "bf16": 989.5e12}}
-SMOKE_TOY = dict(steps=40, eval_size=256, train_size=2048, batch_size=32, d_model=16, n_head=2)
-SMOKE_OTHELLO = dict(steps=20, eval_size=128, othello_pool=600, batch_size=8, snapshot_updates=0)
 
 
 @dataclass
@@ -116,161 +127,6 @@ class Clock:
 
     def elapsed(self) -> float:
         return time.time() - self.t0
-
-
-# ------------------------------------------------------------------------------------------ calibration
-def _sync(device: Any) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed_training(cfg: Any, run_dir: Path, first: int) -> tuple[float, Any, float]:
-    """Train ``cfg`` in ``run_dir``; seconds per update over updates first+1..steps (device synchronised at
-    both ends), the trainer, and the run's seconds besides its updates (set-up, evaluation, probes)."""
-    from ..train.ntp import Trainer
-
-    tr = Trainer(cfg, run_dir, overwrite=True)
-    marks: dict[int, float] = {}
-
-    def mark(t: Any) -> None:
-        if t.step in (first, cfg.steps):
-            _sync(t.device)
-            marks[t.step] = time.perf_counter()
-
-    tr.add_callback("on_step_end", mark)
-    t0 = time.perf_counter()
-    tr.run()
-    wall = time.perf_counter() - t0
-    per_step = (marks[cfg.steps] - marks[first]) / (cfg.steps - first)
-    return per_step, tr, max(0.0, wall - cfg.steps * per_step)
-
-
-def gpt_step_flops(n_layer: int, d_model: int, vocab: int, batch: int, seq: int, mlp_ratio: int = 4) -> float:
-    """FLOPs of one training update of the GPT (forward + backward ≈ 3 × forward): 2 per multiply-add in
-    the projections (4d² + 2·ratio·d² per token per layer), the attention scores and mixing (2·T·d per
-    token per layer, causal: half of the full T × T) and the unembedding (d·|V| per token)."""
-    per_token = n_layer * (2 * (4 + 2 * mlp_ratio) * d_model**2 + 2 * seq * d_model) + 2 * d_model * vocab
-    return 3.0 * per_token * batch * seq
-
-
-def calibrate(config: PaperScaleConfig, device: Any, work: Path) -> dict[str, Any]:
-    """Measured throughput of the toy model (see the module docstring; Othello: :func:`calibrate_othello`)."""
-    from ..train.ntp import NTPConfig
-
-    cal: dict[str, Any] = {"device": device.type}
-    toy_over: dict[str, Any] = dict(SMOKE_TOY) if config.smoke else {}
-    toy_steps = 30 if config.smoke else 300
-    toy = NTPConfig(
-        task="cond-majority",
-        **{**toy_over, "steps": toy_steps},
-        log_every=toy_steps,
-        eval_every=0,
-        probe_every=0,
-        checkpoint_every=0,
-        device=str(device),
-        matmul_precision=config.matmul_precision,
-    )
-    s, _, other = _timed_training(toy, work / "toy", toy_steps // 3)
-    cal["toy_step_seconds"] = s
-    cal["toy_other_seconds"] = other
-    cal["toy_steps_per_second"] = 1.0 / s
-    return cal
-
-
-def calibrate_othello(config: PaperScaleConfig, device: Any, work: Path, cal: dict[str, Any]) -> None:
-    """The Othello part of :func:`calibrate` (added to ``cal``): training steps, then the replay of a short
-    throw-away run with and without influences recorded."""
-    import torch
-
-    from ..attribution.replay import attribute_run
-    from .othello import OthelloConfig
-
-    oth = OthelloConfig(
-        scale="ci" if config.smoke else "paper",
-        seeds=[0],
-        device=str(device),
-        matmul_precision=config.matmul_precision,
-        overrides=dict(SMOKE_OTHELLO) if config.smoke else {},
-    )
-    ov = oth.ntp_config(0, initial=False)
-    n = 6
-    ocfg = ov.replace(
-        steps=n,
-        eval_size=256,
-        probe_size=256,
-        othello_pool=4096,
-        eval_every=0,
-        checkpoint_every=n // 2,
-        log_every=1,
-    )
-    s, tr, other = _timed_training(ocfg, work / "othello", 2)
-    cal["othello_other_seconds"] = other
-    cal["othello_step_seconds"] = s
-    cal["othello_steps_per_second"] = 1.0 / s
-    gc = tr.gpt_config
-    flops = gpt_step_flops(gc.n_layer, gc.d_model, gc.vocab_size, ocfg.batch_size, gc.seq_len - 1)
-    cal["othello_step_flops"] = flops
-    cal["othello_flops_per_second"] = flops / s
-    sites = [(k, i) for k in oth.attr_layers for i in oth.settings["positions"]]
-    t0 = time.perf_counter()
-    res = attribute_run(
-        work / "othello",
-        sites=sites,
-        features="tracked",
-        optimizer="adam",
-        segment=(0, n // 2),  # updates 1..3: one recorded, two decomposed only
-        types=True,
-        out=work / "othello" / "attribution",
-        random_directions=2,
-        overwrite=True,
-        steps=[2],
-        replay_rtol=config.replay_rtol if device.type == "cuda" else 0.0,
-    )
-    total = time.perf_counter() - t0
-    br = res.info.get("seconds_breakdown", {})
-    n_rec, n_warm = 1, n // 2 - 1
-    cal["attribution_seconds"] = total
-    cal["decomposed_update_seconds"] = br.get("warm_steps", 0.0) / max(1, n_warm)
-    cal["recorded_update_seconds"] = br.get("recorded_steps", 0.0) / n_rec
-    cal["attribution_fixed_seconds"] = max(0.0, total - br.get("warm_steps", 0.0) - br.get("recorded_steps", 0.0))
-    cal["attribution_overhead_per_tracked_step"] = cal["recorded_update_seconds"] / cal["othello_step_seconds"]
-    if device.type == "cuda":
-        cal["othello_bf16_step_seconds"] = _bf16_step_seconds(tr, ocfg)
-        cal["othello_bf16_flops_per_second"] = flops / cal["othello_bf16_step_seconds"]
-        name = torch.cuda.get_device_name(device)
-        peak = next((v for k, v in PEAKS.items() if k in name), None)
-        if peak:
-            cal["peak_flops"] = peak
-            cal["othello_fraction_of_peak"] = {
-                "tf32" if config.matmul_precision == "tf32" else "fp32_vs_tf32_peak": cal["othello_flops_per_second"]
-                / peak["tf32"],
-                "bf16_autocast": cal["othello_bf16_flops_per_second"] / peak["bf16"],
-            }
-
-
-def _bf16_step_seconds(tr: Any, cfg: Any, steps: int = 8) -> float:
-    """Seconds per update of a copy of the trained Othello model under bf16 autocast (timing only)."""
-    import copy
-
-    import torch
-
-    model = copy.deepcopy(tr.model).train()
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    x = tr.data.device_batch(0, tr.device, tr.gpt_config.vocab_size)
-    t0 = 0.0
-    for j in range(steps + 2):
-        if j == 2:
-            _sync(tr.device)
-            t0 = time.perf_counter()
-        with torch.autocast(tr.device.type, dtype=torch.bfloat16), model.trusted_tokens():
-            loss = model.loss(x)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    _sync(tr.device)
-    return (time.perf_counter() - t0) / steps
 
 
 # ------------------------------------------------------------------------------------------------ plans
@@ -497,7 +353,7 @@ def run_paper_scale(
     record["verdicts"] = verdicts
     record["wall_seconds"] = clock.elapsed()
     archive = _archive(out)
-    record["archive"] = str(archive)
+    record["archive"] = f"OUT/{archive.name}"  # OUT: the --out directory
     name = "smoke-cpu" if config.smoke else f"{device.type}-{config.budget_minutes:g}min"
     path = write_results(
         results / EXPERIMENT / f"{name}.json",
@@ -547,123 +403,3 @@ def _run_until(target: Any, args: tuple[Any, ...], seconds: float, grace: float 
             proc.join()
         return "deadline"
     return "finished" if proc.exitcode == 0 else f"failed (exit code {proc.exitcode})"
-
-
-def _toy_line(summary: dict[str, Any]) -> dict[str, Any]:
-    per = summary["per_regime"]
-    return {
-        "useless_r": {r: per[r]["useless_r"]["mean"] for r in per},
-        "eval_loss": {r: per[r]["eval_loss"]["mean"] for r in per},
-        "orderings_holding": [k for k, v in summary["orderings"].items() if v["holds"]],
-        "orderings_failing": [k for k, v in summary["orderings"].items() if not v["holds"]],
-    }
-
-
-def _othello_line(summary: dict[str, Any]) -> dict[str, Any]:
-    return {k: summary[k] for k in ("verdict",) if k in summary} | {
-        "legal_acc": summary.get("quality", {}).get("legal_acc", {}).get("mean"),
-        "eval_loss": summary.get("quality", {}).get("eval_loss", {}).get("mean"),
-    }
-
-
-ARCHIVE_SKIP = (".safetensors", ".npy", ".lock")
-ARCHIVE_MAX_FILE = 4 << 20
-
-
-def _archive(out: Path) -> Path:
-    """``OUT/paper-scale-runs.tar.gz``: every file under the run directories except checkpoints, models,
-    pools and files over 4 MiB (configs, metrics, environments, reports, attribution tables stay)."""
-    path = out / "paper-scale-runs.tar.gz"
-    tmp = path.with_suffix(".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        for p in sorted(out.rglob("*")):
-            if (
-                p.is_file()
-                and not p.is_symlink()
-                and p.suffix not in ARCHIVE_SKIP
-                and p != tmp
-                and p != path
-                and p.stat().st_size <= ARCHIVE_MAX_FILE
-            ):
-                tar.add(p, arcname=str(p.relative_to(out)))
-    shutil.move(tmp, path)
-    return path
-
-
-def summary_table(record: dict[str, Any]) -> str:
-    """The printed summary: calibration, what ran, each claim's verdict with the paper's number beside ours."""
-    cal = record.get("calibration", {})
-    lines = [
-        f"paper-scale run on {record['device_name']} ({record['wall_seconds']:.0f} s of "
-        f"{record['budget_seconds']:.0f} s)",
-        f"  one Conditioned Majority model: {cal.get('toy_steps_per_second', float('nan')):.0f} steps/s; "
-        f"Othello paper config: {cal.get('othello_steps_per_second', float('nan')):.2f} steps/s, "
-        f"{cal.get('othello_flops_per_second', float('nan')) / 1e12:.1f} TFLOP/s; attributed update "
-        f"{cal.get('attribution_overhead_per_tracked_step', float('nan')):.1f}× a training step",
-    ]
-    if "toy_throughput" in record:
-        tt = record["toy_throughput"]
-        lines.append(
-            f"  toy grids: {tt['seconds_per_run']:.1f} s per run, {tt['models_steps_per_second']:.0f} model-steps/s "
-            f"with {tt['jobs']} processes sharing the device"
-        )
-    lines.append(f"  {'claim':<20} {'verdict':<15} {'paper':<40} ours")
-    for key, v in record.get("verdicts", {}).items():
-        lines.append(f"  {key:<20} {v['verdict']:<15} {v['paper'][:40]:<40} {v['ours']}")
-    for s in record.get("skipped", []):
-        lines.append(f"  skipped: {s}")
-    for e in record.get("errors", []):
-        lines.append(f"  ERROR: {e}")
-    return "\n".join(lines)
-
-
-def render_section(key: str, rec: dict[str, Any]) -> list[str]:
-    """The ``docs/results.md`` section of a paper-scale record: what ran, the measured throughput, the
-    plan and what was skipped, the verdicts it reached."""
-    cal = rec["numbers"].get("calibration", {})
-
-    def f(v: Any, fmt: str) -> str:
-        return "—" if v is None else format(v, fmt)
-
-    out = [
-        f"### {rec['name']} (`results/{key}.json`)",
-        "",
-        f"- command: `{rec['command']}`",
-        f"- commit `{rec['git_commit']}`, {rec['created']}, {rec.get('device_name', '?')}, "
-        f"{rec['machine']['cpus']} CPUs; torch {rec['versions'].get('torch', '?')}; "
-        f"{rec.get('jobs', '?')} processes; deterministic kernels: {rec.get('deterministic_kernels')}",
-        f"- {rec['scale']['summary']}; wall {f(rec.get('wall_seconds'), '.0f')} s of a "
-        f"{f(rec.get('budget_seconds'), '.0f')} s budget",
-        "",
-        "| measured | value |",
-        "|---|---|",
-        f"| one Conditioned Majority model (paper config) | {f(cal.get('toy_steps_per_second'), '.0f')} steps/s |",
-        f"| OthelloGPT, paper config (batch 1,024) | {f(cal.get('othello_steps_per_second'), '.1f')} steps/s, "
-        f"{f((cal.get('othello_flops_per_second') or 0) / 1e12, '.1f')} TFLOP/s |",
-        f"| the same under bf16 autocast (timing only) | "
-        f"{f((cal.get('othello_bf16_flops_per_second') or 0) / 1e12, '.1f')} TFLOP/s |",
-        f"| Adam-variant replay, decomposed update | {f(cal.get('decomposed_update_seconds'), '.2f')} s |",
-        f"| … with influences recorded | {f(cal.get('recorded_update_seconds'), '.2f')} s "
-        f"({f(cal.get('attribution_overhead_per_tracked_step'), '.0f')} training steps) |",
-    ]
-    frac = cal.get("othello_fraction_of_peak") or {}
-    if frac:
-        out.append(
-            "| fraction of the dense peak | " + ", ".join(f"{k} {100 * v:.1f} %" for k, v in frac.items()) + " |"
-        )
-    tt = rec["numbers"].get("toy_throughput")
-    if tt:
-        out.append(
-            f"| toy grids, {tt['jobs']} processes sharing the device | {tt['models_steps_per_second']:.0f} "
-            f"model-steps/s ({tt['seconds_per_run']:.1f} s per run) |"
-        )
-    out += [""]
-    for s in rec.get("skipped", []):
-        out.append(f"- skipped: {s}")
-    for e in rec.get("errors", []):
-        out.append(f"- error: {e}")
-    for k, v in rec.get("verdicts", {}).items():
-        out.append(f"- {k}: **{v['verdict']}** ({v['results']})")
-    if rec.get("provenance_note"):
-        out.append(f"- note: {rec['provenance_note']}")
-    return out + [""]
