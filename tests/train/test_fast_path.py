@@ -179,3 +179,26 @@ def test_a_deadline_checkpoints_and_the_resumed_run_is_bit_identical(tmp_path, h
     assert (tmp_path / "cut" / "model.safetensors").read_bytes() == (
         tmp_path / "whole" / "model.safetensors"
     ).read_bytes()
+
+
+def test_the_cli_takes_the_matmul_precision(tmp_path, capsys):
+    from originlens.cli.main import main as cli_main
+
+    base = [
+        "ntp",
+        "train",
+        "--task",
+        "majority",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--steps",
+        "2",
+        "--eval-size",
+        "32",
+    ]
+    assert cli_main([*base, "--batch-size", "8", "--matmul-precision", "tf32", "--out", str(tmp_path / "r")]) == 0
+    assert read_json(tmp_path / "r" / "config.json")["matmul_precision"] == "tf32"
+    assert cli_main([*base, "--matmul-precision", "bf16", "--out", str(tmp_path / "s")]) == 2
+    assert "unknown matmul precision" in capsys.readouterr().err

@@ -113,6 +113,12 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
     ("--keep-checkpoints", "keep_checkpoints", int, "keep the last N checkpoints (0 = all)"),
     ("--dtype", "dtype", str, "float32 | float64"),
     ("--device", "device", _device_arg, "cpu | cuda | cuda:N | auto"),
+    (
+        "--matmul-precision",
+        "matmul_precision",
+        str,
+        "highest | tf32: CUDA float32 products in TF32 (highest; no effect on the CPU)",
+    ),
     ("--attn-impl", "attn_impl", str, "standard-regime attention kernel: sdpa | eager"),
     ("--mlp-ratio", "model.mlp_ratio", int, "MLP width as a multiple of d_model (4)"),
     ("--tie-embeddings", "model.tie_embeddings", _bool, "true | false: LM head tied to the token embedding (true)"),

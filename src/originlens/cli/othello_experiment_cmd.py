@@ -47,6 +47,8 @@ def cmd_othello(args: argparse.Namespace) -> int:
         random_directions=args.random_directions,
         device=args.device or "cpu",
         jobs=args.jobs,
+        matmul_precision=args.matmul_precision,
+        replay_rtol=args.replay_rtol,
         **({"lr": args.lr} if args.lr is not None else {}),
     )
     s = run_othello(cfg, args.out, results=args.results, command=command_line(), from_records=args.from_records)
@@ -110,5 +112,18 @@ def add_parser(esub: Any) -> None:
     o.add_argument("--random-directions", type=int, default=2, help="null directions per probe (2)")
     o.add_argument("--jobs", type=int, default=1, help="seeds trained and attributed in parallel processes (1)")
     add_device(o, default=None, help="where to train and attribute (default cpu)")
+    o.add_argument(
+        "--matmul-precision",
+        default="highest",
+        choices=("highest", "tf32"),
+        help="CUDA float32 products: highest (default) or tf32, in training and its replay",
+    )
+    o.add_argument(
+        "--replay-rtol",
+        type=float,
+        default=0.0,
+        help="tolerance of the replay's checks against training (0: bit-exact; e.g. 1e-3 on a GPU "
+        "without deterministic kernels)",
+    )
     add_threads(o)
     o.set_defaults(func=cmd_othello)
