@@ -217,3 +217,18 @@ def test_train_runs_past_the_deadline_stops_every_run(tmp_path):
     with pytest.raises(BudgetExceeded, match="deadline passed before the run started"):
         train_runs(grid, tmp_path, jobs=1, deadline=time.time() - 1)
     assert not list(tmp_path.rglob("model.safetensors"))
+
+
+def test_runs_trained_in_a_shared_worker_pool_equal_runs_trained_alone(tmp_path):
+    from originlens.train.grid import train_runs, worker_pool
+
+    over = dict(d_model=16, n_head=2, batch_size=8, steps=4, eval_size=32, checkpoint_every=0)
+    a = GridConfig(task="majority", regimes=["standard"], seeds=[0, 1], overrides=over)
+    b = GridConfig(task="majority", regimes=["myopic"], seeds=[0], overrides=over)
+    with worker_pool(2) as pool:  # two calls, one pool (as the paper-scale run's rounds do)
+        train_runs(a, tmp_path / "pool", executor=pool)
+        assert train_runs(b, tmp_path / "pool", executor=pool)[0] == ["myopic/seed-0"]
+    train_runs(b, tmp_path / "alone", jobs=1)
+    assert (tmp_path / "pool" / "myopic" / "seed-0" / "model.safetensors").read_bytes() == (
+        tmp_path / "alone" / "myopic" / "seed-0" / "model.safetensors"
+    ).read_bytes()

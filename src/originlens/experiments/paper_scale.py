@@ -44,6 +44,7 @@ docs section, archive); this module holds the configuration, the plans and the r
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -190,6 +191,7 @@ def run_paper_scale(
     import torch
 
     from ..devices import DETERMINISTIC_ENV, resolve_device
+    from ..train.grid import worker_pool
     from .claims import CLAIMS
     from .othello import OthelloConfig
     from .toy_grid import ToyGridConfig, run_toy_grid
@@ -257,40 +259,49 @@ def run_paper_scale(
     rate: float | None = None  # measured seconds per (trained + null) run of the last round
     done_seeds = {task: 0 for task in config.tasks}
     toy_records: dict[str, Any] = {}
-    for n_seeds in config.seed_rounds:
-        new_runs = sum(4 * (n_seeds - done_seeds[task]) for task in config.tasks)
-        need = _toy_round_seconds(rate, new_runs, cal, toy_steps, jobs)
-        if need > toy_deadline - time.time():
-            record["skipped"].append(
-                f"toy round of {n_seeds} seeds: predicted {need:.0f} s, {max(0.0, toy_deadline - time.time()):.0f} s left"
-            )
-            break
-        t = time.time()
-        for task in config.tasks:
-            tc = ToyGridConfig(
-                task=task, scale=toy_scale, seeds=list(range(n_seeds)), overrides=dict(toy_over), jobs=jobs
-            )
-            path = results / "toy-grid" / f"{tc.name}.json"
-            try:
-                summary = run_toy_grid(
-                    tc, out / "toy-grid" / tc.name, results=path, command=command, deadline=toy_deadline
-                )
-            except BudgetExceeded as exc:
+    with contextlib.ExitStack() as stack:  # one pool of workers (and CUDA contexts) for every round and task
+        pool = stack.enter_context(worker_pool(jobs)) if jobs > 1 else None
+        for n_seeds in config.seed_rounds:
+            new_runs = sum(4 * (n_seeds - done_seeds[task]) for task in config.tasks)
+            need = _toy_round_seconds(rate, new_runs, cal, toy_steps, jobs)
+            if need > toy_deadline - time.time():
                 record["skipped"].append(
-                    f"toy grid {task}, {n_seeds} seeds: stopped at the deadline ({exc.what}); "
-                    + (f"the {done_seeds[task]}-seed results stand" if done_seeds[task] else "no results")
+                    f"toy round of {n_seeds} seeds: predicted {need:.0f} s, {max(0.0, toy_deadline - time.time()):.0f} s left"
                 )
-                log(f"[paper-scale] toy grid {task} at {n_seeds} seeds: stopped at the deadline")
-                continue
-            except Exception as exc:  # a failed unit is reported, the others still run
-                record["errors"].append(f"toy grid {task}, {n_seeds} seeds: {type(exc).__name__}: {exc}")
-                log(f"[paper-scale] toy grid {task} failed: {exc}")
-                continue
-            toy_records[task] = {"results_file": str(path), "seeds": n_seeds, "summary": _toy_line(summary)}
-            done_seeds[task] = n_seeds
-        rate = (time.time() - t) / max(1, new_runs)
-        record["units"].append({"unit": f"toy grids, {n_seeds} seeds", "seconds": time.time() - t, "runs": new_runs})
-        log(f"[paper-scale] toy grids at {n_seeds} seeds: {time.time() - t:.0f} s; {clock.left():.0f} s left")
+                break
+            t = time.time()
+            for task in config.tasks:
+                tc = ToyGridConfig(
+                    task=task, scale=toy_scale, seeds=list(range(n_seeds)), overrides=dict(toy_over), jobs=jobs
+                )
+                path = results / "toy-grid" / f"{tc.name}.json"
+                try:
+                    summary = run_toy_grid(
+                        tc,
+                        out / "toy-grid" / tc.name,
+                        results=path,
+                        command=command,
+                        deadline=toy_deadline,
+                        executor=pool,
+                    )
+                except BudgetExceeded as exc:
+                    record["skipped"].append(
+                        f"toy grid {task}, {n_seeds} seeds: stopped at the deadline ({exc.what}); "
+                        + (f"the {done_seeds[task]}-seed results stand" if done_seeds[task] else "no results")
+                    )
+                    log(f"[paper-scale] toy grid {task} at {n_seeds} seeds: stopped at the deadline")
+                    continue
+                except Exception as exc:  # a failed unit is reported, the others still run
+                    record["errors"].append(f"toy grid {task}, {n_seeds} seeds: {type(exc).__name__}: {exc}")
+                    log(f"[paper-scale] toy grid {task} failed: {exc}")
+                    continue
+                toy_records[task] = {"results_file": str(path), "seeds": n_seeds, "summary": _toy_line(summary)}
+                done_seeds[task] = n_seeds
+            rate = (time.time() - t) / max(1, new_runs)
+            record["units"].append(
+                {"unit": f"toy grids, {n_seeds} seeds", "seconds": time.time() - t, "runs": new_runs}
+            )
+            log(f"[paper-scale] toy grids at {n_seeds} seeds: {time.time() - t:.0f} s; {clock.left():.0f} s left")
     record["toy"] = toy_records
     if rate is not None:
         record["toy_throughput"] = {

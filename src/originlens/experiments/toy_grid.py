@@ -155,8 +155,10 @@ class ToyGridConfig:
         return out
 
 
-def _train_all(grid: GridConfig, out: Path, jobs: int, deadline: float | None = None) -> list[str]:
-    return train_runs(grid, out, jobs=jobs, deadline=deadline)[0]
+def _train_all(
+    grid: GridConfig, out: Path, jobs: int, deadline: float | None = None, executor: Any = None
+) -> list[str]:
+    return train_runs(grid, out, jobs=jobs, deadline=deadline, executor=executor)[0]
 
 
 def _per_run(grid: GridConfig, out: Path, regime: str, seed: int) -> dict[str, Any]:
@@ -253,17 +255,19 @@ def run_toy_grid(
     results: str | Path | None = None,
     command: str | None = None,
     deadline: float | None = None,
+    executor: Any = None,
 ) -> dict[str, Any]:
     """Train (or resume) the grid and its initial-model nulls, aggregate, write the experiment record,
     the report and the results file; returns the record.  ``deadline`` (``time.time()``): runs still
     training then stop with a checkpoint and :class:`~originlens.errors.BudgetExceeded` is raised before
-    anything is aggregated (a later call resumes them)."""
+    anything is aggregated (a later call resumes them).  ``executor``: a shared
+    :func:`~originlens.train.grid.worker_pool` to train in."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with exclusive(out):
-        trained = _train_all(config.grid(False), out / "trained", config.jobs, deadline)
-        _train_all(config.grid(True), out / "initial", config.jobs, deadline)
+        trained = _train_all(config.grid(False), out / "trained", config.jobs, deadline, executor)
+        _train_all(config.grid(True), out / "initial", config.jobs, deadline, executor)
         summary = summarise(config, out)
         summary["wall_seconds_this_call"] = time.time() - t0
         summary["trained_this_call"] = len(trained)

@@ -203,6 +203,17 @@ def worker_environment() -> Iterator[None]:
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def worker_pool(jobs: int) -> Iterator[Any]:
+    """A pool of ``jobs`` spawned worker processes started single-threaded (:func:`worker_environment`), for
+    :func:`train_runs` calls that share it."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with worker_environment(), ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        yield pool
+
+
 def train_runs(
     config: GridConfig,
     out: str | Path,
@@ -210,6 +221,7 @@ def train_runs(
     jobs: int = 1,
     overwrite: bool = False,
     deadline: float | None = None,
+    executor: Any = None,
 ) -> tuple[list[str], list[str]]:
     """Train every unfinished (regime, seed) run of ``config`` under ``out`` (all of them with
     ``overwrite``); returns the names trained and skipped.  ``jobs`` > 1 trains that many runs at once in
@@ -217,7 +229,9 @@ def train_runs(
     beat more threads per run); ``jobs`` = 1 trains in this process with its thread count.  The thread
     count is recorded in each run (``environment.json``), as it decides the last bits of the weights.
     ``deadline`` (``time.time()``): runs still training then checkpoint and stop, and
-    :class:`~originlens.errors.BudgetExceeded` is raised once the others have finished."""
+    :class:`~originlens.errors.BudgetExceeded` is raised once the others have finished.  ``executor``: a
+    pool from :func:`worker_pool` to train in instead of a new one (its workers, their imports and their
+    CUDA contexts are kept between calls)."""
     from ..progress import _VERBOSITY
 
     todo, skipped = [], []
@@ -231,22 +245,17 @@ def train_runs(
                 log(f"{name}: finished, skipped", level=2)
             else:
                 todo.append((name, (cfg.to_dict(), str(d), 1, overwrite, _VERBOSITY, deadline)))
-    if jobs <= 1 or len(todo) <= 1:
+    if executor is None and (jobs <= 1 or len(todo) <= 1):
         import torch
 
         for name, (c, rd, _, ow, v, dl) in todo:
             log(f"{name}: trained in {_train_one((c, rd, torch.get_num_threads(), ow, v, dl)):.1f} s")
     else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
         from ..errors import BudgetExceeded
 
         stopped: list[str] = []
-        with (
-            worker_environment(),
-            ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp.get_context("spawn")) as pool,
-        ):
+        with contextlib.ExitStack() as stack:
+            pool = executor if executor is not None else stack.enter_context(worker_pool(min(jobs, len(todo))))
             futures = [(name, pool.submit(_train_one, job)) for name, job in todo]
             for name, fut in futures:
                 try:
