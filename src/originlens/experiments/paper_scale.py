@@ -31,8 +31,9 @@ Settings on CUDA: TF32 products (``matmul_precision="tf32"``: 10-bit mantissa in
 and storage; training and its replay alike, so the replay repeats training; ``"highest"`` turns it off),
 deterministic kernels (so that the attribution replay repeats training; its checks run with
 ``replay_rtol`` as a guard), the trainer's fast path (no host synchronisation inside the step loop;
-bit-identical to the per-step path).  Caveats: how far TF32 moves the pathway components from float32 has
-not been measured on a GPU yet (``--matmul-precision highest`` is the conservative choice); the toy models are
+bit-identical to the per-step path).  Caveats: how far TF32 moves the pathway components is measured by
+emulation on a CPU only (``benchmarks/tf32_emulation.py``: ≈ 7e-4 relative, the sum identity to 7.5e-8;
+``--matmul-precision highest`` is the conservative choice); the toy models are
 trained as separate processes sharing the GPU, not vmapped together — stacking 40 of them with
 ``torch.func.vmap`` measured slower than 8 processes on an H200 (``benchmarks/stacked_models.py``: 6.1× vs
 7.6× one process stepping them in turn; torch has no batching rule for the memory-efficient attention
