@@ -123,14 +123,21 @@ def configure_device(device: Any, matmul_precision: str = "highest") -> dict[str
     if deterministic:
         # read when cuBLAS creates its handle: set before the first product of the process
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        # deterministic mode also fills every new allocation with NaN (a kernel per tensor); nothing here
-        # reads memory before writing it, so that guard is dropped
-        torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
-    tf32 = matmul_precision == "tf32"
+    _set_kernel_flags(deterministic, matmul_precision == "tf32")
+    return {"deterministic": deterministic, "matmul_precision": matmul_precision}
+
+
+def _set_kernel_flags(deterministic: bool, tf32: bool) -> None:
+    """torch's process-wide flags, set both ways (a second configuration in one process, e.g. a run with
+    ``ORIGINLENS_CUDA_DETERMINISTIC=0`` after one without, must not inherit the first's)."""
+    import torch
+
+    torch.use_deterministic_algorithms(deterministic)
+    # deterministic mode also fills every new allocation with NaN (a kernel per tensor); nothing here
+    # reads memory before writing it, so that guard is dropped
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    return {"deterministic": deterministic, "matmul_precision": matmul_precision}
 
 
 def check_matmul_precision(spec: Any) -> str:

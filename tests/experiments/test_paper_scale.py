@@ -60,6 +60,21 @@ def test_the_smoke_run_goes_end_to_end_on_the_cpu_in_under_a_minute(tmp_path):
     assert not any(n.endswith((".safetensors", ".npy")) for n in names)
     assert "claim" in proc.stdout and "gp-othello" in proc.stdout  # the summary table
 
+    # again, in the same results root, with a budget too short for anything: the calibration keeps to its
+    # share, nothing runs, and the earlier run's files (still there) are not judged as this run's
+    from originlens.experiments.paper_scale import run_paper_scale
+
+    t = time.time()
+    again = run_paper_scale(
+        PaperScaleConfig(smoke=True, budget_minutes=0.05, seed_rounds=[3], othello_seeds=1),
+        tmp_path / "again",
+        results=results,
+    )
+    assert time.time() - t < 3.0 + 6.0  # the budget, plus a stopped child's exit and the archive
+    assert again["verdicts"] == {} and "toy" not in again["verdicts"]
+    assert again["errors"] and all("calibration" in e for e in again["errors"])
+    assert (results / "othello" / "othello-ci.json").is_file()  # still there, not this run's
+
 
 def test_the_smoke_run_refuses_a_gpu_and_cuda_is_refused_without_one(tmp_path):
     import torch
@@ -118,7 +133,11 @@ def test_the_othello_plan_cuts_in_the_stated_order():
     for seconds in (3000, 1000, 400):
         p = plan_othello(seconds, CAL, PAPER, 3)
         assert p is None or p["predicted_seconds"] <= seconds
-    assert plan_othello(10, CAL, PAPER, 3) is None  # not even a tenth of training
+    assert plan_othello(10, CAL, PAPER, 3) is None  # not even a sixteenth of training
+    last, seconds = None, 4000.0
+    while (p := plan_othello(seconds, CAL, PAPER, 3)) is not None:  # the cheapest plan there is
+        last, seconds = p, seconds * 0.98
+    assert last is not None and last["steps"] == 5000 // 16 and last["seeds"] == 1  # training cut last, to 1/16
 
 
 def test_the_toy_round_prediction_uses_the_measured_rate_first():
@@ -141,12 +160,31 @@ def _fail() -> None:
     raise SystemExit(3)
 
 
+def _refuse() -> None:
+    raise ConfigError("no such thing", "ask for another")
+
+
+def test_the_stop_grace_stays_inside_the_reserve():
+    from originlens.experiments.paper_scale import Clock
+
+    for budget, reserve in ((480.0, 20.0), (135.0, 13.5), (6.0, 0.6)):
+        c = Clock(budget, reserve)
+        assert c.grace <= max(1.0, reserve / 2) and c.grace <= 15.0
+        assert c.left() == pytest.approx(budget - reserve, abs=0.5)
+
+
 def test_a_unit_past_its_deadline_is_stopped():
     t = time.time()
     assert _run_until(_sleep, (60.0,), 2.0, grace=2.0) == "deadline"
     assert time.time() - t < 30
     assert _run_until(_sleep, (0.0,), 60.0) == "finished"
     assert _run_until(_fail, (), 60.0) == "failed (exit code 3)"
+
+
+def test_a_unit_that_fails_reports_one_line_not_a_traceback(capfd):
+    assert _run_until(_refuse, (), 60.0) == "failed (exit code 2)"
+    err = capfd.readouterr().err
+    assert "paper-scale unit: error: no such thing — fix: ask for another" in err and "Traceback" not in err
 
 
 def test_the_cli_command_parses():

@@ -139,6 +139,48 @@ def test_fast_path_catches_a_nonfinite_gradient_with_a_finite_loss(tmp_path):
         tr.run()
 
 
+def test_fast_path_names_the_update_a_nonfinite_gradient_may_have_come_from(tmp_path):
+    tr = Trainer(tiny(steps=10, checkpoint_every=0, eval_every=0, log_every=10), tmp_path / "r")
+    tr.host_sync = "log"
+    p = next(tr.model.parameters())
+
+    def poison(t):  # an infinite gradient in update 3 (not read then): the loss of update 4 is the first NaN
+        if t.step == 2:
+            p.register_hook(lambda g: torch.full_like(g, float("inf")))
+
+    tr.add_callback("on_step_end", poison)
+    with pytest.raises(NumericalError, match=r"at update 4 \(or a non-finite gradient at update 3\)"):
+        tr.run()
+
+
+def test_fast_path_signal_after_the_read_checks_the_unread_updates_before_checkpointing(tmp_path):
+    import os
+    import signal
+
+    from originlens.interrupts import Interrupted
+
+    def run(poison: bool):
+        tr = Trainer(tiny(steps=10, checkpoint_every=0, eval_every=0, log_every=10), tmp_path / f"r{poison}")
+        tr.host_sync = "log"
+        p = next(tr.model.parameters())
+
+        def at_3(t):  # after the step's read: parameters broken (optionally), then SIGTERM
+            if t.step == 3:
+                if poison:
+                    with torch.no_grad():
+                        p.fill_(float("nan"))
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        tr.add_callback("on_step_end", at_3)
+        tr.run()
+
+    with pytest.raises(Interrupted, match="SIGTERM at update 3/10"):
+        run(False)
+    with pytest.raises(NumericalError, match=r"became non-finite in updates 1\.\.3"):
+        run(True)  # no checkpoint of parameters nobody checked
+    assert not list((tmp_path / "rTrue").glob("checkpoints/*.safetensors"))
+
+
 def test_host_sync_must_be_known(tmp_path):
     tr = Trainer(tiny(), tmp_path / "r")
     tr.host_sync = "sometimes"
@@ -158,6 +200,21 @@ def test_matmul_precision_is_validated_and_kept_out_of_old_identities():
     assert configure_device(torch.device("cpu"), "tf32") == {}
     with pytest.raises(ConfigError):
         configure_device(torch.device("cpu"), "fast")
+
+
+def test_kernel_flags_are_set_both_ways():
+    from originlens.devices import _set_kernel_flags
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.matmul.allow_tf32)
+    try:
+        _set_kernel_flags(True, True)
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cuda.matmul.allow_tf32
+        _set_kernel_flags(False, False)  # a later configuration turns them off again
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cuda.matmul.allow_tf32 = before[1]
 
 
 @pytest.mark.parametrize("host_sync", ["step", "log"])

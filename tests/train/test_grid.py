@@ -212,11 +212,29 @@ def test_train_runs_past_the_deadline_stops_every_run(tmp_path):
         seeds=[0, 1],
         overrides=dict(d_model=16, n_head=2, batch_size=8, steps=5, eval_size=32, checkpoint_every=0),
     )
-    with pytest.raises(BudgetExceeded, match="2 of 2 runs stopped"):
-        train_runs(grid, tmp_path, jobs=2, deadline=time.time() - 1)
-    with pytest.raises(BudgetExceeded, match="deadline passed before the run started"):
-        train_runs(grid, tmp_path, jobs=1, deadline=time.time() - 1)
-    assert not list(tmp_path.rglob("model.safetensors"))
+    for jobs in (2, 1):  # runs the deadline refused are not reported as checkpointed
+        with pytest.raises(
+            BudgetExceeded, match=r"deadline reached: 2 not started \(standard/seed-0, standard/seed-1\)"
+        ):
+            train_runs(grid, tmp_path, jobs=jobs, deadline=time.time() - 1)
+    assert not list(tmp_path.rglob("*.safetensors")) and not (tmp_path / "standard").exists()
+
+
+def test_a_failed_run_in_a_shared_pool_leaves_no_sibling_running(tmp_path):
+    from originlens.errors import InputError
+    from originlens.train.grid import train_runs, worker_pool
+
+    over = dict(d_model=16, n_head=2, batch_size=8, steps=30, eval_size=32, checkpoint_every=0)
+    grid = GridConfig(task="majority", regimes=["standard"], seeds=[0, 1, 2, 3], overrides=over)
+    bad = run_dir_for(tmp_path, "standard", 0)
+    bad.parent.mkdir(parents=True)
+    bad.write_text("not a run directory")  # this run fails at its start
+    with worker_pool(2) as pool:
+        with pytest.raises(InputError, match="is a file"):
+            train_runs(grid, tmp_path, executor=pool)
+        after_error = sorted(str(p) for p in tmp_path.rglob("*"))
+    # leaving the pool waits for anything still running: nothing was, so nothing changed
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == after_error
 
 
 def test_runs_trained_in_a_shared_worker_pool_equal_runs_trained_alone(tmp_path):

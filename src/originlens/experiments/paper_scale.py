@@ -5,25 +5,31 @@ layers, d = 256, 4 heads, batch 1,024, 5,000 steps; the 16 central cells by feat
 
 ``run_paper_scale(PaperScaleConfig(budget_minutes=8), OUT)``:
 
-1. **calibrate** (a few percent of the budget): steps/s of one paper-config Conditioned Majority model,
-   of the paper's OthelloGPT, and the replay's cost per attributed update (decomposition only, and with the
-   influences recorded) on a short throw-away Othello run; on CUDA also the Othello step under bf16
-   autocast, for the achieved-FLOP/s figure only (no result is trained in bf16);
+1. **calibrate** (bounded by ``calibration_share`` of the budget, 35 %; ≈ 90 s on an H200): steps/s of
+   one paper-config Conditioned Majority model, of the paper's OthelloGPT, and the replay's cost per
+   attributed update (decomposition only, and with the influences recorded) on a short throw-away Othello
+   run, in its own process stopped at that bound (the Othello experiment is skipped if it does not
+   finish); on CUDA also the Othello step under bf16 autocast, for the achieved-FLOP/s figure only (no
+   result is trained in bf16);
 2. **toy grids**: :func:`~originlens.experiments.toy_grid.run_toy_grid` at the ``paper`` scale for each
    task, the seeds grown in turn (3, then 5, then 10) while the measured rate of the previous round says
    the next one fits the toy share of the budget; the runs of a round are trained ``jobs`` at a time in
-   worker processes sharing the device (resumable: a later round trains only its new seeds);
+   single-threaded worker processes sharing the device (resumable: a later round trains only its new
+   seeds);
 3. **Othello**: :func:`~originlens.experiments.othello.run_othello` at the ``paper`` scale with the
    overrides the plan needs to fit what is left (:func:`plan_othello`: the attributed prefix, the
    recording stride, the snapshots, the number of seeds and — last — the training steps); every cut is a
-   deviation in the results file;
+   deviation in the results file; it runs in its own process with the machine's threads;
 4. writes the experiments' own results files (``toy-grid/<task>-paper``, ``othello/othello-paper`` under
    ``results``), this run's record ``paper-scale/<name>`` (calibration, plan, throughput, achieved FLOP/s,
-   what was cut and why, the verdict of every claim it touched), ``OUT/paper-scale-runs.tar.gz`` (the run
+   what was cut and why, the verdict of every claim whose results file this run wrote),
+   ``OUT/paper-scale-runs.tar.gz`` (the run
    directories without checkpoints, pools and models) and prints the summary table.
 
-The clock is checked between units of work; a unit that would not finish before the deadline is not
-started, and what finished is written (the record says what was skipped).  ``smoke=True`` runs the same
+The clock is checked between units of work and inside them (runs still training at the deadline
+checkpoint and stop; the Othello process is sent SIGTERM, then killed after a grace of at most half the
+reserve); a unit that would not finish before the deadline is not started, and what finished is written
+(the record says what was skipped).  ``smoke=True`` runs the same
 code end to end on the CPU at tiny size (toy scale ``ci`` with fewer steps, Othello scale ``ci``) in under
 a minute — the test suite runs it.
 
@@ -93,6 +99,7 @@ class PaperScaleConfig:
     othello_seeds: int = 3
     toy_steps: int | None = None  # override of the toy grids' 3,000 steps (a deviation; for trial runs)
     toy_share: float = 0.4  # of the time left after calibration
+    calibration_share: float = 0.35  # of the budget, at most
     replay_rtol: float = 1e-3  # on CUDA (0 on the CPU: bit-exact)
     reserve_seconds: float = 20.0  # kept for the records, the archive and the summary
 
@@ -107,6 +114,8 @@ class PaperScaleConfig:
             raise ConfigError(f"jobs must be an integer ≥ 0 (0: automatic), got {self.jobs!r}", "e.g. --jobs 8")
         if not 0 < self.toy_share < 1:
             raise ConfigError(f"toy_share={self.toy_share} must lie in (0, 1)", "e.g. 0.4")
+        if not 0 < self.calibration_share < 1:
+            raise ConfigError(f"calibration_share={self.calibration_share} must lie in (0, 1)", "e.g. 0.35")
         if self.toy_steps is not None and (isinstance(self.toy_steps, bool) or self.toy_steps < 1):
             raise ConfigError(f"toy_steps={self.toy_steps!r} must be ≥ 1", "e.g. 300")
         if not 1 <= self.othello_seeds <= 10:
@@ -118,11 +127,13 @@ class PaperScaleConfig:
 
 
 class Clock:
-    """The run's deadline: ``left()`` seconds remain of the budget less the reserve."""
+    """The run's deadline: ``left()`` seconds remain of the budget less the reserve (kept for stopping the
+    last unit — :attr:`grace`, at most half of it — and for the records, the archive and the summary)."""
 
     def __init__(self, budget_s: float, reserve_s: float) -> None:
         self.t0 = time.time()
         self.deadline = self.t0 + budget_s - reserve_s
+        self.grace = max(1.0, min(15.0, reserve_s / 2))
 
     def left(self) -> float:
         return self.deadline - time.time()
@@ -134,13 +145,19 @@ class Clock:
 # ------------------------------------------------------------------------------------------------ plans
 def plan_othello(seconds: float, cal: dict[str, Any], settings: dict[str, Any], seeds: int) -> dict[str, Any] | None:
     """Overrides of the ``paper`` Othello scale that fit ``seconds`` (None when not even one seed of a
-    tenth of training fits).  Cuts in order: snapshots, recording stride (1, 2, 5, 10, 20, 50), attributed
+    sixteenth of training fits).  Cuts in order: snapshots, recording stride (1, 2, 5, 10, 20, 50), attributed
     prefix (all, ½, ⅕, 1/10, 1/20), seeds (→ 1), training steps (→ ½, ¼, …).  Seeds run one after another
     (a seed's model fills the GPU); cost per seed = steps × step + evaluations + attributed × decomposition
     + recorded × influence + snapshots, with a 1.5 safety factor for what the calibration did not see."""
     step, dec, rec = cal["othello_step_seconds"], cal["decomposed_update_seconds"], cal["recorded_update_seconds"]
     # pool, evaluations (11 of the trained model, 1 of the null) and probes, loading the replay
-    fixed = 2.0 * cal.get("attribution_fixed_seconds", 0.0) + 12 * cal.get("othello_other_seconds", 5.0) + 5.0
+    # and the trainer's construction (measured on a small pool: the paper's pool costs more, hence the 5 s)
+    fixed = (
+        2.0 * cal.get("attribution_fixed_seconds", 0.0)
+        + 12 * cal.get("othello_other_seconds", 5.0)
+        + cal.get("othello_setup_seconds", 0.0)
+        + 5.0
+    )
     full = int(settings["steps"])
 
     def cost(steps: int, attributed: int, every: int, snapshots: int) -> float:
@@ -181,7 +198,8 @@ def _toy_round_seconds(rate: float | None, runs: int, cal: dict[str, Any], steps
     # processes sharing a GPU: on an H200, 16 trainers ran at 40 steps/s each against 111 for one alone
     # (5.8×; benchmarks/RESULTS.md): count a third of the processes, at most a third of the CPUs
     gain = min(jobs, 2) if cal.get("device") == "cpu" else max(1, min(jobs, (os.cpu_count() or 3)) // 3)
-    return runs * per_run / gain
+    # each worker's first run also builds what the calibration's first trainer built (imports included)
+    return runs * per_run / gain + cal.get("toy_setup_seconds", 0.0)
 
 
 # --------------------------------------------------------------------------------------------------- run
@@ -218,29 +236,50 @@ def run_paper_scale(
     }
     log(f"[paper-scale] {record['device_name']}: budget {config.budget_minutes:g} min, {jobs} processes")
 
-    # 1. calibration
+    # 1. calibration, bounded by its share of the budget
+    cal_deadline = clock.t0 + config.calibration_share * (clock.deadline - clock.t0)
+    cal: dict[str, Any] = {"device": device.type}
+    othello = config.othello
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         t = time.time()
-        cal = calibrate(config, device, Path(tmp))
-        othello = config.othello
+        try:
+            cal = calibrate(config, device, Path(tmp), deadline=cal_deadline)
+        except BudgetExceeded as exc:
+            record["errors"].append(f"calibration: the toy model did not finish within its share ({exc.what})")
+            othello = False
         for attempt in range(2 if othello else 0):
-            try:
-                calibrate_othello(config, device, Path(tmp) / f"attempt-{attempt}", cal)
+            left = cal_deadline - time.time()
+            status = _run_until(
+                _calibrate_othello_child,
+                (config, str(device), str(Path(tmp) / f"attempt-{attempt}"), str(Path(tmp) / "othello.json")),
+                left,
+                grace=clock.grace,
+            )
+            if status == "finished":
+                cal.update(read_json(Path(tmp) / "othello.json"))
                 break
-            except Exception as exc:  # reported; the toy grids still run
-                record["errors"].append(f"Othello calibration: {type(exc).__name__}: {exc}")
-                log(f"[paper-scale] Othello calibration failed: {exc}")
-                if attempt == 0 and device.type == "cuda" and os.environ.get(DETERMINISTIC_ENV) != "0":
-                    os.environ[DETERMINISTIC_ENV] = "0"  # retry without deterministic kernels
-                    torch.use_deterministic_algorithms(False)
-                    record["errors"][-1] += " (retried without deterministic kernels)"
-                else:
-                    othello = False
-                    break
+            what = "did not finish within the calibration's share" if status == "deadline" else status
+            record["errors"].append(f"Othello calibration (attempt {attempt + 1}): {what}")
+            log(f"[paper-scale] Othello calibration: {what}")
+            if (
+                status != "deadline"
+                and attempt == 0
+                and device.type == "cuda"
+                and os.environ.get(DETERMINISTIC_ENV) != "0"
+            ):
+                os.environ[DETERMINISTIC_ENV] = "0"  # retry without deterministic kernels (workers inherit it)
+                record["errors"][-1] += "; retried without deterministic kernels"
+            else:
+                othello = False
+                break
         cal["seconds"] = time.time() - t
     record["calibration"] = cal
     record["deterministic_kernels"] = os.environ.get(DETERMINISTIC_ENV) != "0" and device.type == "cuda"
-    log(f"[paper-scale] calibration {cal['seconds']:.0f} s: toy {cal['toy_steps_per_second']:.0f} steps/s")
+    if "toy_steps_per_second" not in cal:
+        tasks: list[str] = []
+    else:
+        tasks = list(config.tasks)
+        log(f"[paper-scale] calibration {cal['seconds']:.0f} s: toy {cal['toy_steps_per_second']:.0f} steps/s")
     if othello:
         log(
             f"[paper-scale] Othello {cal['othello_steps_per_second']:.1f} steps/s "
@@ -258,12 +297,13 @@ def run_paper_scale(
     toy_scale = "ci" if config.smoke else "paper"
     toy_steps = int(toy_over.get("steps", 3000))
     rate: float | None = None  # measured seconds per (trained + null) run of the last round
-    done_seeds = {task: 0 for task in config.tasks}
+    done_seeds = {task: 0 for task in tasks}
+    written: set[Path] = set()  # results files this run wrote (the only ones its verdicts are judged from)
     toy_records: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:  # one pool of workers (and CUDA contexts) for every round and task
-        pool = stack.enter_context(worker_pool(jobs)) if jobs > 1 else None
-        for n_seeds in config.seed_rounds:
-            new_runs = sum(4 * (n_seeds - done_seeds[task]) for task in config.tasks)
+        pool = stack.enter_context(worker_pool(jobs)) if jobs > 1 and tasks else None
+        for n_seeds in config.seed_rounds if tasks else ():
+            new_runs = sum(4 * (n_seeds - done_seeds[task]) for task in tasks)
             need = _toy_round_seconds(rate, new_runs, cal, toy_steps, jobs)
             if need > toy_deadline - time.time():
                 record["skipped"].append(
@@ -271,7 +311,7 @@ def run_paper_scale(
                 )
                 break
             t = time.time()
-            for task in config.tasks:
+            for task in tasks:
                 tc = ToyGridConfig(
                     task=task, scale=toy_scale, seeds=list(range(n_seeds)), overrides=dict(toy_over), jobs=jobs
                 )
@@ -297,6 +337,7 @@ def run_paper_scale(
                     log(f"[paper-scale] toy grid {task} failed: {exc}")
                     continue
                 toy_records[task] = {"results_file": str(path), "seeds": n_seeds, "summary": _toy_line(summary)}
+                written.add(path)
                 done_seeds[task] = n_seeds
             rate = (time.time() - t) / max(1, new_runs)
             record["units"].append(
@@ -318,7 +359,7 @@ def run_paper_scale(
         plan = plan_othello(clock.left(), cal, settings, config.othello_seeds)
         record["othello_plan"] = plan
         if plan is None:
-            record["skipped"].append(f"Othello: not even a tenth of training fits in {clock.left():.0f} s")
+            record["skipped"].append(f"Othello: not even a sixteenth of training fits in {clock.left():.0f} s")
         else:
             overrides = {k: plan[k] for k in ("steps", "attribute_steps", "record_every", "snapshot_updates")}
             if config.smoke:
@@ -334,10 +375,17 @@ def run_paper_scale(
             )
             path = results / "othello" / f"{oc.name}.json"
             t = time.time()
-            status = _run_until(_othello_child, (oc, str(out / "othello"), str(path), command), clock.left())
+            status = _run_until(
+                _othello_child,
+                (oc, str(out / "othello"), str(path), command),
+                clock.left(),
+                grace=clock.grace,
+                single_threaded=False,  # alone on the machine, as calibrated
+            )
             if status == "finished" and (out / "othello" / "experiment.json").is_file():
                 summary = read_json(out / "othello" / "experiment.json")
                 record["othello"] = {"results_file": str(path), "summary": _othello_line(summary)}
+                written.add(path)
             elif status == "deadline":
                 record["skipped"].append("Othello: stopped at the deadline (checkpoints kept; no results file)")
             else:
@@ -354,7 +402,9 @@ def run_paper_scale(
     # 4. verdicts, record, archive, summary
     from .results import load_all
 
-    recs = load_all(results)
+    # judged from this run's files only: a results root may hold earlier runs' files of the same names
+    mine = {f"{p.parent.name}/{p.stem}" for p in written}
+    recs = {k: v for k, v in load_all(results).items() if k in mine}
     verdicts = {}
     for c in CLAIMS:
         key = next((k for k in c.sources if k.endswith("-paper")), None)
@@ -388,6 +438,18 @@ def run_paper_scale(
     return record
 
 
+def _calibrate_othello_child(config: PaperScaleConfig, device: str, work: str, path: str) -> None:
+    """The Othello calibration in its own process (so that its share of the budget can stop it); the
+    measurements are written to ``path`` (JSON)."""
+    import json
+
+    import torch
+
+    cal: dict[str, Any] = {}
+    calibrate_othello(config, torch.device(device), Path(work), cal)
+    Path(path).write_text(json.dumps(to_jsonable(cal)))
+
+
 def _othello_child(oc: Any, out: str, path: str, command: str) -> None:
     """The Othello unit in its own process (so that the deadline can stop it wherever it is)."""
     from .othello import run_othello
@@ -395,16 +457,41 @@ def _othello_child(oc: Any, out: str, path: str, command: str) -> None:
     run_othello(oc, out, results=path, command=command)
 
 
-def _run_until(target: Any, args: tuple[Any, ...], seconds: float, grace: float = 15.0) -> str:
+def _unit_main(target: Any, args: tuple[Any, ...]) -> None:
+    """A unit's process: ``target(*args)`` with the command's error handling (a stop at the deadline or an
+    error is one line on stderr and an exit status, never a traceback)."""
+    import sys
+
+    from ..errors import OriginlensError
+    from ..interrupts import Interrupted, terminate_as_interrupt
+
+    try:
+        with terminate_as_interrupt():
+            target(*args)
+    except OriginlensError as exc:
+        print(f"paper-scale unit: error: {exc.one_line()}", file=sys.stderr)
+        sys.exit(2)
+    except Interrupted as exc:  # a trainer checkpointed before stopping
+        print(f"paper-scale unit: interrupted by {exc.message}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt as exc:
+        print("paper-scale unit: interrupted", file=sys.stderr)
+        sys.exit(143 if str(exc) == "SIGTERM" else 130)
+
+
+def _run_until(
+    target: Any, args: tuple[Any, ...], seconds: float, grace: float = 15.0, *, single_threaded: bool = True
+) -> str:
     """Run ``target(*args)`` in a spawned process for at most ``seconds``: ``"finished"``, ``"deadline"``
     (sent SIGTERM — a trainer checkpoints and stops — then killed after ``grace`` seconds) or
-    ``"failed (exit code N)"``."""
+    ``"failed (exit code N)"``.  ``single_threaded``: the process starts in
+    :func:`~originlens.train.grid.worker_environment` (else with this process's environment)."""
     import multiprocessing as mp
 
     from ..train.grid import worker_environment
 
-    with worker_environment():
-        proc = mp.get_context("spawn").Process(target=target, args=args)
+    with worker_environment() if single_threaded else contextlib.nullcontext():
+        proc = mp.get_context("spawn").Process(target=_unit_main, args=(target, args))
         proc.start()
     proc.join(max(0.0, seconds))
     if proc.is_alive():

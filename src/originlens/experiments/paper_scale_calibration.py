@@ -28,12 +28,19 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_training(cfg: Any, run_dir: Path, first: int) -> tuple[float, Any, float]:
-    """Train ``cfg`` in ``run_dir``; seconds per update over updates first+1..steps (device synchronised at
-    both ends), the trainer, and the run's seconds besides its updates (set-up, evaluation, probes)."""
+def _timed_training(
+    cfg: Any, run_dir: Path, first: int, deadline: float | None = None
+) -> tuple[float, Any, float, float]:
+    """Train ``cfg`` in ``run_dir`` (``deadline``: a ``time.time()`` after which it stops with
+    :class:`~originlens.errors.BudgetExceeded`); seconds per update over updates first+1..steps (device
+    synchronised at both ends), the trainer, the run's seconds besides its updates and its construction
+    (the first updates, evaluation, probes, files), and the construction's seconds (data, model; the first
+    in a process also pays imports)."""
     from ..train.ntp import Trainer
 
+    t_build = time.perf_counter()
     tr = Trainer(cfg, run_dir, overwrite=True)
+    tr.deadline = deadline
     marks: dict[int, float] = {}
 
     def mark(t: Any) -> None:
@@ -46,7 +53,7 @@ def _timed_training(cfg: Any, run_dir: Path, first: int) -> tuple[float, Any, fl
     tr.run()
     wall = time.perf_counter() - t0
     per_step = (marks[cfg.steps] - marks[first]) / (cfg.steps - first)
-    return per_step, tr, max(0.0, wall - cfg.steps * per_step)
+    return per_step, tr, max(0.0, wall - cfg.steps * per_step), t0 - t_build
 
 
 def gpt_step_flops(n_layer: int, d_model: int, vocab: int, batch: int, seq: int, mlp_ratio: int = 4) -> float:
@@ -57,8 +64,9 @@ def gpt_step_flops(n_layer: int, d_model: int, vocab: int, batch: int, seq: int,
     return 3.0 * per_token * batch * seq
 
 
-def calibrate(config: PaperScaleConfig, device: Any, work: Path) -> dict[str, Any]:
-    """Measured throughput of the toy model (see the module docstring; Othello: :func:`calibrate_othello`)."""
+def calibrate(config: PaperScaleConfig, device: Any, work: Path, *, deadline: float | None = None) -> dict[str, Any]:
+    """Measured throughput of the toy model (see the module docstring; Othello: :func:`calibrate_othello`);
+    :class:`~originlens.errors.BudgetExceeded` if its training passes ``deadline`` (``time.time()``)."""
     from ..train.ntp import NTPConfig
 
     cal: dict[str, Any] = {"device": device.type}
@@ -74,9 +82,10 @@ def calibrate(config: PaperScaleConfig, device: Any, work: Path) -> dict[str, An
         device=str(device),
         matmul_precision=config.matmul_precision,
     )
-    s, _, other = _timed_training(toy, work / "toy", toy_steps // 3)
+    s, _, other, setup = _timed_training(toy, work / "toy", toy_steps // 3, deadline)
     cal["toy_step_seconds"] = s
     cal["toy_other_seconds"] = other
+    cal["toy_setup_seconds"] = setup
     cal["toy_steps_per_second"] = 1.0 / s
     return cal
 
@@ -109,8 +118,9 @@ def calibrate_othello(
         checkpoint_every=n // 2,
         log_every=1,
     )
-    s, tr, other = _timed_training(ocfg, work / "othello", 2)
+    s, tr, other, setup = _timed_training(ocfg, work / "othello", 2)
     cal["othello_other_seconds"] = other
+    cal["othello_setup_seconds"] = setup
     cal["othello_step_seconds"] = s
     cal["othello_steps_per_second"] = 1.0 / s
     gc = tr.gpt_config

@@ -87,6 +87,9 @@ def render_section(key: str, rec: dict[str, Any]) -> list[str]:
     def f(v: Any, fmt: str) -> str:
         return "—" if v is None else format(v, fmt)
 
+    def tera(v: Any) -> float | None:
+        return None if v is None else v / 1e12
+
     out = [
         f"### {rec['name']} (`results/{key}.json`)",
         "",
@@ -101,9 +104,9 @@ def render_section(key: str, rec: dict[str, Any]) -> list[str]:
         "|---|---|",
         f"| one Conditioned Majority model (paper config) | {f(cal.get('toy_steps_per_second'), '.0f')} steps/s |",
         f"| OthelloGPT, paper config (batch 1,024) | {f(cal.get('othello_steps_per_second'), '.1f')} steps/s, "
-        f"{f((cal.get('othello_flops_per_second') or 0) / 1e12, '.1f')} TFLOP/s |",
+        f"{f(tera(cal.get('othello_flops_per_second')), '.1f')} TFLOP/s |",
         f"| the same under bf16 autocast (timing only) | "
-        f"{f((cal.get('othello_bf16_flops_per_second') or 0) / 1e12, '.1f')} TFLOP/s |",
+        f"{f(tera(cal.get('othello_bf16_flops_per_second')), '.1f')} TFLOP/s |",
         f"| Adam-variant replay, decomposed update | {f(cal.get('decomposed_update_seconds'), '.2f')} s |",
         f"| … with influences recorded | {f(cal.get('recorded_update_seconds'), '.2f')} s "
         f"({f(cal.get('attribution_overhead_per_tracked_step'), '.0f')} training steps) |",

@@ -160,20 +160,20 @@ class GridResult:
     skipped: list[str]
 
 
-def _train_one(job: tuple[dict[str, Any], str, int, bool, int | None, float | None]) -> float:
+def _train_one(job: tuple[dict[str, Any], str, int, bool, int | None, float | None]) -> float | None:
     """One run of a grid (a process pool's task): config dict, run directory, torch threads, overwrite,
-    verbosity of the parent, deadline (``time.time()``, or None)."""
+    verbosity of the parent, deadline (``time.time()``, or None).  Returns the seconds it trained, or None
+    when the deadline had passed before it started (nothing written); raises
+    :class:`~originlens.errors.BudgetExceeded` when it passed during training (checkpoint written)."""
     cfg_dict, run_dir, threads, overwrite, verbosity, deadline = job
+    if deadline is not None and time.time() > deadline:
+        return None
     import torch
 
     from ..progress import set_verbosity
 
     set_verbosity(verbosity)
     torch.set_num_threads(threads)
-    if deadline is not None and time.time() > deadline:
-        from ..errors import BudgetExceeded
-
-        raise BudgetExceeded(f"{run_dir}: deadline passed before the run started", "give the runs more time")
     t = time.time()
     train(NTPConfig.from_dict(cfg_dict), run_dir, resume=not overwrite, overwrite=overwrite, deadline=deadline)
     return time.time() - t
@@ -245,28 +245,55 @@ def train_runs(
                 log(f"{name}: finished, skipped", level=2)
             else:
                 todo.append((name, (cfg.to_dict(), str(d), 1, overwrite, _VERBOSITY, deadline)))
+    from ..errors import BudgetExceeded
+
+    stopped: list[str] = []  # deadline reached while training: checkpoint written
+    unstarted: list[str] = []  # deadline passed before the run started: nothing written
+
+    def outcome(name: str, seconds: float | None, where: str) -> None:
+        if seconds is None:
+            unstarted.append(name)
+        else:
+            log(f"{name}: trained in {seconds:.1f} s{where}")
+
     if executor is None and (jobs <= 1 or len(todo) <= 1):
         import torch
 
         for name, (c, rd, _, ow, v, dl) in todo:
-            log(f"{name}: trained in {_train_one((c, rd, torch.get_num_threads(), ow, v, dl)):.1f} s")
+            try:
+                outcome(name, _train_one((c, rd, torch.get_num_threads(), ow, v, dl)), "")
+            except BudgetExceeded:
+                stopped.append(name)
     else:
-        from ..errors import BudgetExceeded
-
-        stopped: list[str] = []
         with contextlib.ExitStack() as stack:
             pool = executor if executor is not None else stack.enter_context(worker_pool(min(jobs, len(todo))))
             futures = [(name, pool.submit(_train_one, job)) for name, job in todo]
-            for name, fut in futures:
-                try:
-                    log(f"{name}: trained in {fut.result():.1f} s (worker process, 1 thread)")
-                except BudgetExceeded:
-                    stopped.append(name)
-        if stopped:
-            raise BudgetExceeded(
-                f"deadline reached: {len(stopped)} of {len(todo)} runs stopped with a checkpoint ({', '.join(stopped)})",
-                "continue with --resume (or give the runs more time)",
-            )
+            try:
+                for name, fut in futures:
+                    try:
+                        outcome(name, fut.result(), " (worker process, 1 thread)")
+                    except BudgetExceeded:
+                        stopped.append(name)
+            except BaseException:
+                # a run failed (or this process was interrupted): runs not started are cancelled and the
+                # running ones finish before the error propagates, so no worker of a shared pool is left
+                # writing into a run directory the caller may be about to read or remove
+                for _, fut in futures:
+                    fut.cancel()
+                for _, fut in futures:
+                    if not fut.cancelled():
+                        with contextlib.suppress(BaseException):
+                            fut.result()
+                raise
+    if stopped or unstarted:
+        parts = (
+            [f"{len(stopped)} of {len(todo)} runs stopped with a checkpoint ({', '.join(stopped)})"] if stopped else []
+        )
+        if unstarted:
+            parts.append(f"{len(unstarted)} not started ({', '.join(unstarted)})")
+        raise BudgetExceeded(
+            f"deadline reached: {'; '.join(parts)}", "continue with --resume (or give the runs more time)"
+        )
     return [name for name, _ in todo], skipped
 
 

@@ -90,7 +90,9 @@ class Trainer:
 
     Events: ``on_step_end`` (after every update; ``trainer.step``, ``trainer.last_loss``),
     ``on_eval`` (``trainer.last_eval``), ``on_probe`` (``trainer.last_probe``), ``on_checkpoint``
-    (``trainer.last_checkpoint``).
+    (``trainer.last_checkpoint``).  On the fast path (:attr:`host_sync` ``"log"``) reading
+    ``trainer.last_loss`` copies that loss to the host: a callback that reads it every update brings back
+    one synchronisation per step.
     """
 
     def __init__(
@@ -262,6 +264,9 @@ class Trainer:
                 if checkpoint_now:
                     self._checkpoint()
                 if dist_.any_rank(stop.requested):
+                    if fast:  # a signal that arrived after the read above: no checkpoint of unread losses
+                        window += self._read_pending(pending, first_pending)
+                        pending, first_pending = [], self.step + 1
                     self._stop_on_signal(stop.signal or "SIGINT")
                 if self.deadline is not None and dist_.any_rank(late):
                     self._stop_at_deadline()
@@ -767,7 +772,9 @@ class Trainer:
         values = torch.stack(pending).cpu().tolist()
         for j, v in enumerate(values):
             if not math.isfinite(v):
-                self._raise_nonfinite_loss(v, first + j)
+                # the gradients are not read per update here: a non-finite gradient with a finite loss at
+                # update k shows as a non-finite loss at update k + 1
+                self._raise_nonfinite_loss(v, first + j, gradient_unchecked=first + j > 1)
         params = list(self.model.named_parameters())
         if not bool(torch.stack([torch.isfinite(p.detach()).all() for _, p in params]).all()):
             name = next(n for n, p in params if not bool(torch.isfinite(p.detach()).all()))
@@ -780,11 +787,12 @@ class Trainer:
         self._last_loss, self._last_loss_t = float(values[-1]), None
         return [float(v) for v in values]
 
-    def _raise_nonfinite_loss(self, value: float, update: int) -> None:
+    def _raise_nonfinite_loss(self, value: float, update: int, *, gradient_unchecked: bool = False) -> None:
         cfg = self.config
         last = str(self.last_checkpoint) if self.last_checkpoint else "none (no checkpoint yet)"
+        cause = f" (or a non-finite gradient at update {update - 1})" if gradient_unchecked else ""
         raise NumericalError(
-            f"training loss is {value} at update {update} ({cfg.task}/{cfg.regime}, seed {cfg.seed}); "
+            f"training loss is {value} at update {update}{cause} ({cfg.task}/{cfg.regime}, seed {cfg.seed}); "
             f"last good checkpoint: {last}",
             "lower --lr (or use --dtype float64); resume from the last checkpoint with --resume",
         )
