@@ -10,7 +10,9 @@ The previous vectorised numpy engine (``_run(..., compiled=False)``, kept as the
     .venv/bin/python benchmarks/othello.py [--games 64,256,2000] [--plain-games N] [--no-types] [--pool 500000]
 
 ``--pool N`` also times ``originlens.train.ntp.othello_pool(N, seed)``, the trainer's Othello data (moves
-only, chunks of 16,384 games).
+only, chunks of 16,384 games), and, with ``--pool-draws STEPS,BATCH`` (default 300,64: ``make demo``'s
+Othello run), what a run of that many updates holds instead: the rows it draws (``pool_rows``) and only
+those games (``othello_pool(N, seed, rows)``; checked equal to the whole pool's rows), with the ratio.
 
 Profile (cProfile and process CPU time, 2 shared cores, load ≈ 3, 2026-12-04).  Previous numpy engine:
 256 games 0.071 s with types / 0.024 s without, 2,000 games 0.47 s / 0.092 s.  With types 64 % (2,000
@@ -116,6 +118,7 @@ def main() -> None:
     ap.add_argument("--no-types", action="store_true", help="skip feature types in all engines")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pool", type=int, default=0, help="also time the trainer's pool of this many games")
+    ap.add_argument("--pool-draws", default="300,64", help="STEPS,BATCH of a run drawing from that pool")
     args = ap.parse_args()
     with_types = not args.no_types
     sizes = [int(x) for x in args.games.split(",") if x]
@@ -184,6 +187,19 @@ def main() -> None:
         print(
             f"  trainer pool (moves only): {args.pool} games, CPU {c:.2f} s [{lo:.2f}-{hi:.2f}], "
             f"wall {float(np.median(wall)):.2f} s = {args.pool / c:.0f} games/s CPU"
+        )
+        from originlens.train.ntp import pool_rows
+
+        steps, batch = (int(v) for v in args.pool_draws.split(","))
+        drawn = lambda: othello_pool(args.pool, args.seed, pool_rows(args.pool, args.seed, batch, steps))  # noqa: E731
+        rows = pool_rows(args.pool, args.seed, batch, steps)
+        assert np.array_equal(drawn(), othello_pool(args.pool, args.seed)[rows]), "drawn games differ"
+        dcpu, dwall = _time(drawn, 5)
+        d, dlo, dhi = _median_spread(dcpu)
+        print(
+            f"  a run of {steps} updates of {batch} games draws {len(rows)} distinct games: rows and those games "
+            f"CPU {d:.3f} s [{dlo:.3f}-{dhi:.3f}], wall {float(np.median(dwall)):.3f} s; whole pool / drawn "
+            f"{c / d:.1f}x CPU (games identical)"
         )
     emit("othello.generate" + ("" if with_types else ".no_types"), worst, cpu=True, goal=500)
 

@@ -259,7 +259,9 @@ def test_othello_per_type_influences_equal_explicit_gradients(oth, tmp_path):
     cfg = json.loads((oth / "config.json").read_text())
     feats = ["c3", "d4", "e5", "f6"]
     res = attribute_run(oth, sites=[(1, 8)], features=feats, out=tmp_path / "a", half=True)
-    pool = np.load(oth / "data" / "othello-pool.npy", allow_pickle=False)
+    from originlens.train.ntp import othello_pool
+
+    pool = othello_pool(cfg["othello_pool"], cfg["seed"])  # the whole pool the batches index
     final = GPT.load(oth / "model.safetensors")
     probes = ProbeSet.load(oth / "probes.safetensors")
     n_checked = 0

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from originlens.cli.main import main as cli_main
-from originlens.errors import CompatibilityError, ConfigError, NumericalError
+from originlens.errors import CompatibilityError, ConfigError, InputError, NumericalError
 from originlens.models import GPT
 from originlens.probes import ProbeSet
 from originlens.storage import load_tensors, save_tensors
@@ -351,16 +351,64 @@ def test_short_cond_majority_run_learns(tmp_path):
 
 
 def test_othello_pool_is_cached_and_indexed_by_the_rule(tmp_path):
-    cfg = tiny(task="othello", n_layer=1, batch_size=4, steps=2, eval_size=24, othello_pool=50, checkpoint_every=1)
+    # 40 updates of 4 games draw more than half of the 60 games: the whole pool, kept in the run
+    cfg = tiny(task="othello", n_layer=1, batch_size=4, steps=40, eval_size=24, othello_pool=60, checkpoint_every=20)
     tr = Trainer(cfg, tmp_path / "r")
     tr.run()
     pool = np.load(tmp_path / "r" / "data" / "othello-pool.npy", allow_pickle=False)
-    np.testing.assert_array_equal(pool, othello_pool(50, cfg.seed))
-    idx = np.sort(np.random.default_rng([cfg.seed, 7, 1]).integers(0, 50, 4))
+    np.testing.assert_array_equal(pool, othello_pool(60, cfg.seed))
+    idx = np.sort(np.random.default_rng([cfg.seed, 7, 1]).integers(0, 60, 4))
     np.testing.assert_array_equal(tr.data.batch(1), pool[idx].astype(np.int64))
     env = json.loads((tmp_path / "r" / "environment.json").read_text())
     assert "othello_pool_sha256" in env["data_hashes"] and "pool" in env["data_order"]
     assert (tmp_path / "r" / "probe_metrics.npz").is_file()
+
+
+def test_a_run_drawing_under_half_of_the_pool_plays_only_those_games(tmp_path):
+    base = dict(task="othello", n_layer=1, batch_size=4, eval_size=24, othello_pool=60, checkpoint_every=2)
+    whole = othello_pool(60, 0)
+    tr = Trainer(tiny(steps=2, **base), tmp_path / "r")
+    tr.run()
+    drawn = [np.sort(np.random.default_rng([0, 7, b]).integers(0, 60, 4)) for b in range(4)]
+    assert len(tr.data.pool) == len(np.unique(np.concatenate(drawn[:2])))  # only the games drawn
+    assert not (tmp_path / "r" / "data" / "othello-pool.npy").exists()
+    env = json.loads((tmp_path / "r" / "environment.json").read_text())
+    assert "othello_pool_sha256" not in env["data_hashes"] and "(N = 60)" in env["data_order"]
+    drawn_hash = env["data_hashes"]["othello_pool_drawn_sha256"]  # the games drawn, hashed in memory
+    with pytest.raises(InputError, match="does not hold"):
+        tr.data.batch(2)  # a batch the run never draws
+    # more updates on resume (steps is operational): the games drawn grow, the batches are the rule's
+    longer = Trainer(tiny(steps=4, **base), tmp_path / "r", resume=True)
+    longer.run()
+    env = json.loads((tmp_path / "r" / "environment.json").read_text())
+    assert env["data_hashes"]["othello_pool_drawn_sha256"] != drawn_hash  # more games drawn: not a refusal
+    for b in range(4):
+        np.testing.assert_array_equal(longer.data.batch(b), whole[drawn[b]].astype(np.int64))
+        np.testing.assert_array_equal(longer.data.device_batch(b, torch.device("cpu"), 70).numpy(), whole[drawn[b]])
+    # and the weights equal those of a run of 4 updates on the whole pool (an earlier run's pool file)
+    full = tmp_path / "full"
+    (full / "data").mkdir(parents=True)
+    np.save(full / "data" / "othello-pool.npy", whole)
+    kept = Trainer(tiny(steps=4, **base), full)
+    kept.run()
+    assert kept.data.rows is None and len(kept.data.pool) == 60
+    assert (full / "model.safetensors").read_bytes() == (tmp_path / "r" / "model.safetensors").read_bytes()
+
+
+def test_othello_pool_rows_are_the_whole_pools_rows():
+    from originlens.train.ntp import data, pool_rows
+
+    whole = othello_pool(40_000, 2)  # three chunks, the last one partial
+    rng = np.random.default_rng(0)
+    rows = np.unique(np.concatenate([rng.integers(0, 40_000, 50), [0, 16383, 16384, 39_999]]))
+    np.testing.assert_array_equal(othello_pool(40_000, 2, rows), whole[rows])
+    assert othello_pool(40_000, 2, np.array([], dtype=np.int64)).shape == (0, 61)
+    for bad in ([3, 3], [5, 1], [40_000]):
+        with pytest.raises(InputError, match="sorted, unique"):
+            othello_pool(40_000, 2, np.array(bad))
+    want = np.unique(np.concatenate([np.random.default_rng([4, 7, b]).integers(0, 1000, 16) for b in range(5)]))
+    np.testing.assert_array_equal(pool_rows(1000, 4, 16, 5), want)
+    assert data.pool_rows(10, 0, 8, 20).tolist() == list(range(10))  # every row drawn
 
 
 def test_othello_pool_games_equal_the_reference_engine(monkeypatch):

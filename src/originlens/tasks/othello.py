@@ -327,10 +327,19 @@ def generate_games(
 def generate_moves(n: int, seed: int | np.random.Generator | None = 0) -> np.ndarray:
     """(n, 60) int64 moves of the games of :func:`generate_games` ``(n, seed)`` (the same uniforms are
     consumed), without boards or legal sets: for training data, which needs the tokens only."""
+    n = check_n(n)
+    return moves_from_uniforms(np.random.default_rng(seed).random((n, N_MOVES)))
+
+
+def moves_from_uniforms(u: np.ndarray) -> np.ndarray:
+    """(n, 60) int64 moves of the games played from the uniforms ``u`` (n, 60) (row g drives game g:
+    :func:`generate_moves` with a generator is this on that generator's ``random((n, 60))``)."""
     from .othello_kernels import play_games
 
-    n = check_n(n)
-    u = np.random.default_rng(seed).random((n, N_MOVES))
+    u = np.ascontiguousarray(u, dtype=np.float64)
+    if u.ndim != 2 or u.shape[1] != N_MOVES:
+        raise InputError(f"uniforms of shape {u.shape}, need (n, {N_MOVES})", "draw generator.random((n, 60))")
+    n = len(u)
     moves = np.empty((n, N_MOVES), dtype=np.int64)
     boards, legal, types = np.empty((0, 0, 8), np.uint64), np.empty((0, 0, 65), bool), np.empty((0, 0, 64), np.uint8)
     play_games(moves, u, True, boards, legal, types, False, False, np.empty(n, dtype=np.int64))

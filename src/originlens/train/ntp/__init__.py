@@ -22,8 +22,10 @@ Data-order rule (exact resume): the batch of update s (1-based; b = s − 1) is 
 ``train_size=0`` (and for Othello with ``othello_pool=0``), else the rows ``sort(rng.integers(0, N, B))``
 of a pool: the counting tasks' fixed training set ``task.sample(train_size, default_rng([seed, 11]))``
 (the paper's 102,400 sequences by default; regenerated, not cached, on resume), Othello games
-pre-generated once per run from ``default_rng([seed, 11, c])`` per chunk c of 16384 games (cached in
-``RUN/data/othello-pool.npy``), or the first N windows of the token store (``corpus``: a corpus
+of N played from ``default_rng([seed, 11, c])`` per chunk c of 16384 games (cached in
+``RUN/data/othello-pool.npy``; a run whose updates draw under half of the pool plays only those games
+and holds them in memory, no file: the batches are the same),
+or the first N windows of the token store (``corpus``: a corpus
 directory or an ``.npy`` of windows).  The eval set is
 ``task.sample(eval_size, default_rng([eval_seed, 13]))`` (``eval_seed`` defaults to ``seed``; a task with a
 held-out split, ``tinystories``, draws it with ``task.sample_eval`` instead); for the
@@ -87,7 +89,7 @@ from .config import (
     config_identity,
     get_task,
 )
-from .data import EvalData, othello_pool, train_rng
+from .data import EvalData, othello_pool, pool_rows, train_rng
 from .probing import load_probe_metrics, probe_summary, save_probe_metrics, tracked_quality
 from .trainer import Trainer, TrainResult, is_finished, set_lr, train
 
@@ -122,6 +124,7 @@ __all__ = [
     "load_probe_metrics",
     "numpy_global_seed",
     "othello_pool",
+    "pool_rows",
     "probe_summary",
     "save_checkpoint",
     "save_probe_metrics",

@@ -12,7 +12,7 @@ import torch
 
 from ...errors import InputError
 from ...tasks import BOS_ID, TaskBatch, moves_to_tokens
-from ...tasks.othello import generate_moves
+from ...tasks.othello import N_MOVES, moves_from_uniforms
 from .config import POOL_CHUNK, POOL_STREAM, TRAIN_STREAM
 
 
@@ -47,17 +47,41 @@ DEVICE_POOL_BYTES = 1 << 30  # pools up to this size are copied to the device on
 
 
 class _PoolData:
-    """Batches of rows of a fixed pool (N, T), indices ``default_rng([seed, 7, b]).integers(0, N, B)``."""
+    """Batches of rows of a fixed pool of N rows, indices ``default_rng([seed, 7, b]).integers(0, N, B)``.
 
-    def __init__(self, pool: np.ndarray, seed: int, batch_size: int, what: str) -> None:
+    ``pool``: the (N, T) rows, or with ``rows`` (sorted, unique) only those rows of the N, in that order
+    (``n`` = N): a run that draws a small part of a large pool holds only what it draws
+    (:func:`pool_rows`); the batches are the same either way."""
+
+    def __init__(
+        self, pool: np.ndarray, seed: int, batch_size: int, what: str, *, rows: np.ndarray | None = None, n: int = 0
+    ) -> None:
         self.pool, self.seed, self.batch_size, self.what = pool, seed, batch_size, what
+        self.rows = rows
+        self.n = n if rows is not None else len(pool)
         self._on_device: tuple[tuple[str, int], torch.Tensor] | None = None
 
     def indices(self, b: int) -> np.ndarray:
-        return np.sort(train_rng(self.seed, b).integers(0, len(self.pool), self.batch_size))
+        """The pool rows (in 0..N-1) of batch b."""
+        return np.sort(train_rng(self.seed, b).integers(0, self.n, self.batch_size))
+
+    def _held(self, b: int) -> np.ndarray:
+        """Where batch b's rows sit in :attr:`pool`."""
+        idx = self.indices(b)
+        if self.rows is None:
+            return idx
+        at = np.searchsorted(self.rows, idx)
+        if at.size and (
+            at[-1] >= len(self.rows) or not np.array_equal(self.rows[np.minimum(at, len(self.rows) - 1)], idx)
+        ):
+            raise InputError(
+                f"batch {b} draws pool rows this run's partial pool does not hold",
+                "delete the run's data/ directory: the pool is regenerated from the seed",
+            )
+        return at
 
     def batch(self, b: int) -> np.ndarray:
-        return np.asarray(self.pool[self.indices(b)], dtype=np.int64)
+        return np.asarray(self.pool[self._held(b)], dtype=np.int64)
 
     def device_batch(self, b: int, device: torch.device, vocab_size: int) -> torch.Tensor:
         """:meth:`batch` as int64 on ``device``, the same rows: the pool is copied to the device once (its
@@ -70,13 +94,13 @@ class _PoolData:
         if self._on_device is None or self._on_device[0] != key:
             check_ids(self.pool, vocab_size)
             self._on_device = (key, torch.from_numpy(np.ascontiguousarray(self.pool)).to(device))
-        idx = _upload(torch.from_numpy(self.indices(b)), device)
+        idx = _upload(torch.from_numpy(self._held(b)), device)
         return self._on_device[1].index_select(0, idx).long()
 
     def describe(self) -> str:
         return (
             f"batch b = rows sort(numpy.random.default_rng([seed, {TRAIN_STREAM}, b]).integers(0, N, "
-            f"{self.batch_size})) of {self.what} (N = {len(self.pool)}), b = update - 1"
+            f"{self.batch_size})) of {self.what} (N = {self.n}), b = update - 1"
         )
 
 
@@ -96,20 +120,42 @@ def _upload(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.to(device)
 
 
-def othello_pool(n: int, seed: int) -> np.ndarray:
+def othello_pool(n: int, seed: int, rows: np.ndarray | None = None) -> np.ndarray:
     """(n, 61) uint8 tokens of n random games; chunk c of 16384 games from ``default_rng([seed, 11, c])``
     (the games of ``generate_games(len(chunk), that generator)``; only their moves are computed).
 
-    All n games are generated, whatever the run draws: the batch rows depend on n (``integers(0, n, B)``)
-    and the run records the sha256 of the whole pool file (checked on resume and by attribution), so a
-    smaller or partial pool would change either the games or the recorded hash."""
-    out = np.empty((n, 61), dtype=np.uint8)
+    ``rows`` (sorted, unique, in 0..n-1): only those games, ``othello_pool(n, seed)[rows]``, each played
+    from its own row of its chunk's uniforms (a chunk's uniforms are drawn whole, ≈ 8 MB; only the games
+    asked for are played)."""
+    if rows is None:
+        rows_of = [np.arange(a, min(n, a + POOL_CHUNK)) for a in range(0, n, POOL_CHUNK)]
+    else:
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows[0] < 0 or rows[-1] >= n or np.any(np.diff(rows) <= 0)):
+            raise InputError(f"pool rows must be sorted, unique and in [0, {n})", "use pool_rows()")
+        bounds = np.searchsorted(rows, np.arange(0, n + POOL_CHUNK, POOL_CHUNK))
+        rows_of = [rows[bounds[c] : bounds[c + 1]] for c in range(len(bounds) - 1)]
+    out = np.empty((sum(len(r) for r in rows_of), 61), dtype=np.uint8)
     out[:, 0] = BOS_ID
-    for c, a in enumerate(range(0, n, POOL_CHUNK)):
-        b = min(n, a + POOL_CHUNK)
-        moves = generate_moves(b - a, np.random.default_rng([int(seed), POOL_STREAM, c]))
-        out[a:b, 1:] = moves_to_tokens(moves)
+    at = 0
+    for c, chunk_rows in enumerate(rows_of):
+        if not len(chunk_rows):
+            continue
+        a = c * POOL_CHUNK
+        u = np.random.default_rng([int(seed), POOL_STREAM, c]).random((min(n, a + POOL_CHUNK) - a, N_MOVES))
+        played = moves_from_uniforms(u if len(chunk_rows) == len(u) else u[chunk_rows - a])
+        out[at : at + len(chunk_rows), 1:] = moves_to_tokens(played)
+        at += len(chunk_rows)
     return out
+
+
+def pool_rows(n: int, seed: int, batch_size: int, steps: int) -> np.ndarray:
+    """The sorted rows of an n-row pool that updates 1..steps draw (batch b = update − 1:
+    ``default_rng([seed, 7, b]).integers(0, n, batch_size)``)."""
+    used = np.zeros(n, dtype=bool)
+    for b in range(steps):
+        used[train_rng(seed, b).integers(0, n, batch_size)] = True
+    return np.flatnonzero(used)
 
 
 @dataclass

@@ -47,7 +47,7 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .config import COUNTING_TASKS, EVAL_STREAM, EVENTS, LANGUAGE, POOL_CHUNK, POOL_STREAM, NTPConfig, config_identity
-from .data import EvalData, _PoolData, _SampledData, othello_pool
+from .data import EvalData, _PoolData, _SampledData, othello_pool, pool_rows
 from .probing import probe_summary, save_probe_metrics
 
 
@@ -83,6 +83,10 @@ def is_finished(run_path: str | Path, config: NTPConfig | None = None) -> bool:
     if config is None:
         return True
     return s.get("identity") == config.identity() and int(s.get("step", -1)) == config.steps
+
+
+# data hashes that are a function of the run's number of updates (an operational field a resume may change)
+STEP_DEPENDENT_HASHES = frozenset({"othello_pool_drawn_sha256"})
 
 
 class Trainer:
@@ -389,23 +393,33 @@ class Trainer:
             task = cfg.make_task(with_feature_types=False)
             if cfg.othello_pool == 0:
                 return _SampledData(task, cfg.seed, cfg.batch_size)
+            n = cfg.othello_pool
+            assert cfg.steps is not None  # filled by NTPConfig.__post_init__
+            rows = pool_rows(n, cfg.seed, cfg.batch_size, cfg.steps)
+            what = f"a pool of Othello games (chunk c of {POOL_CHUNK}: default_rng([seed, {POOL_STREAM}, c]))"
             path = self.rundir.file("data", "othello-pool.npy")
-            pool = None
-            if path.is_file():
-                pool = np.load(path, allow_pickle=False)
-                if pool.shape != (cfg.othello_pool, task.seq_len):
-                    pool = None
-            if pool is None:
+            env_file = self.run_path / "environment.json"
+            recorded = read_json(env_file).get("data_hashes", {}) if env_file.is_file() else {}
+            kept = path.is_file() and np.load(path, mmap_mode="r", allow_pickle=False).shape == (n, task.seq_len)
+            if 2 * len(rows) < n and not kept and "othello_pool_sha256" not in recorded:
+                # the run draws under half of the pool: only those games are played, held in memory
+                # (regenerated, identical, on resume or replay; no file, so no pool hash is recorded)
                 t0 = time.time()
-                pool = othello_pool(cfg.othello_pool, cfg.seed)
-                atomic_save_npy(path, pool)
-                log(f"generated {len(pool)} Othello games in {time.time() - t0:.0f} s ({path})", level=2)
-            return _PoolData(
-                pool,
-                cfg.seed,
-                cfg.batch_size,
-                f"a pool of Othello games (chunk c of {POOL_CHUNK}: default_rng([seed, {POOL_STREAM}, c]))",
-            )
+                pool = othello_pool(n, cfg.seed, rows)
+                log(
+                    f"played the {len(rows)} of {n} Othello pool games the run draws in {time.time() - t0:.1f} s",
+                    level=2,
+                )
+                return _PoolData(pool, cfg.seed, cfg.batch_size, what, rows=rows, n=n)
+            # the whole pool, kept in the run directory (its sha256 recorded; checked on resume and replay)
+            if kept:
+                whole = np.load(path, allow_pickle=False)
+            else:
+                t0 = time.time()
+                whole = othello_pool(n, cfg.seed)
+                atomic_save_npy(path, whole)
+                log(f"generated {len(whole)} Othello games in {time.time() - t0:.0f} s ({path})", level=2)
+            return _PoolData(whole, cfg.seed, cfg.batch_size, what)
         if cfg.train_size:
             pool = self.task.sample(cfg.train_size, np.random.default_rng([cfg.seed, POOL_STREAM])).tokens
             return _PoolData(
@@ -438,7 +452,10 @@ class Trainer:
         env = self.rundir.file("environment.json")
         if resumed and env.is_file():
             before = read_json(env).get("data_hashes") or {}
-            changed = sorted(k for k in set(before) & set(hashes) if before[k] != hashes[k])
+            # the games a run draws from its pool grow with its number of updates, which a resume may raise
+            changed = sorted(
+                k for k in set(before) & set(hashes) if before[k] != hashes[k] and k not in STEP_DEPENDENT_HASHES
+            )
             if changed:
                 raise CompatibilityError(
                     f"{self.run_path} was started on other data (differs in: {', '.join(changed)})",
@@ -470,6 +487,8 @@ class Trainer:
         pool = self.rundir.file("data", "othello-pool.npy")
         if self.config.task == "othello" and self.config.othello_pool and pool.is_file():
             hashes["othello_pool_sha256"] = sha256_file(pool)
+        elif isinstance(self.data, _PoolData) and self.data.rows is not None:  # only the games drawn, in memory
+            hashes["othello_pool_drawn_sha256"] = array_sha256(self.data.pool)
         for k in ("vocab_hash", "tokens_sha256"):
             if self._corpus_info.get(k):
                 hashes[f"corpus_{k}"] = self._corpus_info[k]
