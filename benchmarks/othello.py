@@ -191,7 +191,7 @@ def main() -> None:
         from originlens.train.ntp import pool_rows
 
         steps, batch = (int(v) for v in args.pool_draws.split(","))
-        drawn = lambda: othello_pool(args.pool, args.seed, pool_rows(args.pool, args.seed, batch, steps))  # noqa: E731
+        drawn = lambda: othello_pool(args.pool, args.seed, pool_rows(args.pool, args.seed, batch, steps))
         rows = pool_rows(args.pool, args.seed, batch, steps)
         assert np.array_equal(drawn(), othello_pool(args.pool, args.seed)[rows]), "drawn games differ"
         dcpu, dwall = _time(drawn, 5)

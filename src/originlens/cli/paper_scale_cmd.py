@@ -32,6 +32,7 @@ def cmd_paper_scale(args: argparse.Namespace) -> int:
         othello=not args.no_othello,
         othello_seeds=args.othello_seeds,
         toy_steps=args.toy_steps,
+        calibration=args.calibration,
     )
     results = args.results or (f"{args.out}/results" if args.smoke else "results")
     rec = run_paper_scale(cfg, args.out, results=results, command=getattr(args, "command", None) or command_line())
@@ -65,6 +66,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--othello-seeds", type=int, default=3, help="Othello seeds, if they fit (3; cut to 1 first)")
     p.add_argument("--toy-steps", type=int, default=None, help="toy training steps (default the paper's 3,000)")
     p.add_argument("--no-othello", action="store_true", help="the toy grids only")
+    p.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="reuse the calibration of an earlier paper-scale results file from the same device (no measuring)",
+    )
     add_device(p, default=None, help="auto (default; cpu with --smoke), cuda, cuda:N or cpu")
 
 

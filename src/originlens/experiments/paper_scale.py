@@ -10,7 +10,8 @@ layers, d = 256, 4 heads, batch 1,024, 5,000 steps; the 16 central cells by feat
    attributed update (decomposition only, and with the influences recorded) on a short throw-away Othello
    run, in its own process stopped at that bound (the Othello experiment is skipped if it does not
    finish); on CUDA also the Othello step under bf16 autocast, for the achieved-FLOP/s figure only (no
-   result is trained in bf16);
+   result is trained in bf16); or, with ``calibration``, the numbers of an earlier results file measured
+   on the same device with the same matrix-product precision (:func:`reused_calibration`);
 2. **toy grids**: :func:`~originlens.experiments.toy_grid.run_toy_grid` at the ``paper`` scale for each
    task, the seeds grown in turn (3, then 5, then 10) while the measured rate of the previous round says
    the next one fits the toy share of the budget; the runs of a round are trained ``jobs`` at a time in
@@ -75,6 +76,7 @@ __all__ = [
     "gpt_step_flops",
     "plan_othello",
     "render_section",
+    "reused_calibration",
     "run_paper_scale",
     "summary_table",
 ]
@@ -102,6 +104,7 @@ class PaperScaleConfig:
     calibration_share: float = 0.35  # of the budget, at most
     replay_rtol: float = 1e-3  # on CUDA (0 on the CPU: bit-exact)
     reserve_seconds: float = 20.0  # kept for the records, the archive and the summary
+    calibration: str | None = None  # an earlier paper-scale results file whose calibration is reused
 
     def __post_init__(self) -> None:
         if not (isinstance(self.budget_minutes, (int, float)) and 0 < self.budget_minutes <= 600):
@@ -192,14 +195,14 @@ def _toy_round_seconds(rate: float | None, runs: int, cal: dict[str, Any], steps
     round, else from the single-model calibration with no gain from sharing (the safe side)."""
     if rate is not None:
         return runs * rate
-    # a trained run and its 0-step null: set-up, data, evaluation and probes twice (the calibration run had the
-    # grid's data and eval sizes), plus a worker's start
-    per_run = steps * cal["toy_step_seconds"] + 2 * cal["toy_other_seconds"] + 1.0
+    # a trained run and its 0-step null: data, evaluation and probes twice (the calibration run had the
+    # grid's data and eval sizes)
+    per_run = steps * cal["toy_step_seconds"] + 2 * cal["toy_other_seconds"]
     # processes sharing a GPU: on an H200, 16 trainers ran at 40 steps/s each against 111 for one alone
     # (5.8×; benchmarks/RESULTS.md): count a third of the processes, at most a third of the CPUs
     gain = min(jobs, 2) if cal.get("device") == "cpu" else max(1, min(jobs, (os.cpu_count() or 3)) // 3)
-    # each worker's first run also builds what the calibration's first trainer built (imports included)
-    return runs * per_run / gain + cal.get("toy_setup_seconds", 0.0)
+    # once per worker, side by side: its start (2 s) and its first trainer's construction (imports included)
+    return runs * per_run / gain + 2.0 + cal.get("toy_setup_seconds", 0.0)
 
 
 # --------------------------------------------------------------------------------------------------- run
@@ -216,18 +219,22 @@ def run_paper_scale(
     from .toy_grid import ToyGridConfig, run_toy_grid
 
     device = resolve_device(config.device)  # before anything is written
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    if config.smoke and device.type != "cpu":
+        raise ConfigError("the smoke run is a CPU check", "drop --smoke, or use --device cpu")
+    reused = None
+    if config.calibration is not None:
+        reused = reused_calibration(config.calibration, device_name, config.matmul_precision)
     out, results = Path(out), Path(results)
     out.mkdir(parents=True, exist_ok=True)
     clock = Clock(config.budget_minutes * 60.0, min(config.reserve_seconds, config.budget_minutes * 6.0))
-    if config.smoke and device.type != "cpu":
-        raise ConfigError("the smoke run is a CPU check", "drop --smoke, or use --device cpu")
     os.environ.setdefault(DETERMINISTIC_ENV, "1")  # spawned workers inherit it
     jobs = config.jobs or (min(16, os.cpu_count() or 1) if device.type == "cuda" else 2)
     rtol = config.replay_rtol if device.type == "cuda" else 0.0
     command = command or f"python: run_paper_scale({config!r}, {str(out)!r})"
     record: dict[str, Any] = {
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device_name": device_name,
         "jobs": jobs,
         "budget_seconds": config.budget_minutes * 60.0,
         "units": [],
@@ -236,43 +243,14 @@ def run_paper_scale(
     }
     log(f"[paper-scale] {record['device_name']}: budget {config.budget_minutes:g} min, {jobs} processes")
 
-    # 1. calibration, bounded by its share of the budget
-    cal_deadline = clock.t0 + config.calibration_share * (clock.deadline - clock.t0)
-    cal: dict[str, Any] = {"device": device.type}
-    othello = config.othello
-    with tempfile.TemporaryDirectory(dir=out) as tmp:
-        t = time.time()
-        try:
-            cal = calibrate(config, device, Path(tmp), deadline=cal_deadline)
-        except BudgetExceeded as exc:
-            record["errors"].append(f"calibration: the toy model did not finish within its share ({exc.what})")
-            othello = False
-        for attempt in range(2 if othello else 0):
-            left = cal_deadline - time.time()
-            status = _run_until(
-                _calibrate_othello_child,
-                (config, str(device), str(Path(tmp) / f"attempt-{attempt}"), str(Path(tmp) / "othello.json")),
-                left,
-                grace=clock.grace,
-            )
-            if status == "finished":
-                cal.update(read_json(Path(tmp) / "othello.json"))
-                break
-            what = "did not finish within the calibration's share" if status == "deadline" else status
-            record["errors"].append(f"Othello calibration (attempt {attempt + 1}): {what}")
-            log(f"[paper-scale] Othello calibration: {what}")
-            if (
-                status != "deadline"
-                and attempt == 0
-                and device.type == "cuda"
-                and os.environ.get(DETERMINISTIC_ENV) != "0"
-            ):
-                os.environ[DETERMINISTIC_ENV] = "0"  # retry without deterministic kernels (workers inherit it)
-                record["errors"][-1] += "; retried without deterministic kernels"
-            else:
-                othello = False
-                break
-        cal["seconds"] = time.time() - t
+    # 1. calibration, bounded by its share of the budget (or reused from an earlier run on this device)
+    if reused is not None:
+        cal = reused
+        othello = config.othello and "othello_step_seconds" in cal
+        if config.othello and not othello:
+            record["skipped"].append(f"Othello: {config.calibration} has no Othello calibration")
+    else:
+        cal, othello = _measure(config, device, out, clock, record)
     record["calibration"] = cal
     record["deterministic_kernels"] = os.environ.get(DETERMINISTIC_ENV) != "0" and device.type == "cuda"
     if "toy_steps_per_second" not in cal:
@@ -436,6 +414,73 @@ def run_paper_scale(
     record["results_file"] = str(path)
     print(summary_table(record))
     return record
+
+
+def reused_calibration(path: str | Path, device_name: str, matmul_precision: str) -> dict[str, Any]:
+    """The calibration of an earlier paper-scale results file, for a run on the same device with the same
+    matrix-product precision (:class:`ConfigError` otherwise); ``reused_from`` names the file and
+    ``seconds`` is 0 (nothing measured)."""
+    from .results import read_results
+
+    rec = read_results(Path(path))
+    if rec.get("experiment") != EXPERIMENT or "calibration" not in rec.get("numbers", {}):
+        raise ConfigError(
+            f"{path} is not a paper-scale results file with a calibration", "pass results/paper-scale/NAME.json"
+        )
+    if rec.get("device_name") != device_name:
+        raise ConfigError(
+            f"{path} was calibrated on {rec.get('device_name')!r}, this run is on {device_name!r}",
+            "calibrate afresh (drop --calibration)",
+        )
+    if rec.get("config", {}).get("matmul_precision") != matmul_precision:
+        raise ConfigError(
+            f"{path} was calibrated with matmul precision {rec.get('config', {}).get('matmul_precision')!r}",
+            f"calibrate afresh, or pass --matmul-precision {rec.get('config', {}).get('matmul_precision')}",
+        )
+    cal = dict(rec["numbers"]["calibration"])
+    cal.update(reused_from=str(path), seconds=0.0, measured_seconds=cal.get("seconds"))
+    return cal
+
+
+def _measure(
+    config: PaperScaleConfig, device: Any, out: Path, clock: Clock, record: dict[str, Any]
+) -> tuple[dict[str, Any], bool]:
+    """Measure the calibration within its share of the budget; returns it and whether Othello can run
+    (errors go to ``record``)."""
+    from ..devices import DETERMINISTIC_ENV
+
+    cal_deadline = clock.t0 + config.calibration_share * (clock.deadline - clock.t0)
+    cal: dict[str, Any] = {"device": device.type}
+    othello = config.othello
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        t = time.time()
+        try:
+            cal = calibrate(config, device, Path(tmp), deadline=cal_deadline)
+        except BudgetExceeded as exc:
+            record["errors"].append(f"calibration: the toy model did not finish within its share ({exc.what})")
+            othello = False
+        for attempt in range(2 if othello else 0):
+            status = _run_until(
+                _calibrate_othello_child,
+                (config, str(device), str(Path(tmp) / f"attempt-{attempt}"), str(Path(tmp) / "othello.json")),
+                cal_deadline - time.time(),
+                grace=clock.grace,
+            )
+            if status == "finished":
+                cal.update(read_json(Path(tmp) / "othello.json"))
+                break
+            what = "did not finish within the calibration's share" if status == "deadline" else status
+            record["errors"].append(f"Othello calibration (attempt {attempt + 1}): {what}")
+            log(f"[paper-scale] Othello calibration: {what}")
+            retry = status != "deadline" and attempt == 0 and device.type == "cuda"
+            if retry and os.environ.get(DETERMINISTIC_ENV) != "0":
+                os.environ[DETERMINISTIC_ENV] = "0"  # retry without deterministic kernels (workers inherit it)
+                record["errors"][-1] += "; retried without deterministic kernels"
+            else:
+                othello = False
+                break
+        cal["seconds"] = time.time() - t
+    return cal, othello
 
 
 def _calibrate_othello_child(config: PaperScaleConfig, device: str, work: str, path: str) -> None:
