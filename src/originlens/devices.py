@@ -111,7 +111,7 @@ def configure_device(device: Any, matmul_precision: str = "highest") -> dict[str
     that a run's attribution replay repeats its updates bit for bit on the same GPU and software, unless the
     environment sets ``ORIGINLENS_CUDA_DETERMINISTIC=0``; and float32 matrix products in TF32 (10-bit
     mantissa inputs, float32 accumulation and storage) when ``matmul_precision`` is ``"tf32"``.  Both are
-    process-wide torch flags: they stay set for the rest of the process."""
+    process-wide torch flags: they stay set until the next configuration, which sets both again."""
     import os
 
     import torch

@@ -644,3 +644,17 @@ def test_a_learning_rate_cool_down_is_trained_and_replayed_exactly(tmp_path, mon
     monkeypatch.setattr(NTPConfig, "lr_at", lambda self, s: float(self.lr))
     with pytest.raises(NumericalError, match="checkpoint step 3"):
         attribute_run(decay, sites=SITES, features=[FEATURE], segment=(0, 4), out=tmp_path / "b", optimizer="sgd")
+
+
+def test_replay_refuses_othello_games_other_than_those_trained_on(oth, tmp_path):
+    # the fixture draws 12 of its 30 games: they are regenerated in memory and checked against their hash
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(oth, run)
+    env = json.loads((run / "environment.json").read_text())
+    assert env["data_hashes"]["othello_pool_drawn_updates"] == "2" and not (run / "data" / "othello-pool.npy").exists()
+    env["data_hashes"]["othello_pool_drawn_sha256"] = "0" * 64
+    (run / "environment.json").write_text(json.dumps(env))
+    with pytest.raises(CompatibilityError, match="regenerated .* differ from those it was trained on"):
+        attribute_run(run, sites=[(1, 8)], features=["c3"], out=tmp_path / "a")

@@ -385,6 +385,22 @@ def test_a_run_drawing_under_half_of_the_pool_plays_only_those_games(tmp_path):
     for b in range(4):
         np.testing.assert_array_equal(longer.data.batch(b), whole[drawn[b]].astype(np.int64))
         np.testing.assert_array_equal(longer.data.device_batch(b, torch.device("cpu"), 70).numpy(), whole[drawn[b]])
+    # with the number of updates unchanged the drawn games' hash is compared: other games are refused
+    import time
+
+    from originlens.errors import BudgetExceeded
+
+    cut = Trainer(tiny(steps=4, **base), tmp_path / "cut")
+    cut.add_callback("on_step_end", lambda t: setattr(t, "deadline", time.time() - 1) if t.step == 2 else None)
+    with pytest.raises(BudgetExceeded):
+        cut.run()
+    env_path = tmp_path / "cut" / "environment.json"
+    env = json.loads(env_path.read_text())
+    assert env["data_hashes"]["othello_pool_drawn_updates"] == "4"
+    env["data_hashes"]["othello_pool_drawn_sha256"] = "0" * 64
+    env_path.write_text(json.dumps(env))
+    with pytest.raises(CompatibilityError, match="othello_pool_drawn_sha256"):
+        Trainer(tiny(steps=4, **base), tmp_path / "cut", resume=True).run()
     # and the weights equal those of a run of 4 updates on the whole pool (an earlier run's pool file)
     full = tmp_path / "full"
     (full / "data").mkdir(parents=True)

@@ -22,7 +22,7 @@ from ..models.gpt import GPT
 from ..probes import ProbeSet
 from ..progress import log
 from ..runs import RunDir
-from ..storage import load_tensors, read_json, sha256_file
+from ..storage import array_sha256, load_tensors, read_json, sha256_file
 from . import store as ostore
 from .influence import Probe
 from .stopgrad import Site
@@ -155,14 +155,25 @@ class RunReplay:
         self._check_pool()
 
     def _check_pool(self) -> None:
+        """The Othello games replayed are those the run trained on: the whole pool's file, or the games a
+        run drawing under half of its pool holds in memory (recorded with its number of updates)."""
         env_file = self.path / "environment.json"
         pool = self.path / "data" / "othello-pool.npy"
-        if env_file.is_file() and pool.is_file():
-            want = read_json(env_file).get("data_hashes", {}).get("othello_pool_sha256")
+        hashes = read_json(env_file).get("data_hashes", {}) if env_file.is_file() else {}
+        if pool.is_file():
+            want = hashes.get("othello_pool_sha256")
             if want and sha256_file(pool) != want:
                 raise CompatibilityError(
                     f"{pool} differs from the pool the run was trained on (sha256)",
                     "delete it: it is regenerated deterministically from the seed",
+                )
+        held = getattr(self.data, "pool", None) if getattr(self.data, "rows", None) is not None else None
+        want = hashes.get("othello_pool_drawn_sha256")
+        if held is not None and want and hashes.get("othello_pool_drawn_updates") == str(self.config.steps):
+            if array_sha256(held) != want:
+                raise CompatibilityError(
+                    f"the Othello games regenerated for {self.path} differ from those it was trained on (sha256)",
+                    "replay with the originlens version that trained the run",
                 )
 
     # -- pieces ----------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ trained as separate processes sharing the GPU, not vmapped together — stacking
 backward), and processes keep the trainer, evaluation, probes and checkpoints every experiment uses.
 
 Parts: :mod:`.paper_scale_calibration` (the measurements), :mod:`.paper_scale_report` (summary table,
-docs section, archive); this module holds the configuration, the plans and the run.
+docs section, archive), :mod:`.paper_scale_units` (units in their own process, stopped at the deadline); this module holds the configuration, the plans and the run.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ from ..runs import to_jsonable
 from ..storage import read_json
 from .paper_scale_calibration import SMOKE_OTHELLO, SMOKE_TOY, calibrate, calibrate_othello, gpt_step_flops
 from .paper_scale_report import _archive, _othello_line, _toy_line, render_section, summary_table
+from .paper_scale_units import _run_until
 from .results import write_results
 
 __all__ = [
@@ -84,6 +85,8 @@ __all__ = [
 EXPERIMENT = "paper-scale"
 TOY_TASKS = ("cond-majority", "majority")
 SEED_ROUNDS = (3, 5, 10)
+# what plan_othello reads from a calibration
+OTHELLO_CALIBRATION = ("othello_step_seconds", "decomposed_update_seconds", "recorded_update_seconds")
 
 
 @dataclass
@@ -136,7 +139,7 @@ class Clock:
     def __init__(self, budget_s: float, reserve_s: float) -> None:
         self.t0 = time.time()
         self.deadline = self.t0 + budget_s - reserve_s
-        self.grace = max(1.0, min(15.0, reserve_s / 2))
+        self.grace = min(15.0, reserve_s / 2)
 
     def left(self) -> float:
         return self.deadline - time.time()
@@ -225,6 +228,12 @@ def run_paper_scale(
     reused = None
     if config.calibration is not None:
         reused = reused_calibration(config.calibration, device_name, config.matmul_precision)
+        if device.type == "cpu":
+            log(
+                f"[paper-scale] note: a CPU's name does not identify it; {config.calibration} may come from another machine"
+            )
+        if device.type == "cuda" and reused.get("deterministic_kernels") is False:
+            os.environ[DETERMINISTIC_ENV] = "0"
     out, results = Path(out), Path(results)
     out.mkdir(parents=True, exist_ok=True)
     clock = Clock(config.budget_minutes * 60.0, min(config.reserve_seconds, config.budget_minutes * 6.0))
@@ -246,9 +255,9 @@ def run_paper_scale(
     # 1. calibration, bounded by its share of the budget (or reused from an earlier run on this device)
     if reused is not None:
         cal = reused
-        othello = config.othello and "othello_step_seconds" in cal
+        othello = config.othello and all(k in cal for k in OTHELLO_CALIBRATION)
         if config.othello and not othello:
-            record["skipped"].append(f"Othello: {config.calibration} has no Othello calibration")
+            record["skipped"].append(f"Othello: {config.calibration} has no complete Othello calibration")
     else:
         cal, othello = _measure(config, device, out, clock, record)
     record["calibration"] = cal
@@ -438,7 +447,13 @@ def reused_calibration(path: str | Path, device_name: str, matmul_precision: str
             f"calibrate afresh, or pass --matmul-precision {rec.get('config', {}).get('matmul_precision')}",
         )
     cal = dict(rec["numbers"]["calibration"])
-    cal.update(reused_from=str(path), seconds=0.0, measured_seconds=cal.get("seconds"))
+    # its kernels: a run that fell back to non-deterministic ones was timed with them, and this run adopts them
+    cal.update(
+        reused_from=str(path),
+        seconds=0.0,
+        measured_seconds=cal.get("seconds"),
+        deterministic_kernels=rec.get("deterministic_kernels"),
+    )
     return cal
 
 
@@ -465,11 +480,12 @@ def _measure(
                 (config, str(device), str(Path(tmp) / f"attempt-{attempt}"), str(Path(tmp) / "othello.json")),
                 cal_deadline - time.time(),
                 grace=clock.grace,
+                single_threaded=False,  # as the Othello unit runs
             )
             if status == "finished":
                 cal.update(read_json(Path(tmp) / "othello.json"))
                 break
-            what = "did not finish within the calibration's share" if status == "deadline" else status
+            what = "did not finish (or start) within the calibration's share" if status == "deadline" else status
             record["errors"].append(f"Othello calibration (attempt {attempt + 1}): {what}")
             log(f"[paper-scale] Othello calibration: {what}")
             retry = status != "deadline" and attempt == 0 and device.type == "cuda"
@@ -500,50 +516,3 @@ def _othello_child(oc: Any, out: str, path: str, command: str) -> None:
     from .othello import run_othello
 
     run_othello(oc, out, results=path, command=command)
-
-
-def _unit_main(target: Any, args: tuple[Any, ...]) -> None:
-    """A unit's process: ``target(*args)`` with the command's error handling (a stop at the deadline or an
-    error is one line on stderr and an exit status, never a traceback)."""
-    import sys
-
-    from ..errors import OriginlensError
-    from ..interrupts import Interrupted, terminate_as_interrupt
-
-    try:
-        with terminate_as_interrupt():
-            target(*args)
-    except OriginlensError as exc:
-        print(f"paper-scale unit: error: {exc.one_line()}", file=sys.stderr)
-        sys.exit(2)
-    except Interrupted as exc:  # a trainer checkpointed before stopping
-        print(f"paper-scale unit: interrupted by {exc.message}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt as exc:
-        print("paper-scale unit: interrupted", file=sys.stderr)
-        sys.exit(143 if str(exc) == "SIGTERM" else 130)
-
-
-def _run_until(
-    target: Any, args: tuple[Any, ...], seconds: float, grace: float = 15.0, *, single_threaded: bool = True
-) -> str:
-    """Run ``target(*args)`` in a spawned process for at most ``seconds``: ``"finished"``, ``"deadline"``
-    (sent SIGTERM — a trainer checkpoints and stops — then killed after ``grace`` seconds) or
-    ``"failed (exit code N)"``.  ``single_threaded``: the process starts in
-    :func:`~originlens.train.grid.worker_environment` (else with this process's environment)."""
-    import multiprocessing as mp
-
-    from ..train.grid import worker_environment
-
-    with worker_environment() if single_threaded else contextlib.nullcontext():
-        proc = mp.get_context("spawn").Process(target=_unit_main, args=(target, args))
-        proc.start()
-    proc.join(max(0.0, seconds))
-    if proc.is_alive():
-        proc.terminate()
-        proc.join(grace)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-        return "deadline"
-    return "finished" if proc.exitcode == 0 else f"failed (exit code {proc.exitcode})"

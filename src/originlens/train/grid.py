@@ -282,7 +282,7 @@ def train_runs(
                     fut.cancel()
                 for _, fut in futures:
                     if not fut.cancelled():
-                        with contextlib.suppress(BaseException):
+                        with contextlib.suppress(Exception):  # a second Ctrl-C still stops the wait
                             fut.result()
                 raise
     if stopped or unstarted:

@@ -85,7 +85,9 @@ def is_finished(run_path: str | Path, config: NTPConfig | None = None) -> bool:
     return s.get("identity") == config.identity() and int(s.get("step", -1)) == config.steps
 
 
-# data hashes that are a function of the run's number of updates (an operational field a resume may change)
+# data hashes that are a function of the run's number of updates (an operational field a resume may change):
+# compared only when the recorded number of updates is unchanged
+DRAWN_UPDATES = "othello_pool_drawn_updates"
 STEP_DEPENDENT_HASHES = frozenset({"othello_pool_drawn_sha256"})
 
 
@@ -403,7 +405,8 @@ class Trainer:
             kept = path.is_file() and np.load(path, mmap_mode="r", allow_pickle=False).shape == (n, task.seq_len)
             if 2 * len(rows) < n and not kept and "othello_pool_sha256" not in recorded:
                 # the run draws under half of the pool: only those games are played, held in memory
-                # (regenerated, identical, on resume or replay; no file, so no pool hash is recorded)
+                # (regenerated, identical, on resume or replay; no file: the games' hash is recorded with the
+                # number of updates they serve, and compared while that number is unchanged)
                 t0 = time.time()
                 pool = othello_pool(n, cfg.seed, rows)
                 log(
@@ -453,8 +456,11 @@ class Trainer:
         if resumed and env.is_file():
             before = read_json(env).get("data_hashes") or {}
             # the games a run draws from its pool grow with its number of updates, which a resume may raise
+            same_updates = before.get(DRAWN_UPDATES) == hashes.get(DRAWN_UPDATES)
             changed = sorted(
-                k for k in set(before) & set(hashes) if before[k] != hashes[k] and k not in STEP_DEPENDENT_HASHES
+                k
+                for k in set(before) & set(hashes) - {DRAWN_UPDATES}
+                if before[k] != hashes[k] and (same_updates or k not in STEP_DEPENDENT_HASHES)
             )
             if changed:
                 raise CompatibilityError(
@@ -489,6 +495,7 @@ class Trainer:
             hashes["othello_pool_sha256"] = sha256_file(pool)
         elif isinstance(self.data, _PoolData) and self.data.rows is not None:  # only the games drawn, in memory
             hashes["othello_pool_drawn_sha256"] = array_sha256(self.data.pool)
+            hashes[DRAWN_UPDATES] = str(self.config.steps)
         for k in ("vocab_hash", "tokens_sha256"):
             if self._corpus_info.get(k):
                 hashes[f"corpus_{k}"] = self._corpus_info[k]
@@ -793,7 +800,8 @@ class Trainer:
             if not math.isfinite(v):
                 # the gradients are not read per update here: a non-finite gradient with a finite loss at
                 # update k shows as a non-finite loss at update k + 1
-                self._raise_nonfinite_loss(v, first + j, gradient_unchecked=first + j > 1)
+                # (j = 0: the parameters after update first − 1 were checked at the previous read)
+                self._raise_nonfinite_loss(v, first + j, gradient_unchecked=j > 0)
         params = list(self.model.named_parameters())
         if not bool(torch.stack([torch.isfinite(p.detach()).all() for _, p in params]).all()):
             name = next(n for n, p in params if not bool(torch.isfinite(p.detach()).all()))
