@@ -51,7 +51,13 @@ def cmd_othello(args: argparse.Namespace) -> int:
         replay_rtol=args.replay_rtol,
         **({"lr": args.lr} if args.lr is not None else {}),
     )
-    s = run_othello(cfg, args.out, results=args.results, command=command_line(), from_records=args.from_records)
+    s = run_othello(
+        cfg, args.out, results=args.results, command=command_line(), from_records=args.from_records, stage=args.stage
+    )
+    if args.stage == "train":
+        for seed, path in s["records"].items():
+            print(f"seed {seed}: training record {path}")
+        return 0
     q = s["quality"]
     print(f"legal-move accuracy {q['legal_acc']['mean']:.3f} over {len(cfg.seeds)} seed(s)")
     for k, t in s["by_fraction"][max(s["by_fraction"], key=float)]["tests"].items():
@@ -74,6 +80,12 @@ def add_parser(esub: Any) -> None:
         default=None,
         help="results file (default results/othello/othello-SCALE.json); "
         "each seed's record goes beside it (results/othello/othello-SCALE/seed-N.json)",
+    )
+    o.add_argument(
+        "--stage",
+        default="all",
+        choices=("all", "train"),
+        help="all (default): every stage; train: train the seeds only and write their training records",
     )
     o.add_argument(
         "--from-records",

@@ -90,6 +90,9 @@ from .othello_seeds import (  # noqa: F401 (re-exported)
     read_seed_record,
     recorded_updates,
     seed_record_path,
+    train_key,
+    train_record_path,
+    train_unit,
 )
 from .records import check_record_slot, commits_of, write_unit_record
 from .results import default_results_path, write_results
@@ -104,6 +107,10 @@ SCALES: dict[str, dict[str, Any]] = {
         eval_size=20480,
         othello_pool=500_000,
         positions=list(range(4, 57, 4)),
+        checkpoint_every=500,
+        strata=10,
+        burn_in=50,
+        stratum_updates=50,
         attribute_steps=None,
         record_every=1,
         snapshot_updates=10,
@@ -118,7 +125,11 @@ SCALES: dict[str, dict[str, Any]] = {
         steps=12000,
         eval_size=4096,
         othello_pool=500_000,
-        positions=[12, 24, 36],
+        positions=[12, 24, 36, 48],
+        checkpoint_every=300,
+        strata=10,
+        burn_in=50,
+        stratum_updates=50,
         attribute_steps=200,
         record_every=5,
         snapshot_updates=10,
@@ -134,6 +145,10 @@ SCALES: dict[str, dict[str, Any]] = {
         eval_size=200,
         othello_pool=2000,
         positions=[8, 20],
+        checkpoint_every=3,
+        strata=5,
+        burn_in=1,
+        stratum_updates=2,
         attribute_steps=None,
         record_every=1,
         snapshot_updates=2,
@@ -235,8 +250,8 @@ class OthelloConfig:
             probe_positions=sorted(s["positions"]),
             probe_every=0,
             lr_decay=None if initial else s.get("lr_decay"),
-            eval_every=0 if initial else self.checkpoint_every,
-            checkpoint_every=0 if initial else self.checkpoint_every,
+            eval_every=0 if initial else self.curve_every,
+            checkpoint_every=0 if initial else int(s["checkpoint_every"]),
             keep_checkpoints=0,
             device=self.device,
             matmul_precision=self.matmul_precision,
@@ -274,8 +289,14 @@ class OthelloConfig:
         return out
 
     @property
-    def checkpoint_every(self) -> int:
+    def curve_every(self) -> int:
+        """Held-out evaluation every tenth of training (the learning curve's points)."""
         return max(1, self.settings["steps"] // 10)
+
+    @property
+    def checkpoint_every(self) -> int:
+        """Checkpoints (model and Adam state) every tenth of training: where the snapshots start."""
+        return self.curve_every
 
     @property
     def snapshot_window(self) -> int:
@@ -299,6 +320,32 @@ class OthelloConfig:
         return f"othello-{self.scale}"
 
 
+STAGES = ("all", "train")
+
+
+def _train_stage(config: OthelloConfig, out: Path, res_path: Path, command: str) -> dict[str, Any]:
+    """Train every seed (one unit each) and write its training record beside the results file."""
+    written = {}
+    with exclusive(out):
+        for seed in config.seeds:  # before the hour of training, not after
+            check_record_slot(train_record_path(res_path, seed), unit=f"train-{seed}", config_key=train_key(config))
+        for seed in config.seeds:
+            log(f"[othello] seed {seed}: training (and the untrained-model null) ...")
+            d = out / f"seed-{seed}"
+            values = train_unit(config, seed, d)
+            written[seed] = write_unit_record(
+                train_record_path(res_path, seed),
+                experiment=EXPERIMENT,
+                name=config.name,
+                unit=f"train-{seed}",
+                config_key=train_key(config),
+                values=values,
+                command=command,
+                run_dir=d / "run",
+            )
+    return {"stage": "train", "records": {s: str(p) for s, p in written.items()}}
+
+
 MIN_SEEDS = 3  # a combined results file at the default path needs at least this many seeds
 
 
@@ -309,6 +356,7 @@ def run_othello(
     results: str | Path | None = None,
     command: str | None = None,
     from_records: bool = False,
+    stage: str = "all",
 ) -> dict[str, Any]:
     """Train, probe, attribute every seed (resuming what exists), aggregate over seeds, write the
     experiment record, the report and the results file; returns the record.
@@ -324,6 +372,10 @@ def run_othello(
     positions = sorted(config.settings["positions"])
     res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
     command = command or f"python: run_othello({config!r}, {str(out)!r})"
+    if stage not in STAGES:
+        raise ConfigError(f"unknown stage {stage!r}", f"use one of: {', '.join(STAGES)}")
+    if stage == "train":
+        return _train_stage(config, out, res_path, command)
     with exclusive(out):
         per_seed: dict[int, dict[str, Any]] = {}
         seed_commits: dict[int, Any] = {}

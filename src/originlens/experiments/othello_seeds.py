@@ -240,3 +240,65 @@ def _seed_values(config: OthelloConfig, d: Path, prepared: dict[str, Any]) -> di
         "snapshot_eval": {str(c): eval_at(d / "run", d / "initial", c) for c in config.snapshot_starts},
         "data_hashes": read_json(d / "run" / "environment.json").get("data_hashes", {}),
     }
+
+
+# ----------------------------------------------------------------------------------------------------
+# the training unit: one seed's run, its untrained-model null and its learning curve
+
+
+def train_record_path(results_path: str | Path, seed: int) -> Path:
+    """Where the training record of ``seed`` lives: ``results/othello/othello-cpu/train-<seed>.json``."""
+    return record_path(results_path, f"train-{int(seed)}")
+
+
+def train_key(config: OthelloConfig) -> dict[str, Any]:
+    """What must agree between training records: the trainer's configuration without the seed and the
+    device, and the probed positions (the attribution's settings are not part of a training unit)."""
+    ntp = {
+        k: v
+        for k, v in config.ntp_config(config.seeds[0], initial=False).to_dict().items()
+        if k not in ("seed", "device")
+    }
+    return {"ntp": to_jsonable(ntp), "positions": sorted(config.settings["positions"])}
+
+
+def eval_curve(run: Path) -> list[dict[str, Any]]:
+    """Every held-out evaluation of a run (step, loss, legal-move accuracy), in step order."""
+    import json
+
+    path = run / "metrics.jsonl"
+    out: dict[int, dict[str, Any]] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("event") == "eval":
+                out[int(rec["step"])] = {
+                    "step": int(rec["step"]),
+                    "eval_loss": rec.get("eval_loss"),
+                    "legal_acc": rec.get("legal_acc"),
+                }
+    return [out[s] for s in sorted(out)]
+
+
+def train_unit(config: OthelloConfig, seed: int, out: Path) -> dict[str, Any]:
+    """Train one seed and its untrained-model null (resuming what exists) and return the training
+    record's values: held-out eval of both, every evaluation of the run (the learning curve's legal-move
+    accuracy), the probes of the final and the untrained model, the data hashes and the thread count
+    (the attribution replays bit-exactly only with the training's)."""
+    import torch
+
+    d = Path(out)
+    trained = _train(config, seed, d)
+    positions = sorted(config.settings["positions"])
+    return {
+        "train": trained,
+        "probes": _probe_quality(d / "run", positions),
+        "initial_probes": _probe_quality(d / "initial", positions),
+        "curve_eval": eval_curve(d / "run"),
+        "initial_eval": trained["initial"]["final_eval"],
+        "data_hashes": read_json(d / "run" / "environment.json").get("data_hashes", {}),
+        "torch_threads": torch.get_num_threads(),
+    }
