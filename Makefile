@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.originlens-test-installed
 TORCH_PIN ?= torch==2.13.0
 CONSTRAINTS := -c requirements-ci.txt
 
-.PHONY: demo test lint venv clean bench
+.PHONY: demo test test-portable lint venv clean bench
 
 $(STAMP): pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +40,16 @@ lint: $(STAMP)
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 tests
 
+# every benchmark at its quick size, each figure beside its floor (the guards make test checks and the
+# reference floors it does not); `benchmarks/run_all.py --reference` runs the RESULTS.md sizes
+# the numerical packages under torch's scalar kernels (ATEN_CPU_CAPABILITY=default) and one thread: the
+# summation orders of another CPU, on this one (.ci/run runs it after `make test`)
+NUMERICAL_TESTS := tests/test_portability.py tests/theory tests/stats tests/models tests/attribution tests/train tests/probes tests/tasks tests/sae
+test-portable: $(TEST_STAMP)
+	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -q -n 2 $(NUMERICAL_TESTS)
+
 bench: $(STAMP)
-	$(PY) benchmarks/stats.py
+	$(PY) benchmarks/run_all.py --quick --reference
 
 clean:
 	rm -rf $(VENV) runs

@@ -4,7 +4,8 @@ Runs each script of ``benchmarks/`` in its own process (``--quick``: at small si
 all; without it: the scripts' own defaults, the sizes ``benchmarks/RESULTS.md`` reports), collects the
 figures they record through ``benchmarks/_emit.py`` (speed-ups of our path over the straightforward one
 measured in the same run, mostly ratios of process CPU time) and fails (status 1) if a figure falls below
-its floor in :data:`FLOORS`, or a script fails, or a script records nothing.
+its guard in :data:`GUARDS`, or a script fails, or a script records nothing; ``--reference`` (``make
+bench``) prints every figure beside its floor and fails only when a script does.
 
 The floors are deliberately far below the figures measured (``RESULTS.md``): the quick sizes are too small
 for our paths to reach their full advantage, and the CI machine is shared; a floor catches an optimised
@@ -49,30 +50,41 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
     "stacked_models": (["--models", "4", "--steps", "2", "--batch", "32", "--processes", "2"], []),
 }
 
-# figure name: floor (a speed-up; higher is better).  Measured at the quick sizes on 2 shared cores, the
-# figures sit well above these (see the module docstring); names are those the scripts emit.
-FLOORS: dict[str, float] = {
+# Two kinds of floors (a speed-up; higher is better), keyed by the names the scripts emit.
+#
+# GUARDS are what the test suite checks (``make test``): ratios of process CPU time between two algorithms
+# measured in the same process, each floor at most a third of the worst figure seen at the quick sizes on
+# any CPU we measured (benchmarks/RESULTS.md, "Guards and the CPUs they were measured on"), so that neither
+# the CPU's microarchitecture nor the machine's load can trip them: a guard catches an optimised path that
+# has become the straightforward one again, not a drift.
+GUARDS: dict[str, float] = {
     "othello.generate": 500.0,
     "othello.generate.no_types": 150.0,
     "stats.dense": 5.0,
     "decompose.all.ref45_over_ours": 4.0,
     "decompose.all.train_over_ours": 0.03,
     "attribution.ref45_over_fast": 3.0,
-    "attribution.influence_3x1.explicit_over_jvp": 1.0,
     "attribution.influence_16x4.explicit_over_jvp": 5.0,
-    "attribution.influence_16x4.torch_func_over_jvp": 0.8,  # hand-written JVPs, measured ≈ 1.4× (quick sizes)
-    "gpt_step.majority.hf_over_ours": 0.5,
-    "gpt_step.majority.standard_over_myopic": 0.4,
-    "gpt_step.majority.naive_over_myopic": 0.5,
-    "gpt_step.majority.standard_over_untied": 0.6,  # untied measured at ≈ 1.07× standard (1 thread)
-    "qscore.gpt.loop_over_batched": 1.5,
-    "qscore_hf.hooks_over_cached": 1.1,
+    "gpt_step.majority.hf_over_ours": 0.4,
+    "gpt_step.majority.standard_over_myopic": 0.3,
+    "gpt_step.majority.naive_over_myopic": 0.3,
+    "gpt_step.majority.standard_over_untied": 0.3,
+    "qscore.gpt.loop_over_batched": 1.4,
     "assoc_train.paths_vs_dense.threads1": 1.1,
+}
+# REFERENCE floors are printed beside their figures by ``make bench`` and never fail a run: figures that
+# are a property of the CPU (``subnormals``: a core without a microcode penalty on subnormal operands shows
+# ≈ 1×, the mechanism itself is tested in tests/models/test_assoc.py), wall-time figures (``stacked_models``:
+# process start-up and scheduling under load), and ratios whose worst figure seen lies within 3× of the
+# floor that would still mean something.
+REFERENCE: dict[str, float] = {
+    "attribution.influence_3x1.explicit_over_jvp": 1.0,
+    "attribution.influence_16x4.torch_func_over_jvp": 0.8,
+    "qscore_hf.hooks_over_cached": 1.1,
     "subnormals.kept_over_flushed": 2.0,
-    # a guard that the comparison runs: on 2 shared cores 2 processes measured 1.18× the loop (wall); the
-    # figure that matters is the GPU's (RESULTS.md)
     "stacked_models.processes_over_loop": 0.3,
 }
+FLOORS: dict[str, float] = {**GUARDS, **REFERENCE}
 
 
 def run_script(name: str, args: list[str], record: Path) -> tuple[int, float, str]:
@@ -89,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes (what the test suite runs)")
     ap.add_argument("--only", default="", help="comma list of scripts (default: all of " + ", ".join(SCRIPTS) + ")")
     ap.add_argument("--json", default=None, help="also write every figure and its floor to this file")
+    ap.add_argument(
+        "--reference",
+        action="store_true",
+        help="what make bench runs: print every figure beside its floor; only a failing script fails the run "
+        "(without it, a figure below its guard fails, as in the test suite)",
+    )
     a = ap.parse_args(argv)
     names = [s for s in a.only.split(",") if s] or list(SCRIPTS)
     unknown = sorted(set(names) - set(SCRIPTS))
@@ -109,16 +127,18 @@ def main(argv: list[str] | None = None) -> int:
                 failures.append(f"{name} recorded no figure:\n{tail}")
             for f in figures:
                 floor = FLOORS.get(f["name"])
+                guard = f["name"] in GUARDS
                 ok = floor is None or f["value"] >= floor
-                rows.append({**f, "script": name, "floor": floor, "ok": ok})
+                rows.append({**f, "script": name, "floor": floor, "guard": guard, "ok": ok})
                 goal = f" (goal {f['goal']:.3g})" if f.get("goal") is not None else ""
                 unit = "CPU" if f["cpu"] else "wall"
-                floor_s = f"floor {floor:.3g}" if floor is not None else "no floor"
+                kind = "guard" if guard else "ref."
+                floor_s = f"{kind} {floor:.3g}" if floor is not None else "no floor"
                 print(f"  {f['name']:48s} {f['value']:9.3g}× {unit:4s} {floor_s:12s}{goal}{'' if ok else '  BELOW'}")
-                if not ok:
-                    failures.append(f"{f['name']} = {f['value']:.3g} is below its floor {floor}")
+                if not ok and guard and not a.reference:
+                    failures.append(f"{f['name']} = {f['value']:.3g} is below its guard {floor}")
     missing = sorted(
-        {k for k in FLOORS if k.split(".")[0] in {n.split("-")[0] for n in names}} - {r["name"] for r in rows}
+        {k for k in GUARDS if k.split(".")[0] in {n.split("-")[0] for n in names}} - {r["name"] for r in rows}
     )
     if not a.only and missing:
         failures.append("figures with a floor that no script recorded: " + ", ".join(missing))

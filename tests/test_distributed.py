@@ -217,7 +217,16 @@ def two_process(tmp_path_factory):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "driver.py"]
     r = subprocess.run(cmd, cwd=d, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (d / "stdout.txt").write_text(r.stdout)
     return d
+
+
+def test_only_rank_zero_prints_the_summaries(two_process):
+    """Both ranks run every command of DRIVER; only rank 0's summaries reach the standard output."""
+    lines = [line for line in (two_process / "stdout.txt").read_text().splitlines() if line.strip()]
+    assert any("ntp2-killed" in line for line in lines), lines  # rank 0 printed its summaries
+    twice = sorted({line for line in lines if lines.count(line) > 1})
+    assert not twice, twice
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ _API = {
     # models
     "GPT": "originlens.models",
     "GPTConfig": "originlens.models",
+    "position_losses": "originlens.models.gpt",
     "AssocModel": "originlens.models",
     "AssocConfig": "originlens.models",
     "load_assoc": "originlens.models",
@@ -80,6 +81,9 @@ _API = {
     "PathwayGradients": "originlens.attribution",
     "AdamAttributor": "originlens.attribution",
     "influences": "originlens.attribution",
+    "Probe": "originlens.attribution",
+    "reference_projections": "originlens.attribution",
+    "sgd_steps": "originlens.attribution",
     "attribute_run": "originlens.attribution",
     "attribute_segments": "originlens.attribution",
     # pretrained LMs
@@ -90,6 +94,7 @@ _API = {
     "load_adapter": "originlens.lm",
     "load_tokenizer": "originlens.lm",
     "export_to_hf": "originlens.lm",
+    "gpt_from_hf": "originlens.lm",
     "qscore": "originlens.lm",
     "cov_cosine": "originlens.lm",
     "CheckpointGrid": "originlens.lm",

@@ -406,6 +406,65 @@ def test_adam_attribution_sums_to_real_update(kind, method):
     assert att2.num_steps == 4 and set(att2.moments) == set(sites)
 
 
+def test_adam_attribution_started_mid_training_carries_the_first_moment():
+    """An attributor started after τ₀ optimizer steps (carry=True) carries m(τ₀) as its own decaying
+    component: direct + pre-cached + shared + carried = the real update at every later step; the carried
+    step equals lr·β1ⁿ m(τ₀)/(1 − β1^τ)/(√v̂ + ε) written out; and the attributor that saw every step
+    from the first one has, summed over its components, exactly the same update, its excess over the late
+    one's components being the carried part."""
+    lr, (b1, b2), eps = 1e-2, (0.9, 0.999), 1e-8
+    sites = [(1, 3), (2, 2)]
+    model = make(seed=21)
+    names = [n for n, _ in model.named_parameters()]
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(b1, b2), eps=eps)
+    early = AdamAttributor(opt, model)
+    late = None
+    tau0 = 3
+    m0 = None
+    for step in range(1, tau0 + 6):
+        dec = decompose(model, toks(seed=300 + step), sites)
+        if step == tau0 + 1:  # the optimizer has taken τ₀ steps the late attributor never saw
+            with pytest.raises(ConfigError, match="carry=True"):
+                AdamAttributor(opt, model)
+            late = AdamAttributor(opt, model, carry=True)
+            assert late.num_steps == late.first_step == tau0
+            m0 = {n: opt.state[p]["exp_avg"].double().clone() for n, p in zip(names, model.parameters())}
+        steps_early = early.step(dec)
+        if late is None:
+            continue
+        steps_late = late.attribute(dec)
+        n = step - tau0
+        st = opt.state
+        for s in sites:
+            assert set(steps_late[s]) == set(COMPONENTS) | {"carried"}
+            total_late = {k: sum(steps_late[s][c][k] for c in steps_late[s]) for k in names}
+            total_early = {k: sum(steps_early[s][c][k] for c in COMPONENTS) for k in names}
+            assert rel(flat(total_late), flat(total_early), 1.0) < 1e-12
+            want = {
+                k: lr
+                * (b1**n * m0[k] / (1 - b1**step))
+                / (torch.sqrt(st[p]["exp_avg_sq"].double() / (1 - b2**step)) + eps)
+                for k, p in zip(names, model.parameters())
+            }
+            assert rel(flat(steps_late[s]["carried"]), flat(want), float(flat(total_early).norm())) < 1e-12
+            excess = {k: total_early[k] - sum(steps_late[s][c][k] for c in COMPONENTS) for k in names}
+            assert rel(flat(excess), flat(steps_late[s]["carried"]), float(flat(total_early).norm())) < 1e-10
+        assert late.last_check < 1e-12
+        assert late.carried_share is not None and late.carried_share > 0
+    shares = []  # the carried moment decays like β1ⁿ; its share of the update with it
+    for step in range(tau0 + 6, tau0 + 30):
+        late.step(decompose(model, toks(seed=300 + step), sites))
+        shares.append(late.carried_share)
+        assert torch.allclose(flat(late.carried), b1 ** (step - tau0) * flat(m0), rtol=1e-13, atol=0)
+    assert shares[-1] < shares[0] < 1
+    # the carried moment survives a state_dict round trip
+    fresh = make()
+    other = AdamAttributor(torch.optim.Adam(fresh.parameters(), lr=lr), fresh)
+    other.load_state_dict(late.state_dict())
+    assert other.first_step == tau0 and other.num_steps == late.num_steps
+    assert all(torch.equal(other.carried[k], late.carried[k]) for k in names)
+
+
 def test_adam_attribution_float32_within_default_tolerance():
     model = make(seed=12, dtype="float32")
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)

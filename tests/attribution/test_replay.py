@@ -332,6 +332,39 @@ def test_two_segments_equal_one_pass_and_adam_needs_moments(maj, tmp_path):
         attribute_run(maj, segment=(1, 3), out=tmp_path / "sgd", optimizer="sgd", **kw)
 
 
+def test_a_carried_segment_equals_the_contiguous_replay_with_its_carried_part(tmp_path):
+    """A segment started at a checkpoint with carry=True (no earlier moments) records, at every update,
+    direct + pre-cached + shared + carried influences whose sum ("full") equals the contiguous replay's
+    full influence; each of its components falls short of the contiguous one by what the carried moment
+    holds, so the summed shortfall over the three is the carried influence; the carried share decays."""
+    run = _train(tmp_path / "run", steps=12, checkpoint_every=4)
+    kw = dict(sites=SITES, features="all", types=False)
+    whole = attribute_run(run, segment=(0, 12), out=tmp_path / "whole", **kw)
+    part = attribute_run(run, segment=(4, 12), out=tmp_path / "part", carry=True, steps=range(7, 13), **kw)
+    assert part.info["carry"] and part.info["replay_from_checkpoint"] == 4
+    share = part.info["checks"]["carried_share"]
+    assert 0 < share["last_recorded"] < share["first_recorded"] < 1
+    assert part.info["checks"]["adam_sum_max_rel_err"] < 1e-12
+
+    def by(table):
+        return {
+            (r["step"], r["site_layer"], r["site_position"], r["feature"], r["component"]): r["influence"]
+            for r in table.to_pylist()
+            if r["type"] is None
+        }
+
+    a, b = by(whole.table), by(part.table)
+    keys = {k[:4] for k in b}
+    assert {k[0] for k in keys} == set(range(7, 13))
+    for k in keys:
+        scale = max(abs(a[(*k, c)]) for c in ("direct", "precached", "shared", "full")) + 1e-300
+        assert abs(b[(*k, "full")] - a[(*k, "full")]) <= 1e-9 * scale
+        short = sum(a[(*k, c)] - b[(*k, c)] for c in ("direct", "precached", "shared"))
+        assert abs(short - b[(*k, "carried")]) <= 1e-9 * scale
+    with pytest.raises(ConfigError, match="Adam"):
+        attribute_run(run, segment=(4, 8), out=tmp_path / "sgd", carry=True, optimizer="sgd", **kw)
+
+
 # ----------------------------------------------------------------------------------------------------
 # store
 

@@ -1,94 +1,57 @@
-"""The multi-seed Othello experiment: per-seed aggregation against a brute-force recomputation from the
-attribution store, the k = L separation, the random-direction null, results file, verdict rules."""
+"""The multi-seed Othello experiment over all of training: the strata (where their segments lie, the
+carried first moment), the stratified estimate against a brute-force recomputation from the attribution
+stores, the estimator check, the learning curve, the gates and the verdict, the records (one commit per
+kind, one configuration), and the refusals."""
 
 from __future__ import annotations
 
-import math
+import json
+import shutil
 
 import numpy as np
 import pytest
 
 from originlens.attribution.store import RANDOM_TAG, load_observables
-from originlens.errors import ConfigError
-from originlens.experiments.othello import HYPOTHESES, OthelloConfig, judge, run_othello
+from originlens.errors import ConfigError, InputError
+from originlens.experiments import gates
+from originlens.experiments.othello import OthelloConfig, judge, run_othello
+from originlens.experiments.othello_analysis import HYPOTHESES, across_seeds, collapsed_strata_se, learned_gate
+from originlens.experiments.othello_strata import (
+    STRATA_STORE,
+    segment_starts,
+    stratum_bounds,
+    stratum_record_path,
+    stratum_segment,
+)
 from originlens.experiments.results import read_results
+
+SEEDS = [0, 1, 2]
 
 
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("oth")
-    cfg = OthelloConfig(scale="ci", seeds=[0, 1], overrides={"steps": 12, "eval_size": 120})
-    s = run_othello(cfg, out / "exp", results=out / "res.json", command="originlens test")
+    cfg = OthelloConfig(scale="ci", seeds=SEEDS)
+    s = run_othello(cfg, out / "exp", results=out / "res" / "othello-ci.json", command="originlens test")
     return cfg, out, s
 
 
-@pytest.mark.slow
-def test_seed_aggregates_equal_a_brute_force_recomputation(ci_run):
-    cfg, out, s = ci_run
-    for seed in cfg.seeds:
-        rows = load_observables(out / "exp" / f"seed-{seed}" / "run" / "attribution").to_pylist()
-        for frac, cutoff in ((0.5, 6), (1.0, 12)):
-            items: dict = {}
-            for r in rows:
-                if r["step"] <= cutoff and r["type"] in (1, 2) and r["influence"] is not None:
-                    key = (r["site_layer"], r["site_position"], r["feature"], r["type"], r["component"])
-                    items[key] = items.get(key, 0.0) + r["influence"]
-            agg = s["per_seed"][seed]["aggregates"][f"{frac:g}"]
-            assert agg["updates"] == cutoff
-            for comp in ("direct", "precached", "shared", "full"):
-                for t, name in ((1, "useless"), (2, "useful")):
-                    for part, layers in (("main", {1}), ("last_layer", {2})):
-                        for kind in ("real", "random"):
-                            vals = [
-                                v
-                                for (k, i, f, ty, c), v in items.items()
-                                if c == comp and ty == t and k in layers and ((RANDOM_TAG in f) == (kind == "random"))
-                            ]
-                            got = agg["means"][part][kind][comp][name]
-                            assert got["n_items"] == len(vals)
-                            assert math.isclose(got["mean"], float(np.mean(vals)), rel_tol=1e-9, abs_tol=1e-15)
-            last = agg["means"]["last_layer"]["real"]["precached"]
-            assert last["useful"]["mean"] == 0.0 and last["useless"]["mean"] == 0.0  # G_pre(L, i) ≡ 0
-
-
-@pytest.mark.slow
-def test_results_file_and_tests_over_seeds(ci_run):
-    cfg, out, s = ci_run
-    rec = read_results(out / "res.json")
-    assert rec["experiment"] == "othello" and rec["seeds"] == [0, 1] and rec["command"] == "originlens test"
-    assert set(rec["tests"]["hypotheses"]) == {h[0] for h in HYPOTHESES}
-    t = rec["tests"]["hypotheses"]["direct: useful > useless"]
-    useful = [s["per_seed"][x]["aggregates"]["1"]["means"]["main"]["real"]["direct"]["useful"]["mean"] for x in (0, 1)]
-    useless = [
-        s["per_seed"][x]["aggregates"]["1"]["means"]["main"]["real"]["direct"]["useless"]["mean"] for x in (0, 1)
-    ]
-    assert math.isclose(t["mean_diff"], float(np.mean(np.subtract(useful, useless))), rel_tol=1e-9)
-    assert 0 <= rec["quality"]["legal_acc"]["low"] <= rec["quality"]["legal_acc"]["high"] <= 1
-    assert rec["quality"]["probes"]["1"]["pearson"]["initial"]["n"] == 2  # the untrained null
-    assert any(d == "steps 12 (paper 5000)" for d in rec["scale"]["deviations"])
-    # the ci scale draws under half of its pool: the games drawn are hashed (the whole pool file otherwise)
-    assert len(rec["data_hashes"]["seed-0"]["othello_pool_drawn_sha256"]) == 64
-    # a model that does not play cannot reproduce the claim, whatever its influences
-    assert judge(rec).verdict in ("not reproduced", "partial")
-
-
-def _fake(holds: list[bool], acc: float) -> dict:
-    return {
-        "tests": {"hypotheses": {h[0]: {"holds": v} for h, v in zip(HYPOTHESES, holds)}},
-        "quality": {"legal_acc": {"mean": acc}},
-        "numbers": {"influence": {}},
-        "seeds": [0, 1, 2],
-        "scale": {"model": "m", "attribution": "a", "deviations": []},
-    }
-
-
-def test_verdict_rules():
-    n = len(HYPOTHESES)
-    assert judge(_fake([True] * n, 0.97)).verdict == "reproduced"
-    v = judge(_fake([True] * n, 0.6))
-    assert v.verdict == "partial" and "do not play" in v.ours
-    assert judge(_fake([True] + [False] * (n - 1), 0.97)).verdict == "partial"
-    assert judge(_fake([False] * n, 0.97)).verdict == "not reproduced"
+def test_strata_cover_training_and_segments_start_at_checkpoints_inside_them():
+    cfg = OthelloConfig(scale="cpu", seeds=[0, 1, 2, 3, 4])
+    bounds = [stratum_bounds(cfg, h) for h in range(10)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == 12000
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))  # contiguous, no overlap
+    for h in range(10):
+        assert segment_starts(cfg, h) == [1200 * h + 300 * u for u in range(4)]
+        starts = set()
+        for seed in range(5):
+            c, end, recorded = stratum_segment(cfg, seed, h)
+            lo, hi = bounds[h]
+            assert lo <= c and end <= hi and c % 300 == 0
+            assert recorded == list(range(c + 51, c + 101)) and end == c + 100
+            starts.add(c)
+        assert len(starts) > 1  # the seeds sample different parts of the stratum
+    assert cfg.sampled_fraction() == pytest.approx(500 / 12000)
 
 
 def test_bad_configurations():
@@ -96,179 +59,234 @@ def test_bad_configurations():
         OthelloConfig(scale="big")
     with pytest.raises(ConfigError, match="override"):
         OthelloConfig(overrides={"width": 3})
-    with pytest.raises(ConfigError, match="attribute_steps"):
-        OthelloConfig(scale="ci", overrides={"attribute_steps": 999})
     with pytest.raises(ConfigError, match="layers"):
         OthelloConfig(scale="ci", layers=[5])
+    with pytest.raises(ConfigError, match="burn_in"):  # the carried share would stay above 1 %
+        OthelloConfig(scale="cpu", overrides={"burn_in": 20})
+    with pytest.raises(ConfigError, match="leaves room"):  # a segment longer than a stratum
+        OthelloConfig(scale="cpu", overrides={"stratum_updates": 1200})
+    with pytest.raises(ConfigError, match="check positions"):
+        OthelloConfig(scale="cpu", overrides={"check_positions": [30]})
+    with pytest.raises(ConfigError, match="strata"):
+        OthelloConfig(scale="ci", strata_run=[7])
 
 
-def test_recorded_updates_centre_each_block():
-    from originlens.experiments.othello import recorded_updates
-
-    assert recorded_updates(12, 1) == list(range(1, 13))
-    assert recorded_updates(12, 3) == [2, 5, 8, 11]
-    assert recorded_updates(200, 5) == list(range(3, 201, 5))
-    with pytest.raises(ConfigError, match="record_every"):
-        recorded_updates(10, 0)
-    with pytest.raises(ConfigError, match="record_every"):
-        OthelloConfig(scale="ci", overrides={"record_every": 0})
-
-
-@pytest.mark.slow
-def test_strided_recording_scales_the_sum_of_recorded_updates(ci_run, monkeypatch):
-    """``record_every`` = 3: the aggregate is 3 × the sum over updates 2, 5, 8, 11 only — recomputed here
-    from the store of the CI run (which recorded every update), filtered to those updates."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    import originlens.attribution.store as store_mod
-    from originlens.experiments.othello import recorded_updates, seed_aggregates
-
-    cfg, out, s = ci_run
-    store = out / "exp" / "seed-0" / "run" / "attribution"
-    table = load_observables(store)
-    keep = pa.array(recorded_updates(12, 3), type=table["step"].type)
-    sub = table.filter(pc.is_in(table["step"], value_set=keep))
-    items: dict = {}
-    for r in sub.to_pylist():
-        if (
-            r["type"] in (1, 2)
-            and r["influence"] is not None
-            and RANDOM_TAG not in r["feature"]
-            and r["site_layer"] == 1
-        ):
-            key = (r["site_position"], r["feature"], r["type"], r["component"])
-            items[key] = items.get(key, 0.0) + r["influence"]
-    assert items
-    monkeypatch.setattr(store_mod, "load_observables", lambda _path: sub)
-    agg = seed_aggregates(store, 2, 12, [1.0], record_every=3)["1"]
-    for comp in ("direct", "precached", "shared", "full"):
-        for t, name in ((1, "useless"), (2, "useful")):
-            vals = [3 * v for (i, f, ty, c), v in items.items() if c == comp and ty == t]
-            got = agg["means"]["main"]["real"][comp][name]
-            assert got["n_items"] == len(vals)
-            assert math.isclose(got["mean"], float(np.mean(vals)), rel_tol=1e-9, abs_tol=1e-15)
+def test_collapsed_strata_standard_error():
+    assert collapsed_strata_se([1.0]) is None
+    assert collapsed_strata_se([1.0, 3.0]) == pytest.approx(2.0)
+    assert collapsed_strata_se([1.0, 3.0, 2.0, 2.0]) == pytest.approx(2.0)
+    assert collapsed_strata_se([1.0, 3.0, 5.0]) == pytest.approx(np.sqrt(4 + 4 / 2))
 
 
 @pytest.mark.slow
-def test_parallel_seeds_match_the_serial_run(ci_run, tmp_path):
-    """``jobs`` = 2 trains and attributes the seeds in two processes (one thread each): the same runs as
-    the serial fixture up to thread-count round-off, and a rerun resumes everything."""
+def test_the_stratified_estimate_equals_a_brute_force_recomputation(ci_run):
+    """Per seed, the mean over items (k < L, real probes) of Σ_h (N_h / n_h) Σ_recorded I equals the
+    results file's number, recomputed here from the attribution store's rows; random directions apart."""
     cfg, out, s = ci_run
-    par = OthelloConfig(scale="ci", seeds=[0, 1], overrides={"steps": 12, "eval_size": 120}, jobs=2)
-    p = run_othello(par, tmp_path / "par", results=tmp_path / "par.json", command="originlens test")
+    rec = read_results(out / "res" / "othello-ci.json")
+    L = cfg.settings["n_layer"]
+    by_seed = {r["seed"]: r["estimate"] for r in rec["runs"]}
     for seed in cfg.seeds:
-        a = s["per_seed"][seed]["train"]["trained"]["final_eval"]
-        b = p["per_seed"][seed]["train"]["trained"]["final_eval"]
-        assert math.isclose(a["eval_loss"], b["eval_loss"], rel_tol=1e-4)
-        ia = s["per_seed"][seed]["aggregates"]["1"]["means"]["main"]["real"]["full"]["useful"]
-        ib = p["per_seed"][seed]["aggregates"]["1"]["means"]["main"]["real"]["full"]["useful"]
-        assert ia["n_items"] == ib["n_items"] and math.isclose(ia["mean"], ib["mean"], rel_tol=1e-3, abs_tol=1e-12)
-    again = run_othello(par, tmp_path / "par", results=tmp_path / "par.json", command="originlens test")
-    assert again["per_seed"][0]["aggregates"] == p["per_seed"][0]["aggregates"]
-    with pytest.raises(ConfigError, match="jobs"):
-        OthelloConfig(scale="ci", jobs=0)
+        rows = load_observables(out / "exp" / f"seed-{seed}" / "run" / STRATA_STORE).to_pylist()
+        weight = {}
+        for h in range(cfg.settings["strata"]):
+            c, end, recorded = stratum_segment(cfg, seed, h)
+            lo, hi = stratum_bounds(cfg, h)
+            for st in recorded:
+                weight[st] = (hi - lo) / len(recorded)
+        for comp in ("direct", "precached", "shared", "carried", "full"):
+            for tau, tname in ((1, "useless"), (2, "useful")):
+                items: dict = {}
+                for r in rows:
+                    if r["component"] != comp or r["type"] != tau or r["site_layer"] >= L or RANDOM_TAG in r["feature"]:
+                        continue
+                    key = (r["site_layer"], r["site_position"], r["feature"])
+                    items[key] = items.get(key, 0.0) + weight[r["step"]] * (r["influence"] or 0.0)
+                got = by_seed[seed]["means"]["main"]["real"][comp][tname]["mean"]
+                assert got == pytest.approx(np.mean(list(items.values())), rel=1e-12, abs=1e-15)
+    assert rec["numbers"]["sampled_fraction"] == pytest.approx(5 * 2 / 30)
+    assert len(rec["numbers"]["attributed_updates"]) == 5 * len(SEEDS)
 
 
 @pytest.mark.slow
-def test_snapshots_are_rates_of_the_stored_sgd_influences(ci_run):
-    """Each snapshot c: the SGD-variant segment c..c+K is stored, and its aggregate is the mean over items
-    of (Σ recorded influences) / (number recorded), recomputed here from the raw rows; the quality at c
-    is the eval record at step c (the untrained model's at c = 0)."""
-    import json
+def test_carried_segments_keep_the_real_update_and_the_check_compares_with_the_contiguous_integral(ci_run):
+    cfg, out, s = ci_run
+    rec = read_results(out / "res" / "othello-ci.json")
+    chk = rec["numbers"]["check"]
+    assert chk["seed"] == 0 and chk["updates"] == 12
+    assert chk["burn_in"]["full_max_rel_diff"] < 1e-5  # float32 model: the components' JVPs round apart
+    for c in ("direct", "precached", "shared", "full"):
+        for t in ("useful", "useless"):
+            v = chk["components"][c][t]
+            assert v["exact"] is not None and v["stratified"] is not None
+    for h in range(cfg.settings["strata"]):
+        r = json.loads(stratum_record_path(out / "res" / "othello-ci.json", 0, h).read_text())
+        checks = r["values"]["checks"]
+        assert checks["adam_sum_max_rel_err"] < 1e-6 and (checks["losses_checked"] or checks["checkpoints_verified"])
+        start = r["values"]["segment"][0]
+        assert (checks["carried_share"]["first_recorded"] is None) == (start == 0)
+
+
+@pytest.mark.slow
+def test_results_file_curve_gates_and_verdict(ci_run):
+    cfg, out, s = ci_run
+    rec = read_results(out / "res" / "othello-ci.json")
+    assert set(rec["tests"]["hypotheses"]) == {h[0] for h in HYPOTHESES}
+    names = [g["name"] for g in rec["tests"]["gates"]]
+    assert names == ["learned", "control", "detectable"]
+    steps = [p["step"] for p in rec["numbers"]["curve"]["points"]]
+    assert steps[0] == 0 and steps[-1] == 30 and steps == sorted(steps)
+    final = rec["numbers"]["curve"]["points"][-1]
+    assert set(final["probes"]) == {"1", "2"} and final["n_seeds"] == 3
+    assert rec["tests"]["detectable_dz"] == pytest.approx(gates.detectable_dz(3))
+    v = judge(rec)
+    assert v.verdict == "not tested"  # three seeds of a 30-step plumbing check: the gates must say so
+    assert (out / "exp" / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_records_combine_without_run_directories_and_refuse_mixed_commits(ci_run, tmp_path):
+    cfg, out, s = ci_run
+    res = tmp_path / "res"
+    shutil.copytree(out / "res", res)
+    again = run_othello(cfg, tmp_path / "exp", results=res / "othello-ci.json", stage="combine", command="c")
+    a = read_results(out / "res" / "othello-ci.json")
+    b = read_results(again["results_file"])
+    assert a["numbers"]["influence"] == b["numbers"]["influence"] and a["tests"] == b["tests"]
+    path = stratum_record_path(res / "othello-ci.json", 1, 2)
+    r = json.loads(path.read_text())
+    r["git_commit"] = "0" * 40
+    path.write_text(json.dumps(r))
+    with pytest.raises(InputError, match="different commits"):
+        run_othello(cfg, tmp_path / "exp", results=res / "othello-ci.json", stage="combine", command="c")
+    r["config_key"]["attribution"]["burn_in"] = 7
+    path.write_text(json.dumps(r))
+    with pytest.raises(InputError, match="another configuration"):
+        run_othello(cfg, tmp_path / "exp", results=res / "othello-ci.json", stage="combine", command="c")
+    path.unlink()
+    with pytest.raises(InputError, match="no record of stratum-1-2"):
+        run_othello(cfg, tmp_path / "exp", results=res / "othello-ci.json", stage="combine", command="c")
+
+
+def test_the_stratum_stage_needs_a_trained_seed(tmp_path):
+    cfg = OthelloConfig(scale="ci", seeds=[0])
+    with pytest.raises(InputError, match="not trained"):
+        run_othello(cfg, tmp_path / "exp", results=tmp_path / "r.json", stage="stratum")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_without_optimizer_state_is_refused(ci_run, tmp_path):
+    from safetensors.numpy import load_file, save_file
 
     cfg, out, s = ci_run
-    assert cfg.snapshot_window == 1 and cfg.snapshot_starts == list(range(10))
-    for seed in cfg.seeds:
-        run = out / "exp" / f"seed-{seed}" / "run"
-        rows = load_observables(run / "attribution-snapshots").to_pylist()
-        assert {r["optimizer"] for r in rows} == {"sgd"}
-        assert sorted({r["step"] for r in rows}) == [c + 1 for c in cfg.snapshot_starts]
-        for c in (0, 5, 9):
-            items: dict = {}
-            for r in rows:
-                if (
-                    c < r["step"] <= c + 1
-                    and r["type"] in (1, 2)
-                    and r["influence"] is not None
-                    and RANDOM_TAG not in r["feature"]
-                    and r["site_layer"] == 1
-                ):
-                    items.setdefault((r["site_position"], r["feature"], r["type"], r["component"]), []).append(
-                        r["influence"]
-                    )
-            got = s["per_seed"][seed]["snapshots"][str(c)]
-            assert got["updates"] == [c + 1, c + 1]
-            for comp in ("direct", "precached", "shared"):
-                vals = [np.mean(v) for (i, f, ty, cc), v in items.items() if cc == comp and ty == 2]
-                g = got["means"]["main"]["real"][comp]["useful"]
-                assert g["n_items"] == len(vals) > 0
-                assert math.isclose(g["mean"], float(np.mean(vals)), rel_tol=1e-9, abs_tol=1e-15)
-        evals = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        at5 = [e for e in evals if e.get("event") == "eval" and e["step"] == 5][-1]
-        assert s["per_seed"][seed]["snapshot_eval"]["5"]["legal_acc"] == at5["legal_acc"]
-        init = s["per_seed"][seed]["train"]["initial"]["final_eval"]["legal_acc"]
-        assert s["per_seed"][seed]["snapshot_eval"]["0"]["legal_acc"] == init
-    rec = read_results(out / "res.json")
-    assert set(rec["numbers"]["snapshots"]) == {str(c) for c in cfg.snapshot_starts}
-    assert set(rec["tests"]["snapshots"]["9"]) == {h[0] for h in HYPOTHESES}
-    assert rec["numbers"]["snapshots"]["9"]["eval"]["legal_acc"]["n"] == 2
-    assert any("SGD-variant influence" in d for d in rec["scale"]["deviations"])
-    from originlens.experiments.othello import render_section
+    exp = tmp_path / "exp"
+    shutil.copytree(out / "exp" / "seed-1", exp / "seed-1")
+    shutil.rmtree(exp / "seed-1" / "run" / STRATA_STORE)
+    c, _, _ = stratum_segment(cfg, 1, 3)
+    ck = exp / "seed-1" / "run" / "checkpoints" / f"step-{c:06d}.safetensors"
+    from safetensors import safe_open
 
-    text = "\n".join(render_section("othello/x", rec))
-    assert "| checkpoint c | legal-move acc. at c |" in text and text.count("\n| 9 |") == 1
+    with safe_open(ck, "np") as f:
+        meta = f.metadata()
+    arrays = {k: v for k, v in load_file(ck).items() if not k.startswith("adam.")}
+    save_file(arrays, ck, metadata=meta)
+    one = OthelloConfig(scale="ci", seeds=[1], strata_run=[3])
+    with pytest.raises(Exception, match="(?i)adam|optimizer"):
+        run_othello(one, exp, results=tmp_path / "res" / "othello-ci.json", stage="stratum")
 
 
-def test_snapshot_schedule():
-    cfg = OthelloConfig(scale="cpu")
-    assert cfg.checkpoint_every == 1200 and cfg.snapshot_window == 10
-    assert cfg.snapshot_starts == [j * 1200 for j in range(10)]
-    assert cfg.snapshot_recorded(1200) == [1201, 1203, 1205, 1207, 1209]
-    off = OthelloConfig(scale="ci", overrides={"snapshot_updates": 0})
-    assert off.snapshot_starts == [] and not any("SGD-variant" in d for d in off.deviations())
-    with pytest.raises(ConfigError, match="snapshot_record_every"):
-        OthelloConfig(scale="ci", overrides={"snapshot_record_every": 0})
+# ----------------------------------------------------------------------------------------------------
+# the gates on synthetic seeds
 
 
-def test_seed_records_combine_into_the_same_results(ci_run, tmp_path):
-    """Each seed's values are written as a record beside the results file; combining the records (no run
-    directories) gives the same numbers and tests as the run that made them, and a record of another
-    configuration or a missing one is refused."""
-    from originlens.errors import InputError
-    from originlens.experiments.othello import read_seed_record, seed_record_path
+def _seed(real_full: float, rand_full: float, r_at: float, r_null: float, shift: float) -> dict:
+    """Synthetic per-seed values: item means of every component and type, one stratum's curve."""
 
-    cfg, out, s = ci_run
-    for seed in cfg.seeds:
-        rec = read_seed_record(seed_record_path(out / "res.json", seed), cfg, seed)
-        assert (
-            rec["unit"] == f"seed-{seed}"
-            and rec["values"]["train"]["trained"]["final_eval"] == s["per_seed"][seed]["train"]["trained"]["final_eval"]
-        )
-    comb = run_othello(
-        cfg, tmp_path / "comb", results=out / "res.json", command="originlens combine", from_records=True
-    )
-    assert not (tmp_path / "comb" / "seed-0").exists()  # nothing trained
-    again = read_results(out / "res.json")
-    assert again["command"] == "originlens combine"
-    assert comb["by_fraction"] == s["by_fraction"] and comb["quality"] == s["quality"]
-    assert again["runs"][0]["commits"]["command"] == "originlens test"
-    other = OthelloConfig(scale="ci", seeds=[0, 1], overrides={"steps": 14, "eval_size": 120})
-    with pytest.raises(InputError, match="another configuration.*steps"):
-        run_othello(other, tmp_path / "x", results=out / "res.json", from_records=True)
-    more = OthelloConfig(scale="ci", seeds=[0, 1, 7], overrides={"steps": 12, "eval_size": 120})
-    with pytest.raises(InputError, match="no record of seed-7"):
-        run_othello(more, tmp_path / "y", results=out / "res.json", from_records=True)
+    def means(kind_full):
+        comps = {
+            "direct": {"useful": 2.0 + shift, "useless": -0.5 + shift},
+            "precached": {"useful": -0.2 + shift, "useless": 0.6 + shift},
+            "shared": {"useful": 3.0 + shift, "useless": 2.0 + shift},
+            "carried": {"useful": 0.0, "useless": 0.0},
+            "full": {"useful": kind_full + shift, "useless": kind_full - 1 + shift},
+        }
+        return {c: {t: {"mean": v, "se": 0.1} for t, v in ts.items()} for c, ts in comps.items()}
+
+    probes = {str(k): {"pearson": r_at + 0.01 * k} for k in (1, 2, 3)}
+    null = {str(k): {"pearson": r_null} for k in (1, 2, 3)}
+    return {
+        "estimate": {
+            "means": {"main": {"real": means(real_full), "random": means(rand_full)}},
+            "normalised": {},
+            "per_stratum": {"0": {"bounds": [0, 10], "rate": {"full": {"useful": 1.0, "useless": 1.0}}}},
+        },
+        "strata": {0: {"curve": {"start": {"step": 5, "probes": probes}}}},
+        "train": {"initial_probes": null},
+    }
 
 
-def test_too_few_seeds_write_records_but_no_results_file_at_the_default_path(ci_run, tmp_path, monkeypatch):
-    cfg, out, s = ci_run
-    monkeypatch.chdir(tmp_path)
-    one = OthelloConfig(scale="ci", seeds=[0], overrides={"steps": 12, "eval_size": 120})
-    import shutil
+SHIFTS = [0.0, 0.11, -0.07, 0.05, -0.13]
 
-    shutil.copytree(out / "exp" / "seed-0", tmp_path / "exp" / "seed-0")  # finished seed: resumes, no training
-    r = run_othello(one, tmp_path / "exp", command="originlens test")
-    assert r["results_file"] is None
-    assert not (tmp_path / "results" / "othello" / "othello-ci.json").exists()
-    assert (tmp_path / "results" / "othello" / "othello-ci" / "seed-0.json").is_file()
+
+def _gates(real_full, rand_full, r_at, r_null, n=5):
+    per_seed = {s: _seed(real_full, rand_full, r_at + 0.01 * s, r_null, SHIFTS[s]) for s in range(n)}
+    stats = across_seeds(per_seed, 0.95)
+    learned, _ = learned_gate(per_seed, 4, 0)
+    control = gates.control(stats["control"]["holds"], "synthetic")
+    held = sum(t["holds"] for t in stats["tests"].values())
+    detect = gates.detectable(n, negative=held < len(stats["tests"]))
+    return learned, control, detect, stats
+
+
+def test_gates_trip_on_synthetic_records_and_pass_on_a_good_one():
+    learned, control, detect, stats = _gates(5.0, 0.1, 0.5, 0.2)
+    assert learned.passed and control.passed and detect.passed
+    assert sum(t["holds"] for t in stats["tests"].values()) == len(HYPOTHESES)
+    learned, *_ = _gates(5.0, 0.1, 0.15, 0.2)  # probes at the window no better than the untrained model
+    assert not learned.passed and "not learned" in learned.reason
+    _, control, *_ = _gates(0.1, 5.0, 0.5, 0.2)  # random directions get more than the real probes
+    assert not control.passed and "control fails" in control.reason
+    assert not gates.detectable(3, negative=True).passed  # 3 seeds: d_z* 2.30 > 2.0, a null result unreadable
+    assert gates.detectable(3, negative=False).passed  # a detected effect stands
+    assert gates.detectable(5, negative=True).passed
+
+
+def _record(gate_list, held):
+    tests = {h[0]: {"holds": ok, "p_holm": 0.01 if ok else 0.5} for h, ok in zip(HYPOTHESES, held)}
+    ci = {"mean": 1.0, "low": 0.5, "high": 1.5}
+    return {
+        "numbers": {
+            "strata": {},
+            "influence": {
+                "main": {"real": {c: {"useful": ci, "useless": ci} for c in ("direct", "precached", "shared")}}
+            },
+        },
+        "tests": {"hypotheses": tests, "gates": [g.to_dict() for g in gate_list], "detectable_dz": 1.36},
+        "quality": {"legal_acc": {"mean": 0.96}},
+        "scale": {"model": "4 layers", "attribution": "strata", "deviations": []},
+        "seeds": [0, 1, 2, 3, 4],
+    }
+
+
+def test_verdict_rules_behind_the_gates():
+    ok = [gates.learned(True, "x"), gates.control(True, "y"), gates.detectable(5, negative=False)]
+    n = len(HYPOTHESES)
+    assert judge(_record(ok, [True] * n)).verdict == "reproduced"
+    assert judge(_record(ok, [True] + [False] * (n - 1))).verdict == "partial"
+    assert judge(_record(ok, [False] * n)).verdict == "not reproduced"
+    for bad in (gates.learned(False, "r 0.2 vs 0.26"), gates.control(False, "p 0.87")):
+        v = judge(_record([bad, *ok[1:]], [True] * n))
+        assert v.verdict == "not tested" and bad.reason in v.ours
+
+
+def test_the_earlier_prefix_design_is_judged_not_tested():
+    """The committed results file of the prefix design (updates 1..200) reads as not tested, its reason
+    in the row."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "results" / "othello" / "othello-cpu.json"
+    rec = read_results(path)
+    if "strata" in rec["numbers"]:
+        pytest.skip("the committed Othello results file is of the strata design")
+    v = judge(rec)
+    assert v.verdict == "not tested" and "1..200" in v.ours

@@ -19,6 +19,7 @@ from originlens.experiments.paper_scale import (
     _toy_round_seconds,
     gpt_step_flops,
     plan_othello,
+    spread,
 )
 from originlens.storage import read_json
 
@@ -154,31 +155,31 @@ CAL = dict(
     attribution_fixed_seconds=20.0,
     othello_other_seconds=4.5,
 )
-PAPER = dict(steps=5000, snapshot_updates=10)
+PAPER = dict(steps=5000, n_layer=6, positions=list(range(4, 57, 4)), strata=10, burn_in=50, stratum_updates=50)
 
 
-def test_the_othello_plan_cuts_in_the_stated_order():
+def test_the_othello_plan_never_cuts_training_and_cuts_seeds_then_positions_then_strata():
     full = plan_othello(1e9, CAL, PAPER, 3)
     assert full is not None
-    assert (full["steps"], full["attribute_steps"], full["record_every"], full["snapshot_updates"], full["seeds"]) == (
-        5000,
-        None,
-        1,
-        10,
-        3,
-    )
-    # less time: the snapshots go first, then the recording stride grows, then the prefix shrinks
-    mid = plan_othello(full["predicted_seconds"] / 6, CAL, PAPER, 3)
-    assert mid is not None and mid["steps"] == 5000 and mid["seeds"] == 3
-    assert (mid["record_every"], -(mid["attribute_steps"] or 5000)) > (1, -5000)
-    for seconds in (3000, 1000, 400):
-        p = plan_othello(seconds, CAL, PAPER, 3)
-        assert p is None or p["predicted_seconds"] <= seconds
-    assert plan_othello(10, CAL, PAPER, 3) is None  # not even a sixteenth of training
-    last, seconds = None, 4000.0
-    while (p := plan_othello(seconds, CAL, PAPER, 3)) is not None:  # the cheapest plan there is
-        last, seconds = p, seconds * 0.98
-    assert last is not None and last["steps"] == 5000 // 16 and last["seeds"] == 1  # training cut last, to 1/16
+    assert (full["steps"], full["positions"], full["strata"], full["seeds"]) == (5000, PAPER["positions"], 10, 3)
+    assert full["sampled_fraction"] == pytest.approx(10 * 50 / 5000)
+    plans, seconds = [], full["predicted_seconds"]
+    while (p := plan_othello(seconds, CAL, PAPER, 3)) is not None:  # down to the cheapest plan there is
+        assert p["predicted_seconds"] <= seconds and p["steps"] == 5000  # training is never cut
+        plans.append((-p["seeds"], -len(p["positions"]), -p["strata"]))
+        seconds *= 0.97
+    assert plans == sorted(plans)  # each cut only after the one before it is exhausted, in the stated order
+    assert plans[-1] == (-1, -1, -1)
+    one = plan_othello(seconds / 0.97, CAL, PAPER, 3)
+    assert one is not None and len(one["positions"]) == 1 and one["check_positions"] == one["positions"]
+    # one seed's full training alone does not fit: nothing is planned (no early prefix instead)
+    assert plan_othello(5000 * CAL["othello_step_seconds"], CAL, PAPER, 3) is None
+
+
+def test_positions_are_cut_evenly_over_the_game():
+    ps = list(range(4, 57, 4))
+    assert spread(ps, 14) == ps and spread(ps, 2) == [4, 56] and spread(ps, 1) == [32]
+    assert spread(ps, 4) == [4, 20, 40, 56]
 
 
 def test_the_toy_round_prediction_uses_the_measured_rate_first():

@@ -609,3 +609,61 @@ def test_path_products_shapes():
                 torch.testing.assert_close(prods[l][S * n + S2].reshape(5, 5), want, rtol=1e-12, atol=1e-14)
     for S in range(1, 8):
         torch.testing.assert_close(prods[3][(S - 1) * 5 : S * 5], VS(S) @ m.W_O.detach(), rtol=1e-12, atol=1e-14)
+
+
+def _subnormals(t: torch.Tensor) -> int:
+    """Entries of a float tensor that are subnormal (nonzero, below the dtype's smallest normal)."""
+    tiny = torch.finfo(t.dtype).tiny
+    return int(((t != 0) & (t.abs() < tiny)).sum())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_flushed_model_never_sees_a_subnormal_product(monkeypatch, threads):
+    """The mechanism behind ``benchmarks/subnormals.py`` (whose speed-up is a property of the CPU: a core
+    without a microcode penalty on subnormal operands shows none): the first steps from zero init at a
+    small η make |V|³ path products with subnormal entries (the control: with the flush switched off they
+    appear), and with the flush on no path product has a subnormal operand or result, in the calling
+    thread and in the team's workers alike."""
+    import originlens.models.assoc.paths as paths
+    from originlens.models.assoc import AssocConfig, AssocModel, workers
+
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode torch can set (torch.set_flush_denormal returned False)")
+    torch.set_flush_denormal(False)
+    original = workers._mm
+    counts = {"operands": 0, "results": 0, "products": 0}
+
+    def counted(team, out, a, b, *, add=False):
+        counts["operands"] += _subnormals(a) + _subnormals(b)
+        original(team, out, a, b, add=add)
+        counts["results"] += _subnormals(out)
+        counts["products"] += 1
+
+    monkeypatch.setattr(paths, "_mm", counted)
+    rng = np.random.default_rng(0)
+    V, T, B = 120, 16, 64
+    p = 1.0 / np.arange(1, V + 1)
+    tokens = torch.from_numpy(rng.choice(V, size=(4 * B, T + 1), p=p / p.sum()))
+    prev = torch.get_num_threads()
+
+    def train(flush: bool) -> dict[str, int]:
+        for k in counts:
+            counts[k] = 0
+        monkeypatch.setattr(workers, "FLUSH_SUBNORMALS", flush)
+        torch.set_num_threads(threads)
+        try:
+            m = AssocModel(AssocConfig(vocab_size=V, seq_len=T, n_layers=3, impl="paths"))
+            opt = torch.optim.SGD(m.parameters(), lr=0.005)
+            for s in range(5):
+                opt.zero_grad()
+                m.accumulate_gradients(tokens[s * B % len(tokens) :][:B])
+                opt.step()
+        finally:
+            torch.set_num_threads(prev)
+        return dict(counts)
+
+    kept = train(flush=False)
+    assert kept["products"] > 0 and kept["operands"] + kept["results"] > 0, kept  # the control
+    flushed = train(flush=True)
+    assert flushed["products"] == kept["products"]
+    assert flushed["operands"] == 0 and flushed["results"] == 0, flushed

@@ -664,3 +664,12 @@ def test_training_bit_identical_to_previous_untied_path(case, size):
         assert torch.equal(fast(x, hooks={f"resid.{k}": lambda h, site: None}), logits), k
     short = x[:, :4]  # shorter than the first range (one span) for most cases
     assert torch.equal(fast(short), previous_forward(ref, short))
+
+
+def test_the_untied_regime_defaults_to_the_papers_complete_second_model():
+    cfg = GPTConfig(vocab_size=11, seq_len=8, n_layer=1, d_model=8, n_head=2, regime="untied", untie_at=[4])
+    assert cfg.untie_scope == "everything"
+    gpt = GPT(cfg)
+    assert len(gpt.embed) == len(gpt.head) == len(gpt.blocks[0].copies) == 2
+    blocks_only = GPT(GPTConfig(**{**cfg.to_dict(), "untie_scope": "blocks"}))
+    assert len(blocks_only.embed) == len(blocks_only.head) == 1

@@ -13,6 +13,8 @@ from originlens.theory import intervention
 from originlens.theory.intervention import mean_loss, summed_cross_entropy, windows_per_batch
 from originlens.theory.tracking import AnalysisConfig
 
+from tolerances import reduction_rtol
+
 
 def test_chunked_cross_entropy_equals_one_float64_call(monkeypatch):
     g = torch.Generator().manual_seed(0)
@@ -34,7 +36,9 @@ def test_mean_loss_does_not_depend_on_the_batch_it_can_afford():
     model = AssocModel(AssocConfig(vocab_size=13, seq_len=6, n_layers=2, init="gaussian", init_std=0.3))
     toks = np.random.default_rng(0).integers(0, 13, size=(9, 7))
     per_window = np.mean([mean_loss(model, toks[i : i + 1], batch_size=1) for i in range(9)])
-    assert mean_loss(model, toks, batch_size=256) == pytest.approx(per_window, rel=1e-12)
+    # float32 logits whose path sums run over |V|·T terms, computed by other kernels for 1 window and 9
+    rtol = reduction_rtol(torch.float32, 13 * 6)
+    assert mean_loss(model, toks, batch_size=256) == pytest.approx(per_window, rel=rtol)
 
 
 @pytest.mark.parametrize(

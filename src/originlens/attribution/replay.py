@@ -193,6 +193,7 @@ def attribute_run(
     chunk_size: int | None = None,
     index: bool = True,
     random_directions: int = 0,
+    carry: bool = False,
 ) -> SegmentResult:
     """Attribute the updates ``segment = (start, end)`` (updates start+1..end) of a finished run.
 
@@ -210,6 +211,11 @@ def attribute_run(
     :func:`attribute_segments` does for parallel segments).  ``random_directions``: per (site, feature)
     that many random directions of the probe's norm are attributed beside it (features ``f~random{j}``, the
     rows typed like ``f``): the null of "influence onto a direction the model was not asked to build".
+    ``carry`` (Adam only): start the component moments at 0 after update ``start`` and carry the
+    optimizer's first moment there as the component ``"carried"`` (:class:`~.steps.AdamAttributor`,
+    ``carry=True``), so that a segment starting anywhere needs no earlier moments; its influence rows are
+    recorded beside the others, and ``checks`` reports the carried share of the update at the first and
+    the last recorded update.
     """
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer variant {optimizer!r}", "use 'adam' or 'sgd'")
@@ -221,6 +227,8 @@ def attribute_run(
         )
     if not replay_rtol >= 0:
         raise ConfigError(f"replay_rtol={replay_rtol!r} must be ≥ 0", "use 0 (bit-exact) on CPU")
+    if carry and optimizer != "adam":
+        raise ConfigError("carry applies to the Adam variant only", "use optimizer='adam', or carry=False")
     run = RunReplay(run_dir, device=device)
     site_list = parse_sites(sites)
     _check_sites(run, site_list)
@@ -244,6 +252,8 @@ def attribute_run(
         "half": bool(half),
         "random_directions": int(random_directions),
     }
+    if carry:
+        settings["carry"] = True
     seg_name = ostore.segment_path(store, start, end).name
     for info in ostore.read_segment_infos(store):
         ostore.check_settings(info, settings, str(store))
@@ -259,7 +269,9 @@ def attribute_run(
     # -- where the replay starts ----------------------------------------------------------------------
     attributor = None
     moments_from = start
-    if optimizer == "adam":
+    if optimizer == "adam" and carry:
+        pass  # the attributor starts at update `start`, created below once the replay stands there
+    elif optimizer == "adam":
         attributor = AdamAttributor(run.optimizer, run.model)  # before any optimizer state is loaded
         if start > 0:
             have = [s for s, _ in ostore.list_moments(store) if s <= start]
@@ -275,7 +287,12 @@ def attribute_run(
                     f"state (a decomposition at every earlier update)",
                 )
     replay_from = checkpoint_from = run.restore(moments_from)
-    if attributor is not None and moments_from > 0:
+    if optimizer == "adam" and carry:
+        if replay_from < start:
+            _plain_steps(run, replay_from, start, replay_rtol, verify != "none")
+            replay_from = start
+        attributor = AdamAttributor(run.optimizer, run.model, carry=True)
+    elif attributor is not None and moments_from > 0:
         _plain_steps(run, replay_from, moments_from, replay_rtol, verify != "none")
         replay_from = moments_from
         _load_moments(attributor, ostore.moments_path(store, moments_from), moments_from, settings)
@@ -292,6 +309,8 @@ def attribute_run(
         "max_grad_rel_diff": 0.0,
         "adam_sum_max_rel_err": 0.0,
     }
+    if carry:
+        checks["carried_share"] = {"first_recorded": None, "last_recorded": None, "max_recorded": 0.0}
     n_attributed = 0
     run.model.train()
     log(
@@ -339,6 +358,12 @@ def attribute_run(
                 if attributor is not None:
                     site_steps = attributor.attribute(pathways)
                     checks["adam_sum_max_rel_err"] = max(checks["adam_sum_max_rel_err"], attributor.last_check)
+                    if carry and recording:
+                        share = checks["carried_share"]
+                        if share["first_recorded"] is None:
+                            share["first_recorded"] = attributor.carried_share
+                        share["last_recorded"] = attributor.carried_share
+                        share["max_recorded"] = max(share["max_recorded"], attributor.carried_share or 0.0)
                 else:
                     site_steps = sgd_steps(pathways, run.config.lr_at(s))
                 t0 = timer.add("attribute", t0)
@@ -380,6 +405,7 @@ def attribute_run(
         **settings,
         "replay_from_checkpoint": checkpoint_from,
         "moments_from": moments_from if attributor else None,
+        "carry": bool(carry),
         "n_recorded_steps": len(recorded),
         "recorded_steps": _compact(recorded),
         "rows": table.num_rows,

@@ -22,8 +22,20 @@ sum, so float32 moments would miss the real update by ~1e-6 relative at the firs
 Requirements (else ``ConfigError``): ``torch.optim.Adam``/``AdamW``, one parameter group holding exactly
 the model's trainable parameters, no amsgrad, no maximize, and ``weight_decay == 0`` unless it is
 decoupled.  The attributor must see **every** optimizer step from the first one (the moments
-accumulate); it refuses an optimizer that already has a step count it did not observe.
+accumulate); it refuses an optimizer that already has a step count it did not observe — unless
+``carry=True``.
 Memory: one parameter-sized buffer per site and component.
+
+Starting mid-training (``carry=True``): an optimizer restored from a checkpoint after τ₀ steps already
+holds a first moment m(τ₀) that no decomposition saw.  It becomes a fifth component, ``"carried"``,
+identical at every site: ``m_carried ← β1 m_carried`` (no gradient joins it), so after n more steps it
+is β1ⁿ·m(τ₀) and
+
+    Δ_direct + Δ_precached + Δ_shared + Δ_carried = the real Adam update
+
+exactly as before, at every step.  The component moments start at 0 at τ₀; after a burn-in of n steps
+the carried share of the update is ≈ β1ⁿ (0.9⁵⁰ ≈ 0.5 %), which :attr:`carried_share` reports (its
+parameter-norm share of the update at the last step).
 """
 
 from __future__ import annotations
@@ -92,6 +104,7 @@ class AdamAttributor:
         tol: float = 1e-6,
         check: bool = True,
         moment_dtype: torch.dtype | None = torch.float64,
+        carry: bool = False,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Adam):
             raise ConfigError(
@@ -122,10 +135,17 @@ class AdamAttributor:
                 "the optimizer's parameters are not exactly the model's trainable parameters",
                 "build the optimizer from model.parameters()",
             )
-        if any(int(optimizer.state.get(p, {}).get("step", 0)) for p in group["params"]):
+        taken = {int(optimizer.state.get(p, {}).get("step", 0)) for p in group["params"]}
+        if any(taken) and not carry:
             raise ConfigError(
                 "the optimizer has already taken steps; the per-component moments would miss them",
-                "create the AdamAttributor before the first optimizer step",
+                "create the AdamAttributor before the first optimizer step, or pass carry=True to carry the "
+                "optimizer's first moment as its own component",
+            )
+        if len(taken) > 1:
+            raise ConfigError(
+                f"the optimizer's parameters have taken different numbers of steps {sorted(taken)}",
+                "restore the optimizer from one checkpoint",
             )
         if not (tol > 0):
             raise ConfigError(f"tol={tol!r} must be positive", "e.g. tol=1e-6")
@@ -135,12 +155,16 @@ class AdamAttributor:
         self.moment_dtype = moment_dtype
         self.moments: dict[Site, dict[str, ParamDict]] = {}
         self.sites: list[Site] | None = None
-        self.num_steps = 0
+        self.num_steps = max(taken) if taken else 0
+        self.first_step = self.num_steps  # τ₀: the steps taken before this attributor saw one
         self.last_check: float = 0.0  # worst relative error of Σ_c Δ_c at the last step
-
-    @property
-    def component_names(self) -> tuple[str, ...]:
-        return COMPONENTS + (("decay",) if self.decoupled else ())
+        self.carried_share: float | None = None  # ‖Δ_carried‖ / ‖real update‖ at the last step (carry only)
+        self.carried: ParamDict | None = None
+        if self.num_steps > 0:  # carry=True: m(τ₀) of the restored optimizer, decaying as its own component
+            self.carried = {
+                n: optimizer.state[p]["exp_avg"].detach().to(moment_dtype or p.dtype).clone()
+                for n, p in zip(names, params)
+            }
 
     # -- stepping -------------------------------------------------------------------------------------
     def step(self, pathways: Mapping[Site, PathwayGradients]) -> dict[Site, SiteSteps]:
@@ -203,6 +227,12 @@ class AdamAttributor:
             }
             real = {n: real[n] + decay[n] for n in self.names}
         real_norm = _norm(real.values())
+        carried = None
+        if self.carried is not None:
+            for n in self.names:
+                self.carried[n].mul_(beta1)  # no gradient joins the carried moment
+            carried = {n: step_size * self.carried[n] / denom[n] for n in self.names}
+            self.carried_share = _norm(carried.values()) / max(real_norm, 1e-300)
         out: dict[Site, SiteSteps] = {}
         worst = 0.0
         for s in sites:
@@ -216,6 +246,8 @@ class AdamAttributor:
                 for n in self.names:
                     mom[c][n].lerp_(comps[c][n], 1.0 - beta1)
                 steps[c] = {n: step_size * mom[c][n] / denom[n] for n in self.names}
+            if carried is not None:
+                steps["carried"] = carried
             if decay is not None:
                 steps["decay"] = decay
             if self.check:
@@ -237,7 +269,9 @@ class AdamAttributor:
     # -- persistence ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Flat tensors ``"k.i.component.param"`` plus ``"_num_steps"`` (storable with ``save_tensors``)."""
-        out = {"_num_steps": torch.tensor(self.num_steps)}
+        out = {"_num_steps": torch.tensor(self.num_steps), "_first_step": torch.tensor(self.first_step)}
+        for n, t in (self.carried or {}).items():
+            out[f"_carried.{n}"] = t
         for (k, i), comps in self.moments.items():
             for c, d in comps.items():
                 for n, t in d.items():
@@ -247,8 +281,12 @@ class AdamAttributor:
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Restore moments written by :meth:`state_dict` (the optimizer state must be restored as well)."""
         moments: dict[Site, dict[str, ParamDict]] = {}
+        carried: ParamDict = {}
         for key, t in state.items():
-            if key == "_num_steps":
+            if key in ("_num_steps", "_first_step"):
+                continue
+            if key.startswith("_carried."):
+                carried[key[len("_carried.") :]] = t.clone()
                 continue
             k, i, c, n = key.split(".", 3)
             if c not in COMPONENTS or n not in self.names:
@@ -257,6 +295,13 @@ class AdamAttributor:
                     "load a state written by AdamAttributor.state_dict for this model",
                 )
             moments.setdefault((int(k), int(i)), {}).setdefault(c, {})[n] = t.clone()
+        if carried and set(carried) != set(self.names):
+            raise ConfigError(
+                "the carried first moment does not cover the model's parameters",
+                "load a state written by AdamAttributor.state_dict for this model",
+            )
         self.moments = moments
         self.sites = list(moments) or None
         self.num_steps = int(state["_num_steps"])
+        self.first_step = int(state["_first_step"]) if "_first_step" in state else 0
+        self.carried = carried or None

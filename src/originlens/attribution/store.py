@@ -58,7 +58,7 @@ SIGN_CONVENTION = (
     "(update θ ← θ − Σ_c Δ_c, I_c = ⟨Δ_c, ∇R⟩)"
 )
 # Settings that must agree across the segments of one store.
-SETTING_KEYS = ("run_config", "sites", "features", "optimizer", "types", "half", "random_directions")
+SETTING_KEYS = ("run_config", "sites", "features", "optimizer", "types", "half", "random_directions", "carry")
 RANDOM_TAG = "~random"  # feature "c3~random0": null direction 0 of feature c3 (same site, same norm)
 
 SCHEMA = pa.schema(
@@ -212,7 +212,7 @@ def read_segment_infos(directory: str | Path) -> list[dict[str, Any]]:
 
 def check_settings(stored: Mapping[str, Any], new: Mapping[str, Any], where: str) -> None:
     """Raise ``CompatibilityError`` if ``new`` differs from ``stored`` in a :data:`SETTING_KEYS` field."""
-    defaults = {"random_directions": 0}  # segments written before the setting existed
+    defaults = {"random_directions": 0, "carry": False}  # segments written before the setting existed
     diff = [
         k
         for k in SETTING_KEYS

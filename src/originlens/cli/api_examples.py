@@ -32,8 +32,11 @@ print(w.s_max, sorted(pred), pred["W_O"].shape)
     "originlens.models": """\
 import torch, originlens as ol
 gpt = ol.GPT(ol.GPTConfig(vocab_size=50, seq_len=16, n_layer=2, d_model=32, n_head=4, regime="myopic"))
-logits = gpt(torch.randint(0, 50, (3, 16)))
-print(logits.shape, gpt.num_params())
+x = torch.randint(0, 50, (3, 16))
+logits = gpt(x)
+losses = ol.position_losses(logits, x)                                      # ω·ℓ (B, T−1); the loss is its sum
+print(logits.shape, gpt.num_params(), losses.sum().item())
+print([n for n, _ in gpt.named_parameters()][:4])                           # embed.0.wte.weight, …
 """,
     "originlens.train": """\
 import originlens as ol
@@ -65,6 +68,13 @@ x = torch.randint(0, 20, (4, 12))
 g = ol.decompose(gpt, x, sites=[(1, 5)])[(1, 5)]                           # resid.1, position 5
 full = {k: g.direct[k] + g.precached[k] + g.shared[k] for k in g.direct}    # the parts sum to the gradient
 print(sorted(g.direct)[:3], sum(t.norm() for t in full.values()).item())
+# influence of each pathway's SGD step on a probe feature, toward its value in a final model
+final = ol.GPT(gpt.config)                                                  # stands in for the trained model
+probe = ol.Probe("f", layer=1, position=5, direction=torch.randn(16))
+refs = ol.reference_projections(final, x, [probe])                          # ⟨w, r(θ*)⟩ per row
+steps = ol.sgd_steps(ol.decompose(gpt, x, sites=[probe.site]), lr=0.1)      # Δ_c = −lr·g_c per component
+for inf in ol.influences(gpt, x, steps, [probe], refs):
+    print(inf.component, round(inf.value, 6))
 """,
     "originlens.sae": """\
 import originlens as ol
@@ -78,6 +88,9 @@ import torch, originlens as ol
 ol.GPT(ol.GPTConfig(vocab_size=30, seq_len=16, n_layer=2, d_model=16, n_head=2)).save("runs/gpt.safetensors")
 adapter = ol.load_adapter("runs/gpt.safetensors")                           # llama2.c, HF, TL: the same API
 print(adapter.n_layers, adapter.d_model, adapter.vocab_size)
+ol.export_to_hf(ol.GPT.load("runs/gpt.safetensors"), "runs/gpt-hf", overwrite=True)  # GPT2LMHeadModel dir
+back = ol.gpt_from_hf("runs/gpt-hf")                                        # and back: the same weights
+print(back.config.n_layer, back.num_params())
 """,
     "originlens.report": """\
 import originlens as ol

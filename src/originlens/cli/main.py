@@ -9,10 +9,11 @@ line and exit with status 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 # OpenMP worker threads (torch's intra-op pool) spin while they wait for work by default; on a shared
 # machine two spinning threads of a small model cost 3–8× the CPU time of one thread for identical
@@ -140,6 +141,21 @@ def run_script(fn: Callable[[], int | None], prog: str) -> int:
         return 143 if str(exc) == "SIGTERM" else 130
 
 
+@contextlib.contextmanager
+def _rank_zero_speaks() -> Iterator[None]:
+    """Under ``torchrun`` with several processes only rank 0 prints progress and summaries: the other
+    ranks run quiet with their standard output discarded (errors still reach their standard error)."""
+    from ..distributed import env_world
+
+    rank, world = env_world()
+    if world <= 1 or rank == 0:
+        yield
+        return
+    set_verbosity(0)
+    with open(os.devnull, "w", encoding="utf-8") as null, contextlib.redirect_stdout(null):
+        yield
+
+
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -156,7 +172,7 @@ def _main(argv: list[str] | None) -> int:
             from ..sinks import set_sinks
 
             set_sinks(args.log_to)
-        with terminate_as_interrupt():  # SIGTERM takes the same clean path as Ctrl-C
+        with terminate_as_interrupt(), _rank_zero_speaks():  # SIGTERM takes the same clean path as Ctrl-C
             rc = args.func(args)
     except OriginlensError as exc:
         print(f"originlens: error: {exc.one_line()}", file=sys.stderr)

@@ -1,10 +1,12 @@
-"""``originlens ntp experiment othello``: OthelloGPT over seeds — training, untrained-model and
-random-direction nulls, Adam-variant pathway attribution, the paper's Othello pattern tested over seeds.
+"""``originlens ntp experiment othello``: OthelloGPT over seeds — the Adam-variant pathway influence
+integrated over all of training from strata, the learning curve, untrained-model and random-direction
+nulls, the paper's Othello pattern tested over seeds behind its gates.
 
-Parses arguments and calls :func:`originlens.experiments.othello.run_othello`, which writes
-``OUT/report.html``, a record per seed (``results/othello/othello-<scale>/seed-N.json``) and, for ≥ 3 seeds,
-the results file ``results/othello/othello-<scale>.json`` (``--results`` to write elsewhere).  Re-running
-resumes every stage; ``--from-records`` combines seed records made at different times or on different machines.
+Parses arguments and calls :func:`originlens.experiments.othello.run_othello`.  Every stage writes unit
+records (``results/othello/othello-<scale>/train-S.json``, ``stratum-S-H.json``, ``check-S.json``), so the
+stages of different seeds and strata can run in different processes, at different times; ``--stage
+combine`` reads them and writes ``OUT/report.html`` and, for ≥ 3 seeds, ``results/othello/othello-<scale>.json``
+(``--results`` to write elsewhere).  Finished units are skipped on a rerun.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ def cmd_othello(args: argparse.Namespace) -> int:
             "eval_size",
             "othello_pool",
             "positions",
-            "attribute_steps",
-            "record_every",
-            "snapshot_updates",
-            "snapshot_record_every",
+            "checkpoint_every",
+            "strata",
+            "burn_in",
+            "stratum_updates",
+            "check_updates",
+            "check_positions",
             "lr_decay",
         )
         if getattr(args, k) is not None
@@ -46,51 +50,56 @@ def cmd_othello(args: argparse.Namespace) -> int:
         overrides=overrides,
         random_directions=args.random_directions,
         device=args.device or "cpu",
-        jobs=args.jobs,
         matmul_precision=args.matmul_precision,
         replay_rtol=args.replay_rtol,
+        strata_run=args.strata_run,
         **({"lr": args.lr} if args.lr is not None else {}),
     )
     s = run_othello(
-        cfg, args.out, results=args.results, command=command_line(), from_records=args.from_records, stage=args.stage
+        cfg, args.out, results=args.results, command=command_line(), stage=args.stage, check_seed=args.check_seed
     )
-    if args.stage == "train":
-        for seed, path in s["records"].items():
-            print(f"seed {seed}: training record {path}")
-        return 0
-    q = s["quality"]
-    print(f"legal-move accuracy {q['legal_acc']['mean']:.3f} over {len(cfg.seeds)} seed(s)")
-    for k, t in s["by_fraction"][max(s["by_fraction"], key=float)]["tests"].items():
-        print(f"{k}: p (Holm) {t['p_holm']}, holds {t['holds']}")
-    print(f"{args.out}/report.html, " + (s["results_file"] or "seed records only (fewer than 3 seeds)"))
+    for path in s["records"]:
+        print(f"unit record {path}")
+    if "summary" in s:
+        summary = s["summary"]
+        print(f"legal-move accuracy {summary['quality']['legal_acc']['mean']:.3f} over {len(cfg.seeds)} seed(s)")
+        for g in summary["gates"]:
+            print(f"gate {g['name']}: {'passed' if g['passed'] else 'FAILED'} — {g['reason']}")
+        for k, t in summary["stats"]["tests"].items():
+            print(f"{k}: p (Holm) {t['p_holm']}, holds {t['holds']}")
+        print(f"{args.out}/report.html, " + (s["results_file"] or "no results file (fewer than 3 seeds)"))
     return 0
 
 
 def add_parser(esub: Any) -> None:
     o = esub.add_parser(
         "othello",
-        help="OthelloGPT over seeds: nulls, attribution, the paper's pattern tested",
+        help="OthelloGPT over seeds: influence over all of training, nulls, learning curve, the paper's pattern tested",
         description=__doc__.split("\n\n")[0],
     )
     o.add_argument("--scale", default="cpu", help="paper (a GPU job) | cpu | ci (a plumbing check)")
-    o.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="e.g. 0-2 (default)")
-    o.add_argument("--out", required=True, help="experiment directory")
+    o.add_argument("--seeds", type=int_list, default=[0, 1, 2, 3, 4], help="e.g. 0-4 (default)")
+    o.add_argument("--out", required=True, help="experiment directory (one run directory per seed)")
+    o.add_argument(
+        "--stage",
+        default="all",
+        choices=("all", "train", "stratum", "check", "combine"),
+        help="all (default): every stage in turn; train: train the seeds; stratum: attribute the strata "
+        "(--strata); check: the estimator check on --check-seed; combine: the analysis over the seeds' records",
+    )
+    o.add_argument(
+        "--strata",
+        dest="strata_run",
+        type=int_list,
+        default=None,
+        help="strata the stratum stage attributes (default all)",
+    )
+    o.add_argument("--check-seed", type=int, default=None, help="seed of the estimator check (default the first)")
     o.add_argument(
         "--results",
         default=None,
         help="results file (default results/othello/othello-SCALE.json); "
-        "each seed's record goes beside it (results/othello/othello-SCALE/seed-N.json)",
-    )
-    o.add_argument(
-        "--stage",
-        default="all",
-        choices=("all", "train"),
-        help="all (default): every stage; train: train the seeds only and write their training records",
-    )
-    o.add_argument(
-        "--from-records",
-        action="store_true",
-        help="train nothing: combine the seeds' records (seeds run at different times or on different machines) into the results file",
+        "the unit records go beside it (results/othello/othello-SCALE/)",
     )
     g = o.add_argument_group("overrides of the scale")
     for flag, dest, typ, what in (
@@ -101,28 +110,19 @@ def add_parser(esub: Any) -> None:
         ("--steps", "steps", int, "training steps"),
         ("--eval-size", "eval_size", int, "held-out eval games"),
         ("--othello-pool", "othello_pool", int, "training games generated once per seed"),
-        ("--positions", "positions", int_list, "attributed move positions, e.g. 12,24,36"),
-        ("--attribute-steps", "attribute_steps", int, "attribute updates 1..N"),
-        ("--record-every", "record_every", int, "record the influence at every N-th attributed update"),
-        (
-            "--snapshot-updates",
-            "snapshot_updates",
-            int,
-            "SGD-variant updates attributed from each 10 %% checkpoint (0 = no snapshots)",
-        ),
-        (
-            "--snapshot-record-every",
-            "snapshot_record_every",
-            int,
-            "record the snapshot influence at every N-th of those updates",
-        ),
+        ("--positions", "positions", int_list, "attributed move positions, e.g. 12,24,36,48"),
+        ("--checkpoint-every", "checkpoint_every", int, "checkpoints (with Adam state) every N updates"),
+        ("--n-strata", "strata", int, "strata of training"),
+        ("--burn-in", "burn_in", int, "decomposed updates before each stratum's recorded ones"),
+        ("--stratum-updates", "stratum_updates", int, "recorded updates per stratum"),
+        ("--check-updates", "check_updates", int, "updates 1..N of the estimator check"),
+        ("--check-positions", "check_positions", int_list, "positions of the estimator check"),
         ("--lr", "lr", float, "Adam learning rate"),
         ("--lr-decay", "lr_decay", int_list, "A,B: a linear learning-rate cool-down over updates A..B"),
     ):
         add_option(g, flag, dest=dest, type=typ, default=None, help=f"{what} (default: the scale's)")
     o.add_argument("--attr-layers", type=int_list, default=None, help="attributed layers (default all)")
     o.add_argument("--random-directions", type=int, default=2, help="null directions per probe (2)")
-    o.add_argument("--jobs", type=int, default=1, help="seeds trained and attributed in parallel processes (1)")
     add_device(o, default=None, help="where to train and attribute (default cpu)")
     o.add_argument(
         "--matmul-precision",

@@ -8,7 +8,9 @@ words, and the scale it was run at.  A claim with no results file gets the verdi
 
 Verdict rules are written down here, once, so the README cannot be more optimistic than the data: an
 ordering "holds" only when its one-sided paired test over seeds is significant at α = 0.05 after
-Holm's adjustment (see :mod:`originlens.experiments.toy_grid`).
+Holm's adjustment (see :mod:`originlens.experiments.toy_grid`).  Before any of them, the gates of
+:mod:`originlens.experiments.gates` (the feature is learned where it is measured, the positive control
+works, the seeds can detect the effect): a design that fails one is **not tested**, with the reason.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-VERDICTS = ("reproduced", "partial", "not reproduced", "needs GPU", "needs data", "not yet run")
+VERDICTS = ("reproduced", "partial", "not reproduced", "not tested", "needs GPU", "needs data", "not yet run")
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,7 @@ CLAIMS: tuple[Claim, ...] = (
         judge_othello,
         note="the earlier CPU model did not learn the game (legal-move accuracy 0.50); the attribution "
         "is to be re-run on a model that plays",
-        command="originlens ntp experiment othello --scale cpu --seeds 0-2 --out runs/othello-cpu",
+        command="originlens ntp experiment othello --scale cpu --seeds 0-4 --out runs/othello-cpu",
     ),
     Claim(
         "gp-tinystories-loss",

@@ -299,10 +299,10 @@ JUDGES = {"formal-share": judge_formal_share, "steering": judge_steering, "looka
 
 def render_section(key: str, rec: dict[str, Any]) -> list[str]:
     """Markdown of one formal-experiment results file for ``docs/results.md``."""
-    from .render import _header
+    from .formatting import header
 
     n, t, q = rec["numbers"], rec["tests"], rec["quality"]
-    out = [f"### {rec['name']} (`results/{key}.json`)", "", *_header(rec), f"- labels: {rec.get('rule', '')}", ""]
+    out = [f"### {rec['name']} (`results/{key}.json`)", "", *header(rec), f"- labels: {rec.get('rule', '')}", ""]
     out += [
         f"Held-out loss per domain (Student t over seeds): {_losses(rec)}; unigram "
         + ", ".join(f"{x} {_f(v)}" for x, v in q["unigram_loss"].items())

@@ -35,3 +35,19 @@ def ci(c: dict[str, Any] | None, d: int = 3, fmt: Callable[[Any], str] | None = 
     if c.get("low") is None:
         return f(c["mean"])
     return f"{f(c['mean'])} [{f(c['low'])}, {f(c['high'])}]"
+
+
+def header(rec: dict[str, Any]) -> list[str]:
+    """The opening lines of every results file's ``docs/results.md`` section: command, commit, machine,
+    versions, seeds, scale and deviations."""
+    sc = rec["scale"]
+    return [
+        f"- command: `{rec['command']}`",
+        f"- commit `{rec['git_commit']}`, {rec['created']}, {rec['machine']['cpus']} CPUs; torch "
+        f"{rec['versions'].get('torch', '?')}, numpy {rec['versions'].get('numpy', '?')}",
+        f"- seeds: {', '.join(map(str, rec['seeds']))}",
+        f"- scale: {sc['summary']}; {sc.get('model', '')}; {sc.get('training', '')}"
+        + (f"; {sc['untied']}" if sc.get("untied") else "")
+        + (f"; eval {sc['eval']}" if sc.get("eval") else ""),
+        f"- deviations from the paper: {', '.join(sc.get('deviations', [])) or 'none'}",
+    ]

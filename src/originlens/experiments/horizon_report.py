@@ -160,12 +160,12 @@ READING = (
 
 
 def render_section(key: str, rec: dict[str, Any]) -> list[str]:
-    from .render import _header
+    from .formatting import header
 
     out = [
         f"### {rec['name']} (`results/{key}.json`)",
         "",
-        *_header(rec),
+        *header(rec),
         f"- grid: {rec['scale']['grid']}",
         f"- reading: {READING}",
         "",

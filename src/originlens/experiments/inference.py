@@ -146,8 +146,8 @@ def detectable_effect(n: int, alpha: float = 0.05, power: float = 0.8) -> float:
 
 
 def paired_test(
-    a: Sequence[float],
-    b: Sequence[float],
+    a: Sequence[float | None],
+    b: Sequence[float | None],
     *,
     alternative: str = "greater",
     correlation: bool = True,

@@ -252,9 +252,9 @@ def render_section(key: str, rec: dict[str, Any]) -> list[str]:
     """Markdown lines of one results file of this experiment for ``docs/results.md`` (a
     :data:`originlens.experiments.render.SECTIONS` entry): header, loss table, probe table, influence
     table (group × component with CIs), the tests with p-values and power, and the continuations."""
-    from .render import _header  # imported here: render may import this module
+    from .formatting import header
 
-    out = [f"### {rec['name']} (`results/{key}.json`)", "", *_header(rec)]
+    out = [f"### {rec['name']} (`results/{key}.json`)", "", *header(rec)]
     sc = rec["scale"]
     for k in ("syntax", "attribution"):
         if sc.get(k):

@@ -1,101 +1,67 @@
-"""The Othello attribution experiment of arXiv 2603.14087 (the Othello task, influence, results) over
-training seeds, with nulls and the paper's comparison tested as hypotheses.
+"""The Othello attribution experiment of arXiv 2603.14087 over training seeds: the paper's Adam-variant
+influence integrated over **all** of training (estimated from strata), the learning curve beside it, the
+untrained-model and random-direction nulls, and the paper's pattern tested only where the design can see
+it (:mod:`.gates`).
 
-``run_othello(OthelloConfig(scale="cpu", seeds=[0, 1, 2]), OUT)`` does, per seed ``s``:
+Stages (``run_othello(config, OUT, stage=...)``; each writes unit records beside the results file, so a
+stage may run in another process, at another time or on another machine):
 
-1. **train** a GPT on synthetic Othello (``OUT/seed-<s>/run``; resumable), probes of the board from
-   the player-to-move's perspective at the attributed positions;
-2. **null probes**: the same probes fitted on the untrained model of the same seed
-   (``OUT/seed-<s>/initial``), so "the board is decodable" is measured against "decodable before any
-   learning";
-3. **attribute** updates 1..``attribute_steps`` (Adam variant, the paper's; exact replay) at sites
-   ``layers × positions`` for the 16 central cells, per feature type (1 = NTP-useless, 2 = NTP-useful: the
-   colour-flip definition), with ``random_directions`` null directions of each probe's norm beside every
-   probe (``OUT/seed-<s>/run/attribution``);
-4. **snapshots** (beside the paper): at each checkpoint c = 0, 10 %, …, 90 % of training, the SGD-variant
-   influence (Δ_c = lr·G_c, no moment history needed) of updates c+1..c+K on the same sites and features
-   (``OUT/seed-<s>/run/attribution-snapshots``), as a rate per update next to the model's eval at c: how
-   the pathways feed the features as the model learns, where the Adam integral covers only a prefix.
+1. ``train`` — per seed, a GPT trained on synthetic Othello (``OUT/seed-<s>/run``; checkpoints with the
+   Adam state every ``checkpoint_every`` updates, held-out evaluation every tenth of training) and its
+   untrained-model null (``OUT/seed-<s>/initial``); record ``train-<s>`` (:func:`.othello_seeds.train_unit`).
+2. ``stratum`` — per (seed, stratum h) of ``strata`` strata: the stratum's segment (a burn-in, then the
+   recorded updates) replayed from a checkpoint inside it with the first moment carried, the influences of
+   the 16 central cells × useful/useless types at ``positions`` (all layers), ``random_directions`` null
+   directions per probe, the learning curve at the stratum's start; record ``stratum-<s>-<h>``
+   (:mod:`.othello_strata`).
+3. ``check`` — the estimator check on one seed: the first ``check_updates`` updates attributed
+   contiguously (every update recorded, at the check's positions), against the stratified estimate of the
+   same range made the stratum way; record ``check-<s>`` (:mod:`.othello_check`).
+4. ``combine`` — every seed's records: the stratified integral per seed, over seeds the intervals, the
+   seven tests of the paper's pattern (Holm), the positive control, the learning curve with the strata
+   marked, the gates and the verdict; ``OUT/report.html`` and ``results/othello/othello-<scale>.json``.
 
-Then, with the **seed** as the unit of replication:
+``stage="all"`` runs the four in order in this process (the ``ci`` scale; and what ``--seeds`` without
+``--stage`` does).  Scales (:data:`SCALES`): ``paper`` (6 layers × 256, batch 1024, 5,000 steps: a GPU job),
+``cpu`` (4 layers × 128, batch 64, 12,000 steps: the Adam learning rate of the paper, 1e-3; at a constant
+rate 4,000 steps reached a legal-move accuracy of only 0.89 and 12,000 plateaued at 0.934 (seed 0), so
+the last 20 % of updates cool the rate down linearly (``lr_decay`` [9600, 12000], a deviation), which
+reached 0.958; the paper's 5,000 constant-rate steps do not reach 0.95 at batch 64, so the 12,000-step
+schedule is kept), ``ci`` (seconds; a plumbing check, not a result).
 
-* per seed and (component, type), the mean integrated influence over items (layer k, position i,
-  cell); items at k = L are reported apart (``last_layer``), because there G_pre ≡ 0 (nothing reads r^L_i
-  but λ_i) and pooling them would dilute the pre-cached mean;
-* across seeds: Student-t intervals of those seed means; the paper's pattern as one-sided tests over
-  seeds (paired by seed for useful vs useless, against 0 otherwise; Holm over the family), with power;
-  the real probes against their random directions; per seed, a Wilcoxon test of useful vs useless
-  paired by item;
-* the same analysis on the influence integrated over the first 25 %, 50 % of the attributed updates
-  (``fractions``), to show how the pattern builds up as the model learns;
-* the models' own quality next to all of it: held-out eval loss, legal-move top-1 accuracy, probe
-  Pearson r (overall / useless / useful cells) per layer against the initial-model null.
-
-Writes ``OUT/experiment.json``, ``OUT/report.html`` and ``results/othello/othello-<scale>.json``.
-
-Scales (:data:`SCALES`): ``paper`` (6 layers × 256, batch 1024, 5,000 steps, eval 20,480 games, positions
-4, 8, …, 56: a GPU job), ``cpu`` (4 layers × 128, batch 64, 12,000 steps ≈ 50 min of training per seed on
-two cores — the Adam learning rate of the paper, 1e-3: 3e-3 learned slower (legal-move accuracy 0.39 vs
-0.60 at step 400 in a one-seed pilot); at a constant rate 4,000 steps reached only 0.89 and 12,000 plateaued at
-0.934 (0.932 at 80 %, 0.933 at 90 %, seed 0), so the last 20 % of updates cool the rate down linearly
-(``lr_decay`` [9600, 12000], a deviation from the paper's constant rate): resumed from that seed's 80 %
-checkpoint, the cool-down reached 0.958; evaluation every 10 % of training for the learning curve; updates 1..200 attributed, influences recorded at every 5th), ``ci`` (seconds; a plumbing check, not a result).
-Caveat: the Adam variant needs the decomposition at every attributed update (≈ 5–8 training steps each)
-even where no influence is recorded, so at CPU scale only a prefix of training can be attributed
-(``attribute_steps``), and the influence JVPs (the larger cost) run only at every ``record_every``-th
-update, the integral estimated by the rectangle rule; both are listed as deviations in the results file.
-
-The parts live in their own modules, and their public names are importable from here as well:
-:mod:`.othello_seeds` (one seed: training, attribution, its values and its seed record),
-:mod:`.othello_analysis` (the per-seed aggregates and the statistics over seeds) and :mod:`.othello_report`
-(the report, the ``docs/results.md`` section and the verdict).
+The pathways paper integrates the influence over every update; at the CPU scale every update would need a
+decomposition (≈ 10 training steps each), so 10 strata × 50 recorded updates (after 50 burn-in updates)
+sample it: 1,000 decomposed updates of 12,000, 417 of them recorded, ≈ 4 % of training, spread over all of
+it.  The estimate and its error are described in :mod:`.othello_strata`; the estimator is checked against
+the exact contiguous integral of the first updates by the ``check`` stage.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from ..progress import log
 from ..runs import exclusive, to_jsonable
-from ..storage import atomic_write_json, read_json
-from . import inference
-from .othello_analysis import (  # noqa: F401 (re-exported)
-    ALPHA,
-    COMPONENTS,
-    HYPOTHESES,
-    TYPES,
-    _snapshots_across_seeds,
-    across_seeds,
-    seed_aggregates,
-    snapshot_aggregates,
+from .othello_combine import combine
+from .othello_report import judge, render_section
+from .othello_seeds import EXPERIMENT, train_key, train_record_path, train_unit
+from .othello_strata import (
+    check_key,
+    check_record_path,
+    stratum_key,
+    stratum_record_path,
+    stratum_segment,
+    stratum_unit,
+    validate_strata,
 )
-from .othello_report import (  # noqa: F401 (re-exported)
-    PAPER_MIDPOINTS,
-    PLAYS,
-    SNAPSHOT_HEADER,
-    judge,
-    render_section,
-    write_report,
-)
-from .othello_seeds import (  # noqa: F401 (re-exported)
-    EXPERIMENT,
-    LATER_SETTINGS,
-    _prepare_all,
-    _seed_values,
-    config_key,
-    eval_at,
-    read_seed_record,
-    recorded_updates,
-    seed_record_path,
-    train_key,
-    train_record_path,
-    train_unit,
-)
-from .records import check_record_slot, commits_of, write_unit_record
-from .results import default_results_path, write_results
+from .records import check_record_slot, write_unit_record
+from .results import default_results_path
+
+__all__ = ["SCALES", "STAGES", "OthelloConfig", "judge", "render_section", "run_othello"]
 
 SCALES: dict[str, dict[str, Any]] = {
     "paper": dict(
@@ -111,10 +77,8 @@ SCALES: dict[str, dict[str, Any]] = {
         strata=10,
         burn_in=50,
         stratum_updates=50,
-        attribute_steps=None,
-        record_every=1,
-        snapshot_updates=10,
-        snapshot_record_every=1,
+        check_updates=1200,
+        check_positions=[24],
         lr_decay=None,
     ),
     "cpu": dict(
@@ -130,10 +94,8 @@ SCALES: dict[str, dict[str, Any]] = {
         strata=10,
         burn_in=50,
         stratum_updates=50,
-        attribute_steps=200,
-        record_every=5,
-        snapshot_updates=10,
-        snapshot_record_every=2,
+        check_updates=1200,
+        check_positions=[24],
         lr_decay=[9600, 12000],
     ),
     "ci": dict(
@@ -149,35 +111,32 @@ SCALES: dict[str, dict[str, Any]] = {
         strata=5,
         burn_in=1,
         stratum_updates=2,
-        attribute_steps=None,
-        record_every=1,
-        snapshot_updates=2,
-        snapshot_record_every=1,
+        check_updates=12,
+        check_positions=[8],
+        lr_decay=None,
     ),
 }
-SNAPSHOTS = 10  # snapshots at the checkpoints 0, 10 %, …, 90 % of training
+STAGES = ("all", "train", "stratum", "check", "combine")
 
 
 @dataclass
 class OthelloConfig:
-    """Seeds × the scale's model; ``overrides`` replace scale fields (each recorded as a deviation)."""
+    """Seeds × the scale's model; ``overrides`` replace scale fields (each recorded as a deviation).
+    ``strata_run``: the strata a ``stratum`` stage attributes (default all)."""
 
     scale: str = "cpu"
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
     layers: list[int] | None = None  # attributed layers (default 1..L)
     random_directions: int = 2
-    fractions: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0])
     overrides: dict[str, Any] = field(default_factory=dict)
     lr: float = 1e-3
     device: str = "cpu"
     confidence: float = 0.95
-    jobs: int = 1  # seeds trained and attributed in parallel processes
     matmul_precision: str = "highest"  # "tf32": CUDA products in TF32 (training and replay)
     replay_rtol: float = 0.0  # tolerance of the replay's checks against training (0: bit-exact)
+    strata_run: list[int] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
-            raise ConfigError(f"jobs must be an integer ≥ 1, got {self.jobs!r}", "e.g. --jobs 2")
         if self.scale not in SCALES:
             raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
         bad = set(self.overrides) - set(SCALES["paper"])
@@ -188,34 +147,27 @@ class OthelloConfig:
             or len(set(self.seeds)) != len(self.seeds)
             or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds)
         ):
-            raise ConfigError(f"seeds must be distinct non-negative integers, got {self.seeds!r}", "e.g. --seeds 0-2")
-        if not self.fractions or any(not 0 < f <= 1 for f in self.fractions):
-            raise ConfigError(f"fractions {self.fractions} must lie in (0, 1]", "e.g. 0.25,0.5,1")
+            raise ConfigError(f"seeds must be distinct non-negative integers, got {self.seeds!r}", "e.g. seeds 0-4")
         s = self.settings
         L = s["n_layer"]
         if any(not 1 <= k <= L for k in self.attr_layers):
             raise ConfigError(f"attributed layers {self.attr_layers} outside 1..{L}", f"use layers in 1..{L}")
-        if any(not 1 <= i <= 59 for i in s["positions"]):
-            raise ConfigError(f"positions {s['positions']} must lie in 1..59", "e.g. 12,24,36")
-        if isinstance(s["record_every"], bool) or not isinstance(s["record_every"], int) or s["record_every"] < 1:
+        for key in ("positions", "check_positions"):
+            if not s[key] or any(not 1 <= i <= 59 for i in s[key]):
+                raise ConfigError(f"{key} {s[key]} must be non-empty and lie in 1..59", "e.g. 12,24,36,48")
+        if not set(s["check_positions"]) <= set(s["positions"]):
             raise ConfigError(
-                f"record_every={s['record_every']!r} must be an integer ≥ 1",
-                "use 1 to record the influence at every attributed update",
+                f"check positions {s['check_positions']} are not among the probed positions {s['positions']}",
+                "check at probed positions",
             )
-        for key in ("snapshot_updates", "snapshot_record_every"):
-            v = s[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "snapshot_updates" else 1):
-                raise ConfigError(
-                    f"{key}={v!r} must be an integer ≥ {0 if key == 'snapshot_updates' else 1}",
-                    "snapshot_updates 0 switches the snapshots off",
-                )
         if not self.replay_rtol >= 0:
             raise ConfigError(f"replay_rtol={self.replay_rtol!r} must be ≥ 0", "use 0 (bit-exact) on the CPU")
-        if s["attribute_steps"] is not None and not 1 <= s["attribute_steps"] <= s["steps"]:
-            raise ConfigError(
-                f"attribute_steps={s['attribute_steps']} outside 1..{s['steps']}",
-                "attribute a prefix of the training run",
-            )
+        cu = s["check_updates"]
+        if isinstance(cu, bool) or not isinstance(cu, int) or not 1 <= cu <= s["steps"]:
+            raise ConfigError(f"check_updates={cu!r} outside 1..{s['steps']}", "e.g. a tenth of training")
+        validate_strata(self)
+        if self.strata_run is not None and any(not 0 <= h < s["strata"] for h in self.strata_run):
+            raise ConfigError(f"strata {self.strata_run} outside 0..{s['strata'] - 1}", "e.g. strata 0-9")
         self.ntp_config(self.seeds[0], initial=False)  # the trainer's own validation
 
     @property
@@ -227,9 +179,13 @@ class OthelloConfig:
         return list(range(1, self.settings["n_layer"] + 1)) if self.layers is None else list(self.layers)
 
     @property
-    def attributed_updates(self) -> int:
-        s = self.settings
-        return int(s["attribute_steps"] or s["steps"])
+    def strata(self) -> list[int]:
+        return list(range(int(self.settings["strata"]))) if self.strata_run is None else list(self.strata_run)
+
+    @property
+    def curve_every(self) -> int:
+        """Held-out evaluation every tenth of training (the learning curve's points)."""
+        return max(1, self.settings["steps"] // 10)
 
     def ntp_config(self, seed: int, *, initial: bool) -> Any:
         from ..train.ntp import NTPConfig
@@ -257,6 +213,11 @@ class OthelloConfig:
             matmul_precision=self.matmul_precision,
         )
 
+    def sampled_fraction(self) -> float:
+        """The fraction of training's updates whose influence is recorded."""
+        s = self.settings
+        return s["strata"] * s["stratum_updates"] / s["steps"]
+
     def deviations(self) -> list[str]:
         paper, used = SCALES["paper"], self.settings
         out = [
@@ -269,84 +230,18 @@ class OthelloConfig:
         if used.get("lr_decay"):
             a, b = used["lr_decay"]
             out.append(f"learning rate cooled down linearly over updates {a}..{b} (paper: constant)")
-        if used["record_every"] > 1:
-            out.append(
-                f"influences recorded at every {used['record_every']}th attributed update, integrated by the "
-                "rectangle rule (paper: every update)"
-            )
-        if used["attribute_steps"] is not None and used["attribute_steps"] < used["steps"]:
-            out.append(
-                f"influence integrated over updates 1..{used['attribute_steps']} of {used['steps']} (paper: all)"
-            )
-        if self.snapshot_starts:
-            out.append(
-                f"beside it (not in the paper): the SGD-variant influence (Δ_c = lr·G_c) of updates c+1..c+"
-                f"{self.snapshot_window} at the checkpoints c = 0, 10 %, …, 90 % of training, how the pathways "
-                "feed the features as the model learns"
-            )
+        out.append(
+            f"influence integrated over all {used['steps']} updates by a stratified sample: {used['strata']} "
+            f"strata, in each {used['burn_in']} burn-in and {used['stratum_updates']} recorded updates from a "
+            f"checkpoint drawn per seed ({self.sampled_fraction():.1%} of updates recorded; paper: every update)"
+        )
         if len(self.seeds) != 1:
             out.append(f"{len(self.seeds)} seeds (paper 1)")
         return out
 
     @property
-    def curve_every(self) -> int:
-        """Held-out evaluation every tenth of training (the learning curve's points)."""
-        return max(1, self.settings["steps"] // 10)
-
-    @property
-    def checkpoint_every(self) -> int:
-        """Checkpoints (model and Adam state) every tenth of training: where the snapshots start."""
-        return self.curve_every
-
-    @property
-    def snapshot_window(self) -> int:
-        """Updates attributed from each snapshot checkpoint (≤ the checkpoint interval)."""
-        return min(int(self.settings["snapshot_updates"]), self.checkpoint_every)
-
-    @property
-    def snapshot_starts(self) -> list[int]:
-        """Checkpoint steps c whose updates c+1..c+``snapshot_window`` the snapshots attribute."""
-        K, every, steps = self.snapshot_window, self.checkpoint_every, self.settings["steps"]
-        if K == 0:
-            return []
-        return [j * every for j in range(SNAPSHOTS) if j * every + K <= steps]
-
-    def snapshot_recorded(self, start: int) -> list[int]:
-        """Updates of the snapshot at ``start`` whose influences are recorded."""
-        return list(range(start + 1, start + self.snapshot_window + 1, self.settings["snapshot_record_every"]))
-
-    @property
     def name(self) -> str:
         return f"othello-{self.scale}"
-
-
-STAGES = ("all", "train")
-
-
-def _train_stage(config: OthelloConfig, out: Path, res_path: Path, command: str) -> dict[str, Any]:
-    """Train every seed (one unit each) and write its training record beside the results file."""
-    written = {}
-    with exclusive(out):
-        for seed in config.seeds:  # before the hour of training, not after
-            check_record_slot(train_record_path(res_path, seed), unit=f"train-{seed}", config_key=train_key(config))
-        for seed in config.seeds:
-            log(f"[othello] seed {seed}: training (and the untrained-model null) ...")
-            d = out / f"seed-{seed}"
-            values = train_unit(config, seed, d)
-            written[seed] = write_unit_record(
-                train_record_path(res_path, seed),
-                experiment=EXPERIMENT,
-                name=config.name,
-                unit=f"train-{seed}",
-                config_key=train_key(config),
-                values=values,
-                command=command,
-                run_dir=d / "run",
-            )
-    return {"stage": "train", "records": {s: str(p) for s, p in written.items()}}
-
-
-MIN_SEEDS = 3  # a combined results file at the default path needs at least this many seeds
 
 
 def run_othello(
@@ -355,173 +250,128 @@ def run_othello(
     *,
     results: str | Path | None = None,
     command: str | None = None,
-    from_records: bool = False,
     stage: str = "all",
+    check_seed: int | None = None,
 ) -> dict[str, Any]:
-    """Train, probe, attribute every seed (resuming what exists), aggregate over seeds, write the
-    experiment record, the report and the results file; returns the record.
+    """Run ``stage`` (:data:`STAGES`; module docstring) for ``config.seeds``, resuming what exists.
 
-    Every seed's values are also written as a *seed record* beside the results file
-    (:func:`seed_record_path`).  ``from_records=True`` trains nothing: every seed is read from its record
-    (checked against ``config``), so seeds run at different times combine into one results file.  With
-    fewer than :data:`MIN_SEEDS` seeds and no explicit ``results`` path the combined file is not written
-    (the seed records are): a results file at the default path is evidence, and evidence needs seeds."""
+    ``train``, ``stratum`` and ``check`` write unit records beside the results file
+    (``results/othello/othello-<scale>/``); ``combine`` reads them (checked against ``config`` and
+    against each other: one configuration, one commit per kind of unit) and writes the report and — for
+    ≥ :data:`MIN_SEEDS` seeds or an explicit ``results`` path — the results file.  ``check_seed``: the
+    seed of the estimator check (default the first)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    L = config.settings["n_layer"]
-    positions = sorted(config.settings["positions"])
-    res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
-    command = command or f"python: run_othello({config!r}, {str(out)!r})"
     if stage not in STAGES:
         raise ConfigError(f"unknown stage {stage!r}", f"use one of: {', '.join(STAGES)}")
-    if stage == "train":
-        return _train_stage(config, out, res_path, command)
-    with exclusive(out):
-        per_seed: dict[int, dict[str, Any]] = {}
-        seed_commits: dict[int, Any] = {}
-        if from_records:
-            for seed in config.seeds:
-                rec = read_seed_record(seed_record_path(res_path, seed), config, seed)
-                per_seed[seed] = rec["values"]
-                seed_commits[seed] = commits_of(rec)
-        else:
-            for seed in config.seeds:  # before hours of training, not after
-                check_record_slot(seed_record_path(res_path, seed), unit=f"seed-{seed}", config_key=config_key(config))
-            prepared = _prepare_all(config, out)
-            for seed in config.seeds:
-                d = out / f"seed-{seed}"
-                per_seed[seed] = _seed_values(config, d, prepared[seed])
-                path = write_unit_record(
-                    seed_record_path(res_path, seed),
-                    experiment=EXPERIMENT,
-                    name=config.name,
-                    unit=f"seed-{seed}",
-                    config_key=config_key(config),
-                    values=per_seed[seed],
-                    command=command,
-                    run_dir=d / "run",
+    res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
+    command = command or f"python: run_othello({config!r}, {str(out)!r}, stage={stage!r})"
+    check_seed = config.seeds[0] if check_seed is None else int(check_seed)
+    out.mkdir(parents=True, exist_ok=True)
+    done: dict[str, Any] = {"stage": stage, "records": []}
+    if stage in ("all", "train"):
+        done["records"] += _train_stage(config, out, res_path, command)
+    if stage in ("all", "stratum"):
+        done["records"] += _stratum_stage(config, out, res_path, command)
+    if stage in ("all", "check"):
+        done["records"].append(_check_stage(config, check_seed, out, res_path, command))
+    if stage in ("all", "combine"):
+        done.update(combine(config, out, res_path, command, results_given=results is not None))
+    return done
+
+
+def _train_stage(config: OthelloConfig, out: Path, res_path: Path, command: str) -> list[str]:
+    key = train_key(config)
+    todo = [s for s in config.seeds if not _recorded(train_record_path(res_path, s), key)]
+    for seed in todo:  # before the hour of training, not after
+        check_record_slot(train_record_path(res_path, seed), unit=f"train-{seed}", config_key=key)
+    written = []
+    for seed in todo:
+        d = out / f"seed-{seed}"
+        with exclusive(d):
+            log(f"[othello] seed {seed}: training (and the untrained-model null) ...")
+            values = train_unit(config, seed, d)
+            written.append(
+                str(
+                    write_unit_record(
+                        train_record_path(res_path, seed),
+                        experiment=EXPERIMENT,
+                        name=config.name,
+                        unit=f"train-{seed}",
+                        config_key=key,
+                        values=values,
+                        command=command,
+                        run_dir=d / "run",
+                    )
                 )
-                seed_commits[seed] = commits_of(read_json(path))
-        per_seed = {s: per_seed[s] for s in config.seeds}
-        layers = sorted({k for s in per_seed.values() for k in s["probes"]}, key=int)
-        quality = {
-            "eval_loss": inference.mean_ci(
-                [s["train"]["trained"]["final_eval"].get("eval_loss") for s in per_seed.values()], config.confidence
-            ),
-            "legal_acc": inference.mean_ci(
-                [s["train"]["trained"]["final_eval"].get("legal_acc") for s in per_seed.values()],
-                config.confidence,
-                bounds=(0, 1),
-            ),
-            "initial_legal_acc": inference.mean_ci(
-                [s["train"]["initial"]["final_eval"].get("legal_acc") for s in per_seed.values()],
-                config.confidence,
-                bounds=(0, 1),
-            ),
-            "train_seconds": inference.mean_ci(
-                [s["train"]["trained"]["seconds"] for s in per_seed.values()], config.confidence
-            ),
-            "probes": {
-                k: {
-                    m: {
-                        "trained": inference.correlation_ci(
-                            [s["probes"][k].get(m) for s in per_seed.values()], config.confidence
-                        ),
-                        "initial": inference.correlation_ci(
-                            [s["initial_probes"][k].get(m) for s in per_seed.values()], config.confidence
-                        ),
-                    }
-                    for m in ("pearson", "pearson_type1", "pearson_type2")
-                }
-                for k in layers
-            },
-        }
-        summary: dict[str, Any] = {
-            "scale": {
-                "name": config.scale,
-                "summary": {
-                    "paper": "the paper's configuration",
-                    "cpu": "a CPU-sized OthelloGPT",
-                    "ci": "a plumbing check, not a result",
-                }[config.scale],
-                "model": f"{L} layers, d = {config.settings['d_model']}, {config.settings['n_head']} heads",
-                "training": f"Adam lr {config.lr}, batch {config.settings['batch_size']}, "
-                f"{config.settings['steps']} steps, a pool of {config.settings['othello_pool']} "
-                "synthetic games",
-                "eval": f"{config.settings['eval_size']} held-out synthetic games",
-                "attribution": f"Adam variant, updates 1..{config.attributed_updates}, layers "
-                f"{config.attr_layers} × positions {positions}, 16 central cells, "
-                f"{config.random_directions} random directions per probe",
-                "deviations": config.deviations(),
-            },
-            "quality": quality,
-            "by_fraction": across_seeds(per_seed, config.fractions, config.confidence),
-            "snapshots": _snapshots_across_seeds(config, per_seed),
-            "per_seed": per_seed,
-        }
-        if config.snapshot_starts:
-            summary["scale"]["snapshots"] = (
-                f"SGD variant, updates c+1..c+{config.snapshot_window} from the checkpoints c = "
-                f"{', '.join(map(str, config.snapshot_starts))} (influences recorded at every "
-                f"{config.settings['snapshot_record_every']}th; mean per recorded update)"
             )
-        atomic_write_json(out / "experiment.json", to_jsonable(summary))
-        write_report(summary, out)
-        summary["seed_commits"] = seed_commits
-        if results is None and len(config.seeds) < MIN_SEEDS:
-            log(
-                f"[othello] {len(config.seeds)} seed(s) < {MIN_SEEDS}: the seed records are written "
-                f"({seed_record_path(res_path, config.seeds[0]).parent}), the combined results file is not; "
-                f"combine ≥ {MIN_SEEDS} seeds with --from-records"
+    return written
+
+
+def _recorded(path: Path, key: dict[str, Any]) -> bool:
+    """Whether ``path`` holds a unit record made with configuration ``key`` (a finished unit)."""
+    if not path.is_file():
+        return False
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(rec, dict) and rec.get("config_key") == to_jsonable(key)
+
+
+def _stratum_stage(config: OthelloConfig, out: Path, res_path: Path, command: str) -> list[str]:
+    key = stratum_key(config)
+    written = []
+    for seed in config.seeds:
+        run = out / f"seed-{seed}" / "run"
+        if not (run / "model.safetensors").is_file():
+            raise InputError(
+                f"seed {seed} is not trained ({run} has no final model)",
+                "run the train stage for it first (--stage train)",
             )
-            summary["results_file"] = None
-            return summary
-        full = f"{1.0:g}" if "1" in summary["by_fraction"] else sorted(summary["by_fraction"])[-1]
-        write_results(
-            res_path,
+        for h in config.strata:
+            path = stratum_record_path(res_path, seed, h)
+            if _recorded(path, key):
+                continue
+            check_record_slot(path, unit=f"stratum-{seed}-{h}", config_key=key)
+            start, end, _ = stratum_segment(config, seed, h)
+            log(f"[othello] seed {seed}, stratum {h}: updates {start + 1}..{end} from checkpoint {start} ...")
+            values = stratum_unit(config, seed, h, out)
+            written.append(
+                str(
+                    write_unit_record(
+                        path,
+                        experiment=EXPERIMENT,
+                        name=config.name,
+                        unit=f"stratum-{seed}-{h}",
+                        config_key=key,
+                        values=values,
+                        command=command,
+                        run_dir=run,
+                    )
+                )
+            )
+    return written
+
+
+def _check_stage(config: OthelloConfig, seed: int, out: Path, res_path: Path, command: str) -> str:
+    from .othello_check import check_unit
+
+    key = check_key(config)
+    path = check_record_path(res_path, seed)
+    if _recorded(path, key):
+        return str(path)
+    check_record_slot(path, unit=f"check-{seed}", config_key=key)
+    log(f"[othello] seed {seed}: the estimator check over updates 1..{config.settings['check_updates']} ...")
+    values = check_unit(config, seed, out)
+    return str(
+        write_unit_record(
+            path,
             experiment=EXPERIMENT,
             name=config.name,
+            unit=f"check-{seed}",
+            config_key=key,
+            values=values,
             command=command,
-            config={
-                "experiment": to_jsonable(config),
-                "ntp": config.ntp_config(config.seeds[0], initial=False).to_dict(),
-            },
-            seeds=config.seeds,
-            scale=summary["scale"],
-            quality=quality,
-            numbers={
-                "influence": summary["by_fraction"][full]["influence"],
-                "by_fraction": {f: v["influence"] for f, v in summary["by_fraction"].items()},
-                "snapshots": {
-                    c: {"eval": v["eval"], "influence": v["influence"]} for c, v in summary["snapshots"].items()
-                },
-            },
-            tests={
-                "hypotheses": summary["by_fraction"][full]["tests"],
-                "null": summary["by_fraction"][full]["null_tests"],
-                "by_fraction": {f: v["tests"] for f, v in summary["by_fraction"].items()},
-                "snapshots": {c: v["tests"] for c, v in summary["snapshots"].items()},
-                "alpha": ALPHA,
-            },
-            data_hashes={f"seed-{s}": v["data_hashes"] for s, v in per_seed.items()},
-            runs=[
-                {
-                    "seed": s,
-                    "commits": seed_commits.get(s),
-                    "final_eval": v["train"]["trained"]["final_eval"],
-                    "train_seconds": v["train"]["trained"]["seconds"],
-                    "probes": v["probes"],
-                    "initial_probes": v["initial_probes"],
-                    "wilcoxon_items": v["aggregates"][full]["wilcoxon_items"],
-                }
-                for s, v in per_seed.items()
-            ],
-            extra={
-                "sign": "positive influence moves the feature toward its final value; mismatch "
-                "without a ½ (the paper's convention)",
-                "pooling": "per seed: mean of integrated influence over items (layer k < L, "
-                "position, cell); k = L apart; CIs and tests over seeds",
-            },
+            run_dir=out / f"seed-{seed}" / "run",
         )
-        summary["results_file"] = str(res_path)
-    return summary
+    )

@@ -18,9 +18,10 @@ layers, d = 256, 4 heads, batch 1,024, 5,000 steps; the 16 central cells by feat
    single-threaded worker processes sharing the device (resumable: a later round trains only its new
    seeds);
 3. **Othello**: :func:`~originlens.experiments.othello.run_othello` at the ``paper`` scale with the
-   overrides the plan needs to fit what is left (:func:`plan_othello`: the attributed prefix, the
-   recording stride, the snapshots, the number of seeds and — last — the training steps); every cut is a
-   deviation in the results file; it runs in its own process with the machine's threads;
+   overrides the plan needs to fit what is left (:func:`plan_othello`: training is never cut; the number of
+   seeds, then the attributed positions, then the number of strata; the fraction of training sampled is
+   reported); every cut is a deviation in the results file; it runs in its own process with the
+   machine's threads;
 4. writes the experiments' own results files (``toy-grid/<task>-paper``, ``othello/othello-paper`` under
    ``results``), this run's record ``paper-scale/<name>`` (calibration, plan, throughput, achieved FLOP/s,
    what was cut and why, the verdict of every claim whose results file this run wrote),
@@ -53,7 +54,6 @@ docs section, archive), :mod:`.paper_scale_units` (units in their own process, s
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import tempfile
 import time
@@ -149,13 +149,30 @@ class Clock:
 
 
 # ------------------------------------------------------------------------------------------------ plans
+def spread(positions: list[int], n: int) -> list[int]:
+    """``n`` of ``positions`` spread evenly over the game (the first and the last kept)."""
+    ps = sorted(positions)
+    if n >= len(ps):
+        return ps
+    if n == 1:
+        return [ps[len(ps) // 2]]
+    return sorted({ps[round(j * (len(ps) - 1) / (n - 1))] for j in range(n)})
+
+
 def plan_othello(seconds: float, cal: dict[str, Any], settings: dict[str, Any], seeds: int) -> dict[str, Any] | None:
-    """Overrides of the ``paper`` Othello scale that fit ``seconds`` (None when not even one seed of a
-    sixteenth of training fits).  Cuts in order: snapshots, recording stride (1, 2, 5, 10, 20, 50), attributed
-    prefix (all, ½, ⅕, 1/10, 1/20), seeds (→ 1), training steps (→ ½, ¼, …).  Seeds run one after another
-    (a seed's model fills the GPU); cost per seed = steps × step + evaluations + attributed × decomposition
-    + recorded × influence + snapshots, with a 1.5 safety factor for what the calibration did not see."""
+    """What of the Othello experiment at the ``paper`` scale fits ``seconds`` (None when not even one seed
+    trained in full and one stratum fits).
+
+    Training is never cut (an early prefix of training has no board features to attribute): per seed,
+    run 1 trains all ``steps`` with checkpoints, then one stratified segment per stratum (``burn_in``
+    decomposed + ``stratum_updates`` recorded updates from a checkpoint, the first moment carried) at the
+    attributed sites.  Cuts, in order: seeds (→ 1), attributed positions (14 → 7 → 4 → 2 → 1, spread over
+    the game; the paper tracks one position per run), strata (10 → 5 → 2 → 1: the fraction of training
+    sampled, reported).  The replay's cost per update is calibrated at ``calibration_sites`` sites (84 when
+    not recorded) and scaled linearly with the number of sites; a 1.5 safety factor covers what the
+    calibration did not see."""
     step, dec, rec = cal["othello_step_seconds"], cal["decomposed_update_seconds"], cal["recorded_update_seconds"]
+    cal_sites = int(cal.get("calibration_sites", 84))
     # pool, evaluations (11 of the trained model, 1 of the null) and probes, loading the replay
     # and the trainer's construction (measured on a small pool: the paper's pool costs more, hence the 5 s)
     fixed = (
@@ -164,32 +181,29 @@ def plan_othello(seconds: float, cal: dict[str, Any], settings: dict[str, Any], 
         + cal.get("othello_setup_seconds", 0.0)
         + 5.0
     )
-    full = int(settings["steps"])
+    steps, layers = int(settings["steps"]), int(settings["n_layer"])
+    b, n = int(settings["burn_in"]), int(settings["stratum_updates"])
+    positions = list(settings["positions"])
 
-    def cost(steps: int, attributed: int, every: int, snapshots: int) -> float:
-        recorded = math.ceil(attributed / every)
-        snap = 10 * snapshots * rec if snapshots else 0.0
-        return 1.5 * (steps * step + (attributed - recorded) * dec + recorded * rec + snap + fixed)
+    def cost(n_pos: int, strata: int) -> float:
+        scale = n_pos * layers / cal_sites
+        per_stratum = (b * dec + n * rec) * scale + 2 * cal.get("othello_other_seconds", 5.0)  # + its curve point
+        return 1.5 * (steps * step + fixed + strata * per_stratum)
 
-    steps = full
-    while steps >= max(10, full // 16):
-        for n_seeds in sorted({seeds, 1}, reverse=True):
-            for frac in (1, 2, 5, 10, 20):
-                attributed = max(1, steps // frac)
-                for every in (1, 2, 5, 10, 20, 50):
-                    if every > attributed:
-                        continue
-                    for snaps in (settings.get("snapshot_updates", 0), 0):
-                        if n_seeds * cost(steps, attributed, every, snaps) <= seconds:
-                            return {
-                                "steps": steps,
-                                "attribute_steps": None if attributed == full else attributed,
-                                "record_every": every,
-                                "snapshot_updates": snaps,
-                                "seeds": n_seeds,
-                                "predicted_seconds": n_seeds * cost(steps, attributed, every, snaps),
-                            }
-        steps //= 2
+    for n_seeds in sorted({seeds, 1}, reverse=True):
+        for n_pos in [k for k in (len(positions), 7, 4, 2, 1) if k <= len(positions)]:
+            for strata in [k for k in (int(settings["strata"]), 5, 2, 1) if k <= int(settings["strata"])]:
+                if n_seeds * cost(n_pos, strata) <= seconds:
+                    pos = spread(positions, n_pos)
+                    return {
+                        "steps": steps,
+                        "positions": pos,
+                        "check_positions": [pos[len(pos) // 2]],
+                        "strata": strata,
+                        "seeds": n_seeds,
+                        "sampled_fraction": strata * n / steps,
+                        "predicted_seconds": n_seeds * cost(n_pos, strata),
+                    }
     return None
 
 
@@ -348,7 +362,7 @@ def run_paper_scale(
         if plan is None:
             record["skipped"].append(f"Othello: not even a sixteenth of training fits in {clock.left():.0f} s")
         else:
-            overrides = {k: plan[k] for k in ("steps", "attribute_steps", "record_every", "snapshot_updates")}
+            overrides = {k: plan[k] for k in ("positions", "check_positions", "strata")}
             if config.smoke:
                 overrides = {**SMOKE_OTHELLO, **overrides}
             overrides = {k: v for k, v in overrides.items() if v != oth_base.settings.get(k)}
@@ -512,7 +526,10 @@ def _calibrate_othello_child(config: PaperScaleConfig, device: str, work: str, p
 
 
 def _othello_child(oc: Any, out: str, path: str, command: str) -> None:
-    """The Othello unit in its own process (so that the deadline can stop it wherever it is)."""
+    """The Othello unit in its own process (so that the deadline can stop it wherever it is): run 1 trains,
+    the strata follow one segment at a time (each reopens the run from its checkpoints), then the analysis;
+    the contiguous estimator check is a CPU-scale stage, left out here."""
     from .othello import run_othello
 
-    run_othello(oc, out, results=path, command=command)
+    for stage in ("train", "stratum", "combine"):
+        run_othello(oc, out, results=path, command=command, stage=stage)

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 PEAKS = {"H200": {"tf32": 494.7e12, "bf16": 989.5e12}, "H100": {"tf32": 494.7e12, "bf16": 989.5e12}}
 # the smoke run's sizes (a CPU check in seconds, not a result)
 SMOKE_TOY: dict[str, Any] = dict(steps=40, eval_size=256, train_size=2048, batch_size=32, d_model=16, n_head=2)
-SMOKE_OTHELLO: dict[str, Any] = dict(steps=20, eval_size=128, othello_pool=600, batch_size=8, snapshot_updates=0)
+SMOKE_OTHELLO: dict[str, Any] = dict(
+    steps=20, eval_size=128, othello_pool=600, batch_size=8, checkpoint_every=2, check_updates=12
+)
 
 
 # ------------------------------------------------------------------------------------------ calibration
@@ -148,6 +150,7 @@ def calibrate_othello(
     br = res.info.get("seconds_breakdown", {})
     n_rec, n_warm = 1, n // 2 - 1
     cal["attribution_seconds"] = total
+    cal["calibration_sites"] = len(sites)
     cal["decomposed_update_seconds"] = br.get("warm_steps", 0.0) / max(1, n_warm)
     cal["recorded_update_seconds"] = br.get("recorded_steps", 0.0) / n_rec
     cal["attribution_fixed_seconds"] = max(0.0, total - br.get("warm_steps", 0.0) - br.get("recorded_steps", 0.0))

@@ -149,13 +149,13 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
 
 def render_section(key: str, rec: dict[str, Any]) -> list[str]:
     """Markdown of one persistence results file for ``docs/results.md``."""
-    from .render import _header
+    from .formatting import header
 
     by = rec["numbers"]["by_lr"]
     out = [
         f"### {rec['name']} (`results/{key}.json`)",
         "",
-        *_header(rec),
+        *header(rec),
         f"- corpus: {rec['scale']['corpus']}",
         f"- logging: {rec['scale']['logging']}",
         "",

@@ -107,10 +107,19 @@ def read_unit_record(path: str | Path, *, experiment: str, unit: str, config_key
     want, have = to_jsonable(config_key), rec.get("config_key", {})
     if have != want:
         diff = sorted(
-            f"{part}.{k}"
-            for part in want
-            for k in set(want[part]) | set(have.get(part, {}))
-            if want[part].get(k) != have.get(part, {}).get(k)
+            [
+                f"{part}.{k}"
+                for part in want
+                if isinstance(want[part], dict) and isinstance(have.get(part), dict)
+                for k in set(want[part]) | set(have[part])
+                if want[part].get(k) != have[part].get(k)
+            ]
+            + [
+                part
+                for part in set(want) | set(have)
+                if not (isinstance(want.get(part), dict) and isinstance(have.get(part), dict))
+                and want.get(part) != have.get(part)
+            ]
         )
         raise InputError(
             f"{path} was made with another configuration (differs in {', '.join(diff) or 'layout'})",

@@ -28,6 +28,7 @@ from ..errors import InputError
 from ..storage import read_json
 from .claims import CLAIMS, claim_status
 from .formatting import ci as _ci
+from .formatting import header
 from .formatting import num as _f
 from .formatting import pval as _p
 from .results import load_all
@@ -65,25 +66,11 @@ def status_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _header(rec: dict[str, Any]) -> list[str]:
-    sc = rec["scale"]
-    return [
-        f"- command: `{rec['command']}`",
-        f"- commit `{rec['git_commit']}`, {rec['created']}, {rec['machine']['cpus']} CPUs; torch "
-        f"{rec['versions'].get('torch', '?')}, numpy {rec['versions'].get('numpy', '?')}",
-        f"- seeds: {', '.join(map(str, rec['seeds']))}",
-        f"- scale: {sc['summary']}; {sc.get('model', '')}; {sc.get('training', '')}"
-        + (f"; {sc['untied']}" if sc.get("untied") else "")
-        + (f"; eval {sc['eval']}" if sc.get("eval") else ""),
-        f"- deviations from the paper: {', '.join(sc.get('deviations', [])) or 'none'}",
-    ]
-
-
 def _toy_grid_section(key: str, rec: dict[str, Any]) -> list[str]:
     out = [
         f"### {rec['name']} (`results/{key}.json`)",
         "",
-        *_header(rec),
+        *header(rec),
         "",
         f"Metric: {rec.get('metric', '')}. Intervals: Fisher z over seeds (95 %); the initial-model null "
         "is the same probe fitted on the untrained model of the same regime and seed.",

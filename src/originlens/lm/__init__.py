@@ -23,6 +23,7 @@ from .compare import (
 from .compare_report import write_comparison
 from .export import export_to_hf, gpt_to_hf, llama2c_to_hf
 from .generic import GenericHFAdapter, load_generic
+from .gpt2_import import gpt_from_hf
 from .hf import HFAdapter, load_hf, load_hf_model
 from .llama2c import (
     BOS_ID,
@@ -99,6 +100,7 @@ __all__ = [
     "generate",
     "generate_steered",
     "generate_tokens",
+    "gpt_from_hf",
     "gpt_to_hf",
     "hook_name_from_site",
     "llama2c_to_hf",

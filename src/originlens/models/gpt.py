@@ -18,8 +18,9 @@ Training regimes (``GPTConfig.regime``; the myopic and untied regimes of arXiv 2
   position range ``[0, m1), [m1, m2), ..., [m_last, n_positions)`` (0-based range indices).  Each
   range's tokens go through their own copy (LayerNorms, Q/K/V, output projection, MLP); attention is
   one causal attention over the whole prefix, so a later range reads earlier ranges' keys/values **with
-  gradient**.  ``untie_scope="blocks"`` duplicates only the blocks; ``"everything"`` also the embeddings,
-  final LayerNorm and head (the paper's untied model, see ``docs/protocol.md``).  ``untie_init`` =
+  gradient**.  ``untie_scope="everything"`` (the default: the paper's untied model, a complete second
+  model, see ``docs/protocol.md``) duplicates the blocks, the embeddings, the final LayerNorm and the
+  head; ``"blocks"`` duplicates only the blocks.  ``untie_init`` =
   ``"independent"`` draws every copy separately, ``"shared"`` copies range 0's initial state into every
   range.
 * ``myopic+untied``: both; cross-range key/value reads are myopic as well.
@@ -95,7 +96,7 @@ class GPTConfig:
     tie_embeddings: bool = True
     regime: str = "standard"  # one of REGIMES
     untie_at: Sequence[int] | str | None = None  # range boundaries (0 < m < seq_len, increasing) or "all"
-    untie_scope: str = "blocks"  # "blocks" | "everything"
+    untie_scope: str = "everything"  # "everything" (the paper's untied model) | "blocks"
     untie_init: str = "independent"  # "independent" | "shared"
     n_positions: int | None = None  # position-table size; None = seq_len
     dtype: str = "float32"  # key of DTYPES (a torch.dtype is accepted and normalised)

@@ -12,8 +12,9 @@
 
 Optimiser: ``batch_size=None`` is full-batch gradient descent Θ(s) = Θ(s−1) − η∇L(Θ(s−1)) (the theory);
 otherwise plain SGD (no momentum, weight decay or schedule) on minibatches drawn from a permutation of
-the N sequences that is redrawn every epoch from a ``torch.Generator`` seeded with ``data_seed`` (42 as
-in the paper); a last partial batch is kept.  Neither has optimiser state; checkpoints record this.
+the N sequences that is redrawn every epoch from a ``torch.Generator`` seeded with ``data_seed`` (the
+paper's seed, 42; the order itself is originlens's, not the authors' code's: docs/protocol.md); a last
+partial batch is kept.  Neither has optimiser state; checkpoints record this.
 The loss at step s (logged as ``loss``) is the batch loss at Θ(s−1), i.e. before the s-th update.
 
 Large batches are processed in chunks of ``grad_chunk`` sequences whose gradients are accumulated with
@@ -22,7 +23,8 @@ run's identity so resumed runs stay bit-identical).
 
 Statistics for the per-checkpoint theory comparison come from ``stats=`` or are computed by the trainer
 (:meth:`AssocTrainer.target_windows`, :func:`originlens.stats.corpus_statistics`) on the first shuffled
-batch (paper: the windows of the first SGD step, ``torch.randperm(N, Generator(data_seed))[:batch]``) or on
+batch (the windows of the first SGD step, ``torch.randperm(N, Generator(data_seed))[:batch]``: the paper's
+"first batch"; the authors' code draws it from a separate first pass of its DataLoader) or on
 all windows (``stats_source="full"``; full-batch GD always uses all windows).  They are computed with the
 model's vocabulary size |V| — so the centring constant 1/|V| is that of the model's softmax — and with the
 token strings when ``vocab=`` is given, and written to ``RUN/statistics/`` (manifest: source, data seed,

@@ -127,6 +127,13 @@ def load_checkpoint(
                 # save_tensors stores 0-d arrays as shape (1,)
                 "step": torch.from_numpy(np.array(arrays[keys[2]]).reshape(())),
             }
+    step = int(json.loads(meta["step"]))
+    if step > 0 and not opt_state:
+        raise CompatibilityError(
+            f"checkpoint {path} holds no optimizer (Adam) state after {step} updates: training or its replay "
+            "would go on with zeroed moments",
+            "use a checkpoint written by the trainer (model and Adam state), or retrain",
+        )
     groups = optimizer.state_dict()["param_groups"]
     optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
     if restore_rng:

@@ -636,13 +636,40 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self, probe: bool) -> None:
-        """Eval loss and task metrics on the eval set; with ``probe``, fit probes on its residuals."""
+        """Eval loss and task metrics on the eval set, logged; with ``probe``, probes fitted on its residuals."""
+        if len(self.eval_data.tokens) == 0:
+            return
+        record, fitted = self._measure(probe)
+        if not math.isfinite(record["eval_loss"]):
+            raise NumericalError(
+                f"eval loss is {record['eval_loss']} at step {self.step}", "lower --lr; resume from the last checkpoint"
+            )
+        self.last_eval = record
+        self.rundir.log_metrics({"event": "eval", "step": self.step, **record})
+        self._fire("on_eval")
+        if fitted is not None:
+            self.probes, self.probe_metrics = fitted
+            assert self.task is not None  # probes need a task (_can_probe)
+            self.last_probe = probe_summary(self.probe_metrics, self.task.tracked)
+            self.rundir.log_metrics({"event": "probe", "step": self.step, **self.last_probe})
+            self._fire("on_probe")
+
+    def measure(self, probe: bool = True) -> tuple[dict[str, float], ProbeMetrics | None]:
+        """Held-out eval (loss, task metrics) of the model as it stands and, with ``probe``, the metrics of
+        probes fitted on its residuals — as the run's own evaluations compute them, but neither logged nor
+        kept (a learning curve read off checkpoints loaded into :attr:`model`)."""
+        if not hasattr(self, "eval_data"):  # a trainer opened for replay, not run: its eval set, as run() builds it
+            self.eval_data = self._eval_data()
+        record, fitted = self._measure(probe and self._can_probe())
+        return record, None if fitted is None else fitted[1]
+
+    @torch.no_grad()
+    def _measure(self, probe: bool) -> tuple[dict[str, float], tuple[ProbeSet, ProbeMetrics] | None]:
+        """Eval record and, with ``probe``, (probes, their metrics) fitted on the eval set's residuals."""
         cfg = self.config
         assert cfg.probe_size is not None  # filled by NTPConfig.__post_init__ (the task's defaults)
         tokens = self.eval_data.tokens
         n = len(tokens)
-        if n == 0:
-            return
         was_training = self.model.training
         self.model.eval()
         positions = self._probe_positions() if probe else []
@@ -682,17 +709,9 @@ class Trainer:
         record: dict[str, Any] = {"eval_loss": total / count}
         if self.eval_data.batch is not None:
             record.update(task_metrics(preds, self.eval_data.batch))
-        if not math.isfinite(record["eval_loss"]):
-            raise NumericalError(
-                f"eval loss is {record['eval_loss']} at step {self.step}", "lower --lr; resume from the last checkpoint"
-            )
-        self.last_eval = record
-        self.rundir.log_metrics({"event": "eval", "step": self.step, **record})
-        self._fire("on_eval")
-        if probe:
-            self._fit_probes(resid, positions)
+        return record, (self._fit_probes(resid, positions) if probe else None)
 
-    def _fit_probes(self, resid: list[np.ndarray], positions: list[int]) -> None:
+    def _fit_probes(self, resid: list[np.ndarray], positions: list[int]) -> tuple[ProbeSet, ProbeMetrics]:
         cfg = self.config
         batch = self.eval_data.batch
         assert batch is not None and self.task is not None  # probes need a task's eval batch (_can_probe)
@@ -736,7 +755,7 @@ class Trainer:
             positions=list(positions),
             feature_names=list(batch.feature_names),
         )
-        self.probes = ProbeSet(
+        probes = ProbeSet(
             weights=np.concatenate(ws),
             intercepts=np.concatenate(bs),
             layers=layers,
@@ -744,10 +763,7 @@ class Trainer:
             feature_names=list(batch.feature_names),
             alpha=float(cfg.probe_alpha),
         )
-        self.probe_metrics = metrics
-        self.last_probe = probe_summary(metrics, self.task.tracked)
-        self.rundir.log_metrics({"event": "probe", "step": self.step, **self.last_probe})
-        self._fire("on_probe")
+        return probes, metrics
 
     def _stop_on_signal(self, name: str) -> None:
         """SIGINT/SIGTERM arrived during training: checkpoint the current update (unless it just was) and
