@@ -149,8 +149,9 @@ def api_reference() -> str:
             else:
                 out.append(f"### `{name}{sig}`\n")
             d = inspect.getdoc(obj) if kind != "constant" else None
-            if d:
-                out.append(d.split("\n\n")[0].strip() + "\n")
+            if d:  # the summary, and a class's parameter names where its docstring lists them
+                paras = d.split("\n\n")
+                out += [p.strip() + "\n" for i, p in enumerate(paras) if i == 0 or p.startswith("Parameter names:")]
     return "\n".join(out)
 
 

@@ -200,7 +200,7 @@ def _boot(b: dict[str, Any]) -> str:
 def _test(t: dict[str, Any]) -> str:
     return (
         f"mean diff {_f(t.get('mean_diff'))} [{_f(t.get('diff_low'))}, {_f(t.get('diff_high'))}], p (t) "
-        f"{_p(t.get('p_t'))}, power {_f(t.get('power'), 2)}, detectable d_z {_f(t.get('detectable_dz'), 2)}"
+        f"{_p(t.get('p_t'))}, detectable d_z {_f(t.get('detectable_dz'), 2)}"
     )
 
 
@@ -242,7 +242,7 @@ def judge_formal_share(rec: dict[str, Any]) -> Any:
     domains.
     Partial: the test holds otherwise (fewer seeds, models that did not learn), or it fails over seeds while the
     mean difference is positive and the within-seed permutation test holds in at least half the seeds.
-    Otherwise not reproduced (with the power of the test over seeds)."""
+    Otherwise not reproduced (with the d_z the seeds can detect)."""
 
     t, n = rec["tests"]["formal_share"]["standard"], rec["numbers"]["sigma_lnq"]
     k = len(rec["seeds"])
@@ -287,8 +287,8 @@ def judge_lookahead(rec: dict[str, Any]) -> Any:
     k = len(rec["seeds"])
     ours = (
         f"Spearman ρ(alignment, Q) {_ci(n['standard']['rho'])} (myopic {_ci(n['myopic']['rho'])}), rank "
-        f"{n['standard']['rank']}, offsets {n['standard']['offsets']}; p (t on z) {_p(t.get('p_t'))}, power "
-        f"{_f(t.get('power'), 2)}; permutation p < 0.05 in {t['permutation_significant']}/{k} seeds"
+        f"{n['standard']['rank']}, offsets {n['standard']['offsets']}; p (t on z) {_p(t.get('p_t'))}, detectable d_z "
+        f"{_f(t.get('detectable_dz'), 2)}; permutation p < 0.05 in {t['permutation_significant']}/{k} seeds"
     )
     partial = (n["standard"]["rho"].get("mean") or 0) < 0 and 2 * t["permutation_significant"] >= k
     return _verdict(rec, bool(t["holds"]), partial, ours)

@@ -45,7 +45,6 @@ def _test_rows(tests: dict[str, Any]) -> list[list[str]]:
                     _p(v.get("p_holm")),
                     _p(v["p_wilcoxon"]),
                     _f(v["dz"], 2),
-                    _f(v["power"], 2),
                     _f(v["detectable_dz"], 2),
                     "yes" if v.get("holds") else "no",
                 ]
@@ -61,7 +60,6 @@ TEST_HEADER = [
     "p (Holm)",
     "p (Wilcoxon, exact)",
     "d_z",
-    "power",
     "detectable d_z",
     "holds",
 ]
@@ -243,7 +241,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     for fam in ("loss", "features"):
         for k, v in summary["tests"][fam].items():
             lines.append(
-                f"{k}: p {_p(v['p_t'])}, p (Holm) {_p(v.get('p_holm'))}, power {_f(v['power'], 2)}, holds {v['holds']}"
+                f"{k}: p {_p(v['p_t'])}, p (Holm) {_p(v.get('p_holm'))}, detectable d_z {_f(v.get('detectable_dz'), 2)}, holds {v['holds']}"
             )
     return lines
 
@@ -251,7 +249,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 def render_section(key: str, rec: dict[str, Any]) -> list[str]:
     """Markdown lines of one results file of this experiment for ``docs/results.md`` (a
     :data:`originlens.experiments.render.SECTIONS` entry): header, loss table, probe table, influence
-    table (group × component with CIs), the tests with p-values and power, and the continuations."""
+    table (group × component with CIs), the tests with p-values and detectable d_z, and the continuations."""
     from .formatting import header
 
     out = [f"### {rec['name']} (`results/{key}.json`)", "", *header(rec)]
@@ -300,8 +298,8 @@ def render_section(key: str, rec: dict[str, Any]) -> list[str]:
     out += [
         "",
         "The paper's claims, one-sided paired t-tests over seeds (paired by seed) on the raw values, Holm "
-        "over the feature family; power of the one-sided t-test at the observed d_z (α = 0.05) and the d_z these "
-        "seeds detect with power 0.8:",
+        "over the feature family; the observed d_z and the d_z these seeds detect with power 0.8 (α = 0.05; "
+        "post-hoc power at the observed d_z is a function of p and is not reported):",
         "",
         "| " + " | ".join(TEST_HEADER) + " |",
         "|" + "---|" * len(TEST_HEADER),
@@ -344,7 +342,7 @@ def judge_loss(rec: dict[str, Any]) -> Any:
         return Verdict("not yet run", "the record lacks the standard or the myopic regime", _scale_text(rec))
     ours = (
         f"held-out loss {_ci(q['myopic']['eval_loss'])} myopic vs {_ci(q['standard']['eval_loss'])} standard "
-        f"({t['n']} seeds; our BPE tokenizer); myopic > standard: p {_p(t['p_t'])}, power {_f(t['power'], 2)}"
+        f"({t['n']} seeds; our BPE tokenizer); myopic > standard: p {_p(t['p_t'])}, detectable d_z {_f(t.get('detectable_dz'), 2)}"
     )
     return Verdict("reproduced" if t.get("holds") else "not reproduced", ours, _scale_text(rec))
 
