@@ -31,7 +31,7 @@ schedule is kept), ``ci`` (seconds; a plumbing check, not a result).
 
 The pathways paper integrates the influence over every update; at the CPU scale every update would need a
 decomposition (≈ 10 training steps each), so 10 strata × 50 recorded updates (after 50 burn-in updates)
-sample it: 1,000 decomposed updates of 12,000, 417 of them recorded, ≈ 4 % of training, spread over all of
+sample it: 1,000 decomposed updates of 12,000, 500 of them recorded (4.2 % of training), spread over all of
 it.  The estimate and its error are described in :mod:`.othello_strata`; the estimator is checked against
 the exact contiguous integral of the first updates by the ``check`` stage.
 """
