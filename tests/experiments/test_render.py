@@ -161,6 +161,26 @@ def test_committed_docs_agree_with_committed_results_files():
         assert not absolute, f"{p} names absolute paths of the machine it ran on: {absolute[:3]}"
 
 
+def test_committed_unit_records_name_no_path_of_the_machine():
+    """Unit records (``results/<experiment>/<name>/<unit>.json``) are committed too."""
+    records = sorted((REPO / "results").glob("*/*/*.json"))
+    for p in records:
+        rec = json.loads(p.read_text())
+        absolute = [s for s in _strings(rec) if ABSOLUTE_PATH.search(s)]
+        assert not absolute, f"{p} names absolute paths of the machine it ran on: {absolute[:3]}"
+
+
+def test_the_recorded_command_names_no_path_of_the_machine(tmp_path):
+    from originlens.experiments.results import command_line
+
+    here = (tmp_path / "repo").resolve()
+    line = command_line(
+        ["x", "--out", "/srv/runs/cpu0", f"--data={here}/d/f.txt", str(here), "rel/p", "--seeds", "0"], cwd=here
+    )
+    assert line == "originlens x --out '<elsewhere>/cpu0' --data=d/f.txt . rel/p --seeds 0"
+    assert not ABSOLUTE_PATH.search(line)
+
+
 # "/dir/..." at the start of a string or after a space, quote, "=" or "(" (not "train / 709 held-out")
 ABSOLUTE_PATH = re.compile(r"(?:^|[\s'\"=(])/[^\s/]+/")
 

@@ -57,10 +57,27 @@ def default_results_path(experiment: str, name: str, root: str | os.PathLike = "
     return Path(root) / experiment / f"{name}.json"
 
 
-def command_line(argv: list[str] | None = None) -> str:
-    """The command as typed: ``originlens`` + the CLI arguments (``sys.argv[1:]`` by default)."""
+def command_line(argv: list[str] | None = None, cwd: str | os.PathLike | None = None) -> str:
+    """The command as typed: ``originlens`` + the CLI arguments (``sys.argv[1:]`` by default).
+
+    Results files are committed, so no argument names the machine it ran on: an absolute path inside the
+    working directory is written relative to it, one outside as ``<elsewhere>/`` + its last component
+    (``--out=/x/y`` alike)."""
     args = sys.argv[1:] if argv is None else argv
-    return "originlens " + shlex.join(args)
+    here = Path(cwd if cwd is not None else os.getcwd()).resolve()
+    return "originlens " + shlex.join(_portable_argument(a, here) for a in args)
+
+
+def _portable_argument(arg: str, here: Path) -> str:
+    prefix, sep, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    if not os.path.isabs(value):
+        return arg
+    path = Path(os.path.normpath(value))
+    try:
+        shown = path.relative_to(here).as_posix() or "."
+    except ValueError:
+        shown = "<elsewhere>/" + (path.name or "")
+    return prefix + sep + shown
 
 
 def provenance() -> dict[str, Any]:
