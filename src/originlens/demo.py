@@ -40,6 +40,7 @@ from .errors import ConfigError
 from .paths import data_root, tinystories_files
 from .progress import log
 from .runs import RunDir
+from .storage import atomic_write_text
 
 SPECIALS = ("<unk>", "<eot>", "<pad>", "<s>", "</s>")
 # The paper's Figure 5 examples (basis, word).
@@ -326,7 +327,7 @@ def _stage_statistics(cfg: DemoConfig, run: RunDir, rep: Any, commands: list[str
     for basis, by_word in assoc.items():
         for w, lst in by_word.items():
             print(f"{basis:>18}  {w:>8} → " + ", ".join(t for t, _ in lst))
-    (run.file("associations.json")).write_text(json.dumps(assoc, indent=1, ensure_ascii=False))
+    atomic_write_text(run.file("associations.json"), json.dumps(assoc, indent=1, ensure_ascii=False))
     run.log_metrics(
         {"stage": "statistics", "windows": int(tokens.shape[0]), "vocab_size": store.vocab_size, "seconds": t_stats}
     )

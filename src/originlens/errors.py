@@ -41,3 +41,18 @@ class NumericalError(OriginlensError):
 
 class BudgetExceeded(OriginlensError):
     """A run reached its wall-clock deadline and stopped after writing a checkpoint (resumable)."""
+
+
+def io_error(path: object, exc: OSError, action: str) -> OriginlensError:
+    """The one-line error for an ``OSError`` while ``action`` (e.g. "writing") ``path``: a full disk and a
+    path one may not write get their own wording and fix."""
+    import errno
+
+    if exc.errno == errno.ENOSPC:
+        return OriginlensError(
+            f"no space left on device while {action} {path}",
+            "free disk space or choose another --out; earlier files are intact",
+        )
+    if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+        return OriginlensError(f"cannot write {path}: {exc.strerror}", "choose a writable --out directory")
+    return OriginlensError(f"I/O error while {action} {path}: {exc.strerror or exc}", "check the path and the disk")

@@ -10,7 +10,21 @@ from __future__ import annotations
 # lowest first; names are the top-level modules and subpackages of ``originlens``
 LAYERS: tuple[tuple[str, ...], ...] = (
     # ground floor: errors, files, run directories, devices, site names, progress
-    ("errors", "paths", "progress", "storage", "sinks", "config", "devices", "interrupts", "sites", "runs", "layers"),
+    (
+        "errors",
+        "paths",
+        "progress",
+        "locks",
+        "storage",
+        "outputs",
+        "sinks",
+        "config",
+        "devices",
+        "interrupts",
+        "sites",
+        "runs",
+        "layers",
+    ),
     # data, exact statistics, models, probes, reports
     ("data", "stats", "models", "probes", "report"),
     # what is built on them: tasks, the leading-term theory, multi-process helpers, SAEs

@@ -80,47 +80,18 @@ def git_commit() -> str | None:
 
 
 LOCK_FILE = ".lock"
-_HELD: dict[str, Any] = {}  # resolved directory -> open lock file of this process
-
-
-def _acquire(p: Path) -> Any:
-    import fcntl
-    import socket
-
-    from .errors import ConfigError
-    from .storage import _io_error
-
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        fh = open(p / LOCK_FILE, "a+")  # noqa: SIM115 (held for the lock's lifetime)
-    except OSError as exc:
-        raise _io_error(p, exc, "locking") from None
-    try:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.seek(0)
-        owner = fh.read().strip()
-        fh.close()
-        raise ConfigError(
-            f"{p} is being written by another process ({owner or 'owner unknown'})",
-            "wait for it to finish, or choose another --out",
-        ) from None
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    fh.flush()
-    return fh
 
 
 def hold_lock(path: str | os.PathLike) -> Path:
-    """Lock directory ``path`` (``path/.lock``, ``fcntl.flock``) for the rest of this process: a second
-    writer of the same run is refused with a :class:`ConfigError` naming the owner (pid and host)
+    """Lock run directory ``path`` (``path/.lock``, :mod:`originlens.locks`) for the rest of this process:
+    a second writer of the same run is refused with a :class:`ConfigError` naming the owner (pid and host)
     instead of interleaving its files.  Re-entrant within a process; the lock dies with the process, so
     a killed run leaves no stale lock (the file stays, unlocked, and is reused)."""
+    from . import locks
+
     p = Path(path)
-    key = str(p.resolve())
-    if key not in _HELD:
-        _HELD[key] = _acquire(p)
+    if not locks.is_held(p / LOCK_FILE):
+        locks.acquire(p / LOCK_FILE, p)
         try:
             _tidy_run_tree(p)
         except BaseException:
@@ -163,23 +134,18 @@ def _tidy_run_tree(root: Path) -> None:
 
 def release_lock(path: str | os.PathLike) -> None:
     """Give up a lock taken by :func:`hold_lock` (no-op when this process does not hold it)."""
-    fh = _HELD.pop(str(Path(path).resolve()), None)
-    if fh is not None:
-        fh.close()
+    from . import locks
 
-
-def release_all_locks() -> None:
-    """Give up every lock this process holds (the CLI does this when a command ends)."""
-    for key in list(_HELD):
-        _HELD.pop(key).close()
+    locks.release(Path(path) / LOCK_FILE)
 
 
 @contextlib.contextmanager
 def exclusive(path: str | os.PathLike) -> Iterator[Path]:
     """:func:`hold_lock` for the block only (re-entrant: a lock this process already holds is kept)."""
+    from . import locks
+
     p = Path(path)
-    key = str(p.resolve()) if p.exists() else None
-    if key is not None and key in _HELD:
+    if p.exists() and locks.is_held(p / LOCK_FILE):
         yield p
         return
     hold_lock(p)
@@ -229,14 +195,14 @@ class RunDir:
     def __init__(self, path: str | os.PathLike, *, create: bool = True) -> None:
         self.path = Path(path)
         if create:
-            from .storage import _io_error
+            from .errors import io_error
 
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
                 (self.path / CHECKPOINT_DIR).mkdir(exist_ok=True)
                 (self.path / "figures").mkdir(exist_ok=True)
             except OSError as exc:
-                raise _io_error(self.path, exc, "creating") from None
+                raise io_error(self.path, exc, "creating") from None
 
     def file(self, *parts: str) -> Path:
         return self.path.joinpath(*parts)
@@ -270,9 +236,9 @@ class RunDir:
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as exc:  # full disk, read-only directory: one clear line, earlier records intact
-            from .storage import _io_error
+            from .errors import io_error
 
-            raise _io_error(self.file(name), exc, "appending to") from None
+            raise io_error(self.file(name), exc, "appending to") from None
         from .sinks import forward
 
         forward(self.path, record)  # optional TensorBoard / W&B mirrors (--log-to)

@@ -2,37 +2,27 @@
 
 * :func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`atomic_write_json`: temporary file in
   the same directory, fsync, rename; a crash never leaves a half-written file under the final name.
-* :func:`atomic_directory`: build a whole output directory under a temporary sibling name and rename
-  it into place only when everything succeeded, so an interrupted build never looks complete.
 * :func:`save_tensors` / :func:`load_tensors`: safetensors only (never pickle), with string metadata
   that always carries ``format_version`` and ``kind``; loaders check both and the vocabulary hash.
+  :func:`safetensors_header` reads a file's header alone (bounded, nothing else parsed).
 
-Caveat: renaming over an existing *directory* is not atomic on POSIX; :func:`atomic_directory` moves
-the old one aside (``.NAME.old-PID``) first and deletes it only after the new one is in place.  A process
-killed in between leaves no directory at the final name; the next :func:`atomic_directory` of the same
-path (the next run of the same command) puts the old one back first, and removes the hidden
-``.NAME.partial-PID-*`` / ``.NAME.old-PID`` leftovers of processes that no longer run
-(:func:`clean_stale_leftovers`).  Liveness is judged by PID on this machine: leftovers of a process on
-another host sharing the directory, or whose PID was reused, are left alone.
+Whole output directories are built by :mod:`originlens.outputs`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
-import re
-import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import CompatibilityError, InputError, OriginlensError
+from .errors import CompatibilityError, InputError, io_error
 
 FORMAT_VERSION = "1"
 
@@ -44,23 +34,6 @@ def _current_umask() -> int:
 
 
 _UMASK = _current_umask()  # mkstemp/mkdtemp create 0600/0700; published files get normal modes
-
-
-def io_error(path: Path, exc: OSError, action: str) -> OriginlensError:
-    """The one-line :class:`OriginlensError` of an ``OSError`` on ``path`` (full disk, read-only or
-    unwritable location, anything else), with its fix."""
-    return _io_error(path, exc, action)
-
-
-def _io_error(path: Path, exc: OSError, action: str) -> OriginlensError:
-    if exc.errno == errno.ENOSPC:
-        return OriginlensError(
-            f"no space left on device while {action} {path}",
-            "free disk space or choose another --out; earlier files are intact",
-        )
-    if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
-        return OriginlensError(f"cannot write {path}: {exc.strerror}", "choose a writable --out directory")
-    return OriginlensError(f"I/O error while {action} {path}: {exc.strerror or exc}", "check the path and the disk")
 
 
 def _fsync_dir(d: Path) -> None:
@@ -93,7 +66,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise _io_error(path, exc, "creating") from None
+        raise io_error(path, exc, "creating") from None
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
@@ -105,7 +78,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise _io_error(path, exc, "writing") from None
+        raise io_error(path, exc, "writing") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -153,147 +126,6 @@ def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return atomic_write_bytes(path, buf.getvalue())
-
-
-def _pid_alive(pid: int) -> bool:
-    """True unless no process with this PID exists on this machine (signal 0 probe)."""
-    if pid <= 0:
-        return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists (another user's process)
-        return True
-    return True
-
-
-_PARTIAL_PID = re.compile(r"(\d+)-.+")
-
-
-def clean_stale_leftovers(path: str | os.PathLike) -> list[str]:
-    """Undo what :func:`atomic_directory` for ``path`` left behind when its process was killed.
-
-    ``.NAME.old-PID`` of a dead process is the previous output moved aside: it is renamed back to ``path``
-    when nothing is there (the new one never got into place), else removed (the new one is in place).
-    ``.NAME.partial-PID-*`` of a dead process (an unfinished build) is removed.  Leftovers of live processes
-    (a concurrent build) and of unknown form are kept.  Returns what was done, one line per entry;
-    errors are ignored (a leftover that cannot be removed never blocks a new build).
-    """
-    path = Path(path)
-    old_prefix, partial_prefix = f".{path.name}.old-", f".{path.name}.partial-"
-    olds, partials = [], []
-    try:
-        entries = sorted(path.parent.iterdir())
-    except OSError:
-        return []
-    for e in entries:
-        n = e.name
-        if n.startswith(old_prefix) and n[len(old_prefix) :].isdigit():
-            if not _pid_alive(int(n[len(old_prefix) :])):
-                olds.append(e)
-        elif n.startswith(partial_prefix):
-            m = _PARTIAL_PID.fullmatch(n[len(partial_prefix) :])
-            if m and not _pid_alive(int(m.group(1))):
-                partials.append(e)
-    done = []
-    for old in olds:
-        if not os.path.lexists(path):
-            try:
-                os.replace(old, path)
-                _fsync_dir(path.parent)
-                done.append(f"restored {path} from {old.name} (its replacement was interrupted)")
-                continue
-            except OSError:
-                pass
-        shutil.rmtree(old, ignore_errors=True)
-        done.append(f"removed {old.name} (left by an interrupted run)")
-    for d in partials:
-        shutil.rmtree(d, ignore_errors=True)
-        done.append(f"removed {d.name} (left by an interrupted run)")
-    return done
-
-
-def check_output_directory(
-    path: str | os.PathLike, *, kind_file: str | None = None, kind: str = "output", inputs: Any = ()
-) -> None:
-    """Refuse an output directory that would destroy something it does not own.
-
-    ``path`` must not be, or contain, any of ``inputs`` (the command's own input files or directories);
-    an existing ``path`` must be empty or a directory holding ``kind_file`` (the marker every output of
-    this ``kind`` has), i.e. an earlier output of the same command — never a foreign directory or a file.
-    Raises :class:`~originlens.errors.OriginlensError` with the fix; ``kind_file=None`` skips that check.
-    """
-    path = Path(path)
-    target = path.resolve()
-    for item in [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs or ()):
-        src = Path(item).resolve()
-        if src == target or target in src.parents:
-            raise OriginlensError(
-                f"the output {path} is {'the input' if src == target else 'a parent of the input'} "
-                f"{item}; writing it would delete the input",
-                "choose an --out outside the input",
-            )
-    if kind_file is not None and os.path.lexists(path):
-        if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
-            return  # an empty directory holds nothing to lose
-        if path.is_symlink() or not path.is_dir() or not (path / kind_file).is_file():
-            raise OriginlensError(
-                f"{path} exists and is not a {kind} (no {kind_file} in it); refusing to replace it",
-                "choose a new --out, or remove that directory yourself",
-            )
-
-
-@contextlib.contextmanager
-def atomic_directory(
-    path: str | os.PathLike,
-    overwrite: bool = True,
-    *,
-    kind_file: str | None = None,
-    kind: str = "output",
-    inputs: Any = (),
-) -> Iterator[Path]:
-    """Yield a temporary directory that becomes ``path`` only if the block succeeds.
-
-    On error (or Ctrl-C / kill) the temporary directory is removed (or, after SIGKILL, left under a
-    hidden ``.NAME.partial-PID-*`` name that never looks like a finished output).  Leftovers of earlier
-    killed processes are cleaned up first (:func:`clean_stale_leftovers`).  ``kind_file`` / ``inputs``:
-    :func:`check_output_directory` runs first, so an existing ``path`` is replaced only when it is an
-    earlier output of the same kind and never when it is (or holds) an input.
-    """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for line in clean_stale_leftovers(path):
-            from .progress import log
-
-            log(line, level=1)
-        if path.exists() and not overwrite:
-            raise OriginlensError(f"{path} already exists", "pass --overwrite or choose another --out")
-        check_output_directory(path, kind_file=kind_file, kind=kind, inputs=inputs)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-{os.getpid()}-", dir=path.parent))
-        os.chmod(tmp, 0o777 & ~_UMASK)
-    except OSError as exc:
-        raise _io_error(path, exc, "creating") from None
-    try:
-        yield tmp
-        _fsync_tree(tmp)  # files written inside with plain open() must be on disk before the rename
-        old = None
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{os.getpid()}"
-            os.replace(path, old)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _io_error(path, exc, "writing") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -359,6 +191,38 @@ def canonical_safetensors(blob: bytes) -> bytes:
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text + blob[8 + n :]
+
+
+def safetensors_header(path: str | os.PathLike, max_bytes: int = 100 << 20) -> dict[str, Any]:
+    """The JSON header of a safetensors file (tensor names → dtype/shape/offsets, and ``__metadata__``),
+    read without the tensors; an :class:`InputError` saying what is wrong when it is not one."""
+    import struct
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            head = fh.read(8)
+            if len(head) < 8:
+                raise InputError(f"{path} is not a safetensors file ({size} bytes)", "re-create it with originlens")
+            n = struct.unpack("<Q", head)[0]
+            if n > min(max_bytes, size - 8):
+                raise InputError(
+                    f"{path} is not a safetensors file (its header claims {n} bytes of {size})",
+                    "re-create it with originlens",
+                )
+            header = json.loads(fh.read(n))
+    except OSError as exc:
+        raise InputError(f"{path} cannot be read ({exc.strerror or exc})", "check the path") from None
+    except (ValueError, UnicodeDecodeError):
+        raise InputError(
+            f"{path} is not a safetensors file (its header is not JSON)", "re-create it with originlens"
+        ) from None
+    if not isinstance(header, dict):
+        raise InputError(
+            f"{path} is not a safetensors file (its header is not an object)", "re-create it with originlens"
+        )
+    return header
 
 
 def load_tensors(

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from originlens.errors import OriginlensError
-from originlens.storage import atomic_directory, atomic_write_bytes, atomic_write_json, load_tensors, save_tensors
+from originlens.outputs import atomic_directory
+from originlens.storage import atomic_write_bytes, atomic_write_json, load_tensors, save_tensors
 
 
 def test_failed_write_keeps_previous_file(tmp_path, monkeypatch):
@@ -70,7 +71,8 @@ def test_atomic_directory_publishes_only_on_success(tmp_path):
     with pytest.raises(RuntimeError), atomic_directory(out) as d:
         (d / "half.txt").write_text("x")
         raise RuntimeError("boom")
-    assert not out.exists() and list(tmp_path.iterdir()) == []
+    # nothing but the lock file (``.out.lock``, kept for the next writer: see originlens.locks)
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == [".out.lock"]
     with atomic_directory(out) as d:
         (d / "a.txt").write_text("1")
     with pytest.raises(RuntimeError), atomic_directory(out) as d:
@@ -80,7 +82,7 @@ def test_atomic_directory_publishes_only_on_success(tmp_path):
     with atomic_directory(out) as d:
         (d / "a.txt").write_text("3")
     assert (out / "a.txt").read_text() == "3"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out"]
 
 
 def _dead_pid() -> int:
@@ -113,13 +115,17 @@ def test_stale_leftovers_of_a_killed_replacement_are_repaired(tmp_path):
         with atomic_directory(out, overwrite=False):
             pass
     assert (out / "a.txt").read_text() == "1"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".other.old-" + str(dead), live.name, "out"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".other.old-" + str(dead), live.name, ".out.lock", "out"]
+    )
     # killed after the second rename (the new output is in place): the hidden old one is removed
     (tmp_path / f".out.old-{dead}").mkdir()
     with atomic_directory(out) as d:
         (d / "a.txt").write_text("3")
     assert (out / "a.txt").read_text() == "3"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".other.old-" + str(dead), live.name, "out"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".other.old-" + str(dead), live.name, ".out.lock", "out"]
+    )
 
 
 def test_partial_directories_carry_the_pid(tmp_path):

@@ -387,7 +387,8 @@ def _visible(parent: Path) -> list[str]:
 
 
 def _hidden(parent: Path) -> list[str]:
-    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+    """Hidden leftovers of a build; the lock files (``.NAME.lock``) stay by design (originlens.locks)."""
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock"))
 
 
 CORPUS = ["corpus", "build", "--stories", "150", "--vocab-size", "80", "--seq-len", "10", "--oov", "unk"]
@@ -418,7 +419,7 @@ def test_corpus_build_killed_never_leaves_a_complete_looking_directory(tmp_path)
     )
     assert (out / "tokens.npy").read_bytes() == previous
     assert json.loads((out / "manifest.json").read_text())["seed"] == 0
-    # killed after the previous version was moved aside (storage.atomic_directory's caveat: renaming over a
+    # killed after the previous version was moved aside (outputs.atomic_directory's caveat: renaming over a
     # directory is not atomic): the final name does not exist at all, nothing half-written is visible
     assert_killed(
         run_cli(
@@ -454,7 +455,7 @@ def test_stats_killed_keeps_previous_statistics_and_rerun_succeeds(corpus, tmp_p
 def test_kill_between_the_renames_is_repaired_by_the_next_run(corpus, tmp_path):
     """Replacing an output directory is two renames (old one aside, new one in place).  A SIGKILL between
     them leaves no directory at the final name; the next run of the same command puts the previous
-    version back before it starts and removes the dead run's hidden leftovers (storage.atomic_directory)."""
+    version back before it starts and removes the dead run's hidden leftovers (outputs.atomic_directory)."""
     out = tmp_path / "stats"
     assert in_process(["stats", corpus, "--out", out]) == 0
     before = (out / "statistics.safetensors").read_bytes()

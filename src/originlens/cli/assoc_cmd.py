@@ -76,7 +76,7 @@ def _register_top(asub) -> None:
     )
     t.add_argument("--include-self", action="store_true", help="keep the token itself in its list")
     t.add_argument("--json", action="store_true", help="print JSON instead of text")
-    t.set_defaults(func=run_top)
+    t.set_defaults(func=run_top, writes=lambda a: [])
 
 
 def _token(w: str) -> str | int:
@@ -194,7 +194,7 @@ def _register_train(asub) -> None:
     add_threads(t)
     t.add_argument("--resume", action="store_true", help="continue RUN from its last checkpoint")
     t.add_argument("--overwrite", action="store_true", help="replace the run in RUN")
-    t.set_defaults(func=run_train)
+    t.set_defaults(func=run_train, writes=lambda a: [a.out])
 
 
 def _steps_list(spec: str | None) -> tuple[int, ...]:
@@ -350,7 +350,7 @@ def _register_report(asub) -> None:
     add_threads(r)
     add_device(r, help="where the model runs for the intervention and held-out losses (default cpu)")
     r.add_argument("--out", help="where to write the report (default RUN)")
-    r.set_defaults(func=run_report)
+    r.set_defaults(func=run_report, writes=lambda a: [a.run, a.out])
 
 
 def run_report(args: argparse.Namespace) -> int:

@@ -127,7 +127,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--seed", type=int, default=0, help="storyworld seed (default 0)")
     b.add_argument("--overwrite", action="store_true", help="replace an existing corpus directory at --out")
-    b.set_defaults(func=_cmd_build)
+    b.set_defaults(func=_cmd_build, writes=lambda a: [a.out])
 
     i = sub.add_parser(
         "info",
@@ -136,7 +136,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     i.add_argument("corpus", type=Path, metavar="DIR", help="corpus directory (from 'corpus build')")
     i.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
-    i.set_defaults(func=_cmd_info)
+    i.set_defaults(func=_cmd_info, writes=lambda a: [])
 
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 

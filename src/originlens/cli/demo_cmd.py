@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="recompute every stage (default: a rerun reuses the stages an earlier run finished)",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, writes=lambda a: [a.out])
 
 
 def run(args: argparse.Namespace) -> int:

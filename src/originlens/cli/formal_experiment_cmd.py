@@ -69,4 +69,4 @@ def add_parser(esub: Any) -> None:
     o.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
     add_device(o, default=None, help="where to train and measure (default cpu)")
     add_threads(o)
-    o.set_defaults(func=cmd_formal)
+    o.set_defaults(func=cmd_formal, writes=lambda a: [a.out])

@@ -112,4 +112,4 @@ def add_parser(esub: Any) -> None:
     g.add_argument("--out", required=True, help="experiment directory (runs, attribution, report)")
     g.add_argument("--results", default=None, help="results file (default results/language/tinystories-SCALE.json)")
     _add_overrides(g)
-    g.set_defaults(func=cmd_tinystories)
+    g.set_defaults(func=cmd_tinystories, writes=lambda a: [a.out])

@@ -248,7 +248,7 @@ def register(subparsers: Any) -> None:
         help="sample from softmax(logits / T) instead of greedy decoding",
     )
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    g.set_defaults(func=_cmd_generate)
+    g.set_defaults(func=_cmd_generate, writes=lambda a: [])
 
     e = lm_sub.add_parser(
         "export",
@@ -260,4 +260,4 @@ def register(subparsers: Any) -> None:
     e.add_argument("--out", required=True, help="output directory")
     e.add_argument("--tokenizer", default=None, help="tokenizer.json to copy into the directory (GPT only)")
     e.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
-    e.set_defaults(func=_cmd_export)
+    e.set_defaults(func=_cmd_export, writes=lambda a: [a.out])

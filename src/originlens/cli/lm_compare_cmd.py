@@ -202,7 +202,7 @@ def register(subparsers: Any) -> None:
         "writes results.json, heatmaps and report.html to --out.",
     )
     add_arguments(p)
-    p.set_defaults(func=cmd_compare)
+    p.set_defaults(func=cmd_compare, writes=lambda a: [a.out])
     m = _lm_subparsers(subparsers).add_parser(
         "compare-merge",
         help="combine the runs of `lm compare --shard I/N` into one comparison run",
@@ -212,4 +212,4 @@ def register(subparsers: Any) -> None:
     m.add_argument("runs", nargs="+", help="the block run directories")
     m.add_argument("--out", required=True, help="run directory to write")
     m.add_argument("--overwrite", action="store_true", help="replace an earlier comparison run at --out")
-    m.set_defaults(func=cmd_compare_merge)
+    m.set_defaults(func=cmd_compare_merge, writes=lambda a: [a.out])

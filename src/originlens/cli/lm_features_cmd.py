@@ -270,7 +270,7 @@ def register(subparsers: Any) -> None:
         help="score only the I-th of N contiguous blocks of the features (0-based; combine the N runs with "
         "`lm qscore-merge`); under torchrun the ranks share the features without it",
     )
-    q.set_defaults(func=cmd_qscore)
+    q.set_defaults(func=cmd_qscore, writes=lambda a: [a.out])
     m = sub.add_parser(
         "qscore-merge",
         help="combine the runs of `lm qscore --shard I/N` into one Q(w) run",
@@ -280,7 +280,7 @@ def register(subparsers: Any) -> None:
     m.add_argument("shards", nargs="+", help="the shard run directories")
     m.add_argument("--out", required=True, help="run directory to write")
     m.add_argument("--overwrite", action="store_true", help="replace earlier results at --out")
-    m.set_defaults(func=cmd_qscore_merge)
+    m.set_defaults(func=cmd_qscore_merge, writes=lambda a: [a.out])
 
     s = sub.add_parser(
         "steer",
@@ -304,7 +304,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--prompt", type=utf8_text, default="", help="text after BOS (default: BOS only)")
     g.add_argument("--seed", type=int, default=42, help="sampling seed, shared by all conditions (default 42)")
     g.add_argument("--show", type=int, default=5, help="samples per condition shown in the report")
-    s.set_defaults(func=cmd_steer)
+    s.set_defaults(func=cmd_steer, writes=lambda a: [a.out])
 
     la = sub.add_parser(
         "lookahead",
@@ -331,4 +331,4 @@ def register(subparsers: Any) -> None:
         choices=["q", "q_ratio_of_means", "q_median"],
         help="which Q to correlate with (default q_median)",
     )
-    la.set_defaults(func=cmd_lookahead)
+    la.set_defaults(func=cmd_lookahead, writes=lambda a: [a.out])

@@ -156,6 +156,23 @@ def _rank_zero_speaks() -> Iterator[None]:
         yield
 
 
+def _hold_what_it_writes(args: argparse.Namespace) -> None:
+    """Lock, before the command does anything, every path it declared it writes (``writes``: a function
+    of the parsed arguments giving its output directories and files; every leaf command declares one).
+    The lock is the path's hidden sibling ``.NAME.lock`` (:func:`originlens.locks.hold_path`), so nothing
+    is created at the path itself before the command has checked it; a second writer is refused at
+    once, naming the owner.  Under ``torchrun`` rank 0 alone writes, so it alone locks."""
+    from ..distributed import env_world
+    from ..locks import hold_path
+
+    declared = getattr(args, "writes", None)
+    if declared is None or env_world()[0] != 0:
+        return
+    for path in declared(args):
+        if path is not None:
+            hold_path(path)
+
+
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -173,6 +190,7 @@ def _main(argv: list[str] | None) -> int:
 
             set_sinks(args.log_to)
         with terminate_as_interrupt(), _rank_zero_speaks():  # SIGTERM takes the same clean path as Ctrl-C
+            _hold_what_it_writes(args)
             rc = args.func(args)
     except OriginlensError as exc:
         print(f"originlens: error: {exc.one_line()}", file=sys.stderr)
@@ -184,7 +202,7 @@ def _main(argv: list[str] | None) -> int:
             raise
         from pathlib import Path
 
-        from ..storage import io_error
+        from ..errors import io_error
 
         print(f"originlens: error: {io_error(Path(exc.filename), exc, 'accessing').one_line()}", file=sys.stderr)
         return 2
@@ -195,12 +213,12 @@ def _main(argv: list[str] | None) -> int:
         print("originlens: interrupted (partial outputs were not published)", file=sys.stderr)
         return 143 if str(exc) == "SIGTERM" else 130
     finally:
-        from ..runs import release_all_locks
+        from ..locks import release_all
         from ..sinks import close_all, reset_sinks
 
         close_all()
         reset_sinks()
-        release_all_locks()  # a command's run directories are locked while it runs
+        release_all()  # a command's run directories are locked while it runs
     return int(rc or 0)
 
 

@@ -212,4 +212,4 @@ def register(subparsers: Any) -> None:
         "influence of each on the probed features (positive = toward the final value).",
     )
     add_arguments(p)
-    p.set_defaults(func=cmd_attribute)
+    p.set_defaults(func=cmd_attribute, writes=lambda a: [a.run, a.out])

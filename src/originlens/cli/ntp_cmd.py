@@ -185,6 +185,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from ..train.ntp import NTPConfig, Trainer
 
     apply_threads(args)
+    if args.ov_steps is not None and args.ov_steps < 1:  # the library's steps=0 is an untrained run
+        raise ConfigError(
+            f"--steps must be ≥ 1, got {args.ov_steps}", "pass a positive number of updates (step 0 is always saved)"
+        )
     cfg = NTPConfig(task=args.task, regime=args.regime, seed=args.seed, **_overrides(args))
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other", "pass one of them")
@@ -239,7 +243,7 @@ def register(subparsers: Any) -> None:
     t.add_argument("--out", required=True, help="run directory")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in RUN")
     _add_overrides(t)
-    t.set_defaults(func=_cmd_train)
+    t.set_defaults(func=_cmd_train, writes=lambda a: [a.out])
 
     g = sub.add_parser(
         "grid",
@@ -261,7 +265,7 @@ def register(subparsers: Any) -> None:
         help="runs trained at once in worker processes, one torch thread each (default 1: in this process)",
     )
     _add_overrides(g)
-    g.set_defaults(func=_cmd_grid)
+    g.set_defaults(func=_cmd_grid, writes=lambda a: [a.out])
 
     from . import ntp_attribute_cmd  # `ntp attribute RUN ...`: pathway attribution by replay
 

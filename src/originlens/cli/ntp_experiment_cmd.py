@@ -91,7 +91,7 @@ def register(subparsers: Any) -> None:
         description=__doc__.split("\n\n")[0],
     )
     add_arguments(o)
-    o.set_defaults(func=cmd_othello)
+    o.set_defaults(func=cmd_othello, writes=lambda a: [a.out])
     from . import othello_experiment_cmd, toy_grid_cmd
 
     toy_grid_cmd.add_parser(esub)

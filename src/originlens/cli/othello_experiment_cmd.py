@@ -138,4 +138,4 @@ def add_parser(esub: Any) -> None:
         "without deterministic kernels)",
     )
     add_threads(o)
-    o.set_defaults(func=cmd_othello)
+    o.set_defaults(func=cmd_othello, writes=lambda a: [a.out])

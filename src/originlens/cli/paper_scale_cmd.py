@@ -82,7 +82,7 @@ def add_parser(esub: Any) -> None:
         description=__doc__.split("\n\n")[0],
     )
     _configure(p)
-    p.set_defaults(func=cmd_paper_scale)
+    p.set_defaults(func=cmd_paper_scale, writes=lambda a: [a.out])
 
 
 def main(argv: list[str] | None = None) -> int:

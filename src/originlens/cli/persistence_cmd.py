@@ -76,7 +76,7 @@ def add_parser(esub: Any) -> None:
     ):
         add_option(g, flag, dest=dest, type=positive_int, default=None, help=f"{what} (default: the scale's)")
     add_threads(o)
-    o.set_defaults(func=cmd_persistence)
+    o.set_defaults(func=cmd_persistence, writes=lambda a: [a.out])
 
 
 def cmd_horizon(args: argparse.Namespace) -> int:
@@ -139,7 +139,7 @@ def add_horizon_parser(esub: Any) -> None:
     )
     g.add_argument("--lr", type=finite_float, default=None, help="learning rate η (default: the scale's)")
     add_threads(o)
-    o.set_defaults(func=cmd_horizon)
+    o.set_defaults(func=cmd_horizon, writes=lambda a: [a.out])
 
 
 def register(asub: Any) -> None:

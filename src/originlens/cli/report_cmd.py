@@ -16,7 +16,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories written by originlens")
     p.add_argument("--out", help="output directory of the combined report (required with several runs)")
     p.add_argument("--title", help="title of the combined report")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, writes=_writes)
+
+
+def _writes(args: argparse.Namespace) -> list[str]:
+    """One RUN: its report files, in place; several: the combined report's directory."""
+    return [args.out] if args.out else [args.runs[0]]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,7 +4,15 @@ generated from the committed results files (:mod:`originlens.experiments.render`
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
+
+
+def _writes(args: argparse.Namespace) -> list[Path]:
+    from ..experiments.render import DOC
+
+    root = Path(args.root)
+    return [] if args.check else [root / "README.md", root / DOC]
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -31,4 +39,4 @@ def register(subparsers: Any) -> None:
     )
     g.add_argument("--root", default=".", help="repository root (README.md, docs/, results/)")
     g.add_argument("--check", action="store_true", help="write nothing; exit 1 when the docs are out of date")
-    g.set_defaults(func=cmd_render)
+    g.set_defaults(func=cmd_render, writes=_writes)

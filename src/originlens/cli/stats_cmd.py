@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--chunk-size", type=int, default=1024, help="windows per processing chunk")
     p.add_argument("--out", required=True, help="output directory (written atomically)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, writes=lambda a: [a.out])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,10 +59,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens and args.vocab_size is None:
         raise InputError("--tokens needs --vocab-size", "pass --vocab-size V (ids must be < V)")
     src = Path(args.corpus or args.tokens)
-    from ..stats.io import FILENAME
-    from ..storage import check_output_directory
+    from ..outputs import check_output_directory
+    from ..stats.io import OUTPUT
 
-    check_output_directory(args.out, kind_file=FILENAME, kind="statistics output", inputs=[src])  # before any work
+    check_output_directory(args.out, output=OUTPUT, inputs=[src])  # before any work
     windows = TokenWindows.load(src, args.vocab_size)
     tokens, vocab, manifest = windows.as_tuple()
     V = windows.vocab_size

@@ -65,4 +65,4 @@ def add_parser(esub: Any) -> None:
     g.add_argument("--out", required=True, help="experiment directory (runs, report)")
     g.add_argument("--results", default=None, help="results file (default results/toy-grid/TASK-SCALE.json)")
     _add_overrides(g)
-    g.set_defaults(func=cmd_grid)
+    g.set_defaults(func=cmd_grid, writes=lambda a: [a.out])

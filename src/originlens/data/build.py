@@ -26,7 +26,7 @@ source document in reading order (0-based, counting dropped documents), so a win
 document's provenance (:attr:`~originlens.data.store.TokenStore.window_documents`).
 
 The output directory is built under a temporary name and renamed into place only on success
-(:func:`originlens.storage.atomic_directory`), so a failed build leaves nothing at ``out``. An existing
+(:func:`originlens.outputs.atomic_directory`), so a failed build leaves nothing at ``out``. An existing
 ``out`` is replaced only if it is an originlens corpus directory (and ``overwrite`` is true).
 """
 
@@ -41,16 +41,27 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, InputError, OriginlensError
+from ..outputs import atomic_directory, check_output_directory
 from ..progress import log, progress
 from ..runs import git_commit, package_versions
-from ..storage import FORMAT_VERSION, atomic_directory, atomic_write_json, sha256_file, vocab_hash
+from ..storage import FORMAT_VERSION, atomic_write_json, sha256_file, vocab_hash
 from . import readers, storyworld
-from .store import CORPUS_KIND, MANIFEST, TOKENIZER_DIR, TOKENS, VOCAB, TokenStore, is_corpus_dir, smallest_uint
+from .store import (
+    CORPUS_KIND,
+    MANIFEST,
+    OUTPUT,
+    TOKENIZER_DIR,
+    TOKENS,
+    VOCAB,
+    WINDOW_DOCUMENTS,
+    TokenStore,
+    is_corpus_dir,
+    smallest_uint,
+)
 from .tokenizers import EOT, OOV_MODES, BPETokenizer, Tokenizer, WordTokenizer, count_tokens, load_tokenizer
 
 DEFAULT_STORIES = 2000
 WINDOW_MODES = ("first", "pack", "split")
-WINDOW_DOCUMENTS = "window_documents.npy"  # first/split: the source document (0-based, reading order) of each window
 _FLUSH = 4096  # windows per write
 
 
@@ -78,12 +89,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise ConfigError(f"--out {out} is an existing file", "choose a directory path for --out")
     if not any(out.iterdir()):
         return
-    if not is_corpus_dir(out):
-        raise ConfigError(
-            f"--out {out} exists and is not a corpus directory; refusing to replace it",
-            "choose a new or empty directory for --out",
-        )
-    if not overwrite:
+    if is_corpus_dir(out) and not overwrite:  # anything else: check_output_directory says what it holds
         raise ConfigError(f"corpus directory {out} already exists", "pass --overwrite or choose another --out")
 
 
@@ -159,9 +165,8 @@ def build_corpus(
     _check_out(out, overwrite)
     if isinstance(sources, (str, Path)):
         sources = [sources]
-    from ..storage import check_output_directory
-
-    check_output_directory(out, inputs=[s for s in (sources or []) if Path(str(s)).exists()])
+    inputs = [s for s in (sources or []) if Path(str(s)).exists()]
+    check_output_directory(out, output=OUTPUT, inputs=inputs)
     t0 = time.perf_counter()
     stories = None
     if not sources:
@@ -244,7 +249,7 @@ def build_corpus(
     encode = getattr(tok, "encode_with_oov", None) or (lambda text: (tok.encode(text), 0))
 
     try:
-        with atomic_directory(out, overwrite=True) as tmp:
+        with atomic_directory(out, overwrite=True, output=OUTPUT, inputs=inputs) as tmp:
             w = _Windows(tmp / "tokens.raw", T1, dtype)
             try:
                 pending: list[int] = []

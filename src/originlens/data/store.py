@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CompatibilityError, InputError
+from ..outputs import OutputKind
 from ..storage import FORMAT_VERSION, read_json, vocab_hash
 
 CORPUS_KIND = "originlens.corpus"
@@ -29,6 +30,7 @@ TOKENS = "tokens.npy"
 VOCAB = "vocab.json"
 MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
+WINDOW_DOCUMENTS = "window_documents.npy"  # first/split: the source document (0-based, reading order) of each window
 
 
 def smallest_uint(vocab_size: int) -> np.dtype:
@@ -37,6 +39,22 @@ def smallest_uint(vocab_size: int) -> np.dtype:
         if vocab_size - 1 <= np.iinfo(dt).max:
             return np.dtype(dt)
     return np.dtype(np.uint64)
+
+
+def _invalid_corpus_manifest(path: Path) -> str | None:
+    try:
+        kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return "not a JSON object"
+    return None if kind == CORPUS_KIND else f"its kind is {kind!r}, not {CORPUS_KIND!r}"
+
+
+OUTPUT = OutputKind(
+    "corpus directory",
+    MANIFEST,
+    (MANIFEST, TOKENS, VOCAB, WINDOW_DOCUMENTS, f"{TOKENIZER_DIR}/*"),
+    invalid=_invalid_corpus_manifest,
+)
 
 
 def is_corpus_dir(path: str | Path) -> bool:

@@ -104,8 +104,9 @@ def build_mixed_corpus(
 ) -> MixedCorpus:
     """Build ``OUT/corpus`` (+ ``OUT/corpus-data``) from story texts and Python documents (``SourceDocument``
     or str); see the module docstring.  Raises :class:`InputError` when a domain is missing."""
-    from ..data.build import WINDOW_DOCUMENTS, build_corpus
+    from ..data.build import build_corpus
     from ..data.formal import SourceDocument, write_documents
+    from ..data.store import WINDOW_DOCUMENTS
     from ..data.tokenizers import BPETokenizer
 
     out = Path(out)

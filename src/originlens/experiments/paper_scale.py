@@ -64,7 +64,7 @@ from typing import Any
 from ..errors import BudgetExceeded, ConfigError
 from ..progress import log
 from ..runs import to_jsonable
-from ..storage import read_json
+from ..storage import atomic_write_json, read_json
 from .paper_scale_calibration import SMOKE_OTHELLO, SMOKE_TOY, calibrate, calibrate_othello, gpt_step_flops
 from .paper_scale_report import _archive, _othello_line, _toy_line, render_section, summary_table
 from .paper_scale_units import _run_until
@@ -516,13 +516,12 @@ def _measure(
 def _calibrate_othello_child(config: PaperScaleConfig, device: str, work: str, path: str) -> None:
     """The Othello calibration in its own process (so that its share of the budget can stop it); the
     measurements are written to ``path`` (JSON)."""
-    import json
 
     import torch
 
     cal: dict[str, Any] = {}
     calibrate_othello(config, torch.device(device), Path(work), cal)
-    Path(path).write_text(json.dumps(to_jsonable(cal)))
+    atomic_write_json(path, to_jsonable(cal))
 
 
 def _othello_child(oc: Any, out: str, path: str, command: str) -> None:

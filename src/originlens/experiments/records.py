@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..locks import holding_path
 from ..runs import to_jsonable
 from ..storage import atomic_write_json, read_json
 
@@ -84,7 +85,8 @@ def write_unit_record(
         "config_key": to_jsonable(config_key),
         "values": to_jsonable(values),
     }
-    return atomic_write_json(path, record)
+    with holding_path(path):  # a second writer of the same file is refused, never interleaved
+        return atomic_write_json(path, record)
 
 
 def read_unit_record(path: str | Path, *, experiment: str, unit: str, config_key: dict[str, Any]) -> dict[str, Any]:

@@ -20,12 +20,14 @@ with different round-off changes the docs only where a printed digit changes.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..storage import read_json
+from ..locks import holding_path
+from ..storage import atomic_write_bytes, atomic_write_text, read_json
 from .claims import CLAIMS, claim_status
 from .formatting import ci as _ci
 from .formatting import header
@@ -212,9 +214,11 @@ def _write_figure(path: Path, key: str, rec: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     fig = figure_of(key)(rec, plt)  # type: ignore[misc]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=110, metadata={DIGEST_KEY: results_digest(rec)})
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={DIGEST_KEY: results_digest(rec)})
     plt.close(fig)
+    with holding_path(path):
+        atomic_write_bytes(path, buf.getvalue())
 
 
 def _othello_unit(values: dict[str, Any]) -> str:
@@ -355,7 +359,7 @@ def render(root: str | Path = ".", *, check: bool = False) -> list[Path]:
         if old != text:
             changed.append(path)
             if not check:
-                path.write_text(text, encoding="utf-8")
+                atomic_write_text(path, text)
     for key, rec in results.items():
         if figure_of(key) is None:
             continue

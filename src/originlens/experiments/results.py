@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..locks import holding_path
 from ..runs import git_commit, package_versions, to_jsonable
 from ..storage import atomic_write_json, read_json
 
@@ -127,7 +128,8 @@ def write_results(
         "runs": to_jsonable(runs or []),
         **to_jsonable(extra or {}),
     }
-    return atomic_write_json(path, record)
+    with holding_path(path):  # a second writer of the same file is refused, never interleaved
+        return atomic_write_json(path, record)
 
 
 def read_results(path: str | os.PathLike) -> dict[str, Any]:

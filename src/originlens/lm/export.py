@@ -14,7 +14,7 @@
   tokens, because a llama2.c story ends when BOS is produced.
 
 The directories are written with ``save_pretrained`` (``config.json``, ``model.safetensors``,
-``generation_config.json``) inside :func:`~originlens.storage.atomic_directory`.  A ``tokenizer.json``
+``generation_config.json``) inside :func:`~originlens.outputs.atomic_directory`.  A ``tokenizer.json``
 can be copied in (``tokenizer=``).  Caveats: needs the optional ``transformers`` extra; untied GPT
 regimes (position-dependent weights) have no GPT-2 equivalent and are refused; Hugging Face's RMSNorm
 computes in float32 whatever the model dtype, so float64 llama2.c models agree only to float32 accuracy.
@@ -22,6 +22,7 @@ computes in float32 whatever the model dtype, so float64 llama2.c models agree o
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterable, Mapping
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from ..errors import ConfigError, InputError
 from ..models.gpt import GPT, LN_EPS, Block, BlockCopy, EmbedCopy, HeadCopy
-from ..storage import atomic_directory
+from ..outputs import OutputKind, atomic_directory
 from .hf import quiet_transformers, require_transformers
 from .llama2c import BOS_ID, EOS_ID, Llama2cModel
 from .llama2c import Block as LlamaBlock
@@ -205,13 +206,37 @@ def _tokenizer_file(tokenizer: str | os.PathLike) -> Path:
     return f
 
 
+def _invalid_hf_config(path: Path) -> str | None:
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "not JSON"
+    return None if isinstance(cfg, dict) and "model_type" in cfg else "it names no model_type"
+
+
+# what ``save_pretrained`` writes (one or several weight shards) and the tokenizer copied beside it
+OUTPUT = OutputKind(
+    "model directory",
+    "config.json",
+    (
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "model-*-of-*.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+    ),
+    invalid=_invalid_hf_config,
+)
+
+
 def save_hf(
     hf_model: Any, out_dir: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None, overwrite: bool = False
 ) -> Path:
     """Write ``hf_model`` with ``save_pretrained`` into ``out_dir`` atomically (+ ``tokenizer.json``)."""
     tok = _tokenizer_file(tokenizer) if tokenizer is not None else None
     out = Path(out_dir)
-    with atomic_directory(out, overwrite=overwrite, kind_file="config.json", kind="model directory") as tmp:
+    with atomic_directory(out, overwrite=overwrite, output=OUTPUT) as tmp:
         with quiet_transformers():
             hf_model.save_pretrained(tmp)
         if tok is not None:

@@ -38,8 +38,9 @@ from typing import Any
 import torch
 
 from ..errors import CompatibilityError, ConfigError, InputError
+from ..outputs import OutputKind, atomic_directory
 from ..progress import log
-from ..storage import atomic_directory, atomic_write_bytes, atomic_write_text
+from ..storage import atomic_write_bytes, atomic_write_text
 from .model import ARCHITECTURES, DTYPES, SAE, SAEConfig, dtype_name
 
 CFG_FILENAME = "cfg.json"
@@ -203,6 +204,19 @@ def config_to_dict(cfg: SAEConfig) -> dict[str, Any]:
 # directories
 
 
+def _invalid_sae_config(path: Path) -> str | None:
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "not JSON"
+    if not isinstance(cfg, dict) or not {"d_in", "d_sae"} <= set(cfg):
+        return "it has no d_in and d_sae"
+    return None
+
+
+OUTPUT = OutputKind("SAE directory", CFG_FILENAME, (CFG_FILENAME, WEIGHTS_FILENAME), invalid=_invalid_sae_config)
+
+
 def is_sae_dir(path: str | os.PathLike) -> bool:
     """True when ``path`` holds ``cfg.json`` and ``sae_weights.safetensors``."""
     p = Path(path)
@@ -223,7 +237,7 @@ def write_sae(sae: SAE, path: str | os.PathLike, *, overwrite: bool = True) -> P
     dt = DTYPES[sae.cfg.dtype]
     tensors = {k: v.to(dt) for k, v in tensors.items()}
     path = Path(path)
-    with atomic_directory(path, overwrite=overwrite, kind_file=CFG_FILENAME, kind="SAE directory") as tmp:
+    with atomic_directory(path, overwrite=overwrite, output=OUTPUT) as tmp:
         atomic_write_bytes(tmp / WEIGHTS_FILENAME, canonical_safetensors(save(tensors)))
         atomic_write_text(tmp / CFG_FILENAME, json.dumps(config_to_dict(sae.cfg), indent=2) + "\n")
     return path

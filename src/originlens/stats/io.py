@@ -16,12 +16,34 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..errors import InputError
-from ..storage import atomic_directory, atomic_write_json, load_tensors, read_json, save_tensors, vocab_hash
+from ..outputs import OutputKind, atomic_directory
+from ..storage import atomic_write_json, load_tensors, read_json, safetensors_header, save_tensors, vocab_hash
 from .corpus import STAT_KEYS, CorpusStatistics
 from .tensorfile import TensorFileWriter
 
 FILENAME = "statistics.safetensors"
 KIND = "corpus-statistics"
+
+
+def _invalid_statistics_file(path: Path) -> str | None:
+    """Why ``path`` is not a statistics file of originlens (``None`` when its header has the six keys and
+    this kind)."""
+    try:
+        header = safetensors_header(path)
+    except InputError as exc:
+        return exc.what.removeprefix(f"{path} is ")
+    keys = sorted(k for k in header if k != "__metadata__")
+    if keys != sorted(STAT_KEYS):
+        return f"its tensors are {keys or 'none'}, not the six statistics"
+    kind = (header.get("__metadata__") or {}).get("kind")
+    if kind != KIND:
+        return f"its kind is {kind!r}, not {KIND!r}"
+    return None
+
+
+OUTPUT = OutputKind(
+    "statistics output", FILENAME, (FILENAME, "vocab.json", "manifest.json"), invalid=_invalid_statistics_file
+)
 
 
 def statistics_vocab_hash(stats: CorpusStatistics) -> str:
@@ -90,7 +112,7 @@ def save_statistics(
     arrays = {k: np.asarray(v) for k, v in stats.as_dict().items()}
     dtypes = {a.dtype for a in arrays.values()}
     specs = {k: (a.dtype, a.shape) for k, a in arrays.items()}
-    with atomic_directory(out, kind_file=FILENAME, kind="statistics output", inputs=inputs) as tmp:
+    with atomic_directory(out, output=OUTPUT.with_files(*(extra_files or {})), inputs=inputs) as tmp:
         if len(dtypes) == 1 and all(a.ndim >= 1 for a in arrays.values()):
             with TensorFileWriter(tmp / FILENAME, specs, kind=KIND, metadata=meta) as w:
                 for k, a in arrays.items():
@@ -137,7 +159,7 @@ def stream_statistics(
 
     t0 = time.perf_counter()
     out = Path(out)
-    with atomic_directory(out, kind_file=FILENAME, kind="statistics output", inputs=inputs) as tmp:
+    with atomic_directory(out, output=OUTPUT.with_files(*(extra_files or {})), inputs=inputs) as tmp:
         arr, sums = first_pass(tokens, vocab_size, chunk_size=chunk_size, mask=mask, **kwargs)
         kept_vocab = vocab
         if vocab is not None and sums.token_ids is not None and len(vocab) == sums.vocab_size:
@@ -207,6 +229,30 @@ def _decode(v: str) -> Any:
         return v
 
 
+def _check_arrays(file: Path, arrays: dict[str, np.ndarray], size: int, seq_len: int) -> None:
+    """The six statistics are floating point, of one precision, with the shapes the metadata implies."""
+    dtypes = {str(arrays[k].dtype) for k in STAT_KEYS}
+    if len(dtypes) != 1 or not np.issubdtype(arrays["bigram"].dtype, np.floating):
+        raise InputError(
+            f"{file} holds statistics of dtype {', '.join(sorted(dtypes))}; they are float32 or float64, all alike",
+            "the file was edited or written by another program; recompute it with `originlens stats`",
+        )
+    square = {k: tuple(arrays[k].shape) for k in STAT_KEYS if k != "positional"}
+    bad = {k: v for k, v in square.items() if v != (size, size)}
+    if bad:  # the five matrices are one size×size shape (the metadata's size is checked after)
+        k, v = next(iter(bad.items()))
+        raise InputError(
+            f"{file}: {k} has shape {v}; the five matrices must share one square shape ({square})",
+            "the file was edited or written by another program; recompute it with `originlens stats`",
+        )
+    for k, want in _specs(size, seq_len, arrays["bigram"].dtype).items():
+        if tuple(arrays[k].shape) != want[1]:
+            raise InputError(
+                f"{file}: {k} has shape {tuple(arrays[k].shape)}, expected {want[1]}",
+                "the file was edited or written by another program; recompute it with `originlens stats`",
+            )
+
+
 def load_statistics(path: str | Path, *, expect_vocab_hash: str | None = None) -> CorpusStatistics:
     """Load statistics from a directory written by :func:`save_statistics` (or the file itself)."""
     path = Path(path)
@@ -225,6 +271,7 @@ def load_statistics(path: str | Path, *, expect_vocab_hash: str | None = None) -
     f = _Fields(file, m)
     size = int(np.asarray(arrays["bigram"]).shape[0])
     n_pairs, V, T = f.integer("n_pairs", 0), f.integer("vocab_size", 1), f.integer("seq_len", 1)
+    _check_arrays(file, arrays, size, T)
     centering = f.number("centering")
     tok, uni = m.get("token_ids"), m.get("unigram")
     token_ids = None if tok is None else f.array("token_ids", np.int64, size, low=0, high=V - 1)

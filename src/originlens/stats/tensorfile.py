@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..storage import _UMASK, FORMAT_VERSION, _fsync_dir, _io_error, _json_default
+from ..errors import io_error
+from ..storage import _UMASK, FORMAT_VERSION, _fsync_dir, _json_default
 
 _SAFETENSORS_DTYPES = {
     np.dtype(np.float64): "F64",
@@ -81,7 +82,7 @@ class TensorFileWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         except OSError as exc:
-            raise _io_error(self.path, exc, "creating") from None
+            raise io_error(self.path, exc, "creating") from None
         self.tmp = Path(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)
         self._f: Any = os.fdopen(fd, "wb")
@@ -108,7 +109,7 @@ class TensorFileWriter:
             return fn()
         except OSError as exc:
             self.abort()
-            raise _io_error(self.path, exc, "writing") from None
+            raise io_error(self.path, exc, "writing") from None
 
     def _row_bytes(self, name: str) -> int:
         d, shape = self.specs[name]

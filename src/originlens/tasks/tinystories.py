@@ -35,7 +35,7 @@ next-token accuracy without materialising n·T·V booleans.
 
 Tokenisation cache: the tokenizer, the token ids of every story and the per-story hashes are stored in a
 run-independent directory ``CACHE/tinystories/bpe{V}-{key}`` built with
-:func:`originlens.storage.atomic_directory`.  ``key`` hashes the data (name and SHA-256 of every file),
+:func:`originlens.outputs.atomic_directory`.  ``key`` hashes the data (name and SHA-256 of every file),
 the tokenizer configuration, the ``tokenizers`` version and :data:`CACHE_FORMAT`; changing any of them
 builds a new entry (old entries are left in place).  ``CACHE`` is ``cache_dir`` if given, else the
 environment variable ``ORIGINLENS_CACHE``, else ``$XDG_CACHE_HOME/originlens``, else

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import CompatibilityError, InputError, OriginlensError
+from ..outputs import atomic_directory
 from ..paths import ENV_VAR, data_root
 from ..progress import log
-from ..storage import atomic_directory, atomic_save_npy, atomic_write_json, read_json, sha256_file
+from ..storage import atomic_save_npy, atomic_write_json, read_json, sha256_file
 
 CACHE_ENV_VAR = "ORIGINLENS_CACHE"
 CACHE_FORMAT = 1
