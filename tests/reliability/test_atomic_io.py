@@ -131,3 +131,48 @@ def test_stale_leftovers_of_a_killed_replacement_are_repaired(tmp_path):
 def test_partial_directories_carry_the_pid(tmp_path):
     with atomic_directory(tmp_path / "out") as d:
         assert d.name.startswith(f".out.partial-{os.getpid()}-")
+
+
+# every place in the package that opens a file for writing by hand, and why it cannot leave a half-written
+# file under a name a reader uses (everything else goes through originlens.storage's atomic writers)
+_HAND_WRITES = {
+    "storage.py": "the atomic writer itself: a temporary file, then rename",
+    "stats/tensorfile.py": "streams to a temporary file renamed when complete",
+    "locks.py": "the lock file: holds only the owner's pid and host, never read as data",
+    "cli/main.py": "os.devnull",
+    "experiments/paper_scale_report.py": "a temporary archive, renamed when complete",
+    "data/build.py": "corpus arrays written inside the hidden partial directory of atomic_directory",
+    "runs.py": "the append-only metrics log: one fsynced line per record; readers skip a torn last line",
+}
+
+
+def test_every_hand_written_file_is_a_temporary_one():
+    """No module writes a file in place: ``open(..., 'w'/'a')``, ``os.fdopen(..., 'w')``,
+    ``Path.write_text`` / ``write_bytes`` appear only where the table above says why that is safe."""
+    import ast
+    from pathlib import Path
+
+    import originlens
+
+    root = Path(originlens.__file__).parent
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            if name in ("write_text", "write_bytes"):
+                hit = True
+            elif name in ("open", "fdopen"):
+                modes = [a.value for a in node.args[1:2] if isinstance(a, ast.Constant)]
+                modes += [k.value.value for k in node.keywords if k.arg == "mode" and isinstance(k.value, ast.Constant)]
+                hit = any(isinstance(m, str) and any(c in m for c in "wax+") for m in modes)
+            else:
+                hit = False
+            if hit:
+                found.setdefault(path.relative_to(root).as_posix(), []).append(node.lineno)
+    unexplained = {p: lines for p, lines in found.items() if p not in _HAND_WRITES}
+    assert not unexplained, f"files written in place (use originlens.storage's atomic writers): {unexplained}"
+    assert set(_HAND_WRITES) <= set(found), f"stale entries: {set(_HAND_WRITES) - set(found)}"

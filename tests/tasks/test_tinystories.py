@@ -250,6 +250,12 @@ def test_cache_is_reused_and_invalidated(small_root, tmp_path, monkeypatch):
     k1, m1 = ts.cache_key(t1.files, 4096)
     assert {"data", "tokenizer", "format", "tokenizers_version"} <= set(m1)
     assert ts.cache_key(t1.files, 4096)[0] != ts.cache_key(t1.files, 4095)[0]
+    # a damaged entry holding a file that is not the cache's is refused, not deleted
+    (d4.path / "tokens.npy").unlink()
+    (d4.path / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(InputError, match="notes.txt") as err:
+        build()
+    assert "move" in str(err.value) and (d4.path / "notes.txt").read_text(encoding="utf-8") == "mine"
 
 
 # ------------------------------------------------------------------------------------------ trainer

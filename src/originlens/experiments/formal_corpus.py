@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from ..storage import atomic_write_json, read_json
+from ..storage import atomic_write_json, atomic_write_text, read_json
 from . import formal_metrics as fm
 
 
@@ -124,9 +124,13 @@ def build_mixed_corpus(
         split[d] = np.zeros(n, bool)
         split[d][np.random.default_rng([split_seed, 31, d]).permutation(n)[: max(1, round(heldout_frac * n))]] = True
     order = [(d, h, t) for h in (False, True) for d in (0, 1) for t, hh in zip(texts[d], split[d]) if hh == h]
-    with open(data / "documents.jsonl", "w", encoding="utf-8") as fh:
-        for d, h, t in order:
-            fh.write(json.dumps({"text": t, "domain": fm.DOMAINS[d], "heldout": h}, ensure_ascii=False) + "\n")
+    atomic_write_text(
+        data / "documents.jsonl",
+        "".join(
+            json.dumps({"text": t, "domain": fm.DOMAINS[d], "heldout": h}, ensure_ascii=False) + "\n"
+            for d, h, t in order
+        ),
+    )
     src_docs = [d for d in python if isinstance(d, SourceDocument)]
     if src_docs:
         write_documents(src_docs, data / "python")

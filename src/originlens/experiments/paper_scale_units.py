@@ -22,7 +22,9 @@ def _unit_main(target: Any, args: tuple[Any, ...], error_file: str) -> None:
 
     def fail(line: str, code: int) -> None:
         print(f"paper-scale unit: {line}", file=sys.stderr)
-        Path(error_file).write_text(line, encoding="utf-8")
+        from ..storage import atomic_write_text
+
+        atomic_write_text(error_file, line)
         sys.exit(code)
 
     try:

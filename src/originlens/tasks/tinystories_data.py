@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CompatibilityError, InputError, OriginlensError
-from ..outputs import atomic_directory
+from ..errors import CompatibilityError, ConfigError, InputError, OriginlensError
+from ..outputs import OutputKind, atomic_directory
 from ..paths import ENV_VAR, data_root
 from ..progress import log
 from ..storage import atomic_save_npy, atomic_write_json, read_json, sha256_file
@@ -178,6 +178,37 @@ def cache_key(files: list[Path], bpe_vocab_size: int) -> tuple[str, dict[str, An
 _LOADED: dict[str, TokenisedStories] = {}
 
 
+def _invalid_manifest(columns: str) -> Any:
+    """A check of a cache entry's ``manifest.json``: a JSON object with its ``key`` and ``columns``."""
+
+    def invalid(marker: Path) -> str | None:
+        try:
+            m = read_json(marker)
+        except (OSError, ValueError, OriginlensError) as exc:
+            return f"unreadable: {exc}"
+        if not isinstance(m, dict) or "key" not in m or columns not in m:
+            return f"no 'key' and '{columns}' in it"
+        return None
+
+    return invalid
+
+
+# what the two cache entries hold: an existing directory at an entry's name is replaced only when it is an
+# entry of the same kind holding nothing else (a cache root set to a directory of the user's is safe)
+TOKENISED_ENTRY = OutputKind(
+    "TinyStories tokenisation cache entry",
+    "manifest.json",
+    ("manifest.json", "tokens.npy", "starts.npy", "hashes.npy", "tokenizer/*"),
+    invalid=_invalid_manifest("vocab_size"),
+)
+SYNTAX_ENTRY = OutputKind(
+    "TinyStories syntax-feature cache entry",
+    "manifest.json",
+    ("manifest.json", "features_packed.npy", "spans.npy", "span_starts.npy", "tag_ids.npy", "dep_ids.npy"),
+    invalid=_invalid_manifest("columns"),
+)
+
+
 def load_tokenised(
     files: list[Path], bpe_vocab_size: int, cache_dir: str | os.PathLike | None = None
 ) -> TokenisedStories:
@@ -217,12 +248,17 @@ def load_tokenised(
         }
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_directory(entry) as tmp:
+            with atomic_directory(entry, output=TOKENISED_ENTRY) as tmp:
                 tok.save(tmp / "tokenizer")
                 atomic_save_npy(tmp / "tokens.npy", flat)
                 atomic_save_npy(tmp / "starts.npy", starts)
                 atomic_save_npy(tmp / "hashes.npy", hashes)
                 atomic_write_json(tmp / "manifest.json", manifest)
+        except ConfigError as exc:  # something that is not an entry of ours sits at the entry's name
+            raise InputError(
+                f"cannot write the tokenisation cache {entry}: {exc.what}",
+                f"move {entry} away, or set {CACHE_ENV_VAR} to another directory",
+            ) from None
         except (OSError, OriginlensError) as exc:
             raise InputError(
                 f"cannot write the tokenisation cache {entry} ({exc})", f"set {CACHE_ENV_VAR} to a writable directory"
@@ -386,13 +422,18 @@ def _build_syntax(
     }
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_directory(entry) as tmp:
+        with atomic_directory(entry, output=SYNTAX_ENTRY) as tmp:
             atomic_save_npy(tmp / "features_packed.npy", np.packbits(feats, axis=1, bitorder="little"))
             atomic_save_npy(tmp / "spans.npy", np.asarray(spans, dtype=np.int32).reshape(-1, 2))
             atomic_save_npy(tmp / "span_starts.npy", span_starts)
             atomic_save_npy(tmp / "tag_ids.npy", np.asarray(tag_ids, dtype=np.int16))
             atomic_save_npy(tmp / "dep_ids.npy", np.asarray(dep_ids, dtype=np.int16))
             atomic_write_json(tmp / "manifest.json", manifest)
+    except ConfigError as exc:  # something that is not an entry of ours sits at the entry's name
+        raise InputError(
+            f"cannot write the syntax-feature cache {entry}: {exc.what}",
+            f"move {entry} away, or set {CACHE_ENV_VAR} to another directory",
+        ) from None
     except (OSError, OriginlensError) as exc:
         raise InputError(
             f"cannot write the syntax-feature cache {entry} ({exc})", f"set {CACHE_ENV_VAR} to a writable directory"
