@@ -3,7 +3,11 @@
 byte for byte, afterwards), and a pickle is never unpickled.
 
 docs/reliability.md states the counts this module tries (:data:`BAD_INPUTS`, one concurrent writer per
-writing command); ``test_docs_state_the_counts`` keeps them in agreement."""
+writing command); ``test_docs_state_the_counts`` keeps them in agreement.  The other faults of the same
+list live beside it, each once: a learning rate that makes the loss NaN (``test_numerical_health.py``:
+one line naming the update, the last good checkpoint kept and resumable), SIGTERM mid-run
+(``test_kill_resume.py``: one line, bit-identical resume), output directories that are not the
+command's own (``test_output_safety.py``)."""
 
 from __future__ import annotations
 
