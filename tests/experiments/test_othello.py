@@ -18,6 +18,8 @@ from originlens.experiments.othello import OthelloConfig, judge, run_othello
 from originlens.experiments.othello_analysis import HYPOTHESES, across_seeds, collapsed_strata_se, learned_gate
 from originlens.experiments.othello_strata import (
     STRATA_STORE,
+    initial_mismatch,
+    mismatch_record_path,
     segment_starts,
     stratum_bounds,
     stratum_record_path,
@@ -142,6 +144,55 @@ def test_results_file_curve_gates_and_verdict(ci_run):
     v = judge(rec)
     assert v.verdict == "not tested"  # three seeds of a 30-step plumbing check: the gates must say so
     assert (out / "exp" / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_the_mismatch_record_and_the_normalised_control(ci_run):
+    """The mismatch record's R(θ₀) is measured at the initialisation, also when the replay had restored a
+    later checkpoint before (``restore(0)`` returns to θ₀); the control on the scale of each direction's own
+    mismatch equals its recomputation from the records: per seed, the mean over types of the mean over main
+    items of (stratified integral of ``full``) / R(θ₀), real vs random."""
+    from originlens.attribution.run import RunReplay
+
+    cfg, out, s = ci_run
+    res = out / "res" / "othello-ci.json"
+    rec = read_results(res)
+    L = cfg.settings["n_layer"]
+    run = RunReplay(out / "exp" / "seed-0" / "run")
+    sites = [(k, i) for k in cfg.attr_layers for i in sorted(cfg.settings["positions"])]
+    feats = [f for f in run.task.tracked.features if f in run.probes.feature_names]
+    fresh = initial_mismatch(run, sites, feats, random_directions=cfg.random_directions)
+    assert run.restore(max(run.checkpoints)) == max(run.checkpoints)
+    again = initial_mismatch(run, sites, feats, random_directions=cfg.random_directions)
+    recorded = json.loads(mismatch_record_path(res, 0).read_text())["values"]
+    assert again["real"] == fresh["real"] == recorded["real"] and again["random"] == recorded["random"]
+    real_n, rand_n = [], []
+    for seed in cfg.seeds:
+        m = json.loads(mismatch_record_path(res, seed).read_text())["values"]
+        assert set(m["random"]) == set(m["real"]) and all(v > 0 for d in m["random"].values() for v in d.values())
+        strata = [
+            json.loads(stratum_record_path(res, seed, h).read_text())["values"] for h in range(cfg.settings["strata"])
+        ]
+        per_kind = []
+        for field, r0 in (("items", m["real"]), ("random", m["random"])):
+            by_type = []
+            for t in ("useless", "useful"):
+                ratios = []
+                for k in r0:
+                    seen = [st[field][k]["full"][t] for st in strata if t in st[field].get(k, {}).get("full", {})]
+                    if int(k.split(".")[0]) >= L or t not in r0[k] or not seen:
+                        continue  # items with no row of type t in any stratum have no integral of it
+                    total = sum(st["weight"] * st[field].get(k, {}).get("full", {}).get(t, 0.0) for st in strata)
+                    ratios.append(total / r0[k][t])
+                by_type.append(np.mean(ratios))
+            per_kind.append(np.mean(by_type))
+        real_n.append(per_kind[0])
+        rand_n.append(per_kind[1])
+    ctn = rec["tests"]["control_normalised"]
+    assert ctn["real"]["values"] == pytest.approx(real_n, rel=1e-10)
+    assert ctn["random"]["values"] == pytest.approx(rand_n, rel=1e-10)
+    assert ctn["mean_diff"] == pytest.approx(np.mean(np.subtract(real_n, rand_n)), rel=1e-9, abs=1e-12)
+    assert "own initial mismatch" in next(g for g in rec["tests"]["gates"] if g["name"] == "control")["reason"]
 
 
 @pytest.mark.slow

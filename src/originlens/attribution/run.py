@@ -9,6 +9,7 @@ bit-exact replay needs the torch version, device and thread count of training (`
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -117,6 +118,11 @@ class RunReplay:
         finally:
             torch.set_rng_state(rng_state)
         self.model, self.optimizer = self.trainer.model, self.trainer.optimizer
+        # the initialisation θ₀ (and the fresh optimizer), for restore() before the first checkpoint
+        self._initial = (
+            {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            copy.deepcopy(self.optimizer.state_dict()),
+        )
         self.device = self.trainer.device
         self.data = self.trainer._train_data()
         self._check_environment()
@@ -195,7 +201,9 @@ class RunReplay:
         from ..train.ntp import load_checkpoint
 
         usable = [s for s in self.checkpoints if s <= at_most]
-        if not usable:
+        if not usable:  # the initialisation, whatever was restored before
+            self.model.load_state_dict(self._initial[0])
+            self.optimizer.load_state_dict(copy.deepcopy(self._initial[1]))
             return 0
         s = max(usable)
         got = load_checkpoint(

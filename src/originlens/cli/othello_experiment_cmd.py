@@ -3,8 +3,9 @@ integrated over all of training from strata, the learning curve, untrained-model
 nulls, the paper's Othello pattern tested over seeds behind its gates.
 
 Parses arguments and calls :func:`originlens.experiments.othello.run_othello`.  Every stage writes unit
-records (``results/othello/othello-<scale>/train-S.json``, ``stratum-S-H.json``, ``check-S.json``), so the
-stages of different seeds and strata can run in different processes, at different times; ``--stage
+records (``results/othello/othello-<scale>/train-S.json``, ``stratum-S-H.json``, ``mismatch-S.json``,
+``check-S.json``), so the stages of different seeds and strata can run in different processes, at different
+times; ``--stage
 combine`` reads them and writes ``OUT/report.html`` and, for ≥ 3 seeds, ``results/othello/othello-<scale>.json``
 (``--results`` to write elsewhere).  Finished units are skipped on a rerun.
 """
@@ -83,9 +84,10 @@ def add_parser(esub: Any) -> None:
     o.add_argument(
         "--stage",
         default="all",
-        choices=("all", "train", "stratum", "check", "combine"),
+        choices=("all", "train", "stratum", "mismatch", "check", "combine"),
         help="all (default): every stage in turn; train: train the seeds; stratum: attribute the strata "
-        "(--strata); check: the estimator check on --check-seed; combine: the analysis over the seeds' records",
+        "(--strata); mismatch: the initial mismatch of the probes and random directions; check: the "
+        "estimator check on --check-seed; combine: the analysis over the seeds' records",
     )
     o.add_argument(
         "--strata",

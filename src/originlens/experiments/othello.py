@@ -14,14 +14,17 @@ stage may run in another process, at another time or on another machine):
    the 16 central cells × useful/useless types at ``positions`` (all layers), ``random_directions`` null
    directions per probe, the learning curve at the stratum's start; record ``stratum-<s>-<h>``
    (:mod:`.othello_strata`).
-3. ``check`` — the estimator check on one seed: the first ``check_updates`` updates attributed
+3. ``mismatch`` — per seed, the initial mismatch R(θ₀) of every real probe and of its random directions;
+   record ``mismatch-<s>`` (:func:`.othello_strata.mismatch_unit`): the positive control read on the
+   scale of each direction's own mismatch (:mod:`.othello_analysis`).
+4. ``check`` — the estimator check on one seed: the first ``check_updates`` updates attributed
    contiguously (every update recorded, at the check's positions), against the stratified estimate of the
    same range made the stratum way; record ``check-<s>`` (:mod:`.othello_check`).
-4. ``combine`` — every seed's records: the stratified integral per seed, over seeds the intervals, the
+5. ``combine`` — every seed's records: the stratified integral per seed, over seeds the intervals, the
    seven tests of the paper's pattern (Holm), the positive control, the learning curve with the strata
    marked, the gates and the verdict; ``OUT/report.html`` and ``results/othello/othello-<scale>.json``.
 
-``stage="all"`` runs the four in order in this process (the ``ci`` scale; and what ``--seeds`` without
+``stage="all"`` runs the five in order in this process (the ``ci`` scale; and what ``--seeds`` without
 ``--stage`` does).  Scales (:data:`SCALES`): ``paper`` (6 layers × 256, batch 1024, 5,000 steps: a GPU job),
 ``cpu`` (4 layers × 128, batch 64, 12,000 steps: the Adam learning rate of the paper, 1e-3; at a constant
 rate 4,000 steps reached a legal-move accuracy of only 0.89 and 12,000 plateaued at 0.934 (seed 0), so
@@ -52,6 +55,8 @@ from .othello_seeds import EXPERIMENT, train_key, train_record_path, train_unit
 from .othello_strata import (
     check_key,
     check_record_path,
+    mismatch_record_path,
+    mismatch_unit,
     stratum_key,
     stratum_record_path,
     stratum_segment,
@@ -116,7 +121,7 @@ SCALES: dict[str, dict[str, Any]] = {
         lr_decay=None,
     ),
 }
-STAGES = ("all", "train", "stratum", "check", "combine")
+STAGES = ("all", "train", "stratum", "mismatch", "check", "combine")
 
 
 @dataclass
@@ -272,6 +277,8 @@ def run_othello(
         done["records"] += _train_stage(config, out, res_path, command)
     if stage in ("all", "stratum"):
         done["records"] += _stratum_stage(config, out, res_path, command)
+    if stage in ("all", "mismatch"):
+        done["records"] += _mismatch_stage(config, out, res_path, command)
     if stage in ("all", "check"):
         done["records"].append(_check_stage(config, check_seed, out, res_path, command))
     if stage in ("all", "combine"):
@@ -350,6 +357,39 @@ def _stratum_stage(config: OthelloConfig, out: Path, res_path: Path, command: st
                     )
                 )
             )
+    return written
+
+
+def _mismatch_stage(config: OthelloConfig, out: Path, res_path: Path, command: str) -> list[str]:
+    key = stratum_key(config)
+    written = []
+    for seed in config.seeds:
+        run = out / f"seed-{seed}" / "run"
+        if not (run / "model.safetensors").is_file():
+            raise InputError(
+                f"seed {seed} is not trained ({run} has no final model)",
+                "run the train stage for it first (--stage train)",
+            )
+        path = mismatch_record_path(res_path, seed)
+        if _recorded(path, key):
+            continue
+        check_record_slot(path, unit=f"mismatch-{seed}", config_key=key)
+        log(f"[othello] seed {seed}: the initial mismatch of the real probes and the random directions ...")
+        values = mismatch_unit(config, seed, out)
+        written.append(
+            str(
+                write_unit_record(
+                    path,
+                    experiment=EXPERIMENT,
+                    name=config.name,
+                    unit=f"mismatch-{seed}",
+                    config_key=key,
+                    values=values,
+                    command=command,
+                    run_dir=run,
+                )
+            )
+        )
     return written
 
 

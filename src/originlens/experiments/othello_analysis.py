@@ -46,13 +46,18 @@ def _part(key: str, n_layer: int) -> str:
     return "last_layer" if int(key.split(".")[0]) == n_layer else "main"
 
 
-def seed_estimate(strata: dict[int, dict[str, Any]], n_layer: int) -> dict[str, Any]:
+def seed_estimate(
+    strata: dict[int, dict[str, Any]], n_layer: int, mismatch: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One seed's estimates from its stratum records' values (keyed by stratum index).
 
     Every item's integral is the stratified sum Σ_h w_h S_h (w_h = N_h / n_h; a stratum in which the item
     has no row of a type contributes 0 to that type).  Returns ``means`` (part → kind → component → type:
     the mean over the items of that type, with the collapsed-strata standard error ``se`` of that mean),
-    ``normalised`` (main part, real probes: mean over items of the integral divided by the item's R(θ₀)),
+    ``normalised`` (main part, real probes: mean over items of the integral divided by the item's R(θ₀);
+    only with ``mismatch``, the values of the seed's ``mismatch`` record),
+    ``normalised_random`` (the same for the random directions, each item's integral divided by the mean
+    R(θ₀) of its random directions),
     ``per_stratum`` (per stratum: the mean over the main real items of the influence per recorded update,
     component × type — where over training each pathway builds which features) and ``wilcoxon_items``
     (useful vs useless paired by item, per component)."""
@@ -87,18 +92,10 @@ def seed_estimate(strata: dict[int, dict[str, Any]], n_layer: int) -> dict[str, 
                         "n_items": len(ks),
                     }
     items = totals["real"]
-    r0 = next((strata[h]["initial_mismatch"] for h in hs if strata[h].get("initial_mismatch")), None)
-    normalised: dict[str, Any] = {}
-    if r0:
-        for c in COMPONENTS:
-            for t in TYPES.values():
-                ratios = [
-                    items[k][c][t] / r0[k][t]
-                    for k in items
-                    if _part(k, n_layer) == "main" and t in items[k].get(c, {}) and r0.get(k, {}).get(t, 0) > 0
-                ]
-                if ratios:
-                    normalised.setdefault(c, {})[t] = float(np.mean(ratios))
+    # R(θ₀) from the seed's mismatch record (the ``initial_mismatch`` field of earlier stratum-0 records
+    # was measured at that stratum's segment start, not at θ₀, and is not read)
+    normalised = _normalised(items, mismatch["real"], n_layer) if mismatch else {}
+    normalised_random = _normalised(totals["random"], mismatch["random"], n_layer) if mismatch else None
     per_stratum = {}
     main_keys = [k for k in items if _part(k, n_layer) == "main"]
     for h in hs:
@@ -126,7 +123,29 @@ def seed_estimate(strata: dict[int, dict[str, Any]], n_layer: int) -> dict[str, 
                 float(stats.wilcoxon(diff, alternative="greater").pvalue) if diff.size > 1 and np.any(diff) else None
             ),
         }
-    return {"means": means, "normalised": normalised, "per_stratum": per_stratum, "wilcoxon_items": wil}
+    return {
+        "means": means,
+        "normalised": normalised,
+        "normalised_random": normalised_random,
+        "per_stratum": per_stratum,
+        "wilcoxon_items": wil,
+    }
+
+
+def _normalised(totals: dict[str, Any], r0: dict[str, Any], n_layer: int) -> dict[str, dict[str, float]]:
+    """Component → type → the mean over the main items (k < L) of each item's integral divided by its
+    initial mismatch R(θ₀) (items without a positive R(θ₀) left out)."""
+    out: dict[str, dict[str, float]] = {}
+    for c in COMPONENTS:
+        for t in TYPES.values():
+            ratios = [
+                totals[k][c][t] / r0[k][t]
+                for k in totals
+                if _part(k, n_layer) == "main" and t in totals[k].get(c, {}) and r0.get(k, {}).get(t, 0) > 0
+            ]
+            if ratios:
+                out.setdefault(c, {})[t] = float(np.mean(ratios))
+    return out
 
 
 def collapsed_strata_se(contributions: list[float]) -> float | None:
@@ -179,6 +198,17 @@ def across_seeds(per_seed: dict[int, dict[str, Any]], confidence: float) -> dict
         }
         for c in COMPONENTS
     }
+    normalised_random = (
+        {
+            c: {
+                t: inference.mean_ci([est[s]["normalised_random"].get(c, {}).get(t) for s in seeds], confidence)
+                for t in TYPES.values()
+            }
+            for c in COMPONENTS
+        }
+        if all(est[s].get("normalised_random") for s in seeds)
+        else None
+    )
     tests: dict[str, Any] = {}
     for name, comp, a, b, alt in HYPOTHESES:
         va: list[Any] = [_get(est[s], "main", "real", comp, TYPES[a]) for s in seeds]
@@ -207,6 +237,19 @@ def across_seeds(per_seed: dict[int, dict[str, Any]], confidence: float) -> dict
         )
         nt["holds"] = nt["p_t"] is not None and nt["p_t"] < ALPHA
         per_type_control[t] = nt
+    # the same control read on the scale of each direction's own initial mismatch (the raw influence of a
+    # direction grows with its R(θ₀), and a random direction of the probe's norm starts farther from its
+    # final value than the probe): only when every seed has its mismatch record
+    control_normalised = None
+    if all(est[s].get("normalised_random") for s in seeds):
+        real_n = [_normalised_type_mean(est[s]["normalised"]) for s in seeds]
+        rand_n = [_normalised_type_mean(est[s]["normalised_random"]) for s in seeds]
+        control_normalised = inference.paired_test(
+            real_n, rand_n, alternative="greater", correlation=False, alpha=ALPHA
+        )
+        control_normalised["holds"] = control_normalised["p_t"] is not None and control_normalised["p_t"] < ALPHA
+        control_normalised["real"] = inference.mean_ci(real_n, confidence)
+        control_normalised["random"] = inference.mean_ci(rand_n, confidence)
     hs = sorted({h for s in seeds for h in est[s]["per_stratum"]}, key=int)
     strata = {}
     for h in hs:
@@ -222,9 +265,11 @@ def across_seeds(per_seed: dict[int, dict[str, Any]], confidence: float) -> dict
     return {
         "influence": table,
         "normalised": normalised,
+        "normalised_random": normalised_random,
         "tests": tests,
         "control": control,
         "control_per_type": per_type_control,
+        "control_normalised": control_normalised,
         "strata": strata,
     }
 
@@ -232,6 +277,11 @@ def across_seeds(per_seed: dict[int, dict[str, Any]], confidence: float) -> dict
 def _type_mean(est: dict[str, Any], kind: str) -> float | None:
     vals = [_get(est, "main", kind, "full", t) for t in TYPES.values()]
     return None if any(v is None for v in vals) else float(np.mean(vals))  # type: ignore[arg-type]
+
+
+def _normalised_type_mean(normalised: dict[str, Any]) -> float | None:
+    vals = [normalised.get("full", {}).get(t) for t in TYPES.values()]
+    return None if any(v is None for v in vals) else float(np.mean(vals))
 
 
 def learning_curve(per_seed: dict[int, dict[str, Any]], confidence: float, n_layer: int) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from . import gates, inference
 from .othello_analysis import across_seeds, learned_gate, learning_curve, seed_estimate
 from .othello_report import write_report
 from .othello_seeds import EXPERIMENT, train_key, train_record_path
-from .othello_strata import check_key, check_record_path, stratum_key, stratum_record_path
+from .othello_strata import check_key, check_record_path, mismatch_record_path, stratum_key, stratum_record_path
 from .records import commits_of, read_unit_record
 from .results import write_results
 
@@ -29,7 +29,7 @@ def _read_units(config: OthelloConfig, res_path: Path) -> tuple[dict[int, dict[s
     """Every seed's training and stratum records (checked against ``config``), and the commits behind
     them (refused when the units of one kind were made by different commits)."""
     per_seed: dict[int, dict[str, Any]] = {}
-    commits: dict[str, set[str]] = {"train": set(), "stratum": set()}
+    commits: dict[str, set[str]] = {"train": set(), "stratum": set(), "mismatch": set()}
     units: dict[str, Any] = {}
     for seed in config.seeds:
         tr = read_unit_record(
@@ -46,7 +46,15 @@ def _read_units(config: OthelloConfig, res_path: Path) -> tuple[dict[int, dict[s
             )
             commits["stratum"].add(str(rec.get("git_commit")))
             strata[h] = rec["values"]
-        per_seed[seed] = {"train": tr["values"], "strata": strata}
+        mismatch = None
+        mpath = mismatch_record_path(res_path, seed)
+        if mpath.is_file():  # optional: the positive control on the scale of each direction's mismatch
+            mrec = read_unit_record(
+                mpath, experiment=EXPERIMENT, unit=f"mismatch-{seed}", config_key=stratum_key(config)
+            )
+            commits["mismatch"].add(str(mrec.get("git_commit")))
+            mismatch = mrec["values"]
+        per_seed[seed] = {"train": tr["values"], "strata": strata, "mismatch": mismatch}
         units[f"seed-{seed}"] = {"train": commits_of(tr)}
     for kind, found in commits.items():
         if len(found) > 1:
@@ -54,7 +62,7 @@ def _read_units(config: OthelloConfig, res_path: Path) -> tuple[dict[int, dict[s
                 f"the {kind} records of {res_path.stem} were made by different commits ({', '.join(sorted(found))})",
                 f"rerun the {kind} units at one commit (from one worktree), or combine only the units of one commit",
             )
-    return per_seed, {"train": sorted(commits["train"]), "stratum": sorted(commits["stratum"]), "units": units}
+    return per_seed, {**{k: sorted(v) for k, v in commits.items()}, "units": units}
 
 
 def _curve_points(config: OthelloConfig, seed_values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -89,17 +97,23 @@ def combine(
     per_seed, commits = _read_units(config, res_path)
     L = int(config.settings["n_layer"])
     for v in per_seed.values():
-        v["estimate"] = seed_estimate(v["strata"], L)
+        v["estimate"] = seed_estimate(v["strata"], L, v["mismatch"])
         v["curve"] = _curve_points(config, v)
     stats = across_seeds(per_seed, config.confidence)
     curve = learning_curve(per_seed, config.confidence, L)
     last = max(int(h) for h in range(int(config.settings["strata"])))
     learned, learned_info = learned_gate(per_seed, L, last)
-    ctl = stats["control"]
+    ctl, ctn = stats["control"], stats["control_normalised"]
+    normalised_reading = (
+        "; as fractions of each direction's own initial mismatch (reported, not the gate's reading): real "
+        f"{_fmt(ctn['real']['mean'])} vs random {_fmt(ctn['random']['mean'])} (p {_fmt(ctn.get('p_t'))})"
+        if ctn
+        else ""
+    )
     control = gates.control(
         bool(ctl["holds"]),
         f"real probes {_fmt(ctl.get('mean_diff'))} more combined influence than random directions "
-        f"(paired over seeds, p {_fmt(ctl.get('p_t'))})",
+        f"(paired over seeds, p {_fmt(ctl.get('p_t'))}){normalised_reading}",
     )
     held = sum(1 for t in stats["tests"].values() if t["holds"])
     detect = gates.detectable(len(config.seeds), negative=held < len(stats["tests"]))
@@ -182,6 +196,7 @@ def combine(
         numbers={
             "influence": stats["influence"],
             "normalised": stats["normalised"],
+            "normalised_random": stats["normalised_random"],
             "strata": stats["strata"],
             "curve": curve,
             "attributed_updates": attributed,
@@ -193,6 +208,7 @@ def combine(
             "hypotheses": stats["tests"],
             "control": stats["control"],
             "control_per_type": stats["control_per_type"],
+            "control_normalised": stats["control_normalised"],
             "learned": learned_info["test"],
             "gates": summary["gates"],
             "alpha": gates.ALPHA,
@@ -210,7 +226,7 @@ def combine(
             for k, v in per_seed.items()
         ],
         extra={
-            "commits": {"train": commits["train"], "stratum": commits["stratum"]},
+            "commits": {k: commits[k] for k in ("train", "stratum", "mismatch")},
             "sign": "positive influence moves the feature toward its final value; mismatch without a ½ (the paper's convention)",
             "pooling": "per seed: the stratified integral of every item (layer k < L, position, cell), averaged over "
             "items; k = L apart; CIs and tests over seeds",

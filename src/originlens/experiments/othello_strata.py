@@ -95,6 +95,11 @@ def stratum_record_path(results_path: str | Path, seed: int, h: int) -> Path:
     return record_path(results_path, f"stratum-{int(seed)}-{int(h)}")
 
 
+def mismatch_record_path(results_path: str | Path, seed: int) -> Path:
+    """Where the initial-mismatch record of ``seed`` lives."""
+    return record_path(results_path, f"mismatch-{int(seed)}")
+
+
 def check_record_path(results_path: str | Path, seed: int) -> Path:
     """``results/othello/othello-cpu/check-<seed>.json``: the estimator check of one seed."""
     return record_path(results_path, f"check-{int(seed)}")
@@ -190,18 +195,22 @@ def _item_sums(table: Any, n_layer: int) -> tuple[dict[str, Any], dict[str, Any]
     return items, rand
 
 
-def initial_mismatch(run: Any, sites: list[tuple[int, int]], features: list[str]) -> dict[str, dict[str, float]]:
-    """R(θ₀) per real item ("k.i.cell") and type: the mean squared distance of ⟨w, r⟩ from its final value
-    over the rows of that type in the first :data:`R0_BATCHES` training batches, at the initialisation
-    (the paper's factor 1)."""
+def initial_mismatch(
+    run: Any, sites: list[tuple[int, int]], features: list[str], *, random_directions: int = 0
+) -> dict[str, dict[str, dict[str, float]]]:
+    """R(θ₀) per item ("k.i.cell") and type, for the real probes (``"real"``) and for their
+    ``random_directions`` null directions (``"random"``, pooled over the directions of an item: the mean of
+    their R(θ₀)): the mean squared distance of ⟨w, r⟩ from its final value over the rows of that type in
+    the first :data:`R0_BATCHES` training batches, at the initialisation (the paper's factor 1)."""
     import torch
 
     from ..attribution.influence import projections
+    from ..attribution.store import RANDOM_TAG
 
     run.restore(0)
-    probes, _, base_of = run.make_probes(sites, features)
+    probes, feature_of, base_of = run.make_probes(sites, features, random_directions=random_directions)
     fidx = {f: run.feature_names.index(f) for f in features}
-    sums: dict[tuple[str, int], list[float]] = {}
+    sums: dict[tuple[str, str, int], list[float]] = {}
     for b in range(R0_BATCHES):
         x = run.batch(b)
         cur = projections(run.model, x, probes)
@@ -210,16 +219,40 @@ def initial_mismatch(run: Any, sites: list[tuple[int, int]], features: list[str]
         for p in probes:
             d = (cur[p.name] - ref[p.name]).double()
             ty = torch.from_numpy(ft[:, p.position, fidx[base_of[p.name]]].astype(np.int64))
+            kind = "random" if RANDOM_TAG in feature_of[p.name] else "real"
             for tau in TYPES:
                 rows = d[ty == tau]
-                acc = sums.setdefault((f"{p.layer}.{p.position}.{base_of[p.name]}", tau), [0.0, 0.0])
+                acc = sums.setdefault((kind, f"{p.layer}.{p.position}.{base_of[p.name]}", tau), [0.0, 0.0])
                 acc[0] += float(rows.pow(2).sum())
                 acc[1] += int(rows.numel())
-    out: dict[str, dict[str, float]] = {}
-    for (key, tau), (total, n) in sums.items():
+    out: dict[str, dict[str, dict[str, float]]] = {"real": {}, "random": {}}
+    for (kind, key, tau), (total, n) in sums.items():
         if n:
-            out.setdefault(key, {})[TYPES[tau]] = total / n
+            out[kind].setdefault(key, {})[TYPES[tau]] = total / n
     return out
+
+
+def mismatch_unit(config: OthelloConfig, seed: int, out: Path) -> dict[str, Any]:
+    """The ``mismatch`` stage's values for ``seed``: R(θ₀) of every real item and of its random directions
+    (:func:`initial_mismatch`, at every attributed site), so that the influence on a real probe and on a
+    random direction can each be read as a fraction of its own initial mismatch."""
+    from ..attribution.run import RunReplay
+
+    run_dir = Path(out) / f"seed-{int(seed)}" / "run"
+    s = config.settings
+    sites = [(k, i) for k in config.attr_layers for i in sorted(s["positions"])]
+    t0 = time.time()
+    replay_threads(run_dir, config.device)
+    run = RunReplay(run_dir, device=config.device)
+    feats = [f for f in run.task.tracked.features if f in run.probes.feature_names]
+    r0 = initial_mismatch(run, sites, feats, random_directions=config.random_directions)
+    return {
+        "seed": int(seed),
+        "batches": R0_BATCHES,
+        "random_directions": config.random_directions,
+        **r0,
+        "seconds": time.time() - t0,
+    }
 
 
 def stratum_unit(config: OthelloConfig, seed: int, h: int, out: Path) -> dict[str, Any]:
@@ -246,7 +279,6 @@ def stratum_unit(config: OthelloConfig, seed: int, h: int, out: Path) -> dict[st
     }
     if curve["grid"] is None:
         curve["grid"] = curve["start"]
-    r0 = initial_mismatch(run, sites, feats) if h == 0 else None
     del run
     t_curve = time.time()
     store = run_dir / STRATA_STORE
@@ -281,7 +313,6 @@ def stratum_unit(config: OthelloConfig, seed: int, h: int, out: Path) -> dict[st
         "weight": (hi - lo) / len(recorded),
         "items": items,
         "random": random,
-        "initial_mismatch": r0,
         "curve": curve,
         "checks": {
             "losses_checked": checks["losses_checked"],
