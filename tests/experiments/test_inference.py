@@ -77,3 +77,27 @@ def test_bounded_metrics_keep_their_range():
     c = inf.mean_ci([0.99, 1.0, 0.97], bounds=(0, 1))
     assert c["high"] == 1.0 and c["low"] < 0.99 and "clipped" in c["interval"]
     assert inf.mean_ci([0.99, 1.0, 0.97])["high"] > 1
+
+
+def test_tost_is_two_one_sided_t_tests_and_agrees_with_the_interval_rule():
+    from scipy import stats
+
+    from originlens.errors import ConfigError
+
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        x = rng.normal(rng.uniform(-0.3, 0.3), rng.uniform(0.01, 0.2), size=int(rng.integers(3, 11)))
+        m = float(rng.uniform(0.02, 0.4))
+        t = inf.tost(list(x), m)
+        n, mean, se = x.size, x.mean(), x.std(ddof=1) / np.sqrt(x.size)
+        p_lo = 1 - stats.t.cdf((mean + m) / se, n - 1)  # H0 μ ≤ −m
+        p_hi = stats.t.cdf((mean - m) / se, n - 1)  # H0 μ ≥ m
+        assert t["p_lower"] == pytest.approx(p_lo, abs=1e-12) and t["p_upper"] == pytest.approx(p_hi, abs=1e-12)
+        assert t["p"] == max(t["p_lower"], t["p_upper"])
+        # equivalent at α exactly when the (1 − 2α) interval lies inside the margin
+        assert t["equivalent"] == (-m < t["low"] and t["high"] < m)
+    assert inf.tost([0.01] * 4, 0.1)["equivalent"] and not inf.tost([0.5] * 4, 0.1)["equivalent"]
+    assert inf.tost([0.1], 0.1)["p"] is None  # one seed tests nothing
+    for bad in (0, -0.1, float("nan"), True, "0.1"):
+        with pytest.raises(ConfigError, match="positive"):
+            inf.tost([0.0, 0.1], bad)

@@ -70,11 +70,57 @@ def fake_grid(task: str, means: dict[str, float], initial: float = 0.4, sd: floa
     }
 
 
+def grid_from_runs(task: str, means: dict[str, float], initial: float = 0.4, sd: float = 0.01, seed: int = 0) -> dict:
+    """A toy-grid record as this version writes it: synthetic per-seed runs through
+    :func:`~originlens.experiments.toy_grid.summarise_runs` (gains, orderings on gains, the readings)."""
+    from originlens.experiments.toy_grid import ToyGridConfig, summarise_runs
+
+    rng = np.random.default_rng(seed)
+    init = np.clip(initial + sd * rng.standard_normal(5), -0.99, 0.99)
+    runs = [
+        {
+            "regime": r,
+            "seed": s,
+            "useless_r": float(np.clip(m + sd * rng.standard_normal(), -0.99, 0.99)),
+            "initial_useless_r": float(init[s]),
+            "useful_r": 0.9,
+            "useless_by_layer": {},
+            "eval_loss": 0.7,
+            "initial_eval_loss": 1.6,
+            "legal_output_acc": 0.99,
+            "first_output_token_acc": 0.9,
+            "seconds": 1.0,
+        }
+        for r, m in means.items()
+        for s in range(5)
+    ]
+    summ = summarise_runs(ToyGridConfig(task=task, seeds=[0, 1, 2, 3, 4], regimes=list(means)), runs)
+    rec = fake_grid(task, means, initial, sd, seed)
+    keys = ("useless_r", "useless_r_bootstrap", "initial_useless_r", "gain", "useful_r", "useless_r_by_layer")
+    rec["numbers"] = {r: {k: summ["per_regime"][r][k] for k in keys} for r in means}
+    rec["tests"].update(orderings=summ["orderings"], learned=summ["learned"], readings=summ["readings"])
+    rec["runs"] = summ["runs"]
+    return rec
+
+
 def test_cond_majority_verdicts_follow_the_written_rules():
-    ok = fake_grid("cond-majority", {"standard": 0.9, "untied": 0.9, "myopic": 0.4, "myopic+untied": 0.4})
-    assert judge_cond_majority(ok).verdict == "reproduced"
-    less = fake_grid("cond-majority", {"standard": 0.9, "untied": 0.9, "myopic": 0.6, "myopic+untied": 0.6})
+    ok = grid_from_runs("cond-majority", {"standard": 0.9, "untied": 0.9, "myopic": 0.4, "myopic+untied": 0.4})
+    v = judge_cond_majority(ok)
+    assert v.verdict == "reproduced" and "reading A (not learned, gain ≡ 0 ± 0.1): holds" in v.ours
+    # gains: standard ≈ 0.83, myopic ≈ 0.33 — not zero (A fails), under half of standard's (B holds)
+    less = grid_from_runs("cond-majority", {"standard": 0.9, "untied": 0.9, "myopic": 0.6, "myopic+untied": 0.6})
     v = judge_cond_majority(less)
+    assert v.verdict == "partial" and "reading A" in v.ours and ": fails" in v.ours and "reading B" in v.ours
+    assert less["tests"]["readings"]["B_holds"] and not less["tests"]["readings"]["A_holds"]
+    # myopic gain ≈ 0.67 > half of standard's: neither reading
+    most = grid_from_runs("cond-majority", {"standard": 0.9, "untied": 0.9, "myopic": 0.8, "myopic+untied": 0.8})
+    assert judge_cond_majority(most).verdict == "not reproduced"
+    # standard not above its null: the design cannot test the claim
+    flat = grid_from_runs("cond-majority", {r: 0.4 for r in ("standard", "untied", "myopic", "myopic+untied")})
+    assert judge_cond_majority(flat).verdict == "not tested"
+    # a record written before the readings existed: the earlier rule
+    old = fake_grid("cond-majority", {"standard": 0.9, "untied": 0.9, "myopic": 0.6, "myopic+untied": 0.6})
+    v = judge_cond_majority(old)
     assert v.verdict == "partial" and "still beat" in v.ours
     bad = fake_grid("cond-majority", {"standard": 0.6, "untied": 0.6, "myopic": 0.6, "myopic+untied": 0.6})
     assert judge_cond_majority(bad).verdict == "not reproduced"

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from originlens.errors import ConfigError
+from originlens.errors import ConfigError, InputError
 from originlens.experiments.results import read_results
-from originlens.experiments.toy_grid import ToyGridConfig, run_toy_grid
+from originlens.experiments.toy_grid import GAIN_MARGIN, ToyGridConfig, gain, reanalyse_toy_grid, run_toy_grid
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,31 @@ def test_rerun_resumes_nothing_and_concurrent_writers_are_refused(ci_grid):
         other.kill()
         other.wait()
     assert not (out / "res3.json").exists()
+
+
+@pytest.mark.slow
+def test_gains_and_a_reanalysis_from_the_results_file(ci_grid, tmp_path):
+    """Every run's gain is (r − r₀)/(1 − r₀); the orderings are tested on the gains; a reanalysis from the
+    results file alone reproduces every number and names its source; another grid's file is refused."""
+    cfg, out, s = ci_grid
+    for r in s["runs"]:
+        assert r["gain"] == (r["useless_r"] - r["initial_useless_r"]) / (1 - r["initial_useless_r"])
+    by = {(r["regime"], r["seed"]): r["gain"] for r in s["runs"]}
+    t = s["orderings"]["standard > myopic"]
+    assert t["scale"] == "raw" and t["mean_diff"] == pytest.approx(
+        sum(by[("standard", k)] - by[("myopic", k)] for k in (0, 1)) / 2, rel=1e-12
+    )
+    rec = read_results(out / "res.json")
+    assert rec["tests"]["readings"]["margin"] == GAIN_MARGIN and set(rec["tests"]["readings"]["A"]) == {"myopic"}
+    again = reanalyse_toy_grid(cfg, rec, tmp_path / "exp", results=tmp_path / "res.json", command="re")
+    new = read_results(tmp_path / "res.json")
+    assert [r["gain"] for r in again["runs"]] == [r["gain"] for r in s["runs"]]
+    assert new["numbers"] == rec["numbers"] and new["tests"] == rec["tests"]
+    assert new["data_hashes"] == rec["data_hashes"] and new["reanalysed_from"]["command"] == "originlens test"
+    other = ToyGridConfig(task="cond-majority", scale="ci", seeds=[0, 1, 2], regimes=["standard", "myopic"])
+    with pytest.raises(InputError, match="not a toy-grid record of this grid"):
+        reanalyse_toy_grid(other, rec, tmp_path / "exp2", results=tmp_path / "res2.json")
+    assert gain(0.5, 1.0) is None and gain(None, 0.2) is None and gain(0.2, 0.2) == 0.0
 
 
 def test_bad_configurations_are_one_line_errors():

@@ -2,7 +2,9 @@
 
 Parses arguments and calls :func:`originlens.experiments.toy_grid.run_toy_grid`, which trains (or resumes)
 regimes × seeds and their initial-model nulls under ``--out``, and writes ``OUT/report.html`` and the
-results file ``results/toy-grid/<task>-<scale>.json`` (``--results`` to write elsewhere).
+results file ``results/toy-grid/<task>-<scale>.json`` (``--results`` to write elsewhere).  ``--reanalyse
+FILE`` recomputes this version's statistics from the runs a results file recorded, without training or
+the run directories.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from .options import apply_threads, int_list
 
 def cmd_grid(args: argparse.Namespace) -> int:
     from ..experiments.results import command_line
-    from ..experiments.toy_grid import ToyGridConfig, run_toy_grid
+    from ..experiments.toy_grid import ToyGridConfig, reanalyse_toy_grid, run_toy_grid
     from .ntp_cmd import _overrides
 
     apply_threads(args)
@@ -34,7 +36,14 @@ def cmd_grid(args: argparse.Namespace) -> int:
         overrides=_overrides(args),
         **({"regimes": regimes} if regimes else {}),
     )
-    s = run_toy_grid(cfg, args.out, results=args.results, command=command_line())
+    if args.reanalyse:
+        from ..experiments.results import read_results
+
+        s = reanalyse_toy_grid(
+            cfg, read_results(args.reanalyse), args.out, results=args.results or args.reanalyse, command=command_line()
+        )
+    else:
+        s = run_toy_grid(cfg, args.out, results=args.results, command=command_line())
     for regime, v in s["per_regime"].items():
         u, i = v["useless_r"], v["initial_useless_r"]
         print(
@@ -64,5 +73,12 @@ def add_parser(esub: Any) -> None:
     g.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
     g.add_argument("--out", required=True, help="experiment directory (runs, report)")
     g.add_argument("--results", default=None, help="results file (default results/toy-grid/TASK-SCALE.json)")
+    g.add_argument(
+        "--reanalyse",
+        default=None,
+        metavar="FILE",
+        help="recompute the statistics from the runs recorded in this results file (no training); "
+        "the file is rewritten unless --results names another",
+    )
     _add_overrides(g)
     g.set_defaults(func=cmd_grid, writes=lambda a: [a.out])

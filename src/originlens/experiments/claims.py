@@ -71,39 +71,70 @@ def _orderings(rec: dict[str, Any]) -> tuple[int, int, str]:
     return len(held), len(failed), txt
 
 
+def _gains(rec: dict[str, Any], regimes: tuple[str, ...]) -> str:
+    n = rec["numbers"]
+    if "gain" not in n[regimes[0]]:
+        return ""
+    return "; gain (r − r₀)/(1 − r₀): " + ", ".join(f"{r} {_r(n[r]['gain'])}" for r in regimes)
+
+
 def judge_cond_majority(rec: dict[str, Any]) -> Verdict:
-    """Reproduced: all four orderings hold, standard and untied beat their initial models, and neither
-    myopic regime beats its initial model (not learned).  Partial: the orderings hold but a myopic regime
-    still learns some of the feature (less learned, not unlearned).  Otherwise not reproduced."""
+    """The claim has two readings (``tests.readings``, on the null-normalised gains): (A) "not learned
+    without pre-caching" — each myopic regime's gain is equivalent to 0 (TOST, the recorded margin); (B)
+    "substantially decreased" — each is at most half of standard's.  Gate: standard and untied must
+    beat their initial models, else not tested.  Reproduced: the four orderings and reading A hold;
+    partial: the orderings and reading B hold, not A (the row says which); otherwise not reproduced.
+    Records made before the readings existed are judged by the earlier rule (orderings on Fisher z, and
+    "not learned" as "does not beat the null")."""
     n = rec["numbers"]
     held, failed, _ = _orderings(rec)
     learned = rec["tests"]["learned"]
+    regimes = ("standard", "untied", "myopic", "myopic+untied")
     ours = (
         f"r: standard {_r(n['standard']['useless_r'])}, untied {_r(n['untied']['useless_r'])}, myopic "
         f"{_r(n['myopic']['useless_r'])}, myopic+untied {_r(n['myopic+untied']['useless_r'])}; initial-model "
-        f"null {_r(n['standard']['initial_useless_r'])}; {held}/{held + failed} orderings significant"
+        f"null {_r(n['standard']['initial_useless_r'])}{_gains(rec, regimes)}; {held}/{held + failed} orderings "
+        "significant"
     )
     pos_learned = learned["standard > initial"]["holds"] and learned["untied > initial"]["holds"]
-    myo_learned = [r for r in ("myopic", "myopic+untied") if learned[f"{r} > initial"]["holds"]]
-    if failed or not pos_learned:
+    rd = rec["tests"].get("readings")
+    if rd is None:  # the earlier rule
+        myo_learned = [r for r in ("myopic", "myopic+untied") if learned[f"{r} > initial"]["holds"]]
+        if failed or not pos_learned:
+            return Verdict("not reproduced", ours, _grid_scale(rec))
+        if myo_learned:
+            return Verdict(
+                "partial", ours + f"; but {', '.join(myo_learned)} still beat(s) the null (p < 0.05)", _grid_scale(rec)
+            )
+        return Verdict("reproduced", ours, _grid_scale(rec))
+    if not pos_learned:
+        return Verdict("not tested", ours + "; standard or untied does not beat its untrained null", _grid_scale(rec))
+    a = ", ".join(f"{r} TOST p {v['p']:.2g}" if v["p"] is not None else f"{r} untestable" for r, v in rd["A"].items())
+    b = ", ".join(
+        f"{r} p_Holm {v['p_holm']:.2g}" if v["p_holm"] is not None else f"{r} untestable" for r, v in rd["B"].items()
+    )
+    ours += (
+        f"; reading A (not learned, gain ≡ 0 ± {rd['margin']:g}): {'holds' if rd['A_holds'] else 'fails'} ({a}); "
+        f"reading B (gain ≤ ½ standard's): {'holds' if rd['B_holds'] else 'fails'} ({b})"
+    )
+    if failed:
         return Verdict("not reproduced", ours, _grid_scale(rec))
-    if myo_learned:
-        return Verdict(
-            "partial", ours + f"; but {', '.join(myo_learned)} still beat(s) the null (p < 0.05)", _grid_scale(rec)
-        )
-    return Verdict("reproduced", ours, _grid_scale(rec))
+    if rd["A_holds"]:
+        return Verdict("reproduced", ours, _grid_scale(rec))
+    return Verdict("partial" if rd["B_holds"] else "not reproduced", ours, _grid_scale(rec))
 
 
 def judge_majority(rec: dict[str, Any]) -> Verdict:
-    """Reproduced: all four orderings hold; partial: some; not reproduced: none."""
+    """Reproduced: all four orderings hold; partial: some; not reproduced: none (orderings on the gains
+    where the record has them)."""
     n = rec["numbers"]
     held, failed, _ = _orderings(rec)
     ours = (
         f"r: standard {_r(n['standard']['useless_r'])}, myopic {_r(n['myopic']['useless_r'])}, untied "
         f"{_r(n['untied']['useless_r'])}, myopic+untied {_r(n['myopic+untied']['useless_r'])}; initial-model "
-        f"null {_r(n['standard']['initial_useless_r'])}; {held}/{held + failed} orderings significant ("
-        + ", ".join(k for k, v in rec["tests"]["orderings"].items() if v["holds"])
-        + ")"
+        f"null {_r(n['standard']['initial_useless_r'])}"
+        f"{_gains(rec, ('standard', 'myopic', 'untied', 'myopic+untied'))}; {held}/{held + failed} orderings "
+        "significant (" + ", ".join(k for k, v in rec["tests"]["orderings"].items() if v["holds"]) + ")"
     )
     verdict = "reproduced" if not failed else ("partial" if held else "not reproduced")
     return Verdict(verdict, ours, _grid_scale(rec))

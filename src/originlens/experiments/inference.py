@@ -15,6 +15,8 @@ integrated influence, a loss) and returns plain dicts that go straight into a re
   effect size d_z = mean/sd of the differences, and the power of the one-sided paired t-test at
   α = 0.05 for the observed d_z and the smallest d_z that n seeds detect with power 0.8.
 * :func:`holm` — Holm's step-down adjustment of a family of p-values.
+* :func:`tost` — an equivalence claim ("not learned", "≪") as two one-sided tests against a margin
+  fixed before the run, never as a failed difference test.
 
 Caveats: with n seeds the exact one-sided Wilcoxon p-value cannot fall below 2⁻ⁿ (0.031 for 5 seeds,
 0.125 for 3), so it is reported as a robustness check beside the t-test; a t-test on 3 seeds has little
@@ -227,4 +229,47 @@ def holm(pvalues: dict[str, float | None]) -> dict[str, float | None]:
     for rank, k in enumerate(order):
         running = max(running, min(1.0, (m - rank) * float(pvalues[k])))  # type: ignore[arg-type]
         out[k] = running
+    return out
+
+
+def tost(values: Sequence[float | None], margin: float, *, alpha: float = 0.05) -> dict[str, Any]:
+    """Equivalence of the mean of ``values`` (one per seed; e.g. paired differences or a gain) to zero
+    within ± ``margin``: two one-sided t-tests (H₀ μ ≤ −margin and H₀ μ ≥ +margin), p = the larger of the
+    two; equivalent at ``alpha`` exactly when the (1 − 2α) t-interval lies inside (−margin, margin).
+    Non-finite values are dropped.  The margin is part of the claim: fix it before the run and record it.
+
+    Returns n, margin, mean, the (1 − 2α) interval, the two one-sided p's, ``p`` and ``equivalent``."""
+    from scipy import stats
+
+    from ..errors import ConfigError
+
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
+        raise ConfigError(f"an equivalence margin must be a positive number, got {margin!r}", "e.g. margin=0.1")
+    x = _finite(values)
+    n = int(x.size)
+    out: dict[str, Any] = {
+        "n": n,
+        "margin": float(margin),
+        "mean": float(x.mean()) if n else None,
+        "low": None,
+        "high": None,
+        "interval": f"Student t, {1 - 2 * alpha:g}, over seeds",
+        "p_lower": None,
+        "p_upper": None,
+        "p": None,
+        "equivalent": False,
+    }
+    if n < 2:
+        return out
+    sd = float(x.std(ddof=1))
+    half = _t_half(sd, n, 1 - 2 * alpha)
+    out.update(low=float(x.mean() - half), high=float(x.mean() + half))
+    if sd > 0:
+        p_lo = float(stats.ttest_1samp(x, -margin, alternative="greater").pvalue)
+        p_hi = float(stats.ttest_1samp(x, margin, alternative="less").pvalue)
+    else:  # every seed the same value: inside or outside the margin for certain
+        inside = abs(float(x[0])) < margin
+        p_lo = p_hi = 0.0 if inside else 1.0
+    out.update(p_lower=p_lo, p_upper=p_hi, p=max(p_lo, p_hi))
+    out["equivalent"] = out["p"] < alpha
     return out

@@ -74,14 +74,17 @@ def _toy_grid_section(key: str, rec: dict[str, Any]) -> list[str]:
         "",
         *header(rec),
         "",
-        f"Metric: {rec.get('metric', '')}. Intervals: Fisher z over seeds (95 %); the initial-model null "
-        "is the same probe fitted on the untrained model of the same regime and seed.",
+        f"Metric: {rec.get('metric', '')}. Intervals: Fisher z over seeds (95 %) for r, Student t for the "
+        "gain; the initial-model null is the same probe fitted on the untrained model of the same regime "
+        "and seed.",
         "",
     ]
+    gains = "gain" in next(iter(rec["numbers"].values()))
     out += [
-        "| regime | trained r [95 % CI] | bootstrap CI | initial model r (null) | gain over null p | "
-        "NTP-useful r | eval loss | output legal acc | first output acc | s / run |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| regime | trained r [95 % CI] | bootstrap CI | initial model r (null) | "
+        + ("gain (r − r₀)/(1 − r₀) [95 % CI] | " if gains else "")
+        + "gain over null p | NTP-useful r | eval loss | output legal acc | first output acc | s / run |",
+        "|---|---|---|---|" + ("---|" if gains else "") + "---|---|---|---|---|---|",
     ]
     learned = rec["tests"]["learned"]
     for regime, n in rec["numbers"].items():
@@ -90,18 +93,22 @@ def _toy_grid_section(key: str, rec: dict[str, Any]) -> list[str]:
         secs = [r["seconds"] for r in rec["runs"] if r["regime"] == regime and r.get("seconds") is not None]
         out.append(
             f"| {regime} | {_ci(n['useless_r'])} | [{_f(b['low'])}, {_f(b['high'])}] | "
-            f"{_ci(n['initial_useless_r'])} | {_p(learned[f'{regime} > initial']['p_t'])} | "
+            f"{_ci(n['initial_useless_r'])} | "
+            + (f"{_ci(n['gain'])} | " if gains else "")
+            + f"{_p(learned[f'{regime} > initial']['p_t'])} | "
             f"{_ci(n['useful_r'])} | {_ci(q['eval_loss'], 4)} | {_ci(q['legal_output_acc'])} | "
             f"{_ci(q['first_output_token_acc'])} | {_f(sum(secs) / len(secs), 0) if secs else '—'} |"
         )
+    scale_word = "gains" if gains else "Fisher z"
     out += [
         "",
         f"The paper's orderings (expected: {rec['tests']['expected']}), one-sided paired tests over "
-        "seeds on Fisher z, Holm-adjusted over the family; d_z = mean/sd of the paired differences; "
+        f"seeds on the {scale_word}, Holm-adjusted over the family; d_z = mean/sd of the paired differences; "
         "power of the one-sided t-test at the observed d_z (α = 0.05) and the d_z that these seeds detect "
         "with power 0.8:",
         "",
-        "| ordering | Δz [95 % CI] | p (t) | p (Holm) | p (Wilcoxon, exact) | d_z | power | detectable d_z | holds |",
+        f"| ordering | Δ {'gain' if gains else 'z'} [95 % CI] | p (t) | p (Holm) | p (Wilcoxon, exact) | d_z | power | "
+        "detectable d_z | holds |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for k, v in rec["tests"]["orderings"].items():
@@ -110,6 +117,32 @@ def _toy_grid_section(key: str, rec: dict[str, Any]) -> list[str]:
             f"{_p(v['p_holm'])} | {_p(v['p_wilcoxon'])} | {_f(v['dz'], 2)} | {_f(v['power'], 2)} | "
             f"{_f(v['detectable_dz'], 2)} | {'yes' if v['holds'] else 'no'} |"
         )
+    rd = rec["tests"].get("readings")
+    if rd:
+        out += [
+            "",
+            f"The claim read two ways, each tested per myopic regime on the gains (equivalence margin "
+            f"± {_f(rd['margin'])}, fixed in the code and recorded):",
+            "",
+            "| reading | regime | gain [90 % CI] or ½·standard − regime [95 % CI] | p | holds |",
+            "|---|---|---|---|---|",
+        ]
+        for regime, v in rd["A"].items():
+            out.append(
+                f"| A: {rd['statements']['A']} | {regime} | {_f(v['mean'])} [{_f(v['low'])}, {_f(v['high'])}] | "
+                f"{_p(v['p'])} (TOST) | {'yes' if v['equivalent'] else 'no'} |"
+            )
+        for regime, v in rd["B"].items():
+            out.append(
+                f"| B: {rd['statements']['B']} | {regime} | {_f(v['diff'])} [{_f(v['diff_low'])}, "
+                f"{_f(v['diff_high'])}] | {_p(v['p_holm'])} (Holm) | {'yes' if v['holds'] else 'no'} |"
+            )
+    if rec.get("reanalysed_from"):
+        src = rec["reanalysed_from"]
+        out += [
+            "",
+            f"Statistics recomputed from the runs of the record made at commit {str(src.get('git_commit'))[:7]} ({src.get('created')}).",
+        ]
     return out + [""]
 
 

@@ -31,6 +31,7 @@ the expected orderings, not values.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,15 @@ EXPECTED = {
     "majority": "is_majority_* at the input positions degrades under myopic or untied training and most under both",
 }
 ALPHA = 0.05
+# The equivalence margin of reading A on the null-normalised gain scale: a gain within ± 0.1 (a tenth of
+# the headroom above the untrained model's probe quality) counts as "not learned".  Fixed in the code and
+# written in every results file; it was set after the d = 64 grid had been run and before the paper-width
+# (d = 128, 10-seed) grid, which is its first test made blind to the data.
+GAIN_MARGIN = 0.1
+READINGS = {
+    "A": "not learned without pre-caching: each myopic regime's gain is equivalent to 0 (TOST, ± margin)",
+    "B": "substantially decreased: each myopic regime's gain is at most half of standard's (one-sided, Holm)",
+}
 
 
 @dataclass
@@ -185,7 +195,6 @@ def summarise(config: ToyGridConfig, out: str | Path) -> dict[str, Any]:
     out = Path(out)
     trained_grid, initial_grid = config.grid(False), config.grid(True)
     runs: list[dict[str, Any]] = []
-    per_regime: dict[str, Any] = {}
     for regime in config.regimes:
         tr = [_per_run(trained_grid, out / "trained", regime, s) for s in config.seeds]
         ini = [_per_run(initial_grid, out / "initial", regime, s) for s in config.seeds]
@@ -193,6 +202,27 @@ def summarise(config: ToyGridConfig, out: str | Path) -> dict[str, Any]:
             trained["initial_useless_r"] = initial["useless_r"]
             trained["initial_eval_loss"] = initial["eval_loss"]
         runs += tr
+    return summarise_runs(config, runs)
+
+
+def gain(r: float | None, r0: float | None) -> float | None:
+    """The null-normalised gain (r − r₀) / (1 − r₀): the share of the headroom above the untrained
+    model's probe quality that training closed (0: no better than the null; 1: a perfect probe)."""
+    if r is None or r0 is None or not (math.isfinite(r) and math.isfinite(r0)) or r0 >= 1:
+        return None
+    return (r - r0) / (1 - r0)
+
+
+def summarise_runs(config: ToyGridConfig, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-regime CIs, the orderings and the readings from the per-run values (each run's trained and
+    initial-model probe quality; what :func:`summarise` reads from the run directories, or a results
+    file's ``runs``)."""
+    for r in runs:
+        r["gain"] = gain(r["useless_r"], r["initial_useless_r"])
+    by = {(r["regime"], r["seed"]): r for r in runs}
+    per_regime: dict[str, Any] = {}
+    for regime in config.regimes:
+        tr = [by[(regime, s)] for s in config.seeds]
         useless = [r["useless_r"] for r in tr]
         init = [r["initial_useless_r"] for r in tr]
         layers = sorted({k for r in tr for k in r["useless_by_layer"]}, key=int)
@@ -200,6 +230,7 @@ def summarise(config: ToyGridConfig, out: str | Path) -> dict[str, Any]:
             "useless_r": inference.correlation_ci(useless, config.confidence),
             "useless_r_bootstrap": inference.bootstrap_ci(useless, config.confidence),
             "initial_useless_r": inference.correlation_ci(init, config.confidence),
+            "gain": inference.mean_ci([r["gain"] for r in tr], config.confidence),
             "gain_over_initial": inference.paired_test(useless, init, alternative="greater"),
             "useful_r": inference.correlation_ci([r["useful_r"] for r in tr], config.confidence),
             "useless_r_by_layer": {
@@ -215,14 +246,14 @@ def summarise(config: ToyGridConfig, out: str | Path) -> dict[str, Any]:
             ),
             "seconds": inference.mean_ci([r["seconds"] for r in tr], config.confidence),
         }
-    by = {(r["regime"], r["seed"]): r for r in runs}
     tests: dict[str, Any] = {}
     for a, b in HYPOTHESES[config.task]:
         if a in config.regimes and b in config.regimes:
             tests[f"{a} > {b}"] = inference.paired_test(
-                [by[(a, s)]["useless_r"] for s in config.seeds],
-                [by[(b, s)]["useless_r"] for s in config.seeds],
+                [by[(a, s)]["gain"] for s in config.seeds],
+                [by[(b, s)]["gain"] for s in config.seeds],
                 alternative="greater",
+                correlation=False,
                 alpha=ALPHA,
             )
     adj = inference.holm({k: v["p_t"] for k, v in tests.items()})
@@ -236,16 +267,43 @@ def summarise(config: ToyGridConfig, out: str | Path) -> dict[str, Any]:
         }
         for r in config.regimes
     }
-    hashes = {f"{r['regime']}/seed-{r['seed']}": r["data_hashes"] for r in runs}
+    hashes = {f"{r['regime']}/seed-{r['seed']}": r.get("data_hashes", {}) for r in runs}
     return {
         "task": config.task,
         "scale": config.scale,
         "per_regime": per_regime,
         "orderings": tests,
         "learned": learned,
+        "readings": readings(config, by),
         "runs": runs,
         "data_hashes": hashes,
     }
+
+
+def readings(config: ToyGridConfig, by: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any] | None:
+    """Conditioned Majority's claim read two ways (:data:`READINGS`), each tested per myopic regime on
+    the gains: (A) "not learned without pre-caching" — the regime's gain is equivalent to 0 within
+    ± :data:`GAIN_MARGIN` (TOST); (B) "substantially decreased" — its gain is at most half of standard's
+    (one-sided paired t of ½·gain(standard) − gain(regime) > 0, Holm over the myopic regimes).  None for
+    a task without two readings or a grid without the standard regime."""
+    if config.task != "cond-majority" or "standard" not in config.regimes:
+        return None
+    std = [by[("standard", s)]["gain"] for s in config.seeds]
+    out: dict[str, Any] = {"margin": GAIN_MARGIN, "statements": READINGS, "A": {}, "B": {}}
+    for regime in ("myopic", "myopic+untied"):
+        if regime not in config.regimes:
+            continue
+        g = [by[(regime, s)]["gain"] for s in config.seeds]
+        out["A"][regime] = inference.tost(g, GAIN_MARGIN, alpha=ALPHA)
+        half = [None if x is None else 0.5 * x for x in std]
+        out["B"][regime] = inference.paired_test(half, g, alternative="greater", correlation=False, alpha=ALPHA)
+    adj = inference.holm({k: v["p_t"] for k, v in out["B"].items()})
+    for k, v in out["B"].items():
+        v["p_holm"] = adj[k]
+        v["holds"] = v["p_holm"] is not None and v["p_holm"] < ALPHA
+    out["A_holds"] = bool(out["A"]) and all(v["equivalent"] for v in out["A"].values())
+    out["B_holds"] = bool(out["B"]) and all(v["holds"] for v in out["B"].values())
+    return out
 
 
 def run_toy_grid(
@@ -271,67 +329,117 @@ def run_toy_grid(
         summary = summarise(config, out)
         summary["wall_seconds_this_call"] = time.time() - t0
         summary["trained_this_call"] = len(trained)
-        cfg0 = config.grid(False).run_config(config.regimes[0], config.seeds[0])
-        scale = {
-            "name": config.scale,
-            "summary": SCALE_NOTES[config.scale],
-            "model": f"{cfg0.n_layer} layers, d = {cfg0.d_model}, {cfg0.n_head} heads",
-            "training": f"Adam lr {cfg0.lr}, batch {cfg0.batch_size}, {cfg0.steps} steps, "
-            + (
-                f"fixed training set of {cfg0.train_size} sequences"
-                if cfg0.train_size
-                else "fresh sequences every step"
-            ),
-            "eval": f"{cfg0.eval_size} sequences; ridge probes (alpha {cfg0.probe_alpha}) on the first "
-            f"{int(cfg0.probe_train_frac * 100)} %, Pearson r on the rest",
-            "untied": f"split at m = 10, untie_scope {cfg0.untie_scope}",
-            "deviations": config.deviations(),
-        }
-        summary["scale"] = scale
-        summary["expected"] = EXPECTED[config.task]
-        atomic_write_json(out / "experiment.json", to_jsonable(summary))
-        write_report(summary, out)
-        res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
-        quality = {
-            r: {
-                k: summary["per_regime"][r][k]
-                for k in ("eval_loss", "initial_eval_loss", "legal_output_acc", "first_output_token_acc")
-            }
-            for r in config.regimes
-        }
-        numbers = {
-            r: {
-                k: summary["per_regime"][r][k]
-                for k in ("useless_r", "useless_r_bootstrap", "initial_useless_r", "useful_r", "useless_r_by_layer")
-            }
-            for r in config.regimes
-        }
-        write_results(
-            res_path,
-            experiment=EXPERIMENT,
-            name=config.name,
-            command=command or f"python: run_toy_grid({config!r}, {str(out)!r})",
-            config={"experiment": to_jsonable(config), "ntp": cfg0.to_dict()},
-            seeds=config.seeds,
-            scale=scale,
-            numbers=numbers,
-            quality=quality,
-            data_hashes=summary["data_hashes"],
-            tests={
-                "orderings": summary["orderings"],
-                "learned": summary["learned"],
-                "alpha": ALPHA,
-                "expected": EXPECTED[config.task],
-            },
-            runs=[{k: v for k, v in r.items() if k != "data_hashes"} for r in summary["runs"]],
-            extra={
-                "metric": (
-                    "mean test Pearson r of the final ridge probes over the tracked layers "
-                    "and positions, NTP-useless (type 1) entries only; one value per run"
-                )
-            },
+        return _publish(config, summary, out, results, command or f"python: run_toy_grid({config!r}, {str(out)!r})")
+
+
+def reanalyse_toy_grid(
+    config: ToyGridConfig,
+    record: dict[str, Any],
+    out: str | Path,
+    *,
+    results: str | Path | None = None,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """The statistics of this version recomputed from the runs recorded in a results file (``record``:
+    its per-run trained and initial-model probe qualities), without the run directories; the new file
+    names the record it was computed from (``reanalysed_from``: its commit and time).  ``config`` must
+    describe the same grid (task, scale, seeds, regimes, overrides)."""
+    from ..errors import InputError
+
+    want = to_jsonable(config)
+    got = (record.get("config") or {}).get("experiment") or {}
+    same = {k: want[k] for k in ("task", "scale", "seeds", "regimes", "overrides")}
+    theirs = {k: got.get(k) for k in same}
+    if record.get("experiment") != EXPERIMENT or theirs != same:
+        raise InputError(
+            f"the results file is not a {EXPERIMENT} record of this grid (it has {theirs}, this grid is {same})",
+            "pass the --task, --scale and --seeds the file was made with",
         )
-        summary["results_file"] = str(res_path)
+    hashes = record.get("data_hashes") or {}
+    runs = [{**r, "data_hashes": hashes.get(f"{r['regime']}/seed-{r['seed']}", {})} for r in record["runs"]]
+    missing = [
+        (rg, sd)
+        for rg in config.regimes
+        for sd in config.seeds
+        if not any(r["regime"] == rg and r["seed"] == sd for r in runs)
+    ]
+    if missing:
+        raise InputError(f"the results file lacks the runs {missing}", "reanalyse the grid it was made for")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with exclusive(out):
+        summary = summarise_runs(config, runs)
+        summary["reanalysed_from"] = {k: record.get(k) for k in ("git_commit", "created", "command")}
+        return _publish(config, summary, out, results, command or f"python: reanalyse_toy_grid({config!r})")
+
+
+def _publish(
+    config: ToyGridConfig, summary: dict[str, Any], out: Path, results: str | Path | None, command: str
+) -> dict[str, Any]:
+    """The experiment record, the report and the results file of a summarised grid."""
+    cfg0 = config.grid(False).run_config(config.regimes[0], config.seeds[0])
+    scale = {
+        "name": config.scale,
+        "summary": SCALE_NOTES[config.scale],
+        "model": f"{cfg0.n_layer} layers, d = {cfg0.d_model}, {cfg0.n_head} heads",
+        "training": f"Adam lr {cfg0.lr}, batch {cfg0.batch_size}, {cfg0.steps} steps, "
+        + (f"fixed training set of {cfg0.train_size} sequences" if cfg0.train_size else "fresh sequences every step"),
+        "eval": f"{cfg0.eval_size} sequences; ridge probes (alpha {cfg0.probe_alpha}) on the first "
+        f"{int(cfg0.probe_train_frac * 100)} %, Pearson r on the rest",
+        "untied": f"split at m = 10, untie_scope {cfg0.untie_scope}",
+        "deviations": config.deviations(),
+    }
+    summary["scale"] = scale
+    summary["expected"] = EXPECTED[config.task]
+    atomic_write_json(out / "experiment.json", to_jsonable(summary))
+    write_report(summary, out)
+    res_path = Path(results) if results is not None else default_results_path(EXPERIMENT, config.name)
+    quality = {
+        r: {
+            k: summary["per_regime"][r][k]
+            for k in ("eval_loss", "initial_eval_loss", "legal_output_acc", "first_output_token_acc")
+        }
+        for r in config.regimes
+    }
+    numbers = {
+        r: {
+            k: summary["per_regime"][r][k]
+            for k in ("useless_r", "useless_r_bootstrap", "initial_useless_r", "gain", "useful_r", "useless_r_by_layer")
+        }
+        for r in config.regimes
+    }
+    extra: dict[str, Any] = {
+        "metric": (
+            "mean test Pearson r of the final ridge probes over the tracked layers "
+            "and positions, NTP-useless (type 1) entries only; one value per run; gain = (r − r₀) / (1 − r₀) "
+            "against the same probe on the untrained model of the same regime and seed"
+        )
+    }
+    if summary.get("reanalysed_from"):
+        extra["reanalysed_from"] = summary["reanalysed_from"]
+    write_results(
+        res_path,
+        experiment=EXPERIMENT,
+        name=config.name,
+        command=command,
+        config={"experiment": to_jsonable(config), "ntp": cfg0.to_dict()},
+        seeds=config.seeds,
+        scale=scale,
+        numbers=numbers,
+        quality=quality,
+        data_hashes=summary["data_hashes"],
+        tests={
+            "orderings": summary["orderings"],
+            "orderings_scale": "null-normalised gain, paired over seeds",
+            "learned": summary["learned"],
+            "readings": summary["readings"],
+            "alpha": ALPHA,
+            "expected": EXPECTED[config.task],
+        },
+        runs=[{k: v for k, v in r.items() if k != "data_hashes"} for r in summary["runs"]],
+        extra=extra,
+    )
+    summary["results_file"] = str(res_path)
     return summary
 
 
@@ -358,6 +466,7 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
                 u["n"],
                 f"{_f(u['mean'])} [{_f(u['low'])}, {_f(u['high'])}]",
                 f"{_f(i['mean'])} [{_f(i['low'])}, {_f(i['high'])}]",
+                f"{_f(s['gain']['mean'])} [{_f(s['gain']['low'])}, {_f(s['gain']['high'])}]",
                 _p(s["gain_over_initial"]["p_t"]),
                 _f(s["useful_r"]["mean"]),
                 _f(s["eval_loss"]["mean"], 4),
@@ -372,6 +481,7 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
             "seeds",
             "trained r [95% CI]",
             "initial-model r (null)",
+            "gain (r − r₀)/(1 − r₀)",
             "p(trained > initial)",
             "useful r",
             "eval loss",
@@ -379,11 +489,11 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
             "first output acc",
         ],
         rows,
-        caption="Fisher-z intervals over seeds; p: one-sided paired t on Fisher z",
+        caption="Fisher-z intervals of r over seeds, Student t of the gain; p: one-sided paired t on Fisher z",
     )
     rep.section("The paper's orderings as hypotheses")
     rep.table(
-        ["hypothesis", "Δz [95% CI]", "p (t)", "p (Holm)", "p (Wilcoxon)", "d_z", "power", "holds"],
+        ["hypothesis", "Δ gain [95% CI]", "p (t)", "p (Holm)", "p (Wilcoxon)", "d_z", "power", "holds"],
         [
             [
                 k,
@@ -397,8 +507,35 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
             ]
             for k, v in summary["orderings"].items()
         ],
-        caption="one-sided paired tests over seeds; Holm over the family of orderings",
+        caption="one-sided paired tests over seeds on the null-normalised gains; Holm over the family of orderings",
     )
+    rd = summary.get("readings")
+    if rd:
+        rep.section("The claim read two ways")
+        rep.table(
+            ["reading", "regime", "estimate [CI]", "p", "holds"],
+            [
+                [
+                    f"A: {rd['statements']['A']}",
+                    r,
+                    f"{_f(v['mean'])} [{_f(v['low'])}, {_f(v['high'])}] (90 %)",
+                    _p(v["p"]),
+                    v["equivalent"],
+                ]
+                for r, v in rd["A"].items()
+            ]
+            + [
+                [
+                    f"B: {rd['statements']['B']}",
+                    r,
+                    f"{_f(v['diff'])} [{_f(v['diff_low'])}, {_f(v['diff_high'])}] (95 %)",
+                    _p(v["p_holm"]),
+                    v["holds"],
+                ]
+                for r, v in rd["B"].items()
+            ],
+            caption=f"A: TOST of the regime's gain against ± {rd['margin']:g}; B: ½·gain(standard) − gain(regime) > 0",
+        )
     fig, ax = plt.subplots(figsize=(6, 3.2))
     names = list(summary["per_regime"])
     xs = np.arange(len(names))
