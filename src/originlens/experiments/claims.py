@@ -201,7 +201,8 @@ CLAIMS: tuple[Claim, ...] = (
         "gp-cond-majority",
         "2603.14087, toy interventions",
         "Conditioned Majority: prev_is_<0> is learned under standard and untied training, not under myopic "
-        "or myopic+untied (pre-caching is its only source)",
+        "or myopic+untied (pre-caching is its only source); read two ways: (A) not learned without "
+        "pre-caching, (B) substantially decreased without it",
         "qualitative (bar plot, 10 seeds)",
         ("toy-grid/cond-majority-paper", "toy-grid/cond-majority-cpu"),
         judge_cond_majority,

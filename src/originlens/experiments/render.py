@@ -122,7 +122,7 @@ def _toy_grid_section(key: str, rec: dict[str, Any]) -> list[str]:
         out += [
             "",
             f"The claim read two ways, each tested per myopic regime on the gains (equivalence margin "
-            f"± {_f(rd['margin'])}, fixed in the code and recorded):",
+            f"± {_f(rd['margin'])}, {rd.get('margin_fixed', 'fixed in the code and recorded')}):",
             "",
             "| reading | regime | gain [90 % CI] or ½·standard − regime [95 % CI] | p | holds |",
             "|---|---|---|---|---|",
