@@ -540,7 +540,7 @@ def test_cli_sampling_and_prompt(capsys):
 
 
 def test_load_model_dispatch(tmp_path):
-    from originlens.cli.lm_cmd import detect_format, load_model
+    from originlens.lm.loading import detect_format, load_model
 
     path, _, _ = synthetic(tmp_path, shared=True, nkv=2)
     renamed = tmp_path / "weights.llama"  # detected by header + exact size

@@ -100,3 +100,15 @@ def test_tests_mirror_the_package():
     folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
     packages = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert folders - packages - {"project", "reliability"} == set()
+
+
+def test_no_module_forwards_names_through_a_module_getattr():
+    """A module-level ``__getattr__`` forwards names that live elsewhere (a shim); only the package's own
+    lazy public API (``originlens/__init__.py``) may have one."""
+    found = []
+    for f in ROOT.rglob("*.py"):
+        rel = f.relative_to(ROOT).as_posix()
+        for node in ast.parse(f.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__" and rel != "__init__.py":
+                found.append(f"{rel}:{node.lineno}")
+    assert not found, f"forwarding shims: {found}"

@@ -32,37 +32,9 @@ if TYPE_CHECKING:
     from ..lm.adapter import LMAdapter
     from ..lm.loading import TextCodec
 
-# detect_format, load_model and ModelFormat are re-exported for callers of the former CLI-local registry
-__all__ = [  # noqa: F822 (the lazy names resolve through __getattr__)
-    "MODEL_FORMATS",
-    "ModelFormat",
-    "detect_format",
-    "generate_ids",
-    "generate_text",
-    "load_model",
-    "register",
-]
+__all__ = ["FORMAT_NAMES", "generate_ids", "generate_text", "register"]
 # the names of originlens.lm.loading.MODEL_FORMATS, for the help text (tests/reliability/test_cli_startup.py)
 FORMAT_NAMES = ("llama2c", "originlens-gpt", "hf")
-_LAZY = {
-    "MODEL_FORMATS",
-    "ModelFormat",
-    "detect_format",
-    "load_model",
-    "load_adapter",
-    "load_tokenizer",
-    "check_vocab",
-    "TextCodec",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """The re-exported names of :mod:`originlens.lm.loading`, imported on first use (it imports torch)."""
-    if name in _LAZY:
-        from ..lm import loading
-
-        return getattr(loading, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def generate_ids(
