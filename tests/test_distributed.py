@@ -345,9 +345,11 @@ def test_two_process_attribution_equals_one_process(two_process, tmp_path, one_t
         assert ta.num_rows > 0 and ta.equals(tb), a.name  # bit-identical tables
     meta = json.loads((two_process / "attr2" / "meta.json").read_text())
     assert [s["file"] for s in meta["segments"]] == [r.path.name for r in res]
-    # the rank with segment 2:4 had no stored moments at 2 when it started: it recomputed them (warm)
+    # the rank with segment 2:4 either found the moments at 2 stored by the rank that finished 0:2, or
+    # (the usual order) started before they existed and recomputed them from 0 — which one depends on the
+    # machine's load; the tables above are bit-identical either way
     infos = ostore.read_segment_infos(two_process / "attr2")
-    assert infos[1]["moments_from"] == 0
+    assert infos[1]["moments_from"] in (0, 2)
     assert all(i["checks"]["checkpoints_verified"] for i in infos)
     # refused up front (on every rank alike): recomputing without overwrite, Adam without starting moments
     from originlens.errors import CompatibilityError, ConfigError

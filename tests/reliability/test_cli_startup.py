@@ -126,3 +126,27 @@ def test_ctrl_c_at_any_moment_of_start_up_is_one_line(tmp_path, delay):
     assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("originlens: interrupted"), err
+
+
+def test_an_interrupt_wrapped_in_another_error_is_still_one_line(monkeypatch, capsys):
+    """Ctrl-C inside a class body's ``__set_name__`` (as during torch's import) reaches the CLI as a
+    RuntimeError whose cause is the KeyboardInterrupt: one line, status 130; other errors pass through."""
+    from originlens.cli import main as cli
+
+    def wrapped(_argv):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("Error calling __set_name__ on 'cached_property' instance") from exc
+
+    monkeypatch.setattr(cli, "_main", wrapped)
+    assert cli.main([]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("originlens: interrupted")
+
+    def bug(_argv):
+        raise RuntimeError("a bug keeps its traceback")
+
+    monkeypatch.setattr(cli, "_main", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main([])

@@ -119,8 +119,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         print("originlens: interrupted (partial outputs were not published)", file=sys.stderr)
         return 143 if str(exc) == "SIGTERM" else 130
+    except Exception as exc:
+        # Ctrl-C during an import can surface wrapped in another error (Python turns a KeyboardInterrupt
+        # raised in a class body's __set_name__ into a RuntimeError, as torch's import showed): still an
+        # interrupt, one line
+        interrupt = interrupt_in_chain(exc)
+        if interrupt is None:
+            raise
+        print("originlens: interrupted (partial outputs were not published)", file=sys.stderr)
+        return 143 if str(interrupt) == "SIGTERM" else 130
     finally:
         _progress.set_verbosity(saved)
+
+
+def interrupt_in_chain(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt among ``exc``'s causes and contexts, if any (each link followed once)."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, KeyboardInterrupt):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return None
 
 
 def run_script(fn: Callable[[], int | None], prog: str) -> int:
