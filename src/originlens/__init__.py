@@ -80,6 +80,7 @@ _API = {
     "decompose": "originlens.attribution",
     "PathwayGradients": "originlens.attribution",
     "AdamAttributor": "originlens.attribution",
+    "influence_table": "originlens.attribution",
     "influences": "originlens.attribution",
     "Probe": "originlens.attribution",
     "reference_projections": "originlens.attribution",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 # lowest first; names are the top-level modules and subpackages of ``originlens``
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # ground floor: errors, files, run directories, devices, site names, progress
+    # ground floor: errors, files, run directories, devices, operator counts, site names, progress
     (
         "errors",
         "paths",
@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "sinks",
         "config",
         "devices",
+        "counting",
         "interrupts",
         "sites",
         "runs",

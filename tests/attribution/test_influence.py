@@ -1,4 +1,4 @@
-"""Hand-written forward-mode JVPs (influence.grouped_jvps) against torch.func's, in float64."""
+"""Hand-written forward-mode JVPs (jvp.grouped_jvps) against torch.func's, in float64."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from originlens.attribution import Probe, influences, reference_projections, site_jvp
-from originlens.attribution.influence import grouped_jvps, manual_supported
+from originlens.attribution.jvp import grouped_jvps, manual_supported
 from originlens.errors import ConfigError
 from originlens.models import GPT, GPTConfig
 

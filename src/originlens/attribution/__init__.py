@@ -7,7 +7,8 @@ steps, influence; see ``docs/concepts.md``).
   backwards + batched VJPs, any hooked model; ``"brute"``: the stop-gradient definition).
 * :mod:`.steps` — optimizer-aware component steps Δ_c: ``sgd_steps``, ``AdamAttributor`` (checked
   against the real Adam/AdamW update at every step).
-* :mod:`.influence` — mismatch R and influences I_c = ⟨Δ_c, ∇R⟩ via forward-mode JVPs.
+* :mod:`.influence` — mismatch R and influences I_c = ⟨Δ_c, ∇R⟩ (``influence_table``: batched on the
+  device, one columnar table per batch); :mod:`.jvp` — the forward-mode JVPs J_{k,i} v they use.
 
 * :mod:`.replay` — ``attribute_run(RUN, ...)``: influences over a finished training run, replayed from its
   checkpoints and data order (segments; bit-exact checks); :mod:`.store` — Parquet observables,
@@ -23,7 +24,17 @@ from .decompose import (
     pathway_adjoints,
     trainable_parameters,
 )
-from .influence import Influence, Probe, influences, mismatch, projections, reference_projections, site_jvp
+from .influence import (
+    Influence,
+    InfluenceTable,
+    Probe,
+    influence_table,
+    influences,
+    mismatch,
+    projections,
+    reference_projections,
+)
+from .jvp import site_jvp
 from .steps import AdamAttributor, sgd_steps, step_sum
 from .stopgrad import stop_gradient, stop_gradient_hooks
 
@@ -32,10 +43,12 @@ __all__ = [
     "AdamAttributor",
     "Adjoints",
     "Influence",
+    "InfluenceTable",
     "PathwayGradients",
     "Probe",
     "attention_impl",
     "decompose",
+    "influence_table",
     "influences",
     "mismatch",
     "pathway_adjoints",

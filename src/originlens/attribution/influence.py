@@ -10,19 +10,13 @@ feature toward its final value**.  f = 1 is the reference code's convention (val
 ``half=True``).
 
 Fast path: ``∇R = J_{k,i}ᵀ u`` with ``u_b = f·(2/n)(⟨w, r_b⟩ − ⟨w, r*_b⟩) w``, hence
-``I_c = ⟨u, J_{k,i} Δ_c⟩``: one forward-mode JVP of θ ↦ r^k_i(θ) along each Δ_c serves every probe and
-every feature-type subset at that site as a dot product and a masked mean.  For a tied GPT (one parameter
-range, no active dropout) the JVPs are written out by hand (:func:`grouped_jvps`, ``jvp="manual"``, the
-``"auto"`` choice there): the sites of one position i share one primal forward over positions ≤ i, the
-tangents of all their components travel stacked through the blocks (x·dWᵀ as one batched matmul per
-linear layer, LayerNorm, attention and GELU derivatives in closed form), each only up to its own block
-k, whose query row i alone is computed.  Otherwise ``torch.func.jvp`` with ``functional_call``, batched
-over components with ``vmap`` (positions ≤ i and blocks ≤ k only, the forward being stopped by a hook at
-resid.k); if forward-mode AD fails for an op, the JVP is emulated by two reverse passes
-(``jvp="double_backward"``; ``"auto"`` falls back by itself).  Measured (``benchmarks/RESULTS.md``): the
-hand-written JVPs take ≈ 0.6× the time of ``torch.func``'s on an Othello-sized model (4 layers × 128,
-T = 60, batch 64, 12 sites × 48 probes × 4 row subsets); both beat one ∇R backward per risk from about
-2 risks per site.
+``I_c = ⟨u, J_{k,i} Δ_c⟩``: one forward-mode JVP of θ ↦ r^k_i(θ) along each Δ_c (:mod:`.jvp`) serves
+every probe and every feature-type subset at that site.  :func:`influence_table` does the rest on the
+device: per site one product of the JVPs (C, B, d) with all probe directions (P, d), the subsets as masks
+(P, S, B), and one transfer of every site's sums, counts and risks per call; the result is one columnar
+:class:`InfluenceTable` (:func:`influences` gives its rows as :class:`Influence` objects).  Measured
+(``benchmarks/RESULTS.md``): the hand-written JVPs take ≈ 0.6× the time of ``torch.func``'s on an
+Othello-sized model; both beat one ∇R backward per risk from about 2 risks per site.
 
 Always through the **non-myopic** graph (∇R is the true derivative of the representation, also for
 myopically trained models), with eager attention (SDPA has no forward-mode AD; values differ by rounding).
@@ -33,17 +27,17 @@ Type-restricted risks use the rows whose feature type equals τ; an empty subset
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from ..errors import ConfigError, InputError
-from ..sites import site_name
-from .decompose import ParamDict, attention_impl, trainable_parameters
+from .decompose import ParamDict
+from .jvp import grouped_jvps, manual_supported, site_jvp
 from .stopgrad import Site, normalise_sites
 
 
@@ -124,90 +118,49 @@ def mismatch(
 
 
 # ----------------------------------------------------------------------------------------------------
-# J_{k,i} v
-
-
-class _Reached(Exception):
-    """Raised by the hook at resid.k to stop the forward once r^k is computed."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        super().__init__("site reached")
-        self.tensor = tensor
-
-
-def _stop_at(k: int) -> dict[str, Callable]:
-    def hook(h: torch.Tensor, site) -> None:
-        raise _Reached(h)
-
-    return {site_name(k): hook}
-
-
-def _site_forward(model: nn.Module, tokens: torch.Tensor, site: Site, params: ParamDict | None = None) -> torch.Tensor:
-    """r^k_i (B, d), non-myopic, computing only positions ≤ i and blocks ≤ k (causality)."""
-    k, i = site
-    kwargs = {"hooks": _stop_at(k), "myopic": False}
-    try:
-        if params is None:
-            model(tokens[:, : i + 1], **kwargs)
-        else:
-            torch.func.functional_call(model, params, (tokens[:, : i + 1],), kwargs)
-    except _Reached as stop:
-        return stop.tensor[:, i]
-    raise RuntimeError("the residual hook was not called")  # pragma: no cover
-
-
-def site_jvp(
-    model: nn.Module,
-    tokens: torch.Tensor,
-    site: Site,
-    tangents: Sequence[ParamDict],
-    *,
-    jvp: Literal["auto", "manual", "forward", "double_backward"] = "auto",
-) -> torch.Tensor:
-    """``J_{k,i} v`` for each tangent v (name → tensor): returns (n, B, d), non-myopic eager graph."""
-    names, params = trainable_parameters(model)
-    if jvp not in ("auto", "manual", "forward", "double_backward"):
-        raise ConfigError(f"unknown jvp mode {jvp!r}", "use 'auto', 'manual', 'forward' or 'double_backward'")
-    if jvp == "manual" or (jvp == "auto" and manual_supported(model)):
-        if not manual_supported(model):
-            raise ConfigError("jvp='manual' needs a tied GPT without active dropout", "use jvp='auto'")
-        return grouped_jvps(model, tokens, {site: tangents})[site]
-    stacked = {n: torch.stack([t[n].to(p.dtype) for t in tangents]) for n, p in zip(names, params)}
-    with attention_impl(model, "eager"):
-        if jvp in ("auto", "forward"):
-            primal = {n: p.detach() for n, p in zip(names, params)}
-
-            def f(p: ParamDict) -> torch.Tensor:
-                return _site_forward(model, tokens, site, p)
-
-            try:
-                with warnings.catch_warnings():  # torch's forward-AD internals call torch.jit.script
-                    warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=DeprecationWarning)
-                    return torch.func.vmap(lambda tan: torch.func.jvp(f, (primal,), (tan,))[1])(stacked)
-            except (NotImplementedError, RuntimeError):
-                if jvp == "forward":
-                    raise
-        return _jvp_double_backward(model, tokens, site, params, [stacked[n] for n in names])
-
-
-def _jvp_double_backward(model, tokens, site, params, stacked) -> torch.Tensor:
-    """J v = ∂/∂u ⟨Jᵀu, v⟩ (two reverse passes; exact, any differentiable op)."""
-    with torch.enable_grad():
-        r = _site_forward(model, tokens, site)
-        u = torch.zeros_like(r, requires_grad=True)
-        g = torch.autograd.grad(r, params, grad_outputs=u, create_graph=True, allow_unused=True)
-        used = [(gj, vj) for gj, vj in zip(g, stacked) if gj is not None]
-        out = []
-        for j in range(stacked[0].shape[0]):
-            (jv,) = torch.autograd.grad(
-                [gj for gj, _ in used], u, grad_outputs=[vj[j] for _, vj in used], retain_graph=True, allow_unused=True
-            )
-            out.append(torch.zeros_like(r) if jv is None else jv.detach())
-    return torch.stack(out)
-
-
-# ----------------------------------------------------------------------------------------------------
 # influences
+
+
+@dataclass(frozen=True)
+class InfluenceTable:
+    """Influences of one batch as columns (one row per probe × row subset × component, ``"full"`` last).
+
+    ``probe`` (names), ``component`` (names): lists; ``layer``, ``position``, ``n_rows``: int arrays;
+    ``feature_type``: int array, −1 = all rows; ``value``, ``risk``: float64 arrays, NaN where the subset
+    is empty.  :meth:`influences` gives the same rows as :class:`Influence` objects."""
+
+    probe: list[str]
+    layer: np.ndarray
+    position: np.ndarray
+    feature_type: np.ndarray
+    component: list[str]
+    value: np.ndarray
+    risk: np.ndarray
+    n_rows: np.ndarray
+    factor: float
+
+    def __len__(self) -> int:
+        return len(self.probe)
+
+    def influences(self) -> list[Influence]:
+        """The rows as :class:`Influence` objects (``feature_type`` None = all rows, None for NaN)."""
+        out = []
+        for j in range(len(self)):
+            v, r, tau = float(self.value[j]), float(self.risk[j]), int(self.feature_type[j])
+            out.append(
+                Influence(
+                    probe=self.probe[j],
+                    layer=int(self.layer[j]),
+                    position=int(self.position[j]),
+                    feature_type=None if tau < 0 else tau,
+                    component=self.component[j],
+                    value=None if math.isnan(v) else v,
+                    risk=None if math.isnan(r) else r,
+                    n_rows=int(self.n_rows[j]),
+                    factor=self.factor,
+                )
+            )
+        return out
 
 
 def influences(
@@ -222,18 +175,41 @@ def influences(
     half: bool = False,
     jvp: Literal["auto", "manual", "forward", "double_backward"] = "auto",
 ) -> list[Influence]:
+    """Influences ``I_c = ⟨Δ_c, ∇R_p⟩`` of every step component at every probe (and type subset), as
+    :class:`Influence` objects: :func:`influence_table` (same arguments) row by row."""
+    table = influence_table(
+        model, tokens, steps, probes, references, types=types, type_values=type_values, half=half, jvp=jvp
+    )
+    return table.influences()
+
+
+def influence_table(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    steps: Mapping[Site, Mapping[str, ParamDict]],
+    probes: Sequence[Probe],
+    references: Mapping[str, torch.Tensor],
+    *,
+    types: Mapping[str, torch.Tensor] | None = None,
+    type_values: Sequence[int] | None = None,
+    half: bool = False,
+    jvp: Literal["auto", "manual", "forward", "double_backward"] = "auto",
+) -> InfluenceTable:
     """Influences ``I_c = ⟨Δ_c, ∇R_p⟩`` of every step component at every probe (and type subset).
 
     tokens (B, T); ``steps[(k, i)][c][name]`` = Δ_c (from :func:`sgd_steps` / ``AdamAttributor``) for
     each probe's site; ``references[probe.name]`` (B,) = ⟨w, r(θ*)⟩ on this batch
     (:func:`reference_projections`); ``types[probe.name]`` (B,) integer feature types at the probe's
-    (position, feature); ``type_values`` = types to report (default: those present; absent ones are
-    reported missing).  Returns one :class:`Influence` per probe × subset × component (+ ``"full"``).
-    """
+    (position, feature); ``type_values`` = types to report (default: those present for the probe; absent
+    ones are reported missing).  Rows per probe: all rows, then each type; per subset the components in
+    ``steps``' order, then ``"full"`` (= Σ_c I_c).
+
+    Batched on the device: per site, the JVPs of its components (C, B, d) meet all its probes' directions
+    (P, d) in one product, the feature-type subsets are masks (P, S, B), and the sums, counts and risks of
+    every site leave the device in one transfer per call."""
     _check_probes(model, tokens, probes)
     B = tokens.shape[0]
     f = 0.5 if half else 1.0
-    current = projections(model, tokens, probes)
     by_site: dict[Site, list[Probe]] = {}
     for p in probes:
         if p.site not in steps:
@@ -246,200 +222,104 @@ def influences(
                 f"reference projections for probe {p.name!r} missing or not of shape ({B},)",
                 "compute them with reference_projections(final_model, tokens, probes)",
             )
+        if types is not None and p.name in types and types[p.name].reshape(-1).shape != (B,):
+            raise InputError(
+                f"types for probe {p.name!r} have shape {tuple(types[p.name].shape)}, expected ({B},)",
+                "pass one feature type per batch row",
+            )
         by_site.setdefault(p.site, []).append(p)
-    out: list[Influence] = []
-    shared = None
+    typed = {p.name for p in probes if types is not None and p.name in types}  # probes with feature types
+    with torch.no_grad():
+        _, res = model(tokens, return_residuals=True, myopic=False)
+    dev = res[0].device
+    values_of: list[int] = []
+    if typed:
+        assert types is not None
+        all_types = torch.stack([types[p.name].reshape(-1) for p in probes if p.name in typed]).to(dev)
+        values_of = (
+            [int(v) for v in type_values]
+            if type_values is not None
+            else [int(v) for v in torch.unique(all_types).tolist()]  # the one host read before the products
+        )
     if jvp in ("auto", "manual") and manual_supported(model):  # one primal per position, tangents stacked
-        shared = grouped_jvps(model, tokens, {s: [steps[s][c] for c in steps[s]] for s in by_site})
+        jvps = grouped_jvps(model, tokens, {s: [steps[s][c] for c in steps[s]] for s in by_site})
+    else:
+        jvps = {s: site_jvp(model, tokens, s, [steps[s][c] for c in steps[s]], jvp=jvp) for s in by_site}
+    S = 1 + len(values_of)
+    type_vec = torch.tensor(values_of, dtype=torch.long, device=dev)
+    blocks = []
+    for site, site_probes in by_site.items():
+        jv = jvps[site]  # (C, B, d)
+        W = torch.stack([p.direction for p in site_probes]).to(dev)  # (P, d)
+        current = res[site[0]][:, site[1]] @ W.to(res[0].dtype).t()  # (B, P)
+        ref = torch.stack([references[p.name] for p in site_probes], 1).to(dev, jv.dtype)  # (B, P)
+        diff = current - ref
+        moved = jv @ W.to(jv.dtype).t()  # (C, B, P)
+        masks = torch.ones(len(site_probes), S, B, dtype=diff.dtype, device=dev)
+        rows = [j for j, p in enumerate(site_probes) if p.name in typed]
+        masks[[j for j in range(len(site_probes)) if j not in rows], 1:] = 0
+        if rows and values_of:
+            assert types is not None
+            ty = torch.stack([types[site_probes[j].name].reshape(-1) for j in rows]).to(dev)  # (P_typed, B)
+            masks[rows, 1:] = (ty[:, None, :] == type_vec[None, :, None]).to(diff.dtype)
+        sums = torch.einsum("psb,cbp->psc", masks, moved * diff)  # Σ_rows d·(J Δ_c)·w
+        counts = masks.sum(-1)  # (P, S)
+        sq = torch.einsum("psb,bp->ps", masks, diff.pow(2))
+        blocks.append(torch.cat([sums.reshape(-1), counts.reshape(-1), sq.reshape(-1)]).double())
+    host = torch.cat(blocks).cpu().numpy()  # the one transfer of the results
+    return _table(by_site, steps, host, values_of, typed, type_values is not None, f)
+
+
+def _table(
+    by_site: Mapping[Site, list[Probe]],
+    steps: Mapping[Site, Mapping[str, ParamDict]],
+    host: np.ndarray,
+    values_of: list[int],
+    typed: set[str],
+    explicit: bool,
+    f: float,
+) -> InfluenceTable:
+    """The columns from the device's flat result (per site: sums (P, S, C), counts (P, S), sq (P, S))."""
+    cols: dict[str, list] = {k: [] for k in ("probe", "layer", "position", "type", "component", "value", "risk", "n")}
+    at = 0
+    subsets = [-1, *values_of]
     for site, site_probes in by_site.items():
         comps = list(steps[site])
-        jv = (
-            shared[site]
-            if shared is not None
-            else site_jvp(model, tokens, site, [steps[site][c] for c in comps], jvp=jvp)
-        )
-        for p in site_probes:
-            w = p.direction.to(jv.dtype)
-            diff = current[p.name] - references[p.name].to(jv.dtype)  # (B,)
-            moved = jv @ w  # (C, B)
-            subsets: list[tuple[int | None, torch.Tensor]] = [(None, torch.ones(B, dtype=torch.bool))]
-            if types is not None and p.name in types:
-                ty = types[p.name].reshape(-1)
-                if ty.shape != (B,):
-                    raise InputError(
-                        f"types for probe {p.name!r} have shape {tuple(ty.shape)}, expected ({B},)",
-                        "pass one feature type per batch row",
-                    )
-                values = sorted({int(v) for v in ty.tolist()}) if type_values is None else list(type_values)
-                subsets += [(int(tau), ty.cpu() == tau) for tau in values]
-            masks = torch.stack([rows for _, rows in subsets]).to(diff.device)  # (S, B)
-            counts = masks.sum(1).tolist()
-            sums = ((moved * diff) @ masks.to(diff.dtype).t()).t().tolist()  # (S, C): Σ_rows d·(J Δ_c)·w
-            risks = [(diff[m].pow(2).sum() / max(1, n)).item() for m, n in zip(masks, counts)]
-            for (tau, _), n, s, r in zip(subsets, counts, sums, risks):
-                base: dict[str, Any] = dict(
-                    probe=p.name, layer=p.layer, position=p.position, feature_type=tau, n_rows=n, factor=f
-                )
+        P, S, C = len(site_probes), len(subsets), len(comps)
+        sums = host[at : at + P * S * C].reshape(P, S, C)
+        counts = host[at + P * S * C : at + P * S * (C + 1)].reshape(P, S)
+        sq = host[at + P * S * (C + 1) : at + P * S * (C + 2)].reshape(P, S)
+        at += P * S * (C + 2)
+        for j, p in enumerate(site_probes):
+            for si, tau in enumerate(subsets):
+                n = int(round(counts[j, si]))
+                if si > 0 and (p.name not in typed or (n == 0 and not explicit)):
+                    continue  # a type absent from this probe's rows is not reported unless asked for
                 if n == 0:
-                    out += [Influence(component=c, value=None, risk=None, **base) for c in comps + ["full"]]
-                    continue
-                risk = f * r
-                vals = [f * 2.0 / n * v for v in s]
-                out += [Influence(component=c, value=v, risk=risk, **base) for c, v in zip(comps, vals)]
-                out.append(Influence(component="full", value=sum(vals), risk=risk, **base))
-    return out
-
-
-# ----------------------------------------------------------------------------------------------------
-# J_{k,i} v by hand (standard tied GPT): one primal per position, tangents stacked over sites and components
-
-
-def manual_supported(model: nn.Module) -> bool:
-    """True for a tied (one range, one embedding) GPT without active dropout: :func:`grouped_jvps` applies."""
-    from ..models.gpt import GPT
-
-    if not isinstance(model, GPT) or len(model.embed) != 1 or len(model.head) != 1:
-        return False
-    if any(len(cast(Any, b).copies) != 1 for b in model.blocks):
-        return False
-    return not (model.training and model.config.dropout > 0.0)
-
-
-def _lin(x: torch.Tensor, dx: torch.Tensor, lin: nn.Linear, tw: torch.Tensor | None, tb: torch.Tensor | None):
-    """y = x Wᵀ + b and its tangents (N, ...) = dx Wᵀ + x dWᵀ + db."""
-    y = torch.nn.functional.linear(x, lin.weight, lin.bias)
-    n, d_in, lead = dx.shape[0], x.shape[-1], x.shape[:-1]
-    w_t = lin.weight.detach().t()
-    if tw is None:
-        dy = dx.reshape(-1, d_in) @ w_t
-        dy = dy if tb is None else dy.view(n, -1, dy.shape[-1]) + tb.unsqueeze(1)
-    else:  # x dWᵀ (+ db) as one batched matmul, then dx Wᵀ accumulated in place
-        xe = x.reshape(1, -1, d_in).expand(n, -1, -1)
-        dy = torch.bmm(xe, tw.transpose(1, 2)) if tb is None else torch.baddbmm(tb.unsqueeze(1), xe, tw.transpose(1, 2))
-        dy.view(-1, dy.shape[-1]).addmm_(dx.reshape(-1, d_in), w_t)
-    return y, dy.reshape(n, *lead, -1)
-
-
-def _ln(x: torch.Tensor, dx: torch.Tensor, ln: nn.LayerNorm, tw: torch.Tensor | None, tb: torch.Tensor | None):
-    """LayerNorm and its forward-mode derivative: dx̂ = rstd (dx − mean dx − x̂ mean(x̂ dx))."""
-    y = torch.nn.functional.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
-    mu = x.mean(-1, keepdim=True)
-    rstd = torch.rsqrt((x - mu).pow(2).mean(-1, keepdim=True) + ln.eps)
-    xh = (x - mu) * rstd
-    dxh = rstd * (dx - dx.mean(-1, keepdim=True) - xh * (xh * dx).mean(-1, keepdim=True))
-    dy = dxh * cast(torch.Tensor, ln.weight).detach()
-    shape = (-1, *([1] * (dx.dim() - 2)), x.shape[-1])
-    if tw is not None:
-        dy = dy + xh * tw.view(shape)
-    if tb is not None:
-        dy = dy + tb.view(shape)
-    return y, dy
-
-
-def _gelu(u: torch.Tensor, du: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """GELU (tanh approximation) and its tangent."""
-    c = math.sqrt(2.0 / math.pi)
-    t = torch.tanh(c * (u + 0.044715 * u.pow(3)))
-    slope = 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * u * u)
-    return torch.nn.functional.gelu(u, approximate="tanh"), du * slope
-
-
-def _block(block: nn.Module, x: torch.Tensor, dx: torch.Tensor, tan: Callable, H: int, last_row: bool):
-    """One pre-LN block on x (B, T, d) with tangents dx (N, B, T, d); ``last_row``: the output row T−1 only."""
-    c = cast(Any, block).copies[0]
-    B, T, d = x.shape
-    N, hd = dx.shape[0], d // H
-    a, da = _ln(x, dx, c.ln_1, tan("ln_1.weight"), tan("ln_1.bias"))
-    qkv, dqkv = _lin(a, da, c.attn_qkv, tan("attn_qkv.weight"), tan("attn_qkv.bias"))
-    q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in qkv.split(d, dim=2))
-    dq, dk, dv = (t.view(N, B, T, H, hd).transpose(2, 3) for t in dqkv.split(d, dim=3))
-    if last_row:
-        q, dq, x, dx = q[:, :, -1:], dq[:, :, :, -1:], x[:, -1:], dx[:, :, -1:]
-    rows = q.shape[2]
-    scale = 1.0 / math.sqrt(hd)
-    scores = (q @ k.transpose(-2, -1)) * scale
-    if rows > 1:
-        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
-    att = torch.softmax(scores, dim=-1)
-    ds = (dq @ k.transpose(-2, -1) + q @ dk.transpose(-2, -1)) * scale
-    datt = att * (ds - (att * ds).sum(-1, keepdim=True))
-    o = (att @ v).transpose(1, 2).reshape(B, rows, d)
-    do = (datt @ v + att @ dv).transpose(2, 3).reshape(N, B, rows, d)
-    y, dy = _lin(o, do, c.attn_out, tan("attn_out.weight"), tan("attn_out.bias"))
-    h, dh = x + y, dx + dy
-    m, dm = _ln(h, dh, c.ln_2, tan("ln_2.weight"), tan("ln_2.bias"))
-    u, du = _lin(m, dm, c.mlp_in, tan("mlp_in.weight"), tan("mlp_in.bias"))
-    g, dg = _gelu(u, du)
-    z, dz = _lin(g, dg, c.mlp_out, tan("mlp_out.weight"), tan("mlp_out.bias"))
-    return h + z, dh + dz
-
-
-def grouped_jvps(
-    model: nn.Module, tokens: torch.Tensor, tangents: Mapping[Site, Sequence[ParamDict]]
-) -> dict[Site, torch.Tensor]:
-    """``J_{k,i} v`` (n, B, d) for every site and its tangents, by hand-written forward-mode derivatives.
-
-    Sites of one position i share one primal forward over positions ≤ i; the tangents of all their
-    components travel stacked, each only up to its own block k, and that block computes the query row i
-    alone.  Same values as :func:`site_jvp` up to rounding; needs :func:`manual_supported`.
-    """
-    with torch.no_grad():
-        return _grouped_jvps(model, tokens, tangents)
-
-
-def _tangent_slicer(stacked: dict[str, torch.Tensor], prefix: str, lo: int, hi: int) -> Callable:
-    """name → the live tangents lo..hi of parameter ``prefix + name`` (None: not trainable)."""
-
-    def tan(name: str) -> torch.Tensor | None:
-        t = stacked.get(prefix + name)
-        return None if t is None else t[lo:hi]
-
-    return tan
-
-
-def _grouped_jvps(model, tokens, tangents) -> dict[Site, torch.Tensor]:
-    names, params = trainable_parameters(model)
-    dtype = {n: p.dtype for n, p in zip(names, params)}
-    H, out = cast(Any, model).config.n_head, {}
-    for i in sorted({s[1] for s in tangents}):
-        sites = sorted(s for s in tangents if s[1] == i)  # by layer: the live tangents are a suffix
-        sizes = [len(tangents[s]) for s in sites]
-        starts = [sum(sizes[:j]) for j in range(len(sites))]
-        stacked = {n: torch.cat([torch.stack([t[n].to(dtype[n]) for t in tangents[s]]) for s in sites]) for n in names}
-
-        embed = cast(Any, model).embed[0]
-        tok = tokens[:, : i + 1]
-        x = embed(tok, 0)
-        N = sum(sizes)
-        dx = torch.zeros(N, *x.shape, dtype=x.dtype, device=x.device)
-        if "embed.0.wte.weight" in stacked:
-            dx = dx + stacked["embed.0.wte.weight"][:, tok]
-        if "embed.0.wpe.weight" in stacked:
-            dx = dx + stacked["embed.0.wpe.weight"][:, None, : i + 1]
-        lo = 0  # tangents lo.. are live
-        for j, s in enumerate(sites):
-            if s[0] == 0:
-                out[s] = dx[starts[j] - lo : starts[j] - lo + sizes[j], :, i]
-        for k in range(1, max(s[0] for s in sites) + 1):
-            blk = cast(Any, model).blocks[k - 1]
-            live = [j for j, s in enumerate(sites) if s[0] >= k]
-            lo_k = starts[live[0]]
-            dx = dx[lo_k - lo :]
-            lo = lo_k
-            ending = [j for j in live if sites[j][0] == k]
-            if ending:
-                hi = starts[ending[-1]] + sizes[ending[-1]]
-
-                t_end = _tangent_slicer(stacked, f"blocks.{k - 1}.copies.0.", lo, hi)
-
-                _, d_end = _block(blk, x, dx[: hi - lo], t_end, H, last_row=True)
-                for j in ending:
-                    out[sites[j]] = d_end[starts[j] - lo : starts[j] - lo + sizes[j], :, 0]
-                dx, lo = dx[hi - lo :], hi
-            if lo == N:
-                break
-
-            t_full = _tangent_slicer(stacked, f"blocks.{k - 1}.copies.0.", lo, N)
-
-            x, dx = _block(blk, x, dx, t_full, H, last_row=False)
-    return out
+                    vals, risk = [math.nan] * C, math.nan
+                else:
+                    vals = [f * 2.0 / n * float(v) for v in sums[j, si]]
+                    risk = f * float(sq[j, si]) / n
+                total = 0.0
+                for v in vals:
+                    total += v
+                for c, v in [*zip(comps, vals), ("full", total)]:
+                    cols["probe"].append(p.name)
+                    cols["layer"].append(p.layer)
+                    cols["position"].append(p.position)
+                    cols["type"].append(tau)
+                    cols["component"].append(c)
+                    cols["value"].append(v)
+                    cols["risk"].append(risk)
+                    cols["n"].append(n)
+    return InfluenceTable(
+        probe=cols["probe"],
+        layer=np.asarray(cols["layer"], dtype=np.int64),
+        position=np.asarray(cols["position"], dtype=np.int64),
+        feature_type=np.asarray(cols["type"], dtype=np.int64),
+        component=cols["component"],
+        value=np.asarray(cols["value"], dtype=np.float64),
+        risk=np.asarray(cols["risk"], dtype=np.float64),
+        n_rows=np.asarray(cols["n"], dtype=np.int64),
+        factor=f,
+    )

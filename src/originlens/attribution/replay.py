@@ -83,7 +83,7 @@ from ..storage import load_tensors, save_tensors
 from ..train.ntp.trainer import set_lr
 from . import store as ostore
 from .decompose import PathwayGradients, decompose, trainable_parameters
-from .influence import Probe, influences, projections, reference_projections
+from .influence import InfluenceTable, Probe, influence_table, projections, reference_projections
 from .run import RunReplay, _check_sites, _resolve_steps, parse_sites, resolve_features
 from .steps import AdamAttributor, sgd_steps, step_sum
 from .stopgrad import Site
@@ -130,25 +130,27 @@ def _copy_params(dst: torch.nn.Module, src: torch.nn.Module) -> None:
 def _influence_rows(
     rows: dict[str, list],
     step: int,
-    infl,
+    table: InfluenceTable,
     feature_of: dict[str, str],
     optimizer: str,
     half: bool,
     after: dict[tuple[str, int | None], float] | None,
 ) -> None:
-    for r in infl:
-        rows["step"].append(step)
-        rows["site_layer"].append(r.layer)
-        rows["site_position"].append(r.position)
-        rows["feature"].append(feature_of[r.probe])
-        rows["type"].append(r.feature_type)
-        rows["component"].append(r.component)
-        rows["influence"].append(r.value)
-        rows["mismatch"].append(r.risk)
-        rows["mismatch_after"].append(None if after is None else after.get((r.probe, r.feature_type)))
-        rows["n_rows"].append(r.n_rows)
-        rows["optimizer"].append(optimizer)
-        rows["half"].append(bool(half))
+    """Append ``table``'s rows to the observables' columns (missing values as None)."""
+    n = len(table)
+    types = [None if t < 0 else int(t) for t in table.feature_type.tolist()]
+    rows["step"] += [step] * n
+    rows["site_layer"] += table.layer.tolist()
+    rows["site_position"] += table.position.tolist()
+    rows["feature"] += [feature_of[p] for p in table.probe]
+    rows["type"] += types
+    rows["component"] += table.component
+    rows["influence"] += [None if v != v else v for v in table.value.tolist()]
+    rows["mismatch"] += [None if v != v else v for v in table.risk.tolist()]
+    rows["mismatch_after"] += [None if after is None else after.get((p, t)) for p, t in zip(table.probe, types)]
+    rows["n_rows"] += table.n_rows.tolist()
+    rows["optimizer"] += [optimizer] * n
+    rows["half"] += [bool(half)] * n
 
 
 def _risks_after(
@@ -377,7 +379,7 @@ def attribute_run(
                         p.name: torch.from_numpy(ft[:, p.position, fidx[base_of[p.name]]].astype(np.int64))
                         for p in probes
                     }
-                infl = influences(shadow, x, site_steps, probes, refs, types=type_map, half=half)
+                infl = influence_table(shadow, x, site_steps, probes, refs, types=type_map, half=half)
                 after = None
                 if check_identity:
                     total = step_sum(site_steps[site_list[0]])
@@ -449,8 +451,9 @@ def _with_training_gradient(
     """Components with full = the training kernel's ∇L and G_sh = full − G_dir − G_pre; also
     ‖∇L_eager − ∇L_train‖ / ‖∇L_train‖."""
     first = next(iter(pathways.values())).full
-    num = sum(float((first[n].double() - real[n].double()).pow(2).sum()) for n in real)
-    den = sum(float(real[n].double().pow(2).sum()) for n in real)
+    eager = torch.cat([first[n].reshape(-1) for n in real]).double()
+    train = torch.cat([real[n].reshape(-1) for n in real]).double()
+    num, den = torch.stack([(eager - train).pow(2).sum(), train.pow(2).sum()]).tolist()  # one host read
     out = {}
     for s, pg in pathways.items():
         shared = {n: real[n] - pg.direct[n] - pg.precached[n] for n in real}

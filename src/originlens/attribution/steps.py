@@ -40,8 +40,7 @@ parameter-norm share of the update at the last step).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -51,10 +50,6 @@ from .decompose import COMPONENTS, ParamDict, PathwayGradients, trainable_parame
 from .stopgrad import Site
 
 SiteSteps = dict[str, ParamDict]  # component -> parameter name -> Δ_c
-
-
-def _norm(tensors) -> float:
-    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors))
 
 
 def sgd_steps(pathways: Mapping[Site, PathwayGradients], lr: float) -> dict[Site, SiteSteps]:
@@ -76,24 +71,20 @@ def step_sum(steps: SiteSteps) -> ParamDict:
     return out
 
 
-def _components_in(pg: PathwayGradients, names: list[str], dtype: Mapping[str, torch.dtype]) -> dict[str, ParamDict]:
-    """G_dir, G_pre and G_sh ≡ ∇L − G_dir − G_pre in ``dtype`` (so that Σ_c G_c = ∇L to its rounding)."""
-    out: dict[str, ParamDict] = {"direct": {}, "precached": {}, "shared": {}}
-    for n in names:
-        d = pg.direct[n].detach().to(dtype[n])
-        p = pg.precached[n].detach().to(dtype[n])
-        out["direct"][n], out["precached"][n] = d, p
-        out["shared"][n] = pg.full[n].detach().to(dtype[n]) - d - p
-    return out
-
-
 class AdamAttributor:
     """Per-(site, component) first moments across steps of a real ``torch.optim.Adam``/``AdamW``.
 
     Use ``steps = attributor.step(decompose(model, tokens, sites))`` in place of ``optimizer.step()``:
     it sets every parameter's ``.grad`` to ∇L of the decomposition, steps the optimizer and returns
-    ``{site: {"direct"|"precached"|"shared"[|"decay"]: {name: Δ_c}}}``.  If you step the optimizer
-    yourself (with gradient ∇L), call :meth:`attribute` right after instead.
+    ``{site: {"direct"|"precached"|"shared"[|"carried"|"decay"]: {name: Δ_c}}}`` (each Δ_c a view of one
+    flat buffer per site: do not modify it in place).  If you step the optimizer yourself (with
+    gradient ∇L), call :meth:`attribute` right after instead.
+
+    Layout: the moments of a site are one ``(3, P)`` buffer (P = the number of trainable parameters),
+    the optimizer's moments are read as one flat vector per update, so an update costs a handful of
+    kernels per site whatever the number of parameter tensors.  ``check_every`` = k: the Σ_c Δ_c check
+    is computed on the device at every k-th update and read back once for all sites (the only host read
+    of an update; 0 = never, like ``check=False``).
     """
 
     def __init__(
@@ -103,6 +94,7 @@ class AdamAttributor:
         *,
         tol: float = 1e-6,
         check: bool = True,
+        check_every: int = 1,
         moment_dtype: torch.dtype | None = torch.float64,
         carry: bool = False,
     ) -> None:
@@ -149,22 +141,63 @@ class AdamAttributor:
             )
         if not (tol > 0):
             raise ConfigError(f"tol={tol!r} must be positive", "e.g. tol=1e-6")
+        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
+            raise ConfigError(f"check_every={check_every!r} must be an integer ≥ 0", "1 (every update) or e.g. 10")
+        dtypes = {p.dtype for p in params}
+        if moment_dtype is None and len(dtypes) > 1:
+            raise ConfigError(
+                f"moment_dtype=None keeps the parameters' dtype, but they have several {sorted(map(str, dtypes))}",
+                "pass moment_dtype=torch.float64 (the default)",
+            )
+        if len({p.device for p in params}) > 1:
+            raise ConfigError("the model's parameters are on several devices", "move the model to one device")
         self.optimizer, self.model = optimizer, model
         self.names, self.params = names, params
-        self.tol, self.check = float(tol), bool(check)
+        self.tol, self.check = float(tol), bool(check) and check_every > 0
+        self.check_every = int(check_every) if check else 0
         self.moment_dtype = moment_dtype
-        self.moments: dict[Site, dict[str, ParamDict]] = {}
+        self.dtype = moment_dtype or params[0].dtype
+        self.shapes = [tuple(p.shape) for p in params]
+        self.sizes = [p.numel() for p in params]
+        self._moments: dict[Site, torch.Tensor] = {}  # site → (3, P): direct, precached, shared
         self.sites: list[Site] | None = None
         self.num_steps = max(taken) if taken else 0
         self.first_step = self.num_steps  # τ₀: the steps taken before this attributor saw one
-        self.last_check: float = 0.0  # worst relative error of Σ_c Δ_c at the last step
-        self.carried_share: float | None = None  # ‖Δ_carried‖ / ‖real update‖ at the last step (carry only)
-        self.carried: ParamDict | None = None
+        self.last_check: float = 0.0  # worst relative error of Σ_c Δ_c at the last checked step
+        self._carried_share: torch.Tensor | float | None = None
+        self._carried: torch.Tensor | None = None
         if self.num_steps > 0:  # carry=True: m(τ₀) of the restored optimizer, decaying as its own component
-            self.carried = {
-                n: optimizer.state[p]["exp_avg"].detach().to(moment_dtype or p.dtype).clone()
-                for n, p in zip(names, params)
-            }
+            self._carried = self._flat([optimizer.state[p]["exp_avg"] for p in params])
+
+    # -- the flat layout ------------------------------------------------------------------------------
+    def _flat(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """One contiguous (P,) vector in the moment dtype (a fresh tensor)."""
+        return torch.cat([t.detach().reshape(-1) for t in tensors]).to(self.dtype)
+
+    def _views(self, flat: torch.Tensor) -> ParamDict:
+        """name → view of ``flat`` (P,) in the parameter's shape (no copy)."""
+        return {n: t.view(s) for n, t, s in zip(self.names, flat.split(self.sizes), self.shapes)}
+
+    @property
+    def moments(self) -> dict[Site, dict[str, ParamDict]]:
+        """site → component → name → m_c (views of the flat buffers)."""
+        return {s: {c: self._views(m[j]) for j, c in enumerate(COMPONENTS)} for s, m in self._moments.items()}
+
+    @property
+    def carried(self) -> ParamDict | None:
+        """name → the carried first moment β1ⁿ·m(τ₀) (views), or None without ``carry``."""
+        return None if self._carried is None else self._views(self._carried)
+
+    @property
+    def carried_share(self) -> float | None:
+        """‖Δ_carried‖ / ‖real update‖ at the last step (carry only; read from the device on access)."""
+        if isinstance(self._carried_share, torch.Tensor):
+            self._carried_share = float(self._carried_share)
+        return self._carried_share
+
+    def _checking(self, tau: int) -> bool:
+        """Whether update τ is one whose Σ_c check is computed and read (every ``check_every``-th)."""
+        return self.check_every > 0 and tau % self.check_every == 0
 
     # -- stepping -------------------------------------------------------------------------------------
     def step(self, pathways: Mapping[Site, PathwayGradients]) -> dict[Site, SiteSteps]:
@@ -201,7 +234,9 @@ class AdamAttributor:
             raise ConfigError(
                 "the optimizer has not stepped (no moments)", "call optimizer.step() first, or use step()"
             )
-        taus = {int(st["step"]) for st in states}
+        # one step count read (a CPU scalar on every device unless Adam is capturable or fused); all of them
+        # at the check updates
+        taus = {int(st["step"]) for st in (states if self._checking(self.num_steps + 1) else states[:1])}
         if taus != {self.num_steps + 1}:
             raise ConfigError(
                 f"optimizer step count {sorted(taus)} but this attributor saw {self.num_steps} steps",
@@ -215,55 +250,68 @@ class AdamAttributor:
             )
         bc1, bc2 = 1.0 - beta1**tau, 1.0 - beta2**tau
         step_size = lr / bc1
-        md = {n: self.moment_dtype or p.dtype for n, p in zip(self.names, self.params)}
-        denom = {n: (st["exp_avg_sq"].to(md[n]).sqrt() / bc2**0.5).add_(eps) for n, st in zip(self.names, states)}
-        real = {n: step_size * st["exp_avg"].to(md[n]) / denom[n] for n, st in zip(self.names, states)}
-        decay = None
+        checking = self._checking(tau)
+        denom = self._flat([st["exp_avg_sq"] for st in states]).sqrt_().div_(bc2**0.5).add_(eps)
+        real = self._flat([st["exp_avg"] for st in states]).mul_(step_size).div_(denom)
+        fixed = torch.zeros_like(real)  # the components identical at every site (carried, decay)
+        decay_views = carried_views = None
         if self.decoupled:
-            decay = {
-                n: (lr * wd)
-                * (params_before[n].to(md[n]) if params_before is not None else torch.zeros_like(p, dtype=md[n]))
-                for n, p in zip(self.names, self.params)
-            }
-            real = {n: real[n] + decay[n] for n in self.names}
-        real_norm = _norm(real.values())
-        carried = None
-        if self.carried is not None:
-            for n in self.names:
-                self.carried[n].mul_(beta1)  # no gradient joins the carried moment
-            carried = {n: step_size * self.carried[n] / denom[n] for n in self.names}
-            self.carried_share = _norm(carried.values()) / max(real_norm, 1e-300)
-        out: dict[Site, SiteSteps] = {}
-        worst = 0.0
-        for s in sites:
-            comps = _components_in(pathways[s], self.names, md)
-            mom = self.moments.setdefault(
-                s,
-                {c: {n: torch.zeros_like(p, dtype=md[n]) for n, p in zip(self.names, self.params)} for c in COMPONENTS},
+            decay = (
+                self._flat([params_before[n] for n in self.names]).mul_(lr * wd)
+                if params_before is not None
+                else torch.zeros_like(real)
             )
-            steps: SiteSteps = {}
-            for c in COMPONENTS:
-                for n in self.names:
-                    mom[c][n].lerp_(comps[c][n], 1.0 - beta1)
-                steps[c] = {n: step_size * mom[c][n] / denom[n] for n in self.names}
-            if carried is not None:
-                steps["carried"] = carried
-            if decay is not None:
-                steps["decay"] = decay
-            if self.check:
-                total = step_sum(steps)
-                err = _norm(total[n] - real[n] for n in self.names) / max(real_norm, 1e-300)
-                worst = max(worst, err)
-                if err > self.tol:
+            real.add_(decay)
+            fixed.add_(decay)
+            decay_views = self._views(decay)
+        real_norm = real.norm() if (checking or self._carried is not None) else None
+        if self._carried is not None:
+            self._carried.mul_(beta1)  # no gradient joins the carried moment
+            carried = self._carried.mul(step_size).div_(denom)
+            fixed.add_(carried)
+            carried_views = self._views(carried)
+            assert real_norm is not None
+            self._carried_share = carried.norm() / real_norm.clamp_min(1e-300)
+        out: dict[Site, SiteSteps] = {}
+        errors = []
+        for s in sites:
+            pg = pathways[s]
+            g = torch.stack(
+                [self._flat([pg.direct[n] for n in self.names]), self._flat([pg.precached[n] for n in self.names])]
+            )
+            shared = self._flat([pg.full[n] for n in self.names]).sub_(g[0]).sub_(g[1])  # G_sh ≡ ∇L − G_dir − G_pre
+            g = torch.cat([g, shared[None]])
+            mom = self._moments.get(s)
+            if mom is None:
+                mom = self._moments[s] = torch.zeros_like(g)
+            mom.lerp_(g, 1.0 - beta1)
+            steps_flat = mom.mul(step_size).div_(denom)
+            steps: SiteSteps = {c: self._views(steps_flat[j]) for j, c in enumerate(COMPONENTS)}
+            if carried_views is not None:
+                steps["carried"] = carried_views
+            if decay_views is not None:
+                steps["decay"] = decay_views
+            if checking:
+                errors.append((steps_flat.sum(0).add_(fixed).sub_(real)).norm())
+            out[s] = steps
+        self.num_steps = tau
+        if checking:
+            # the one host read of the update: every site's error (and the carried share) at once
+            read = torch.stack([*errors, real_norm] + ([self._carried_share] if self._carried is not None else []))
+            values = read.tolist()
+            norm = max(values[len(sites)], 1e-300)
+            if self._carried is not None:
+                self._carried_share = values[-1]
+            rel = [e / norm for e in values[: len(sites)]]
+            self.last_check = max(rel)
+            for s, err in zip(sites, rel):
+                if not err <= self.tol:
                     raise NumericalError(
                         f"Σ_c Δ_c differs from the real Adam update at site {s} "
                         f"(relative error {err:.3g} > tol {self.tol:g}, step {tau})",
                         "pass the decomposition of the same batch the optimizer stepped on "
                         "(gradient = ∇L), every step, or raise tol for low precision",
                     )
-            out[s] = steps
-        self.num_steps = tau
-        self.last_check = worst
         return out
 
     # -- persistence ----------------------------------------------------------------------------------
@@ -286,7 +334,7 @@ class AdamAttributor:
             if key in ("_num_steps", "_first_step"):
                 continue
             if key.startswith("_carried."):
-                carried[key[len("_carried.") :]] = t.clone()
+                carried[key[len("_carried.") :]] = t
                 continue
             k, i, c, n = key.split(".", 3)
             if c not in COMPONENTS or n not in self.names:
@@ -294,14 +342,22 @@ class AdamAttributor:
                     f"unexpected AdamAttributor state entry {key!r}",
                     "load a state written by AdamAttributor.state_dict for this model",
                 )
-            moments.setdefault((int(k), int(i)), {}).setdefault(c, {})[n] = t.clone()
+            moments.setdefault((int(k), int(i)), {}).setdefault(c, {})[n] = t
         if carried and set(carried) != set(self.names):
             raise ConfigError(
                 "the carried first moment does not cover the model's parameters",
                 "load a state written by AdamAttributor.state_dict for this model",
             )
-        self.moments = moments
-        self.sites = list(moments) or None
+        flat: dict[Site, torch.Tensor] = {}
+        for s, comps in moments.items():
+            if set(comps) != set(COMPONENTS) or any(set(d) != set(self.names) for d in comps.values()):
+                raise ConfigError(
+                    f"the moments of site {s} do not cover every component and parameter",
+                    "load a state written by AdamAttributor.state_dict for this model",
+                )
+            flat[s] = torch.stack([self._flat([comps[c][n] for n in self.names]) for c in COMPONENTS])
+        self._moments = flat
+        self.sites = list(flat) or None
         self.num_steps = int(state["_num_steps"])
         self.first_step = int(state["_first_step"]) if "_first_step" in state else 0
-        self.carried = carried or None
+        self._carried = self._flat([carried[n] for n in self.names]) if carried else None

@@ -1,0 +1,96 @@
+"""Counts of what a piece of torch code asks of the machine: operators dispatched and host reads.
+
+``with count_dispatch() as counts: ...`` records
+
+* ``counts.ops`` — every ATen operator that reached the dispatcher (a ``TorchDispatchMode``), by name:
+  the kernels a device would launch (views and metadata operators included, so it is an upper bound);
+* ``counts.host_reads`` — every read of a tensor's values into Python (a ``TorchFunctionMode`` sees
+  ``item``, ``tolist``, ``numpy``, ``float``/``int``/``bool`` of a tensor, and ``cpu``/``to`` a CPU
+  device from another device), by name: on an accelerator each is a host synchronisation.
+
+The counts depend on the code path only, not on the machine, its load or its number of threads: they
+are the figures a CPU can measure for a GPU's launch and synchronisation overheads.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_READS = {
+    torch.Tensor.item: "item",
+    torch.Tensor.tolist: "tolist",
+    torch.Tensor.numpy: "numpy",
+    torch.Tensor.__float__: "float",
+    torch.Tensor.__int__: "int",
+    torch.Tensor.__bool__: "bool",
+    torch.Tensor.__index__: "index",
+}
+
+
+@dataclass
+class DispatchCounts:
+    """Operators (ATen name → calls) and host reads (kind → calls) seen inside :func:`count_dispatch`."""
+
+    ops: Counter = field(default_factory=Counter)
+    host_reads: Counter = field(default_factory=Counter)
+
+    @property
+    def n_ops(self) -> int:
+        return sum(self.ops.values())
+
+    @property
+    def n_host_reads(self) -> int:
+        return sum(self.host_reads.values())
+
+
+def _to_host(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether ``func(*args, **kwargs)`` copies a tensor on another device to the CPU."""
+    if not args or not isinstance(args[0], torch.Tensor) or args[0].device.type == "cpu":
+        return False
+    if func is torch.Tensor.cpu:
+        return True
+    if func is torch.Tensor.to:
+        target = kwargs.get("device", args[1] if len(args) > 1 else None)
+        return isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu"
+    return False
+
+
+class _Reads(TorchFunctionMode):
+    def __init__(self, counts: DispatchCounts) -> None:
+        super().__init__()
+        self.counts = counts
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = _READS.get(func)
+        if kind is not None:
+            self.counts.host_reads[kind] += 1
+        elif _to_host(func, args, kwargs):
+            self.counts.host_reads["to_cpu"] += 1
+        return func(*args, **kwargs)
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self, counts: DispatchCounts) -> None:
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def count_dispatch() -> Iterator[DispatchCounts]:
+    """Count the operators and host reads of the code inside the ``with`` block (module docstring)."""
+    counts = DispatchCounts()
+    with _Reads(counts), _Ops(counts):
+        yield counts
