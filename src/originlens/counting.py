@@ -2,8 +2,9 @@
 
 ``with count_dispatch() as counts: ...`` records
 
-* ``counts.ops`` — every ATen operator that reached the dispatcher (a ``TorchDispatchMode``), by name:
-  the kernels a device would launch (views and metadata operators included, so it is an upper bound);
+* ``counts.ops`` — every ATen operator that reached the dispatcher (a ``TorchDispatchMode``), by name,
+  and ``counts.kernels`` — those that are not views (a view moves no data and launches nothing): an
+  upper bound on the kernels a device would launch;
 * ``counts.host_reads`` — every read of a tensor's values into Python (a ``TorchFunctionMode`` sees
   ``item``, ``tolist``, ``numpy``, ``float``/``int``/``bool`` of a tensor, and ``cpu``/``to`` a CPU
   device from another device), by name: on an accelerator each is a host synchronisation.
@@ -15,7 +16,7 @@ are the figures a CPU can measure for a GPU's launch and synchronisation overhea
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,11 +41,17 @@ class DispatchCounts:
     """Operators (ATen name → calls) and host reads (kind → calls) seen inside :func:`count_dispatch`."""
 
     ops: Counter = field(default_factory=Counter)
+    kernels: Counter = field(default_factory=Counter)  # the operators that are not views (no data moved)
     host_reads: Counter = field(default_factory=Counter)
+    excluded_reads: Counter = field(default_factory=Counter)  # reads of the tensors passed as ``exclude``
 
     @property
     def n_ops(self) -> int:
         return sum(self.ops.values())
+
+    @property
+    def n_kernels(self) -> int:
+        return sum(self.kernels.values())
 
     @property
     def n_host_reads(self) -> int:
@@ -64,14 +71,17 @@ def _to_host(func: Any, args: tuple, kwargs: dict) -> bool:
 
 
 class _Reads(TorchFunctionMode):
-    def __init__(self, counts: DispatchCounts) -> None:
+    def __init__(self, counts: DispatchCounts, exclude: frozenset[int]) -> None:
         super().__init__()
         self.counts = counts
+        self.exclude = exclude
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         kind = _READS.get(func)
-        if kind is not None:
+        if kind is not None and args and id(args[0]) in self.exclude:
+            self.counts.excluded_reads[kind] += 1
+        elif kind is not None:
             self.counts.host_reads[kind] += 1
         elif _to_host(func, args, kwargs):
             self.counts.host_reads["to_cpu"] += 1
@@ -84,13 +94,26 @@ class _Ops(TorchDispatchMode):
         self.counts = counts
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts.ops[str(func.overloadpacket.__name__)] += 1
+        name = str(func.overloadpacket.__name__)
+        self.counts.ops[name] += 1
+        if not getattr(func, "is_view", False):
+            self.counts.kernels[name] += 1
         return func(*args, **(kwargs or {}))
 
 
 @contextmanager
-def count_dispatch() -> Iterator[DispatchCounts]:
-    """Count the operators and host reads of the code inside the ``with`` block (module docstring)."""
+def count_dispatch(exclude: Iterable[torch.Tensor] = ()) -> Iterator[DispatchCounts]:
+    """Count the operators and host reads of the code inside the ``with`` block (module docstring).
+
+    ``exclude``: tensors whose reads are counted apart (``excluded_reads``) — those that stay on the CPU
+    on every device, such as the step counters of a (non-capturable, non-fused) ``torch.optim.Adam``
+    (:func:`optimizer_step_counters`)."""
     counts = DispatchCounts()
-    with _Reads(counts), _Ops(counts):
+    with _Reads(counts, frozenset(id(t) for t in exclude)), _Ops(counts):
         yield counts
+
+
+def optimizer_step_counters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The per-parameter ``step`` tensors of ``optimizer``'s state (CPU scalars unless it is capturable
+    or fused): reading them is not a device synchronisation."""
+    return [st["step"] for st in optimizer.state.values() if isinstance(st.get("step"), torch.Tensor)]

@@ -248,3 +248,23 @@ def test_carried_share_is_read_only_when_asked():
     assert counts.host_reads["tolist"] == counts.host_reads["float"] == 0  # only step counts are read
     share = att.carried_share
     assert share is not None and 0 < share < 1 and math.isfinite(share)
+
+
+def test_blocks_change_nothing_but_the_cache_traffic():
+    """The per-site update in blocks of 7 elements gives bit-identical Δ_c and moments (element-wise
+    passes), and the same check to round-off; a block that is not a positive integer is refused."""
+    opt_kw = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8)
+    sites = [(1, 2), (3, 8)]
+    a_model, b_model = make(seed=6), make(seed=6)
+    a = AdamAttributor(torch.optim.Adam(a_model.parameters(), **opt_kw), a_model, block=7)
+    b = AdamAttributor(torch.optim.Adam(b_model.parameters(), **opt_kw), b_model, block=10**9)
+    for j in range(3):
+        x = toks(100 + j)
+        sa, sb = a.step(decompose(a_model, x, sites)), b.step(decompose(b_model, x, sites))
+        for s in sites:
+            for c in COMPONENTS:
+                assert all(torch.equal(sa[s][c][n], sb[s][c][n]) for n in sa[s][c])
+        assert a.last_check == pytest.approx(b.last_check, rel=1e-6, abs=1e-15)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ConfigError, match="block"):
+            AdamAttributor(torch.optim.Adam(a_model.parameters()), a_model, block=bad, carry=True)

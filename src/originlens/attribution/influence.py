@@ -88,7 +88,14 @@ def projections(model: nn.Module, tokens: torch.Tensor, probes: Sequence[Probe])
     _check_probes(model, tokens, probes)
     with torch.no_grad():
         _, res = model(tokens, return_residuals=True, myopic=False)
-    return {p.name: res[p.layer][:, p.position] @ p.direction.to(res[0].dtype) for p in probes}
+    by_site: dict[Site, list[Probe]] = {}
+    for p in probes:
+        by_site.setdefault(p.site, []).append(p)
+    out: dict[str, torch.Tensor] = {}
+    for (k, i), site_probes in by_site.items():  # one product per site, whatever its number of probes
+        W = torch.stack([p.direction for p in site_probes]).to(res[0])
+        out.update(zip((p.name for p in site_probes), (res[k][:, i] @ W.t()).t()))
+    return {p.name: out[p.name] for p in probes}
 
 
 def reference_projections(
@@ -192,6 +199,7 @@ def influence_table(
     *,
     types: Mapping[str, torch.Tensor] | None = None,
     type_values: Sequence[int] | None = None,
+    drop_absent: bool | None = None,
     half: bool = False,
     jvp: Literal["auto", "manual", "forward", "double_backward"] = "auto",
 ) -> InfluenceTable:
@@ -200,8 +208,10 @@ def influence_table(
     tokens (B, T); ``steps[(k, i)][c][name]`` = Δ_c (from :func:`sgd_steps` / ``AdamAttributor``) for
     each probe's site; ``references[probe.name]`` (B,) = ⟨w, r(θ*)⟩ on this batch
     (:func:`reference_projections`); ``types[probe.name]`` (B,) integer feature types at the probe's
-    (position, feature); ``type_values`` = types to report (default: those present for the probe; absent
-    ones are reported missing).  Rows per probe: all rows, then each type; per subset the components in
+    (position, feature); ``type_values`` = types to report (default: those present, found by one host
+    read); a type absent from a probe's rows is reported missing (``drop_absent=False``, the default with
+    ``type_values``) or left out (``drop_absent=True``, the default without: give ``type_values`` a
+    superset known on the host and ``drop_absent=True`` to skip that read).  Rows per probe: all rows, then each type; per subset the components in
     ``steps``' order, then ``"full"`` (= Σ_c I_c).
 
     Batched on the device: per site, the JVPs of its components (C, B, d) meet all its probes' directions
@@ -267,7 +277,8 @@ def influence_table(
         sq = torch.einsum("psb,bp->ps", masks, diff.pow(2))
         blocks.append(torch.cat([sums.reshape(-1), counts.reshape(-1), sq.reshape(-1)]).double())
     host = torch.cat(blocks).cpu().numpy()  # the one transfer of the results
-    return _table(by_site, steps, host, values_of, typed, type_values is not None, f)
+    keep_absent = type_values is not None if drop_absent is None else not drop_absent
+    return _table(by_site, steps, host, values_of, typed, keep_absent, f)
 
 
 def _table(

@@ -50,6 +50,9 @@ from .decompose import COMPONENTS, ParamDict, PathwayGradients, trainable_parame
 from .stopgrad import Site
 
 SiteSteps = dict[str, ParamDict]  # component -> parameter name -> Δ_c
+# elements per block of the flat per-site update on a CPU (1 MB of float64: the block's moments, its
+# components and its steps stay in a core's cache between the passes); on other devices one block
+CPU_BLOCK = 1 << 17
 
 
 def sgd_steps(pathways: Mapping[Site, PathwayGradients], lr: float) -> dict[Site, SiteSteps]:
@@ -84,7 +87,9 @@ class AdamAttributor:
     the optimizer's moments are read as one flat vector per update, so an update costs a handful of
     kernels per site whatever the number of parameter tensors.  ``check_every`` = k: the Σ_c Δ_c check
     is computed on the device at every k-th update and read back once for all sites (the only host read
-    of an update; 0 = never, like ``check=False``).
+    of an update; 0 = never, like ``check=False``).  ``block``: elements per block of the per-site
+    update (default: :data:`CPU_BLOCK` on a CPU, where the passes over a block then stay in cache; the
+    whole buffer, one kernel per pass, elsewhere).
     """
 
     def __init__(
@@ -97,6 +102,7 @@ class AdamAttributor:
         check_every: int = 1,
         moment_dtype: torch.dtype | None = torch.float64,
         carry: bool = False,
+        block: int | None = None,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Adam):
             raise ConfigError(
@@ -159,6 +165,11 @@ class AdamAttributor:
         self.dtype = moment_dtype or params[0].dtype
         self.shapes = [tuple(p.shape) for p in params]
         self.sizes = [p.numel() for p in params]
+        self.size = sum(self.sizes)
+        if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
+            raise ConfigError(f"block={block!r} must be a positive integer or None", "e.g. 131072, or None")
+        on_cpu = params[0].device.type == "cpu"
+        self.block = int(block) if block is not None else (CPU_BLOCK if on_cpu else max(1, self.size))
         self._moments: dict[Site, torch.Tensor] = {}  # site → (3, P): direct, precached, shared
         self.sites: list[Site] | None = None
         self.num_steps = max(taken) if taken else 0
@@ -253,7 +264,8 @@ class AdamAttributor:
         checking = self._checking(tau)
         denom = self._flat([st["exp_avg_sq"] for st in states]).sqrt_().div_(bc2**0.5).add_(eps)
         real = self._flat([st["exp_avg"] for st in states]).mul_(step_size).div_(denom)
-        fixed = torch.zeros_like(real)  # the components identical at every site (carried, decay)
+        fixed = torch.zeros_like(real) if (self.decoupled or self._carried is not None) else None
+        # (the components identical at every site: carried, decay)
         decay_views = carried_views = None
         if self.decoupled:
             decay = (
@@ -262,42 +274,62 @@ class AdamAttributor:
                 else torch.zeros_like(real)
             )
             real.add_(decay)
+            assert fixed is not None
             fixed.add_(decay)
             decay_views = self._views(decay)
         real_norm = real.norm() if (checking or self._carried is not None) else None
         if self._carried is not None:
             self._carried.mul_(beta1)  # no gradient joins the carried moment
             carried = self._carried.mul(step_size).div_(denom)
+            assert fixed is not None
             fixed.add_(carried)
             carried_views = self._views(carried)
             assert real_norm is not None
             self._carried_share = carried.norm() / real_norm.clamp_min(1e-300)
         out: dict[Site, SiteSteps] = {}
         errors = []
+        full = pathways[sites[0]].full
+        full_flat = self._flat([full[n] for n in self.names])
         for s in sites:
             pg = pathways[s]
-            g = torch.stack(
-                [self._flat([pg.direct[n] for n in self.names]), self._flat([pg.precached[n] for n in self.names])]
-            )
-            shared = self._flat([pg.full[n] for n in self.names]).sub_(g[0]).sub_(g[1])  # G_sh ≡ ∇L − G_dir − G_pre
-            g = torch.cat([g, shared[None]])
+            g = torch.empty((3, self.size), dtype=self.dtype, device=real.device)
+            for j, part in enumerate((pg.direct, pg.precached)):  # cast into place, no copy between
+                torch.cat([part[n].detach().reshape(-1) for n in self.names], out=g[j])
+            if pg.full is not full:  # ∇L is one dict for every site (decompose); else flattened per site
+                full, full_flat = pg.full, self._flat([pg.full[n] for n in self.names])
+            g[2].copy_(full_flat)
+            g[2].sub_(g[0]).sub_(g[1])  # G_sh ≡ ∇L − G_dir − G_pre
             mom = self._moments.get(s)
             if mom is None:
                 mom = self._moments[s] = torch.zeros_like(g)
-            mom.lerp_(g, 1.0 - beta1)
-            steps_flat = mom.mul(step_size).div_(denom)
+            steps_flat = torch.empty_like(g)
+            sq = []
+            for a in range(0, self.size, self.block):  # blocks that stay in cache on a CPU (one on a GPU)
+                b = min(a + self.block, self.size)
+                m = mom[:, a:b]
+                m.lerp_(g[:, a:b], 1.0 - beta1)
+                torch.div(torch.mul(m, step_size, out=steps_flat[:, a:b]), denom[a:b], out=steps_flat[:, a:b])
+                if checking:
+                    total = steps_flat[:, a:b].sum(0)
+                    if fixed is not None:
+                        total.add_(fixed[a:b])
+                    sq.append(total.sub_(real[a:b]).pow(2).sum())
+            if checking:
+                errors.append(torch.stack(sq).sum().sqrt())
             steps: SiteSteps = {c: self._views(steps_flat[j]) for j, c in enumerate(COMPONENTS)}
             if carried_views is not None:
                 steps["carried"] = carried_views
             if decay_views is not None:
                 steps["decay"] = decay_views
-            if checking:
-                errors.append((steps_flat.sum(0).add_(fixed).sub_(real)).norm())
             out[s] = steps
         self.num_steps = tau
         if checking:
             # the one host read of the update: every site's error (and the carried share) at once
-            read = torch.stack([*errors, real_norm] + ([self._carried_share] if self._carried is not None else []))
+            assert real_norm is not None
+            parts = [*errors, real_norm]
+            if isinstance(self._carried_share, torch.Tensor):
+                parts.append(self._carried_share)
+            read = torch.stack(parts)
             values = read.tolist()
             norm = max(values[len(sites)], 1e-300)
             if self._carried is not None:

@@ -52,7 +52,7 @@ weights), so splitting it would export those private layouts between modules.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeGuard, cast
 
@@ -437,18 +437,19 @@ def _gather(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 
 def fresh_backward(
-    fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, myopic: bool
+    fw: Forward, m: int, e: torch.Tensor, pos: torch.Tensor, *, myopic: bool, pos_host: Sequence[int] | None = None
 ) -> tuple[_Grads, torch.Tensor | FreshSpread]:
     """Backward of block m for cotangents e (N, B, d) at per-source positions ``pos`` (N,) of its output.
 
     Returns (grads (N, ...), adjoint at the block input): under ``myopic`` a tensor (N, B, d) at each
     source's position; in the full graph a :class:`FreshSpread` (the adjoint over positions 0..pos in
-    low-rank form; the LN1 gradients come with its materialisation).
+    low-rank form; the LN1 gradients come with its materialisation).  ``pos_host``: the same positions
+    as a host list (no device read of ``pos`` then).
     """
     blk = fw.blocks[m]
     H, hd, d = fw.H, fw.hd, fw.d
     N, B = e.shape[0], e.shape[1]
-    P = int(pos.max()) + 1
+    P = (max(pos_host) if pos_host is not None else int(pos.max())) + 1
     ar = torch.arange(N, device=e.device)
     at = lambda t: _gather(t, pos)
     g = _Grads(blk)
@@ -494,7 +495,7 @@ def fresh_backward(
     W_kv = W[d:].view(R, hd, d)  # per head: W_K[h] then W_V[h]
     ba = (left.permute(1, 2, 0, 3).reshape(R, N * B, hd) @ W_kv).view(R, N, B, d)  # β_h, α_h
     qa = dq @ W[:d]  # (N, B, d): query path at pos
-    return g, FreshSpread(blk, coef, ba, qa, dy, pos)
+    return g, FreshSpread(blk, coef, ba, qa, dy, pos, pos_host)
 
 
 class FreshSpread:
@@ -505,13 +506,21 @@ class FreshSpread:
     pass below works per position), together with their LN1 weight/bias gradients."""
 
     def __init__(
-        self, blk: _Block, coef: torch.Tensor, ba: torch.Tensor, qa: torch.Tensor, dy: torch.Tensor, pos: torch.Tensor
+        self,
+        blk: _Block,
+        coef: torch.Tensor,
+        ba: torch.Tensor,
+        qa: torch.Tensor,
+        dy: torch.Tensor,
+        pos: torch.Tensor,
+        pos_host: Sequence[int] | None = None,
     ) -> None:
         self.blk, self.coef, self.ba, self.qa, self.dy, self.pos = blk, coef, ba, qa, dy, pos
+        self.pos_host = list(pos_host) if pos_host is not None else None
 
     def rows_at(self) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}
-        for r, i in enumerate(self.pos.tolist()):
+        for r, i in enumerate(self.pos_host if self.pos_host is not None else self.pos.tolist()):
             out.setdefault(i, []).append(r)
         return out
 
@@ -696,13 +705,22 @@ def site_components(
     zero = {n: torch.zeros_like(params[n]) for n in names}
     out: dict[Site, dict[str, ParamDict]] = {s: {} for s in sites}
     jobs: list[_Job] = []
-    for k, i in sites:
-        for comp, src in (("direct", adj.direct[k]), ("precached", adj.precached[k])):
-            row = src[:, i]
-            if (myopic and comp == "precached") or torch.count_nonzero(row) == 0:
-                out[(k, i)][comp] = dict(zero)
-            else:
-                jobs.append(_Job((k, i), comp, row))
+    candidates = [
+        ((k, i), comp, src[:, i])
+        for k, i in sites
+        for comp, src in (("direct", adj.direct[k]), ("precached", adj.precached[k]))
+        if not (myopic and comp == "precached")
+    ]
+    # which cotangent rows vanish, for every site at once: one host read
+    nonzero = torch.stack([torch.count_nonzero(row) for _, _, row in candidates]).tolist() if candidates else []
+    for (site, comp, row), nz in zip(candidates, nonzero):
+        if nz == 0:
+            out[site][comp] = dict(zero)
+        else:
+            jobs.append(_Job(site, comp, row))
+    if myopic:
+        for site in sites:
+            out[site]["precached"] = dict(zero)
     jobs.sort(key=lambda j: j.site[1])
     # groups of consecutive positions whose batched fresh pass stays moderate (≈ GROUP_FLOATS floats:
     # B·d·(2H + 4) per source) and at most chunk_size sources (memory bound)
@@ -770,8 +788,9 @@ def _group_pass(fw: Forward, jobs: list[_Job], names: list[str], zero: ParamDict
         if myopic and pending:  # everything stays at its position
             idx = [j for parts in pending.values() for ids, _ in parts for j in ids]
             E = torch.cat([E for parts in pending.values() for _, E in parts])
-            pos = torch.tensor([jobs[j].site[1] for j in idx], dtype=torch.long, device=dev)
-            g, E_in = fresh_backward(fw, m, E, pos, myopic=True)
+            pos_list = [jobs[j].site[1] for j in idx]
+            pos = torch.tensor(pos_list, dtype=torch.long, device=dev)
+            g, E_in = fresh_backward(fw, m, E, pos, myopic=True, pos_host=pos_list)
             assert isinstance(E_in, torch.Tensor)  # myopic: a tensor, not a FreshSpread
             keep(idx, g)
             for r, j in enumerate(idx):
@@ -785,7 +804,7 @@ def _group_pass(fw: Forward, jobs: list[_Job], names: list[str], zero: ParamDict
                     new.setdefault(i, []).append((idx, E_in))
         if fresh:
             assert e_f is not None
-            g, spread = fresh_backward(fw, m, e_f, pos_f, myopic=myopic)
+            g, spread = fresh_backward(fw, m, e_f, pos_f, myopic=myopic, pos_host=[jobs[j].site[1] for j in fresh])
             keep(fresh, g)
             if myopic:
                 assert isinstance(spread, torch.Tensor)

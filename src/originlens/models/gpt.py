@@ -569,6 +569,17 @@ class GPT(nn.Module):
         finally:
             self.check_token_range = previous
 
+    def check_tokens(self, tokens: torch.Tensor) -> None:
+        """Validate a batch of token ids (shape, dtype and range: one host read) whatever
+        :attr:`check_token_range` says — for callers that then run its forward passes inside
+        :meth:`trusted_tokens`."""
+        previous = self.check_token_range
+        self.check_token_range = True
+        try:
+            self._check_tokens(tokens)
+        finally:
+            self.check_token_range = previous
+
     # -- forward --------------------------------------------------------------------------------------
     def _check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
@@ -587,7 +598,7 @@ class GPT(nn.Module):
             )
         if not self.check_token_range:
             return tokens.long()
-        lo, hi = (int(v) for v in torch.aminmax(tokens))
+        lo, hi = torch.stack(torch.aminmax(tokens)).tolist()  # one host read
         if lo < 0 or hi >= self.config.vocab_size:
             raise InputError(
                 f"token ids span [{lo}, {hi}] outside the vocabulary [0, {self.config.vocab_size})",
