@@ -11,7 +11,10 @@ import pytest
 
 from originlens.errors import ConfigError
 from originlens.experiments import horizon as H
-from originlens.experiments.persistence import KINDS, THRESHOLDS
+from originlens.experiments.horizon_analysis import fit_horizon
+from originlens.experiments.horizon_config import HorizonConfig
+from originlens.experiments.horizon_report import judge, render_section
+from originlens.experiments.persistence_cosines import KINDS, THRESHOLDS
 from originlens.experiments.results import read_results
 
 
@@ -23,7 +26,7 @@ def test_fit_recovers_a_power_law_and_matches_least_squares():
         for t in (16, 32)
         for _ in range(3)
     ]
-    fit = H.fit_horizon(pts)
+    fit = fit_horizon(pts)
     X = np.array([[1, math.log(v), math.log(t)] for v, t, _ in pts])
     y = np.log([h for *_, h in pts])
     beta = np.linalg.solve(X.T @ X, X.T @ y)
@@ -39,16 +42,16 @@ def test_fit_recovers_a_power_law_and_matches_least_squares():
     pred = fit["prediction_paper_point"]
     assert pred["low"] < 0.3 * 3000**0.8 * 200**-0.5 < pred["high"]
     # one T: only the |V| exponent; censored (None) points are left out; too few points: no fit
-    one = H.fit_horizon([(v, 16, 2.0 * v) for v in (10, 20, 40)] + [(80, 16, None)])
+    one = fit_horizon([(v, 16, 2.0 * v) for v in (10, 20, 40)] + [(80, 16, None)])
     assert one["terms"] == ["intercept", "ln |V|"] and one["n"] == 3
     assert math.isclose(one["coef"]["ln |V|"]["estimate"], 1.0, rel_tol=1e-9)
-    assert H.fit_horizon([(10, 16, 1.0), (20, 16, 2.0)])["coef"] is None
+    assert fit_horizon([(10, 16, 1.0), (20, 16, 2.0)])["coef"] is None
 
 
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("hz")
-    cfg = H.HorizonConfig(scale="ci", seeds=[0, 1], overrides={"seq_lens": [8], "max_steps": 20})
+    cfg = HorizonConfig(scale="ci", seeds=[0, 1], overrides={"seq_lens": [8], "max_steps": 20})
     return cfg, out, H.run_horizon(cfg, out / "exp", results=out / "res.json", command="originlens test")
 
 
@@ -81,9 +84,9 @@ def test_horizons_come_from_the_logged_cosines_and_runs_stop_when_all_dropped(ci
     for k in KINDS:  # per-seed exponents: one fit per seed with enough uncensored cells
         per = rec["numbers"]["fits"][k]["0.9"]["per_seed"]["ln |V|"]
         assert per["n"] <= 2 and (per["n"] < 2 or per["low"] <= per["mean"] <= per["high"])
-    text = "\n".join(H.render_section("leading-terms/horizon-ci", rec))
+    text = "\n".join(render_section("leading-terms/horizon-ci", rec))
     assert "| weight | θ | runs fitted |" in text and "| V40-T8 |" in text
-    assert H.judge(rec).verdict in ("reproduced", "partial", "not reproduced")
+    assert judge(rec).verdict in ("reproduced", "partial", "not reproduced")
 
 
 @pytest.mark.slow
@@ -94,7 +97,7 @@ def test_finished_runs_are_reused(ci_run):
 
 
 def test_sustained_horizon_ignores_a_dip_that_recovers():
-    from originlens.experiments.persistence import horizon, sustained_horizon
+    from originlens.experiments.persistence_cosines import horizon, sustained_horizon
 
     series = [(1, None), (2, 0.98), (3, 0.995), (4, 0.97), (5, None), (6, 0.95)]
     assert horizon(series, 0.99) == 2 and sustained_horizon(series, 0.99) == 4
@@ -118,15 +121,15 @@ def test_verdict_and_bad_configurations():
         }
 
     for per_seed in (True, False):  # per-seed intervals decide; records without them fall back to the pooled fit
-        assert H.judge(rec([0.1, 0.2, 0.3], per_seed)).verdict == "reproduced"
-        assert H.judge(rec([0.1, -0.2, 0.3], per_seed)).verdict == "partial"
-        assert H.judge(rec([-0.1, -0.2, -0.3], per_seed)).verdict == "not reproduced"
+        assert judge(rec([0.1, 0.2, 0.3], per_seed)).verdict == "reproduced"
+        assert judge(rec([0.1, -0.2, 0.3], per_seed)).verdict == "partial"
+        assert judge(rec([-0.1, -0.2, -0.3], per_seed)).verdict == "not reproduced"
     with pytest.raises(ConfigError, match="vocab_sizes"):
-        H.HorizonConfig(overrides={"vocab_sizes": [1]})
+        HorizonConfig(overrides={"vocab_sizes": [1]})
     with pytest.raises(ConfigError, match="lr"):
-        H.HorizonConfig(overrides={"lr": -1.0})
+        HorizonConfig(overrides={"lr": -1.0})
     with pytest.raises(ConfigError, match="override"):
-        H.HorizonConfig(overrides={"width": 2})
+        HorizonConfig(overrides={"width": 2})
 
 
 def test_grid_filled_a_few_cells_at_a_time_combines_from_records(ci_run, tmp_path):
@@ -137,9 +140,7 @@ def test_grid_filled_a_few_cells_at_a_time_combines_from_records(ci_run, tmp_pat
     cfg, out, s = ci_run
     res = tmp_path / "res.json"
     for V in cfg.settings["vocab_sizes"]:
-        part = H.HorizonConfig(
-            scale="ci", seeds=[0, 1], overrides={"seq_lens": [8], "max_steps": 20, "vocab_sizes": [V]}
-        )
+        part = HorizonConfig(scale="ci", seeds=[0, 1], overrides={"seq_lens": [8], "max_steps": 20, "vocab_sizes": [V]})
         H.run_horizon(part, out / "exp", results=res, command="part")  # finished runs are reused, not retrained
     comb = H.run_horizon(cfg, tmp_path / "comb", results=res, command="combine", from_records=True)
     assert comb["cells"] == s["cells"] and comb["fits"] == s["fits"]
@@ -157,7 +158,7 @@ def test_grid_filled_a_few_cells_at_a_time_combines_from_records(ci_run, tmp_pat
         H.run_horizon(cfg, tmp_path / "elsewhere", results=res, command="combine", from_records=True)
     with pytest.raises(InputError, match="another configuration"):
         H.run_horizon(
-            H.HorizonConfig(scale="ci", seeds=[0, 1], overrides={"seq_lens": [8], "max_steps": 21}),
+            HorizonConfig(scale="ci", seeds=[0, 1], overrides={"seq_lens": [8], "max_steps": 21}),
             tmp_path / "x",
             results=res,
             from_records=True,

@@ -14,16 +14,15 @@ import pytest
 from originlens.attribution.store import RANDOM_TAG, load_observables
 from originlens.errors import ConfigError, InputError
 from originlens.experiments import gates
-from originlens.experiments.othello import OthelloConfig, judge, run_othello
+from originlens.experiments.othello import run_othello
 from originlens.experiments.othello_analysis import HYPOTHESES, across_seeds, collapsed_strata_se, learned_gate
+from originlens.experiments.othello_config import OthelloConfig, segment_starts, stratum_bounds, stratum_segment
+from originlens.experiments.othello_report import judge
 from originlens.experiments.othello_strata import (
     STRATA_STORE,
     initial_mismatch,
     mismatch_record_path,
-    segment_starts,
-    stratum_bounds,
     stratum_record_path,
-    stratum_segment,
 )
 from originlens.experiments.results import read_results
 

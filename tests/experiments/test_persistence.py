@@ -11,13 +11,16 @@ import pytest
 
 from originlens.errors import ConfigError
 from originlens.experiments import persistence as P
+from originlens.experiments import persistence_config as PC
+from originlens.experiments import persistence_cosines as PCos
+from originlens.experiments import persistence_report as PR
 from originlens.experiments.results import read_results
 
 
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("pers")
-    cfg = P.PersistenceConfig(scale="ci", seeds=[0, 1, 2], overrides={"steps": 16})
+    cfg = PC.PersistenceConfig(scale="ci", seeds=[0, 1, 2], overrides={"steps": 16})
     s = P.run_persistence(cfg, out / "exp", results=out / "res.json", command="originlens test")
     return cfg, out, s
 
@@ -39,7 +42,7 @@ def test_step_cosines_equal_the_trainers_theory_comparison(ci_run):
         cks = [r for r in _records(d, "checkpoint") if "min_cos" in r]
         assert [r["step"] for r in cks] == cfg.logging_points
         for r in cks:
-            for k in P.KINDS:
+            for k in PCos.KINDS:
                 a, b = cos[r["step"]]["lt"][k], r["min_cos"][k]
                 assert (a is None) == (b is None or (isinstance(b, float) and math.isnan(b)))
                 if a is not None:
@@ -75,13 +78,13 @@ def test_null_cosines_recomputed_from_their_definitions(ci_run):
     w, _ = load_tensors(d / "model.safetensors")
     final = {r["step"]: r for r in _records(d, "cosines")}[16]
     for which, lt in targets.items():
-        for k in P.KINDS:
+        for k in PCos.KINDS:
             names = [n for n in w if n.split(".")[0] == k]
             want = min(cosine(np.asarray(w[n], dtype=np.float64), lt[k]) for n in names)
             assert math.isclose(final[which][k], want, rel_tol=0, abs_tol=1e-9), (which, k)
     # the permuted null keeps each window's tokens and changes their order
     assert all(sorted(a) == sorted(b) for a, b in zip(first, shuffled)) and (first != shuffled).any()
-    assert P.permuted_windows(first, 42 + seed).tolist() == shuffled.tolist()
+    assert PCos.permuted_windows(first, 42 + seed).tolist() == shuffled.tolist()
 
 
 @pytest.mark.slow
@@ -92,11 +95,11 @@ def test_summary_min_and_horizon_from_the_logged_series(ci_run):
             d = P.run_dir_of(out / "exp", lr, seed)
             series = {r["step"]: r["lt"] for r in _records(d, "cosines")}
             got = s["runs"][f"{lr:g}"][str(seed)]["lt"]
-            for k in P.KINDS:
+            for k in PCos.KINDS:
                 vals = [v[k] for v in series.values() if v[k] is not None]
                 assert got[k]["min_all"] == min(vals)
                 assert got[k]["min_logged"] == min(series[p][k] for p in cfg.logging_points if series[p][k] is not None)
-                for th in P.THRESHOLDS:
+                for th in PCos.THRESHOLDS:
                     below = [st for st in sorted(series) if series[st][k] is not None and series[st][k] < th]
                     assert got[k]["horizon"][f"{th:g}"] == (below[0] if below else None)
     rec = read_results(out / "res.json")
@@ -106,7 +109,7 @@ def test_summary_min_and_horizon_from_the_logged_series(ci_run):
     assert set(one["nulls"]) == {"permuted", "disjoint"} and "p_t" in one["nulls"]["permuted"]["test_final"]
     assert rec["numbers"]["by_lr"]["0.05"]["t"] == pytest.approx(0.8)
     assert any(x.startswith("steps 16 (paper 3200)") for x in rec["scale"]["deviations"])
-    text = "\n".join(P.render_section("leading-terms/persistence-ci", rec))
+    text = "\n".join(PR.render_section("leading-terms/persistence-ci", rec))
     assert "| η | steps | weight |" in text and text.count("| 0.005 | 16 (t = 0.08") == 3
 
 
@@ -117,7 +120,7 @@ def test_an_interrupted_run_resumes_to_the_same_records(ci_run, tmp_path):
     from originlens.train.assoc import AssocTrainer
 
     cfg, out, _ = ci_run
-    one = P.PersistenceConfig(scale="ci", seeds=[0], lrs=[0.05], overrides={"steps": 16})
+    one = PC.PersistenceConfig(scale="ci", seeds=[0], lrs=[0.05], overrides={"steps": 16})
     exp = tmp_path / "exp"
     exp.mkdir()
     store = P.build_experiment_corpus(one, exp)
@@ -129,12 +132,12 @@ def test_an_interrupted_run_resumes_to_the_same_records(ci_run, tmp_path):
                 tr.request_stop()
 
     d = P.run_dir_of(exp, 0.05, 0)
-    nulls = P.null_statistics(tokens, store.vocab_size, 32, 42)
+    nulls = PCos.null_statistics(tokens, store.vocab_size, 32, 42)
     r = AssocTrainer(
         tokens,
         store.vocab_size,
         one.train_config(0.05, 0, d),
-        [P.StepCosines(nulls), StopAt()],
+        [PCos.StepCosines(nulls), StopAt()],
         vocab=list(store.vocab),
     ).run(resume=True)
     assert r.stopped_early and r.step == 7
@@ -147,15 +150,15 @@ def test_an_interrupted_run_resumes_to_the_same_records(ci_run, tmp_path):
 
 
 def test_every_scale_has_a_summary_and_a_protocol():
-    assert set(P.SUMMARIES) == set(P.SCALES) == set(P.PAPER_OF)
-    for scale in P.SCALES:
-        assert P.PersistenceConfig(scale=scale).paper_scale in ("paper", "paper-bpe")
+    assert set(PC.SUMMARIES) == set(PC.SCALES) == set(PC.PAPER_OF)
+    for scale in PC.SCALES:
+        assert PC.PersistenceConfig(scale=scale).paper_scale in ("paper", "paper-bpe")
 
 
 def test_horizon_and_schedule():
-    assert P.horizon([(1, None), (2, 0.995), (3, 0.98), (4, 0.5)], 0.99) == 3
-    assert P.horizon([(1, 0.999), (2, 0.995)], 0.99) is None
-    cfg = P.PersistenceConfig(scale="cpu")
+    assert PCos.horizon([(1, None), (2, 0.995), (3, 0.98), (4, 0.5)], 0.99) == 3
+    assert PCos.horizon([(1, 0.999), (2, 0.995)], 0.99) is None
+    cfg = PC.PersistenceConfig(scale="cpu")
     assert cfg.logging_points == list(range(64, 3201, 64)) and cfg.epoch30_step == 960
     assert cfg.train_config(0.005, 2, "x").data_seed == 44  # 42 (the paper's) + seed
 
@@ -169,35 +172,35 @@ def _fake(small_min=0.995, t=16.0, ep30=0.95, final=0.8, p=0.01):
         "nulls": {"permuted": {"test_final": {"p_t": p}}},
     }
     by = {
-        "0.005": {"t": t, **{k: kind(small_min) for k in P.KINDS}},
-        "0.05": {"t": 10 * t, **{k: kind(small_min) for k in P.KINDS}},
+        "0.005": {"t": t, **{k: kind(small_min) for k in PCos.KINDS}},
+        "0.05": {"t": 10 * t, **{k: kind(small_min) for k in PCos.KINDS}},
     }
     return {"numbers": {"by_lr": by}, "seeds": [0, 1, 2], "scale": {"model": "m", "training": "t", "deviations": []}}
 
 
 def test_verdict_rules():
-    assert P.judge(_fake()).verdict == "reproduced"
-    assert P.judge(_fake(t=0.06)).verdict == "partial"  # too short a run proves nothing
-    assert P.judge(_fake(p=0.5)).verdict == "partial"  # no better than permuted tokens
-    assert P.judge(_fake(small_min=0.5, ep30=0.5, final=0.5, p=0.5)).verdict == "not reproduced"
+    assert PR.judge(_fake()).verdict == "reproduced"
+    assert PR.judge(_fake(t=0.06)).verdict == "partial"  # too short a run proves nothing
+    assert PR.judge(_fake(p=0.5)).verdict == "partial"  # no better than permuted tokens
+    assert PR.judge(_fake(small_min=0.5, ep30=0.5, final=0.5, p=0.5)).verdict == "not reproduced"
 
 
 def test_bad_configurations():
     with pytest.raises(ConfigError, match="unknown scale"):
-        P.PersistenceConfig(scale="huge")
+        PC.PersistenceConfig(scale="huge")
     with pytest.raises(ConfigError, match="override"):
-        P.PersistenceConfig(overrides={"width": 3})
+        PC.PersistenceConfig(overrides={"width": 3})
     with pytest.raises(ConfigError, match="learning rates"):
-        P.PersistenceConfig(lrs=[0.0])
+        PC.PersistenceConfig(lrs=[0.0])
     with pytest.raises(ConfigError, match="steps"):
-        P.PersistenceConfig(overrides={"steps": 0})
+        PC.PersistenceConfig(overrides={"steps": 0})
     with pytest.raises(ConfigError, match="seeds"):
-        P.PersistenceConfig(seeds=[1, 1])
+        PC.PersistenceConfig(seeds=[1, 1])
 
 
 @pytest.mark.slow
 def test_bpe_protocol_builds_a_bpe_corpus_and_is_judged_against_table_2(tmp_path):
-    cfg = P.PersistenceConfig(
+    cfg = PC.PersistenceConfig(
         scale="ci",
         seeds=[0, 1],
         lrs=[0.005],
@@ -207,15 +210,15 @@ def test_bpe_protocol_builds_a_bpe_corpus_and_is_judged_against_table_2(tmp_path
     manifest = json.loads((tmp_path / "exp" / "corpus" / "manifest.json").read_text())
     assert "bpe" in json.dumps(manifest.get("tokenizer", manifest)).lower()
     assert set(s["by_lr"]) == {"0.005"}
-    bpe = P.PersistenceConfig(scale="cpu-bpe")
+    bpe = PC.PersistenceConfig(scale="cpu-bpe")
     assert bpe.lrs == [0.005] and bpe.paper_scale == "paper-bpe" and bpe.logging_points[:2] == [5, 10]
     assert not any(d.startswith(("steps", "tokenizer", "log_every")) for d in bpe.deviations())
     rec = read_results(tmp_path / "r.json")
     assert rec["paper_t"] == 16.0 and rec["protocol"] == "paper"  # a ci scale stands for Table 1
     with pytest.raises(ConfigError, match="tokenizer"):
-        P.PersistenceConfig(scale="ci", overrides={"tokenizer": "sentencepiece"})
+        PC.PersistenceConfig(scale="ci", overrides={"tokenizer": "sentencepiece"})
     with pytest.raises(ConfigError, match="override"):
-        P.PersistenceConfig(scale="ci", overrides={"lrs": [0.1]})
+        PC.PersistenceConfig(scale="ci", overrides={"lrs": [0.1]})
 
 
 @pytest.mark.slow
@@ -266,10 +269,10 @@ def test_unit_records_combine_into_the_same_results(ci_run, tmp_path):
     assert comb["by_lr"] == s["by_lr"]
     rec = read_results(out / "res.json")
     assert rec["command"] == "combine" and rec["runs"][0]["commits"]["command"] == "originlens test"
-    other = P.PersistenceConfig(scale="ci", seeds=[0, 1, 2], overrides={"steps": 17})
+    other = PC.PersistenceConfig(scale="ci", seeds=[0, 1, 2], overrides={"steps": 17})
     with pytest.raises(InputError, match="another configuration"):
         P.run_persistence(other, tmp_path / "x", results=out / "res.json", from_records=True)
-    more = P.PersistenceConfig(scale="ci", seeds=[0, 1, 2, 9], overrides={"steps": 16})
+    more = PC.PersistenceConfig(scale="ci", seeds=[0, 1, 2, 9], overrides={"steps": 16})
     with pytest.raises(InputError, match="no record of lr-"):
         P.run_persistence(more, tmp_path / "y", results=out / "res.json", from_records=True)
     # units built their corpus in separate output directories: equal windows, manifests differing only in

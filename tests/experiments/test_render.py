@@ -12,10 +12,11 @@ import pytest
 from originlens.cli.main import main as cli_main
 from originlens.errors import InputError
 from originlens.experiments import inference as inf
-from originlens.experiments.claims import CLAIMS, VERDICTS, claim_status, judge_cond_majority, judge_majority
+from originlens.experiments.claims import CLAIMS, claim_status, judge_cond_majority, judge_majority
 from originlens.experiments.render import BEGIN, END, render
 from originlens.experiments.results import read_results, write_results
 from originlens.experiments.toy_grid import HYPOTHESES
+from originlens.experiments.verdicts import VERDICTS
 
 REPO = Path(__file__).resolve().parents[2]
 REGIMES = ("standard", "myopic", "untied", "myopic+untied")

@@ -19,7 +19,8 @@ from .options import add_device, add_option, add_threads, apply_threads, int_lis
 
 
 def cmd_othello(args: argparse.Namespace) -> int:
-    from ..experiments.othello import OthelloConfig, run_othello
+    from ..experiments.othello import run_othello
+    from ..experiments.othello_config import OthelloConfig
     from ..experiments.results import command_line
 
     apply_threads(args)

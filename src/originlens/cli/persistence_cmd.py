@@ -17,7 +17,9 @@ from .options import add_option, add_threads, apply_threads, finite_float, float
 
 
 def cmd_persistence(args: argparse.Namespace) -> int:
-    from ..experiments.persistence import KINDS, PersistenceConfig, run_persistence
+    from ..experiments.persistence import run_persistence
+    from ..experiments.persistence_config import PersistenceConfig
+    from ..experiments.persistence_cosines import KINDS
     from ..experiments.results import command_line
 
     apply_threads(args)
@@ -80,7 +82,9 @@ def add_parser(esub: Any) -> None:
 
 
 def cmd_horizon(args: argparse.Namespace) -> int:
-    from ..experiments.horizon import HorizonConfig, fit_rows, run_horizon
+    from ..experiments.horizon import run_horizon
+    from ..experiments.horizon_config import HorizonConfig
+    from ..experiments.horizon_report import fit_rows
     from ..experiments.results import command_line
 
     apply_threads(args)

@@ -2,7 +2,7 @@
 
 A :class:`Claim` names the paper and section, states the claim and the paper's own number, and lists
 the results files (``"<experiment>/<name>"`` under ``results/``) that can back it, best first.  Its
-``judge`` turns a results record into a :class:`Verdict`: one of :data:`VERDICTS`, our number in
+``judge`` turns a results record into a :class:`Verdict`: one of :data:`.verdicts.VERDICTS`, our number in
 words, and the scale it was run at.  A claim with no results file gets the verdict it is blocked on
 (``needs GPU``, ``needs data``) or ``not yet run`` — never a number from prose.
 
@@ -19,18 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-VERDICTS = ("reproduced", "partial", "not reproduced", "not tested", "needs GPU", "needs data", "not yet run")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    verdict: str
-    ours: str
-    scale: str
-
-    def __post_init__(self) -> None:
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"unknown verdict {self.verdict!r}")
+from .verdicts import Verdict
 
 
 @dataclass(frozen=True)
@@ -153,19 +142,19 @@ def judge_language_features(rec: dict[str, Any]) -> Verdict:
 
 
 def judge_othello(rec: dict[str, Any]) -> Verdict:
-    from .othello import judge
+    from .othello_report import judge
 
     return judge(rec)
 
 
 def judge_persistence(rec: dict[str, Any]) -> Verdict:
-    from .persistence import judge
+    from .persistence_report import judge
 
     return judge(rec)
 
 
 def judge_horizon(rec: dict[str, Any]) -> Verdict:
-    from .horizon import judge
+    from .horizon_report import judge
 
     return judge(rec)
 

@@ -224,7 +224,7 @@ def _scale(rec: dict[str, Any]) -> str:
 def _verdict(rec: dict[str, Any], holds: bool, partial: bool, ours: str) -> Any:
     """Reproduced only when the test holds, the models learned both domains and ≥ MIN_SEEDS seeds ran;
     partial when the test holds otherwise or ``partial``; else not reproduced.  Notes the shortfalls."""
-    from .claims import Verdict
+    from .verdicts import Verdict
 
     n = len(rec["seeds"])
     if not _learned(rec):
@@ -259,7 +259,7 @@ def judge_steering(rec: dict[str, Any]) -> Any:
     """Claim (b).  Reproduced: top-Q > random and top-Q > zero over seeds for both the code and the
     punctuation fraction (one-sided paired t, p < 0.05), ≥ 3 seeds, on models that learned both domains;
     partial: some of the four hold; otherwise not reproduced."""
-    from .claims import Verdict
+    from .verdicts import Verdict
 
     tests = rec["tests"]["steering"]
     if not tests:

@@ -14,7 +14,7 @@ from . import inference
 from .persistence_cosines import KINDS, THRESHOLDS
 
 if TYPE_CHECKING:
-    from .horizon import HorizonConfig
+    from .horizon_config import HorizonConfig
 
 PAPER_POINT: dict[str, Any] = {
     "vocab_size": 3000,

@@ -205,7 +205,7 @@ def judge(rec: dict[str, Any]) -> Any:
     with |V|).
     Reproduced (the hypothesis holds): for every type; partial: for some; not reproduced: for none, or no
     fit."""
-    from .claims import Verdict
+    from .verdicts import Verdict
 
     fits = rec["numbers"]["fits"]
     held, parts = [], []

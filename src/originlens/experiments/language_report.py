@@ -334,7 +334,7 @@ def judge_loss(rec: dict[str, Any]) -> Any:
     """Reproduced when the held-out loss of myopic training exceeds standard training's significantly
     (one-sided paired t over seeds, α = 0.05); otherwise not reproduced (not yet run when the record
     lacks one of the regimes)."""
-    from .claims import Verdict
+    from .verdicts import Verdict
 
     t = rec.get("tests", {}).get("loss", {}).get(LOSS_TEST)
     q = rec.get("quality", {})
@@ -352,7 +352,7 @@ def judge_features(rec: dict[str, Any]) -> Any:
     **and** position features have a larger pre-cached share than syntax features, both significantly
     (one-sided paired t over seeds, Holm over the two, α = 0.05); partial when one holds; not reproduced
     when neither (not yet run when the record has no standard-regime attribution)."""
-    from .claims import Verdict
+    from .verdicts import Verdict
 
     tf = rec.get("tests", {}).get("features", {})
     inf = rec.get("numbers", {}).get("influence", {}).get("standard")

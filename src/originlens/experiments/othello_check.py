@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from .othello_strata import CHECK_STORE, TYPES, _item_sums, replay_threads
 
 if TYPE_CHECKING:
-    from .othello import OthelloConfig
+    from .othello_config import OthelloConfig
 
 CHECK_STRATA_STORE = "attribution-check-strata"
 

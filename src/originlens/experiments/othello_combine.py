@@ -20,7 +20,7 @@ from .records import commits_of, read_unit_record
 from .results import write_results
 
 if TYPE_CHECKING:
-    from .othello import OthelloConfig
+    from .othello_config import OthelloConfig
 
 MIN_SEEDS = 3  # a combined results file at the default path needs at least this many seeds
 

@@ -344,7 +344,7 @@ def judge(rec: dict[str, Any]) -> Any:
     **not tested** with the first failing gate's reason.  Then: reproduced when all seven tests hold (Holm)
     on models that play (legal-move accuracy ≥ 0.95), partial when some hold (or all on models that do
     not play), not reproduced when none."""
-    from .claims import Verdict
+    from .verdicts import Verdict
 
     if _legacy(rec):
         return _judge_legacy(rec)
@@ -378,7 +378,7 @@ def judge(rec: dict[str, Any]) -> Any:
 def _judge_legacy(rec: dict[str, Any]) -> Any:
     """The prefix design's file: the influence over updates 1..N of training only, before the board is
     learned; judged not tested, with its own numbers as the reason."""
-    from .claims import Verdict
+    from .verdicts import Verdict
 
     q = rec["quality"]
     probes = q.get("probes", {})

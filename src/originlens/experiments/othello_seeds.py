@@ -14,7 +14,7 @@ from ..storage import read_json
 from .records import record_path
 
 if TYPE_CHECKING:
-    from .othello import OthelloConfig
+    from .othello_config import OthelloConfig
 
 
 EXPERIMENT = "othello"  # the results directory and the experiment name of the unit records

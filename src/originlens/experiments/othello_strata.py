@@ -38,56 +38,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ConfigError, InputError
+from ..errors import InputError
+from .othello_config import stratum_bounds, stratum_segment
 from .records import record_path
 
 if TYPE_CHECKING:
-    from .othello import OthelloConfig
+    from .othello_config import OthelloConfig
 
 STRATA_STORE = "attribution-strata"  # RUN/attribution-strata: every stratum's segment of one seed
 CHECK_STORE = "attribution-check"  # RUN/attribution-check: the estimator check's contiguous replay
 R0_BATCHES = 8  # training batches at θ₀ on which the initial mismatch R(θ₀) is measured
 TYPES = {1: "useless", 2: "useful"}
 ITEM_COMPONENTS = ("direct", "precached", "shared", "carried", "full")
-
-
-def stratum_bounds(config: OthelloConfig, h: int) -> tuple[int, int]:
-    """Stratum h covers updates lo+1..hi: (lo, hi) = (hN, (h+1)N), N = steps / strata (the last stratum
-    takes the remainder)."""
-    s = config.settings
-    H, S = int(s["strata"]), int(s["steps"])
-    if not 0 <= h < H:
-        raise ConfigError(f"stratum {h} outside 0..{H - 1}", f"choose strata in 0..{H - 1}")
-    N = S // H
-    return h * N, (S if h == H - 1 else (h + 1) * N)
-
-
-def segment_length(config: OthelloConfig) -> int:
-    s = config.settings
-    return int(s["burn_in"]) + int(s["stratum_updates"])
-
-
-def segment_starts(config: OthelloConfig, h: int) -> list[int]:
-    """The checkpoints c of stratum h whose segment c+1..c+burn_in+stratum_updates lies in the stratum."""
-    lo, hi = stratum_bounds(config, h)
-    every = int(config.settings["checkpoint_every"])
-    return [c for c in range(lo + (-lo) % every, hi, every) if c + segment_length(config) <= hi]
-
-
-def stratum_segment(config: OthelloConfig, seed: int, h: int) -> tuple[int, int, list[int]]:
-    """(start checkpoint c, end, recorded updates) of stratum h of ``seed``: c drawn uniformly among
-    :func:`segment_starts` by ``default_rng([seed, 38, h])``."""
-    starts = segment_starts(config, h)
-    if not starts:
-        lo, hi = stratum_bounds(config, h)
-        raise ConfigError(
-            f"no checkpoint of stratum {h} (updates {lo + 1}..{hi}) leaves room for burn_in + stratum_updates = "
-            f"{segment_length(config)} updates",
-            "checkpoint more often (checkpoint_every), use fewer strata or shorter segments",
-        )
-    c = starts[int(np.random.default_rng([int(seed), 38, int(h)]).integers(len(starts)))]
-    b, n = int(config.settings["burn_in"]), int(config.settings["stratum_updates"])
-    return c, c + b + n, list(range(c + b + 1, c + b + n + 1))
 
 
 def stratum_record_path(results_path: str | Path, seed: int, h: int) -> Path:
@@ -103,26 +65,6 @@ def mismatch_record_path(results_path: str | Path, seed: int) -> Path:
 def check_record_path(results_path: str | Path, seed: int) -> Path:
     """``results/othello/othello-cpu/check-<seed>.json``: the estimator check of one seed."""
     return record_path(results_path, f"check-{int(seed)}")
-
-
-def validate_strata(config: OthelloConfig) -> None:
-    """Every stratum has a segment, and the burn-in lets the carried share fall below 1 % (β1 = 0.9)."""
-    s = config.settings
-    for key in ("strata", "burn_in", "stratum_updates", "checkpoint_every"):
-        v = s[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "burn_in" else 1):
-            raise ConfigError(f"{key}={v!r} must be a positive integer", f"e.g. {key} 10")
-    if int(s["strata"]) > int(s["steps"]):
-        raise ConfigError(f"strata={s['strata']} exceed the {s['steps']} updates", "use fewer strata")
-    for h in range(int(s["strata"])):
-        if not segment_starts(config, h):
-            stratum_segment(config, 0, h)  # raises the explanation
-    if config.scale != "ci" and 0.9 ** int(s["burn_in"]) > 0.01:
-        raise ConfigError(
-            f"burn_in={s['burn_in']} leaves a carried share of 0.9^{s['burn_in']} = {0.9 ** int(s['burn_in']):.3g} "
-            "of the first moment at the first recorded update (> 1 %)",
-            "use burn_in ≥ 44 (0.9⁴⁴ < 1 %)",
-        )
 
 
 # ----------------------------------------------------------------------------------------------------

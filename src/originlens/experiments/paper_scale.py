@@ -232,7 +232,7 @@ def run_paper_scale(
     from ..devices import DETERMINISTIC_ENV, resolve_device
     from ..train.grid import worker_pool
     from .claims import CLAIMS
-    from .othello import OthelloConfig
+    from .othello_config import OthelloConfig
     from .toy_grid import ToyGridConfig, run_toy_grid
 
     device = resolve_device(config.device)  # before anything is written

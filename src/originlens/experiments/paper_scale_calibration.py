@@ -100,7 +100,7 @@ def calibrate_othello(
     import torch
 
     from ..attribution.replay import attribute_run
-    from .othello import OthelloConfig
+    from .othello_config import OthelloConfig
 
     oth = OthelloConfig(
         scale="ci" if config.smoke else "paper",

@@ -15,7 +15,7 @@ from . import inference
 from .persistence_cosines import KINDS, NULLS, THRESHOLDS, horizon
 
 if TYPE_CHECKING:
-    from .persistence import PersistenceConfig
+    from .persistence_config import PersistenceConfig
 
 ALPHA = 0.05
 

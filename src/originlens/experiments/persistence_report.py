@@ -197,7 +197,7 @@ def judge(rec: dict[str, Any]) -> Any:
     and the run covers the paper's t (16 for Table 1, 2.5 for Table 2's BPE); at the large η every type is ≥ 0.9 at epoch 30 and > 0.7 at the end (lower
     bounds); and the leading term beats the permuted-token null for every type (p < 0.05).  Partial: some
     of these hold.  Not reproduced: none."""
-    from .claims import Verdict
+    from .verdicts import Verdict
 
     by = rec["numbers"]["by_lr"]
     lrs = sorted(by, key=float)

@@ -147,7 +147,7 @@ def _toy_grid_section(key: str, rec: dict[str, Any]) -> list[str]:
 
 
 def _othello_section(key: str, rec: dict[str, Any]) -> list[str]:
-    from .othello import render_section
+    from .othello_report import render_section
 
     return render_section(key, rec)
 
@@ -160,10 +160,10 @@ def _language_section(key: str, rec: dict[str, Any]) -> list[str]:
 
 def _leading_terms_section(key: str, rec: dict[str, Any]) -> list[str]:
     if rec["name"].startswith("horizon"):
-        from .horizon import render_section as horizon_section
+        from .horizon_report import render_section as horizon_section
 
         return horizon_section(key, rec)
-    from .persistence import render_section
+    from .persistence_report import render_section
 
     return render_section(key, rec)
 
@@ -191,13 +191,13 @@ SECTIONS: dict[str, Callable[[str, dict[str, Any]], list[str]]] = {
 
 
 def _persistence_figure(rec: dict[str, Any], plt: Any) -> Any:
-    from .persistence import figure
+    from .persistence_report import figure
 
     return figure(rec, plt)
 
 
 def _horizon_figure(rec: dict[str, Any], plt: Any) -> Any:
-    from .horizon import _figure
+    from .horizon_report import _figure
 
     return _figure(rec, plt)
 
