@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from originlens.devices import resolve_device
-from originlens.experiments.paper_scale import PaperScaleConfig, calibrate, calibrate_othello
+from originlens.experiments.paper_scale_calibration import calibrate, calibrate_othello
+from originlens.experiments.paper_scale_config import PaperScaleConfig
 
 
 def main() -> None:

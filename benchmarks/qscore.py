@@ -45,15 +45,10 @@ import torch
 from _emit import emit  # benchmarks/_emit.py (the script's own folder is on sys.path)
 
 from originlens.lm.native import GPTAdapter, Llama2cAdapter
-from originlens.lm.qscore import (
-    QScoreConfig,
-    ablation_kl,
-    aggregate,
-    find_top_contexts,
-    kl_divergence,
-    qscore,
-    within_edit_distance,
-)
+from originlens.lm.qscore import aggregate, qscore
+from originlens.lm.qscore_ablation import ablation_kl, kl_divergence
+from originlens.lm.qscore_config import QScoreConfig
+from originlens.lm.qscore_contexts import find_top_contexts, within_edit_distance
 from originlens.sae import SAE, SAEConfig
 from originlens.sae.activations import as_sequences, site_residuals
 
@@ -66,7 +61,8 @@ def build(model: str, n_windows: int, window: int):
         ad = GPTAdapter(GPT(GPTConfig(vocab_size=512, seq_len=window + 1, n_layer=4, d_model=128, n_head=4)), bos_id=0)
         toks = np.random.default_rng(0).integers(1, 512, size=(n_windows, window))
         return ad, toks
-    from originlens.lm.llama2c import Llama2cTokenizer, load_llama2c
+    from originlens.lm.llama2c import load_llama2c
+    from originlens.lm.llama2c_tokenizer import Llama2cTokenizer
     from originlens.paths import data_path, tinystories_files
 
     d = data_path("models", "stories260K")
@@ -134,7 +130,7 @@ def per_feature_search(ad, sae, k, seqs, feats, cfg):
                     continue
                 kept.append((i, int(p[i]), text))
                 out.append((f, i, int(p[i]), float(v[i])))
-    from originlens.lm.qscore import Examples
+    from originlens.lm.qscore_config import Examples
 
     arr = np.array([r[:3] for r in out], dtype=np.int64).reshape(-1, 3)
     return Examples(arr[:, 0], arr[:, 1], arr[:, 2], np.array([r[3] for r in out]))

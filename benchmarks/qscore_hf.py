@@ -31,7 +31,9 @@ from qscore import build, random_sae  # the stories260K windows and the SAE of b
 
 from originlens.lm.export import export_to_hf
 from originlens.lm.hf import load_hf
-from originlens.lm.qscore import QScoreConfig, ablation_kl, find_top_contexts
+from originlens.lm.qscore_ablation import ablation_kl
+from originlens.lm.qscore_config import QScoreConfig
+from originlens.lm.qscore_contexts import find_top_contexts
 from originlens.sae.activations import as_sequences
 
 

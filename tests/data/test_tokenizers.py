@@ -242,7 +242,7 @@ def test_one_tokenizer_protocol(tmp_path, bpe):
     """Corpus tokenizers are Tokenizers; they and the LM tools' codecs are all TextTokenizers, and a codec
     wrapping a corpus tokenizer encodes and decodes like it."""
     from originlens.data import TextTokenizer, Tokenizer
-    from originlens.lm.loading import TextCodec, originlens_codec, tokenizer_json_codec
+    from originlens.lm.codecs import TextCodec, originlens_codec, tokenizer_json_codec
 
     word = WordTokenizer.train(TEXTS, 30)
     pre = PretrainedTokenizer.from_path(bpe.save(tmp_path / "bpe") / "tokenizer.json")

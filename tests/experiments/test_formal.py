@@ -15,7 +15,9 @@ from scipy import stats
 
 from originlens.errors import ConfigError, InputError
 from originlens.experiments import formal_metrics as fm
-from originlens.experiments.formal import FormalConfig, build_mixed_corpus, run_formal
+from originlens.experiments.formal import run_formal
+from originlens.experiments.formal_config import FormalConfig
+from originlens.experiments.formal_corpus import build_mixed_corpus
 from originlens.experiments.formal_report import judge_formal_share, judge_lookahead, judge_steering, render_section
 from originlens.experiments.results import read_results
 from originlens.experiments.verdicts import VERDICTS

@@ -11,15 +11,11 @@ import pytest
 
 from originlens.data import generate_stories
 from originlens.errors import ConfigError
-from originlens.experiments import language as lang
-from originlens.experiments.language import (
-    LOSS_TEST,
-    SHARE_TEST,
-    SYNTAX_TEST,
-    LanguageExperimentConfig,
-    influence_by_group,
-    run_language_experiment,
-)
+from originlens.experiments import language_config as lang
+from originlens.experiments.language import run_language_experiment
+from originlens.experiments.language_analysis import COMPONENTS, LOSS_TEST, SHARE_TEST, SYNTAX_TEST, influence_by_group
+from originlens.experiments.language_config import LanguageExperimentConfig
+from originlens.experiments.language_continuations import continuations
 from originlens.experiments.language_report import judge_features, judge_loss, render_section
 from originlens.experiments.results import read_results
 
@@ -107,7 +103,7 @@ def test_group_influence_equals_a_brute_force_sum_over_the_store(experiment):
         assert len({k[2] for k in sums}) == 22  # 10 tags, 10 labels, 2 positions
         got = run["attribution"]
         for g in ("syntax", "position"):
-            for c in lang.COMPONENTS:
+            for c in COMPONENTS:
                 layers = (1,) if c == "precached" else (1, 2)
                 vals = [v for (k, i, f, comp), v in sums.items() if comp == c and _group(f) == g and k in layers]
                 assert got["influence"][g][c] == pytest.approx(sum(vals) / len(vals), rel=1e-9, abs=1e-300)
@@ -176,7 +172,7 @@ def test_continuations_are_stored_and_reproducible(experiment):
         assert set(c["continuations"]) == {"standard", "myopic"}
         for v in c["continuations"].values():
             assert v["greedy"].strip() and v["sampled"].strip()
-    assert lang.continuations(cfg, out / "exp") == conts  # greedy and seeded sampling
+    assert continuations(cfg, out / "exp") == conts  # greedy and seeded sampling
     md = (out / "exp" / "report.md").read_text()
     assert "Continuations of held-out stories" in md and conts[0]["continuations"]["myopic"]["sampled"] in md
 

@@ -13,14 +13,10 @@ from pathlib import Path
 import pytest
 
 from originlens.errors import ConfigError
-from originlens.experiments.paper_scale import (
-    PaperScaleConfig,
-    _run_until,
-    _toy_round_seconds,
-    gpt_step_flops,
-    plan_othello,
-    spread,
-)
+from originlens.experiments.paper_scale import _toy_round_seconds, plan_othello, spread
+from originlens.experiments.paper_scale_calibration import gpt_step_flops
+from originlens.experiments.paper_scale_config import PaperScaleConfig
+from originlens.experiments.paper_scale_units import _run_until
 from originlens.storage import read_json
 
 ROOT = Path(__file__).resolve().parents[2]

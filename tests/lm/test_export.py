@@ -13,7 +13,8 @@ pytest.importorskip("transformers")
 from originlens.errors import ConfigError, OriginlensError
 from originlens.lm.export import gpt_to_hf, llama2c_to_hf, llama2c_to_rotate_half, rotate_half_to_llama2c
 from originlens.lm.hf import HFAdapter, load_hf
-from originlens.lm.llama2c import Llama2cConfig, Llama2cModel, Llama2cTokenizer, load_llama2c
+from originlens.lm.llama2c import Llama2cConfig, Llama2cModel, load_llama2c
+from originlens.lm.llama2c_tokenizer import Llama2cTokenizer
 from originlens.lm.native import GPTAdapter, Llama2cAdapter
 from originlens.models.gpt import GPT, GPTConfig
 from originlens.paths import data_path

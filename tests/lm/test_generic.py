@@ -278,7 +278,9 @@ def _random_sae(seed, dtype="float64"):
 
 
 def test_qscore_generic_hooks_method_equals_the_hand_written_cached_one():
-    from originlens.lm.qscore import QScoreConfig, ablation_kl, find_top_contexts
+    from originlens.lm.qscore_ablation import ablation_kl
+    from originlens.lm.qscore_config import QScoreConfig
+    from originlens.lm.qscore_contexts import find_top_contexts
     from originlens.sae.activations import as_sequences
 
     model = make("llama")

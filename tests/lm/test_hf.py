@@ -17,7 +17,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from originlens.errors import CompatibilityError, ConfigError, InputError  # noqa: E402
-from originlens.lm.hf import HFAdapter, load_hf, require_transformers  # noqa: E402
+from originlens.lm.hf import HFAdapter, load_hf  # noqa: E402
+from originlens.lm.hf_hub import require_transformers  # noqa: E402
 
 V, D, H, L, T = 13, 16, 4, 2, 6
 KINDS = ["gpt2", "neox-parallel", "neox-sequential", "llama"]
@@ -472,7 +473,9 @@ def test_cached_ablation_keys_never_outnumber_the_positions(kind, monkeypatch):
 
 
 def test_qscore_on_a_hf_model_cached_equals_hooks_and_sliding_windows_fall_back():
-    from originlens.lm.qscore import QScoreConfig, ablation_kl, find_top_contexts
+    from originlens.lm.qscore_ablation import ablation_kl
+    from originlens.lm.qscore_config import QScoreConfig
+    from originlens.lm.qscore_contexts import find_top_contexts
     from originlens.sae import SAE, SAEConfig
     from originlens.sae.activations import as_sequences
 

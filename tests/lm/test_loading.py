@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from originlens.errors import CompatibilityError, ConfigError, InputError
+from originlens.lm.codecs import TextCodec
 from originlens.lm.loading import (
     MODEL_FORMATS,
-    TextCodec,
     detect_format,
     load_adapter,
     load_gpt_checkpoint,

@@ -10,7 +10,10 @@ import torch
 from originlens.errors import CompatibilityError, ConfigError, InputError
 from originlens.lm.llama2c import Llama2cConfig, Llama2cModel
 from originlens.lm.native import GPTAdapter, Llama2cAdapter
-from originlens.lm.qscore import QScoreConfig, ablation_kl, aggregate, find_top_contexts, qscore, within_edit_distance
+from originlens.lm.qscore import aggregate, qscore
+from originlens.lm.qscore_ablation import ablation_kl
+from originlens.lm.qscore_config import QScoreConfig
+from originlens.lm.qscore_contexts import find_top_contexts, within_edit_distance
 from originlens.models.gpt import GPT, GPTConfig
 from originlens.sae import SAE, SAEConfig
 
@@ -296,7 +299,7 @@ def test_cached_partial_forward_matches_full_runs(make):
 
 def _handmade_examples(n_seqs, length, K, seed):
     """Examples on repeated windows, positions 0 (no BOS) through the last eligible one."""
-    from originlens.lm.qscore import Examples
+    from originlens.lm.qscore_config import Examples
 
     rng = np.random.default_rng(seed)
     E = 23
@@ -462,7 +465,8 @@ def test_dedup_dead_features_and_bad_inputs():
 
 @pytest.mark.slow
 def test_stories260k_batched_matches_loop():
-    from originlens.lm.llama2c import Llama2cTokenizer, load_llama2c
+    from originlens.lm.llama2c import load_llama2c
+    from originlens.lm.llama2c_tokenizer import Llama2cTokenizer
     from originlens.paths import data_path, tinystories_files
 
     model_dir = data_path("models", "stories260K", required=False)
@@ -609,7 +613,7 @@ def test_dedup_selection_and_kept_streams_match_definition(make):
 def test_cached_ablation_with_kept_streams_matches_brute_force(make):
     """ablation_kl("cached") from all, some or none of the kept site streams equals the full clean
     runs and the brute force (float64, 1e-10); streams of another site are refused."""
-    from originlens.lm.qscore import SiteStreams
+    from originlens.lm.qscore_config import SiteStreams
     from originlens.sae.activations import as_sequences
 
     ad = _random_gpt() if make == "gpt" else _random_llama(n_layers=3)

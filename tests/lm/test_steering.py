@@ -173,7 +173,8 @@ def test_lookahead_map_training_and_correlation():
 
 @pytest.mark.slow
 def test_stories260k_unsteered_greedy_matches_reference_generation():
-    from originlens.lm.llama2c import Llama2cTokenizer, load_llama2c
+    from originlens.lm.llama2c import load_llama2c
+    from originlens.lm.llama2c_tokenizer import Llama2cTokenizer
     from originlens.paths import data_path
 
     d = data_path("models", "stories260K", required=False)

@@ -112,3 +112,83 @@ def test_no_module_forwards_names_through_a_module_getattr():
             if isinstance(node, ast.FunctionDef) and node.name == "__getattr__" and rel != "__init__.py":
                 found.append(f"{rel}:{node.lineno}")
     assert not found, f"forwarding shims: {found}"
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """module → the package's modules it imports (every import statement: module-level, deferred inside a
+    function, or under ``TYPE_CHECKING``); ``from pkg import name`` names the submodule ``pkg.name`` when
+    there is one, else ``pkg``'s ``__init__``."""
+
+    def name_of(f: Path) -> str:
+        parts = list(f.relative_to(ROOT.parent).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name_of(f): f for f in ROOT.rglob("*.py")}
+    out: dict[str, set[str]] = defaultdict(set)
+    for mod, f in modules.items():
+        package = mod if f.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    src = ".".join(base[: len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+                else:
+                    src = node.module or ""
+                for a in node.names:
+                    target = f"{src}.{a.name}" if f"{src}.{a.name}" in modules else src
+                    if target in modules and target != mod:
+                        out[mod].add(target)
+            elif isinstance(node, ast.Import):
+                out[mod] |= {a.name for a in node.names if a.name in modules and a.name != mod}
+    return out
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_between_modules():
+    """No two modules of the package import each other, directly or through others — deferred and
+    type-checking imports included (a circle hidden in a function is still a circle)."""
+    circles = _circles(_module_imports())
+    assert not circles, "import circles:\n" + "\n".join(" ↔ ".join(c) for c in circles)
+
+
+def test_the_circle_finder_finds_a_circle_through_three_modules():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert _circles(graph) == [["a", "b", "c"]]
+    imports = _module_imports()
+    # a deferred import (inside a function) and a relative one are seen
+    assert "originlens.experiments.othello_check" in imports["originlens.experiments.othello"]
+    assert "originlens.experiments.othello_config" in imports["originlens.experiments.othello_strata"]

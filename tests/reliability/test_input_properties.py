@@ -23,7 +23,7 @@ from originlens.data import build_corpus, iter_documents, load_token_array
 from originlens.data.readers import EOT_MARKER
 from originlens.data.tokenizers import SAVED_NAME, BPETokenizer, WordTokenizer, load_saved, load_tokenizer, pre_tokenize
 from originlens.errors import OriginlensError
-from originlens.lm.llama2c import Llama2cTokenizer
+from originlens.lm.llama2c_tokenizer import Llama2cTokenizer
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 any_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=200)  # includes lone surrogates

@@ -146,7 +146,8 @@ def test_malicious_pickle_as_ntp_checkpoint_on_resume(tmp_path, capsys):
 def test_malicious_pickle_as_models_sae_tokenizers_and_configs(tmp_path):
     from originlens.config import load_config
     from originlens.data.tokenizers import load_tokenizer
-    from originlens.lm.llama2c import Llama2cTokenizer, load_llama2c
+    from originlens.lm.llama2c import load_llama2c
+    from originlens.lm.llama2c_tokenizer import Llama2cTokenizer
     from originlens.models import GPT, load_assoc
     from originlens.train.ntp import NTPConfig, load_probe_metrics
 
@@ -209,7 +210,8 @@ def test_malicious_pickle_in_a_hugging_face_directory(tmp_path, capsys):
     import json
 
     from originlens.cli.main import main
-    from originlens.lm.hf import load_hf, load_hf_model
+    from originlens.lm.hf import load_hf
+    from originlens.lm.hf_hub import load_hf_model
 
     marker = tmp_path / "pwned"
     d = tmp_path / "hf"

@@ -26,6 +26,7 @@ from originlens.errors import ConfigError, InputError
 from originlens.paths import tinystories_files
 from originlens.tasks import syntax
 from originlens.tasks import tinystories as ts
+from originlens.tasks import tinystories_data as tsd
 from originlens.tasks.syntax import (
     DEPS,
     FEATURE_NAMES,
@@ -455,8 +456,8 @@ def storyworld_root(tmp_path_factory):
 
 
 def test_task_syntax_features_with_gold_annotator(storyworld_root, tmp_path, monkeypatch):
-    ts._LOADED.clear()
-    ts._LOADED_SYNTAX.clear()
+    tsd._LOADED.clear()
+    tsd._LOADED_SYNTAX.clear()
     calls = []
     real = GoldAnnotator.annotate
 
@@ -501,8 +502,8 @@ def test_task_syntax_features_with_gold_annotator(storyworld_root, tmp_path, mon
     for f in entry.glob("*.npy"):
         np.load(f, allow_pickle=False)
     # a new process reads the cache: no annotation, same features; another label set selects columns
-    ts._LOADED.clear()
-    ts._LOADED_SYNTAX.clear()
+    tsd._LOADED.clear()
+    tsd._LOADED_SYNTAX.clear()
     again = ts.TinyStoriesTask(syntax_features=True, annotator="gold", syntax_labels="deps", **kw)
     b2 = again.sample(24, np.random.default_rng(3))
     b1 = task.sample(24, np.random.default_rng(3))
@@ -553,8 +554,8 @@ def test_task_on_a_non_storyworld_root_with_gold_is_an_input_error(tmp_path):
 def test_task_on_the_shared_tinystories_with_lingua(tmp_path):
     """The 12 tag features (Lingua has no labels) on the real subset: 10 tag columns + unchanged positions."""
     _require_lingua()
-    ts._LOADED.clear()
-    ts._LOADED_SYNTAX.clear()
+    tsd._LOADED.clear()
+    tsd._LOADED_SYNTAX.clear()
     task = ts.TinyStoriesTask(syntax_features=True, annotator="lingua", syntax_labels="tags", cache_dir=str(tmp_path))
     plain = ts.TinyStoriesTask(cache_dir=str(tmp_path))
     b = task.sample(8, np.random.default_rng(0))

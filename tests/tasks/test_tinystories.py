@@ -19,6 +19,7 @@ from originlens.errors import ConfigError, InputError
 from originlens.paths import tinystories_files
 from originlens.tasks import legal_hits, task_metrics
 from originlens.tasks import tinystories as ts
+from originlens.tasks import tinystories_data as tsd
 from originlens.tasks.base import TaskBatch
 
 T = 64
@@ -87,7 +88,7 @@ def small_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_task(small_root, tmp_path_factory):
-    ts._LOADED.clear()
+    tsd._LOADED.clear()
     return ts.TinyStoriesTask(data_root=str(small_root), cache_dir=str(tmp_path_factory.mktemp("ts_cache")))
 
 
@@ -186,7 +187,7 @@ def test_heldout_split_is_disjoint_and_deterministic(small_root, small_task, tmp
     assert not {stories[s] for s in train} & {stories[s] for s in held}  # disjoint as texts
     dup = [s for s in range(len(stories)) if stories[s] == stories[5]]
     assert len(dup) == 2 and (dup[0] in train) == (dup[1] in train) and (dup[0] in held) == (dup[1] in held)
-    ts._LOADED.clear()  # a fresh load (from the cache) agrees
+    tsd._LOADED.clear()  # a fresh load (from the cache) agrees
     again = ts.TinyStoriesTask(data_root=str(small_root), cache_dir=small_task.cache_dir)
     assert all(np.array_equal(x, y) for x, y in zip(again.split, small_task.split))
     a, b = again.sample(16, np.random.default_rng(7)), small_task.sample(16, np.random.default_rng(7))
@@ -217,7 +218,7 @@ def test_cache_is_reused_and_invalidated(small_root, tmp_path, monkeypatch):
     monkeypatch.setattr(BPETokenizer, "train", staticmethod(counting_train))
 
     def build(**kw):
-        ts._LOADED.clear()  # force a read from disk, as a new process would
+        tsd._LOADED.clear()  # force a read from disk, as a new process would
         t = ts.TinyStoriesTask(data_root=str(root), cache_dir=str(cache), **kw)
         return t, t.data
 
@@ -229,8 +230,8 @@ def test_cache_is_reused_and_invalidated(small_root, tmp_path, monkeypatch):
     # no temp leftovers (the entry's lock file, .NAME.lock, stays by design: originlens.locks)
     assert not [p for p in d1.path.parent.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")]
     # the environment variable chooses the cache when no cache_dir is given
-    monkeypatch.setenv(ts.CACHE_ENV_VAR, str(cache))
-    ts._LOADED.clear()
+    monkeypatch.setenv(tsd.CACHE_ENV_VAR, str(cache))
+    tsd._LOADED.clear()
     assert ts.TinyStoriesTask(data_root=str(root)).data.path == d1.path and len(trained) == 1
     # another tokenizer configuration: another entry
     _, d3 = build(bpe_vocab_size=300)
@@ -247,9 +248,9 @@ def test_cache_is_reused_and_invalidated(small_root, tmp_path, monkeypatch):
     _, d5 = build()
     assert len(trained) == 4 and d5.path == d4.path and np.array_equal(d5.tokens, d4.tokens)
     # the key covers file contents and names, the tokenizer settings and the format version
-    k1, m1 = ts.cache_key(t1.files, 4096)
+    k1, m1 = tsd.cache_key(t1.files, 4096)
     assert {"data", "tokenizer", "format", "tokenizers_version"} <= set(m1)
-    assert ts.cache_key(t1.files, 4096)[0] != ts.cache_key(t1.files, 4095)[0]
+    assert tsd.cache_key(t1.files, 4096)[0] != tsd.cache_key(t1.files, 4095)[0]
     # a damaged entry holding a file that is not the cache's is refused, not deleted
     (d4.path / "tokens.npy").unlink()
     (d4.path / "notes.txt").write_text("mine", encoding="utf-8")
@@ -266,8 +267,8 @@ def test_trainer_three_steps(regime, small_root, tmp_path, monkeypatch):
     from originlens.train.ntp import NTPConfig, Trainer, all_task_names, load_probe_metrics
 
     monkeypatch.setenv("ORIGINLENS_DATA", str(small_root))
-    monkeypatch.setenv(ts.CACHE_ENV_VAR, str(tmp_path / "cache"))
-    ts._LOADED.clear()
+    monkeypatch.setenv(tsd.CACHE_ENV_VAR, str(tmp_path / "cache"))
+    tsd._LOADED.clear()
     assert "tinystories" in all_task_names()
     cfg = NTPConfig(
         task="tinystories",
@@ -301,7 +302,7 @@ def test_defaults_follow_the_spec_table(small_root, tmp_path, monkeypatch):
     from originlens.train.ntp import NTPConfig
 
     monkeypatch.setenv("ORIGINLENS_DATA", str(small_root))
-    monkeypatch.setenv(ts.CACHE_ENV_VAR, str(tmp_path / "cache"))
+    monkeypatch.setenv(tsd.CACHE_ENV_VAR, str(tmp_path / "cache"))
     c = NTPConfig(task="tinystories")
     assert (c.n_layer, c.d_model, c.n_head, c.batch_size, c.lr, c.steps, c.eval_size, c.probe_every) == (
         4,
@@ -354,7 +355,7 @@ def test_bad_options_are_config_errors(small_root, tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not tinystories_files(), reason="TinyStories files not found (set ORIGINLENS_DATA)")
 def test_full_subset_counts(tmp_path):
-    ts._LOADED.clear()
+    tsd._LOADED.clear()
     task = ts.TinyStoriesTask(cache_dir=str(tmp_path))
     lines = [ln for f in tinystories_files() for ln in _raw_lines(f.read_text(encoding="utf-8"))]
     d = task.describe()

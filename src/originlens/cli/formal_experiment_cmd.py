@@ -27,7 +27,8 @@ def _setting(s: str) -> tuple[str, Any]:
 
 
 def cmd_formal(args: argparse.Namespace) -> int:
-    from ..experiments.formal import FormalConfig, run_formal
+    from ..experiments.formal import run_formal
+    from ..experiments.formal_config import FormalConfig
     from ..experiments.formal_report import JUDGES
     from ..experiments.results import command_line, read_results
 

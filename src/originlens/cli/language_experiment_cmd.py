@@ -23,7 +23,8 @@ def _regimes(s: str) -> list[str]:
 
 
 def cmd_tinystories(args: argparse.Namespace) -> int:
-    from ..experiments.language import LanguageExperimentConfig, run_language_experiment
+    from ..experiments.language import run_language_experiment
+    from ..experiments.language_config import LanguageExperimentConfig
     from ..experiments.language_report import summary_lines
     from ..experiments.results import command_line
     from .ntp_cmd import _overrides

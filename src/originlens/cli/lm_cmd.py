@@ -30,7 +30,7 @@ from .options import utf8_text
 
 if TYPE_CHECKING:
     from ..lm.adapter import LMAdapter
-    from ..lm.loading import TextCodec
+    from ..lm.codecs import TextCodec
 
 __all__ = ["FORMAT_NAMES", "generate_ids", "generate_text", "register"]
 # the names of originlens.lm.loading.MODEL_FORMATS, for the help text (tests/reliability/test_cli_startup.py)
@@ -120,8 +120,8 @@ def generate_text(
     seed: int = 0,
 ) -> str:
     """Prompt plus continuation as text, for any adapter (see the module docstring for the rules)."""
+    from ..lm.codecs import check_vocab
     from ..lm.llama2c import generate_tokens
-    from ..lm.loading import check_vocab
     from ..lm.native import Llama2cAdapter
 
     check_vocab(adapter, codec)

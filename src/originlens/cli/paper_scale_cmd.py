@@ -18,7 +18,8 @@ from .options import add_device, int_list
 
 
 def cmd_paper_scale(args: argparse.Namespace) -> int:
-    from ..experiments.paper_scale import PaperScaleConfig, run_paper_scale
+    from ..experiments.paper_scale import run_paper_scale
+    from ..experiments.paper_scale_config import PaperScaleConfig
     from ..experiments.results import command_line
 
     cfg = PaperScaleConfig(

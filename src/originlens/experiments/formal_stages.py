@@ -21,7 +21,7 @@ from .formal_corpus import MixedCorpus
 from .formal_report import REGIMES
 
 if TYPE_CHECKING:
-    from .formal import FormalConfig
+    from .formal_config import FormalConfig
 
 
 def window_losses(model: Any, tokens: np.ndarray, batch: int = 64) -> np.ndarray:
@@ -53,7 +53,8 @@ def _features_stage(config: FormalConfig, corpus: MixedCorpus, adapter: Any, see
     """SAE, labels, Q(w) and look-ahead of one trained model (each stage skipped when its file exists)."""
     import torch
 
-    from ..lm.qscore import QScoreConfig, qscore
+    from ..lm.qscore import qscore
+    from ..lm.qscore_config import QScoreConfig
     from ..lm.steering import LookaheadConfig, lookahead
     from ..runs import release_lock
     from ..sae import SAETrainConfig, read_sae, train_sae_run

@@ -15,7 +15,7 @@ from . import inference
 from .language_runs import _dirs
 
 if TYPE_CHECKING:
-    from .language import LanguageExperimentConfig
+    from .language_config import LanguageExperimentConfig
 
 COMPONENTS = ("direct", "precached", "shared", "full")
 PROBE_GROUPS = ("tags", "deps", "position")

@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from .language_runs import _dirs
 
 if TYPE_CHECKING:
-    from .language import LanguageExperimentConfig
+    from .language_config import LanguageExperimentConfig
 
 
 def generate(

@@ -13,15 +13,8 @@ from .formatting import ci as fmt_ci
 from .formatting import num as _f
 from .formatting import pval as _p
 from .formatting import sig as _g
-from .language import (
-    COMPONENTS,
-    LOSS_TEST,
-    PAPER_LOSS,
-    PROBE_GROUPS,
-    REGIMES,
-    SHARE_TEST,
-    SYNTAX_TEST,
-)
+from .language_analysis import COMPONENTS, LOSS_TEST, PROBE_GROUPS, SHARE_TEST, SYNTAX_TEST
+from .language_config import PAPER_LOSS, REGIMES
 
 
 def _ci(c: dict[str, Any] | None, fmt: Any = _f) -> str:

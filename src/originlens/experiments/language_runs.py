@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .language import LanguageExperimentConfig
+    from .language_config import LanguageExperimentConfig
 
 
 def _dirs(out: Path, regime: str, seed: int) -> tuple[Path, Path]:

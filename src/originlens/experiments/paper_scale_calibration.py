@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .paper_scale import PaperScaleConfig
+    from .paper_scale_config import PaperScaleConfig
 
 # published dense peaks (FLOP/s) of the accelerators this is meant for, by the name torch reports
 PEAKS = {"H200": {"tf32": 494.7e12, "bf16": 989.5e12}, "H100": {"tf32": 494.7e12, "bf16": 989.5e12}}

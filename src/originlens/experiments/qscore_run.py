@@ -100,7 +100,8 @@ def _shard_of(feats: list[int], shard: tuple[int, int]) -> tuple[list[int], dict
 def run_qscore(cfg: QScoreRunConfig, out: str | Path, *, overwrite: bool = False) -> QScoreRun:
     """Score the features, write the run directory, return the results (see the module docstring)."""
     from .. import distributed
-    from ..lm.qscore import QScoreConfig, merge_results, qscore
+    from ..lm.qscore import qscore
+    from ..lm.qscore_config import QScoreConfig, merge_results
 
     _, world = distributed.env_world()
     if world > 1:
@@ -216,7 +217,7 @@ def merge_qscore_runs(shards: list[str | Path], out: str | Path, *, overwrite: b
     """One Q(w) run from the N run directories of ``shard=(i, N)`` runs (every i once, the same model,
     SAE, corpus and settings): written to ``out`` as an unsharded run would be, its report without
     context texts (the merge loads no model); ``results.json`` lists the shard directories."""
-    from ..lm.qscore import QScoreResult, merge_results
+    from ..lm.qscore_config import QScoreResult, merge_results
     from ..storage import load_tensors, read_json
 
     loaded = []

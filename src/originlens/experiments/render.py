@@ -169,7 +169,7 @@ def _leading_terms_section(key: str, rec: dict[str, Any]) -> list[str]:
 
 
 def _paper_scale_section(key: str, rec: dict[str, Any]) -> list[str]:
-    from .paper_scale import render_section
+    from .paper_scale_report import render_section
 
     return render_section(key, rec)
 

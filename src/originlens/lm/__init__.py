@@ -13,6 +13,7 @@ from .checkpoints import (
     pythia_revisions,
     weights_hash,
 )
+from .codecs import TextCodec
 from .compare import (
     CompareConfig,
     ComparisonResult,
@@ -24,23 +25,13 @@ from .compare_report import write_comparison
 from .export import export_to_hf, gpt_to_hf, llama2c_to_hf
 from .generic import GenericHFAdapter, load_generic
 from .gpt2_import import gpt_from_hf
-from .hf import HFAdapter, load_hf, load_hf_model
-from .llama2c import (
-    BOS_ID,
-    EOS_ID,
-    KVCache,
-    Llama2cConfig,
-    Llama2cModel,
-    Llama2cTokenizer,
-    generate,
-    generate_tokens,
-    load_llama2c,
-    read_llama2c_header,
-)
+from .hf import HFAdapter, load_hf
+from .hf_hub import load_hf_model
+from .llama2c import KVCache, Llama2cConfig, Llama2cModel, generate, generate_tokens, load_llama2c, read_llama2c_header
+from .llama2c_tokenizer import BOS_ID, EOS_ID, Llama2cTokenizer
 from .loading import (
     MODEL_FORMATS,
     ModelFormat,
-    TextCodec,
     detect_format,
     load_adapter,
     load_model,
@@ -49,7 +40,10 @@ from .loading import (
     parse_hub_spec,
 )
 from .native import GPTAdapter, Llama2cAdapter
-from .qscore import FeatureQ, QScoreConfig, QScoreResult, SiteStreams, ablation_kl, find_top_contexts, qscore
+from .qscore import qscore
+from .qscore_ablation import ablation_kl
+from .qscore_config import FeatureQ, QScoreConfig, QScoreResult, SiteStreams
+from .qscore_contexts import find_top_contexts
 from .steering import (
     LookaheadConfig,
     LookaheadResult,

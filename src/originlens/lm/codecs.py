@@ -17,11 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import CompatibilityError, InputError, OriginlensError
-from .llama2c import (
-    BOS_ID,
-    EOS_ID,
-    Llama2cTokenizer,
-)
+from .llama2c_tokenizer import BOS_ID, EOS_ID, Llama2cTokenizer
 
 
 @dataclass
@@ -104,7 +100,7 @@ def tokenizer_json_codec(path: str | os.PathLike, *, bos_id: int | None = None, 
 
 def auto_tokenizer_codec(directory: str | os.PathLike) -> TextCodec:
     """``transformers.AutoTokenizer`` of a local directory (offline, never remote code)."""
-    from .hf import quiet_transformers, require_transformers
+    from .hf_hub import quiet_transformers, require_transformers
 
     tf = require_transformers()
     d = Path(directory)

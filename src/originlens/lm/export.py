@@ -35,9 +35,10 @@ from torch import Tensor
 from ..errors import ConfigError, InputError
 from ..models.gpt import GPT, LN_EPS, Block, BlockCopy, EmbedCopy, HeadCopy
 from ..outputs import OutputKind, atomic_directory
-from .hf import quiet_transformers, require_transformers
-from .llama2c import BOS_ID, EOS_ID, Llama2cModel
+from .hf_hub import quiet_transformers, require_transformers
 from .llama2c import Block as LlamaBlock
+from .llama2c import Llama2cModel
+from .llama2c_tokenizer import BOS_ID, EOS_ID
 
 
 def llama2c_to_rotate_half(w: Tensor, n_heads: int) -> Tensor:

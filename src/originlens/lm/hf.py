@@ -49,18 +49,8 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, InputError
 from .adapter import LMAdapter, ResidHook, TokenStates, apply_hooks, normalise_hooks
-from .hf_families import FAMILIES as FAMILIES  # re-exported (.hf_families)
 from .hf_families import _family
-from .hf_hub import INSTALL_FIX as INSTALL_FIX  # re-exported (.hf_hub)
-from .hf_hub import WEIGHT_FILES as WEIGHT_FILES
-from .hf_hub import hub_error as hub_error
-from .hf_hub import hub_offline as hub_offline
-from .hf_hub import is_hf_dir as is_hf_dir
-from .hf_hub import load_hf_model as load_hf_model
-from .hf_hub import quiet_transformers as quiet_transformers
-from .hf_hub import require_transformers as require_transformers
-from .hf_hub import resolve_hf_source as resolve_hf_source
-from .hf_hub import resolved_commit as resolved_commit
+from .hf_hub import load_hf_model, resolve_hf_source, resolved_commit
 
 _CHUNK = 4096  # tokens per batch in single_token_states
 

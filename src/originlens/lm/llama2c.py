@@ -33,9 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import CompatibilityError, ConfigError, InputError
-from .llama2c_tokenizer import BOS_ID as BOS_ID  # re-exported with the tokenizer
-from .llama2c_tokenizer import EOS_ID as EOS_ID
-from .llama2c_tokenizer import Llama2cTokenizer as Llama2cTokenizer
+from .llama2c_tokenizer import BOS_ID, Llama2cTokenizer
 
 HEADER_INTS = 7
 _LLAMA2C_V1_MAGIC = 0x616B3432  # "ak42": later llama2.c export versions start with this magic

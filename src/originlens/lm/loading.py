@@ -38,13 +38,7 @@ import torch
 
 from ..errors import CompatibilityError, ConfigError, InputError, OriginlensError
 from .adapter import LMAdapter
-from .codecs import TextCodec as TextCodec  # re-exported: the LM tools' tokenizers (.codecs)
-from .codecs import auto_tokenizer_codec as auto_tokenizer_codec
-from .codecs import check_vocab as check_vocab
-from .codecs import count_llama2c_pieces as count_llama2c_pieces
-from .codecs import llama2c_codec as llama2c_codec
-from .codecs import originlens_codec as originlens_codec
-from .codecs import tokenizer_json_codec as tokenizer_json_codec
+from .codecs import TextCodec, auto_tokenizer_codec, check_vocab, llama2c_codec, originlens_codec, tokenizer_json_codec
 from .llama2c import (
     HEADER_INTS,
     Llama2cConfig,
@@ -264,13 +258,13 @@ def _gpt_adapter(model: Any) -> LMAdapter:
 
 
 def _looks_like_hf(path: Path) -> bool:
-    from .hf import is_hf_dir
+    from .hf_hub import is_hf_dir
 
     return is_hf_dir(path)
 
 
 def _load_hf_dir(path: Path) -> Any:
-    from .hf import load_hf_model
+    from .hf_hub import load_hf_model
 
     return load_hf_model(path)
 
@@ -378,7 +372,7 @@ def _local(spec: str | os.PathLike, revision: str | None) -> Path:
 def load_model(path: str | os.PathLike, *, revision: str | None = None) -> Any:
     """The native model of a checkpoint of any registered format, or of ``hf:ID[@REV]``."""
     if isinstance(path, str) and path.startswith(HF_PREFIX):
-        from .hf import load_hf_model
+        from .hf_hub import load_hf_model
 
         return load_hf_model(*parse_hub_spec(path, revision))
     p = _local(path, revision)
@@ -398,7 +392,7 @@ def load_tokenizer(
 
 
 def _hub_tokenizer(repo: str, revision: str | None) -> TextCodec:
-    from .hf import hub_error, hub_offline, require_transformers
+    from .hf_hub import hub_error, hub_offline, require_transformers
 
     require_transformers()
     from huggingface_hub import hf_hub_download
@@ -506,7 +500,9 @@ def _hf_backend_adapter(
 ) -> LMAdapter:
     """A Hugging Face model behind the adapter that ``backend`` selects (see :func:`load_adapter`)."""
     from .generic import INSTALL, GenericHFAdapter, has_nnsight, require_nnsight
-    from .hf import FAMILIES, HFAdapter, load_hf_model, resolve_hf_source, resolved_commit
+    from .hf import HFAdapter
+    from .hf_families import FAMILIES
+    from .hf_hub import load_hf_model, resolve_hf_source, resolved_commit
 
     if backend == "generic":
         require_nnsight()  # before reading any weight

@@ -76,7 +76,7 @@ up to ``max_stream_bytes`` of kept streams plus ``max_clean_bytes`` of clean sta
 
 Modules: the configuration and result types in :mod:`.qscore_config`, the context search in
 :mod:`.qscore_contexts`, the ablation step in :mod:`.qscore_ablation`; this module aggregates and runs the
-whole score, and re-exports their public names.
+whole score.
 """
 
 from __future__ import annotations
@@ -89,44 +89,23 @@ import numpy as np
 
 from ..errors import ConfigError
 from .qscore_ablation import (
-    ablate_rows,
     ablation_kl,
-    kl_divergence,
 )
 from .qscore_config import (
-    ABLATION_METHODS,
-    ABLATIONS,
-    POSITION_RULES,
     Examples,
     FeatureQ,
     QScoreConfig,
     QScoreResult,
     SiteStreams,
-    merge_results,
 )
 from .qscore_contexts import (
     find_top_contexts,
-    within_edit_distance,
 )
 
 __all__ = [
-    "ABLATIONS",
-    "ABLATION_METHODS",
-    "POSITION_RULES",
-    "Examples",
-    "FeatureQ",
-    "QScoreConfig",
-    "QScoreResult",
-    "SiteStreams",
-    "ablate_rows",
-    "ablation_kl",
     "aggregate",
     "example_ratios",
-    "find_top_contexts",
-    "kl_divergence",
-    "merge_results",
     "qscore",
-    "within_edit_distance",
 ]
 
 

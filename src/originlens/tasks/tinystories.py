@@ -55,8 +55,7 @@ token indices (``pos_int``) and losses are not on the paper's scale.  The subset
 The task is in the registry (:func:`originlens.tasks.get_task`), so the trainer, the attribution replay
 and the regime grid all take it.
 
-The data side (story files, split, tokenisation and syntax caches) lives in :mod:`.tinystories_data`;
-its public names are re-exported here.
+The data side (story files, split, tokenisation and syntax caches) lives in :mod:`.tinystories_data`.
 """
 
 from __future__ import annotations
@@ -71,23 +70,15 @@ from ..errors import ConfigError, InputError
 from ..paths import ENV_VAR
 from ..progress import log
 from .base import TaskBatch, Tracked, check_n
-from .tinystories_data import _LOADED as _LOADED
-from .tinystories_data import _LOADED_SYNTAX as _LOADED_SYNTAX
-from .tinystories_data import CACHE_ENV_VAR as CACHE_ENV_VAR
-from .tinystories_data import CACHE_FORMAT as CACHE_FORMAT
-from .tinystories_data import SYNTAX_CACHE_FORMAT as SYNTAX_CACHE_FORMAT
-from .tinystories_data import NextTokenLegal as NextTokenLegal
-from .tinystories_data import SyntaxTable as SyntaxTable
-from .tinystories_data import TokenisedStories as TokenisedStories
-from .tinystories_data import cache_key as cache_key
-from .tinystories_data import cache_root as cache_root
-from .tinystories_data import heldout_threshold as heldout_threshold
-from .tinystories_data import load_syntax as load_syntax
-from .tinystories_data import load_tokenised as load_tokenised
-from .tinystories_data import read_stories as read_stories
-from .tinystories_data import story_files as story_files
-from .tinystories_data import story_hash as story_hash
-from .tinystories_data import syntax_cache_key as syntax_cache_key
+from .tinystories_data import (
+    NextTokenLegal,
+    SyntaxTable,
+    TokenisedStories,
+    heldout_threshold,
+    load_syntax,
+    load_tokenised,
+    story_files,
+)
 
 FEATURES = ("pos_int", "pos_prop")
 SYNTAX_NOTE = (
