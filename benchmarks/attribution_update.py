@@ -33,7 +33,7 @@ from _emit import emit  # benchmarks/_emit.py (the script's own folder is on sys
 
 from originlens.attribution import COMPONENTS, AdamAttributor, Probe, decompose, influence_table, reference_projections
 from originlens.attribution.jvp import grouped_jvps
-from originlens.attribution.replay import _with_training_gradient as with_training_gradient
+from originlens.attribution.replay import with_training_gradient
 from originlens.counting import count_dispatch, optimizer_step_counters
 from originlens.models import GPT, GPTConfig
 

@@ -619,7 +619,7 @@ def test_clear_errors(maj, tmp_path):
 def test_random_direction_null_is_attributed_beside_the_probe(maj, tmp_path):
     """Random directions of the probe's norm: their influences equal lr·⟨G_c, ∇R_u⟩ (SGD, no ½) by brute
     force, and adding them leaves the real probe's rows unchanged."""
-    from originlens.attribution.replay import RunReplay
+    from originlens.attribution.run import RunReplay
 
     cfg = json.loads((maj / "config.json").read_text())
     plain = attribute_run(

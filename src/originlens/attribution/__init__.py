@@ -63,7 +63,8 @@ __all__ = [
 ]
 
 # Replay of a saved training run and the observable store (attribution/replay.py, attribution/store.py).
-from .replay import RunReplay, SegmentResult, attribute_run, attribute_segments, segment_bounds
+from .replay import SegmentResult, attribute_run, attribute_segments, segment_bounds
+from .run import RunReplay
 from .store import integrate, load_observables, summarize
 from .store_report import write_report
 

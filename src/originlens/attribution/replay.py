@@ -52,8 +52,8 @@ order cannot drift from the trainer's rule.  ``check_identity=True`` also evalua
 R(θ_{s−1} − Σ_c Δ_c) on the same batch (column ``mismatch_after``): Σ_c I_c ≈ R before − R after up to
 O(‖Δ‖²) (a first-order sanity check).
 
-The replayed run itself (:class:`RunReplay`) and the resolution of sites, features and updates live in
-:mod:`.run`; they are re-exported here.
+The replayed run itself (:class:`~.run.RunReplay`) and the resolution of sites, features and updates live
+in :mod:`.run`.
 
 Size: :func:`attribute_run` is one loop whose order of operations (decomposition, the trainer's own step,
 the attributed step, influences, the checks) must follow the training step exactly; it is kept whole, with
@@ -352,7 +352,7 @@ def attribute_run(
                 real = {
                     n: cast(torch.Tensor, p.grad).detach() for n, p in zip(names, trainable_parameters(run.model)[1])
                 }
-                pathways, diff = _with_training_gradient(pathways, real)
+                pathways, diff = with_training_gradient(pathways, real)
                 grad_diffs.append(diff)
             set_lr(run.optimizer, run.config.lr_at(s))
             run.optimizer.step()
@@ -470,7 +470,7 @@ def _compact(steps: list[int]) -> Any:
     return steps
 
 
-def _with_training_gradient(
+def with_training_gradient(
     pathways: dict[Site, PathwayGradients], real: dict[str, torch.Tensor]
 ) -> tuple[dict[Site, PathwayGradients], torch.Tensor]:
     """Components with full = the training kernel's ∇L and G_sh = full − G_dir − G_pre; also
