@@ -41,6 +41,7 @@ parameter-norm share of the update at the last step).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -72,6 +73,24 @@ def step_sum(steps: SiteSteps) -> ParamDict:
         for n in out:
             out[n] += comp[n]
     return out
+
+
+@dataclass
+class _Update:
+    """One update's quantities shared by every site (:meth:`AdamAttributor._update`)."""
+
+    beta1: float
+    step_size: float
+    denom: torch.Tensor  # √v̂ + ε (P,)
+    real: torch.Tensor  # the real update (P,)
+    checking: bool
+    real_norm: torch.Tensor | None = None
+    shared_sum: torch.Tensor | None = None  # Σ of the components identical at every site (P,)
+    shared_views: dict[str, ParamDict] = field(default_factory=dict)  # "carried"/"decay" → name → Δ
+
+    def add_shared(self, component: str, flat: torch.Tensor, views: ParamDict) -> None:
+        self.shared_sum = flat.clone() if self.shared_sum is None else self.shared_sum.add_(flat)
+        self.shared_views[component] = views
 
 
 class AdamAttributor:
@@ -237,6 +256,30 @@ class AdamAttributor:
                 "the sites differ from the previous steps' (moments must accumulate every step)",
                 "decompose the same sites at every step",
             )
+        tau = self.num_steps + 1
+        upd = self._update(tau, params_before)
+        out: dict[Site, SiteSteps] = {}
+        errors = []
+        full, full_flat = None, None
+        for s in sites:
+            pg = pathways[s]
+            if pg.full is not full:  # ∇L is one dict for every site (decompose): flattened once
+                full, full_flat = pg.full, self._flat([pg.full[n] for n in self.names])
+            assert full_flat is not None
+            steps_flat, err = self._site(s, pg, full_flat, upd)
+            if err is not None:
+                errors.append(err)
+            steps: SiteSteps = {c: self._views(steps_flat[j]) for j, c in enumerate(COMPONENTS)}
+            steps.update(upd.shared_views)
+            out[s] = steps
+        self.num_steps = tau
+        if upd.checking:
+            self._read_check(sites, errors, upd, tau)
+        return out
+
+    def _update(self, tau: int, params_before: Mapping[str, torch.Tensor] | None) -> _Update:
+        """What update τ is for every site: Adam's denominator, the real update and the components
+        identical at every site (carried, decay), all flat on the device."""
         group = self.optimizer.param_groups[0]
         lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
         beta1, beta2 = (float(b) for b in group["betas"])
@@ -245,15 +288,15 @@ class AdamAttributor:
             raise ConfigError(
                 "the optimizer has not stepped (no moments)", "call optimizer.step() first, or use step()"
             )
+        checking = self._checking(tau)
         # one step count read (a CPU scalar on every device unless Adam is capturable or fused); all of them
         # at the check updates
-        taus = {int(st["step"]) for st in (states if self._checking(self.num_steps + 1) else states[:1])}
-        if taus != {self.num_steps + 1}:
+        taus = {int(st["step"]) for st in (states if checking else states[:1])}
+        if taus != {tau}:
             raise ConfigError(
                 f"optimizer step count {sorted(taus)} but this attributor saw {self.num_steps} steps",
                 "call attribute() exactly once after every optimizer step",
             )
-        tau = self.num_steps + 1
         if self.decoupled and wd != 0.0 and params_before is None:
             raise ConfigError(
                 "AdamW decay attribution needs the parameters before the step",
@@ -261,12 +304,9 @@ class AdamAttributor:
             )
         bc1, bc2 = 1.0 - beta1**tau, 1.0 - beta2**tau
         step_size = lr / bc1
-        checking = self._checking(tau)
         denom = self._flat([st["exp_avg_sq"] for st in states]).sqrt_().div_(bc2**0.5).add_(eps)
         real = self._flat([st["exp_avg"] for st in states]).mul_(step_size).div_(denom)
-        fixed = torch.zeros_like(real) if (self.decoupled or self._carried is not None) else None
-        # (the components identical at every site: carried, decay)
-        decay_views = carried_views = None
+        upd = _Update(beta1=beta1, step_size=step_size, denom=denom, real=real, checking=checking)
         if self.decoupled:
             decay = (
                 self._flat([params_before[n] for n in self.names]).mul_(lr * wd)
@@ -274,77 +314,65 @@ class AdamAttributor:
                 else torch.zeros_like(real)
             )
             real.add_(decay)
-            assert fixed is not None
-            fixed.add_(decay)
-            decay_views = self._views(decay)
-        real_norm = real.norm() if (checking or self._carried is not None) else None
+            upd.add_shared("decay", decay, self._views(decay))
+        if checking or self._carried is not None:
+            upd.real_norm = real.norm()
         if self._carried is not None:
             self._carried.mul_(beta1)  # no gradient joins the carried moment
             carried = self._carried.mul(step_size).div_(denom)
-            assert fixed is not None
-            fixed.add_(carried)
-            carried_views = self._views(carried)
-            assert real_norm is not None
-            self._carried_share = carried.norm() / real_norm.clamp_min(1e-300)
-        out: dict[Site, SiteSteps] = {}
-        errors = []
-        full = pathways[sites[0]].full
-        full_flat = self._flat([full[n] for n in self.names])
-        for s in sites:
-            pg = pathways[s]
-            g = torch.empty((3, self.size), dtype=self.dtype, device=real.device)
-            for j, part in enumerate((pg.direct, pg.precached)):  # cast into place, no copy between
-                torch.cat([part[n].detach().reshape(-1) for n in self.names], out=g[j])
-            if pg.full is not full:  # ∇L is one dict for every site (decompose); else flattened per site
-                full, full_flat = pg.full, self._flat([pg.full[n] for n in self.names])
-            g[2].copy_(full_flat)
-            g[2].sub_(g[0]).sub_(g[1])  # G_sh ≡ ∇L − G_dir − G_pre
-            mom = self._moments.get(s)
-            if mom is None:
-                mom = self._moments[s] = torch.zeros_like(g)
-            steps_flat = torch.empty_like(g)
-            sq = []
-            for a in range(0, self.size, self.block):  # blocks that stay in cache on a CPU (one on a GPU)
-                b = min(a + self.block, self.size)
-                m = mom[:, a:b]
-                m.lerp_(g[:, a:b], 1.0 - beta1)
-                torch.div(torch.mul(m, step_size, out=steps_flat[:, a:b]), denom[a:b], out=steps_flat[:, a:b])
-                if checking:
-                    total = steps_flat[:, a:b].sum(0)
-                    if fixed is not None:
-                        total.add_(fixed[a:b])
-                    sq.append(total.sub_(real[a:b]).pow(2).sum())
-            if checking:
-                errors.append(torch.stack(sq).sum().sqrt())
-            steps: SiteSteps = {c: self._views(steps_flat[j]) for j, c in enumerate(COMPONENTS)}
-            if carried_views is not None:
-                steps["carried"] = carried_views
-            if decay_views is not None:
-                steps["decay"] = decay_views
-            out[s] = steps
-        self.num_steps = tau
-        if checking:
-            # the one host read of the update: every site's error (and the carried share) at once
-            assert real_norm is not None
-            parts = [*errors, real_norm]
-            if isinstance(self._carried_share, torch.Tensor):
-                parts.append(self._carried_share)
-            read = torch.stack(parts)
-            values = read.tolist()
-            norm = max(values[len(sites)], 1e-300)
-            if self._carried is not None:
-                self._carried_share = values[-1]
-            rel = [e / norm for e in values[: len(sites)]]
-            self.last_check = max(rel)
-            for s, err in zip(sites, rel):
-                if not err <= self.tol:
-                    raise NumericalError(
-                        f"Σ_c Δ_c differs from the real Adam update at site {s} "
-                        f"(relative error {err:.3g} > tol {self.tol:g}, step {tau})",
-                        "pass the decomposition of the same batch the optimizer stepped on "
-                        "(gradient = ∇L), every step, or raise tol for low precision",
-                    )
-        return out
+            upd.add_shared("carried", carried, self._views(carried))
+            assert upd.real_norm is not None
+            self._carried_share = carried.norm() / upd.real_norm.clamp_min(1e-300)
+        upd.shared_views = {c: upd.shared_views[c] for c in ("carried", "decay") if c in upd.shared_views}
+        return upd
+
+    def _site(
+        self, s: Site, pg: PathwayGradients, full_flat: torch.Tensor, upd: _Update
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Site s's moments advanced by its components, its steps Δ_c (3, P), and (at a check update) the
+        norm of Σ_c Δ_c − the real update on the device."""
+        g = torch.empty((3, self.size), dtype=self.dtype, device=upd.real.device)
+        for j, part in enumerate((pg.direct, pg.precached)):  # cast into place, no copy between
+            torch.cat([part[n].detach().reshape(-1) for n in self.names], out=g[j])
+        g[2].copy_(full_flat)
+        g[2].sub_(g[0]).sub_(g[1])  # G_sh ≡ ∇L − G_dir − G_pre
+        mom = self._moments.get(s)
+        if mom is None:
+            mom = self._moments[s] = torch.zeros_like(g)
+        steps_flat = torch.empty_like(g)
+        sq = []
+        for a in range(0, self.size, self.block):  # blocks that stay in cache on a CPU (one on a GPU)
+            b = min(a + self.block, self.size)
+            m = mom[:, a:b]
+            m.lerp_(g[:, a:b], 1.0 - upd.beta1)
+            torch.div(torch.mul(m, upd.step_size, out=steps_flat[:, a:b]), upd.denom[a:b], out=steps_flat[:, a:b])
+            if upd.checking:
+                total = steps_flat[:, a:b].sum(0)
+                if upd.shared_sum is not None:
+                    total.add_(upd.shared_sum[a:b])
+                sq.append(total.sub_(upd.real[a:b]).pow(2).sum())
+        return steps_flat, (torch.stack(sq).sum().sqrt() if upd.checking else None)
+
+    def _read_check(self, sites: list[Site], errors: list[torch.Tensor], upd: _Update, tau: int) -> None:
+        """The one host read of a check update: every site's error (and the carried share) at once."""
+        assert upd.real_norm is not None
+        parts = [*errors, upd.real_norm]
+        if isinstance(self._carried_share, torch.Tensor):
+            parts.append(self._carried_share)
+        values = torch.stack(parts).tolist()
+        norm = max(values[len(sites)], 1e-300)
+        if self._carried is not None:
+            self._carried_share = values[-1]
+        rel = [e / norm for e in values[: len(sites)]]
+        self.last_check = max(rel)
+        for s, err in zip(sites, rel):
+            if not err <= self.tol:
+                raise NumericalError(
+                    f"Σ_c Δ_c differs from the real Adam update at site {s} "
+                    f"(relative error {err:.3g} > tol {self.tol:g}, step {tau})",
+                    "pass the decomposition of the same batch the optimizer stepped on "
+                    "(gradient = ∇L), every step, or raise tol for low precision",
+                )
 
     # -- persistence ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
