@@ -254,13 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(int(args.threads))
     from originlens.data.build import build_corpus
     from originlens.errors import OriginlensError
+    from originlens.experiments.leading_analysis import AnalysisConfig
     from originlens.experiments.leading_run import (
         LeadingReportConfig,
         LeadingRunConfig,
         report_leading_run,
         train_leading_run,
     )
-    from originlens.theory.tracking import AnalysisConfig
     from originlens.train import AssocTrainConfig
 
     corpus = out / "corpus"

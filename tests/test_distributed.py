@@ -322,7 +322,7 @@ def test_two_process_assoc_train_equals_one_process(two_process, tmp_path, one_t
 
 def test_two_process_attribution_equals_one_process(two_process, tmp_path, one_thread):
     from originlens.attribution import store as ostore
-    from originlens.attribution.replay import attribute_segments
+    from originlens.attribution.segments import attribute_segments
 
     res = attribute_segments(
         two_process / "attr-run",
@@ -364,7 +364,7 @@ def test_two_process_attribution_equals_one_process(two_process, tmp_path, one_t
 
 
 def test_segment_bounds_cover_the_updates():
-    from originlens.attribution.replay import segment_bounds
+    from originlens.attribution.segments import segment_bounds
     from originlens.errors import ConfigError
 
     for start, end in ((0, 7), (3, 10)):

@@ -13,7 +13,7 @@ functions here from a script started by torchrun): :func:`init` reads the ``RANK
 * Helpers for "rank 0 writes": :func:`rank_zero_first`, :func:`rank_zero_only`, :func:`barrier`; small
   collectives :func:`all_reduce_sum`, :func:`any_rank`, :func:`same_on_all_ranks` (tensors only, never
   pickle).  Data-parallel training: :mod:`originlens.train.parallel`; parallel attribution segments:
-  :func:`originlens.attribution.replay.attribute_segments`.
+  :func:`originlens.attribution.segments.attribute_segments`.
 * :func:`init` makes rank 0 the only rank with progress bars and status lines, and binds each rank to
   ``cuda:LOCAL_RANK`` under nccl.
 

@@ -23,12 +23,12 @@ from hypothesis import strategies as st
 from originlens.config import from_mapping, load_config
 from originlens.demo import DemoConfig
 from originlens.errors import ConfigError, InputError, OriginlensError
+from originlens.experiments.leading_analysis import AnalysisConfig
 from originlens.lm.llama2c import Llama2cConfig
 from originlens.models.assoc import AssocConfig
 from originlens.models.gpt import REGIMES, GPTConfig
 from originlens.runs import to_jsonable
 from originlens.sae.train import SAETrainConfig
-from originlens.theory.tracking import AnalysisConfig
 from originlens.train.assoc import AssocTrainConfig
 from originlens.train.grid import GridConfig
 from originlens.train.ntp import NTPConfig

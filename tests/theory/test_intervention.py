@@ -1,5 +1,5 @@
 """Memory bounds of the intervention and held-out losses (theory/intervention.py) and the evaluation
-window budget of the report (theory/tracking.AnalysisConfig.n_eval)."""
+window budget of the report (experiments/leading_analysis.AnalysisConfig.n_eval)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from originlens.experiments.leading_analysis import AnalysisConfig
 from originlens.models.assoc import AssocConfig, AssocModel
 from originlens.theory import intervention
 from originlens.theory.intervention import mean_loss, summed_cross_entropy, windows_per_batch
-from originlens.theory.tracking import AnalysisConfig
 
 from tolerances import reduction_rtol
 

@@ -63,8 +63,9 @@ __all__ = [
 ]
 
 # Replay of a saved training run and the observable store (attribution/replay.py, attribution/store.py).
-from .replay import SegmentResult, attribute_run, attribute_segments, segment_bounds
+from .replay import SegmentResult, attribute_run
 from .run import RunReplay
+from .segments import attribute_segments, segment_bounds
 from .store import integrate, load_observables, summarize
 from .store_report import write_report
 

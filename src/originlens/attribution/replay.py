@@ -36,7 +36,7 @@ Segments and the Adam dependency:
   update 1) — a decomposition at every earlier step, no influences — otherwise ``ConfigError``.  With
   Adam, the decomposition runs at every update; ``steps`` only selects which updates record influences.
 
-Several segments at once, over processes (:func:`attribute_segments`): the updates are cut into N
+Several segments at once, over processes (:func:`.segments.attribute_segments`): the updates are cut into N
 contiguous segments; one process computes them in order, under ``torchrun`` rank r takes segments
 r, r+W, … and rank 0 rebuilds ``meta.json`` after a barrier.  Every segment is the same computation on
 the same checkpoints as in one process, so the stored tables are bit-identical.  SGD segments split the
@@ -55,9 +55,9 @@ O(‖Δ‖²) (a first-order sanity check).
 The replayed run itself (:class:`~.run.RunReplay`) and the resolution of sites, features and updates live
 in :mod:`.run`.
 
-Size: :func:`attribute_run` is one loop whose order of operations (decomposition, the trainer's own step,
-the attributed step, influences, the checks) must follow the training step exactly; it is kept whole, with
-the segment helpers beside it.
+:func:`attribute_run` is one loop whose order of operations (decomposition, the trainer's own step, the
+attributed step, influences, the checks) must follow the training step exactly; several segments at once
+live in :mod:`.segments`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,6 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ..distributed import barrier, shard_bounds, world
 from ..errors import CompatibilityError, ConfigError, NumericalError
 from ..models.gpt import GPT
 from ..progress import Heartbeat, log, progress
@@ -85,7 +84,7 @@ from ..train.ntp.trainer import set_lr
 from . import store as ostore
 from .decompose import PathwayGradients, decompose, trainable_parameters
 from .influence import InfluenceTable, Probe, influence_table, projections, reference_projections
-from .run import RunReplay, _check_sites, _resolve_steps, parse_sites, resolve_features
+from .run import RunReplay, check_sites, parse_sites, resolve_features, resolve_steps
 from .steps import AdamAttributor, sgd_steps, step_sum
 from .stopgrad import Site
 
@@ -234,7 +233,7 @@ def attribute_run(
         raise ConfigError("carry applies to the Adam variant only", "use optimizer='adam', or carry=False")
     run = RunReplay(run_dir, device=device)
     site_list = parse_sites(sites)
-    _check_sites(run, site_list)
+    check_sites(run, site_list)
     feats = resolve_features(run, features)
     start, end = (0, run.final_step) if segment is None else (int(segment[0]), int(segment[1]))
     if not 0 <= start < end <= run.final_step:
@@ -242,7 +241,7 @@ def attribute_run(
             f"segment {start}:{end} is not inside the run's updates 0:{run.final_step}",
             f"use 0 ≤ START < END ≤ {run.final_step}",
         )
-    recorded = _resolve_steps(steps, start, end)
+    recorded = resolve_steps(steps, start, end)
     store = Path(out) if out is not None else run.path / "attribution"
     store.mkdir(parents=True, exist_ok=True)
     settings = {
@@ -518,117 +517,3 @@ def _load_moments(attributor: AdamAttributor, path: Path, step: int, settings: d
     attributor.load_state_dict({k: torch.from_numpy(np.array(v)).to(dev) for k, v in arrays.items()})
     if attributor.num_steps != step:
         raise CompatibilityError(f"{path} has {attributor.num_steps} steps, expected {step}", "delete it and recompute")
-
-
-# ----------------------------------------------------------------------------------------------------
-# several segments, one process or spread over the ranks of torchrun
-
-
-def segment_bounds(start: int, end: int, n: int) -> list[tuple[int, int]]:
-    """``n`` contiguous segments (a, b] covering the updates start+1..end (sizes differ by at most one)."""
-    if not 1 <= int(n) <= end - start:
-        raise ConfigError(
-            f"cannot cut the updates {start + 1}..{end} into {n} segments", f"use 1 ≤ --segments ≤ {end - start}"
-        )
-    return [(start + a, start + b) for a, b in (shard_bounds(end - start, i, int(n)) for i in range(int(n)))]
-
-
-def attribute_segments(
-    run_dir: str | Path,
-    *,
-    segments: int | None = None,
-    segment: tuple[int, int] | None = None,
-    steps: Iterable[int] | None = None,
-    out: str | Path | None = None,
-    warm: bool = False,
-    overwrite: bool = False,
-    **kwargs: Any,
-) -> list[SegmentResult]:
-    """:func:`attribute_run` over ``segments`` contiguous segments of ``segment`` (default: the whole run).
-
-    One process: the segments in order (Adam: each continues from the moments the previous one stored).
-    Under torchrun (W ranks, :func:`originlens.distributed.init`): ``segments`` defaults to W and rank r
-    computes segments r, r+W, …; an Adam segment after the first recomputes missing starting moments
-    from the latest stored state (``warm``; the first segment follows the caller's ``warm``).  The
-    segment files are the 1-process ones bit for bit; rank 0 rebuilds ``meta.json`` once every rank is
-    done.  ``steps`` are distributed to the segments containing them (each needs at least one).  Other
-    keyword arguments go to :func:`attribute_run`.  Returns the results of all segments in order on rank
-    0 (the other ranks' read back from their files, ``moments_path`` None) and of its own elsewhere.
-    """
-    from ..train.ntp import checkpoint_metadata
-
-    rank, world_size = world()
-    n = world_size if segments is None else int(segments)
-    p = Path(run_dir)
-    raw_step = checkpoint_metadata(p / "model.safetensors").get("step") if (p / "model.safetensors").is_file() else None
-    final = int(json.loads(raw_step)) if raw_step is not None else RunReplay(p).final_step  # (or its error)
-    start, end = (0, final) if segment is None else (int(segment[0]), int(segment[1]))
-    if not 0 <= start < end <= final:
-        raise ConfigError(
-            f"segment {start}:{end} is not inside the run's updates 0:{final}", f"use 0 ≤ START < END ≤ {final}"
-        )
-    bounds = segment_bounds(start, end, n)
-    chosen = None if steps is None else sorted({int(s) for s in steps})
-    per_segment = [None if chosen is None else [s for s in chosen if a < s <= b] for a, b in bounds]
-    if chosen is not None:
-        _resolve_steps(chosen, start, end)
-        empty = [f"{a}:{b}" for (a, b), st in zip(bounds, per_segment) if not st]
-        if empty:
-            raise ConfigError(
-                f"segments {', '.join(empty)} contain none of the selected steps",
-                "use fewer --segments or select steps in every segment",
-            )
-    store = Path(out) if out is not None else p / "attribution"
-    planned = {ostore.segment_path(store, a, b).name for a, b in bounds}
-    for info in ostore.read_segment_infos(store) if store.is_dir() else ():  # fail on every rank, up front
-        if info["file"] in planned and not overwrite:
-            raise CompatibilityError(
-                f"{store / info['file']} already exists", "pass overwrite=True (--overwrite) to recompute it"
-            )
-        if info["file"] not in planned and int(info["start"]) < end and start < int(info["end"]):
-            raise CompatibilityError(
-                f"the stored segment {info['start']}:{info['end']} overlaps the updates {start + 1}..{end}",
-                "delete it, choose other segments, or another --out",
-            )
-    if (
-        kwargs.get("optimizer", "adam") == "adam"
-        and start > 0
-        and not warm
-        and not ostore.moments_path(store, start).is_file()
-    ):  # segment 0's own check, on every rank
-        raise ConfigError(
-            f"Adam attribution from update {start + 1} needs the per-component moments after update "
-            f"{start} ({ostore.moments_path(store, start).name})",
-            f"attribute the updates ..{start} first, or pass warm=True (--warm)",
-        )
-    results = []
-    for i, ((a, b), st) in enumerate(zip(bounds, per_segment)):
-        if i % world_size == rank:
-            results.append(
-                attribute_run(
-                    p,
-                    segment=(a, b),
-                    steps=st,
-                    out=store,
-                    overwrite=overwrite,
-                    warm=warm if i == 0 or world_size == 1 else True,
-                    index=False,
-                    **kwargs,
-                )
-            )
-    barrier()  # every segment file is written
-    if rank == 0:
-        settings = {
-            k: results[0].info[k] for k in ("run", "run_config", "sites", "features", "optimizer", "types", "half")
-        }
-        ostore.update_meta(store, settings, {})
-        own = {r.path.name: r for r in results}
-        results = []
-        for a, b in bounds:
-            f = ostore.segment_path(store, a, b)
-            if f.name not in own:
-                table, info = ostore.read_segment(f)
-                own[f.name] = SegmentResult(path=f, table=table, info=info, store=store)
-            results.append(own[f.name])
-    barrier()
-    return results

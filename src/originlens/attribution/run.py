@@ -331,7 +331,7 @@ def resolve_features(run: RunReplay, features: Any) -> list[str]:
     return feats
 
 
-def _check_sites(run: RunReplay, sites: Sequence[Site]) -> None:
+def check_sites(run: RunReplay, sites: Sequence[Site]) -> None:
     L = run.model.config.n_layer
     for k, i in sites:
         if not 0 <= k <= L:
@@ -345,7 +345,7 @@ def _check_sites(run: RunReplay, sites: Sequence[Site]) -> None:
             )
 
 
-def _resolve_steps(steps: Iterable[int] | None, start: int, end: int) -> list[int]:
+def resolve_steps(steps: Iterable[int] | None, start: int, end: int) -> list[int]:
     if steps is None:
         return list(range(start + 1, end + 1))
     chosen = sorted({int(s) for s in steps})

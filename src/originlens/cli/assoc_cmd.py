@@ -354,8 +354,9 @@ def _register_report(asub) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    from ..experiments.leading_analysis import AnalysisConfig
     from ..experiments.leading_run import LeadingReportConfig, report_leading_run
-    from ..theory.tracking import EXAMPLE_WORDS, AnalysisConfig
+    from ..theory.tracking import EXAMPLE_WORDS
 
     apply_threads(args)
     if (

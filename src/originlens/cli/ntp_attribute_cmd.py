@@ -6,7 +6,7 @@
   influences to DIR (default ``RUN/attribution``), see :mod:`originlens.attribution.replay`.
 * ``--segments N`` cuts the updates into N contiguous segments (one Parquet file each); under
   ``torchrun --nproc_per_node W -m originlens ntp attribute RUN ...`` the segments (default N = W) are
-  spread over the ranks (:func:`originlens.attribution.replay.attribute_segments`), with results
+  spread over the ranks (:func:`originlens.attribution.segments.attribute_segments`), with results
   bit-identical to one process; rank 0 indexes the store, prints and builds the report.
 * ``originlens ntp attribute RUN --report`` (alone or after a computation) builds ``DIR/report.html``:
   integrated influence per component × feature type with CIs, the paper-style bar plot, the paper's Othello
@@ -138,7 +138,7 @@ def cmd_attribute(args: argparse.Namespace) -> int:
 
     rank, world_size = init()  # under torchrun: the segments are spread over the ranks
     if sites is not None and (args.segments is not None or world_size > 1):
-        from ..attribution.replay import attribute_segments
+        from ..attribution.segments import attribute_segments
 
         res_list = attribute_segments(
             args.run,

@@ -14,7 +14,7 @@ model trained in a run directory that holds everything its report needs → the 
 
 ``report_leading_run(RUN, AnalysisConfig(...))`` is ``originlens assoc report``: tracking over
 checkpoints, null baselines, the causal intervention, the leading-term model
-(:mod:`originlens.theory.tracking`), written by :mod:`originlens.theory.tracking_report` as
+(:mod:`.leading_analysis`), written by :mod:`.leading_report` as
 ``RUN/report.html`` / ``report.md`` / ``report.json``.
 """
 
@@ -193,7 +193,7 @@ def train_leading_run(
 @dataclass
 class LeadingReportConfig:
     """What ``report_leading_run`` analyses beside the run: ``analysis`` (:class:`AnalysisConfig` of
-    :mod:`originlens.theory.tracking`; default its defaults), optional other ``stats`` / ``data``
+    :mod:`.leading_analysis`; default its defaults), optional other ``stats`` / ``data``
     directories, and a ``null_corpus`` whose statistics (``analysis.null_windows`` windows,
     ``analysis.seed``) give the disjoint-data null."""
 
@@ -210,8 +210,8 @@ def report_leading_run(
     run directory); returns ``(results, path of report.html)``."""
     from ..devices import resolve_device
     from ..progress import log
-    from ..theory.tracking import AnalysisConfig, analyse_run, load_run, resolve_null_statistics
-    from ..theory.tracking_report import write_report
+    from .leading_analysis import AnalysisConfig, analyse_run, load_run, resolve_null_statistics
+    from .leading_report import write_report
 
     config = config or LeadingReportConfig()
     analysis = config.analysis or AnalysisConfig()

@@ -1,7 +1,7 @@
 """The report of a leading-term analysis: figures, tables and the written files
 (arXiv 2601.19208 §5.1).
 
-Renders the dict returned by :func:`originlens.theory.tracking.analyse_run`:
+Renders the dict returned by :func:`originlens.experiments.leading_analysis.analyse_run`:
 :func:`cosine_figure` (the paper's Figure 4: cosine with the leading term over training, a min–max band
 over layers per weight type), :func:`extra_figure` (positional P vs Δ and norm ratios),
 :func:`loss_figure` (training loss with ln |V|), and :func:`build_report` (a
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .nulls import _kind
-from .tracking import KIND_LABEL, TARGET_LABEL
+from ..theory.nulls import _kind
+from ..theory.tracking import KIND_LABEL, TARGET_LABEL
 
 # colours of the paper's Figure 4 (attention red, value blue, output green) + P
 KIND_COLOR = {"W": "#D55E00", "V": "#0072B2", "W_O": "#009E73", "P": "#CC79A7"}
