@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .config_checks import check_overrides, check_scale, check_seeds
 
 EXPERIMENT = "formal"
 REGIMES = ("standard", "myopic")
@@ -82,17 +83,9 @@ class FormalConfig:
     split_seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.scale not in SCALES:
-            raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
-        bad = sorted(set(self.overrides) - set(SCALES["cpu"]))
-        if bad:
-            raise ConfigError(f"unknown override(s) {bad}", f"use: {', '.join(SCALES['cpu'])}")
-        if (
-            not self.seeds
-            or len(set(self.seeds)) != len(self.seeds)
-            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.seeds)
-        ):
-            raise ConfigError(f"seeds must be distinct non-negative integers, got {self.seeds!r}", "e.g. --seeds 0-2")
+        check_scale(self.scale, SCALES)
+        check_overrides(self.overrides, SCALES["cpu"])
+        check_seeds(self.seeds)
         s = self.settings
         for k in (
             "vocab_size",

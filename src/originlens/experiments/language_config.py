@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from .config_checks import check_jobs, check_scale
 
 EXPERIMENT = "language"
 TASK = "tinystories"
@@ -105,11 +106,9 @@ class LanguageExperimentConfig:
     def __post_init__(self) -> None:
         from ..tasks import syntax
 
-        if self.scale not in SCALES:
-            raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
+        check_scale(self.scale, SCALES)
         preset = SCALES[self.scale]
-        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
-            raise ConfigError(f"jobs must be an integer ≥ 1, got {self.jobs!r}", "e.g. --jobs 2")
+        check_jobs(self.jobs)
         self.seeds = list(self.seeds)
         if not self.seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
             raise ConfigError(f"seeds must be non-negative integers, got {self.seeds!r}", "e.g. --seeds 0-2")

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from .config_checks import check_overrides, check_scale, check_seeds
 
 SCALES: dict[str, dict[str, Any]] = {
     "paper": dict(
@@ -88,17 +89,9 @@ class OthelloConfig:
     strata_run: list[int] | None = None
 
     def __post_init__(self) -> None:
-        if self.scale not in SCALES:
-            raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
-        bad = set(self.overrides) - set(SCALES["paper"])
-        if bad:
-            raise ConfigError(f"unknown override(s) {sorted(bad)}", f"use: {', '.join(SCALES['paper'])}")
-        if (
-            not self.seeds
-            or len(set(self.seeds)) != len(self.seeds)
-            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds)
-        ):
-            raise ConfigError(f"seeds must be distinct non-negative integers, got {self.seeds!r}", "e.g. seeds 0-4")
+        check_scale(self.scale, SCALES)
+        check_overrides(self.overrides, SCALES["paper"])
+        check_seeds(self.seeds)
         s = self.settings
         L = s["n_layer"]
         if any(not 1 <= k <= L for k in self.attr_layers):

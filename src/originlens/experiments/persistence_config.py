@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .config_checks import check_overrides, check_scale, check_seeds
 
 EXPERIMENT = "leading-terms"
 PAPER_STEPS_PER_EPOCH = 32
@@ -111,18 +112,9 @@ class PersistenceConfig:
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
-        if self.scale not in SCALES:
-            raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
-        allowed = set(SCALES["paper"]) - {"lrs"}
-        bad = set(self.overrides) - allowed
-        if bad:
-            raise ConfigError(f"unknown override(s) {sorted(bad)}", f"use: {', '.join(sorted(allowed))} (and lrs=)")
-        if (
-            not self.seeds
-            or len(set(self.seeds)) != len(self.seeds)
-            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds)
-        ):
-            raise ConfigError(f"seeds must be distinct non-negative integers, got {self.seeds!r}", "e.g. --seeds 0-2")
+        check_scale(self.scale, SCALES)
+        check_overrides(self.overrides, sorted(set(SCALES["paper"]) - {"lrs"}), also="and lrs=")
+        check_seeds(self.seeds)
         if self.lrs is None:
             self.lrs = list(SCALES[self.scale]["lrs"])
         if not self.lrs or any(not (isinstance(x, (int, float)) and x > 0 and math.isfinite(x)) for x in self.lrs):

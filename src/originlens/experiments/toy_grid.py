@@ -44,6 +44,7 @@ from ..storage import atomic_write_json, read_json
 from ..train.grid import GridConfig, run_dir_for, run_quality, train_runs
 from ..train.ntp import COUNTING_TASKS, NTPConfig
 from . import inference
+from .config_checks import check_jobs, check_scale
 from .results import default_results_path, write_results
 from .toy_grid_report import write_report
 
@@ -115,10 +116,8 @@ class ToyGridConfig:
             raise ConfigError(
                 f"the toy grid runs the counting tasks, not {self.task!r}", f"use --task {' or '.join(COUNTING_TASKS)}"
             )
-        if self.scale not in SCALES:
-            raise ConfigError(f"unknown scale {self.scale!r}", f"use one of: {', '.join(SCALES)}")
-        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
-            raise ConfigError(f"jobs must be an integer ≥ 1, got {self.jobs!r}", "e.g. --jobs 2")
+        check_scale(self.scale, SCALES)
+        check_jobs(self.jobs)
         self.grid(False)  # validates regimes, seeds and overrides
 
     def ntp_overrides(self, initial: bool) -> dict[str, Any]:
