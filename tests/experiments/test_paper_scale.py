@@ -240,3 +240,34 @@ def test_the_cli_command_parses():
 
     args = build_parser().parse_args(["ntp", "experiment", "paper-scale", "--budget-minutes", "3", "--smoke"])
     assert args.budget_minutes == 3.0 and args.smoke and args.seed_rounds == [3, 5, 10]
+
+
+def test_the_step_alone_is_timed_with_nothing_else_in_its_window():
+    """step_seconds: ≥ 20 updates after a warm-up, no host read inside (no loss read, no token check),
+    fp32 and bf16 in the same harness; the plan takes the step alone where the calibration has it."""
+    import torch
+
+    from originlens.counting import count_dispatch
+    from originlens.experiments.paper_scale import othello_step
+    from originlens.experiments.paper_scale_calibration import STEP_WINDOW, step_seconds
+    from originlens.models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, seq_len=9, n_layer=1, d_model=8, n_head=2))
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 11, (4, 9), generator=g) for _ in range(STEP_WINDOW + 3)]
+    before = [p.detach().clone() for p in model.parameters()]
+    with count_dispatch() as counts:
+        fp32 = step_seconds(model, batches)
+    assert fp32["updates"] == STEP_WINDOW and fp32["seconds"] > 0 and fp32["precision"] == "fp32"
+    # torch's Adam reads its step counters (CPU scalars on every device); nothing else is read
+    assert set(counts.host_reads) <= {"item"}, counts.host_reads
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # a copy was trained
+    bf16 = step_seconds(model, batches, precision="bf16")
+    assert bf16["seconds"] > 0 and bf16["precision"] == "bf16"
+    with pytest.raises(ValueError, match="no update"):
+        step_seconds(model, batches[:3])
+    with pytest.raises(ValueError, match="precision"):
+        step_seconds(model, batches, precision="fp8")
+    assert othello_step({"othello_step_seconds": 2.0}) == 2.0
+    assert othello_step({"othello_step_seconds": 2.0, "othello_step_alone": {"fp32": {"seconds": 0.5}}}) == 0.5

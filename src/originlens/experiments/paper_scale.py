@@ -70,7 +70,7 @@ from .paper_scale_report import _archive, _othello_line, _toy_line, summary_tabl
 from .paper_scale_units import _run_until
 from .results import write_results
 
-__all__ = ["Clock", "plan_othello", "reused_calibration", "run_paper_scale", "spread"]
+__all__ = ["Clock", "othello_step", "plan_othello", "reused_calibration", "run_paper_scale", "spread"]
 
 
 class Clock:
@@ -100,6 +100,18 @@ def spread(positions: list[int], n: int) -> list[int]:
     return sorted({ps[round(j * (len(ps) - 1) / (n - 1))] for j in range(n)})
 
 
+def othello_step(cal: dict[str, Any]) -> float:
+    """Seconds per Othello training update for the plan: the step alone in the run's own precision
+    (:func:`~.paper_scale_calibration.step_alone`, ≥ 20 updates with nothing else in the window) where the
+    calibration has it — the trainer's evaluations, probes and files are its ``othello_other_seconds`` —
+    else the trainer-timed step of older calibrations."""
+    alone = cal.get("othello_step_alone") or {}
+    for key in ("tf32", "fp32"):
+        if "seconds" in alone.get(key, {}):
+            return float(alone[key]["seconds"])
+    return float(cal["othello_step_seconds"])
+
+
 def plan_othello(seconds: float, cal: dict[str, Any], settings: dict[str, Any], seeds: int) -> dict[str, Any] | None:
     """What of the Othello experiment at the ``paper`` scale fits ``seconds`` (None when not even one seed
     trained in full and one stratum fits).
@@ -112,7 +124,7 @@ def plan_othello(seconds: float, cal: dict[str, Any], settings: dict[str, Any], 
     sampled, reported).  The replay's cost per update is calibrated at ``calibration_sites`` sites (84 when
     not recorded) and scaled linearly with the number of sites; a 1.5 safety factor covers what the
     calibration did not see."""
-    step, dec, rec = cal["othello_step_seconds"], cal["decomposed_update_seconds"], cal["recorded_update_seconds"]
+    step, dec, rec = othello_step(cal), cal["decomposed_update_seconds"], cal["recorded_update_seconds"]
     cal_sites = int(cal.get("calibration_sites", 84))
     # pool, evaluations (11 of the trained model, 1 of the null) and probes, loading the replay
     # and the trainer's construction (measured on a small pool: the paper's pool costs more, hence the 5 s)

@@ -6,6 +6,7 @@ Adam-variant replay of a short throw-away Othello run per update, decomposed onl
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,6 +130,12 @@ def calibrate_othello(
     flops = gpt_step_flops(gc.n_layer, gc.d_model, gc.vocab_size, ocfg.batch_size, gc.seq_len - 1)
     cal["othello_step_flops"] = flops
     cal["othello_flops_per_second"] = flops / s
+    # the step alone: ≥ 20 updates, nothing else in the window, fp32/tf32 and bf16 (and compiled on CUDA)
+    alone = step_alone(tr, ocfg, compile_too=device.type == "cuda")
+    cal["othello_step_alone"] = alone
+    for rec in alone.values():
+        if "seconds" in rec:
+            rec["flops_per_second"] = flops / rec["seconds"]
     if not attribution:
         return
     sites = [(k, i) for k in oth.attr_layers for i in oth.settings["positions"]]
@@ -167,6 +174,84 @@ def calibrate_othello(
                 / peak["tf32"],
                 "bf16_autocast": cal["othello_bf16_flops_per_second"] / peak["bf16"],
             }
+
+
+STEP_WINDOW = 20  # updates timed by step_seconds (after its warm-up)
+
+
+def step_seconds(
+    model: Any,
+    batches: list[Any],
+    *,
+    lr: float = 1e-3,
+    precision: str = "fp32",
+    compile: bool = False,
+    warmup: int = 3,
+) -> dict[str, Any]:
+    """Seconds per training update of a copy of ``model`` — forward, backward, ``torch.optim.Adam`` —
+    and nothing else: over the updates after ``warmup``, one per batch of ``batches`` (already on the
+    device), with no checkpoint, log, loss read or token check inside the window (the device is
+    synchronised at its two ends only).  ``precision``: ``"fp32"``, ``"tf32"`` (CUDA products in TF32) or
+    ``"bf16"`` (autocast); ``compile``: the step's forward and backward through ``torch.compile`` (a
+    ``{"error": ...}`` record where it does not compile).  Returns ``{"seconds", "updates", "precision",
+    "compiled"}``."""
+    import copy
+
+    import torch
+
+    if precision not in ("fp32", "tf32", "bf16"):
+        raise ValueError(f"unknown precision {precision!r}")
+    if len(batches) <= warmup:
+        raise ValueError(f"{len(batches)} batches leave no update to time after a warm-up of {warmup}")
+    m = copy.deepcopy(model).train()
+    opt = torch.optim.Adam(m.parameters(), lr=lr)
+    device = next(m.parameters()).device
+    loss_of = m.loss
+    if compile:
+        try:
+            loss_of = torch.compile(m.loss)
+        except Exception as e:  # reported, not raised: compile is optional
+            return {"error": f"{type(e).__name__}: {e}"[:300], "precision": precision, "compiled": True}
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    t0 = 0.0
+    try:
+        with m.trusted_tokens():
+            for j, x in enumerate(batches):
+                if j == warmup:
+                    _sync(device)
+                    t0 = time.perf_counter()
+                with autocast:
+                    loss = loss_of(x)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            _sync(device)
+    except Exception as e:  # a compiled step that fails at its first call
+        if not compile:
+            raise
+        return {"error": f"{type(e).__name__}: {e}"[:300], "precision": precision, "compiled": True}
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    n = len(batches) - warmup
+    return {"seconds": (time.perf_counter() - t0) / n, "updates": n, "precision": precision, "compiled": compile}
+
+
+def step_alone(tr: Any, cfg: Any, *, compile_too: bool) -> dict[str, Any]:
+    """:func:`step_seconds` of the trainer's model on its own first batches, in fp32 (tf32 on CUDA) and
+    bf16 in the same harness, and compiled where asked: ``{"<precision>[+compile]": record}``."""
+    n = STEP_WINDOW + 3
+    # the run's own batches (a partial Othello pool holds those rows only), cycled: a timing, not training
+    own = [tr.data.device_batch(b, tr.device, tr.gpt_config.vocab_size) for b in range(min(n, int(cfg.steps)))]
+    batches = [own[j % len(own)] for j in range(n)]
+    base = "tf32" if tr.device.type == "cuda" and cfg.matmul_precision == "tf32" else "fp32"
+    out = {}
+    for precision in (base, "bf16"):
+        out[precision] = step_seconds(tr.model, batches, lr=cfg.lr, precision=precision)
+        if compile_too:
+            out[f"{precision}+compile"] = step_seconds(tr.model, batches, lr=cfg.lr, precision=precision, compile=True)
+    return out
 
 
 def _bf16_step_seconds(tr: Any, cfg: Any, steps: int = 8) -> float:
