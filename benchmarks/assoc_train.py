@@ -86,9 +86,9 @@ def sections(tokens: np.ndarray, args) -> dict[str, float]:
     batch = torch.as_tensor(tokens[: args.batch])
     spent: dict[str, float] = {}
     originals = {
-        "products": (assoc.paths._Products, "__init__"),
-        "pass": (assoc.model, "_path_pass"),  # the name the model module calls
-        "products backward": (assoc.paths._Products, "backward"),
+        "products": (assoc.paths.Products, "__init__"),
+        "pass": (assoc.model, "path_pass"),  # the name the model module calls
+        "products backward": (assoc.paths.Products, "backward"),
     }
     saved = {k: getattr(o, n) for k, (o, n) in originals.items()}
 

@@ -168,7 +168,7 @@ def any_rank(flag: bool) -> bool:
         return bool(flag)
     import torch
 
-    t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=_collective_device())
+    t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=collective_device())
     return bool(all_reduce_sum(t).item() > 0)
 
 
@@ -192,7 +192,7 @@ def same_on_all_ranks(value: int, what: str) -> None:
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([int(value)], dtype=torch.int64, device=_collective_device())
+    t = torch.tensor([int(value)], dtype=torch.int64, device=collective_device())
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     values = [int(o.item()) for o in out]
@@ -203,7 +203,7 @@ def same_on_all_ranks(value: int, what: str) -> None:
         )
 
 
-def _collective_device() -> Any:
+def collective_device() -> Any:
     """Where small collective tensors live: the current CUDA device under nccl, else the CPU."""
     import torch
     import torch.distributed as dist

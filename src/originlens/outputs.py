@@ -35,7 +35,7 @@ from typing import Any
 
 from .errors import ConfigError, OriginlensError, io_error
 from .locks import holding_path
-from .storage import _UMASK, _fsync_dir, _fsync_tree
+from .storage import UMASK, fsync_dir, fsync_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +189,7 @@ def clean_stale_leftovers(path: str | os.PathLike) -> list[str]:
         if not os.path.lexists(path):
             try:
                 os.replace(old, path)
-                _fsync_dir(path.parent)
+                fsync_dir(path.parent)
                 done.append(f"restored {path} from {old.name} (its replacement was interrupted)")
                 continue
             except OSError:
@@ -230,18 +230,18 @@ def atomic_directory(
                 raise OriginlensError(f"{path} already exists", "pass --overwrite or choose another --out")
             check_output_directory(path, output=output, inputs=inputs)
             tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-{os.getpid()}-", dir=path.parent))
-            os.chmod(tmp, 0o777 & ~_UMASK)
+            os.chmod(tmp, 0o777 & ~UMASK)
         except OSError as exc:
             raise io_error(path, exc, "creating") from None
         try:
             yield tmp
-            _fsync_tree(tmp)  # files written inside with plain open() must be on disk before the rename
+            fsync_tree(tmp)  # files written inside with plain open() must be on disk before the rename
             old = None
             if path.exists():
                 old = path.parent / f".{path.name}.old-{os.getpid()}"
                 os.replace(path, old)
             os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
         except OSError as exc:

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .storage import _json_default, atomic_write_json
+from .storage import atomic_write_json, json_default
 
 
 def package_versions() -> dict[str, str]:
@@ -229,7 +229,7 @@ class RunDir:
         atomic_write_json(self.file("environment.json"), to_jsonable(env))
 
     def log_metrics(self, record: Mapping[str, Any], name: str = "metrics.jsonl") -> None:
-        line = json.dumps(to_jsonable(record), default=_json_default) + "\n"
+        line = json.dumps(to_jsonable(record), default=json_default) + "\n"
         try:
             with open(self.file(name), "a", encoding="utf-8") as f:
                 f.write(line)

@@ -33,10 +33,10 @@ def _current_umask() -> int:
     return old
 
 
-_UMASK = _current_umask()  # mkstemp/mkdtemp create 0600/0700; published files get normal modes
+UMASK = _current_umask()  # mkstemp/mkdtemp create 0600/0700; published files get normal modes
 
 
-def _fsync_dir(d: Path) -> None:
+def fsync_dir(d: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(d, os.O_RDONLY)
         try:
@@ -45,7 +45,7 @@ def _fsync_dir(d: Path) -> None:
             os.close(fd)
 
 
-def _fsync_tree(root: Path) -> None:
+def fsync_tree(root: Path) -> None:
     """fsync every regular file below ``root`` and every directory (bottom-up), ``root`` included."""
     for d, _, files in os.walk(root, topdown=False):
         for name in files:
@@ -56,7 +56,7 @@ def _fsync_tree(root: Path) -> None:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-        _fsync_dir(Path(d))
+        fsync_dir(Path(d))
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -68,13 +68,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     except OSError as exc:
         raise io_error(path, exc, "creating") from None
     try:
-        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.chmod(tmp, 0o666 & ~UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -91,10 +91,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
     if isinstance(o, (np.integer,)):
         return int(o)
     if isinstance(o, (np.floating,)):
@@ -174,7 +174,7 @@ def save_tensors(
         arrays[k] = np.ascontiguousarray(v)
     meta = {"format_version": FORMAT_VERSION, "kind": kind}
     for k, v in (metadata or {}).items():
-        meta[k] = v if isinstance(v, str) else json.dumps(v, default=_json_default)
+        meta[k] = v if isinstance(v, str) else json.dumps(v, default=json_default)
     return atomic_write_bytes(path, canonical_safetensors(np_save(arrays, metadata=meta)))
 
 

@@ -16,7 +16,7 @@ from originlens.errors import ConfigError
 from originlens.experiments.paper_scale import _toy_round_seconds, plan_othello, spread
 from originlens.experiments.paper_scale_calibration import gpt_step_flops
 from originlens.experiments.paper_scale_config import PaperScaleConfig
-from originlens.experiments.paper_scale_units import _run_until
+from originlens.experiments.paper_scale_units import run_until
 from originlens.storage import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,20 +219,20 @@ def test_the_stop_grace_stays_inside_the_reserve():
 
 def test_a_unit_past_its_deadline_is_stopped():
     t = time.time()
-    assert _run_until(_sleep, (60.0,), 2.0, grace=2.0) == "deadline"
+    assert run_until(_sleep, (60.0,), 2.0, grace=2.0) == "deadline"
     assert time.time() - t < 30
-    assert _run_until(_sleep, (0.0,), 60.0) == "finished"
-    assert _run_until(_fail, (), 60.0) == "failed (exit code 3)"
+    assert run_until(_sleep, (0.0,), 60.0) == "finished"
+    assert run_until(_fail, (), 60.0) == "failed (exit code 3)"
 
 
 def test_a_unit_that_fails_reports_one_line_not_a_traceback(capfd):
     # the error line comes back for the run's record, and stderr has it once, without a traceback
-    assert _run_until(_refuse, (), 60.0) == "failed (exit code 2): error: no such thing — fix: ask for another"
-    assert _run_until(_crash, (), 60.0) == "failed (exit code 1): RuntimeError: device lost (details)"
+    assert run_until(_refuse, (), 60.0) == "failed (exit code 2): error: no such thing — fix: ask for another"
+    assert run_until(_crash, (), 60.0) == "failed (exit code 1): RuntimeError: device lost (details)"
     err = capfd.readouterr().err
     assert "paper-scale unit: error: no such thing — fix: ask for another" in err and "Traceback" not in err
     t = time.time()
-    assert _run_until(_sleep, (60.0,), 0.0) == "deadline" and time.time() - t < 1.0  # no time: not started
+    assert run_until(_sleep, (60.0,), 0.0) == "deadline" and time.time() - t < 1.0  # no time: not started
 
 
 def test_the_cli_command_parses():

@@ -155,7 +155,7 @@ def set_sizes(monkeypatch, sizes, kind="cpu"):
 
 @pytest.mark.parametrize("sizes", [SMALL, LARGE], ids=["small", "large"])
 def test_hand_written_path_backward_matches_lemma_D7(monkeypatch, sizes):
-    """The paths implementation differentiates by hand (_Chunk, _Products.backward); L = 3 exercises every
+    """The paths implementation differentiates by hand (_Chunk, Products.backward); L = 3 exercises every
     subset product; inputs of the full length T and shorter (P beyond T' gets zero gradient)."""
     set_sizes(monkeypatch, sizes)
     m = make(V=7, T=9, L=3, std=0.5, seed=21)
@@ -180,15 +180,15 @@ def test_hand_written_path_backward_matches_lemma_D7(monkeypatch, sizes):
 
 @pytest.mark.parametrize("L", [1, 2, 3])
 def test_hand_written_products_backward_matches_autograd(L):
-    """_Products (the layouts the pass reads, and its hand-written backward) against autograd through
+    """Products (the layouts the pass reads, and its hand-written backward) against autograd through
     path_products, for arbitrary incoming gradients (float64)."""
     from originlens.models.assoc.paths import _pair_columns
-    from originlens.models.assoc.workers import _fresh, _Team
+    from originlens.models.assoc.workers import Team, _fresh
 
     V = 6
     m = make(V=V, T=4, L=L, std=0.7, seed=30 + L)
     prods = m.path_products()
-    with torch.no_grad(), _Team(1) as team:
+    with torch.no_grad(), Team(1) as team:
         P = m._products(_fresh, team)
         offs, width = _pair_columns(L)
         assert P.Kr.shape == (V * V, width) and P.ZL.shape == (V, 1 << L, V)
@@ -210,7 +210,7 @@ def test_hand_written_products_backward_matches_autograd(L):
         ref_loss = ref_loss + (dKr[:, offs[l] : offs[l] + 4**l].t() * prods[l]).sum()
     names = [n for n, _ in m.named_weights() if not n.startswith("P")]
     ref = dict(zip(names, torch.autograd.grad(ref_loss, [m.param(n) for n in names])))
-    with torch.no_grad(), _Team(1) as team:
+    with torch.no_grad(), Team(1) as team:
         got = P.backward(dW.clone(), dZ.clone(), dKr.clone(), team)
     assert set(got) == set(names)
     for n in names:
@@ -256,12 +256,12 @@ def test_threaded_chunk_loop_matches_single_thread(monkeypatch):
 
 
 def test_team_lanes_order_errors_and_threads():
-    """_Team runs every task once, a lane's tasks in order and never two of a lane at once; an error in
+    """Team runs every task once, a lane's tasks in order and never two of a lane at once; an error in
     a worker is re-raised in the caller after the running tasks finish; thread count restored."""
     import threading
     import time
 
-    from originlens.models.assoc.workers import PAIR_BLOCK, _blocks, _Team
+    from originlens.models.assoc.workers import PAIR_BLOCK, Team, _blocks
 
     prev = torch.get_num_threads()
     lanes = [list(range(w, 23, 3)) for w in range(3)]
@@ -278,7 +278,7 @@ def test_team_lanes_order_errors_and_threads():
         with lock:
             running[lane] -= 1
 
-    with _Team(3) as team:
+    with Team(3) as team:
         team.run(fn, lanes)
         assert seen == {w: lanes[w] for w in range(3)}
         assert torch.get_num_threads() == prev
@@ -304,7 +304,7 @@ def test_subnormals_flushed_in_caller_and_team_threads_and_restored():
     nested blocks keep it on; on exit the previous mode returns (off by default, on if it was on)."""
     import threading
 
-    from originlens.models.assoc.workers import _ftz_active, _Team, subnormals_flushed
+    from originlens.models.assoc.workers import Team, _ftz_active, subnormals_flushed
 
     assert not _ftz_active()
     seen: dict[str, bool] = {}
@@ -314,7 +314,7 @@ def test_subnormals_flushed_in_caller_and_team_threads_and_restored():
         with lock:
             seen[f"{threading.get_ident()}-{k}"] = _ftz_active()
 
-    with _Team(3) as team:
+    with Team(3) as team:
         assert _ftz_active()
         with subnormals_flushed():
             assert _ftz_active()
@@ -337,14 +337,14 @@ def test_subnormals_flushed_in_caller_and_team_threads_and_restored():
 def test_row_split_matmul_equals_torch(n, scale):
     """_mm (intra-op threads, or split by rows over a team's workers for tiny values) equals torch.mm /
     addmm_ (out a strided view, transposed operands)."""
-    from originlens.models.assoc.workers import _mm, _Team
+    from originlens.models.assoc.workers import Team, _mm
 
     g = torch.Generator().manual_seed(n)
     a = scale * torch.randn(11, 7, generator=g, dtype=torch.float64)
     b = scale * torch.randn(11, 7, generator=g, dtype=torch.float64)
     buf = scale**2 * torch.randn(11, 3, 11, generator=g, dtype=torch.float64)
     start = buf[:, 1].clone()
-    with _Team(n) as team:
+    with Team(n) as team:
         _mm(team, buf[:, 1], a, b.t())
         torch.testing.assert_close(buf[:, 1], a @ b.t(), rtol=1e-14, atol=0.0)
         buf[:, 1] = start

@@ -16,7 +16,7 @@ from originlens.models.gpt import GPTConfig
 from originlens.storage import read_json
 from originlens.train.ntp import NTPConfig, Trainer
 from originlens.train.ntp.config import config_identity
-from originlens.train.ntp.data import _PoolData, _SampledData, check_ids
+from originlens.train.ntp.data import PoolData, SampledData, check_ids
 
 
 @pytest.fixture(autouse=True)
@@ -89,15 +89,15 @@ def Trainer_metrics(d):
 def test_device_batches_equal_host_batches():
     rng = np.random.default_rng(0)
     pool = rng.integers(0, 7, size=(50, 9)).astype(np.uint8)
-    data = _PoolData(pool, 3, 8, "a pool")
+    data = PoolData(pool, 3, 8, "a pool")
     for b in range(4):
         x = data.device_batch(b, torch.device("cpu"), 7)
         assert x.dtype == torch.int64 and np.array_equal(x.numpy(), data.batch(b))
     with pytest.raises(InputError, match="outside the vocabulary"):
-        _PoolData(pool, 3, 8, "a pool").device_batch(0, torch.device("cpu"), 6)  # the pool is checked once
+        PoolData(pool, 3, 8, "a pool").device_batch(0, torch.device("cpu"), 6)  # the pool is checked once
     from originlens.tasks import get_task
 
-    sampled = _SampledData(get_task("majority"), 1, 5)
+    sampled = SampledData(get_task("majority"), 1, 5)
     assert np.array_equal(sampled.device_batch(2, torch.device("cpu"), 100).numpy(), sampled.batch(2))
     check_ids(np.zeros((0, 3), dtype=np.int64), 1)  # empty: nothing to check
 

@@ -310,7 +310,7 @@ def integrate(table: pa.Table) -> pa.Table:
     integrated, n_steps, first_step, last_step`` (``integrated`` null when no step had the subset).
     """
     keys = ["site_layer", "site_position", "feature", "type", "component", "optimizer", "half"]
-    g = _group_by(table, keys, [("influence", "sum"), ("influence", "count"), ("step", "min"), ("step", "max")])
+    g = group_by(table, keys, [("influence", "sum"), ("influence", "count"), ("step", "min"), ("step", "max")])
     return g.rename_columns(
         [
             c.replace("influence_sum", "integrated")
@@ -325,7 +325,7 @@ def integrate(table: pa.Table) -> pa.Table:
 NULL_TYPE = -128  # stands in for a null ``type`` (all types pooled) while grouping
 
 
-def _group_by(table: pa.Table, keys: list[str], aggregations: list[tuple[str, str]]) -> pa.Table:
+def group_by(table: pa.Table, keys: list[str], aggregations: list[tuple[str, str]]) -> pa.Table:
     """``table.group_by(keys).aggregate(aggregations)`` with null ``type`` keys grouped together: older
     pyarrow releases (14 among them) put every row with a null key in a group of its own, so the null is
     replaced by :data:`NULL_TYPE` for the grouping and restored after."""

@@ -18,7 +18,7 @@ from .store import (
     POOLING_UNIT,
     SIGN_CONVENTION,
     Summary,
-    _group_by,
+    group_by,
     integrate,
     load_observables,
     mismatch_factor_text,
@@ -35,7 +35,7 @@ COMPONENT_LABELS = {"direct": "direct", "precached": "pre-cached", "shared": "sh
 
 def _per_step_means(table: pa.Table) -> dict[tuple[Any, str], tuple[np.ndarray, np.ndarray]]:
     """(type, component) → (steps, mean over items of the influence at each step)."""
-    g = _group_by(table, ["type", "component", "step"], [("influence", "mean")])
+    g = group_by(table, ["type", "component", "step"], [("influence", "mean")])
     ty, comp = g.column("type").to_pylist(), g.column("component").to_pylist()
     step = np.asarray(g.column("step").to_pylist())
     val = np.asarray([np.nan if v is None else v for v in g.column("influence_mean").to_pylist()], dtype=float)

@@ -68,7 +68,7 @@ def cmd_tinystories(args: argparse.Namespace) -> int:
 
 
 def add_parser(esub: Any) -> None:
-    from .ntp_cmd import _add_overrides
+    from .ntp_cmd import add_overrides
 
     g = esub.add_parser(
         "tinystories",
@@ -112,5 +112,5 @@ def add_parser(esub: Any) -> None:
     g.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
     g.add_argument("--out", required=True, help="experiment directory (runs, attribution, report)")
     g.add_argument("--results", default=None, help="results file (default results/language/tinystories-SCALE.json)")
-    _add_overrides(g)
+    add_overrides(g)
     g.set_defaults(func=cmd_tinystories, writes=lambda a: [a.out])

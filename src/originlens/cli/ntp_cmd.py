@@ -140,7 +140,7 @@ OVERRIDES: list[tuple[str, str, Any, str]] = [
 ]
 
 
-def _add_overrides(p: argparse.ArgumentParser) -> None:
+def add_overrides(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("overrides of the paper's defaults")
     for flag, dest, typ, help_ in OVERRIDES:
         add_option(
@@ -242,7 +242,7 @@ def register(subparsers: Any) -> None:
     t.add_argument("--seed", type=int, default=0, help="seed of the initialisation, data order and eval set")
     t.add_argument("--out", required=True, help="run directory")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in RUN")
-    _add_overrides(t)
+    add_overrides(t)
     t.set_defaults(func=_cmd_train, writes=lambda a: [a.out])
 
     g = sub.add_parser(
@@ -264,7 +264,7 @@ def register(subparsers: Any) -> None:
         default=1,
         help="runs trained at once in worker processes, one torch thread each (default 1: in this process)",
     )
-    _add_overrides(g)
+    add_overrides(g)
     g.set_defaults(func=_cmd_grid, writes=lambda a: [a.out])
 
     from . import ntp_attribute_cmd  # `ntp attribute RUN ...`: pathway attribution by replay

@@ -58,7 +58,7 @@ def cmd_grid(args: argparse.Namespace) -> int:
 
 
 def add_parser(esub: Any) -> None:
-    from .ntp_cmd import _add_overrides
+    from .ntp_cmd import add_overrides
 
     g = esub.add_parser(
         "grid",
@@ -80,5 +80,5 @@ def add_parser(esub: Any) -> None:
         help="recompute the statistics from the runs recorded in this results file (no training); "
         "the file is rewritten unless --results names another",
     )
-    _add_overrides(g)
+    add_overrides(g)
     g.set_defaults(func=cmd_grid, writes=lambda a: [a.out])

@@ -30,9 +30,9 @@ from ..theory.leading_terms import (
 from ..theory.nulls import baseline_cosines, pmi_matrix
 from ..theory.tracking import (
     EXAMPLE_WORDS,
-    _finite_or_none,
     checkpoint_files,
     example_associations,
+    finite_or_none,
     load_weights,
     min_over_training,
     track_checkpoints,
@@ -468,7 +468,7 @@ def analyse_run(
     if missing:
         warnings.append(f"example words not in the vocabulary: {', '.join(missing)}")
     timings["total_s"] = time.perf_counter() - t0
-    return _finite_or_none(
+    return finite_or_none(
         {
             "run": info,
             "validity_window": window,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
-from .othello_strata import CHECK_STORE, TYPES, _item_sums, replay_threads
+from .othello_strata import CHECK_STORE, TYPES, item_sums, replay_threads
 
 if TYPE_CHECKING:
     from .othello_config import OthelloConfig
@@ -72,7 +72,7 @@ def check_unit(config: OthelloConfig, seed: int, out: Path) -> dict[str, Any]:
         run_dir, segment=(0, U), out=run_dir / CHECK_STORE, overwrite=True, verify="segment", **common
     )
     t1 = time.time()
-    exact, _ = _item_sums(whole.table, L)
+    exact, _ = item_sums(whole.table, L)
     subs = []
     overlap = []
     for lo, hi, start, recorded in check_substrata(config):
@@ -86,7 +86,7 @@ def check_unit(config: OthelloConfig, seed: int, out: Path) -> dict[str, Any]:
             carry=True,
             **common,
         )
-        items, _ = _item_sums(seg.table, L)
+        items, _ = item_sums(seg.table, L)
         subs.append(
             {
                 "bounds": [lo, hi],

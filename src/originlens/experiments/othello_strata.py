@@ -112,7 +112,7 @@ def replay_threads(run_dir: Path, device: str) -> None:
         torch.set_num_threads(int(threads))
 
 
-def _item_sums(table: Any, n_layer: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def item_sums(table: Any, n_layer: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Per-item sums over the recorded updates, "k.i.cell" → component → type: the real probes', and the
     random directions' (the mean over an item's random directions).  A type absent from every recorded
     batch of the item has no entry (it is not an item of that type here)."""
@@ -244,7 +244,7 @@ def stratum_unit(config: OthelloConfig, seed: int, h: int, out: Path) -> dict[st
             carry=True,
         )
         table, info = res.table, res.info
-    items, random = _item_sums(table, L)
+    items, random = item_sums(table, L)
     checks = info["checks"]
     return {
         "seed": int(seed),

@@ -66,8 +66,8 @@ from ..runs import to_jsonable
 from ..storage import atomic_write_json, read_json
 from .paper_scale_calibration import SMOKE_OTHELLO, SMOKE_TOY, calibrate, calibrate_othello
 from .paper_scale_config import EXPERIMENT, OTHELLO_CALIBRATION, PaperScaleConfig
-from .paper_scale_report import _archive, _othello_line, _toy_line, summary_table
-from .paper_scale_units import _run_until
+from .paper_scale_report import _archive, othello_line, summary_table, toy_line
+from .paper_scale_units import run_until
 from .results import write_results
 
 __all__ = ["Clock", "othello_step", "plan_othello", "reused_calibration", "run_paper_scale", "spread"]
@@ -290,7 +290,7 @@ def run_paper_scale(
                     record["errors"].append(f"toy grid {task}, {n_seeds} seeds: {type(exc).__name__}: {exc}")
                     log(f"[paper-scale] toy grid {task} failed: {exc}")
                     continue
-                toy_records[task] = {"results_file": str(path), "seeds": n_seeds, "summary": _toy_line(summary)}
+                toy_records[task] = {"results_file": str(path), "seeds": n_seeds, "summary": toy_line(summary)}
                 written.add(path)
                 done_seeds[task] = n_seeds
             rate = (time.time() - t) / max(1, new_runs)
@@ -329,7 +329,7 @@ def run_paper_scale(
             )
             path = results / "othello" / f"{oc.name}.json"
             t = time.time()
-            status = _run_until(
+            status = run_until(
                 _othello_child,
                 (oc, str(out / "othello"), str(path), command),
                 clock.left(),
@@ -338,7 +338,7 @@ def run_paper_scale(
             )
             if status == "finished" and (out / "othello" / "experiment.json").is_file():
                 summary = read_json(out / "othello" / "experiment.json")
-                record["othello"] = {"results_file": str(path), "summary": _othello_line(summary)}
+                record["othello"] = {"results_file": str(path), "summary": othello_line(summary)}
                 written.add(path)
             elif status == "deadline":
                 record["skipped"].append("Othello: stopped at the deadline (checkpoints kept; no results file)")
@@ -442,7 +442,7 @@ def _measure(
             record["errors"].append(f"calibration: the toy model did not finish within its share ({exc.what})")
             othello = False
         for attempt in range(2 if othello else 0):
-            status = _run_until(
+            status = run_until(
                 _calibrate_othello_child,
                 (config, str(device), str(Path(tmp) / f"attempt-{attempt}"), str(Path(tmp) / "othello.json")),
                 cal_deadline - time.time(),

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _toy_line(summary: dict[str, Any]) -> dict[str, Any]:
+def toy_line(summary: dict[str, Any]) -> dict[str, Any]:
     per = summary["per_regime"]
     return {
         "useless_r": {r: per[r]["useless_r"]["mean"] for r in per},
@@ -21,7 +21,7 @@ def _toy_line(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _othello_line(summary: dict[str, Any]) -> dict[str, Any]:
+def othello_line(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: summary[k] for k in ("verdict",) if k in summary} | {
         "legal_acc": summary.get("quality", {}).get("legal_acc", {}).get("mean"),
         "eval_loss": summary.get("quality", {}).get("eval_loss", {}).get("mean"),

@@ -40,7 +40,7 @@ def _unit_main(target: Any, args: tuple[Any, ...], error_file: str) -> None:
         fail(" ".join(f"{type(exc).__name__}: {exc}".split()), 1)
 
 
-def _run_until(
+def run_until(
     target: Any, args: tuple[Any, ...], seconds: float, grace: float = 15.0, *, single_threaded: bool = True
 ) -> str:
     """Run ``target(*args)`` in a spawned process for at most ``seconds``: ``"finished"``, ``"deadline"``

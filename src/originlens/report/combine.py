@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .html import Report, _flatten, _jsonable, _read_json, load_report
+from .html import Report, _read_json, flatten, jsonable, load_report
 
 
 def _last_scalars(run: Path) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def combine_reports(runs: Sequence[str | Path], out: str | Path, *, title: str |
         )
     reports = [load_report(p) for p in paths]
     labels = run_labels(paths)
-    configs = [_flatten(_read_json(p / "config.json") or {}) for p in paths]
+    configs = [flatten(_read_json(p / "config.json") or {}) for p in paths]
     keys = sorted({k for c in configs for k in c})
     differing = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
     metrics = [_last_scalars(p) for p in paths]
@@ -69,7 +69,7 @@ def combine_reports(runs: Sequence[str | Path], out: str | Path, *, title: str |
     rep.section("Runs")
     header = ["run", "report", *differing, *metric_keys]
     rows = [
-        [lab, r.title, *[_jsonable(c.get(k)) for k in differing], *[m.get(k, "") for k in metric_keys]]
+        [lab, r.title, *[jsonable(c.get(k)) for k in differing], *[m.get(k, "") for k in metric_keys]]
         for lab, r, c, m in zip(labels, reports, configs, metrics)
     ]
     rep.table(

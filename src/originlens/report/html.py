@@ -227,7 +227,7 @@ class Report:
                     {
                         "kind": kind,
                         "header": header,
-                        "rows": [[_jsonable(c) for c in r] for r in rows],
+                        "rows": [[jsonable(c) for c in r] for r in rows],
                         "caption": caption,
                     }
                 )
@@ -255,7 +255,7 @@ class Report:
         return atomic_write_text(d / "report.html", self.to_html(extra))
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
     if isinstance(v, (str, int, float, bool)) or v is None:
         return v
     try:
@@ -275,11 +275,11 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     if isinstance(d, dict):
         for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
     else:
         out[prefix[:-1]] = d
     return out
@@ -293,9 +293,7 @@ def run_record_blocks(directory: str | Path) -> list[tuple[str, Any]]:
         return []
     blocks: list[tuple[str, Any]] = [("h2", "Run record")]
     if isinstance(config, dict):
-        rows = [
-            [k, json.dumps(v) if isinstance(v, (list, dict)) else _jsonable(v)] for k, v in _flatten(config).items()
-        ]
+        rows = [[k, json.dumps(v) if isinstance(v, (list, dict)) else jsonable(v)] for k, v in flatten(config).items()]
         blocks.append(("table", (["config key", "value"], rows, "Configuration of this run (config.json).")))
     if isinstance(env, dict):
         versions = env.get("versions") or {}

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import io_error
-from ..storage import _UMASK, FORMAT_VERSION, _fsync_dir, _json_default
+from ..storage import FORMAT_VERSION, UMASK, fsync_dir, json_default
 
 _SAFETENSORS_DTYPES = {
     np.dtype(np.float64): "F64",
@@ -84,14 +84,14 @@ class TensorFileWriter:
         except OSError as exc:
             raise io_error(self.path, exc, "creating") from None
         self.tmp = Path(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.chmod(tmp, 0o666 & ~UMASK)
         self._f: Any = os.fdopen(fd, "wb")
         self._guard(lambda: self._f.truncate(self.base + self.size))
 
     def _header(self, metadata: Mapping[str, Any] | None) -> bytes:
         meta = {"format_version": FORMAT_VERSION, "kind": self.kind}
         for k, v in (metadata or {}).items():
-            meta[k] = v if isinstance(v, str) else json.dumps(v, default=_json_default)
+            meta[k] = v if isinstance(v, str) else json.dumps(v, default=json_default)
         header: dict[str, Any] = {"__metadata__": meta}
         for k, (a, b) in self.offsets.items():
             d, shape = self.specs[k]
@@ -163,7 +163,7 @@ class TensorFileWriter:
         def finish() -> None:
             if len(header) != self.base:  # the header grew or shrank: copy the data behind the new one
                 fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-                os.chmod(tmp, 0o666 & ~_UMASK)
+                os.chmod(tmp, 0o666 & ~UMASK)
                 with os.fdopen(fd, "wb") as g:
                     g.write(header)
                     g.flush()
@@ -187,7 +187,7 @@ class TensorFileWriter:
                 os.fsync(self._f.fileno())
                 self._f.close()
             os.replace(self.tmp, self.path)
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
 
         self._guard(finish)
         return self.path

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import InputError
 from .leading_terms import LeadingTermModel, conditional_bigram_loss, leading_terms
-from .nulls import _check_shapes, _kind
+from .nulls import _kind, check_shapes
 
 # float64 cross-entropy is taken over at most this many logits at a time (128 MiB), so that a large
 # vocabulary's (batch, T, |V|) logits are not copied to float64 whole (the copy and log-softmax of a
@@ -97,7 +97,7 @@ def intervention_losses(
     loaded into the model (≈ 0; float32 models round).
     """
     lt = leading_terms(stats)
-    _check_shapes({n: p.detach().cpu().numpy() for n, p in model.named_weights()}, stats)
+    check_shapes({n: p.detach().cpu().numpy() for n, p in model.named_weights()}, stats)
     base = mean_loss(model, tokens, batch_size=batch_size)
     out: dict[str, Any] = {"original": base, "losses": {}}
     names = list(names) if names is not None else [n for n, _ in model.named_weights()]

@@ -344,12 +344,12 @@ class LeadingTermModel:
 
     def attention(self, inputs: Any) -> torch.Tensor:
         """Leading-term attention pattern (N, T', T') (float64)."""
-        from ..models.assoc.ops import _causal_softmax, diag_matrix
+        from ..models.assoc.ops import causal_softmax, diag_matrix
 
         x = self._check(inputs)
         T = x.shape[1]
         sc = self.query_key[x[:, :, None], x[:, None, :]] + diag_matrix(self.positional[:T], T)
-        return _causal_softmax(self.c_W * sc)
+        return causal_softmax(self.c_W * sc)
 
     def logits(self, inputs: Any) -> torch.Tensor:
         """Logits (N, T', |V|) for inputs (N, T') (float64)."""

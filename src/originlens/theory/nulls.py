@@ -53,7 +53,7 @@ def _kind(name: str) -> str:
     return name.split(".")[0]
 
 
-def _check_shapes(weights: Mapping[str, np.ndarray], stats: Any) -> None:
+def check_shapes(weights: Mapping[str, np.ndarray], stats: Any) -> None:
     B, D = _stat(stats, "bigram"), _stat(stats, "positional")
     V, T = weights["W_O"].shape[0], weights["P.1"].shape[0]
     if B.shape != (V, V) or D.shape != (T,):
@@ -180,7 +180,7 @@ def baseline_cosines(
         k: (v.detach().cpu().numpy() if torch.is_tensor(v) else np.asarray(v, dtype=np.float64))
         for k, v in weights.items()
     }
-    _check_shapes(w, stats)
+    check_shapes(w, stats)
     lt = leading_terms(stats)
     null_lt = leading_terms(null_stats) if null_stats is not None else None
     same_lt = leading_terms(same_corpus_stats) if same_corpus_stats is not None else None

@@ -34,21 +34,21 @@ import torch
 from ..errors import CompatibilityError
 from ..runs import list_checkpoints
 from .leading_terms import LEADING_TERM, _stat, compare_to_theory, cosine, leading_terms, min_cosines, validity_window
-from .nulls import SPECIAL_TOKENS, _check_shapes, _kind
+from .nulls import SPECIAL_TOKENS, _kind, check_shapes
 
 KIND_LABEL = {"W": "attention W", "V": "value V", "W_O": "output W_O", "P": "position P"}
 TARGET_LABEL = {"W_O": "B̄", "V": "Φ̄ᵀB̄ᵀ", "W": "Q̄", "P": "Δ"}
 EXAMPLE_WORDS = ("red", "to", "they", "happy", "wanted", "fish", "flower", "birds")
 
 
-def _finite_or_none(x: Any) -> Any:
+def finite_or_none(x: Any) -> Any:
     """JSON-able copy with NaN/Inf replaced by None and numpy scalars by Python numbers."""
     if isinstance(x, Mapping):
-        return {str(k): _finite_or_none(v) for k, v in x.items()}
+        return {str(k): finite_or_none(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_finite_or_none(v) for v in x]
+        return [finite_or_none(v) for v in x]
     if isinstance(x, np.ndarray):
-        return _finite_or_none(x.tolist())
+        return finite_or_none(x.tolist())
     if isinstance(x, (np.floating, float)):
         x = float(x)
         return x if math.isfinite(x) else None
@@ -122,7 +122,7 @@ def track_checkpoints(
     out = []
     for s, w in checkpoints:
         w = {k: (v.detach().cpu().numpy() if torch.is_tensor(v) else np.asarray(v)) for k, v in w.items()}
-        _check_shapes(w, stats)
+        check_shapes(w, stats)
         cmp = compare_to_theory(w, stats, int(s), lr, variant=variant)
         mx: dict[str, float] = {}
         for name, c in cmp.items():

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..distributed import _collective_device, all_reduce_sum, is_distributed, shard_bounds, world
+from ..distributed import all_reduce_sum, collective_device, is_distributed, shard_bounds, world
 from ..errors import ConfigError, NumericalError
 
 BUCKET_ELEMENTS = 1 << 24  # gradients are all-reduced in flat buckets of at most this many values
@@ -140,7 +140,7 @@ def check_in_sync(params: Iterable[torch.Tensor], where: str) -> None:
         d = p.double().reshape(-1)
         s[0] += d.sum()
         s[1] += (d * (1.0 + (torch.arange(d.numel(), device=dev, dtype=torch.float64) % 7) + i)).sum()
-    s = s.to(_collective_device())  # gloo gathers CPU tensors only
+    s = s.to(collective_device())  # gloo gathers CPU tensors only
     out = [torch.empty_like(s) for _ in range(dist.get_world_size())]
     dist.all_gather(out, s)
     if any(not torch.equal(o, out[0]) for o in out[1:]):

@@ -24,11 +24,11 @@ Three implementations of the same function (``impl``):
   ``W_O[x] + Σ_{S≠∅} A_S (V_S W_O)[x]`` (row gathers).  No (B·T)×|V|×|V| product is formed.  Per
   optimiser step (:meth:`AssocModel.accumulate_gradients`):
 
-  1. the batch-independent products (:class:`_Products`: 25 |V|³ matmuls at L = 3, one per product,
+  1. the batch-independent products (:class:`Products`: 25 |V|³ matmuls at L = 3, one per product,
      torch's intra-op threads), written into reused buffers in the layouts the pass reads: the 2^L − 1
      rows V_S W_O of a token side by side (token-major), and all K_{S,S'} = V_S W V_{S'}ᵀ of all layers
      for a token pair in one 96-byte row (pair-major, L = 3);
-  2. the pass over the batch (:func:`_path_pass`) in chunks of a few sequences (:class:`_Chunk`):
+  2. the pass over the batch (:func:`path_pass`) in chunks of a few sequences (:class:`_Chunk`):
      attention forward, logits + cross-entropy + their gradients, attention backward, all by hand (no
      autograd graph, no (B, T, |V|) tensor: logits live in a per-chunk buffer), gradients scattered
      into per-lane accumulators;
@@ -58,7 +58,7 @@ buffers from step to step (:class:`Workspace`, released with :meth:`AssocModel.r
 large fresh allocations are expensive on CPU (every first touch of a page faults).  Runs on CPU or
 CUDA (all tensors on the parameters' device; other devices use one lane and large chunks).
 
-Threads: on CPU the chunks run on ``torch.get_num_threads()`` worker threads (:class:`_Team`) with
+Threads: on CPU the chunks run on ``torch.get_num_threads()`` worker threads (:class:`Team`) with
 single-threaded ops, chunk k in lane k mod n, a worker taking the next chunk of any lane that is not
 running (so a core shared with another process does not hold the other back), lanes summed in a
 fixed order: deterministic for a given thread count; different thread counts differ by round-off.

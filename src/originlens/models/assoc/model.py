@@ -14,9 +14,9 @@ from torch import nn
 from ...errors import CompatibilityError, ConfigError, InputError
 from .config import CHECKPOINT_KIND, IMPLS, MODEL_KIND, AssocConfig, weight_names
 from .cost import path_cost
-from .ops import _causal_softmax, diag_matrix
-from .paths import _path_pass, _PathInputs, _PathsFunction, _Products, _team_size
-from .workers import Workspace, _fresh, _Team, subnormals_flushed
+from .ops import causal_softmax, diag_matrix
+from .paths import PathInputs, PathsFunction, Products, path_pass, team_size
+from .workers import Team, Workspace, _fresh, subnormals_flushed
 
 
 class AssocModel(nn.Module):
@@ -149,7 +149,7 @@ class AssocModel(nn.Module):
         h = F.one_hot(x, self.vocab_size).to(self.W_O.dtype)
         for l in range(self.n_layers):
             s = (h @ self.W[l]) @ h.transpose(1, 2) + self._dm(l, T)
-            a = _causal_softmax(s)
+            a = causal_softmax(s)
             h = h + a @ (h @ self.V[l])
         return h @ self.W_O
 
@@ -158,12 +158,12 @@ class AssocModel(nn.Module):
         T = x.shape[1]
         W0 = self.W[0]
         s = W0[x[:, :, None], x[:, None, :]] + self._dm(0, T)
-        a = _causal_softmax(s)
+        a = causal_softmax(s)
         h = a @ F.embedding(x, self.V[0])
         h = h + F.one_hot(x, self.vocab_size).to(h.dtype)
         for l in range(1, self.n_layers):
             s = (h @ self.W[l]) @ h.transpose(1, 2) + self._dm(l, T)
-            a = _causal_softmax(s)
+            a = causal_softmax(s)
             h = h + a @ (h @ self.V[l])
         return h @ self.W_O
 
@@ -177,8 +177,8 @@ class AssocModel(nn.Module):
         (peeling the lowest layer: V_S M = V_{s_1}(V_{S∖s_1} M), K_{S,S'} = K_{S,S'∖s_1} V_{s_1}ᵀ), and the
         products sharing that parameter are stacked into one large matmul (9 matmuls at L = 3 instead of
         25).  Used by the autograd path (``loss(...).backward()`` with ``impl="paths"``) and as the
-        reference the hand-written :class:`_Products` is tested against; :meth:`accumulate_gradients`
-        uses :class:`_Products`.
+        reference the hand-written :class:`Products` is tested against; :meth:`accumulate_gradients`
+        uses :class:`Products`.
         """
         V = self.vocab_size
 
@@ -217,16 +217,16 @@ class AssocModel(nn.Module):
         track = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
         if track:
             products = self.path_products()
-            return _PathsFunction.apply(x, self.workspace(), self.W_O, products[-1], *products[:-1], *self.P)
+            return PathsFunction.apply(x, self.workspace(), self.W_O, products[-1], *products[:-1], *self.P)
         out = torch.empty(*x.shape, self.vocab_size, dtype=self.W_O.dtype, device=self.W_O.device)
-        with torch.no_grad(), _Team(_team_size(self.W_O.device)) as team:
+        with torch.no_grad(), Team(team_size(self.W_O.device)) as team:
             prods = self._cached_products(team)
-            inp = _PathInputs.build(prods.Kr, prods.ZL, list(self.P), x.shape[1])
-            _path_pass(inp, x, self.workspace(), team, logits=out)
+            inp = PathInputs.build(prods.Kr, prods.ZL, list(self.P), x.shape[1])
+            path_pass(inp, x, self.workspace(), team, logits=out)
         return out
 
-    def _products(self, get, team: _Team) -> _Products:
-        return _Products(self.W_O.detach(), [w.detach() for w in self.W], [v.detach() for v in self.V], get, team)
+    def _products(self, get, team: Team) -> Products:
+        return Products(self.W_O.detach(), [w.detach() for w in self.W], [v.detach() for v in self.V], get, team)
 
     def accumulate_gradients(self, tokens: torch.Tensor, *, chunk: int | None = None, impl: str | None = None) -> float:
         """Add ∇ of the mean cross-entropy over all positions of ``tokens`` (B, T'+1) to ``.grad``.
@@ -234,7 +234,7 @@ class AssocModel(nn.Module):
         The batch is processed in chunks of at most ``chunk`` sequences (None = all at once; the path
         implementation also bounds its chunks by :data:`CHUNK_BYTES`), each weighted by its share of the
         batch, so the result equals the unchunked gradient up to round-off.  With the path
-        implementation the batch-independent products are computed once per call (:class:`_Products`),
+        implementation the batch-independent products are computed once per call (:class:`Products`),
         the chunks are differentiated by hand (:class:`_Chunk`, cross-entropy gradient formed in place)
         and the products' gradients back-propagated by hand once.  Returns the batch loss (a float;
         NaN/Inf are returned, not raised).  ``impl`` is resolved for the whole batch size.
@@ -260,10 +260,10 @@ class AssocModel(nn.Module):
         ws = self.workspace()
         T = tokens.shape[1] - 1
         x = self._check_inputs(tokens[:, :-1])
-        with torch.no_grad(), _Team(_team_size(self.W_O.device)) as team:
+        with torch.no_grad(), Team(team_size(self.W_O.device)) as team:
             prods = self._products(ws.get, team)
-            inp = _PathInputs.build(prods.Kr, prods.ZL, list(self.P), T)
-            acc = _path_pass(inp, x, ws, team, targets=tokens[:, 1:].long(), scale=1.0 / (n * T), chunk=chunk)
+            inp = PathInputs.build(prods.Kr, prods.ZL, list(self.P), T)
+            acc = path_pass(inp, x, ws, team, targets=tokens[:, 1:].long(), scale=1.0 / (n * T), chunk=chunk)
             assert acc is not None  # no logits given: gradients are returned
             grads = prods.backward(acc.dW, acc.dZ, acc.dKr, team)
             for l in range(self.n_layers):
@@ -288,8 +288,8 @@ class AssocModel(nn.Module):
         self.__dict__.pop("_workspace", None)
         self.__dict__.pop("_product_cache", None)
 
-    def _cached_products(self, team: _Team) -> _Products:
-        """:class:`_Products` (no autograd), reused while no parameter changes (evaluation loops over
+    def _cached_products(self, team: Team) -> Products:
+        """:class:`Products` (no autograd), reused while no parameter changes (evaluation loops over
         many batches: intervention, held-out losses).  Keyed on each parameter's storage and in-place
         version counter, so any update (optimizer step, ``load_weights``, ``copy_``) invalidates it."""
         key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in self.parameters())

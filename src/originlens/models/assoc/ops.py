@@ -13,7 +13,7 @@ def diag_matrix(p: torch.Tensor, T: int) -> torch.Tensor:
     return torch.where(off >= 0, p[off.clamp(min=0)], torch.zeros((), dtype=p.dtype, device=p.device))
 
 
-def _causal_softmax(scores: torch.Tensor) -> torch.Tensor:
+def causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     T = scores.shape[-1]
     mask = torch.ones(T, T, dtype=torch.bool, device=scores.device).triu(1)
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)

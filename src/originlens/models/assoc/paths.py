@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .ops import diag_matrix
-from .workers import CHUNK_BYTES, ROW_POSITIONS, ROWS_BYTES, Workspace, _blocks, _fresh, _low, _mm, _Team
+from .workers import CHUNK_BYTES, ROW_POSITIONS, ROWS_BYTES, Team, Workspace, _blocks, _fresh, _low, _mm
 
 
 def _pair_columns(L: int) -> tuple[list[int], int]:
@@ -25,7 +25,7 @@ def _pair_columns(L: int) -> tuple[list[int], int]:
     return offs, (o if L == 1 else -(-o // 4) * 4)
 
 
-class _Products:
+class Products:
     """The batch-independent |V|×|V| products of one optimiser step, in the layouts the chunk pass reads,
     with a hand-written backward (no autograd graph, every product written into reused buffers).
 
@@ -41,7 +41,7 @@ class _Products:
     workers: :func:`_mm`); :meth:`backward` takes 2 per product (∂ of both factors).
     """
 
-    def __init__(self, W_O: torch.Tensor, Ws: list[torch.Tensor], Vs: list[torch.Tensor], ws, team: _Team) -> None:
+    def __init__(self, W_O: torch.Tensor, Ws: list[torch.Tensor], Vs: list[torch.Tensor], ws, team: Team) -> None:
         V, L = W_O.shape[0], len(Ws)
         self.V, self.L, self.Vs, self.ws = V, L, Vs, ws
         dev, dt = W_O.device, W_O.dtype
@@ -78,7 +78,7 @@ class _Products:
 
         _blocks(team, V * V, pack, dev)
 
-    def backward(self, dW: torch.Tensor, dZ: torch.Tensor, dKr: torch.Tensor, team: _Team) -> dict[str, torch.Tensor]:
+    def backward(self, dW: torch.Tensor, dZ: torch.Tensor, dKr: torch.Tensor, team: Team) -> dict[str, torch.Tensor]:
         """Gradients of W_O, W^(l), V^(l) (on-disk names) from ∂W_O (direct term, (|V|, |V|)), ∂Z_S
         (|V|, 2^L − 1, |V|) token-major, and pair-major ∂K (layout of ``Kr``); all three are consumed
         (modified in place) and ``Kr`` is overwritten (its memory holds ∂K_{S,S'}).  Returned tensors are
@@ -119,7 +119,7 @@ class _Products:
 
 
 @dataclass
-class _PathInputs:
+class PathInputs:
     """What a chunk pass reads (detached): pair-major ``Kr`` (|V|², width) — row x·|V| + x' holds
     K_{S,S'}[x, x'] of every layer (:func:`_pair_columns`), one gathered row serving all subset pairs of
     all layers for a token pair —,
@@ -141,7 +141,7 @@ class _PathInputs:
         return len(self.bias)
 
     @classmethod
-    def build(cls, Kr: torch.Tensor, ZL: torch.Tensor, Ps: list[torch.Tensor], T: int) -> _PathInputs:
+    def build(cls, Kr: torch.Tensor, ZL: torch.Tensor, Ps: list[torch.Tensor], T: int) -> PathInputs:
         mask = torch.ones(T, T, dtype=torch.bool, device=ZL.device).triu(1)
         bias = [diag_matrix(p[:T].detach(), T).masked_fill(mask, float("-inf")) for p in Ps]
         t = torch.arange(T, device=ZL.device)
@@ -155,7 +155,7 @@ class _Grads:
     (|V|, 2^L − 1, |V|) token-major (contiguous: ``index_add_`` into a strided view is ~10× slower),
     ∂P_l (length T'), and the summed cross-entropy (float64)."""
 
-    def __init__(self, inp: _PathInputs, get) -> None:
+    def __init__(self, inp: PathInputs, get) -> None:
         dev, dt = inp.ZL.device, inp.ZL.dtype
         V, M = inp.ZL.shape[0], inp.ZL.shape[1]
         self.dKr = get("dK", tuple(inp.Kr.shape), dt, dev, zero=True)
@@ -180,7 +180,7 @@ def _chunk_bytes(T: int, L: int, elem: int) -> int:
 class _Chunk:
     """Forward and hand-written backward of the path expansion for a few sequences (no autograd inside).
 
-    ``x`` (c, T') token ids; tensors of :class:`_PathInputs`; scratch from ``ws`` under names prefixed
+    ``x`` (c, T') token ids; tensors of :class:`PathInputs`; scratch from ``ws`` under names prefixed
     by ``tag`` (one prefix per lane).  Subsets S of the earlier layers are bitmasks; the attention
     products are kept side by side with the identity, ``AI`` (c, T', 2^L·T'), block S at columns
     S·T' … (S+1)·T' holding A_S (A_∅ = I, A_{S∪{l}} = A_l A_S for S ⊆ {1..l−1}).
@@ -203,7 +203,7 @@ class _Chunk:
     multiply zeros of causal attention) and are left unspecified.
     """
 
-    def __init__(self, inp: _PathInputs, x: torch.Tensor, ws: Workspace, tag: str) -> None:
+    def __init__(self, inp: PathInputs, x: torch.Tensor, ws: Workspace, tag: str) -> None:
         c, T = x.shape
         V = inp.ZL.shape[0]
         L = inp.L
@@ -399,16 +399,16 @@ def _swap_copy(out: torch.Tensor, src: torch.Tensor) -> None:
     out.copy_(src.transpose(2, 3))
 
 
-def _team_size(dev: torch.device) -> int:
+def team_size(dev: torch.device) -> int:
     """Workers for the path implementation: torch's thread count on CPU, 1 elsewhere."""
     return torch.get_num_threads() if dev.type == "cpu" else 1
 
 
-def _path_pass(
-    inp: _PathInputs,
+def path_pass(
+    inp: PathInputs,
     x: torch.Tensor,
     ws: Workspace,
-    team: _Team,
+    team: Team,
     *,
     targets: torch.Tensor | None = None,
     g: torch.Tensor | None = None,
@@ -470,7 +470,7 @@ def _token_major(W_O: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
     return torch.cat([W_O[None], Z.view(-1, V, V)]).transpose(0, 1).contiguous()
 
 
-class _PathsFunction(torch.autograd.Function):
+class PathsFunction(torch.autograd.Function):
     """Autograd wrapper of the path expansion: logits from (W_O, Z, K_l, P_l) as stacked by
     :meth:`AssocModel.path_products`; backward by hand (the attention part is recomputed chunk by
     chunk)."""
@@ -482,10 +482,10 @@ class _PathsFunction(torch.autograd.Function):
         Kr = torch.zeros(W_O.shape[0] ** 2, width, dtype=W_O.dtype, device=W_O.device)
         for l, k in enumerate(rest[:L]):
             Kr[:, offs[l] : offs[l] + k.shape[0]] = k.reshape(k.shape[0], -1).t()
-        inp = _PathInputs.build(Kr, _token_major(W_O, Z), list(rest[L:]), x.shape[1])
+        inp = PathInputs.build(Kr, _token_major(W_O, Z), list(rest[L:]), x.shape[1])
         out = torch.empty(*x.shape, W_O.shape[0], dtype=W_O.dtype, device=W_O.device)
-        with _Team(_team_size(W_O.device)) as team:
-            _path_pass(inp, x, ws, team, logits=out)
+        with Team(team_size(W_O.device)) as team:
+            path_pass(inp, x, ws, team, logits=out)
         ctx.state = (inp, x, ws, [k.shape for k in rest[:L]], [p.shape[0] for p in rest[L:]])
         return out
 
@@ -493,8 +493,8 @@ class _PathsFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         inp, x, ws, kshapes, plens = ctx.state
-        with _Team(_team_size(g.device)) as team:
-            acc = _path_pass(inp, x, ws, team, g=g, fresh=True)
+        with Team(team_size(g.device)) as team:
+            acc = path_pass(inp, x, ws, team, g=g, fresh=True)
         V = inp.ZL.shape[0]
         dZ = acc.dZ.transpose(0, 1).reshape(-1, V)
         offs, _ = _pair_columns(len(kshapes))

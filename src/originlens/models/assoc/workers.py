@@ -65,7 +65,7 @@ def _ftz_active() -> bool:
 @contextmanager
 def subnormals_flushed() -> Iterator[None]:
     """Flush subnormal floats (|x| < 1.2e-38 in float32, 2.2e-308 in float64) to zero in the calling
-    thread while the block runs, and in the threads of every :class:`_Team` it starts; the previous mode
+    thread while the block runs, and in the threads of every :class:`Team` it starts; the previous mode
     is restored on exit.
 
     Why: from the zero initialisation of Definition 3.1 the weights grow like powers of t = sη, so the
@@ -124,10 +124,10 @@ class _Job:
         return False if waiting else None
 
 
-class _Team:
+class Team:
     """Worker threads for the CPU path implementation (the calling thread is worker 0).
 
-    With n > 1 workers the chunks of a batch (:func:`_path_pass`) are tasks that the workers take
+    With n > 1 workers the chunks of a batch (:func:`path_pass`) are tasks that the workers take
     dynamically, each running single-threaded torch ops.  Compared with torch's intra-op threads (a
     barrier per op, work split evenly in advance) this avoids hundreds of small barriers per chunk
     and keeps both cores busy when one of them is shared with another process.  Results do not depend
@@ -145,7 +145,7 @@ class _Team:
         self._stop = False
         self._threads: list[threading.Thread] = []
 
-    def __enter__(self) -> _Team:
+    def __enter__(self) -> Team:
         self._ftz = subnormals_flushed()  # every path computation runs inside a team
         self._ftz.__enter__()
         self._flush = FLUSH_SUBNORMALS
@@ -230,7 +230,7 @@ class _Team:
 TINY_PRODUCT = 1e-18  # max|a|·max|b| below which a product may reach float32's subnormal range (1.2e-38)
 
 
-def _mm(team: _Team, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, add: bool = False) -> None:
+def _mm(team: Team, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, add: bool = False) -> None:
     """``out = a @ b`` (``add``: ``out += a @ b``).
 
     On CPU with several workers, a product whose entries may be subnormal (max|a|·max|b| <
@@ -269,7 +269,7 @@ def _mm(team: _Team, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, add
 PAIR_BLOCK = 4096  # rows per block when packing / unpacking the pair-major products (cache-sized transposes)
 
 
-def _blocks(team: _Team, N: int, fn, device: torch.device) -> None:
+def _blocks(team: Team, N: int, fn, device: torch.device) -> None:
     """fn(r0, r1) over blocks of PAIR_BLOCK rows of 0..N−1, spread over the team's workers (one block
     on devices other than the CPU)."""
     if device.type != "cpu":

@@ -21,7 +21,7 @@ def train_rng(seed: int, b: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), TRAIN_STREAM, int(b)])
 
 
-class _SampledData:
+class SampledData:
     """Batches drawn afresh from the task's sampler for every step."""
 
     def __init__(self, task: Any, seed: int, batch_size: int) -> None:
@@ -46,7 +46,7 @@ class _SampledData:
 DEVICE_POOL_BYTES = 1 << 30  # pools up to this size are copied to the device once (fast path)
 
 
-class _PoolData:
+class PoolData:
     """Batches of rows of a fixed pool of N rows, indices ``default_rng([seed, 7, b]).integers(0, N, B)``.
 
     ``pool``: the (N, T) rows, or with ``rows`` (sorted, unique) only those rows of the N, in that order

@@ -47,7 +47,7 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .config import COUNTING_TASKS, EVAL_STREAM, EVENTS, LANGUAGE, POOL_CHUNK, POOL_STREAM, NTPConfig, config_identity
-from .data import EvalData, _PoolData, _SampledData, othello_pool, pool_rows
+from .data import EvalData, PoolData, SampledData, othello_pool, pool_rows
 from .probing import probe_summary, save_probe_metrics
 
 
@@ -383,18 +383,18 @@ class Trainer:
         if cks and self.vocab_hash is not None:
             check_checkpoint_vocab(cks[-1][1], checkpoint_metadata(cks[-1][1]), self.vocab_hash)
 
-    def _train_data(self) -> _SampledData | _PoolData:
+    def _train_data(self) -> SampledData | PoolData:
         cfg = self.config
         # filled by NTPConfig.__post_init__ (the task's defaults)
         assert cfg.eval_size is not None and cfg.batch_size is not None
         if cfg.task == LANGUAGE:
             train = self._corpus_tokens[: len(self._corpus_tokens) - cfg.eval_size]
-            return _PoolData(train, cfg.seed, cfg.batch_size, f"the first windows of {cfg.corpus}")
+            return PoolData(train, cfg.seed, cfg.batch_size, f"the first windows of {cfg.corpus}")
         assert self.task is not None  # every task but 'language' has one
         if cfg.task == "othello":
             task = cfg.make_task(with_feature_types=False)
             if cfg.othello_pool == 0:
-                return _SampledData(task, cfg.seed, cfg.batch_size)
+                return SampledData(task, cfg.seed, cfg.batch_size)
             n = cfg.othello_pool
             assert cfg.steps is not None  # filled by NTPConfig.__post_init__
             rows = pool_rows(n, cfg.seed, cfg.batch_size, cfg.steps)
@@ -413,7 +413,7 @@ class Trainer:
                     f"played the {len(rows)} of {n} Othello pool games the run draws in {time.time() - t0:.1f} s",
                     level=2,
                 )
-                return _PoolData(pool, cfg.seed, cfg.batch_size, what, rows=rows, n=n)
+                return PoolData(pool, cfg.seed, cfg.batch_size, what, rows=rows, n=n)
             # the whole pool, kept in the run directory (its sha256 recorded; checked on resume and replay)
             if kept:
                 whole = np.load(path, allow_pickle=False)
@@ -422,17 +422,17 @@ class Trainer:
                 whole = othello_pool(n, cfg.seed)
                 atomic_save_npy(path, whole)
                 log(f"generated {len(whole)} Othello games in {time.time() - t0:.0f} s ({path})", level=2)
-            return _PoolData(whole, cfg.seed, cfg.batch_size, what)
+            return PoolData(whole, cfg.seed, cfg.batch_size, what)
         if cfg.train_size:
             pool = self.task.sample(cfg.train_size, np.random.default_rng([cfg.seed, POOL_STREAM])).tokens
-            return _PoolData(
+            return PoolData(
                 pool.astype(np.uint8),
                 cfg.seed,
                 cfg.batch_size,
                 f"a fixed training set {cfg.task}.sample({cfg.train_size}, numpy.random.default_rng("
                 f"[seed, {POOL_STREAM}])).tokens",
             )
-        return _SampledData(self.task, cfg.seed, cfg.batch_size)
+        return SampledData(self.task, cfg.seed, cfg.batch_size)
 
     def _eval_data(self) -> EvalData:
         cfg = self.config
@@ -493,13 +493,13 @@ class Trainer:
         pool = self.rundir.file("data", "othello-pool.npy")
         if self.config.task == "othello" and self.config.othello_pool and pool.is_file():
             hashes["othello_pool_sha256"] = sha256_file(pool)
-        elif isinstance(self.data, _PoolData) and self.data.rows is not None:  # only the games drawn, in memory
+        elif isinstance(self.data, PoolData) and self.data.rows is not None:  # only the games drawn, in memory
             hashes["othello_pool_drawn_sha256"] = array_sha256(self.data.pool)
             hashes[DRAWN_UPDATES] = str(self.config.steps)
         for k in ("vocab_hash", "tokens_sha256"):
             if self._corpus_info.get(k):
                 hashes[f"corpus_{k}"] = self._corpus_info[k]
-        if isinstance(self.data, _PoolData) and self.config.task in COUNTING_TASKS:
+        if isinstance(self.data, PoolData) and self.config.task in COUNTING_TASKS:
             hashes["train_set_sha256"] = array_sha256(self.data.pool)
         if self.config.task == LANGUAGE and not self._corpus_info.get("tokens_sha256"):
             hashes["corpus_array_sha256"] = array_sha256(np.asarray(self._corpus_tokens))  # a bare .npy
