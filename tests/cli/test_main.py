@@ -146,3 +146,32 @@ def test_the_command_lets_idle_openmp_threads_sleep_unless_the_user_chose():
     # spinning OpenMP workers cost a shared machine 3-8x the CPU of one thread (benchmarks/threads.py)
     assert _omp_policy_seen_by_torch({}).strip() == "PASSIVE"
     assert _omp_policy_seen_by_torch({"OMP_WAIT_POLICY": "ACTIVE"}).strip() == "ACTIVE"
+
+
+def test_a_usage_error_with_an_unencodable_argument_is_printed_escaped(capsys):
+    """A lone surrogate (a mis-encoded command line) in a usage error is printed as an escape, not raised
+    as a UnicodeEncodeError on a strict UTF-8 stream."""
+    import io
+
+    import pytest
+
+    from originlens.cli.main import main
+
+    class Strict(io.StringIO):
+        encoding = "utf-8"
+
+        def write(self, s: str) -> int:
+            s.encode("utf-8")  # strict, like a UTF-8 terminal
+            return super().write(s)
+
+    err = Strict()
+    import sys
+
+    old, sys.stderr = sys.stderr, err
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main(["ntp", "attribute", "run", "--sites", "1:3", "\ud800"])
+    finally:
+        sys.stderr = old
+    assert exc.value.code == 2
+    assert "\\ud800" in err.getvalue() and "unrecognized arguments" in err.getvalue()

@@ -14,6 +14,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 # OpenMP worker threads (torch's intra-op pool) spin while they wait for work by default; on a shared
 # machine two spinning threads of a small model cost 3–8× the CPU time of one thread for identical
@@ -43,8 +44,20 @@ COMMAND_MODULES = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with messages that always reach the terminal: an argument the stream cannot encode (a lone
+    surrogate from a mis-encoded command line) is printed escaped, not raised as a UnicodeEncodeError in
+    the middle of a usage error.  Subcommand parsers are of the same class."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message:
+            file = file or sys.stderr
+            encoding = getattr(file, "encoding", None) or "utf-8"
+            super()._print_message(message.encode(encoding, "backslashreplace").decode(encoding), file)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="originlens",
         description="Where do transformer features come from? Corpus statistics and leading terms "
         "(arXiv 2601.19208) and gradient pathways (arXiv 2603.14087).",
