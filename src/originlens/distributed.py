@@ -293,7 +293,14 @@ def corpus_statistics_sharded(
     shard r is accumulated locally.  ``top_k`` is resolved on the full token array on every rank
     (cheap: a bincount).
     """
-    from .stats.corpus import FirstOrderSums, SecondOrderSums, _check_tokens, _chunks, assemble, most_frequent_tokens
+    from .stats.corpus import (
+        FirstOrderSums,
+        SecondOrderSums,
+        _check_tokens,
+        assemble,
+        corpus_chunks,
+        most_frequent_tokens,
+    )
 
     arr = _check_tokens(tokens, vocab_size)
     if top_k is not None:
@@ -311,7 +318,7 @@ def corpus_statistics_sharded(
     for r in mine:
         part = new_first()
         a, b = shards[r]
-        for chunk, m in _chunks(arr[a:b], chunk_size, None, f"statistics pass 1/2 (shard {r})"):
+        for chunk, m in corpus_chunks(arr[a:b], chunk_size, None, f"statistics pass 1/2 (shard {r})"):
             part.update(chunk, m)
         first_sums = part if first_sums is None else first_sums.merge(part)
     assert first_sums is not None  # mine holds at least one shard
@@ -322,7 +329,7 @@ def corpus_statistics_sharded(
     for r in mine:
         part = SecondOrderSums(first)
         a, b = shards[r]
-        for chunk, m in _chunks(arr[a:b], chunk_size, None, f"statistics pass 2/2 (shard {r})"):
+        for chunk, m in corpus_chunks(arr[a:b], chunk_size, None, f"statistics pass 2/2 (shard {r})"):
             part.update(chunk, m)
         second = part if second is None else second.merge(part)
     assert second is not None

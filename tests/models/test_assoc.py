@@ -183,13 +183,13 @@ def test_hand_written_products_backward_matches_autograd(L):
     """Products (the layouts the pass reads, and its hand-written backward) against autograd through
     path_products, for arbitrary incoming gradients (float64)."""
     from originlens.models.assoc.paths import _pair_columns
-    from originlens.models.assoc.workers import Team, _fresh
+    from originlens.models.assoc.workers import Team, fresh_pass
 
     V = 6
     m = make(V=V, T=4, L=L, std=0.7, seed=30 + L)
     prods = m.path_products()
     with torch.no_grad(), Team(1) as team:
-        P = m._products(_fresh, team)
+        P = m._products(fresh_pass, team)
         offs, width = _pair_columns(L)
         assert P.Kr.shape == (V * V, width) and P.ZL.shape == (V, 1 << L, V)
         torch.testing.assert_close(P.ZL[:, 0], m.W_O.detach(), rtol=0, atol=0)
@@ -261,7 +261,7 @@ def test_team_lanes_order_errors_and_threads():
     import threading
     import time
 
-    from originlens.models.assoc.workers import PAIR_BLOCK, Team, _blocks
+    from originlens.models.assoc.workers import PAIR_BLOCK, Team, block_ranges
 
     prev = torch.get_num_threads()
     lanes = [list(range(w, 23, 3)) for w in range(3)]
@@ -291,9 +291,9 @@ def test_team_lanes_order_errors_and_threads():
             team.run(bad, lanes)
         team.run(fn, [[0], [1]])  # still usable
         calls = []
-        _blocks(team, 10, lambda r0, r1: calls.append((r0, r1)), torch.device("cuda"))
+        block_ranges(team, 10, lambda r0, r1: calls.append((r0, r1)), torch.device("cuda"))
         assert calls == [(0, 10)]  # other devices: one block
-        _blocks(team, 2 * PAIR_BLOCK + 3, lambda r0, r1: calls.append((r0, r1)), torch.device("cpu"))
+        block_ranges(team, 2 * PAIR_BLOCK + 3, lambda r0, r1: calls.append((r0, r1)), torch.device("cpu"))
         B = PAIR_BLOCK
         assert sorted(calls[1:]) == [(0, B), (B, 2 * B), (2 * B, 2 * B + 3)]
     assert torch.get_num_threads() == prev
@@ -335,9 +335,9 @@ def test_subnormals_flushed_in_caller_and_team_threads_and_restored():
 @pytest.mark.parametrize("scale", [1.0, 1e-12])
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_row_split_matmul_equals_torch(n, scale):
-    """_mm (intra-op threads, or split by rows over a team's workers for tiny values) equals torch.mm /
+    """batched_mm (intra-op threads, or split by rows over a team's workers for tiny values) equals torch.mm /
     addmm_ (out a strided view, transposed operands)."""
-    from originlens.models.assoc.workers import Team, _mm
+    from originlens.models.assoc.workers import Team, batched_mm
 
     g = torch.Generator().manual_seed(n)
     a = scale * torch.randn(11, 7, generator=g, dtype=torch.float64)
@@ -345,14 +345,14 @@ def test_row_split_matmul_equals_torch(n, scale):
     buf = scale**2 * torch.randn(11, 3, 11, generator=g, dtype=torch.float64)
     start = buf[:, 1].clone()
     with Team(n) as team:
-        _mm(team, buf[:, 1], a, b.t())
+        batched_mm(team, buf[:, 1], a, b.t())
         torch.testing.assert_close(buf[:, 1], a @ b.t(), rtol=1e-14, atol=0.0)
         buf[:, 1] = start
-        _mm(team, buf[:, 1], b, a.t(), add=True)
+        batched_mm(team, buf[:, 1], b, a.t(), add=True)
         torch.testing.assert_close(buf[:, 1], start + b @ a.t(), rtol=1e-14, atol=0.0)
-        _mm(team, buf[:, 1], b, torch.zeros_like(a).t(), add=True)  # a zero factor: skipped, exactly
+        batched_mm(team, buf[:, 1], b, torch.zeros_like(a).t(), add=True)  # a zero factor: skipped, exactly
         torch.testing.assert_close(buf[:, 1], start + b @ a.t(), rtol=1e-14, atol=0.0)
-        _mm(team, buf[:, 1], torch.zeros_like(b), a.t())
+        batched_mm(team, buf[:, 1], torch.zeros_like(b), a.t())
         assert not buf[:, 1].any()
 
 
@@ -630,7 +630,7 @@ def test_the_flushed_model_never_sees_a_subnormal_product(monkeypatch, threads):
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU has no flush-to-zero mode torch can set (torch.set_flush_denormal returned False)")
     torch.set_flush_denormal(False)
-    original = workers._mm
+    original = workers.batched_mm
     counts = {"operands": 0, "results": 0, "products": 0}
 
     def counted(team, out, a, b, *, add=False):
@@ -639,7 +639,7 @@ def test_the_flushed_model_never_sees_a_subnormal_product(monkeypatch, threads):
         counts["results"] += _subnormals(out)
         counts["products"] += 1
 
-    monkeypatch.setattr(paths, "_mm", counted)
+    monkeypatch.setattr(paths, "batched_mm", counted)
     rng = np.random.default_rng(0)
     V, T, B = 120, 16, 64
     p = 1.0 / np.arange(1, V + 1)

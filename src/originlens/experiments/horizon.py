@@ -69,7 +69,7 @@ class StopBelow:
 def _run_cell(config: HorizonConfig, V: int, T: int, seed: int, out: Path) -> dict[str, Any]:
     """Train one (|V|, T, seed) run until it drops below every threshold (or ``max_steps``), unless its
     ``done.json`` says it is finished; returns that record."""
-    from ..theory.leading_terms import _stat
+    from ..theory.leading_terms import statistic_of
     from ..train.assoc import AssocTrainer
 
     d = out / f"V{V}-T{T}" / f"seed-{seed}"
@@ -104,7 +104,7 @@ def _run_cell(config: HorizonConfig, V: int, T: int, seed: int, out: Path) -> di
         "seconds": secs,
         "horizon": {k: {f"{th:g}": horizon(series[k], th) for th in THRESHOLDS} for k in KINDS},
         "sustained": _sustained(series),
-        "max_abs_bigram": float(np.abs(_stat(r.stats, "bigram")).max()) if r.stats is not None else None,
+        "max_abs_bigram": float(np.abs(statistic_of(r.stats, "bigram")).max()) if r.stats is not None else None,
         "data_hashes": read_json(d / "environment.json").get("data_hashes", {}),
     }
     atomic_write_json(done, rec)

@@ -66,7 +66,7 @@ FIT_HEADER = [
 ]
 
 
-def _figure(summary: dict[str, Any], plt: Any) -> Any:
+def horizon_figure(summary: dict[str, Any], plt: Any) -> Any:
     """Horizon t against |V| per run, log–log: first drop (top row) and sustained (bottom row, when the runs
     have it), one column per weight type, one marker per threshold and colour per T."""
     runs = summary["runs"]
@@ -109,7 +109,7 @@ def write_report(summary: dict[str, Any], out: str | Path) -> Path:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig = _figure(summary, plt)
+        fig = horizon_figure(summary, plt)
         rep.figure(
             fig,
             "horizon per run, log–log: first t = sη with cosine < θ (top), first t from which it stays below θ "

@@ -80,7 +80,7 @@ from typing import Any
 from .language_analysis import TESTS, summarise
 from .language_config import EXPERIMENT, PAPER_LOSS, SCALE_NOTES, LanguageExperimentConfig
 from .language_continuations import continuations
-from .language_runs import _run_all
+from .language_runs import run_all_units
 
 # ----------------------------------------------------------------------------------------------------
 # the experiment
@@ -100,7 +100,7 @@ def run_language_experiment(
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out):
-        done = _run_all(config, out)
+        done = run_all_units(config, out)
         summary = summarise(config, out)
         summary["continuations"] = continuations(config, out)
         summary["wall_seconds_this_call"] = time.time() - t0

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import inference
-from .language_runs import _dirs
+from .language_runs import run_dirs
 
 if TYPE_CHECKING:
     from .language_config import LanguageExperimentConfig
@@ -145,7 +145,7 @@ def run_influence(run_dir: str | Path, n_layer: int) -> dict[str, Any]:
 def _per_run(config: LanguageExperimentConfig, out: Path, regime: str, seed: int) -> dict[str, Any]:
     from ..storage import read_json
 
-    d, d0 = _dirs(out, regime, seed)
+    d, d0 = run_dirs(out, regime, seed)
     cfg = config.run_config(regime, seed, initial=False)
     layers = list(range(1, cfg.n_layer + 1))
     s, s0 = read_json(d / "summary.json"), read_json(d0 / "summary.json")

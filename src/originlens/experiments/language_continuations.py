@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .language_runs import _dirs
+from .language_runs import run_dirs
 
 if TYPE_CHECKING:
     from .language_config import LanguageExperimentConfig
@@ -59,7 +59,7 @@ def continuations(config: LanguageExperimentConfig, out: Path) -> list[dict[str,
     held = task.split[1][: config.prompts]
     tok = task.tokenizer
     models = {
-        r: GPT.load(_dirs(out, r, config.seeds[0])[0] / "model.safetensors").to("cpu").eval() for r in config.regimes
+        r: GPT.load(run_dirs(out, r, config.seeds[0])[0] / "model.safetensors").to("cpu").eval() for r in config.regimes
     }
     items = []
     for j, s in enumerate(held):

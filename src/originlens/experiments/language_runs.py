@@ -1,5 +1,5 @@
 """The (regime, seed) runs of the TinyStories experiment (:mod:`.language`): training each run and its
-initial-model null, attributing it where asked, and skipping what is finished (:func:`_run_all`, in parallel
+initial-model null, attributing it where asked, and skipping what is finished (:func:`run_all_units`, in parallel
 processes of one torch thread each when ``jobs`` > 1).  A run is trained and attributed in one process with
 one thread count, as bit-exact replay requires.
 """
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .language_config import LanguageExperimentConfig
 
 
-def _dirs(out: Path, regime: str, seed: int) -> tuple[Path, Path]:
+def run_dirs(out: Path, regime: str, seed: int) -> tuple[Path, Path]:
     from ..train.grid import run_dir_for
 
     return run_dir_for(out / "trained", regime, seed), run_dir_for(out / "initial", regime, seed)
@@ -95,7 +95,7 @@ def _jobs(config: LanguageExperimentConfig, out: Path) -> list[dict[str, Any]]:
     for regime in config.regimes:
         for seed in config.seeds:
             tr, ini = config.run_config(regime, seed, initial=False), config.run_config(regime, seed, initial=True)
-            d, d0 = _dirs(out, regime, seed)
+            d, d0 = run_dirs(out, regime, seed)
             attr: dict[str, Any] | None = None
             if regime in (config.attribute_regimes or []):
                 assert config.attribute_layers is not None and config.attribute_positions is not None  # __post_init__
@@ -123,7 +123,7 @@ def _jobs(config: LanguageExperimentConfig, out: Path) -> list[dict[str, Any]]:
     return jobs
 
 
-def _run_all(config: LanguageExperimentConfig, out: Path) -> list[str]:
+def run_all_units(config: LanguageExperimentConfig, out: Path) -> list[str]:
     from ..progress import log
 
     jobs = _jobs(config, out)

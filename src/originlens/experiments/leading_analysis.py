@@ -23,8 +23,8 @@ import numpy as np
 from ..errors import CompatibilityError, InputError
 from ..theory.intervention import heldout_losses, intervention_losses
 from ..theory.leading_terms import (
-    _stat,
     compare_to_theory,
+    statistic_of,
     validity_window,
 )
 from ..theory.nulls import baseline_cosines, pmi_matrix
@@ -190,7 +190,7 @@ def load_run(run_dir: str | Path, *, stats: Any = None, data: str | Path | None 
 def _check_run_statistics(path: Path, stats: Any, cfg: Mapping[str, Any], vocab: Sequence[str] | None) -> None:
     """Statistics must match the run's |V|, T and (when both are known) token strings, unrestricted."""
     V, T = int(cfg["identity"]["vocab_size"]), int(cfg["identity"]["seq_len"])
-    B, D = _stat(stats, "bigram"), _stat(stats, "positional")
+    B, D = statistic_of(stats, "bigram"), statistic_of(stats, "positional")
     fix = "pass statistics of this run's own corpus (RUN/statistics), computed without --top-k"
     if B.shape != (V, V) or D.shape != (T,):
         raise CompatibilityError(

@@ -66,7 +66,7 @@ from ..runs import to_jsonable
 from ..storage import atomic_write_json, read_json
 from .paper_scale_calibration import SMOKE_OTHELLO, SMOKE_TOY, calibrate, calibrate_othello
 from .paper_scale_config import EXPERIMENT, OTHELLO_CALIBRATION, PaperScaleConfig
-from .paper_scale_report import _archive, othello_line, summary_table, toy_line
+from .paper_scale_report import archive_runs, othello_line, summary_table, toy_line
 from .paper_scale_units import run_until
 from .results import write_results
 
@@ -368,7 +368,7 @@ def run_paper_scale(
             verdicts[c.key] = {"results": key, "verdict": v.verdict, "ours": v.ours, "paper": c.paper_number}
     record["verdicts"] = verdicts
     record["wall_seconds"] = clock.elapsed()
-    archive = _archive(out)
+    archive = archive_runs(out)
     record["archive"] = f"OUT/{archive.name}"  # OUT: the --out directory
     name = "smoke-cpu" if config.smoke else f"{device.type}-{config.budget_minutes:g}min"
     path = write_results(

@@ -32,7 +32,7 @@ ARCHIVE_SKIP = (".safetensors", ".npy", ".lock")
 ARCHIVE_MAX_FILE = 4 << 20
 
 
-def _archive(out: Path) -> Path:
+def archive_runs(out: Path) -> Path:
     """``OUT/paper-scale-runs.tar.gz``: every file under the run directories except checkpoints, models,
     pools and files over 4 MiB (configs, metrics, environments, reports, attribution tables stay)."""
     path = out / "paper-scale-runs.tar.gz"

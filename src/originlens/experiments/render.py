@@ -197,9 +197,9 @@ def _persistence_figure(rec: dict[str, Any], plt: Any) -> Any:
 
 
 def _horizon_figure(rec: dict[str, Any], plt: Any) -> Any:
-    from .horizon_report import _figure
+    from .horizon_report import horizon_figure
 
-    return _figure(rec, plt)
+    return horizon_figure(rec, plt)
 
 
 # results key prefix → figure of docs/figures/<key with "/" → "-">.png

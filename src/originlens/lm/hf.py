@@ -49,7 +49,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, InputError
 from .adapter import LMAdapter, ResidHook, TokenStates, apply_hooks, normalise_hooks
-from .hf_families import _family
+from .hf_families import family_of
 from .hf_hub import load_hf_model, resolve_hf_source, resolved_commit
 
 _CHUNK = 4096  # tokens per batch in single_token_states
@@ -147,7 +147,7 @@ class HFAdapter(HFModule, LMAdapter):
 
     def __init__(self, model: Any, *, bos_id: int | None = None, source: str | None = None) -> None:
         cfg = model.config
-        self.arch = _family(getattr(cfg, "model_type", ""))
+        self.arch = family_of(getattr(cfg, "model_type", ""))
         self.module = model.eval()
         self.config = cfg
         self.model_type = cfg.model_type

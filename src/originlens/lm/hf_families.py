@@ -1,6 +1,6 @@
 """Where the pieces of each supported Hugging Face architecture live (``gpt2``, ``gpt_neox``, ``llama``,
 ``gemma2``): per family the attribute paths of layers, norms and attention projections, and how to read a
-layer's query/key weights per head.  :func:`_family` refuses other architectures with a
+layer's query/key weights per head.  :func:`family_of` refuses other architectures with a
 :class:`~originlens.errors.CompatibilityError`.  The layouts are described in :mod:`.hf`."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ FAMILIES: dict[str, _Family] = {
 }
 
 
-def _family(model_type: str) -> _Family:
+def family_of(model_type: str) -> _Family:
     if model_type not in FAMILIES:
         raise CompatibilityError(
             f"Hugging Face model type {model_type!r} is not supported",

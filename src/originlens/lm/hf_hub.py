@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import CompatibilityError, ConfigError, InputError
-from .hf_families import _family
+from .hf_families import family_of
 
 INSTALL_FIX = "pip install 'originlens[hf]' (installs transformers)"
 WEIGHT_FILES = (
@@ -213,7 +213,7 @@ def load_hf_model(
                 ) from None
             raise hub_error(exc, source, revision) from None
         if not any_architecture:
-            _family(getattr(config, "model_type", ""))  # fail before downloading weights
+            family_of(getattr(config, "model_type", ""))  # fail before downloading weights
         mkw = dict(kw)
         mkw["dtype"] = "auto" if dtype is None else dtype
         if local and not allow_pickled_weights:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .html import Report, _read_json, flatten, jsonable, load_report
+from .html import Report, flatten, jsonable, load_report, read_report_json
 
 
 def _last_scalars(run: Path) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def combine_reports(runs: Sequence[str | Path], out: str | Path, *, title: str |
         )
     reports = [load_report(p) for p in paths]
     labels = run_labels(paths)
-    configs = [flatten(_read_json(p / "config.json") or {}) for p in paths]
+    configs = [flatten(read_report_json(p / "config.json") or {}) for p in paths]
     keys = sorted({k for c in configs for k in c})
     differing = [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
     metrics = [_last_scalars(p) for p in paths]

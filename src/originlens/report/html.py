@@ -268,7 +268,7 @@ def jsonable(v: Any) -> Any:
     return str(v)
 
 
-def _read_json(path: Path) -> Any:
+def read_report_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
@@ -288,7 +288,7 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 def run_record_blocks(directory: str | Path) -> list[tuple[str, Any]]:
     """Blocks describing the run in ``directory``: config, versions, seeds, data hashes, git commit."""
     d = Path(directory)
-    config, env = _read_json(d / "config.json"), _read_json(d / "environment.json")
+    config, env = read_report_json(d / "config.json"), read_report_json(d / "environment.json")
     if config is None and env is None:
         return []
     blocks: list[tuple[str, Any]] = [("h2", "Run record")]
@@ -319,7 +319,7 @@ def run_record_blocks(directory: str | Path) -> list[tuple[str, Any]]:
 def load_report(directory: str | Path) -> Report:
     """Rebuild the :class:`Report` saved in ``directory`` (``report.blocks.json`` + ``figures/``)."""
     d = Path(directory)
-    data = _read_json(d / "report.blocks.json")
+    data = read_report_json(d / "report.blocks.json")
     if not isinstance(data, dict) or "blocks" not in data:
         raise InputError(
             f"{d} has no readable report.blocks.json",

@@ -174,7 +174,7 @@ def _prepare(
     return np.ascontiguousarray(x), np.ascontiguousarray(y), np.ascontiguousarray(valid)
 
 
-def _chunks(
+def corpus_chunks(
     tokens: np.ndarray, chunk_size: int, mask: np.ndarray | None, desc: str
 ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
     n = tokens.shape[0]
@@ -465,7 +465,7 @@ def corpus_statistics(
     )  # fmt: skip
     first = first_sums.finalize(dtype, release=True)
     second = SecondOrderSums(first)
-    for chunk, m in _chunks(arr, chunk_size, mask, "statistics pass 2/2"):
+    for chunk, m in corpus_chunks(arr, chunk_size, mask, "statistics pass 2/2"):
         second.update(chunk, m)
     q, delta = second.finalize(dtype)
     return assemble(first, q, delta, vocab=vocab)
@@ -497,7 +497,7 @@ def first_pass(
         token_ids = most_frequent_tokens(arr, vocab_size, top_k, pad_id=pad_id)
     T = arr.shape[1] - 1
     first_sums = FirstOrderSums(vocab_size, T, token_ids=token_ids, centering=centering, pad_id=pad_id)
-    for chunk, m in _chunks(arr, chunk_size, mask, "statistics pass 1/2"):
+    for chunk, m in corpus_chunks(arr, chunk_size, mask, "statistics pass 1/2"):
         first_sums.update(chunk, m)
     return arr, first_sums
 

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .corpus import FirstOrder, FirstOrderSums, SecondOrderSums, _chunks, alpha_dot, spans
+from .corpus import FirstOrder, FirstOrderSums, SecondOrderSums, alpha_dot, corpus_chunks, spans
 
 SLAB_BYTES = 1 << 27  # working blocks of the row- and column-wise phases (≈ 128 MB)
 
@@ -135,7 +135,7 @@ def second_pass(
     for i, (r0, r1) in enumerate(blocks):
         second = SecondOrderSums(first, rows=(r0, r1))
         desc = "statistics pass 2/2" + (f" (rows {r0}–{r1 - 1})" if len(blocks) > 1 else "")
-        for chunk, m in _chunks(tokens, chunk_size, mask, desc):
+        for chunk, m in corpus_chunks(tokens, chunk_size, mask, desc):
             second.update(chunk, m)
         if second.n_pairs != P:
             second.finalize(out)  # raises the mismatch

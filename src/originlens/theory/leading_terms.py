@@ -174,10 +174,10 @@ LEADING_TERM = {"W_O": "bigram", "V": "value_target", "W": "query_key", "P": "po
 
 def leading_terms(stats: Any) -> dict[str, np.ndarray]:
     """The four targets by weight kind: ``W_O`` → B̄, ``V`` → Φ̄ᵀB̄ᵀ, ``W`` → Q̄, ``P`` → Δ (float64)."""
-    return {k: _stat(stats, s) for k, s in LEADING_TERM.items()}
+    return {k: statistic_of(stats, s) for k, s in LEADING_TERM.items()}
 
 
-def _stat(stats: Any, name: str) -> np.ndarray:
+def statistic_of(stats: Any, name: str) -> np.ndarray:
     if isinstance(stats, Mapping):
         if name not in stats:
             raise InputError(f"statistics lack '{name}'", "compute them with originlens.stats.corpus_statistics")
@@ -196,10 +196,10 @@ def predicted_weights(stats: Any, s: int, eta: float, n_layers: int) -> dict[str
 
     All layers share one V, W and P target (layer uniformity of the leading terms).
     """
-    B = _stat(stats, "bigram")
-    Vt = _stat(stats, "value_target")
-    Q = _stat(stats, "query_key")
-    D = _stat(stats, "positional")
+    B = statistic_of(stats, "bigram")
+    Vt = statistic_of(stats, "value_target")
+    Q = statistic_of(stats, "query_key")
+    D = statistic_of(stats, "positional")
     out = {"W_O": output_coef(s, eta) * B}
     cv, cw = value_coef(s, eta), attention_coef(s, eta)
     for l in range(1, int(n_layers) + 1):
@@ -260,10 +260,10 @@ def compare_to_theory(
         raise InputError("weights need W_O and W.1 … (on-disk names)", "pass AssocModel.weights()")
     pred = predicted_weights(stats, s, eta, L)
     raw = {
-        "W_O": _stat(stats, "bigram"),
-        "V": _stat(stats, "value_target"),
-        "W": _stat(stats, "query_key"),
-        "P": _stat(stats, "positional"),
+        "W_O": statistic_of(stats, "bigram"),
+        "V": statistic_of(stats, "value_target"),
+        "W": statistic_of(stats, "query_key"),
+        "P": statistic_of(stats, "positional"),
     }
     T = raw["P"].shape[0]
     bounds = error_bounds(s, eta, T, variant or ("one_layer" if L == 1 else "multi"))
@@ -321,13 +321,13 @@ class LeadingTermModel:
     def __init__(self, stats: Any, s: int, eta: float, *, n_layers: int = 1) -> None:
         self.s, self.eta, self.n_layers = _steps(s), float(eta), int(n_layers)
         self.c_O, self.c_V, self.c_W = output_coef(s, eta), value_coef(s, eta), attention_coef(s, eta)
-        B = _stat(stats, "bigram")
-        Vt = _stat(stats, "value_target")
+        B = statistic_of(stats, "bigram")
+        Vt = statistic_of(stats, "value_target")
         self.stats = stats
         self.bigram = torch.from_numpy(B)
         self.value_out = torch.from_numpy(Vt @ B)  # Φ̄ᵀB̄ᵀB̄ = Φ̄ᵀΣ_B̄: key token → next-token logits
-        self.query_key = torch.from_numpy(_stat(stats, "query_key"))
-        self.positional = torch.from_numpy(_stat(stats, "positional"))
+        self.query_key = torch.from_numpy(statistic_of(stats, "query_key"))
+        self.positional = torch.from_numpy(statistic_of(stats, "positional"))
         self.vocab_size = B.shape[0]
         self.seq_len = self.positional.shape[0]
 

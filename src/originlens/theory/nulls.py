@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ..errors import CompatibilityError, ConfigError, InputError
-from .leading_terms import _stat, cosine, leading_terms
+from .leading_terms import cosine, leading_terms, statistic_of
 
 # weight kind -> name of its leading-term statistic
 PMI_KIND = {"W_O": "bigram", "V": "context", "W": "query_key"}
@@ -54,7 +54,7 @@ def _kind(name: str) -> str:
 
 
 def check_shapes(weights: Mapping[str, np.ndarray], stats: Any) -> None:
-    B, D = _stat(stats, "bigram"), _stat(stats, "positional")
+    B, D = statistic_of(stats, "bigram"), statistic_of(stats, "positional")
     V, T = weights["W_O"].shape[0], weights["P.1"].shape[0]
     if B.shape != (V, V) or D.shape != (T,):
         raise CompatibilityError(

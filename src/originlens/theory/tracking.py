@@ -33,7 +33,15 @@ import torch
 
 from ..errors import CompatibilityError
 from ..runs import list_checkpoints
-from .leading_terms import LEADING_TERM, _stat, compare_to_theory, cosine, leading_terms, min_cosines, validity_window
+from .leading_terms import (
+    LEADING_TERM,
+    compare_to_theory,
+    cosine,
+    leading_terms,
+    min_cosines,
+    statistic_of,
+    validity_window,
+)
 from .nulls import SPECIAL_TOKENS, _kind, check_shapes
 
 KIND_LABEL = {"W": "attention W", "V": "value V", "W_O": "output W_O", "P": "position P"}
@@ -185,10 +193,10 @@ def example_associations(
     pos = {t: i for i, t in enumerate(vocab)}
     specials = [pos[t] for t in SPECIAL_TOKENS if t in pos]
     mats = {
-        "bigram B̄": _stat(stats, "bigram"),
-        "interchangeability Σ_B̄": _stat(stats, "interchangeability"),
-        "context Φ̄": _stat(stats, "context"),
-        "value target Φ̄ᵀB̄ᵀ": _stat(stats, "value_target"),
+        "bigram B̄": statistic_of(stats, "bigram"),
+        "interchangeability Σ_B̄": statistic_of(stats, "interchangeability"),
+        "context Φ̄": statistic_of(stats, "context"),
+        "value target Φ̄ᵀB̄ᵀ": statistic_of(stats, "value_target"),
         "learned W_O": np.asarray(weights["W_O"], dtype=np.float64),
     }
     if "V.1" in weights:

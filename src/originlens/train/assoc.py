@@ -349,9 +349,9 @@ class AssocTrainer:
         self._tokens_t = torch.from_numpy(self.tokens).to(self.device)
 
     def _check_stats(self, stats: Any) -> None:
-        from ..theory.leading_terms import _stat
+        from ..theory.leading_terms import statistic_of
 
-        B, D = _stat(stats, "bigram"), _stat(stats, "positional")
+        B, D = statistic_of(stats, "bigram"), statistic_of(stats, "positional")
         if B.shape != (self.vocab_size, self.vocab_size) or D.shape != (self.seq_len,):
             raise CompatibilityError(
                 f"statistics are {B.shape[0]}×{B.shape[1]} with T = {D.shape[0]}; the model needs "

@@ -16,7 +16,7 @@ from .config import CHECKPOINT_KIND, IMPLS, MODEL_KIND, AssocConfig, weight_name
 from .cost import path_cost
 from .ops import causal_softmax, diag_matrix
 from .paths import PathInputs, PathsFunction, Products, path_pass, team_size
-from .workers import Team, Workspace, _fresh, subnormals_flushed
+from .workers import Team, Workspace, fresh_pass, subnormals_flushed
 
 
 class AssocModel(nn.Module):
@@ -298,7 +298,7 @@ class AssocModel(nn.Module):
             return hit[1]
         self.__dict__.pop("_product_cache", None)  # stale: free it before building the next (≈ 40 |V|² numbers)
         with torch.no_grad():
-            prods = self._products(_fresh, team)
+            prods = self._products(fresh_pass, team)
         prods.K = []  # only the backward needs them
         self.__dict__["_product_cache"] = (key, prods)
         return prods

@@ -11,7 +11,17 @@ import torch
 import torch.nn.functional as F
 
 from .ops import diag_matrix
-from .workers import CHUNK_BYTES, ROW_POSITIONS, ROWS_BYTES, Team, Workspace, _blocks, _fresh, _low, _mm
+from .workers import (
+    CHUNK_BYTES,
+    ROW_POSITIONS,
+    ROWS_BYTES,
+    Team,
+    Workspace,
+    batched_mm,
+    block_ranges,
+    fresh_pass,
+    low_rank,
+)
 
 
 def _pair_columns(L: int) -> tuple[list[int], int]:
@@ -38,7 +48,7 @@ class Products:
       packed block by block (cache-sized transposes, ~3× faster than one strided copy).
 
     One matmul per product (25 at L = 3, torch's intra-op threads or, for tiny values, the team's
-    workers: :func:`_mm`); :meth:`backward` takes 2 per product (∂ of both factors).
+    workers: :func:`batched_mm`); :meth:`backward` takes 2 per product (∂ of both factors).
     """
 
     def __init__(self, W_O: torch.Tensor, Ws: list[torch.Tensor], Vs: list[torch.Tensor], ws, team: Team) -> None:
@@ -48,8 +58,8 @@ class Products:
         ZL = ws("prod.ZL", (V, 1 << L, V), dt, dev)
         ZL[:, 0] = W_O
         for S in range(1, 1 << L):
-            i, P = _low(S)
-            _mm(team, ZL[:, S], Vs[i], ZL[:, P])
+            i, P = low_rank(S)
+            batched_mm(team, ZL[:, S], Vs[i], ZL[:, P])
         self.ZL = ZL
         self.K: list[torch.Tensor | None] = [None] * L
         for l in range(1, L):
@@ -57,12 +67,12 @@ class Products:
             K = ws(f"prod.K{l}", (n, n, V, V), dt, dev)
             K[0, 0] = Ws[l]
             for S in range(1, n):
-                i, P = _low(S)
-                _mm(team, K[S, 0], Vs[i], K[P, 0])
+                i, P = low_rank(S)
+                batched_mm(team, K[S, 0], Vs[i], K[P, 0])
             for S in range(n):
                 for S2 in range(1, n):
-                    i, P = _low(S2)
-                    _mm(team, K[S, S2], K[S, P], Vs[i].t())
+                    i, P = low_rank(S2)
+                    batched_mm(team, K[S, S2], K[S, P], Vs[i].t())
             self.K[l] = K
         offs, width = _pair_columns(L)
         self.Kr = ws("prod.Kr", (V * V, width), dt, dev)
@@ -76,7 +86,7 @@ class Products:
             parts = [srcs[l][r0:r1] if l == 0 else srcs[l][:, r0:r1].t() for l in range(L - 1, -1, -1)]
             torch.cat(parts + [pad.expand(r1 - r0, -1)], dim=1, out=self.Kr[r0:r1])
 
-        _blocks(team, V * V, pack, dev)
+        block_ranges(team, V * V, pack, dev)
 
     def backward(self, dW: torch.Tensor, dZ: torch.Tensor, dKr: torch.Tensor, team: Team) -> dict[str, torch.Tensor]:
         """Gradients of W_O, W^(l), V^(l) (on-disk names) from ∂W_O (direct term, (|V|, |V|)), ∂Z_S
@@ -88,9 +98,9 @@ class Products:
         dVs = [self.ws(f"prod.dV{i}", (V, V), dt, dev, zero=True) for i in range(L)]
         dZL = [dW] + [dZ[:, S] for S in range((1 << L) - 1)]
         for S in range((1 << L) - 1, 0, -1):  # Z_S = V_i Z_P
-            i, P = _low(S)
-            _mm(team, dVs[i], dZL[S], ZL[:, P].t(), add=True)
-            _mm(team, dZL[P], Vs[i].t(), dZL[S], add=True)
+            i, P = low_rank(S)
+            batched_mm(team, dVs[i], dZL[S], ZL[:, P].t(), add=True)
+            batched_mm(team, dZL[P], Vs[i].t(), dZL[S], add=True)
         offs, _ = _pair_columns(L)
         out = {"W_O": dW, "W.1": dKr[:, offs[0]].view(V, V)}
         o_dK = [0, 0]
@@ -102,16 +112,16 @@ class Products:
             assert K is not None  # set for every layer l ≥ 1
             dK = self.Kr.view(-1)[o_dK[l] : o_dK[l] + n * n * V * V].view(n, n, V, V)  # Kr is dead: reuse it
             dst, src = dK.view(n * n, V * V), dKr[:, offs[l] : offs[l] + n * n]
-            _blocks(team, V * V, lambda r0, r1, dst=dst, src=src: dst[:, r0:r1].copy_(src[r0:r1].t()), dev)
+            block_ranges(team, V * V, lambda r0, r1, dst=dst, src=src: dst[:, r0:r1].copy_(src[r0:r1].t()), dev)
             for S in range(n):
                 for S2 in range(n - 1, 0, -1):  # K_{S,S2} = K_{S,P} V_iᵀ
-                    i, P = _low(S2)
-                    _mm(team, dVs[i], dK[S, S2].t(), K[S, P], add=True)
-                    _mm(team, dK[S, P], dK[S, S2], Vs[i], add=True)
+                    i, P = low_rank(S2)
+                    batched_mm(team, dVs[i], dK[S, S2].t(), K[S, P], add=True)
+                    batched_mm(team, dK[S, P], dK[S, S2], Vs[i], add=True)
             for S in range(n - 1, 0, -1):  # K_{S,∅} = V_i K_{P,∅}
-                i, P = _low(S)
-                _mm(team, dVs[i], dK[S, 0], K[P, 0].t(), add=True)
-                _mm(team, dK[P, 0], Vs[i].t(), dK[S, 0], add=True)
+                i, P = low_rank(S)
+                batched_mm(team, dVs[i], dK[S, 0], K[P, 0].t(), add=True)
+                batched_mm(team, dK[P, 0], Vs[i].t(), dK[S, 0], add=True)
             out[f"W.{l + 1}"] = dK[0, 0]
         for i in range(L):
             out[f"V.{i + 1}"] = dVs[i]
@@ -438,7 +448,8 @@ def path_pass(
     if logits is None:
         accs = [
             _Grads(
-                inp, _fresh if (w == 0 and fresh) else (lambda name, *a, w=w, **k: ws.get(f"acc{w}.{name}", *a, **k))
+                inp,
+                fresh_pass if (w == 0 and fresh) else (lambda name, *a, w=w, **k: ws.get(f"acc{w}.{name}", *a, **k)),
             )
             for w in range(lanes)
         ]

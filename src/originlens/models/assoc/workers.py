@@ -47,7 +47,7 @@ class Workspace:
         self._bufs.clear()
 
 
-def _fresh(
+def fresh_pass(
     name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, *, zero: bool = False
 ) -> torch.Tensor:
     return (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
@@ -73,7 +73,7 @@ def subnormals_flushed() -> Iterator[None]:
     handle subnormal operands in microcode, 10–15× slower (η = 0.005, |V| = 500: 0.6 s instead of
     6–8 s per step).  Flushing them changes values far below any weight's round-off.  The flag is
     per thread: torch's intra-op threads are not reached, so the path implementation runs the |V|³
-    products that may be subnormal in the team's threads (:func:`_mm`)."""
+    products that may be subnormal in the team's threads (:func:`batched_mm`)."""
     if not FLUSH_SUBNORMALS:
         yield
         return
@@ -90,7 +90,7 @@ def subnormals_flushed() -> Iterator[None]:
             torch.set_flush_denormal(False)
 
 
-def _low(S: int) -> tuple[int, int]:
+def low_rank(S: int) -> tuple[int, int]:
     """(lowest layer index i in bitmask S, S without it)."""
     return (S & -S).bit_length() - 1, S & (S - 1)
 
@@ -133,7 +133,7 @@ class Team:
     and keeps both cores busy when one of them is shared with another process.  Results do not depend
     on which worker runs a task (a task writes its lane's accumulators, lanes in a fixed order).  With
     n = 1 the team runs everything inline.  The large |V|×|V| products use torch's intra-op threads,
-    except tiny ones, split by rows over the workers (:func:`_mm`).  While the team is entered, the calling thread and the workers flush
+    except tiny ones, split by rows over the workers (:func:`batched_mm`).  While the team is entered, the calling thread and the workers flush
     subnormal floats to zero (:func:`subnormals_flushed`).
     """
 
@@ -230,7 +230,7 @@ class Team:
 TINY_PRODUCT = 1e-18  # max|a|·max|b| below which a product may reach float32's subnormal range (1.2e-38)
 
 
-def _mm(team: Team, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, add: bool = False) -> None:
+def batched_mm(team: Team, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, add: bool = False) -> None:
     """``out = a @ b`` (``add``: ``out += a @ b``).
 
     On CPU with several workers, a product whose entries may be subnormal (max|a|·max|b| <
@@ -269,7 +269,7 @@ def _mm(team: Team, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, add:
 PAIR_BLOCK = 4096  # rows per block when packing / unpacking the pair-major products (cache-sized transposes)
 
 
-def _blocks(team: Team, N: int, fn, device: torch.device) -> None:
+def block_ranges(team: Team, N: int, fn, device: torch.device) -> None:
     """fn(r0, r1) over blocks of PAIR_BLOCK rows of 0..N−1, spread over the team's workers (one block
     on devices other than the CPU)."""
     if device.type != "cpu":
