@@ -211,15 +211,49 @@ def influence_table(
     (position, feature); ``type_values`` = types to report (default: those present, found by one host
     read); a type absent from a probe's rows is reported missing (``drop_absent=False``, the default with
     ``type_values``) or left out (``drop_absent=True``, the default without: give ``type_values`` a
-    superset known on the host and ``drop_absent=True`` to skip that read).  Rows per probe: all rows, then each type; per subset the components in
-    ``steps``' order, then ``"full"`` (= Σ_c I_c).
+    superset known on the host and ``drop_absent=True`` to skip that read).  Rows per probe: all rows,
+    then each type; per subset the components in ``steps``' order, then ``"full"`` (= Σ_c I_c).
 
     Batched on the device: per site, the JVPs of its components (C, B, d) meet all its probes' directions
     (P, d) in one product, the feature-type subsets are masks (P, S, B), and the sums, counts and risks of
     every site leave the device in one transfer per call."""
     _check_probes(model, tokens, probes)
-    B = tokens.shape[0]
-    f = 0.5 if half else 1.0
+    by_site = _probes_by_site(probes, steps, references, types, tokens.shape[0])
+    typed = {p.name for p in probes if types is not None and p.name in types}  # probes with feature types
+    with torch.no_grad():
+        _, res = model(tokens, return_residuals=True, myopic=False)
+    dev = res[0].device
+    values_of: list[int] = []
+    if typed:
+        assert types is not None
+        all_types = torch.stack([types[p.name].reshape(-1) for p in probes if p.name in typed]).to(dev)
+        values_of = (
+            [int(v) for v in type_values]
+            if type_values is not None
+            else [int(v) for v in torch.unique(all_types).tolist()]  # the one host read before the products
+        )
+    if jvp in ("auto", "manual") and manual_supported(model):  # one primal per position, tangents stacked
+        jvps = grouped_jvps(model, tokens, {s: [steps[s][c] for c in steps[s]] for s in by_site})
+    else:
+        jvps = {s: site_jvp(model, tokens, s, [steps[s][c] for c in steps[s]], jvp=jvp) for s in by_site}
+    type_vec = torch.tensor(values_of, dtype=torch.long, device=dev)
+    blocks = [
+        _site_sums(jvps[site], res[site[0]][:, site[1]], site_probes, references, types, typed, type_vec)
+        for site, site_probes in by_site.items()
+    ]
+    host = torch.cat(blocks).cpu().numpy()  # the one transfer of the results
+    keep_absent = type_values is not None if drop_absent is None else not drop_absent
+    return _table(by_site, steps, host, values_of, typed, keep_absent, 0.5 if half else 1.0)
+
+
+def _probes_by_site(
+    probes: Sequence[Probe],
+    steps: Mapping[Site, Mapping[str, ParamDict]],
+    references: Mapping[str, torch.Tensor],
+    types: Mapping[str, torch.Tensor] | None,
+    B: int,
+) -> dict[Site, list[Probe]]:
+    """The probes grouped by site, each checked: its site has steps, its reference and types are (B,)."""
     by_site: dict[Site, list[Probe]] = {}
     for p in probes:
         if p.site not in steps:
@@ -238,47 +272,38 @@ def influence_table(
                 "pass one feature type per batch row",
             )
         by_site.setdefault(p.site, []).append(p)
-    typed = {p.name for p in probes if types is not None and p.name in types}  # probes with feature types
-    with torch.no_grad():
-        _, res = model(tokens, return_residuals=True, myopic=False)
-    dev = res[0].device
-    values_of: list[int] = []
-    if typed:
+    return by_site
+
+
+def _site_sums(
+    jv: torch.Tensor,
+    resid: torch.Tensor,
+    site_probes: list[Probe],
+    references: Mapping[str, torch.Tensor],
+    types: Mapping[str, torch.Tensor] | None,
+    typed: set[str],
+    type_vec: torch.Tensor,
+) -> torch.Tensor:
+    """One site on the device: its JVPs (C, B, d) against all its probes' directions in one product, the
+    type subsets as masks (P, S, B); returns sums (P, S, C), counts (P, S) and squared distances (P, S),
+    flattened into one float64 vector."""
+    dev, B = resid.device, resid.shape[0]
+    W = torch.stack([p.direction for p in site_probes]).to(dev)  # (P, d)
+    current = resid @ W.to(resid.dtype).t()  # (B, P)
+    ref = torch.stack([references[p.name] for p in site_probes], 1).to(dev, jv.dtype)  # (B, P)
+    diff = current - ref
+    moved = jv @ W.to(jv.dtype).t()  # (C, B, P)
+    masks = torch.ones(len(site_probes), 1 + len(type_vec), B, dtype=diff.dtype, device=dev)
+    rows = [j for j, p in enumerate(site_probes) if p.name in typed]
+    masks[[j for j in range(len(site_probes)) if j not in rows], 1:] = 0
+    if rows and len(type_vec):
         assert types is not None
-        all_types = torch.stack([types[p.name].reshape(-1) for p in probes if p.name in typed]).to(dev)
-        values_of = (
-            [int(v) for v in type_values]
-            if type_values is not None
-            else [int(v) for v in torch.unique(all_types).tolist()]  # the one host read before the products
-        )
-    if jvp in ("auto", "manual") and manual_supported(model):  # one primal per position, tangents stacked
-        jvps = grouped_jvps(model, tokens, {s: [steps[s][c] for c in steps[s]] for s in by_site})
-    else:
-        jvps = {s: site_jvp(model, tokens, s, [steps[s][c] for c in steps[s]], jvp=jvp) for s in by_site}
-    S = 1 + len(values_of)
-    type_vec = torch.tensor(values_of, dtype=torch.long, device=dev)
-    blocks = []
-    for site, site_probes in by_site.items():
-        jv = jvps[site]  # (C, B, d)
-        W = torch.stack([p.direction for p in site_probes]).to(dev)  # (P, d)
-        current = res[site[0]][:, site[1]] @ W.to(res[0].dtype).t()  # (B, P)
-        ref = torch.stack([references[p.name] for p in site_probes], 1).to(dev, jv.dtype)  # (B, P)
-        diff = current - ref
-        moved = jv @ W.to(jv.dtype).t()  # (C, B, P)
-        masks = torch.ones(len(site_probes), S, B, dtype=diff.dtype, device=dev)
-        rows = [j for j, p in enumerate(site_probes) if p.name in typed]
-        masks[[j for j in range(len(site_probes)) if j not in rows], 1:] = 0
-        if rows and values_of:
-            assert types is not None
-            ty = torch.stack([types[site_probes[j].name].reshape(-1) for j in rows]).to(dev)  # (P_typed, B)
-            masks[rows, 1:] = (ty[:, None, :] == type_vec[None, :, None]).to(diff.dtype)
-        sums = torch.einsum("psb,cbp->psc", masks, moved * diff)  # Σ_rows d·(J Δ_c)·w
-        counts = masks.sum(-1)  # (P, S)
-        sq = torch.einsum("psb,bp->ps", masks, diff.pow(2))
-        blocks.append(torch.cat([sums.reshape(-1), counts.reshape(-1), sq.reshape(-1)]).double())
-    host = torch.cat(blocks).cpu().numpy()  # the one transfer of the results
-    keep_absent = type_values is not None if drop_absent is None else not drop_absent
-    return _table(by_site, steps, host, values_of, typed, keep_absent, f)
+        ty = torch.stack([types[site_probes[j].name].reshape(-1) for j in rows]).to(dev)  # (P_typed, B)
+        masks[rows, 1:] = (ty[:, None, :] == type_vec[None, :, None]).to(diff.dtype)
+    sums = torch.einsum("psb,cbp->psc", masks, moved * diff)  # Σ_rows d·(J Δ_c)·w
+    counts = masks.sum(-1)  # (P, S)
+    sq = torch.einsum("psb,bp->ps", masks, diff.pow(2))
+    return torch.cat([sums.reshape(-1), counts.reshape(-1), sq.reshape(-1)]).double()
 
 
 def _table(

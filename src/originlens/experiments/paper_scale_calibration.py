@@ -100,7 +100,6 @@ def calibrate_othello(
     replay of a short throw-away run with and without influences recorded."""
     import torch
 
-    from ..attribution.replay import attribute_run
     from .othello_config import OthelloConfig
 
     oth = OthelloConfig(
@@ -138,6 +137,26 @@ def calibrate_othello(
             rec["flops_per_second"] = flops / rec["seconds"]
     if not attribution:
         return
+    _calibrate_replay(oth, config, device, work, cal, n)
+    if device.type == "cuda":
+        cal["othello_bf16_step_seconds"] = _bf16_step_seconds(tr, ocfg)
+        cal["othello_bf16_flops_per_second"] = flops / cal["othello_bf16_step_seconds"]
+        name = torch.cuda.get_device_name(device)
+        peak = next((v for k, v in PEAKS.items() if k in name), None)
+        if peak:
+            cal["peak_flops"] = peak
+            cal["othello_fraction_of_peak"] = {
+                "tf32" if config.matmul_precision == "tf32" else "fp32_vs_tf32_peak": cal["othello_flops_per_second"]
+                / peak["tf32"],
+                "bf16_autocast": cal["othello_bf16_flops_per_second"] / peak["bf16"],
+            }
+
+
+def _calibrate_replay(oth: Any, config: PaperScaleConfig, device: Any, work: Path, cal: dict[str, Any], n: int) -> None:
+    """The Adam-variant replay of the throw-away run's updates 1..n/2 (one recorded, the others decomposed
+    only) at the paper's sites: seconds per decomposed and per recorded update, added to ``cal``."""
+    from ..attribution.replay import attribute_run
+
     sites = [(k, i) for k in oth.attr_layers for i in oth.settings["positions"]]
     t0 = time.perf_counter()
     res = attribute_run(
@@ -162,18 +181,6 @@ def calibrate_othello(
     cal["recorded_update_seconds"] = br.get("recorded_steps", 0.0) / n_rec
     cal["attribution_fixed_seconds"] = max(0.0, total - br.get("warm_steps", 0.0) - br.get("recorded_steps", 0.0))
     cal["attribution_overhead_per_tracked_step"] = cal["recorded_update_seconds"] / cal["othello_step_seconds"]
-    if device.type == "cuda":
-        cal["othello_bf16_step_seconds"] = _bf16_step_seconds(tr, ocfg)
-        cal["othello_bf16_flops_per_second"] = flops / cal["othello_bf16_step_seconds"]
-        name = torch.cuda.get_device_name(device)
-        peak = next((v for k, v in PEAKS.items() if k in name), None)
-        if peak:
-            cal["peak_flops"] = peak
-            cal["othello_fraction_of_peak"] = {
-                "tf32" if config.matmul_precision == "tf32" else "fp32_vs_tf32_peak": cal["othello_flops_per_second"]
-                / peak["tf32"],
-                "bf16_autocast": cal["othello_bf16_flops_per_second"] / peak["bf16"],
-            }
 
 
 STEP_WINDOW = 20  # updates timed by step_seconds (after its warm-up)
